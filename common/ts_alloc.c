@@ -1,0 +1,61 @@
+#include "ts_alloc.h"
+
+#include <protobuf-c/protobuf-c.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static atomic_long fail_countdown = 0;
+
+static int should_fail(void) {
+  long n = atomic_load_explicit(&fail_countdown, memory_order_relaxed);
+  if (n <= 0) return 0;
+  if (n == 1) return 1; /* stays at 1: every later allocation fails too */
+  atomic_fetch_sub_explicit(&fail_countdown, 1, memory_order_relaxed);
+  return 0;
+}
+
+void ts_alloc_fail_after(long n) { atomic_store(&fail_countdown, n); }
+
+void *ts_malloc(size_t n) {
+  if (should_fail()) return NULL;
+  return malloc(n ? n : 1);
+}
+
+void *ts_calloc(size_t count, size_t size) {
+  if (should_fail()) return NULL;
+  return calloc(count ? count : 1, size ? size : 1);
+}
+
+void *ts_realloc(void *p, size_t n) {
+  if (should_fail()) return NULL;
+  return realloc(p, n ? n : 1);
+}
+
+void ts_free(void *p) { free(p); }
+
+char *ts_strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = ts_malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+void *ts_aligned_alloc(size_t n) {
+  if (should_fail()) return NULL;
+  void *p = NULL;
+  if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
+  return p;
+}
+
+static void *pb_alloc(void *data, size_t size) {
+  (void)data;
+  return ts_malloc(size);
+}
+
+static void pb_free(void *data, void *p) {
+  (void)data;
+  ts_free(p);
+}
+
+ProtobufCAllocator ts_protobuf_allocator = {.alloc = pb_alloc, .free = pb_free, .allocator_data = NULL};

@@ -1,0 +1,29 @@
+/*
+ * Allocation. Every allocation of Tessera goes through these, so tests can make the N-th
+ * allocation fail (ts_alloc_fail_after) and check that the failure is reported and nothing
+ * leaks. ts_malloc(0) returns a unique pointer or NULL; ts_free(NULL) does nothing.
+ */
+#ifndef TS_ALLOC_H
+#define TS_ALLOC_H
+
+#include <stddef.h>
+
+void *ts_malloc(size_t n);
+void *ts_calloc(size_t count, size_t size);
+void *ts_realloc(void *p, size_t n);
+void ts_free(void *p);
+char *ts_strdup(const char *s);
+
+/* 64-byte aligned memory for parameter and gradient buffers (vector loads, no false sharing).
+ * Freed with ts_free. */
+void *ts_aligned_alloc(size_t n);
+
+/* Test hook: the n-th allocation from now (1 = the next) and every one after it fail,
+ * until called again with 0. */
+void ts_alloc_fail_after(long n);
+
+/* protobuf-c allocator that routes through ts_malloc/ts_free. */
+struct ProtobufCAllocator;
+extern struct ProtobufCAllocator ts_protobuf_allocator;
+
+#endif

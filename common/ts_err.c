@@ -1,0 +1,80 @@
+#include "ts_err.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "ts_log.h"
+
+const char *ts_strerror(int err) {
+  switch (err) {
+    case 0:
+      return "success";
+#define TS_ERR_MSG(name, value, msg) \
+  case value:                        \
+    return msg;
+      TS_ERR_MAP(TS_ERR_MSG)
+#undef TS_ERR_MSG
+    default:
+      break;
+  }
+  if (err < 0 && err > -4096) return uv_strerror(err);
+  return "unknown error";
+}
+
+const char *ts_err_name(int err) {
+  switch (err) {
+    case 0:
+      return "OK";
+#define TS_ERR_NAME(name, value, msg) \
+  case value:                         \
+    return #name;
+      TS_ERR_MAP(TS_ERR_NAME)
+#undef TS_ERR_NAME
+    default:
+      break;
+  }
+  if (err < 0 && err > -4096) return uv_err_name(err);
+  return "UNKNOWN";
+}
+
+bool ts_err_is_ts(int err) {
+  switch (err) {
+#define TS_ERR_IS(name, value, msg) case value:
+    TS_ERR_MAP(TS_ERR_IS)
+#undef TS_ERR_IS
+    return true;
+    default:
+      return false;
+  }
+}
+
+void ts_require_fail(const char *expr, const char *file, int line, const char *func) {
+  ts_log(TS_LOG_CRIT, "invariant broken: %s (%s:%d in %s)", expr, file, line, func);
+  abort();
+}
+
+bool ts_assert_log(const char *expr, const char *file, int line, const char *func) {
+  ts_log(TS_LOG_ERR, "assertion failed, request dropped: %s (%s:%d in %s)", expr, file, line,
+         func);
+  return true;
+}
+
+void ts_errmsg_printf(char *buf, size_t n, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, n, fmt, ap);
+  va_end(ap);
+}
+
+void ts_errmsg_wrapf(char *buf, size_t n, const char *fmt, ...) {
+  char prefix[256];
+  char old[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  snprintf(old, sizeof old, "%s", buf);
+  snprintf(buf, n, "%s: %s", prefix, old);
+}

@@ -1,0 +1,72 @@
+#include "ts_log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+static char log_name[64] = "tessera";
+static ts_log_level_t log_level = TS_LOG_INFO;
+static bool log_journal = false;
+
+static const char *const level_names[] = {
+    [TS_LOG_CRIT] = "crit", [TS_LOG_ERR] = "error", [TS_LOG_WARN] = "warning",
+    [TS_LOG_NOTICE] = "notice", [TS_LOG_INFO] = "info", [TS_LOG_DEBUG] = "debug",
+};
+
+bool ts_log_parse_level(const char *s, ts_log_level_t *out) {
+  static const struct {
+    const char *name;
+    ts_log_level_t level;
+  } names[] = {{"crit", TS_LOG_CRIT},     {"err", TS_LOG_ERR},   {"error", TS_LOG_ERR},
+               {"warn", TS_LOG_WARN},     {"warning", TS_LOG_WARN}, {"notice", TS_LOG_NOTICE},
+               {"info", TS_LOG_INFO},     {"debug", TS_LOG_DEBUG}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    if (strcasecmp(s, names[i].name) == 0) {
+      *out = names[i].level;
+      return true;
+    }
+  }
+  return false;
+}
+
+void ts_log_init(const char *name, ts_log_level_t level) {
+  snprintf(log_name, sizeof log_name, "%s", name);
+  log_level = level;
+  const char *env = getenv("TS_LOG_LEVEL");
+  ts_log_level_t from_env;
+  if (env && ts_log_parse_level(env, &from_env)) log_level = from_env;
+  log_journal = getenv("JOURNAL_STREAM") != NULL;
+}
+
+bool ts_log_enabled(ts_log_level_t level) { return level <= log_level; }
+
+void ts_log(ts_log_level_t level, const char *fmt, ...) {
+  if (!ts_log_enabled(level)) return;
+  char line[2048];
+  int n;
+  if (log_journal) {
+    n = snprintf(line, sizeof line, "<%d>%s %s: ", (int)level, log_name, level_names[level]);
+  } else {
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s: ",
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                 ts.tv_nsec / 1000000, log_name, level_names[level]);
+  }
+  if (n < 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+  if (len > sizeof line - 2) len = sizeof line - 2;
+  line[len++] = '\n';
+  ssize_t w = write(STDERR_FILENO, line, len);
+  (void)w;
+}

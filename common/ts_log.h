@@ -1,0 +1,43 @@
+/*
+ * Logging: one line per event on stderr, with a level.
+ *
+ * Lines look like `2026-11-29T21:40:00.123Z ps-server[0] info: listening on 127.0.0.1:7100`.
+ * When JOURNAL_STREAM is set (the process runs under systemd with stderr on the journal) the
+ * timestamp is left out and the line starts with journald's `<N>` priority prefix instead.
+ * Thread-safe: each line is formatted into a buffer and written with one write(2).
+ */
+#ifndef TS_LOG_H
+#define TS_LOG_H
+
+#include <stdbool.h>
+
+typedef enum {
+  TS_LOG_CRIT = 2,
+  TS_LOG_ERR = 3,
+  TS_LOG_WARN = 4,
+  TS_LOG_NOTICE = 5,
+  TS_LOG_INFO = 6,
+  TS_LOG_DEBUG = 7,
+} ts_log_level_t;
+
+/* Set the name shown on every line ("ps-server[1]") and the most verbose level written.
+ * Reads JOURNAL_STREAM and TS_LOG_LEVEL (crit|err|warn|notice|info|debug) from the
+ * environment. May be called again, for example once the shard index is known. */
+void ts_log_init(const char *name, ts_log_level_t level);
+
+/* Parse a level name; returns false for an unknown one. */
+bool ts_log_parse_level(const char *s, ts_log_level_t *out);
+
+bool ts_log_enabled(ts_log_level_t level);
+
+void ts_log(ts_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define ts_log_crit(...) ts_log(TS_LOG_CRIT, __VA_ARGS__)
+#define ts_log_err(...) ts_log(TS_LOG_ERR, __VA_ARGS__)
+#define ts_log_warn(...) ts_log(TS_LOG_WARN, __VA_ARGS__)
+#define ts_log_notice(...) ts_log(TS_LOG_NOTICE, __VA_ARGS__)
+#define ts_log_info(...) ts_log(TS_LOG_INFO, __VA_ARGS__)
+#define ts_log_debug(...) \
+  (ts_log_enabled(TS_LOG_DEBUG) ? ts_log(TS_LOG_DEBUG, __VA_ARGS__) : (void)0)
+
+#endif

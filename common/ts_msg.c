@@ -1,0 +1,164 @@
+#include "ts_msg.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_err.h"
+
+static const ProtobufCMessageDescriptor *const descriptors[TS_MSG__COUNT] = {
+    [TS_MSG_HELLO] = &tessera__hello__descriptor,
+    [TS_MSG_HANDSHAKE] = &tessera__handshake__descriptor,
+    [TS_MSG_HANDSHAKE_REPLY] = &tessera__handshake_reply__descriptor,
+    [TS_MSG_DECLARE] = &tessera__declare__descriptor,
+    [TS_MSG_DECLARE_REPLY] = &tessera__declare_reply__descriptor,
+    [TS_MSG_PULL] = &tessera__pull__descriptor,
+    [TS_MSG_PULL_REPLY] = &tessera__pull_reply__descriptor,
+    [TS_MSG_PUSH] = &tessera__push__descriptor,
+    [TS_MSG_PUSH_REPLY] = &tessera__push_reply__descriptor,
+    [TS_MSG_HEARTBEAT] = &tessera__heartbeat__descriptor,
+    [TS_MSG_HEARTBEAT_REPLY] = &tessera__heartbeat_reply__descriptor,
+    [TS_MSG_STATUS] = &tessera__status__descriptor,
+    [TS_MSG_STATUS_REPLY] = &tessera__shard_status__descriptor,
+    [TS_MSG_ERROR] = &tessera__error__descriptor,
+};
+
+const ProtobufCMessageDescriptor *ts_msg_descriptor(uint16_t type) {
+  if (type == 0 || type >= TS_MSG__COUNT) return NULL;
+  return descriptors[type];
+}
+
+uint64_t ts_msg_parts_bytes(Tessera__PartSlice *const *parts, size_t n) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t c = parts[i]->count;
+    if (c > (UINT64_MAX / 4) || total > UINT64_MAX - c * 4) return UINT64_MAX;
+    total += c * 4;
+  }
+  return total;
+}
+
+static int check_parts(const char *what, Tessera__PartSlice *const *parts, size_t n,
+                       uint64_t data_len, int need_count, char *errbuf, size_t errlen) {
+  if (n > TS_MSG_MAX_PARTS) {
+    snprintf(errbuf, errlen, "%s lists %zu partitions, more than %d", what, n, TS_MSG_MAX_PARTS);
+    return TS_EPROTO;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (need_count && parts[i]->count == 0) {
+      snprintf(errbuf, errlen, "%s partition slice %zu has count 0", what, i);
+      return TS_EPROTO;
+    }
+  }
+  uint64_t bytes = ts_msg_parts_bytes(parts, n);
+  if (bytes != data_len) {
+    snprintf(errbuf, errlen, "%s meta describes %llu payload bytes but the frame carries %llu",
+             what, (unsigned long long)bytes, (unsigned long long)data_len);
+    return TS_ESIZE;
+  }
+  return 0;
+}
+
+static int validate(uint16_t type, const ProtobufCMessage *m, uint64_t data_len, char *errbuf,
+                    size_t errlen) {
+  switch (type) {
+    case TS_MSG_PUSH: {
+      const Tessera__Push *p = (const Tessera__Push *)m;
+      return check_parts("push", p->parts, p->n_parts, data_len, 1, errbuf, errlen);
+    }
+    case TS_MSG_PULL_REPLY: {
+      const Tessera__PullReply *p = (const Tessera__PullReply *)m;
+      return check_parts("pull reply", p->parts, p->n_parts, data_len, 1, errbuf, errlen);
+    }
+    case TS_MSG_PULL: {
+      const Tessera__Pull *p = (const Tessera__Pull *)m;
+      if (p->n_parts > TS_MSG_MAX_PARTS) {
+        snprintf(errbuf, errlen, "pull lists %zu partitions, more than %d", p->n_parts,
+                 TS_MSG_MAX_PARTS);
+        return TS_EPROTO;
+      }
+      return 0;
+    }
+    case TS_MSG_DECLARE: {
+      const Tessera__Declare *d = (const Tessera__Declare *)m;
+      if (d->n_tensors == 0 || d->n_tensors > TS_MSG_MAX_TENSORS) {
+        snprintf(errbuf, errlen, "declare lists %zu tensors (1 to %d allowed)", d->n_tensors,
+                 TS_MSG_MAX_TENSORS);
+        return TS_EPROTO;
+      }
+      for (size_t i = 0; i < d->n_tensors; i++) {
+        const Tessera__TensorDecl *t = d->tensors[i];
+        size_t nl = strlen(t->name);
+        if (nl == 0 || nl > TS_MSG_MAX_NAME) {
+          snprintf(errbuf, errlen, "tensor %zu has a name of %zu bytes (1 to %d allowed)", i, nl,
+                   TS_MSG_MAX_NAME);
+          return TS_EPROTO;
+        }
+        if (t->n_shape == 0 || t->n_shape > TS_MSG_MAX_RANK) {
+          snprintf(errbuf, errlen, "tensor '%s' has rank %zu (1 to %d allowed)", t->name,
+                   t->n_shape, TS_MSG_MAX_RANK);
+          return TS_EPROTO;
+        }
+        uint64_t elems = 1;
+        for (size_t k = 0; k < t->n_shape; k++) {
+          uint64_t dim = t->shape[k];
+          if (dim == 0 || elems > (UINT64_MAX / 4) / dim) {
+            snprintf(errbuf, errlen, "tensor '%s' has an empty or oversized shape", t->name);
+            return TS_EPROTO;
+          }
+          elems *= dim;
+        }
+        if (t->init != TESSERA__INIT__INIT_ZEROS && t->init != TESSERA__INIT__INIT_ONES &&
+            t->init != TESSERA__INIT__INIT_GLOROT_UNIFORM) {
+          snprintf(errbuf, errlen, "tensor '%s' has an unknown initializer %d", t->name,
+                   (int)t->init);
+          return TS_EPROTO;
+        }
+      }
+      return 0;
+    }
+    default:
+      return 0;
+  }
+}
+
+int ts_msg_decode(uint16_t type, const uint8_t *meta, size_t meta_len, uint64_t data_len,
+                  ProtobufCMessage **out, char *errbuf, size_t errlen) {
+  *out = NULL;
+  const ProtobufCMessageDescriptor *d = ts_msg_descriptor(type);
+  if (!d) {
+    snprintf(errbuf, errlen, "unknown frame type %u", (unsigned)type);
+    return TS_EPROTO;
+  }
+  if (meta_len > TS_FRAME_MAX_META) {
+    snprintf(errbuf, errlen, "meta of %zu bytes exceeds 1 MiB", meta_len);
+    return TS_ETOOBIG;
+  }
+  ProtobufCMessage *m = protobuf_c_message_unpack(d, &ts_protobuf_allocator, meta_len, meta);
+  if (!m) {
+    snprintf(errbuf, errlen, "malformed %s meta (%zu bytes do not parse as %s)",
+             ts_frame_type_name(type), meta_len, d->name);
+    return TS_EPROTO;
+  }
+  int rc = validate(type, m, data_len, errbuf, errlen);
+  if (rc < 0) {
+    protobuf_c_message_free_unpacked(m, &ts_protobuf_allocator);
+    return rc;
+  }
+  *out = m;
+  return 0;
+}
+
+void ts_msg_free(ProtobufCMessage *msg) {
+  if (msg) protobuf_c_message_free_unpacked(msg, &ts_protobuf_allocator);
+}
+
+size_t ts_msg_frame_size(const ProtobufCMessage *msg) {
+  return TS_FRAME_HEADER_SIZE + protobuf_c_message_get_packed_size(msg);
+}
+
+size_t ts_msg_encode(uint16_t type, const ProtobufCMessage *msg, uint64_t data_len, uint8_t *dst) {
+  size_t meta_len = protobuf_c_message_pack(msg, dst + TS_FRAME_HEADER_SIZE);
+  ts_frame_encode_header(dst, type, (uint32_t)meta_len, data_len);
+  return TS_FRAME_HEADER_SIZE + meta_len;
+}

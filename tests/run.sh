@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, runs every test suite, then builds again under
+# AddressSanitizer + UndefinedBehaviorSanitizer and runs the unit and integration suites
+# there. Ends with `tests: N passed, N failed, N skipped`; exits non-zero on any failure.
+#
+# Environment: BUILD_DIR (default build-test), SAN_BUILD_DIR (default build-san),
+# TS_SKIP_SANITIZE=1 to skip the sanitizer pass while iterating.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+bash deploy/install-deps.sh || { echo "tests: 0 passed, 1 failed"; exit 1; }
+
+build=${BUILD_DIR:-build-test}
+san=${SAN_BUILD_DIR:-build-san}
+jobs=$(nproc)
+passed=0 failed=0 skipped=0
+
+# meson test writes testlog.json; count its results so the closing line sums both passes.
+count() { # build-dir
+  local log="$1/meson-logs/testlog.json"
+  [ -f "$log" ] || { failed=$((failed + 1)); return; }
+  local p f s
+  p=$(grep -c '"result": "OK"' "$log")
+  s=$(grep -c '"result": "SKIP"' "$log")
+  f=$(grep -c -E '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log")
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+}
+
+setup() { # dir, meson args...
+  local dir=$1; shift
+  if [ -d "$dir" ]; then
+    meson setup --reconfigure "$dir" "$@" >"$dir.setup.log" 2>&1 || meson setup --wipe "$dir" "$@" >"$dir.setup.log" 2>&1
+  else
+    meson setup "$dir" "$@" >"$dir.setup.log" 2>&1
+  fi || { cat "$dir.setup.log"; return 1; }
+}
+
+run_pass() { # name, dir, suites, meson args...
+  local name=$1 dir=$2 suites=$3; shift 3
+  echo "== $name: configure and build ($dir)"
+  if ! setup "$dir" "$@" || ! meson compile -C "$dir" -j "$jobs"; then
+    echo "== $name: build FAILED"
+    failed=$((failed + 1))
+    return
+  fi
+  echo "== $name: test (suites: $suites)"
+  local args=()
+  for s in $suites; do args+=(--suite "$s"); done
+  rm -f "$dir/meson-logs/testlog.json"
+  meson test -C "$dir" --print-errorlogs --num-processes "$jobs" "${args[@]}"
+  count "$dir"
+}
+
+run_pass "main" "$build" "unit integration system fuzz" -Dwerror=true -Dbuildtype=debugoptimized
+if [ "${TS_SKIP_SANITIZE:-0}" != 1 ]; then
+  # CUDA objects are not instrumented: the sanitizer pass builds the CPU back end only.
+  run_pass "sanitize" "$san" "unit integration" -Dwerror=true -Dbuildtype=debug \
+    -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled
+fi
+
+echo "tests: $passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

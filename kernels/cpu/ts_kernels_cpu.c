@@ -1,0 +1,258 @@
+/*
+ * The CPU back end: the reference implementation of ts_kernels.h.
+ *
+ * Matrix products go to OpenBLAS. Everything else is a plain loop over restrict pointers
+ * with no calls inside, which GCC and Clang vectorise at -O2/-O3; the loops are written for
+ * clarity first because every other back end is tested against them.
+ */
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_err.h"
+#include "ts_kernels.h"
+
+/* A NULL buffer is only acceptable when there is nothing to touch. */
+#define CHECK_BUF(p, n)                \
+  do {                                 \
+    if ((n) && !(p)) return TS_EINVAL; \
+  } while (0)
+
+static int cpu_alloc(const ts_kernels_t *k, size_t bytes, void **out) {
+  (void)k;
+  if (!out) return TS_EINVAL;
+  *out = ts_aligned_alloc(bytes);
+  return *out ? 0 : TS_ENOMEM;
+}
+
+static void cpu_free_buf(const ts_kernels_t *k, void *buf) {
+  (void)k;
+  ts_free(buf);
+}
+
+static int cpu_copy(const ts_kernels_t *k, void *dst, const void *src, size_t bytes) {
+  (void)k;
+  CHECK_BUF(dst, bytes);
+  CHECK_BUF(src, bytes);
+  if (bytes) memcpy(dst, src, bytes);
+  return 0;
+}
+
+static int cpu_synchronize(const ts_kernels_t *k) {
+  (void)k;
+  return 0;
+}
+
+static int cpu_gemm(const ts_kernels_t *k, bool trans_a, bool trans_b, size_t m, size_t n,
+                    size_t kk, float alpha, const float *a, size_t lda, const float *b, size_t ldb,
+                    float beta, float *c, size_t ldc) {
+  (void)k;
+  if (m > INT_MAX || n > INT_MAX || kk > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
+    return TS_EINVAL;
+  /* Stored shapes: A is m x kk (kk x m transposed), B is kk x n (n x kk transposed). */
+  size_t a_cols = trans_a ? m : kk, b_cols = trans_b ? kk : n;
+  if (lda < a_cols || ldb < b_cols || ldc < n) return TS_EINVAL;
+  if (m == 0 || n == 0) return 0;
+  CHECK_BUF(c, 1);
+  if (kk == 0) { /* alpha * (empty product) = 0; BLAS handles it, but keep beta == 0 exact */
+    for (size_t i = 0; i < m; i++)
+      for (size_t j = 0; j < n; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return 0;
+  }
+  CHECK_BUF(a, 1);
+  CHECK_BUF(b, 1);
+  /* BLAS rejects ld = 0 even where no row is stored; an ld of at least 1 is harmless. */
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)kk, alpha, a,
+              (int)(lda ? lda : 1), b, (int)(ldb ? ldb : 1), beta, c, (int)(ldc ? ldc : 1));
+  return 0;
+}
+
+static int cpu_bias_add(const ts_kernels_t *k, size_t rows, size_t cols, const float *restrict bias,
+                        float *restrict y) {
+  (void)k;
+  CHECK_BUF(bias, rows && cols);
+  CHECK_BUF(y, rows && cols);
+  for (size_t i = 0; i < rows; i++) {
+    float *restrict row = y + i * cols;
+    for (size_t j = 0; j < cols; j++) row[j] += bias[j];
+  }
+  return 0;
+}
+
+static int cpu_bias_grad(const ts_kernels_t *k, size_t rows, size_t cols, const float *restrict dy,
+                         float *restrict db) {
+  (void)k;
+  CHECK_BUF(db, cols);
+  CHECK_BUF(dy, rows && cols);
+  for (size_t j = 0; j < cols; j++) db[j] = 0.0f;
+  /* Row by row, so the inner loop is contiguous and vectorises. */
+  for (size_t i = 0; i < rows; i++) {
+    const float *restrict row = dy + i * cols;
+    for (size_t j = 0; j < cols; j++) db[j] += row[j];
+  }
+  return 0;
+}
+
+static int cpu_axpy(const ts_kernels_t *k, size_t n, float alpha, const float *restrict x,
+                    float *restrict y) {
+  (void)k;
+  CHECK_BUF(x, n);
+  CHECK_BUF(y, n);
+  for (size_t i = 0; i < n; i++) y[i] += alpha * x[i];
+  return 0;
+}
+
+static int cpu_scale(const ts_kernels_t *k, size_t n, float alpha, float *restrict x) {
+  (void)k;
+  CHECK_BUF(x, n);
+  for (size_t i = 0; i < n; i++) x[i] *= alpha;
+  return 0;
+}
+
+static int cpu_fill(const ts_kernels_t *k, size_t n, float value, float *restrict x) {
+  (void)k;
+  CHECK_BUF(x, n);
+  for (size_t i = 0; i < n; i++) x[i] = value;
+  return 0;
+}
+
+static int cpu_relu_fwd(const ts_kernels_t *k, size_t n, const float *restrict x,
+                        float *restrict y) {
+  (void)k;
+  CHECK_BUF(x, n);
+  CHECK_BUF(y, n);
+  for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  return 0;
+}
+
+static int cpu_relu_bwd(const ts_kernels_t *k, size_t n, const float *restrict y,
+                        const float *restrict dy, float *restrict dx) {
+  (void)k;
+  CHECK_BUF(y, n);
+  CHECK_BUF(dy, n);
+  CHECK_BUF(dx, n);
+  for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  return 0;
+}
+
+static int cpu_tanh_fwd(const ts_kernels_t *k, size_t n, const float *restrict x,
+                        float *restrict y) {
+  (void)k;
+  CHECK_BUF(x, n);
+  CHECK_BUF(y, n);
+  for (size_t i = 0; i < n; i++) y[i] = tanhf(x[i]);
+  return 0;
+}
+
+static int cpu_tanh_bwd(const ts_kernels_t *k, size_t n, const float *restrict y,
+                        const float *restrict dy, float *restrict dx) {
+  (void)k;
+  CHECK_BUF(y, n);
+  CHECK_BUF(dy, n);
+  CHECK_BUF(dx, n);
+  for (size_t i = 0; i < n; i++) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+  return 0;
+}
+
+static int check_labels(size_t rows, size_t cols, const int32_t *labels) {
+  for (size_t i = 0; i < rows; i++)
+    if (labels[i] < 0 || (size_t)labels[i] >= cols) return TS_EINVAL;
+  return 0;
+}
+
+static int cpu_softmax_xent(const ts_kernels_t *k, size_t rows, size_t cols,
+                            const float *restrict logits, const int32_t *restrict labels,
+                            float *restrict probs, float *loss_host) {
+  (void)k;
+  if (rows == 0 || cols == 0 || !logits || !labels || !probs) return TS_EINVAL;
+  int rc = check_labels(rows, cols, labels);
+  if (rc < 0) return rc;
+  double total = 0.0; /* a sum of thousands of losses: keep it in double */
+  for (size_t i = 0; i < rows; i++) {
+    const float *restrict z = logits + i * cols;
+    float *restrict p = probs + i * cols;
+    float max = z[0];
+    for (size_t j = 1; j < cols; j++) max = z[j] > max ? z[j] : max;
+    float sum = 0.0f;
+    for (size_t j = 0; j < cols; j++) {
+      p[j] = expf(z[j] - max);
+      sum += p[j];
+    }
+    float inv = 1.0f / sum; /* sum >= 1: the maximum contributes exp(0) */
+    for (size_t j = 0; j < cols; j++) p[j] *= inv;
+    /* -log softmax = log(sum) - (z_label - max), exact even where p rounds to 0 */
+    total += (double)(logf(sum) - (z[labels[i]] - max));
+  }
+  if (loss_host) *loss_host = (float)(total / (double)rows);
+  return 0;
+}
+
+/* Not restrict: dlogits may be probs (each element is read, then written, in place). */
+static int cpu_softmax_xent_grad(const ts_kernels_t *k, size_t rows, size_t cols,
+                                 const float *probs, const int32_t *restrict labels,
+                                 float *dlogits) {
+  (void)k;
+  if (rows == 0 || cols == 0 || !probs || !labels || !dlogits) return TS_EINVAL;
+  int rc = check_labels(rows, cols, labels);
+  if (rc < 0) return rc;
+  float inv = 1.0f / (float)rows;
+  for (size_t i = 0; i < rows; i++) {
+    const float *p = probs + i * cols;
+    float *d = dlogits + i * cols;
+    for (size_t j = 0; j < cols; j++) d[j] = p[j] * inv;
+    d[labels[i]] -= inv;
+  }
+  return 0;
+}
+
+static int cpu_argmax_correct(const ts_kernels_t *k, size_t rows, size_t cols,
+                              const float *restrict logits, const int32_t *restrict labels,
+                              size_t *correct_host) {
+  (void)k;
+  if (!correct_host || cols == 0) return TS_EINVAL;
+  CHECK_BUF(logits, rows);
+  CHECK_BUF(labels, rows);
+  size_t correct = 0;
+  for (size_t i = 0; i < rows; i++) {
+    const float *restrict z = logits + i * cols;
+    size_t best = 0;
+    for (size_t j = 1; j < cols; j++)
+      if (z[j] > z[best]) best = j;
+    if (labels[i] >= 0 && (size_t)labels[i] == best) correct++;
+  }
+  *correct_host = correct;
+  return 0;
+}
+
+static const ts_kernels_t cpu_kernels = {
+    .name = "cpu",
+    .device_type = "CPU",
+    .device_index = 0,
+    .ctx = NULL,
+    .alloc = cpu_alloc,
+    .free_buf = cpu_free_buf,
+    .copy_to_device = cpu_copy,
+    .copy_to_host = cpu_copy,
+    .copy = cpu_copy,
+    .synchronize = cpu_synchronize,
+    .gemm = cpu_gemm,
+    .bias_add = cpu_bias_add,
+    .bias_grad = cpu_bias_grad,
+    .axpy = cpu_axpy,
+    .scale = cpu_scale,
+    .fill = cpu_fill,
+    .relu_fwd = cpu_relu_fwd,
+    .relu_bwd = cpu_relu_bwd,
+    .tanh_fwd = cpu_tanh_fwd,
+    .tanh_bwd = cpu_tanh_bwd,
+    .softmax_xent = cpu_softmax_xent,
+    .softmax_xent_grad = cpu_softmax_xent_grad,
+    .argmax_correct = cpu_argmax_correct,
+};
+
+const ts_kernels_t *ts_kernels_cpu(void) {
+  return &cpu_kernels;
+}

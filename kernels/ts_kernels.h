@@ -1,0 +1,119 @@
+/*
+ * Kernels: the compute interface of a worker (DESIGN.md §6, STYLE.md §8).
+ *
+ * A back end is a table of function pointers over float buffers that live in the back end's
+ * memory ("device memory": host memory for the CPU back end, GPU memory for CUDA). The model
+ * calls only this table, so the same model code runs on either back end, and the CPU back end
+ * is the reference every other back end is tested against. This header includes no CUDA
+ * header and never will.
+ *
+ * Glossary.
+ *   device buffer  memory from k->alloc; only kernels of the same back end may touch it.
+ *   host buffer    ordinary memory of the process.
+ *   row-major      matrices are stored row after row; a rows x cols matrix has element (i, j)
+ *                  at [i * ld + j] with ld >= cols (ld = cols for a dense matrix).
+ *
+ * Calling convention. Every kernel takes the table itself first (k), so a back end that needs
+ * state (a CUDA device, stream and cuBLAS handle) finds it in k->ctx. Every kernel returns 0
+ * or a negative code from ts_err.h: TS_EINVAL for arguments outside the contract (a NULL
+ * buffer with a non-zero size, a dimension above INT_MAX for gemm, a label outside
+ * [0, cols)), TS_ENOMEM from alloc, TS_EDEVICE for a failure inside the device. A kernel that
+ * fails leaves its outputs unspecified. Sizes of 0 are valid and do nothing (fill, axpy ...)
+ * or produce the neutral result (bias_grad of 0 rows is zeros).
+ *
+ * Aliasing. Unless a kernel says otherwise, its output must not overlap any of its inputs
+ * (the CPU back end declares its pointers restrict).
+ *
+ * Ordering. Kernels of one back end run in the order they are called. A back end may run
+ * them asynchronously (CUDA on one stream), but copy_to_host, and every kernel that returns
+ * a result in host memory (softmax_xent's loss, argmax_correct's count), returns only once
+ * the result is there. synchronize() waits for all outstanding work.
+ *
+ * Missing kernels. A back end may leave an op's pointer NULL when it has no kernel for it;
+ * device placement (worker/) then reports "no supported kernel" or places that op on the CPU
+ * (allow_soft_placement). The CPU back end implements every kernel.
+ */
+#ifndef TS_KERNELS_H
+#define TS_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ts_kernels ts_kernels_t;
+
+struct ts_kernels {
+  const char *name;        /* back end: "cpu", "cuda" */
+  const char *device_type; /* TensorFlow's device type in placement lines: "CPU", "GPU" */
+  int device_index;        /* N in /device:GPU:N; 0 for the CPU */
+  void *ctx;               /* the back end's state; NULL for the CPU */
+
+  /* --- memory -------------------------------------------------------------------------
+   * alloc: *out = a device buffer of `bytes` bytes, aligned for float (64 bytes on the CPU),
+   * contents undefined; bytes == 0 gives a unique pointer. Freed with free_buf (NULL is a
+   * no-op). The CPU back end allocates through ts_aligned_alloc, so ts_alloc_fail_after
+   * reaches it. */
+  int (*alloc)(const ts_kernels_t *k, size_t bytes, void **out);
+  void (*free_buf)(const ts_kernels_t *k, void *buf);
+  /* Copies of `bytes` bytes: host -> device, device -> host, device -> device (the CPU back
+   * end's three are memcpy). The ranges must not overlap. */
+  int (*copy_to_device)(const ts_kernels_t *k, void *dst_dev, const void *src_host, size_t bytes);
+  int (*copy_to_host)(const ts_kernels_t *k, void *dst_host, const void *src_dev, size_t bytes);
+  int (*copy)(const ts_kernels_t *k, void *dst_dev, const void *src_dev, size_t bytes);
+  /* Wait until every kernel called so far has finished. */
+  int (*synchronize)(const ts_kernels_t *k);
+
+  /* --- dense algebra ------------------------------------------------------------------
+   * C = alpha * op(A) * op(B) + beta * C, row-major, as cblas_sgemm(CblasRowMajor, ...).
+   * op(A) is m x kk (A is m x kk, or kk x m when trans_a); op(B) is kk x n (B is kk x n, or
+   * n x kk when trans_b); C is m x n. lda, ldb, ldc are the row strides of A, B, C as
+   * stored. With beta == 0, C is not read (it may hold NaN). m, n, kk <= INT_MAX. */
+  int (*gemm)(const ts_kernels_t *k, bool trans_a, bool trans_b, size_t m, size_t n, size_t kk,
+              float alpha, const float *a, size_t lda, const float *b, size_t ldb, float beta,
+              float *c, size_t ldc);
+  /* y[i][j] += bias[j] for a dense rows x cols matrix y (in place). */
+  int (*bias_add)(const ts_kernels_t *k, size_t rows, size_t cols, const float *bias, float *y);
+  /* db[j] = sum over i of dy[i][j] (column sums of a dense rows x cols matrix). */
+  int (*bias_grad)(const ts_kernels_t *k, size_t rows, size_t cols, const float *dy, float *db);
+  /* y += alpha * x over n elements. */
+  int (*axpy)(const ts_kernels_t *k, size_t n, float alpha, const float *x, float *y);
+  /* x *= alpha over n elements (in place). */
+  int (*scale)(const ts_kernels_t *k, size_t n, float alpha, float *x);
+  /* x[i] = value over n elements. */
+  int (*fill)(const ts_kernels_t *k, size_t n, float value, float *x);
+
+  /* --- activations (elementwise over n) -----------------------------------------------
+   * relu_fwd: y = max(x, 0). relu_bwd: dx = dy where y > 0, else 0; it takes the forward
+   * OUTPUT y (y > 0 exactly where x > 0), so the input need not be kept.
+   * tanh_fwd: y = tanh(x). tanh_bwd: dx = dy * (1 - y * y), again from the output y. */
+  int (*relu_fwd)(const ts_kernels_t *k, size_t n, const float *x, float *y);
+  int (*relu_bwd)(const ts_kernels_t *k, size_t n, const float *y, const float *dy, float *dx);
+  int (*tanh_fwd)(const ts_kernels_t *k, size_t n, const float *x, float *y);
+  int (*tanh_bwd)(const ts_kernels_t *k, size_t n, const float *y, const float *dy, float *dx);
+
+  /* --- loss and metrics ---------------------------------------------------------------
+   * Softmax cross-entropy over `rows` examples of `cols` classes (TensorFlow's
+   * SoftmaxCrossEntropyWithLogits with sparse labels). logits is a dense rows x cols device
+   * matrix, labels rows device int32 values in [0, cols).
+   *   softmax_xent: probs = softmax(logits) row by row (computed stably, after subtracting
+   *   the row maximum) and *loss_host = mean over rows of -log softmax(logits)[i][label_i]
+   *   (computed as logsumexp - logit, never log of a rounded-to-zero probability). loss_host
+   *   is host memory; it may be NULL when only probs is wanted. rows must be > 0.
+   *   softmax_xent_grad: dlogits = (probs - onehot(labels)) / rows, the gradient of the mean
+   *   loss with respect to the logits. dlogits MAY be the same buffer as probs (in place). */
+  int (*softmax_xent)(const ts_kernels_t *k, size_t rows, size_t cols, const float *logits,
+                      const int32_t *labels, float *probs, float *loss_host);
+  int (*softmax_xent_grad)(const ts_kernels_t *k, size_t rows, size_t cols, const float *probs,
+                           const int32_t *labels, float *dlogits);
+  /* *correct_host = number of rows whose argmax (the first maximum on ties) equals the
+   * label. Labels outside [0, cols) count as wrong rather than failing. */
+  int (*argmax_correct)(const ts_kernels_t *k, size_t rows, size_t cols, const float *logits,
+                        const int32_t *labels, size_t *correct_host);
+};
+
+/* The CPU back end: OpenBLAS for gemm, plain loops for the rest. A static table, valid for
+ * the life of the process; never freed. Thread-safe (it has no state; OpenBLAS's own
+ * threading is set by OPENBLAS_NUM_THREADS). */
+const ts_kernels_t *ts_kernels_cpu(void);
+
+#endif

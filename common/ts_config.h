@@ -6,7 +6,24 @@
  * Precedence, lowest first: the table's defaults, the file, TF_CONFIG (cluster lists and
  * identity), then the overrides in the order given. Unknown keys are errors. Every error
  * names the file and line (or the override, or TF_CONFIG) and the key; the binaries exit
- * with TS_EXIT_CONFIG (78) on them.
+ * with TS_EXIT_CONFIG (78) on them. docs/configuration.md lists every key (it is generated
+ * from the table by ts-config-reference).
+ *
+ * Values: a float key also takes an integer (60 for 60.0); an int64 key takes any integer.
+ * libconfig 1.5 silently wraps integer literals beyond 32 bits that lack an L suffix; the
+ * loader adds the suffix before parsing (the file itself and --set values, not files pulled
+ * in by @include), so "max_message_bytes = 4294967296;" means what it says.
+ *
+ * Overrides: "KEY=VALUE", VALUE in libconfig syntax ("train.max_steps=200",
+ * "model.layers=[784, 10]", "job.mode=\"async\""). Because the shell eats the quotes of
+ * --set job.mode="async", a string key also takes a VALUE that does not start with '"' as it
+ * stands ("job.mode=async", "train.logdir=/tmp/tb"; "checkpoint.dir=" is the empty string).
+ *
+ * TF_CONFIG: {"cluster":{"ps":[...],"worker":[...]},"task":{"type":"ps"|"worker","index":N}}.
+ * cluster.ps sets cluster.ps, cluster.worker sets cluster.workers (both optional); task sets
+ * task_role and task_index. Other cluster jobs (chief, evaluator) are errors, since Tessera
+ * would never start them; other top-level members (environment, rpc_layer) are ignored. An
+ * empty or blank TF_CONFIG counts as unset.
  */
 #ifndef TS_CONFIG_H
 #define TS_CONFIG_H
@@ -99,7 +116,8 @@ typedef struct {
   char *source;
 } ts_config_t;
 
-/* Fill *cfg with the table's defaults. Never fails except for memory (TS_ENOMEM). */
+/* Fill *cfg with the table's defaults. Never fails except for memory (TS_ENOMEM); on failure
+ * *cfg holds nothing (it is freed and zeroed). Free a filled one with ts_config_free. */
 int ts_config_defaults(ts_config_t *cfg);
 
 /* Load a job: defaults, then `path` (NULL = no file), then the TF_CONFIG value `tf_config`
@@ -107,12 +125,18 @@ int ts_config_defaults(ts_config_t *cfg);
  * in order, then cross-key validation (for example replicas_to_aggregate <= workers).
  * Returns 0 or a negative code (TS_ECONFIG, TS_ENOMEM); on error errmsg holds one line such
  * as "job.cfg:12: job.mode: must be one of \"sync\", \"async\", \"ssp\", not \"fast\"".
- * *cfg is always left freeable with ts_config_free. */
+ * Cross-key errors name where the offending value was set. *cfg is an output (its old content
+ * is not freed); on error everything in it is already freed, and it is always left freeable
+ * with ts_config_free. errmsg may be NULL. The caller applies --shard/--task itself and checks
+ * the index against num_ps/num_workers; a task from TF_CONFIG is checked here. */
 int ts_config_load(ts_config_t *cfg, const char *path, const char *tf_config,
                    const char *const *overrides, size_t n, char *errmsg, size_t errlen);
 
+/* Frees everything *cfg owns and zeroes it (task_index -1); calling it again, or with NULL,
+ * does nothing. */
 void ts_config_free(ts_config_t *cfg);
 
+/* The configuration spelling ("sync", "adam"); "unknown" for a value outside the enum. */
 const char *ts_mode_name(ts_mode_t mode);
 const char *ts_optimizer_name(ts_optimizer_t opt);
 
@@ -120,8 +144,11 @@ const char *ts_optimizer_name(ts_optimizer_t opt);
  * from the table, to f. docs/configuration.md is made from it. */
 void ts_config_write_reference(FILE *f);
 
-/* Split "host:port" (or "[v6]:port") into host (buffer of hostlen) and port. Returns 0 or
- * TS_EINVAL. */
+/* Split "host:port" (or "[v6]:port") into host (buffer of hostlen) and port. The port is
+ * 1..65535 in decimal; the host is non-empty, letters, digits, '.', '-' and '_' (a DNS name
+ * or IPv4), or an IPv6 address in brackets (a bare one is ambiguous and refused). host and
+ * port may be NULL to only validate. Returns 0, or TS_EINVAL for a malformed address or a
+ * host that does not fit hostlen. */
 int ts_config_split_address(const char *addr, char *host, size_t hostlen, int *port);
 
 #endif

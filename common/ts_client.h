@@ -1,0 +1,122 @@
+/*
+ * Client library: a worker's (or psctl's) connections to every shard of a job.
+ *
+ * The client runs its own thread with its own libuv loop (STYLE.md §9); the calls below
+ * are blocking and thread-safe: each hands a request to that thread (a locked queue plus
+ * uv_async_send) and waits for it. One call fans out to every shard concurrently: a pull
+ * asks each shard for its partitions of every tensor at once, and the replies are read
+ * straight into the caller's tensors; a push writes every gradient partition from the
+ * caller's memory with scatter/gather writes.
+ *
+ * A lost connection is re-established in the background with exponential backoff
+ * (100 ms doubling to 5 s); after a reconnect the client handshakes again and re-declares
+ * the model, so a restarted shard is usable without the caller noticing. Requests that were
+ * in flight on a lost connection fail with TS_ECLOSED; the caller decides whether to retry
+ * (pulls are always safe to retry; a sync push is recognised as a duplicate).
+ *
+ * Heartbeats carry the progress set with ts_client_set_progress to every shard every
+ * heartbeat_interval_s, from the client thread, so a worker busy computing stays alive.
+ */
+#ifndef TS_CLIENT_H
+#define TS_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tessera.pb-c.h"
+#include "ts_init.h"
+#include "ts_plan.h"
+
+typedef struct ts_client ts_client_t;
+
+typedef struct {
+  const char *const *addrs;      /* "host:port" of each shard, in shard order */
+  size_t num_shards;
+  bool admin;                    /* admin role (psctl) instead of worker */
+  int task;                      /* worker index (ignored for admin) */
+  const char *identity;          /* free text for the servers' logs */
+  const char *token;             /* shared secret for the handshake MAC; NULL = none */
+  double connect_timeout_s;      /* ts_client_open waits this long for the shards (default 5) */
+  double request_timeout_s;      /* default deadline of a call (default 60) */
+  double heartbeat_interval_s;   /* 0 = no heartbeats */
+  bool require_all;              /* open fails unless every shard answered */
+} ts_client_opts_t;
+
+typedef struct {
+  const char *name;
+  const uint64_t *shape;
+  size_t rank;
+  ts_init_kind_t init;
+} ts_client_tensor_t;
+
+typedef struct {
+  uint64_t applied, accumulated, stale, duplicate;  /* partitions, over all shards */
+} ts_client_push_result_t;
+
+/* Start the client thread and connect to every shard. Waits up to connect_timeout_s for
+ * the shards to answer the handshake. With require_all, fails (TS_EUNAVAIL, errmsg naming
+ * each unreachable shard and why) unless all did; otherwise succeeds with whatever answered
+ * and keeps trying the rest in the background. Also fails for bad addresses (TS_EINVAL)
+ * or a refused handshake (TS_EAUTH, TS_EVERSION ...). */
+int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg, size_t errlen);
+
+/* Close every connection, stop the thread and free the client. */
+void ts_client_close(ts_client_t *c);
+
+uint32_t ts_client_num_shards(const ts_client_t *c);
+
+/* Whether shard i currently has a ready connection; when not, *why (optional) gets the last
+ * error seen ("connection refused"). */
+bool ts_client_shard_up(ts_client_t *c, uint32_t shard, char *why, size_t whylen);
+
+/* The job's settings as the shards announced them in the handshake. */
+uint64_t ts_client_partition_bytes(const ts_client_t *c);
+uint32_t ts_client_job_workers(const ts_client_t *c);
+Tessera__Mode ts_client_job_mode(const ts_client_t *c);
+
+/* Declare the model (the same tensor list, in the same order, on every worker) and compute
+ * the partition plan. The tensor list is copied. Returns 0, or the first shard's error
+ * (TS_ESHAPE for a mismatching redeclaration, with the server's detail in errmsg). */
+int ts_client_declare(ts_client_t *c, const ts_client_tensor_t *tensors, size_t n, uint64_t seed,
+                      char *errmsg, size_t errlen);
+
+/* The plan computed by ts_client_declare (NULL before). */
+const ts_plan_t *ts_client_plan(const ts_client_t *c);
+
+/* Pull every partition of every tensor into dst[t] (a buffer of tensor t's element count).
+ * min_version: wait until every partition is at least that version (sync long poll);
+ * clock: the caller's clock for the ssp bound. *version (optional) gets the lowest version
+ * pulled. The buffers must not be touched until the call returns. Returns 0 or an error,
+ * after which the buffers' content is unspecified. */
+int ts_client_pull(ts_client_t *c, float *const *dst, uint64_t min_version, uint64_t clock,
+                   uint64_t *version, char *errmsg, size_t errlen);
+
+/* Push gradients grad[t] for every tensor, tagged with step (the version pulled, in sync
+ * mode; the worker's clock otherwise). *result (optional) sums the shards' answers. */
+int ts_client_push(ts_client_t *c, const float *const *grad, uint64_t step,
+                   ts_client_push_result_t *result, char *errmsg, size_t errlen);
+
+/* Push only the listed partitions' gradients (plan indices), for tests and partial
+ * updates; payload for plan part k comes from grad[part.tensor] + part.offset. */
+int ts_client_push_parts(ts_client_t *c, const float *const *grad, const size_t *parts, size_t n,
+                         uint64_t step, ts_client_push_result_t *result, char *errmsg,
+                         size_t errlen);
+
+/* Progress carried by the next heartbeats. done = the worker leaves the job's barriers. */
+void ts_client_set_progress(ts_client_t *c, uint64_t step, double loss, double examples_per_sec,
+                            double epoch_progress, bool done);
+
+/* Send a heartbeat to every shard now and wait for the replies. */
+int ts_client_heartbeat(ts_client_t *c, char *errmsg, size_t errlen);
+
+/* Ask shard i for its status. *out is freed with ts_client_free_status. Fails with
+ * TS_EUNAVAIL at once when the shard has no ready connection. */
+int ts_client_status(ts_client_t *c, uint32_t shard, Tessera__ShardStatus **out, char *errmsg,
+                     size_t errlen);
+void ts_client_free_status(Tessera__ShardStatus *st);
+
+/* Set the deadline of later calls (seconds). */
+void ts_client_set_timeout(ts_client_t *c, double seconds);
+
+#endif

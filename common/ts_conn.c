@@ -1,0 +1,325 @@
+#include "ts_conn.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_err.h"
+#include "ts_log.h"
+
+#define SCRATCH_SIZE (64 * 1024)
+#define SOCKET_BUFFER (4 * 1024 * 1024)
+
+typedef struct {
+  uv_write_t req;
+  ts_conn_t *conn;
+  ts_conn_write_cb cb;
+  void *arg;
+  unsigned nbufs;
+  uv_buf_t bufs[];
+} write_req_t;
+
+static void on_close(uv_handle_t *h);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+int ts_conn_init(uv_loop_t *loop, ts_conn_t *c, const ts_conn_cbs_t *cbs, uint64_t max_data,
+                 void *data) {
+  memset(c, 0, sizeof *c);
+  c->cbs = cbs;
+  c->data = data;
+  c->max_data = max_data;
+  c->max_write_queue = 256u << 20;
+  c->state = TS_CONN_READ_HEADER;
+  snprintf(c->peer, sizeof c->peer, "?");
+  int rc = uv_tcp_init(loop, &c->handle);
+  if (rc < 0) return rc;
+  c->handle.data = c;
+  return 0;
+}
+
+int ts_conn_start(ts_conn_t *c) {
+  uv_tcp_nodelay(&c->handle, 1);
+  int size = SOCKET_BUFFER;
+  uv_send_buffer_size((uv_handle_t *)&c->handle, &size);
+  size = SOCKET_BUFFER;
+  uv_recv_buffer_size((uv_handle_t *)&c->handle, &size);
+
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  if (uv_tcp_getpeername(&c->handle, (struct sockaddr *)&ss, &len) == 0) {
+    char ip[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (ss.ss_family == AF_INET) {
+      struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+      uv_ip4_name(a, ip, sizeof ip);
+      port = ntohs(a->sin_port);
+      snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
+    } else if (ss.ss_family == AF_INET6) {
+      struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+      uv_ip6_name(a, ip, sizeof ip);
+      port = ntohs(a->sin6_port);
+      snprintf(c->peer, sizeof c->peer, "[%s]:%d", ip, port);
+    }
+  }
+  int rc = uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read);
+  if (rc == 0) c->reading = true;
+  return rc;
+}
+
+size_t ts_conn_write_queue(const ts_conn_t *c) {
+  return uv_stream_get_write_queue_size((const uv_stream_t *)&c->handle);
+}
+
+void ts_conn_close(ts_conn_t *c, int err) {
+  if (c->closing) return;
+  c->closing = true;
+  c->close_err = err;
+  if (c->reading) uv_read_stop((uv_stream_t *)&c->handle);
+  c->reading = false;
+  uv_close((uv_handle_t *)&c->handle, on_close);
+}
+
+static void on_close(uv_handle_t *h) {
+  ts_conn_t *c = h->data;
+  ts_free(c->meta);
+  c->meta = NULL;
+  ts_free(c->scratch);
+  c->scratch = NULL;
+  ts_msg_free(c->msg);
+  c->msg = NULL;
+  if (c->cbs->on_close) c->cbs->on_close(c, c->close_err);
+}
+
+/* --- reading ----------------------------------------------------------------------- */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  ts_conn_t *c = h->data;
+  switch (c->state) {
+    case TS_CONN_READ_HEADER:
+      *buf = uv_buf_init((char *)c->header + c->got, (unsigned)(TS_FRAME_HEADER_SIZE - c->got));
+      return;
+    case TS_CONN_READ_META:
+      *buf = uv_buf_init((char *)c->meta + c->got, (unsigned)(c->hdr.meta_len - c->got));
+      return;
+    case TS_CONN_READ_DATA: {
+      const uv_buf_t *d = &c->dst[c->dst_i];
+      size_t left = d->len - c->dst_off;
+      if (left > (1u << 30)) left = 1u << 30;
+      *buf = uv_buf_init(d->base + c->dst_off, (unsigned)left);
+      return;
+    }
+    case TS_CONN_READ_DISCARD: {
+      uint64_t left = c->hdr.data_len - c->got;
+      if (!c->scratch) c->scratch = ts_malloc(SCRATCH_SIZE);
+      if (!c->scratch) {
+        *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS to on_read */
+        return;
+      }
+      *buf = uv_buf_init((char *)c->scratch, (unsigned)(left < SCRATCH_SIZE ? left : SCRATCH_SIZE));
+      return;
+    }
+  }
+}
+
+static void reset_frame(ts_conn_t *c) {
+  c->state = TS_CONN_READ_HEADER;
+  c->got = 0;
+  c->msg = NULL;
+  c->dst = NULL;
+  c->dst_n = c->dst_i = 0;
+  c->dst_off = 0;
+}
+
+static void deliver(ts_conn_t *c, bool discarded) {
+  ProtobufCMessage *msg = c->msg;
+  ts_frame_header_t h = c->hdr;
+  reset_frame(c);
+  c->frames_in++;
+  c->cbs->on_frame(c, &h, msg, discarded);
+  if (!c->closing && !c->paused && ts_conn_write_queue(c) > c->max_write_queue) {
+    /* The peer sends faster than it reads our replies: stop reading until it catches up,
+     * so a flood cannot grow our write queue without bound. */
+    uv_read_stop((uv_stream_t *)&c->handle);
+    c->reading = false;
+    c->paused = true;
+  }
+}
+
+static void meta_done(ts_conn_t *c) {
+  char err[256];
+  int rc = ts_msg_decode(c->hdr.type, c->meta, c->hdr.meta_len, c->hdr.data_len, &c->msg, err,
+                         sizeof err);
+  if (rc < 0) {
+    ts_log_warn("%s: closing connection: %s", c->peer, err);
+    ts_conn_fail(c, 0, rc, err);
+    return;
+  }
+  const uv_buf_t *dst = NULL;
+  unsigned ndst = 0;
+  rc = c->cbs->on_meta(c, &c->hdr, c->msg, &dst, &ndst);
+  if (rc < 0) {
+    ts_conn_close(c, rc);
+    return;
+  }
+  if (c->closing) return;
+  if (c->hdr.data_len == 0) {
+    deliver(c, false);
+    return;
+  }
+  c->got = 0;
+  uint64_t total = 0;
+  for (unsigned i = 0; dst && i < ndst; i++) total += dst[i].len;
+  if (dst && ts_fails_assert(total == c->hdr.data_len)) dst = NULL;
+  if (dst) {
+    c->dst = dst;
+    c->dst_n = ndst;
+    c->dst_i = 0;
+    c->dst_off = 0;
+    while (c->dst_i < c->dst_n && c->dst[c->dst_i].len == 0) c->dst_i++;
+    c->state = TS_CONN_READ_DATA;
+  } else {
+    c->state = TS_CONN_READ_DISCARD;
+  }
+}
+
+static void header_done(ts_conn_t *c) {
+  if (c->hdr.meta_len > c->meta_cap) {
+    size_t cap = c->meta_cap ? c->meta_cap : 256;
+    while (cap < c->hdr.meta_len) cap *= 2;
+    uint8_t *m = ts_realloc(c->meta, cap);
+    if (!m) {
+      ts_conn_fail(c, 0, TS_ENOMEM, "out of memory for frame meta");
+      return;
+    }
+    c->meta = m;
+    c->meta_cap = cap;
+  }
+  c->got = 0;
+  if (c->hdr.meta_len == 0) {
+    meta_done(c);
+  } else {
+    c->state = TS_CONN_READ_META;
+  }
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  (void)buf;
+  ts_conn_t *c = s->data;
+  if (c->closing) return;
+  if (nread < 0) {
+    if (nread == UV_EOF) {
+      if (c->state != TS_CONN_READ_HEADER || c->got != 0)
+        ts_log_warn("%s: connection closed in the middle of a frame", c->peer);
+      ts_conn_close(c, TS_ECLOSED);
+    } else {
+      ts_conn_close(c, (int)nread);
+    }
+    return;
+  }
+  if (nread == 0) return;
+  c->got += (size_t)nread;
+  c->bytes_in += (uint64_t)nread;
+  switch (c->state) {
+    case TS_CONN_READ_HEADER: {
+      const char *desc = NULL;
+      int rc = ts_frame_decode_header(c->header, c->got, c->max_data, &c->hdr, &desc);
+      if (rc == TS_EINCOMPLETE) return;
+      if (rc < 0) {
+        ts_log_warn("%s: closing connection: %s (%s)", c->peer, desc ? desc : "bad header",
+                    ts_err_name(rc));
+        ts_conn_fail(c, 0, rc, desc ? desc : "bad frame header");
+        return;
+      }
+      header_done(c);
+      return;
+    }
+    case TS_CONN_READ_META:
+      if (c->got == c->hdr.meta_len) meta_done(c);
+      return;
+    case TS_CONN_READ_DATA:
+      c->dst_off += (size_t)nread;
+      while (c->dst_i < c->dst_n && c->dst_off == c->dst[c->dst_i].len) {
+        c->dst_i++;
+        c->dst_off = 0;
+      }
+      if (c->got == c->hdr.data_len) deliver(c, false);
+      return;
+    case TS_CONN_READ_DISCARD:
+      if (c->got == c->hdr.data_len) deliver(c, true);
+      return;
+  }
+}
+
+/* --- writing ----------------------------------------------------------------------- */
+
+static void on_write(uv_write_t *req, int status) {
+  write_req_t *w = (write_req_t *)req;
+  ts_conn_t *c = w->conn;
+  if (status == 0) c->frames_out++;
+  if (w->cb) w->cb(c, w->arg, status);
+  ts_free(w);
+  if (c->closing) return;
+  if (status < 0 && status != UV_ECANCELED) {
+    ts_conn_close(c, status);
+    return;
+  }
+  if (c->close_after_write && ts_conn_write_queue(c) == 0) {
+    ts_conn_close(c, c->close_err);
+    return;
+  }
+  if (c->paused && ts_conn_write_queue(c) <= c->max_write_queue / 2) {
+    c->paused = false;
+    if (uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read) == 0) c->reading = true;
+  }
+}
+
+int ts_conn_send(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg, const uv_buf_t *payload,
+                 unsigned n, ts_conn_write_cb cb, void *arg) {
+  if (c->closing) return TS_ECLOSED;
+  size_t frame = ts_msg_frame_size(msg);
+  size_t head = sizeof(write_req_t) + (n + 1) * sizeof(uv_buf_t);
+  write_req_t *w = ts_malloc(head + frame);
+  if (!w) return TS_ENOMEM;
+  uint8_t *bytes = (uint8_t *)w + head;
+  uint64_t data_len = 0;
+  for (unsigned i = 0; i < n; i++) data_len += payload[i].len;
+  size_t len = ts_msg_encode(type, msg, data_len, bytes);
+  w->conn = c;
+  w->cb = cb;
+  w->arg = arg;
+  w->nbufs = n + 1;
+  w->bufs[0] = uv_buf_init((char *)bytes, (unsigned)len);
+  for (unsigned i = 0; i < n; i++) w->bufs[i + 1] = payload[i];
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->handle, w->bufs, w->nbufs, on_write);
+  if (rc < 0) {
+    ts_free(w);
+    return rc;
+  }
+  c->bytes_out += len + data_len;
+  return 0;
+}
+
+int ts_conn_send_error(ts_conn_t *c, uint64_t request_id, int code, const char *detail) {
+  Tessera__Error e = TESSERA__ERROR__INIT;
+  e.request_id = request_id;
+  e.code = code;
+  e.name = (char *)ts_err_name(code);
+  e.detail = (char *)(detail ? detail : ts_strerror(code));
+  return ts_conn_send(c, TS_MSG_ERROR, &e.base, NULL, 0, NULL, NULL);
+}
+
+void ts_conn_fail(ts_conn_t *c, uint64_t request_id, int code, const char *detail) {
+  if (c->closing || c->close_after_write) return;
+  if (c->reading) uv_read_stop((uv_stream_t *)&c->handle);
+  c->reading = false;
+  c->paused = false;
+  c->close_err = code;
+  snprintf(c->errmsg, sizeof c->errmsg, "%s", detail ? detail : ts_strerror(code));
+  /* libuv runs write callbacks from the loop, never from uv_write itself, so on_write
+   * closes the connection once this error (and anything queued before it) is written. */
+  c->close_after_write = true;
+  if (ts_conn_send_error(c, request_id, code, detail) < 0) ts_conn_close(c, code);
+}

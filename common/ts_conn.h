@@ -1,0 +1,122 @@
+/*
+ * A framed connection over a libuv TCP handle, shared by ps-server and the client library.
+ *
+ * Reading follows a state machine (header, meta, payload, discard): the libuv alloc_cb hands
+ * out exactly the buffer expected next, so a payload is read straight into its final home
+ * (parameter memory on a client pull, the shard's gradient buffer on a push) and never
+ * copied. Writing sends header + meta from one allocation and the payload from the caller's
+ * memory with one uv_write of several buffers.
+ *
+ * Glossary:
+ *   frame    header + meta + payload (common/ts_frame.h)
+ *   on_meta  called when a frame's meta is decoded; it picks where the payload goes
+ *   on_frame called when the whole frame, payload included, is in place
+ *
+ * Lifetime: the owner allocates the ts_conn_t (usually embedded in its own struct), calls
+ * ts_conn_init, and ts_conn_close is the only way out; on_close runs from libuv's close
+ * callback, after which the owner may free the memory. All calls happen on the loop thread.
+ */
+#ifndef TS_CONN_H
+#define TS_CONN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "ts_frame.h"
+#include "ts_msg.h"
+
+typedef struct ts_conn ts_conn_t;
+
+/* The meta of a frame is decoded. For a frame with a payload (h->data_len > 0) set *iov to
+ * *niov buffers whose lengths add up to h->data_len (the payload is read into them in order,
+ * so it can land straight in several tensors); the array and the memory it points to stay
+ * valid until on_frame. Leave *iov NULL to have the payload read and thrown away (after
+ * replying with an error, for example). Return 0, or a negative code to close the
+ * connection. The callback does not own msg. */
+typedef int (*ts_conn_meta_cb)(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                               const uv_buf_t **iov, unsigned *niov);
+
+/* The whole frame has arrived (payload in *dst of on_meta, or discarded). The callback owns
+ * msg and frees it with ts_msg_free. `discarded` tells whether the payload was dropped. */
+typedef void (*ts_conn_frame_cb)(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                                 bool discarded);
+
+/* The connection is closed (err: why; 0 for a local close, TS_ECLOSED for the peer's EOF).
+ * After this returns, the memory of c may be freed. */
+typedef void (*ts_conn_close_cb)(ts_conn_t *c, int err);
+
+/* A write is done (err < 0 when it failed or was cancelled by a close). */
+typedef void (*ts_conn_write_cb)(ts_conn_t *c, void *arg, int err);
+
+typedef struct {
+  ts_conn_meta_cb on_meta;
+  ts_conn_frame_cb on_frame;
+  ts_conn_close_cb on_close;
+} ts_conn_cbs_t;
+
+typedef enum {
+  TS_CONN_READ_HEADER,
+  TS_CONN_READ_META,
+  TS_CONN_READ_DATA,
+  TS_CONN_READ_DISCARD,
+} ts_conn_read_state_t;
+
+struct ts_conn {
+  uv_tcp_t handle; /* handle.data == this */
+  const ts_conn_cbs_t *cbs;
+  void *data;      /* owner's pointer */
+
+  ts_conn_read_state_t state;
+  uint8_t header[TS_FRAME_HEADER_SIZE];
+  size_t got;                 /* bytes of the current piece received */
+  ts_frame_header_t hdr;
+  uint8_t *meta;              /* reused buffer, grows to the largest meta seen */
+  size_t meta_cap;
+  ProtobufCMessage *msg;      /* decoded meta of the frame being read */
+  const uv_buf_t *dst;        /* payload destination (on_meta's *iov) */
+  unsigned dst_n, dst_i;      /* buffers, and the one being filled */
+  size_t dst_off;             /* bytes filled in dst[dst_i] */
+  uint8_t *scratch;           /* 64 KiB for discarded payload */
+
+  uint64_t max_data;          /* largest payload accepted */
+  size_t max_write_queue;     /* reads pause while more bytes than this wait to be written */
+  bool reading;
+  bool paused;
+  bool closing;
+  bool close_after_write;
+  int close_err;
+
+  char peer[64];
+  char errmsg[256];
+  uint64_t frames_in, frames_out, bytes_in, bytes_out;
+};
+
+/* Initialise c on loop (uv_tcp_init); the caller then accepts or connects on &c->handle. */
+int ts_conn_init(uv_loop_t *loop, ts_conn_t *c, const ts_conn_cbs_t *cbs, uint64_t max_data,
+                 void *data);
+
+/* Set TCP_NODELAY and large socket buffers, record the peer address, and start reading. */
+int ts_conn_start(ts_conn_t *c);
+
+/* Send one frame: header + packed meta, then the payload buffers payload[0..n) whose lengths
+ * must add up to what the meta describes. The payload memory must stay valid and unchanged
+ * until cb is called (cb may be NULL). Returns 0 or a negative error, in which case cb is not
+ * called. */
+int ts_conn_send(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg, const uv_buf_t *payload,
+                 unsigned n, ts_conn_write_cb cb, void *arg);
+
+/* Send an Error frame for request_id. */
+int ts_conn_send_error(ts_conn_t *c, uint64_t request_id, int code, const char *detail);
+
+/* Send an Error frame, then close once it is written (a protocol violation). */
+void ts_conn_fail(ts_conn_t *c, uint64_t request_id, int code, const char *detail);
+
+/* Close: stop reading, cancel pending writes (their callbacks see UV_ECANCELED), and call
+ * on_close from the close callback. Safe to call more than once. */
+void ts_conn_close(ts_conn_t *c, int err);
+
+/* Bytes waiting in the write queue. */
+size_t ts_conn_write_queue(const ts_conn_t *c);
+
+#endif

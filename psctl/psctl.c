@@ -1,0 +1,430 @@
+/* psctl: the admin CLI of a Tessera job (DESIGN.md §1). */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ts_alloc.h"
+#include "ts_build_config.h"
+#include "ts_client.h"
+#include "ts_config.h"
+#include "ts_err.h"
+#include "ts_log.h"
+
+typedef enum { OUT_TABLE, OUT_JSON } output_t;
+
+typedef struct {
+  ts_config_t cfg;
+  ts_client_t *client;
+  Tessera__ShardStatus **st; /* per shard, NULL when it did not answer */
+  char **why;                /* per shard, why it did not answer */
+  size_t up;
+} cluster_view_t;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: psctl [-c FILE] [--set KEY=VALUE]... [-o table|json] COMMAND\n"
+          "\n"
+          "Commands:\n"
+          "  status    job mode, global step, every shard and worker\n"
+          "  shards    one line per shard: address, up, partitions, bytes, version\n"
+          "  workers   one line per worker: step, loss, examples/s, last seen, alive\n"
+          "  health    exit 0 when every shard answers, 1 otherwise\n"
+          "\n"
+          "Options:\n"
+          "  -c, --config FILE        the job file (default /etc/tessera/job.cfg)\n"
+          "      --set KEY=VALUE      override a key of the job file\n"
+          "  -o, -w, --output FORMAT  table (default) or json\n"
+          "      --timeout SECONDS    how long to wait for each shard (default 3)\n"
+          "  -h, --help               this text\n"
+          "  -V, --version            print the version\n"
+          "\n"
+          "Exit codes: 0 every shard answered, 1 a shard is down or failed,\n"
+          "2 usage error, 78 bad configuration.\n");
+}
+
+static const char *mode_name(Tessera__Mode m) {
+  switch (m) {
+    case TESSERA__MODE__MODE_ASYNC:
+      return "async";
+    case TESSERA__MODE__MODE_SYNC:
+      return "sync";
+    case TESSERA__MODE__MODE_SSP:
+      return "ssp";
+    default:
+      return "unknown";
+  }
+}
+
+static char *read_token(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  char buf[1024];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = 0;
+  return ts_strdup(buf);
+}
+
+static int gather(cluster_view_t *v, double timeout) {
+  ts_config_t *cfg = &v->cfg;
+  char err[1024];
+  const char *tfile = cfg->admin_token_file && *cfg->admin_token_file ? cfg->admin_token_file
+                      : cfg->token_file && *cfg->token_file          ? cfg->token_file
+                                                                     : NULL;
+  char *token = NULL;
+  if (tfile && !(token = read_token(tfile))) {
+    fprintf(stderr, "psctl: cannot read token file %s\n", tfile);
+    return TS_EXIT_CONFIG;
+  }
+  char ident[64];
+  snprintf(ident, sizeof ident, "psctl pid %d", (int)getpid());
+  ts_client_opts_t o = {.addrs = (const char *const *)cfg->ps,
+                        .num_shards = cfg->num_ps,
+                        .admin = true,
+                        .identity = ident,
+                        .token = token,
+                        .connect_timeout_s = timeout,
+                        .request_timeout_s = timeout,
+                        .require_all = false};
+  int rc = ts_client_open(&v->client, &o, err, sizeof err);
+  ts_free(token);
+  if (rc < 0) {
+    fprintf(stderr, "psctl: %s\n", err);
+    return rc == TS_EINVAL ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
+  }
+  v->st = ts_calloc(cfg->num_ps, sizeof *v->st);
+  v->why = ts_calloc(cfg->num_ps, sizeof *v->why);
+  if (!v->st || !v->why) return TS_EXIT_FAILURE;
+  for (uint32_t s = 0; s < cfg->num_ps; s++) {
+    char why[512];
+    if (!ts_client_shard_up(v->client, s, why, sizeof why)) {
+      v->why[s] = ts_strdup(why);
+      continue;
+    }
+    rc = ts_client_status(v->client, s, &v->st[s], err, sizeof err);
+    if (rc < 0) {
+      v->why[s] = ts_strdup(err);
+      continue;
+    }
+    v->up++;
+  }
+  return 0;
+}
+
+static void release(cluster_view_t *v) {
+  for (size_t s = 0; s < v->cfg.num_ps; s++) {
+    if (v->st) ts_client_free_status(v->st[s]);
+    if (v->why) ts_free(v->why[s]);
+  }
+  ts_free(v->st);
+  ts_free(v->why);
+  ts_client_close(v->client);
+  ts_config_free(&v->cfg);
+}
+
+/* The job's view of one worker, merged over the shards: the freshest sighting wins. */
+typedef struct {
+  int task;
+  bool seen, alive, done;
+  uint64_t step;
+  double loss, eps, last_seen_s, progress;
+} worker_view_t;
+
+static worker_view_t *merge_workers(const cluster_view_t *v, size_t *n) {
+  size_t nw = v->cfg.num_workers;
+  worker_view_t *w = ts_calloc(nw ? nw : 1, sizeof *w);
+  if (!w) return NULL;
+  for (size_t t = 0; t < nw; t++) w[t].task = (int)t;
+  for (size_t s = 0; s < v->cfg.num_ps; s++) {
+    const Tessera__ShardStatus *st = v->st[s];
+    if (!st) continue;
+    for (size_t i = 0; i < st->n_workers; i++) {
+      const Tessera__WorkerStatus *ws = st->workers[i];
+      if (ws->task < 0 || (size_t)ws->task >= nw) continue;
+      worker_view_t *x = &w[ws->task];
+      if (!x->seen || ws->last_seen_s < x->last_seen_s) {
+        x->loss = ws->loss;
+        x->eps = ws->examples_per_sec;
+        x->last_seen_s = ws->last_seen_s;
+        x->progress = ws->epoch_progress;
+      }
+      if (ws->step > x->step) x->step = ws->step;
+      x->alive |= ws->alive;
+      x->done |= ws->done;
+      x->seen = true;
+    }
+  }
+  *n = nw;
+  return w;
+}
+
+static uint64_t job_step(const cluster_view_t *v, Tessera__Mode *mode) {
+  uint64_t step = 0;
+  bool first = true;
+  *mode = TESSERA__MODE__MODE_UNSPECIFIED;
+  for (size_t s = 0; s < v->cfg.num_ps; s++) {
+    const Tessera__ShardStatus *st = v->st[s];
+    if (!st) continue;
+    *mode = st->mode;
+    /* Sync: every shard moves together, the job is at the lowest version. Async: a shard's
+     * step counts the pushes it applied; the job's is the largest. */
+    if (st->mode == TESSERA__MODE__MODE_SYNC)
+      step = first || st->step < step ? st->step : step;
+    else
+      step = st->step > step ? st->step : step;
+    first = false;
+  }
+  return step;
+}
+
+static cJSON *shard_json(const cluster_view_t *v, size_t s) {
+  cJSON *o = cJSON_CreateObject();
+  const Tessera__ShardStatus *st = v->st[s];
+  cJSON_AddNumberToObject(o, "index", (double)s);
+  cJSON_AddStringToObject(o, "address", v->cfg.ps[s]);
+  cJSON_AddBoolToObject(o, "up", st != NULL);
+  if (st) {
+    cJSON_AddNumberToObject(o, "partitions", st->partitions);
+    cJSON_AddNumberToObject(o, "bytes", (double)st->bytes);
+    cJSON_AddNumberToObject(o, "version", (double)st->version);
+    cJSON_AddNumberToObject(o, "step", (double)st->step);
+    cJSON_AddNumberToObject(o, "pushes", (double)st->pushes);
+    cJSON_AddNumberToObject(o, "pulls", (double)st->pulls);
+    cJSON_AddNumberToObject(o, "stale_dropped", (double)st->stale_dropped);
+    cJSON_AddNumberToObject(o, "rejected_frames", (double)st->rejected_frames);
+    cJSON_AddNumberToObject(o, "errors", (double)st->errors);
+    cJSON_AddNumberToObject(o, "connections", (double)st->connections);
+    cJSON_AddNumberToObject(o, "uptime_s", st->uptime_s);
+    cJSON *wait = cJSON_AddArrayToObject(o, "barrier_waiting_for");
+    for (size_t i = 0; i < st->n_barrier_waiting_for; i++)
+      cJSON_AddItemToArray(wait, cJSON_CreateNumber(st->barrier_waiting_for[i]));
+  } else {
+    cJSON_AddNumberToObject(o, "partitions", 0);
+    cJSON_AddNumberToObject(o, "bytes", 0);
+    cJSON_AddNumberToObject(o, "version", 0);
+    cJSON_AddStringToObject(o, "error", v->why[s] ? v->why[s] : "no answer");
+  }
+  return o;
+}
+
+static cJSON *worker_json(const worker_view_t *w) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "task", w->task);
+  cJSON_AddNumberToObject(o, "step", (double)w->step);
+  cJSON_AddNumberToObject(o, "loss", w->loss);
+  cJSON_AddNumberToObject(o, "examples_per_sec", w->eps);
+  if (w->seen)
+    cJSON_AddNumberToObject(o, "last_seen_s", w->last_seen_s);
+  else
+    cJSON_AddNullToObject(o, "last_seen_s");
+  cJSON_AddBoolToObject(o, "alive", w->alive);
+  cJSON_AddBoolToObject(o, "done", w->done);
+  cJSON_AddNumberToObject(o, "epoch_progress", w->progress);
+  return o;
+}
+
+static void print_json(cJSON *root) {
+  char *s = cJSON_Print(root);
+  if (s) {
+    printf("%s\n", s);
+    cJSON_free(s);
+  }
+  cJSON_Delete(root);
+}
+
+static void human_bytes(char *buf, size_t n, double b) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 4) {
+    b /= 1024.0;
+    u++;
+  }
+  snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+}
+
+static void print_shards_table(const cluster_view_t *v) {
+  printf("%-5s %-22s %-5s %10s %10s %9s %9s %s\n", "SHARD", "ADDRESS", "UP", "PARTITIONS",
+         "BYTES", "VERSION", "STALE", "NOTE");
+  for (size_t s = 0; s < v->cfg.num_ps; s++) {
+    const Tessera__ShardStatus *st = v->st[s];
+    if (st) {
+      char b[32];
+      human_bytes(b, sizeof b, (double)st->bytes);
+      char note[128] = "";
+      if (st->n_barrier_waiting_for) {
+        size_t len = (size_t)snprintf(note, sizeof note, "barrier waits for task");
+        for (size_t i = 0; i < st->n_barrier_waiting_for && len < sizeof note; i++)
+          len += (size_t)snprintf(note + len, sizeof note - len, "%s%d", i ? "," : " ",
+                                  st->barrier_waiting_for[i]);
+      }
+      printf("%-5zu %-22s %-5s %10u %10s %9llu %9llu %s\n", s, v->cfg.ps[s], "yes", st->partitions,
+             b, (unsigned long long)st->version, (unsigned long long)st->stale_dropped, note);
+    } else {
+      printf("%-5zu %-22s %-5s %10s %10s %9s %9s %s\n", s, v->cfg.ps[s], "NO", "-", "-", "-", "-",
+             v->why[s] ? v->why[s] : "no answer");
+    }
+  }
+}
+
+static void print_workers_table(const worker_view_t *w, size_t n) {
+  printf("%-5s %10s %10s %12s %11s %8s %s\n", "TASK", "STEP", "LOSS", "EXAMPLES/S", "LAST SEEN",
+         "EPOCH", "STATE");
+  for (size_t i = 0; i < n; i++) {
+    if (!w[i].seen) {
+      printf("%-5d %10s %10s %12s %11s %8s %s\n", w[i].task, "-", "-", "-", "never", "-",
+             "not joined");
+      continue;
+    }
+    char seen[32];
+    snprintf(seen, sizeof seen, "%.1fs ago", w[i].last_seen_s);
+    printf("%-5d %10llu %10.4f %12.1f %11s %7.0f%% %s\n", w[i].task, (unsigned long long)w[i].step,
+           w[i].loss, w[i].eps, seen, w[i].progress * 100.0,
+           w[i].done ? "done" : w[i].alive ? "alive" : "DEAD");
+  }
+}
+
+static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
+  size_t nw = 0;
+  worker_view_t *w = merge_workers(v, &nw);
+  if (!w) return TS_EXIT_FAILURE;
+  Tessera__Mode mode;
+  uint64_t step = job_step(v, &mode);
+  if (out == OUT_JSON) {
+    cJSON *root = NULL;
+    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "health") == 0) {
+      root = cJSON_CreateObject();
+      cJSON_AddStringToObject(root, "mode", v->up ? mode_name(mode) : ts_mode_name(v->cfg.mode));
+      cJSON_AddNumberToObject(root, "step", (double)step);
+      cJSON_AddBoolToObject(root, "healthy", v->up == v->cfg.num_ps);
+      cJSON *shards = cJSON_AddArrayToObject(root, "shards");
+      for (size_t s = 0; s < v->cfg.num_ps; s++) cJSON_AddItemToArray(shards, shard_json(v, s));
+      if (strcmp(cmd, "status") == 0) {
+        cJSON *workers = cJSON_AddArrayToObject(root, "workers");
+        for (size_t i = 0; i < nw; i++) cJSON_AddItemToArray(workers, worker_json(&w[i]));
+      }
+    } else if (strcmp(cmd, "shards") == 0) {
+      root = cJSON_CreateArray();
+      for (size_t s = 0; s < v->cfg.num_ps; s++) cJSON_AddItemToArray(root, shard_json(v, s));
+    } else {
+      root = cJSON_CreateArray();
+      for (size_t i = 0; i < nw; i++) cJSON_AddItemToArray(root, worker_json(&w[i]));
+    }
+    print_json(root);
+  } else if (strcmp(cmd, "status") == 0) {
+    printf("job: mode %s, step %llu, %zu of %zu shard(s) up, %zu worker(s)\n\n",
+           v->up ? mode_name(mode) : ts_mode_name(v->cfg.mode), (unsigned long long)step, v->up,
+           v->cfg.num_ps, nw);
+    print_shards_table(v);
+    printf("\n");
+    print_workers_table(w, nw);
+  } else if (strcmp(cmd, "shards") == 0) {
+    print_shards_table(v);
+  } else if (strcmp(cmd, "workers") == 0) {
+    print_workers_table(w, nw);
+  } else {
+    printf("%s: %zu of %zu shard(s) up\n", v->up == v->cfg.num_ps ? "healthy" : "unhealthy", v->up,
+           v->cfg.num_ps);
+  }
+  ts_free(w);
+  for (size_t s = 0; s < v->cfg.num_ps; s++)
+    if (!v->st[s])
+      fprintf(stderr, "psctl: shard %zu (%s) is down: %s\n", s, v->cfg.ps[s],
+              v->why[s] ? v->why[s] : "no answer");
+  return v->up == v->cfg.num_ps ? TS_EXIT_OK : TS_EXIT_FAILURE;
+}
+
+int main(int argc, char **argv) {
+  const char *config_path = NULL;
+  output_t out = OUT_TABLE;
+  double timeout = 3.0;
+  const char **sets = calloc((size_t)argc, sizeof *sets);
+  size_t nsets = 0;
+  if (!sets) return TS_EXIT_FAILURE;
+  enum { OPT_SET = 256, OPT_TIMEOUT };
+  static const struct option longopts[] = {
+      {"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, OPT_SET},
+      {"output", required_argument, NULL, 'o'}, {"write-out", required_argument, NULL, 'w'},
+      {"timeout", required_argument, NULL, OPT_TIMEOUT},
+      {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+      {NULL, 0, NULL, 0}};
+  int opt, rc = TS_EXIT_USAGE;
+  /* '+': stop at the command, so options may only come before it. */
+  while ((opt = getopt_long(argc, argv, "+c:o:w:hV", longopts, NULL)) != -1) {
+    switch (opt) {
+      case 'c':
+        config_path = optarg;
+        break;
+      case OPT_SET:
+        sets[nsets++] = optarg;
+        break;
+      case 'o':
+      case 'w':
+        if (strcmp(optarg, "json") == 0) {
+          out = OUT_JSON;
+        } else if (strcmp(optarg, "table") == 0) {
+          out = OUT_TABLE;
+        } else {
+          fprintf(stderr, "psctl: --output takes table or json, not '%s'\n", optarg);
+          goto done;
+        }
+        break;
+      case OPT_TIMEOUT: {
+        char *end;
+        timeout = strtod(optarg, &end);
+        if (*end || !(timeout > 0.0) || timeout > 3600.0) {
+          fprintf(stderr, "psctl: --timeout takes seconds (0 < t <= 3600), not '%s'\n", optarg);
+          goto done;
+        }
+        break;
+      }
+      case 'h':
+        usage(stdout);
+        rc = TS_EXIT_OK;
+        goto done;
+      case 'V':
+        printf("psctl %s\n", TS_VERSION);
+        rc = TS_EXIT_OK;
+        goto done;
+      default:
+        usage(stderr);
+        goto done;
+    }
+  }
+  if (optind >= argc) {
+    fprintf(stderr, "psctl: which command? (status, shards, workers, health)\n");
+    usage(stderr);
+    goto done;
+  }
+  const char *cmd = argv[optind];
+  if (strcmp(cmd, "status") && strcmp(cmd, "shards") && strcmp(cmd, "workers") &&
+      strcmp(cmd, "health")) {
+    fprintf(stderr, "psctl: unknown command '%s' (status, shards, workers, health)\n", cmd);
+    goto done;
+  }
+  if (optind + 1 < argc) {
+    fprintf(stderr, "psctl: unexpected argument '%s' after %s\n", argv[optind + 1], cmd);
+    goto done;
+  }
+  if (!config_path && access("/etc/tessera/job.cfg", R_OK) == 0) config_path = "/etc/tessera/job.cfg";
+  ts_log_init("psctl", TS_LOG_ERR);
+
+  cluster_view_t v;
+  memset(&v, 0, sizeof v);
+  char err[512];
+  if (ts_config_load(&v.cfg, config_path, getenv("TF_CONFIG"), sets, nsets, err, sizeof err) < 0) {
+    fprintf(stderr, "psctl: %s\n", err);
+    ts_config_free(&v.cfg);
+    rc = TS_EXIT_CONFIG;
+    goto done;
+  }
+  rc = gather(&v, timeout);
+  if (rc == 0) rc = cmd_report(&v, cmd, out);
+  release(&v);
+done:
+  free(sets);
+  return rc;
+}

@@ -1,0 +1,66 @@
+#include "ts_optim.h"
+
+#include <math.h>
+
+void ts_optim_from_config(ts_optim_t *o, const ts_config_t *cfg) {
+  o->kind = cfg->optimizer;
+  o->lr = (float)cfg->learning_rate;
+  o->momentum = (float)cfg->momentum;
+  o->beta1 = (float)cfg->beta1;
+  o->beta2 = (float)cfg->beta2;
+  o->epsilon = (float)cfg->epsilon;
+}
+
+int ts_optim_state_buffers(const ts_optim_t *o) {
+  switch (o->kind) {
+    case TS_OPT_MOMENTUM:
+      return 1;
+    case TS_OPT_ADAM:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+int ts_optim_all_finite(const float *g, size_t n) {
+  /* Summing finite values can overflow to inf, but any NaN or inf input makes the sum
+   * non-finite; checking the products g*0 keeps one branch per block instead of per value. */
+  float acc = 0.0f;
+  for (size_t i = 0; i < n; i++) acc += g[i] * 0.0f;
+  return acc == 0.0f;
+}
+
+void ts_optim_apply(const ts_optim_t *o, float *restrict w, const float *restrict g, float scale,
+                    size_t n, float *restrict s0, float *restrict s1, uint64_t t) {
+  const float lr = o->lr;
+  switch (o->kind) {
+    case TS_OPT_SGD: {
+      const float a = lr * scale;
+      for (size_t i = 0; i < n; i++) w[i] -= a * g[i];
+      return;
+    }
+    case TS_OPT_MOMENTUM: {
+      /* TensorFlow's MomentumOptimizer: v = m v + g; w -= lr v. */
+      const float m = o->momentum;
+      for (size_t i = 0; i < n; i++) {
+        s0[i] = m * s0[i] + scale * g[i];
+        w[i] -= lr * s0[i];
+      }
+      return;
+    }
+    case TS_OPT_ADAM: {
+      const float b1 = o->beta1, b2 = o->beta2, eps = o->epsilon;
+      const double tt = (double)(t ? t : 1);
+      const float c1 = (float)(1.0 - pow((double)b1, tt));
+      const float c2 = (float)(1.0 - pow((double)b2, tt));
+      const float step = lr * sqrtf(c2) / c1;
+      for (size_t i = 0; i < n; i++) {
+        float gi = scale * g[i];
+        s0[i] = b1 * s0[i] + (1.0f - b1) * gi;
+        s1[i] = b2 * s1[i] + (1.0f - b2) * gi * gi;
+        w[i] -= step * s0[i] / (sqrtf(s1[i]) + eps);
+      }
+      return;
+    }
+  }
+}

@@ -1,0 +1,946 @@
+#include "ts_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_build_config.h"
+#include "ts_conn.h"
+#include "ts_err.h"
+#include "ts_log.h"
+
+#define NONCE_LEN 32
+#define TICK_MS 100
+
+typedef struct ts_session ts_session_t;
+
+typedef struct pull_wait {
+  struct pull_wait *next;
+  ts_session_t *sess;
+  Tessera__Pull *msg;
+  uint64_t deadline_ms;
+} pull_wait_t;
+
+typedef struct {
+  bool seen;
+  int conns;
+  bool dead;
+  bool done;
+  uint64_t last_seen_ms;
+  uint64_t step;
+  uint64_t clock;
+  double loss, examples_per_sec, progress;
+  char identity[128];
+} worker_info_t;
+
+struct ts_session {
+  ts_conn_t conn;
+  ts_server_t *srv;
+  ts_session_t *prev, *next;
+  bool handshaken;
+  Tessera__Role role;
+  int task;
+  uint8_t nonce[NONCE_LEN];
+  float *recv;          /* push payload buffer, reused */
+  size_t recv_cap;
+  uv_buf_t recv_iov;
+  int pending_writes;   /* pull replies in flight (they hold partition writers) */
+};
+
+struct ts_server {
+  uv_loop_t *loop;
+  const ts_config_t *cfg;
+  uint32_t shard;
+  uv_tcp_t listener;
+  uv_timer_t tick;
+  uv_signal_t sigterm, sigint;
+  int open_handles;
+  bool stopping;
+
+  ts_store_t store;
+  ts_session_t *sessions;
+  size_t num_sessions;
+  pull_wait_t *waiting;
+  worker_info_t *workers;
+  uint32_t num_workers;
+
+  char *token, *admin_token;
+  uint64_t started_ms;
+
+  uint64_t pushes, pulls, rejected_frames, errors, nonfinite, auth_failures;
+  char address[128];
+};
+
+static const ts_conn_cbs_t session_cbs;
+
+static uint64_t now_ms(ts_server_t *srv) { return uv_now(srv->loop); }
+
+/* --- replies ------------------------------------------------------------------------ */
+
+static void reply_error(ts_session_t *s, uint64_t request_id, int code, const char *detail) {
+  s->srv->errors++;
+  ts_log_info("%s: request %llu refused: %s: %s", s->conn.peer, (unsigned long long)request_id,
+              ts_err_name(code), detail);
+  ts_conn_send_error(&s->conn, request_id, code, detail);
+}
+
+static void protocol_error(ts_session_t *s, uint64_t request_id, int code, const char *detail) {
+  s->srv->rejected_frames++;
+  ts_log_warn("%s: protocol violation, closing connection: %s", s->conn.peer, detail);
+  ts_conn_fail(&s->conn, request_id, code, detail);
+}
+
+/* --- workers and barriers ----------------------------------------------------------- */
+
+static bool worker_live(const worker_info_t *w) {
+  return w->seen && w->conns > 0 && !w->dead && !w->done;
+}
+
+/* How many gradients close a sync barrier now: replicas_to_aggregate (or all workers),
+ * lowered when workers are known dead, gone or done, and never below one. */
+static uint32_t sync_required(ts_server_t *srv) {
+  uint32_t gone = 0;
+  for (uint32_t i = 0; i < srv->num_workers; i++) {
+    const worker_info_t *w = &srv->workers[i];
+    if (w->seen && !worker_live(w)) gone++;
+  }
+  uint32_t need = srv->cfg->replicas_to_aggregate > 0 ? (uint32_t)srv->cfg->replicas_to_aggregate
+                                                      : srv->num_workers;
+  uint32_t possible = srv->num_workers - gone;
+  if (need > possible) need = possible;
+  return need ? need : 1;
+}
+
+static void serve_waiting(ts_server_t *srv);
+
+static void check_barriers(ts_server_t *srv, bool timeouts) {
+  if (srv->store.mode != TS_MODE_SYNC || !srv->store.declared) return;
+  uint32_t need = sync_required(srv);
+  uint64_t now = now_ms(srv);
+  uint64_t timeout = (uint64_t)(srv->cfg->sync_timeout_s * 1000.0);
+  bool moved = false;
+  for (size_t i = 0; i < srv->store.num_parts; i++) {
+    ts_spart_t *p = &srv->store.parts[i];
+    if (p->accum_n == 0 || p->apply_pending) continue;
+    bool expired = timeouts && now - p->opened_ms >= timeout;
+    if (p->accum_n < need && !expired) continue;
+    if (p->accum_n < need) {
+      char missing[256] = "";
+      size_t len = 0;
+      for (uint32_t t = 0; t < srv->num_workers && len < sizeof missing - 8; t++)
+        if (!p->contributed[t])
+          len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%u", len ? "," : "", t);
+      ts_log_warn("sync barrier of '%s' part %u version %llu proceeds after %.1f s with %u of %u "
+                  "gradients; missing tasks [%s]",
+                  srv->store.tensors[p->plan->tensor].name, p->plan->part,
+                  (unsigned long long)p->version, srv->cfg->sync_timeout_s, p->accum_n, need,
+                  missing);
+    }
+    moved |= ts_store_sync_complete(&srv->store, p);
+  }
+  if (moved) serve_waiting(srv);
+}
+
+static void worker_seen(ts_server_t *srv, int task) {
+  if (task < 0 || (uint32_t)task >= srv->num_workers) return;
+  worker_info_t *w = &srv->workers[task];
+  w->last_seen_ms = now_ms(srv);
+  if (w->dead) {
+    w->dead = false;
+    ts_log_notice("worker %d is alive again", task);
+  }
+}
+
+/* --- pulls -------------------------------------------------------------------------- */
+
+typedef struct {
+  ts_server_t *srv;
+  ts_session_t *sess;
+  size_t n;
+  ts_spart_t *parts[];
+} pull_write_t;
+
+static void on_pull_written(ts_conn_t *c, void *arg, int err) {
+  (void)c;
+  (void)err;
+  pull_write_t *pw = arg;
+  bool moved = false;
+  for (size_t i = 0; i < pw->n; i++) moved |= ts_store_writer_done(&pw->srv->store, pw->parts[i]);
+  pw->sess->pending_writes--;
+  ts_server_t *srv = pw->srv;
+  ts_free(pw);
+  if (moved) serve_waiting(srv);
+}
+
+/* 1 when the pull can be answered now, 0 when it must wait. */
+static int pull_ready(ts_server_t *srv, const Tessera__Pull *m) {
+  ts_store_t *st = &srv->store;
+  for (size_t i = 0; i < m->n_parts; i++) {
+    ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
+    if (p->apply_pending || p->pending_n > 0) return 0;
+    if (p->version < m->min_version) return 0;
+  }
+  if (st->mode == TS_MODE_SSP && m->clock > (uint64_t)srv->cfg->staleness) {
+    uint64_t bound = m->clock - (uint64_t)srv->cfg->staleness;
+    for (uint32_t t = 0; t < srv->num_workers; t++) {
+      const worker_info_t *w = &srv->workers[t];
+      if (worker_live(w) && w->clock < bound) return 0;
+    }
+  }
+  return 1;
+}
+
+static void send_pull(ts_session_t *s, const Tessera__Pull *m) {
+  ts_server_t *srv = s->srv;
+  size_t n = m->n_parts;
+  pull_write_t *pw = ts_malloc(sizeof *pw + n * sizeof(ts_spart_t *));
+  Tessera__PartSlice *slices = ts_calloc(n ? n : 1, sizeof *slices);
+  Tessera__PartSlice **ptrs = ts_calloc(n ? n : 1, sizeof *ptrs);
+  uv_buf_t *bufs = ts_calloc(n ? n : 1, sizeof *bufs);
+  if (!pw || !slices || !ptrs || !bufs) {
+    reply_error(s, m->request_id, TS_ENOMEM, "out of memory for a pull reply");
+    goto done;
+  }
+  pw->srv = srv;
+  pw->sess = s;
+  pw->n = n;
+  for (size_t i = 0; i < n; i++) {
+    ts_spart_t *p = ts_store_find(&srv->store, m->parts[i]->tensor, m->parts[i]->part);
+    tessera__part_slice__init(&slices[i]);
+    slices[i].tensor = m->parts[i]->tensor;
+    slices[i].part = m->parts[i]->part;
+    slices[i].count = p->plan->count;
+    slices[i].version = p->version;
+    ptrs[i] = &slices[i];
+    bufs[i] = uv_buf_init((char *)p->w, (unsigned)(p->plan->count * sizeof(float)));
+    pw->parts[i] = p;
+  }
+  Tessera__PullReply r = TESSERA__PULL_REPLY__INIT;
+  r.request_id = m->request_id;
+  r.n_parts = n;
+  r.parts = ptrs;
+  /* Partitions are written straight from parameter memory: mark them as being read so no
+   * update lands while the reply is on its way. */
+  for (size_t i = 0; i < n; i++) pw->parts[i]->writers++;
+  s->pending_writes++;
+  int rc = ts_conn_send(&s->conn, TS_MSG_PULL_REPLY, &r.base, bufs, (unsigned)n, on_pull_written, pw);
+  if (rc < 0) {
+    for (size_t i = 0; i < n; i++) ts_store_writer_done(&srv->store, pw->parts[i]);
+    s->pending_writes--;
+    ts_free(pw);
+  } else {
+    srv->pulls++;
+  }
+  pw = NULL;
+done:
+  ts_free(pw);
+  ts_free(slices);
+  ts_free(ptrs);
+  ts_free(bufs);
+}
+
+static void park_pull(ts_session_t *s, Tessera__Pull *m) {
+  ts_server_t *srv = s->srv;
+  pull_wait_t *w = ts_malloc(sizeof *w);
+  if (!w) {
+    reply_error(s, m->request_id, TS_ENOMEM, "out of memory for a waiting pull");
+    ts_msg_free(&m->base);
+    return;
+  }
+  uint64_t timeout = m->timeout_ms ? m->timeout_ms : (uint64_t)(srv->cfg->sync_timeout_s * 3000.0);
+  if (timeout < 1000) timeout = 1000;
+  w->sess = s;
+  w->msg = m;
+  w->deadline_ms = now_ms(srv) + timeout;
+  w->next = srv->waiting;
+  srv->waiting = w;
+}
+
+/* Answer every parked pull that can be answered; time out those past their deadline. */
+static void serve_waiting(ts_server_t *srv) {
+  uint64_t now = now_ms(srv);
+  pull_wait_t **pp = &srv->waiting;
+  while (*pp) {
+    pull_wait_t *w = *pp;
+    if (pull_ready(srv, w->msg)) {
+      *pp = w->next;
+      send_pull(w->sess, w->msg);
+      ts_msg_free(&w->msg->base);
+      ts_free(w);
+    } else if (now >= w->deadline_ms) {
+      *pp = w->next;
+      char detail[256];
+      snprintf(detail, sizeof detail,
+               "pull waited too long: wanted version %llu (clock %llu), shard %u is at version %llu",
+               (unsigned long long)w->msg->min_version, (unsigned long long)w->msg->clock,
+               srv->shard, (unsigned long long)ts_store_min_version(&srv->store));
+      reply_error(w->sess, w->msg->request_id, TS_ETIMEDOUT, detail);
+      ts_msg_free(&w->msg->base);
+      ts_free(w);
+    } else {
+      pp = &w->next;
+    }
+  }
+}
+
+static void drop_waiting_of(ts_server_t *srv, ts_session_t *s) {
+  pull_wait_t **pp = &srv->waiting;
+  while (*pp) {
+    pull_wait_t *w = *pp;
+    if (w->sess == s) {
+      *pp = w->next;
+      ts_msg_free(&w->msg->base);
+      ts_free(w);
+    } else {
+      pp = &w->next;
+    }
+  }
+}
+
+static void handle_pull(ts_session_t *s, Tessera__Pull *m) {
+  char err[256];
+  int rc = ts_store_check_slices(&s->srv->store, m->parts, m->n_parts, err, sizeof err);
+  if (rc < 0) {
+    reply_error(s, m->request_id, rc, err);
+    ts_msg_free(&m->base);
+    return;
+  }
+  if (pull_ready(s->srv, m)) {
+    send_pull(s, m);
+    ts_msg_free(&m->base);
+  } else {
+    park_pull(s, m);
+  }
+}
+
+/* --- pushes ------------------------------------------------------------------------- */
+
+/* Decide where a push's payload goes before reading it: into the session's buffer when
+ * every slice names a partition of this shard with the right size, else nowhere (the
+ * payload is read and dropped, and the push is answered with an error). */
+static int push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__Push *m,
+                     const uv_buf_t **iov, unsigned *niov) {
+  char err[256];
+  ts_server_t *srv = s->srv;
+  if (s->role != TESSERA__ROLE__ROLE_WORKER) return 0;
+  int rc = ts_store_check_slices(&srv->store, m->parts, m->n_parts, err, sizeof err);
+  if (rc < 0 || h->data_len == 0) return 0;
+  if (h->data_len > s->recv_cap) {
+    float *buf = ts_aligned_alloc(h->data_len);
+    if (!buf) return 0;
+    ts_free(s->recv);
+    s->recv = buf;
+    s->recv_cap = h->data_len;
+  }
+  s->recv_iov = uv_buf_init((char *)s->recv, (unsigned)h->data_len);
+  *iov = &s->recv_iov;
+  *niov = 1;
+  return 0;
+}
+
+static void handle_push(ts_session_t *s, Tessera__Push *m, bool discarded) {
+  ts_server_t *srv = s->srv;
+  ts_store_t *st = &srv->store;
+  char err[256];
+  Tessera__PushResult *results = NULL;
+  if (s->role != TESSERA__ROLE__ROLE_WORKER) {
+    reply_error(s, m->request_id, TS_EROLE, "only workers push gradients");
+    goto out;
+  }
+  int rc = ts_store_check_slices(st, m->parts, m->n_parts, err, sizeof err);
+  if (rc < 0) {
+    reply_error(s, m->request_id, rc, err);
+    goto out;
+  }
+  if (discarded) {
+    reply_error(s, m->request_id, TS_ENOMEM, "out of memory for the push payload");
+    goto out;
+  }
+  /* Validate everything before changing anything: a refused push changes no parameter. */
+  const float *g = s->recv;
+  uint64_t total = 0;
+  for (size_t i = 0; i < m->n_parts; i++) total += m->parts[i]->count;
+  if (total && !ts_optim_all_finite(g, total)) {
+    srv->nonfinite++;
+    reply_error(s, m->request_id, TS_ENONFINITE,
+                "gradient contains NaN or Inf; the push was refused and no parameter changed");
+    goto out;
+  }
+  if (st->mode == TS_MODE_SYNC) {
+    for (size_t i = 0; i < m->n_parts; i++) {
+      ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
+      if (m->step > p->version) {
+        snprintf(err, sizeof err,
+                 "push for step %llu but '%s' part %u is at version %llu: pull first",
+                 (unsigned long long)m->step, st->tensors[p->plan->tensor].name, p->plan->part,
+                 (unsigned long long)p->version);
+        reply_error(s, m->request_id, TS_EFUTURE, err);
+        goto out;
+      }
+    }
+  }
+  results = ts_calloc(m->n_parts ? m->n_parts : 1, sizeof *results);
+  if (!results) {
+    reply_error(s, m->request_id, TS_ENOMEM, "out of memory");
+    goto out;
+  }
+  uint64_t stale = 0;
+  uint64_t now = now_ms(srv);
+  for (size_t i = 0; i < m->n_parts; i++) {
+    ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
+    if (st->mode == TS_MODE_SYNC) {
+      results[i] = ts_store_sync_push(st, p, g, s->task, m->step, now);
+      if (results[i] == TESSERA__PUSH_RESULT__PUSH_STALE) stale++;
+    } else {
+      ts_store_async_push(st, p, g);
+      results[i] = TESSERA__PUSH_RESULT__PUSH_APPLIED;
+    }
+    g += p->plan->count;
+  }
+  if (stale)
+    ts_log_info("task %d: %llu stale gradient partition(s) for step %llu dropped", s->task,
+                (unsigned long long)stale, (unsigned long long)m->step);
+  srv->pushes++;
+  if (s->task >= 0 && (uint32_t)s->task < srv->num_workers) {
+    worker_info_t *w = &srv->workers[s->task];
+    if (m->step + 1 > w->clock) w->clock = m->step + 1;
+  }
+  Tessera__PushReply r = TESSERA__PUSH_REPLY__INIT;
+  r.request_id = m->request_id;
+  r.n_results = m->n_parts;
+  r.results = results;
+  r.stale_dropped = stale;
+  ts_conn_send(&s->conn, TS_MSG_PUSH_REPLY, &r.base, NULL, 0, NULL, NULL);
+  if (st->mode == TS_MODE_SYNC) check_barriers(srv, false);
+  serve_waiting(srv);
+out:
+  ts_free(results);
+  ts_msg_free(&m->base);
+}
+
+/* --- other requests ----------------------------------------------------------------- */
+
+static void handle_declare(ts_session_t *s, Tessera__Declare *m) {
+  ts_server_t *srv = s->srv;
+  char err[256];
+  bool created = false;
+  if (s->role != TESSERA__ROLE__ROLE_WORKER) {
+    reply_error(s, m->request_id, TS_EROLE, "only workers declare tensors");
+    ts_msg_free(&m->base);
+    return;
+  }
+  int rc = ts_store_declare(&srv->store, m, &created, err, sizeof err);
+  if (rc < 0) {
+    reply_error(s, m->request_id, rc, err);
+    ts_msg_free(&m->base);
+    return;
+  }
+  if (created)
+    ts_log_info("model declared by task %d: %u tensors, %zu partitions here (%.1f MiB)", s->task,
+                srv->store.num_tensors, srv->store.num_parts,
+                (double)srv->store.bytes / (1024.0 * 1024.0));
+  Tessera__DeclareReply r = TESSERA__DECLARE_REPLY__INIT;
+  r.request_id = m->request_id;
+  r.created = created;
+  r.partitions = (uint32_t)srv->store.num_parts;
+  r.bytes = srv->store.bytes;
+  r.version = ts_store_min_version(&srv->store);
+  ts_conn_send(&s->conn, TS_MSG_DECLARE_REPLY, &r.base, NULL, 0, NULL, NULL);
+  ts_msg_free(&m->base);
+}
+
+static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
+  ts_server_t *srv = s->srv;
+  if (s->role == TESSERA__ROLE__ROLE_WORKER && s->task >= 0 && (uint32_t)s->task < srv->num_workers) {
+    worker_info_t *w = &srv->workers[s->task];
+    w->step = m->step;
+    w->loss = m->loss;
+    w->examples_per_sec = m->examples_per_sec;
+    w->progress = m->epoch_progress;
+    if (m->done && !w->done) {
+      w->done = true;
+      ts_log_info("worker %d finished at step %llu", s->task, (unsigned long long)m->step);
+      check_barriers(srv, false);
+      serve_waiting(srv);
+    }
+  }
+  Tessera__HeartbeatReply r = TESSERA__HEARTBEAT_REPLY__INIT;
+  r.request_id = m->request_id;
+  r.step = ts_store_min_version(&srv->store);
+  ts_conn_send(&s->conn, TS_MSG_HEARTBEAT_REPLY, &r.base, NULL, 0, NULL, NULL);
+  ts_msg_free(&m->base);
+}
+
+static Tessera__Mode wire_mode(ts_mode_t m) {
+  switch (m) {
+    case TS_MODE_ASYNC:
+      return TESSERA__MODE__MODE_ASYNC;
+    case TS_MODE_SYNC:
+      return TESSERA__MODE__MODE_SYNC;
+    case TS_MODE_SSP:
+      return TESSERA__MODE__MODE_SSP;
+  }
+  return TESSERA__MODE__MODE_UNSPECIFIED;
+}
+
+static void handle_status(ts_session_t *s, Tessera__Status *m) {
+  ts_server_t *srv = s->srv;
+  uint64_t now = now_ms(srv);
+  uint32_t nw = srv->num_workers;
+  Tessera__WorkerStatus *ws = ts_calloc(nw ? nw : 1, sizeof *ws);
+  Tessera__WorkerStatus **wp = ts_calloc(nw ? nw : 1, sizeof *wp);
+  int32_t *waiting = ts_calloc(nw ? nw : 1, sizeof *waiting);
+  if (!ws || !wp || !waiting) {
+    reply_error(s, m->request_id, TS_ENOMEM, "out of memory");
+    goto out;
+  }
+  size_t n = 0, nwait = 0;
+  for (uint32_t t = 0; t < nw; t++) {
+    const worker_info_t *w = &srv->workers[t];
+    if (!w->seen) continue;
+    tessera__worker_status__init(&ws[n]);
+    ws[n].task = (int32_t)t;
+    ws[n].step = w->step;
+    ws[n].loss = w->loss;
+    ws[n].examples_per_sec = w->examples_per_sec;
+    ws[n].last_seen_s = (double)(now - w->last_seen_ms) / 1000.0;
+    ws[n].alive = worker_live(w);
+    ws[n].done = w->done;
+    ws[n].identity = (char *)w->identity;
+    ws[n].epoch_progress = w->progress;
+    ws[n].clock = w->clock;
+    wp[n] = &ws[n];
+    n++;
+  }
+  /* The open barrier waits for the live workers that have not pushed for it yet. */
+  if (srv->store.mode == TS_MODE_SYNC && srv->store.num_parts > 0) {
+    const ts_spart_t *p = &srv->store.parts[0];
+    for (size_t i = 1; i < srv->store.num_parts; i++)
+      if (srv->store.parts[i].version < p->version) p = &srv->store.parts[i];
+    if (p->accum_n > 0)
+      for (uint32_t t = 0; t < nw; t++)
+        if (!p->contributed[t] && !srv->workers[t].done && !srv->workers[t].dead)
+          waiting[nwait++] = (int32_t)t;
+  }
+  Tessera__ShardStatus r = TESSERA__SHARD_STATUS__INIT;
+  r.request_id = m->request_id;
+  r.shard = srv->shard;
+  r.num_shards = (uint32_t)srv->cfg->num_ps;
+  r.mode = wire_mode(srv->store.mode);
+  r.version = ts_store_min_version(&srv->store);
+  r.step = srv->store.mode == TS_MODE_SYNC ? r.version : srv->pushes;
+  r.partitions = (uint32_t)srv->store.num_parts;
+  r.bytes = srv->store.bytes;
+  r.tensors = srv->store.num_tensors;
+  r.n_workers = n;
+  r.workers = wp;
+  r.pushes = srv->pushes;
+  r.pulls = srv->pulls;
+  r.stale_dropped = srv->store.stale_dropped;
+  r.rejected_frames = srv->rejected_frames;
+  r.errors = srv->errors;
+  r.uptime_s = (double)(now - srv->started_ms) / 1000.0;
+  r.num_workers = nw;
+  r.n_barrier_waiting_for = nwait;
+  r.barrier_waiting_for = waiting;
+  r.connections = srv->num_sessions;
+  ts_conn_send(&s->conn, TS_MSG_STATUS_REPLY, &r.base, NULL, 0, NULL, NULL);
+out:
+  ts_free(ws);
+  ts_free(wp);
+  ts_free(waiting);
+  ts_msg_free(&m->base);
+}
+
+static int check_mac(const char *token, const uint8_t *nonce, const ProtobufCBinaryData *mac) {
+  if (!token) return 0;
+  if (mac->len != crypto_auth_hmacsha256_BYTES) return TS_EAUTH;
+  crypto_auth_hmacsha256_state st;
+  uint8_t want[crypto_auth_hmacsha256_BYTES];
+  crypto_auth_hmacsha256_init(&st, (const unsigned char *)token, strlen(token));
+  crypto_auth_hmacsha256_update(&st, nonce, NONCE_LEN);
+  crypto_auth_hmacsha256_final(&st, want);
+  return sodium_memcmp(want, mac->data, sizeof want) == 0 ? 0 : TS_EAUTH;
+}
+
+static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
+  ts_server_t *srv = s->srv;
+  char err[256];
+  if (m->protocol != TS_PROTOCOL_VERSION) {
+    snprintf(err, sizeof err, "client speaks protocol %u, this server %d", m->protocol,
+             TS_PROTOCOL_VERSION);
+    protocol_error(s, m->request_id, TS_EVERSION, err);
+    goto out;
+  }
+  if (m->role != TESSERA__ROLE__ROLE_WORKER && m->role != TESSERA__ROLE__ROLE_ADMIN) {
+    protocol_error(s, m->request_id, TS_EPROTO, "handshake names no valid role");
+    goto out;
+  }
+  if (m->role == TESSERA__ROLE__ROLE_WORKER && (m->task < 0 || (uint32_t)m->task >= srv->num_workers)) {
+    snprintf(err, sizeof err, "worker task %d is outside the job's %u workers (cluster.workers)",
+             m->task, srv->num_workers);
+    protocol_error(s, m->request_id, TS_EINVAL, err);
+    goto out;
+  }
+  const char *token = m->role == TESSERA__ROLE__ROLE_ADMIN && srv->admin_token ? srv->admin_token
+                                                                               : srv->token;
+  if (check_mac(token, s->nonce, &m->mac) < 0) {
+    srv->auth_failures++;
+    snprintf(err, sizeof err, "authentication failed for %s role from %s",
+             m->role == TESSERA__ROLE__ROLE_ADMIN ? "admin" : "worker", s->conn.peer);
+    protocol_error(s, m->request_id, TS_EAUTH, err);
+    goto out;
+  }
+  s->handshaken = true;
+  s->role = m->role;
+  s->task = m->role == TESSERA__ROLE__ROLE_WORKER ? m->task : -1;
+  if (s->role == TESSERA__ROLE__ROLE_WORKER) {
+    worker_info_t *w = &srv->workers[s->task];
+    bool first = !w->seen;
+    w->seen = true;
+    w->conns++;
+    w->done = false;
+    snprintf(w->identity, sizeof w->identity, "%s", m->identity ? m->identity : "");
+    worker_seen(srv, s->task);
+    ts_log_info("worker %d %s from %s (%s)", s->task, first ? "joined" : "reconnected",
+                s->conn.peer, w->identity);
+  } else {
+    ts_log_debug("admin client from %s", s->conn.peer);
+  }
+  Tessera__HandshakeReply r = TESSERA__HANDSHAKE_REPLY__INIT;
+  r.request_id = m->request_id;
+  r.shard = srv->shard;
+  r.num_shards = (uint32_t)srv->cfg->num_ps;
+  r.mode = wire_mode(srv->store.mode);
+  r.partition_bytes = (uint64_t)srv->cfg->partition_bytes;
+  r.num_workers = srv->num_workers;
+  ts_conn_send(&s->conn, TS_MSG_HANDSHAKE_REPLY, &r.base, NULL, 0, NULL, NULL);
+out:
+  ts_msg_free(&m->base);
+}
+
+/* --- connection callbacks ----------------------------------------------------------- */
+
+static int on_meta(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                   const uv_buf_t **iov, unsigned *niov) {
+  ts_session_t *s = c->data;
+  if (h->type == TS_MSG_PUSH && s->handshaken)
+    return push_meta(s, h, (const Tessera__Push *)msg, iov, niov);
+  return 0;
+}
+
+static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                     bool discarded) {
+  ts_session_t *s = c->data;
+  ts_server_t *srv = s->srv;
+  if (!s->handshaken) {
+    if (h->type != TS_MSG_HANDSHAKE) {
+      protocol_error(s, 0, TS_EPROTO, "the first frame must be a handshake");
+      ts_msg_free(msg);
+      return;
+    }
+    handle_handshake(s, (Tessera__Handshake *)msg);
+    return;
+  }
+  worker_seen(srv, s->task);
+  switch (h->type) {
+    case TS_MSG_DECLARE:
+      handle_declare(s, (Tessera__Declare *)msg);
+      return;
+    case TS_MSG_PULL:
+      handle_pull(s, (Tessera__Pull *)msg);
+      return;
+    case TS_MSG_PUSH:
+      handle_push(s, (Tessera__Push *)msg, discarded);
+      return;
+    case TS_MSG_HEARTBEAT:
+      handle_heartbeat(s, (Tessera__Heartbeat *)msg);
+      return;
+    case TS_MSG_STATUS:
+      handle_status(s, (Tessera__Status *)msg);
+      return;
+    default: {
+      char err[128];
+      snprintf(err, sizeof err, "a client may not send %s frames", ts_frame_type_name(h->type));
+      protocol_error(s, 0, TS_EPROTO, err);
+      ts_msg_free(msg);
+      return;
+    }
+  }
+}
+
+static void on_session_close(ts_conn_t *c, int err) {
+  ts_session_t *s = c->data;
+  ts_server_t *srv = s->srv;
+  drop_waiting_of(srv, s);
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    srv->sessions = s->next;
+  if (s->next) s->next->prev = s->prev;
+  srv->num_sessions--;
+  if (s->handshaken && s->role == TESSERA__ROLE__ROLE_WORKER) {
+    worker_info_t *w = &srv->workers[s->task];
+    w->conns--;
+    if (w->conns == 0 && !srv->stopping) {
+      if (!w->done)
+        ts_log_warn("worker %d disconnected (%s)", s->task,
+                    err == TS_ECLOSED ? "connection closed" : ts_strerror(err));
+      check_barriers(srv, false);
+      serve_waiting(srv);
+    }
+  } else if (err != TS_ECLOSED && err != 0) {
+    ts_log_debug("%s: connection closed: %s", c->peer, ts_strerror(err));
+  }
+  ts_free(s->recv);
+  ts_free(s);
+}
+
+static const ts_conn_cbs_t session_cbs = {
+    .on_meta = on_meta,
+    .on_frame = on_frame,
+    .on_close = on_session_close,
+};
+
+static void on_connection(uv_stream_t *listener, int status) {
+  ts_server_t *srv = listener->data;
+  if (status < 0) {
+    ts_log_warn("accept failed: %s", uv_strerror(status));
+    return;
+  }
+  ts_session_t *s = ts_calloc(1, sizeof *s);
+  if (!s) {
+    ts_log_err("out of memory for a new connection");
+    return;
+  }
+  s->srv = srv;
+  s->task = -1;
+  uint64_t max_data = (uint64_t)srv->cfg->max_message_bytes;
+  if (ts_conn_init(srv->loop, &s->conn, &session_cbs, max_data, s) < 0) {
+    ts_free(s);
+    return;
+  }
+  s->next = srv->sessions;
+  if (s->next) s->next->prev = s;
+  srv->sessions = s;
+  srv->num_sessions++;
+  if (uv_accept(listener, (uv_stream_t *)&s->conn.handle) < 0 || ts_conn_start(&s->conn) < 0) {
+    ts_conn_close(&s->conn, TS_ECLOSED);
+    return;
+  }
+  if (srv->num_sessions > (size_t)srv->cfg->max_connections) {
+    ts_log_warn("%s: refused: %zu connections is the limit (server.max_connections)", s->conn.peer,
+                (size_t)srv->cfg->max_connections);
+    ts_conn_fail(&s->conn, 0, TS_EBUSY, "too many connections");
+    return;
+  }
+  randombytes_buf(s->nonce, NONCE_LEN);
+  char id[96];
+  snprintf(id, sizeof id, "ps-server/%s shard %u", TS_VERSION, srv->shard);
+  Tessera__Hello hello = TESSERA__HELLO__INIT;
+  hello.protocol = TS_PROTOCOL_VERSION;
+  hello.shard = srv->shard;
+  hello.num_shards = (uint32_t)srv->cfg->num_ps;
+  hello.nonce.data = s->nonce;
+  hello.nonce.len = NONCE_LEN;
+  hello.server_id = id;
+  ts_conn_send(&s->conn, TS_MSG_HELLO, &hello.base, NULL, 0, NULL, NULL);
+}
+
+/* --- timers, signals, lifecycle ---------------------------------------------------- */
+
+static void on_tick(uv_timer_t *t) {
+  ts_server_t *srv = t->data;
+  uint64_t now = now_ms(srv);
+  uint64_t hb = (uint64_t)(srv->cfg->heartbeat_timeout_s * 1000.0);
+  bool changed = false;
+  for (uint32_t i = 0; i < srv->num_workers; i++) {
+    worker_info_t *w = &srv->workers[i];
+    if (worker_live(w) && now - w->last_seen_ms > hb) {
+      w->dead = true;
+      changed = true;
+      ts_log_warn("worker %u missed heartbeats for %.1f s: marked dead", i,
+                  (double)(now - w->last_seen_ms) / 1000.0);
+    }
+  }
+  (void)changed;
+  check_barriers(srv, true);
+  serve_waiting(srv);
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+  ts_server_t *srv = h->data;
+  srv->open_handles--;
+}
+
+void ts_server_stop(ts_server_t *srv) {
+  if (srv->stopping) return;
+  srv->stopping = true;
+  ts_log_info("shutting down: closing %zu connection(s)", srv->num_sessions);
+  uv_close((uv_handle_t *)&srv->listener, on_handle_closed);
+  uv_close((uv_handle_t *)&srv->tick, on_handle_closed);
+  uv_close((uv_handle_t *)&srv->sigterm, on_handle_closed);
+  uv_close((uv_handle_t *)&srv->sigint, on_handle_closed);
+  for (ts_session_t *s = srv->sessions; s; s = s->next) ts_conn_close(&s->conn, TS_ESHUTDOWN);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  ts_server_t *srv = h->data;
+  ts_log_notice("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  ts_server_stop(srv);
+}
+
+static char *read_token(const char *path, char *errmsg, size_t errlen) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    snprintf(errmsg, errlen, "cannot read token file %s: %s", path, strerror(errno));
+    return NULL;
+  }
+  char buf[1024];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = 0;
+  if (n < 16) {
+    snprintf(errmsg, errlen, "token file %s holds %zu bytes; a token needs at least 16", path, n);
+    return NULL;
+  }
+  return ts_strdup(buf);
+}
+
+static bool is_loopback(const struct sockaddr *sa) {
+  if (sa->sa_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr) >> 24) == 127;
+  if (sa->sa_family == AF_INET6)
+    return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr);
+  return false;
+}
+
+int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *opts,
+                    char *errmsg, size_t errlen) {
+  *out = NULL;
+  const ts_config_t *cfg = opts->cfg;
+  if (opts->shard >= cfg->num_ps) {
+    snprintf(errmsg, errlen, "shard %u does not exist: cluster.ps lists %zu shard(s)", opts->shard,
+             cfg->num_ps);
+    return TS_ECONFIG;
+  }
+  if (sodium_init() < 0) {
+    snprintf(errmsg, errlen, "libsodium failed to initialise");
+    return TS_EINTERNAL;
+  }
+  ts_server_t *srv = ts_calloc(1, sizeof *srv);
+  if (!srv) return TS_ENOMEM;
+  int rc = 0;
+  srv->loop = loop;
+  srv->cfg = cfg;
+  srv->shard = opts->shard;
+  srv->num_workers = (uint32_t)cfg->num_workers;
+  srv->workers = ts_calloc(srv->num_workers ? srv->num_workers : 1, sizeof *srv->workers);
+  if (!srv->workers) {
+    rc = TS_ENOMEM;
+    goto fail;
+  }
+  ts_store_init(&srv->store, cfg, opts->shard);
+  snprintf(srv->address, sizeof srv->address, "%s", cfg->ps[opts->shard]);
+
+  if (cfg->token_file && *cfg->token_file &&
+      !(srv->token = read_token(cfg->token_file, errmsg, errlen))) {
+    rc = TS_ECONFIG;
+    goto fail;
+  }
+  if (cfg->admin_token_file && *cfg->admin_token_file &&
+      !(srv->admin_token = read_token(cfg->admin_token_file, errmsg, errlen))) {
+    rc = TS_ECONFIG;
+    goto fail;
+  }
+
+  char host[128];
+  int port;
+  if (ts_config_split_address(srv->address, host, sizeof host, &port) < 0) {
+    snprintf(errmsg, errlen, "cluster.ps[%u]: '%s' is not host:port", opts->shard, srv->address);
+    rc = TS_ECONFIG;
+    goto fail;
+  }
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV};
+  struct addrinfo *ai = NULL;
+  char portstr[16];
+  snprintf(portstr, sizeof portstr, "%d", port);
+  int gai = getaddrinfo(host, portstr, &hints, &ai);
+  if (gai != 0) {
+    snprintf(errmsg, errlen, "cluster.ps[%u]: cannot resolve '%s': %s", opts->shard, host,
+             gai_strerror(gai));
+    rc = TS_ECONFIG;
+    goto fail;
+  }
+  if (!is_loopback(ai->ai_addr) && !srv->token && !opts->insecure) {
+    snprintf(errmsg, errlen,
+             "refusing to listen on %s without authentication: set auth.token_file, or start "
+             "with --insecure on a trusted network",
+             srv->address);
+    freeaddrinfo(ai);
+    rc = TS_ECONFIG;
+    goto fail;
+  }
+  if (!is_loopback(ai->ai_addr) && !srv->token)
+    ts_log_warn("listening on %s WITHOUT authentication (--insecure)", srv->address);
+
+  uv_tcp_init(loop, &srv->listener);
+  srv->listener.data = srv;
+  srv->open_handles++;
+  rc = uv_tcp_bind(&srv->listener, ai->ai_addr, 0);
+  freeaddrinfo(ai);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 512, on_connection);
+  if (rc < 0) {
+    snprintf(errmsg, errlen, "cannot listen on %s: %s", srv->address, uv_strerror(rc));
+    uv_close((uv_handle_t *)&srv->listener, on_handle_closed);
+    uv_run(loop, UV_RUN_NOWAIT);
+    goto fail;
+  }
+  uv_timer_init(loop, &srv->tick);
+  srv->tick.data = srv;
+  srv->open_handles++;
+  uv_timer_start(&srv->tick, on_tick, TICK_MS, TICK_MS);
+  uv_signal_init(loop, &srv->sigterm);
+  srv->sigterm.data = srv;
+  srv->open_handles++;
+  uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
+  uv_signal_init(loop, &srv->sigint);
+  srv->sigint.data = srv;
+  srv->open_handles++;
+  uv_signal_start(&srv->sigint, on_signal, SIGINT);
+  signal(SIGPIPE, SIG_IGN);
+
+  srv->started_ms = uv_now(loop);
+  ts_log_info("shard %u of %zu listening on %s (mode %s, %zu worker(s), optimizer %s, lr %g)",
+              srv->shard, cfg->num_ps, srv->address, ts_mode_name(cfg->mode), cfg->num_workers,
+              ts_optimizer_name(cfg->optimizer), cfg->learning_rate);
+  *out = srv;
+  return 0;
+
+fail:
+  ts_server_free(srv);
+  return rc;
+}
+
+void ts_server_free(ts_server_t *srv) {
+  if (!srv) return;
+  while (srv->waiting) {
+    pull_wait_t *w = srv->waiting;
+    srv->waiting = w->next;
+    ts_msg_free(&w->msg->base);
+    ts_free(w);
+  }
+  ts_store_free(&srv->store);
+  ts_free(srv->workers);
+  if (srv->token) sodium_memzero(srv->token, strlen(srv->token));
+  if (srv->admin_token) sodium_memzero(srv->admin_token, strlen(srv->admin_token));
+  ts_free(srv->token);
+  ts_free(srv->admin_token);
+  ts_free(srv);
+}

@@ -1,0 +1,113 @@
+/*
+ * The shard store: the tensors a job declared, the partitions of them this shard holds,
+ * their optimizer state and, in sync mode, the per-partition barrier (DESIGN.md §2, §3).
+ *
+ * Glossary:
+ *   partition  a contiguous slice of one tensor (common/ts_plan.h), the unit of placement,
+ *              versioning and the sync barrier
+ *   version    how many updates the partition has had; a sync push for step t counts
+ *              towards the barrier of version t
+ *   writer     a pull reply being written from the partition's memory; updates wait until
+ *              the partition has none, so no reply ever carries a half-applied update
+ *
+ * The store does no I/O and takes the time as an argument, so the barrier is testable
+ * without a network or sleeping. It is used from the server's loop thread only.
+ */
+#ifndef TS_STORE_H
+#define TS_STORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tessera.pb-c.h"
+#include "ts_config.h"
+#include "ts_init.h"
+#include "ts_optim.h"
+#include "ts_plan.h"
+
+typedef struct {
+  char *name;
+  uint64_t shape[8];
+  size_t rank;
+  uint64_t elems;
+  ts_init_kind_t init;
+} ts_tensor_t;
+
+typedef struct {
+  const ts_part_t *plan;
+  float *w;            /* parameters, plan->count values */
+  float *s0, *s1;      /* optimizer state (NULL when the optimizer needs none) */
+  float *accum;        /* sync: sum of this step's gradients */
+  float *pending;      /* async/ssp: gradients summed while writers > 0 */
+  uint32_t pending_n;
+  uint64_t version;
+  uint64_t updates;    /* optimizer steps taken (Adam's t) */
+  uint32_t accum_n;    /* sync: gradients in accum */
+  uint8_t *contributed; /* sync: per task, 1 when it pushed for this version */
+  uint64_t opened_ms;  /* sync: when the first gradient of this version arrived */
+  int writers;
+  bool apply_pending;  /* sync: the barrier is complete; apply when writers reaches 0 */
+} ts_spart_t;
+
+typedef struct {
+  uint32_t shard, num_shards, num_workers;
+  ts_mode_t mode;
+  uint64_t partition_bytes;
+  ts_optim_t optim;
+
+  bool declared;
+  uint64_t seed;
+  ts_tensor_t *tensors;
+  uint32_t num_tensors;
+  ts_plan_t plan;
+  ts_spart_t *parts;   /* this shard's partitions, in plan order */
+  size_t num_parts;
+  int32_t *local;      /* plan index -> index in parts, or -1 */
+  uint64_t bytes;      /* parameter bytes held */
+  uint64_t state_bytes; /* optimizer state + accumulators */
+
+  uint64_t applied;    /* optimizer updates applied (all partitions) */
+  uint64_t stale_dropped;
+} ts_store_t;
+
+void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard);
+void ts_store_free(ts_store_t *s);
+
+/* Declare the model. The first call creates and initialises this shard's partitions
+ * (*created = true); later calls must list the same tensors with the same shapes, seed and
+ * initializers (else TS_ESHAPE with the difference in errmsg). TS_ENOMEM when the
+ * partitions do not fit. */
+int ts_store_declare(ts_store_t *s, const Tessera__Declare *d, bool *created, char *errmsg,
+                     size_t errlen);
+
+/* The partition (tensor, part) if this shard holds it, else NULL. */
+ts_spart_t *ts_store_find(ts_store_t *s, uint32_t tensor, uint32_t part);
+
+/* Check a slice list against the store: every slice names a partition this shard holds and
+ * its count equals the partition's size. Returns 0, TS_ENOTDECLARED, TS_ENOTENSOR or
+ * TS_ESHAPE with errmsg. */
+int ts_store_check_slices(ts_store_t *s, Tessera__PartSlice *const *slices, size_t n,
+                          char *errmsg, size_t errlen);
+
+/* Lowest version over this shard's partitions (0 when none). */
+uint64_t ts_store_min_version(const ts_store_t *s);
+
+/* Async/ssp: apply gradient g to p now, or sum it for later if p has writers. */
+void ts_store_async_push(ts_store_t *s, ts_spart_t *p, const float *g);
+
+/* Sync: count gradient g of `task` for `step` towards p's barrier. Returns
+ * TESSERA__PUSH_RESULT__PUSH_ACCUMULATED, ..._STALE (step < version; counted in
+ * stale_dropped) or ..._DUPLICATE (task already pushed this step). `step` must not be ahead
+ * of the version (the caller checks: TS_EFUTURE). */
+Tessera__PushResult ts_store_sync_push(ts_store_t *s, ts_spart_t *p, const float *g, int task,
+                                       uint64_t step, uint64_t now_ms);
+
+/* Sync: close p's barrier with the gradients it has (at least one): average, apply (now,
+ * or when its writers finish), move to the next version. Returns true when applied now. */
+bool ts_store_sync_complete(ts_store_t *s, ts_spart_t *p);
+
+/* A pull reply written from p finished; runs any update that waited for it. Returns true
+ * when an update was applied. */
+bool ts_store_writer_done(ts_store_t *s, ts_spart_t *p);
+
+#endif

@@ -1,0 +1,211 @@
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *ts_ps_server_path = TS_PS_SERVER;
+const char *ts_psctl_path = TS_PSCTL;
+const char *ts_ps_worker_path = TS_PS_WORKER;
+
+int ts_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (fd < 0) return -1;
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || getsockname(fd, (struct sockaddr *)&a, &len) < 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static bool port_open(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  bool ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+char *ts_cluster_log(const ts_cluster_t *c, int i) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/ps-%d.log", c->dir, i);
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n + 1);
+  size_t got = fread(buf, 1, (size_t)n, f);
+  buf[got] = 0;
+  fclose(f);
+  return buf;
+}
+
+int ts_cluster_start_shard(ts_cluster_t *c, int i) {
+  char log[400], shard[16];
+  snprintf(log, sizeof log, "%s/ps-%d.log", c->dir, i);
+  snprintf(shard, sizeof shard, "%d", i);
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 2);
+      close(fd);
+    }
+    execl(ts_ps_server_path, "ps-server", "-c", c->config, "--shard", shard, (char *)NULL);
+    _exit(127);
+  }
+  c->pid[i] = pid;
+  for (int t = 0; t < 1000; t++) {
+    if (port_open(c->port[i])) return 0;
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      c->pid[i] = 0;
+      char *l = ts_cluster_log(c, i);
+      fprintf(stderr, "harness: ps-server %d exited (status %d):\n%s\n", i, st, l ? l : "");
+      free(l);
+      return -1;
+    }
+    sleep_ms(10);
+  }
+  fprintf(stderr, "harness: ps-server %d did not listen on %d within 10 s\n", i, c->port[i]);
+  return -1;
+}
+
+int ts_cluster_start(ts_cluster_t *c, int num_shards, int num_workers, const char *extra_cfg) {
+  memset(c, 0, sizeof *c);
+  c->num_shards = num_shards;
+  c->num_workers = num_workers;
+  snprintf(c->dir, sizeof c->dir, "/tmp/tessera-test-XXXXXX");
+  if (!mkdtemp(c->dir)) {
+    perror("mkdtemp");
+    return -1;
+  }
+  snprintf(c->config, sizeof c->config, "%s/job.cfg", c->dir);
+  FILE *f = fopen(c->config, "w");
+  if (!f) return -1;
+  fprintf(f, "cluster = {\n  ps = [");
+  for (int i = 0; i < num_shards; i++) {
+    c->port[i] = ts_free_port();
+    snprintf(c->addr[i], sizeof c->addr[i], "127.0.0.1:%d", c->port[i]);
+    c->addrs[i] = c->addr[i];
+    fprintf(f, "%s\"%s\"", i ? ", " : "", c->addr[i]);
+  }
+  fprintf(f, "];\n  workers = [");
+  for (int i = 0; i < num_workers; i++) fprintf(f, "%s\"127.0.0.1:%d\"", i ? ", " : "", 20000 + i);
+  fprintf(f, "];\n};\n%s\n", extra_cfg ? extra_cfg : "");
+  fclose(f);
+  for (int i = 0; i < num_shards; i++) {
+    if (ts_cluster_start_shard(c, i) < 0) {
+      ts_cluster_stop(c);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+void ts_cluster_signal(ts_cluster_t *c, int i, int sig) {
+  if (c->pid[i] <= 0) return;
+  kill(c->pid[i], sig);
+  if (sig != SIGTERM && sig != SIGKILL && sig != SIGINT) return;
+  for (int t = 0; t < 500; t++) {
+    int st;
+    if (waitpid(c->pid[i], &st, WNOHANG) == c->pid[i]) {
+      c->pid[i] = 0;
+      if (sig != SIGKILL && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+        char *log = ts_cluster_log(c, i);
+        fprintf(stderr, "harness: ps-server %d did not exit cleanly (status 0x%x); its log:\n%s\n",
+                i, st, log ? log : "");
+        free(log);
+        c->bad_exits++;
+      }
+      return;
+    }
+    sleep_ms(10);
+  }
+  kill(c->pid[i], SIGKILL);
+  waitpid(c->pid[i], NULL, 0);
+  c->pid[i] = 0;
+}
+
+int ts_cluster_stop(ts_cluster_t *c) {
+  for (int i = 0; i < c->num_shards; i++) ts_cluster_signal(c, i, SIGTERM);
+  for (int i = 0; i < c->num_shards; i++) {
+    char *log = ts_cluster_log(c, i);
+    if (log && (strstr(log, "Sanitizer") || strstr(log, "runtime error:"))) {
+      fprintf(stderr, "harness: ps-server %d reported a sanitizer error:\n%s\n", i, log);
+      c->bad_exits++;
+    }
+    free(log);
+  }
+  if (c->dir[0] && getenv("TS_KEEP_TEST_DIRS") == NULL) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
+    if (system(cmd) != 0) fprintf(stderr, "harness: could not remove %s\n", c->dir);
+  }
+  return c->bad_exits;
+}
+
+long ts_proc_rss_kib(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  long kib = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+  fclose(f);
+  return kib;
+}
+
+int ts_run_capture(const char *const *argv, char *out, size_t n, char *err, size_t errn) {
+  int po[2], pe[2];
+  if (pipe(po) < 0 || pipe(pe) < 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(po[1], 1);
+    dup2(pe[1], 2);
+    close(po[0]);
+    close(pe[0]);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  close(po[1]);
+  close(pe[1]);
+  size_t got = 0, egot = 0;
+  /* Read both pipes to the end; outputs here are small, so read stdout then stderr. */
+  ssize_t r;
+  while ((r = read(po[0], out + got, n - 1 - got)) > 0) got += (size_t)r;
+  out[got] = 0;
+  if (err) {
+    while ((r = read(pe[0], err + egot, errn - 1 - egot)) > 0) egot += (size_t)r;
+    err[egot] = 0;
+  }
+  close(po[0]);
+  close(pe[0]);
+  int st;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}

@@ -1,0 +1,64 @@
+/*
+ * Test harness: real ps-server processes on ephemeral loopback ports.
+ *
+ * ts_cluster_start writes a job file into a fresh temporary directory, picks free ports on
+ * 127.0.0.1, starts one ps-server per shard (each child dies with the test through
+ * PR_SET_PDEATHSIG) and waits until every shard accepts connections. ts_cluster_stop stops
+ * them (SIGTERM, then SIGKILL after 5 s) and removes the directory. Each server's stderr
+ * goes to DIR/ps-N.log.
+ */
+#ifndef TS_HARNESS_H
+#define TS_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define TS_CLUSTER_MAX 8
+
+typedef struct {
+  int num_shards;
+  int num_workers;
+  char dir[256];
+  char config[300];            /* DIR/job.cfg */
+  char addr[TS_CLUSTER_MAX][32];
+  const char *addrs[TS_CLUSTER_MAX];
+  int port[TS_CLUSTER_MAX];
+  pid_t pid[TS_CLUSTER_MAX];
+  int bad_exits;               /* shards that stopped on SIGTERM with a non-zero status */
+} ts_cluster_t;
+
+/* Start num_shards servers for a job of num_workers workers. extra_cfg is appended to the
+ * job file (libconfig text, e.g. "job = { mode = \"async\"; };" — groups given here replace
+ * the defaults of their keys). Returns 0, or -1 after printing why. */
+int ts_cluster_start(ts_cluster_t *c, int num_shards, int num_workers, const char *extra_cfg);
+
+/* Start (again) shard i with the same job file; waits until it accepts. */
+int ts_cluster_start_shard(ts_cluster_t *c, int i);
+
+/* Send sig to shard i and, for SIGTERM/SIGKILL, reap it. */
+void ts_cluster_signal(ts_cluster_t *c, int i, int sig);
+
+/* Stop every shard and remove the directory. Returns the number of shards that did not
+ * exit cleanly on SIGTERM or whose log holds a sanitizer report (each printed with its
+ * log); tests assert it is 0, so a leak or UB in ps-server fails the test. */
+int ts_cluster_stop(ts_cluster_t *c);
+
+/* Resident set size of a process in KiB (0 when unknown). */
+long ts_proc_rss_kib(pid_t pid);
+
+/* The content of shard i's log (malloc'd, caller frees), or NULL. */
+char *ts_cluster_log(const ts_cluster_t *c, int i);
+
+/* Run a command line, capture stdout into out (size n) and return its exit status. */
+int ts_run_capture(const char *const *argv, char *out, size_t n, char *err, size_t errn);
+
+/* A free TCP port on 127.0.0.1. */
+int ts_free_port(void);
+
+/* Paths of the built binaries (set by meson). */
+extern const char *ts_ps_server_path;
+extern const char *ts_psctl_path;
+extern const char *ts_ps_worker_path;
+
+#endif

@@ -1,0 +1,382 @@
+/*
+ * Hostile input against a running ps-server: each bad frame gets an error reply or a
+ * closed connection and a log line; a well-behaved client is served throughout, the
+ * parameters do not change, and memory does not grow by the sizes the frames announce.
+ */
+#include <arpa/inet.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "ts_client.h"
+#include "ts_err.h"
+#include "ts_frame.h"
+#include "ts_msg.h"
+
+static const uint64_t w_shape[] = {64, 32};
+static const uint64_t b_shape[] = {32};
+static const ts_client_tensor_t model[] = {
+    {.name = "fc1/weights", .shape = w_shape, .rank = 2, .init = TS_INIT_GLOROT_UNIFORM},
+    {.name = "fc1/biases", .shape = b_shape, .rank = 1, .init = TS_INIT_ZEROS},
+};
+#define NW (64 * 32)
+#define NB 32
+
+typedef struct {
+  ts_cluster_t c;
+  ts_client_t *good;
+  float *w, *b;       /* parameters as first pulled */
+  float *w2, *b2;
+} fixture_t;
+
+static int raw_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  return fd;
+}
+
+static int read_full(int fd, void *buf, size_t n, int timeout_ms) {
+  size_t got = 0;
+  while (got < n) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, timeout_ms) <= 0) return -1;
+    ssize_t r = read(fd, (char *)buf + got, n - got);
+    if (r <= 0) return -1;
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+/* Read one frame; returns its type, or -1 when the connection closed or timed out. The
+ * meta goes to meta (up to 4096 bytes), the payload is skipped. */
+static int read_frame(int fd, uint8_t *meta, uint32_t *meta_len) {
+  uint8_t h[TS_FRAME_HEADER_SIZE];
+  if (read_full(fd, h, sizeof h, 5000) < 0) return -1;
+  ts_frame_header_t hdr;
+  if (ts_frame_decode_header(h, sizeof h, UINT64_MAX, &hdr, NULL) < 0) return -1;
+  if (hdr.meta_len > 4096 || read_full(fd, meta, hdr.meta_len, 5000) < 0) return -1;
+  *meta_len = hdr.meta_len;
+  char junk[4096];
+  for (uint64_t left = hdr.data_len; left > 0;) {
+    size_t n = left < sizeof junk ? (size_t)left : sizeof junk;
+    if (read_full(fd, junk, n, 5000) < 0) return -1;
+    left -= n;
+  }
+  return hdr.type;
+}
+
+/* Wait until the peer closes; true when it did within 5 s. */
+static bool closed_by_peer(int fd) {
+  char buf[4096];
+  for (int i = 0; i < 100; i++) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 100) > 0) {
+      ssize_t r = read(fd, buf, sizeof buf);
+      if (r <= 0) return true;
+    }
+  }
+  return false;
+}
+
+static void send_all(int fd, const void *buf, size_t n) {
+  size_t sent = 0;
+  while (sent < n) {
+    ssize_t w = send(fd, (const char *)buf + sent, n - sent, MSG_NOSIGNAL);
+    if (w <= 0) return; /* the server may close first: that is an accepted answer */
+    sent += (size_t)w;
+  }
+}
+
+static void send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint64_t data_len) {
+  uint8_t buf[8192];
+  size_t n = ts_msg_encode(type, m, data_len, buf);
+  send_all(fd, buf, n);
+}
+
+/* Connect and handshake as worker 1; returns the socket. */
+static int raw_worker(fixture_t *f) {
+  int fd = raw_connect(f->c.port[0]);
+  uint8_t meta[4096];
+  uint32_t len;
+  assert_int_equal(read_frame(fd, meta, &len), TS_MSG_HELLO);
+  Tessera__Handshake hs = TESSERA__HANDSHAKE__INIT;
+  hs.request_id = 1;
+  hs.protocol = TS_PROTOCOL_VERSION;
+  hs.role = TESSERA__ROLE__ROLE_WORKER;
+  hs.task = 1;
+  hs.identity = "hostile";
+  send_msg(fd, TS_MSG_HANDSHAKE, &hs.base, 0);
+  assert_int_equal(read_frame(fd, meta, &len), TS_MSG_HANDSHAKE_REPLY);
+  return fd;
+}
+
+/* The error code of an Error frame, or 0 when the next frame is something else / none. */
+static int expect_error(int fd, char *detail, size_t n) {
+  uint8_t meta[4096];
+  uint32_t len = 0;
+  int type = read_frame(fd, meta, &len);
+  if (type != TS_MSG_ERROR) return 0;
+  Tessera__Error *e = tessera__error__unpack(NULL, len, meta);
+  if (!e) return 0;
+  int code = e->code;
+  snprintf(detail, n, "%s", e->detail);
+  tessera__error__free_unpacked(e, NULL);
+  return code;
+}
+
+static void good_client_still_served(fixture_t *f) {
+  float *dst[2] = {f->w2, f->b2};
+  char err[512];
+  int rc = ts_client_pull(f->good, dst, 0, 0, NULL, err, sizeof err);
+  if (rc < 0) fprintf(stderr, "pull: %s\n", err);
+  assert_int_equal(rc, 0);
+  assert_memory_equal(f->w, f->w2, NW * sizeof(float));
+  assert_memory_equal(f->b, f->b2, NB * sizeof(float));
+}
+
+static void assert_logged(fixture_t *f, const char *needle) {
+  char *log = ts_cluster_log(&f->c, 0);
+  assert_non_null(log);
+  if (!strstr(log, needle)) {
+    fprintf(stderr, "log lacks '%s':\n%s\n", needle, log);
+    free(log);
+    fail();
+  }
+  free(log);
+}
+
+static int setup(void **state) {
+  fixture_t *f = calloc(1, sizeof *f);
+  if (ts_cluster_start(&f->c, 1, 2, "job = { mode = \"async\"; };") < 0) return -1;
+  ts_client_opts_t o = {.addrs = f->c.addrs, .num_shards = 1, .task = 0, .connect_timeout_s = 5,
+                        .request_timeout_s = 10, .require_all = true};
+  char err[512];
+  if (ts_client_open(&f->good, &o, err, sizeof err) < 0) return -1;
+  if (ts_client_declare(f->good, model, 2, 7, err, sizeof err) < 0) return -1;
+  f->w = calloc(NW, sizeof(float));
+  f->b = calloc(NB, sizeof(float));
+  f->w2 = calloc(NW, sizeof(float));
+  f->b2 = calloc(NB, sizeof(float));
+  float *dst[2] = {f->w, f->b};
+  if (ts_client_pull(f->good, dst, 0, 0, NULL, err, sizeof err) < 0) return -1;
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture_t *f = *state;
+  ts_client_close(f->good);
+  int bad = ts_cluster_stop(&f->c);
+  free(f->w);
+  free(f->b);
+  free(f->w2);
+  free(f->b2);
+  free(f);
+  return bad == 0 ? 0 : -1;
+}
+
+static void test_random_bytes(void **state) {
+  fixture_t *f = *state;
+  int fd = raw_connect(f->c.port[0]);
+  size_t n = 1 << 20;
+  uint8_t *junk = malloc(n);
+  srand(12345);
+  for (size_t i = 0; i < n; i++) junk[i] = (uint8_t)rand();
+  send_all(fd, junk, n);
+  free(junk);
+  assert_true(closed_by_peer(fd));
+  close(fd);
+  assert_logged(f, "bad magic");
+  good_client_still_served(f);
+}
+
+static void test_wrong_magic(void **state) {
+  fixture_t *f = *state;
+  int fd = raw_connect(f->c.port[0]);
+  uint8_t h[TS_FRAME_HEADER_SIZE];
+  ts_frame_encode_header(h, TS_MSG_STATUS, 0, 0);
+  memcpy(h, "HTTP", 4);
+  send_all(fd, h, sizeof h);
+  uint8_t meta[4096];
+  uint32_t len;
+  int type;
+  /* Hello may come first; then the error, then the close. */
+  while ((type = read_frame(fd, meta, &len)) == TS_MSG_HELLO) {
+  }
+  assert_int_equal(type, TS_MSG_ERROR);
+  assert_true(closed_by_peer(fd));
+  close(fd);
+  good_client_still_served(f);
+}
+
+static void test_huge_announced_payload(void **state) {
+  fixture_t *f = *state;
+  pid_t pid = f->c.pid[0];
+  long before = ts_proc_rss_kib(pid);
+  int fd = raw_worker(f);
+  Tessera__PartSlice s = TESSERA__PART_SLICE__INIT;
+  Tessera__PartSlice *sp[] = {&s};
+  s.tensor = 0;
+  s.part = 0;
+  s.count = UINT64_C(1) << 30; /* 4 GiB of float32 */
+  Tessera__Push p = TESSERA__PUSH__INIT;
+  p.request_id = 9;
+  p.parts = sp;
+  p.n_parts = 1;
+  send_msg(fd, TS_MSG_PUSH, &p.base, UINT64_C(4) << 30);
+  char detail[512] = "";
+  int code = expect_error(fd, detail, sizeof detail);
+  assert_int_equal(code, TS_ETOOBIG);
+  assert_true(closed_by_peer(fd));
+  close(fd);
+  long after = ts_proc_rss_kib(pid);
+  assert_true(after - before < 64 * 1024);
+  assert_logged(f, "payload larger than this server accepts");
+  good_client_still_served(f);
+}
+
+static void test_truncated_frame(void **state) {
+  fixture_t *f = *state;
+  int fd = raw_worker(f);
+  Tessera__Status st = TESSERA__STATUS__INIT;
+  st.request_id = 3;
+  uint8_t buf[256];
+  size_t n = ts_msg_encode(TS_MSG_STATUS, &st.base, 0, buf);
+  send_all(fd, buf, n / 2 > TS_FRAME_HEADER_SIZE ? n / 2 : TS_FRAME_HEADER_SIZE - 3);
+  close(fd);
+  good_client_still_served(f);
+}
+
+static void test_push_size_mismatch(void **state) {
+  fixture_t *f = *state;
+  int fd = raw_worker(f);
+  Tessera__PartSlice s = TESSERA__PART_SLICE__INIT;
+  Tessera__PartSlice *sp[] = {&s};
+  s.tensor = 1;
+  s.part = 0;
+  s.count = NB;
+  Tessera__Push p = TESSERA__PUSH__INIT;
+  p.request_id = 10;
+  p.parts = sp;
+  p.n_parts = 1;
+  /* The meta describes 32 floats, the header announces 16. */
+  send_msg(fd, TS_MSG_PUSH, &p.base, 16 * 4);
+  float pay[16] = {1};
+  send_all(fd, pay, sizeof pay);
+  char detail[512] = "";
+  assert_int_equal(expect_error(fd, detail, sizeof detail), TS_ESIZE);
+  assert_non_null(strstr(detail, "describes 128 payload bytes but the frame carries 64"));
+  assert_true(closed_by_peer(fd));
+  close(fd);
+  assert_logged(f, "describes 128 payload bytes");
+  good_client_still_served(f);
+}
+
+static void test_push_wrong_count(void **state) {
+  fixture_t *f = *state;
+  int fd = raw_worker(f);
+  Tessera__PartSlice s = TESSERA__PART_SLICE__INIT;
+  Tessera__PartSlice *sp[] = {&s};
+  s.tensor = 1;
+  s.part = 0;
+  s.count = 31; /* the partition has 32 */
+  Tessera__Push p = TESSERA__PUSH__INIT;
+  p.request_id = 11;
+  p.parts = sp;
+  p.n_parts = 1;
+  send_msg(fd, TS_MSG_PUSH, &p.base, 31 * 4);
+  float pay[31];
+  for (int i = 0; i < 31; i++) pay[i] = 1000.0f;
+  send_all(fd, pay, sizeof pay);
+  char detail[512] = "";
+  assert_int_equal(expect_error(fd, detail, sizeof detail), TS_ESHAPE);
+  assert_non_null(strstr(detail, "has 32 values, not 31"));
+  /* A refused request is survived: the same connection still works. */
+  Tessera__Status st = TESSERA__STATUS__INIT;
+  st.request_id = 12;
+  send_msg(fd, TS_MSG_STATUS, &st.base, 0);
+  uint8_t meta[4096];
+  uint32_t len;
+  assert_int_equal(read_frame(fd, meta, &len), TS_MSG_STATUS_REPLY);
+  close(fd);
+  good_client_still_served(f);
+}
+
+static void test_push_undeclared_tensor(void **state) {
+  fixture_t *f = *state;
+  int fd = raw_worker(f);
+  Tessera__PartSlice s = TESSERA__PART_SLICE__INIT;
+  Tessera__PartSlice *sp[] = {&s};
+  s.tensor = 5;
+  s.part = 0;
+  s.count = 8;
+  Tessera__Push p = TESSERA__PUSH__INIT;
+  p.request_id = 13;
+  p.parts = sp;
+  p.n_parts = 1;
+  send_msg(fd, TS_MSG_PUSH, &p.base, 8 * 4);
+  float pay[8] = {0};
+  send_all(fd, pay, sizeof pay);
+  char detail[512] = "";
+  assert_int_equal(expect_error(fd, detail, sizeof detail), TS_ENOTENSOR);
+  assert_non_null(strstr(detail, "unknown tensor index 5"));
+  close(fd);
+  assert_logged(f, "unknown tensor index 5");
+  good_client_still_served(f);
+}
+
+static void test_nonfinite_gradient(void **state) {
+  fixture_t *f = *state;
+  float *g[2] = {calloc(NW, sizeof(float)), calloc(NB, sizeof(float))};
+  g[1][3] = NAN;
+  char err[512];
+  int rc = ts_client_push(f->good, (const float *const *)g, 0, NULL, err, sizeof err);
+  assert_int_equal(rc, TS_ENONFINITE);
+  free(g[0]);
+  free(g[1]);
+  good_client_still_served(f);
+}
+
+static void test_frame_before_handshake(void **state) {
+  fixture_t *f = *state;
+  int fd = raw_connect(f->c.port[0]);
+  uint8_t meta[4096];
+  uint32_t len;
+  assert_int_equal(read_frame(fd, meta, &len), TS_MSG_HELLO);
+  Tessera__Status st = TESSERA__STATUS__INIT;
+  st.request_id = 1;
+  send_msg(fd, TS_MSG_STATUS, &st.base, 0);
+  char detail[512];
+  assert_int_equal(expect_error(fd, detail, sizeof detail), TS_EPROTO);
+  assert_true(closed_by_peer(fd));
+  close(fd);
+  good_client_still_served(f);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_random_bytes),
+      cmocka_unit_test(test_wrong_magic),
+      cmocka_unit_test(test_huge_announced_payload),
+      cmocka_unit_test(test_truncated_frame),
+      cmocka_unit_test(test_push_size_mismatch),
+      cmocka_unit_test(test_push_wrong_count),
+      cmocka_unit_test(test_push_undeclared_tensor),
+      cmocka_unit_test(test_nonfinite_gradient),
+      cmocka_unit_test(test_frame_before_handshake),
+  };
+  return cmocka_run_group_tests_name("hostile", tests, setup, teardown);
+}

@@ -1,0 +1,380 @@
+/*
+ * ps-server through the client library: async, sync and ssp semantics, exact values.
+ * Every test starts real ps-server processes on ephemeral loopback ports.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "ts_client.h"
+#include "ts_err.h"
+
+#define BIG 10000   /* elements of the large tensor: 40000 bytes, over partition_bytes */
+
+static const uint64_t big_shape[] = {100, 100};
+static const uint64_t small_shape[] = {7};
+
+static const ts_client_tensor_t model[] = {
+    {.name = "big", .shape = big_shape, .rank = 2, .init = TS_INIT_ZEROS},
+    {.name = "small", .shape = small_shape, .rank = 1, .init = TS_INIT_ZEROS},
+};
+static const size_t model_elems[] = {BIG, 7};
+
+static ts_client_t *open_worker(ts_cluster_t *c, int task) {
+  ts_client_opts_t o = {.addrs = c->addrs,
+                        .num_shards = (size_t)c->num_shards,
+                        .task = task,
+                        .identity = "test",
+                        .connect_timeout_s = 5,
+                        .request_timeout_s = 20,
+                        .heartbeat_interval_s = 0.5,
+                        .require_all = true};
+  ts_client_t *cl = NULL;
+  char err[512];
+  int rc = ts_client_open(&cl, &o, err, sizeof err);
+  if (rc < 0) fprintf(stderr, "open: %s\n", err);
+  assert_int_equal(rc, 0);
+  rc = ts_client_declare(cl, model, 2, 42, err, sizeof err);
+  if (rc < 0) fprintf(stderr, "declare: %s\n", err);
+  assert_int_equal(rc, 0);
+  return cl;
+}
+
+typedef struct {
+  float *t[2];
+} bufs_t;
+
+static void bufs_init(bufs_t *b) {
+  for (int i = 0; i < 2; i++) b->t[i] = calloc(model_elems[i], sizeof(float));
+}
+
+static void bufs_fill(bufs_t *b, float v) {
+  for (int i = 0; i < 2; i++)
+    for (size_t k = 0; k < model_elems[i]; k++) b->t[i][k] = v;
+}
+
+static void bufs_free(bufs_t *b) {
+  for (int i = 0; i < 2; i++) free(b->t[i]);
+}
+
+static void pull_ok(ts_client_t *cl, bufs_t *b, uint64_t min_version, uint64_t clock, uint64_t *v) {
+  char err[512];
+  int rc = ts_client_pull(cl, b->t, min_version, clock, v, err, sizeof err);
+  if (rc < 0) fprintf(stderr, "pull: %s\n", err);
+  assert_int_equal(rc, 0);
+}
+
+static void push_ok(ts_client_t *cl, bufs_t *g, uint64_t step, ts_client_push_result_t *res) {
+  char err[512];
+  int rc = ts_client_push(cl, (const float *const *)g->t, step, res, err, sizeof err);
+  if (rc < 0) fprintf(stderr, "push: %s\n", err);
+  assert_int_equal(rc, 0);
+}
+
+static void assert_all(const bufs_t *b, double want, double rel) {
+  for (int i = 0; i < 2; i++) {
+    for (size_t k = 0; k < model_elems[i]; k++) {
+      double got = b->t[i][k];
+      if (fabs(got - want) > rel * fabs(want) + 1e-12) {
+        fprintf(stderr, "tensor %d element %zu: got %.9g, want %.9g\n", i, k, got, want);
+        fail();
+      }
+    }
+  }
+}
+
+/* --- async: concurrent pushes give the exact sum ------------------------------------ */
+
+typedef struct {
+  ts_cluster_t *c;
+  int task, rounds;
+} async_arg_t;
+
+static void *async_worker(void *p) {
+  async_arg_t *a = p;
+  ts_client_t *cl = open_worker(a->c, a->task);
+  bufs_t g;
+  bufs_init(&g);
+  bufs_fill(&g, (float)(a->task + 1));
+  for (int r = 0; r < a->rounds; r++) push_ok(cl, &g, (uint64_t)r, NULL);
+  bufs_free(&g);
+  ts_client_close(cl);
+  return NULL;
+}
+
+static void test_async_exact(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 3,
+                                    "job = { mode = \"async\"; partition_bytes = 4096; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 0.5; };"),
+                   0);
+  enum { W = 3, R = 20 };
+  pthread_t th[W];
+  async_arg_t args[W];
+  for (int t = 0; t < W; t++) {
+    args[t] = (async_arg_t){&c, t, R};
+    pthread_create(&th[t], NULL, async_worker, &args[t]);
+  }
+  for (int t = 0; t < W; t++) pthread_join(th[t], NULL);
+  ts_client_t *cl = open_worker(&c, 0);
+  bufs_t b;
+  bufs_init(&b);
+  pull_ok(cl, &b, 0, 0, NULL);
+  /* w = 0 - 0.5 * R * (1 + 2 + 3): all values dyadic, so the float result is exact. */
+  assert_all(&b, -0.5 * R * 6.0, 0.0);
+  /* The large tensor really is spread over both shards. */
+  const ts_plan_t *plan = ts_client_plan(cl);
+  assert_non_null(plan);
+  assert_true(plan->tensor_parts[0] >= 2);
+  assert_true(plan->shard_parts[0] > 0 && plan->shard_parts[1] > 0);
+  bufs_free(&b);
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- sync: every round equals the hand-computed average ------------------------------ */
+
+typedef struct {
+  ts_cluster_t *c;
+  int task, workers, rounds;
+  double lr;
+  int failures;
+} sync_arg_t;
+
+/* Gradient of worker t in round i: (t + 1) * (i + 1). Expected after round i:
+ * w_i = w_{i-1} - lr * mean_t((t + 1) * (i + 1)) = w_{i-1} - lr * (i + 1) * (W + 1) / 2. */
+static double sync_expected(int workers, int rounds_done, double lr) {
+  double w = 0;
+  for (int i = 0; i < rounds_done; i++) w -= lr * (i + 1) * (workers + 1) / 2.0;
+  return w;
+}
+
+static void *sync_worker(void *p) {
+  sync_arg_t *a = p;
+  ts_client_t *cl = open_worker(a->c, a->task);
+  bufs_t w, g;
+  bufs_init(&w);
+  bufs_init(&g);
+  uint64_t version = 0;
+  pull_ok(cl, &w, 0, 0, &version);
+  for (int i = 0; i < a->rounds; i++) {
+    bufs_fill(&g, (float)((a->task + 1) * (i + 1)));
+    ts_client_push_result_t res;
+    push_ok(cl, &g, version, &res);
+    if (res.accumulated == 0) a->failures++;
+    pull_ok(cl, &w, version + 1, 0, &version);
+    if (version != (uint64_t)i + 1) a->failures++;
+    double want = sync_expected(a->workers, i + 1, a->lr);
+    for (int t = 0; t < 2; t++)
+      for (size_t k = 0; k < model_elems[t]; k++)
+        if (fabs((double)w.t[t][k] - want) > 1e-6 * fabs(want)) {
+          if (a->failures++ == 0)
+            fprintf(stderr, "task %d round %d: tensor %d [%zu] = %.9g, want %.9g\n", a->task, i, t,
+                    k, (double)w.t[t][k], want);
+        }
+  }
+  bufs_free(&w);
+  bufs_free(&g);
+  ts_client_close(cl);
+  return NULL;
+}
+
+static void run_sync(int workers) {
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, workers,
+                                    "job = { mode = \"sync\"; partition_bytes = 4096; "
+                                    "sync_timeout_s = 30.0; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 0.25; };"),
+                   0);
+  enum { R = 8 };
+  pthread_t th[4];
+  sync_arg_t args[4];
+  for (int t = 0; t < workers; t++) {
+    args[t] = (sync_arg_t){&c, t, workers, R, 0.25, 0};
+    pthread_create(&th[t], NULL, sync_worker, &args[t]);
+  }
+  for (int t = 0; t < workers; t++) pthread_join(th[t], NULL);
+  for (int t = 0; t < workers; t++) assert_int_equal(args[t].failures, 0);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+static void test_sync_two(void **state) {
+  (void)state;
+  run_sync(2);
+}
+
+static void test_sync_three(void **state) {
+  (void)state;
+  run_sync(3);
+}
+
+/* --- sync: stale pushes are dropped and counted; backup workers ---------------------- */
+
+static void test_sync_stale_and_backup(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  /* Three workers, two gradients close a step (one backup worker). */
+  assert_int_equal(ts_cluster_start(&c, 2, 3,
+                                    "job = { mode = \"sync\"; replicas_to_aggregate = 2; "
+                                    "partition_bytes = 4096; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 1.0; };"),
+                   0);
+  ts_client_t *w0 = open_worker(&c, 0), *w1 = open_worker(&c, 1), *w2 = open_worker(&c, 2);
+  bufs_t b, g;
+  bufs_init(&b);
+  bufs_init(&g);
+  ts_client_push_result_t res;
+  bufs_fill(&g, 2.0f);
+  push_ok(w0, &g, 0, &res);
+  assert_true(res.accumulated > 0);
+  bufs_fill(&g, 4.0f);
+  push_ok(w1, &g, 0, &res);
+  /* Two of three closed step 0: w = 0 - 1.0 * (2 + 4) / 2 = -3. */
+  uint64_t v = 0;
+  pull_ok(w2, &b, 1, 0, &v);
+  assert_int_equal(v, 1);
+  assert_all(&b, -3.0, 0.0);
+  /* The third worker's gradient for step 0 is now stale: dropped, counted, no change. */
+  bufs_fill(&g, 100.0f);
+  push_ok(w2, &g, 0, &res);
+  const ts_plan_t *plan = ts_client_plan(w2);
+  assert_int_equal(res.stale, plan->num_parts);
+  assert_int_equal(res.accumulated, 0);
+  pull_ok(w0, &b, 0, 0, &v);
+  assert_int_equal(v, 1);
+  assert_all(&b, -3.0, 0.0);
+  /* A push for a step the parameters have not reached is refused. */
+  char err[512];
+  int rc = ts_client_push(w0, (const float *const *)g.t, 7, &res, err, sizeof err);
+  assert_int_equal(rc, TS_EFUTURE);
+  /* The shards count what they dropped. */
+  uint64_t dropped = 0;
+  for (uint32_t s = 0; s < 2; s++) {
+    Tessera__ShardStatus *st = NULL;
+    assert_int_equal(ts_client_status(w0, s, &st, err, sizeof err), 0);
+    dropped += st->stale_dropped;
+    ts_client_free_status(st);
+  }
+  assert_int_equal(dropped, plan->num_parts);
+  bufs_free(&b);
+  bufs_free(&g);
+  ts_client_close(w0);
+  ts_client_close(w1);
+  ts_client_close(w2);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- ssp: a worker too far ahead is held until the slowest catches up --------------- */
+
+typedef struct {
+  ts_client_t *cl;
+  uint64_t clock;
+  volatile int done;
+  int rc;
+} held_pull_t;
+
+static void *held_pull(void *p) {
+  held_pull_t *h = p;
+  bufs_t b;
+  bufs_init(&b);
+  char err[512];
+  h->rc = ts_client_pull(h->cl, b.t, 0, h->clock, NULL, err, sizeof err);
+  if (h->rc < 0) fprintf(stderr, "held pull: %s\n", err);
+  bufs_free(&b);
+  __atomic_store_n(&h->done, 1, __ATOMIC_SEQ_CST);
+  return NULL;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void test_ssp_bound(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2,
+                                    "job = { mode = \"ssp\"; staleness = 1; partition_bytes = 4096; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 0.5; };"),
+                   0);
+  ts_client_t *fast = open_worker(&c, 0), *slow = open_worker(&c, 1);
+  bufs_t g;
+  bufs_init(&g);
+  bufs_fill(&g, 1.0f);
+  /* Both at clock 1, then the fast one runs to clock 3. */
+  push_ok(slow, &g, 0, NULL);
+  for (uint64_t s = 0; s < 3; s++) push_ok(fast, &g, s, NULL);
+  /* Fast at clock 3 with staleness 1 needs everyone at clock >= 2: slow is at 1. */
+  held_pull_t h = {.cl = fast, .clock = 3};
+  pthread_t th;
+  pthread_create(&th, NULL, held_pull, &h);
+  sleep_ms(500);
+  assert_int_equal(__atomic_load_n(&h.done, __ATOMIC_SEQ_CST), 0);
+  /* The slow worker reaches clock 2: the fast one is released. */
+  push_ok(slow, &g, 1, NULL);
+  for (int i = 0; i < 300 && !__atomic_load_n(&h.done, __ATOMIC_SEQ_CST); i++) sleep_ms(10);
+  assert_int_equal(__atomic_load_n(&h.done, __ATOMIC_SEQ_CST), 1);
+  pthread_join(th, NULL);
+  assert_int_equal(h.rc, 0);
+  /* Within the bound a pull is answered at once. */
+  bufs_t b;
+  bufs_init(&b);
+  pull_ok(slow, &b, 0, 2, NULL);
+  /* Updates applied at once: 5 pushes of 1.0 with lr 0.5. */
+  assert_all(&b, -2.5, 0.0);
+  bufs_free(&b);
+  bufs_free(&g);
+  ts_client_close(fast);
+  ts_client_close(slow);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- declarations ------------------------------------------------------------------- */
+
+static void test_redeclare_mismatch(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2, "job = { mode = \"async\"; };"), 0);
+  ts_client_t *a = open_worker(&c, 0);
+  ts_client_opts_t o = {.addrs = c.addrs, .num_shards = 2, .task = 1, .connect_timeout_s = 5,
+                        .request_timeout_s = 10, .require_all = true};
+  ts_client_t *b = NULL;
+  char err[512];
+  assert_int_equal(ts_client_open(&b, &o, err, sizeof err), 0);
+  static const uint64_t other[] = {100, 99};
+  ts_client_tensor_t wrong[] = {
+      {.name = "big", .shape = other, .rank = 2, .init = TS_INIT_ZEROS},
+      {.name = "small", .shape = small_shape, .rank = 1, .init = TS_INIT_ZEROS},
+  };
+  int rc = ts_client_declare(b, wrong, 2, 42, err, sizeof err);
+  assert_int_equal(rc, TS_ESHAPE);
+  assert_non_null(strstr(err, "'big' is already declared with shape [100,100], not [100,99]"));
+  /* The same model again is fine. */
+  assert_int_equal(ts_client_declare(b, model, 2, 42, err, sizeof err), 0);
+  ts_client_close(a);
+  ts_client_close(b);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_async_exact),
+      cmocka_unit_test(test_sync_two),
+      cmocka_unit_test(test_sync_three),
+      cmocka_unit_test(test_sync_stale_and_backup),
+      cmocka_unit_test(test_ssp_bound),
+      cmocka_unit_test(test_redeclare_mismatch),
+  };
+  return cmocka_run_group_tests_name("ps", tests, NULL, NULL);
+}

@@ -1,0 +1,117 @@
+/* psctl against real shards: JSON status, shard down, bad configuration. */
+#include <cjson/cJSON.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "ts_client.h"
+
+static const uint64_t shape[] = {300, 40};
+static const ts_client_tensor_t model[] = {
+    {.name = "w", .shape = shape, .rank = 2, .init = TS_INIT_GLOROT_UNIFORM}};
+
+static char out[65536], err[65536];
+
+static int psctl(ts_cluster_t *c, const char *a1, const char *a2, const char *a3) {
+  const char *argv[] = {ts_psctl_path, "-c", c->config, a1, a2, a3, NULL};
+  return ts_run_capture(argv, out, sizeof out, err, sizeof err);
+}
+
+static void test_status_json(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 1, "job = { mode = \"sync\"; partition_bytes = 8192; };"), 0);
+  ts_client_opts_t o = {.addrs = c.addrs, .num_shards = 2, .task = 0, .connect_timeout_s = 5,
+                        .request_timeout_s = 10, .require_all = true};
+  ts_client_t *cl = NULL;
+  char e[512];
+  assert_int_equal(ts_client_open(&cl, &o, e, sizeof e), 0);
+  assert_int_equal(ts_client_declare(cl, model, 1, 1, e, sizeof e), 0);
+  ts_client_set_progress(cl, 5, 0.25, 1000.0, 0.5, false);
+  assert_int_equal(ts_client_heartbeat(cl, e, sizeof e), 0);
+
+  int rc = psctl(&c, "--output", "json", "status");
+  if (rc != 0) fprintf(stderr, "psctl: %s\n", err);
+  assert_int_equal(rc, 0);
+  cJSON *j = cJSON_Parse(out);
+  assert_non_null(j);
+  assert_string_equal(cJSON_GetObjectItem(j, "mode")->valuestring, "sync");
+  assert_non_null(cJSON_GetObjectItem(j, "step"));
+  cJSON *shards = cJSON_GetObjectItem(j, "shards");
+  assert_int_equal(cJSON_GetArraySize(shards), 2);
+  double total_bytes = 0;
+  for (int i = 0; i < 2; i++) {
+    cJSON *s = cJSON_GetArrayItem(shards, i);
+    assert_int_equal(cJSON_GetObjectItem(s, "index")->valueint, i);
+    assert_string_equal(cJSON_GetObjectItem(s, "address")->valuestring, c.addr[i]);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(s, "up")));
+    assert_true(cJSON_GetObjectItem(s, "partitions")->valueint > 0);
+    assert_non_null(cJSON_GetObjectItem(s, "version"));
+    total_bytes += cJSON_GetObjectItem(s, "bytes")->valuedouble;
+  }
+  assert_true(total_bytes == 300.0 * 40 * 4);
+  cJSON *workers = cJSON_GetObjectItem(j, "workers");
+  assert_int_equal(cJSON_GetArraySize(workers), 1);
+  cJSON *w = cJSON_GetArrayItem(workers, 0);
+  assert_int_equal(cJSON_GetObjectItem(w, "task")->valueint, 0);
+  assert_int_equal(cJSON_GetObjectItem(w, "step")->valueint, 5);
+  assert_true(cJSON_GetObjectItem(w, "loss")->valuedouble == 0.25);
+  assert_true(cJSON_GetObjectItem(w, "examples_per_sec")->valuedouble == 1000.0);
+  assert_true(cJSON_GetObjectItem(w, "last_seen_s")->valuedouble < 5.0);
+  cJSON_Delete(j);
+
+  /* The table form names every shard and the worker. */
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_non_null(strstr(out, c.addr[0]));
+  assert_non_null(strstr(out, c.addr[1]));
+  assert_non_null(strstr(out, "alive"));
+  assert_int_equal(psctl(&c, "-o", "json", "workers"), 0);
+  assert_int_equal(psctl(&c, "shards", NULL, NULL), 0);
+
+  /* One shard down: psctl says which and exits non-zero; JSON still parses. */
+  ts_cluster_signal(&c, 1, SIGKILL);
+  rc = psctl(&c, "--output", "json", "status");
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(err, "shard 1"));
+  assert_non_null(strstr(err, c.addr[1]));
+  j = cJSON_Parse(out);
+  assert_non_null(j);
+  shards = cJSON_GetObjectItem(j, "shards");
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(shards, 0), "up")));
+  assert_true(cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetArrayItem(shards, 1), "up")));
+  cJSON_Delete(j);
+  assert_int_equal(psctl(&c, "health", NULL, NULL), 1);
+
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+static void test_usage_and_config_errors(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1, NULL), 0);
+  assert_int_equal(psctl(&c, "frobnicate", NULL, NULL), 2);
+  assert_non_null(strstr(err, "unknown command"));
+  assert_int_equal(psctl(&c, "--output", "yaml", "status"), 2);
+  assert_int_equal(psctl(&c, "--set", "job.mode=\"fast\"", "status"), 78);
+  assert_non_null(strstr(err, "job.mode"));
+  const char *argv[] = {ts_psctl_path, "-c", "/nonexistent/job.cfg", "status", NULL};
+  assert_int_equal(ts_run_capture(argv, out, sizeof out, err, sizeof err), 78);
+  assert_non_null(strstr(err, "/nonexistent/job.cfg"));
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_status_json),
+      cmocka_unit_test(test_usage_and_config_errors),
+  };
+  return cmocka_run_group_tests_name("psctl", tests, NULL, NULL);
+}

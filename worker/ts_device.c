@@ -1,0 +1,155 @@
+#include "ts_device.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "ts_err.h"
+
+static int bad(char *errmsg, size_t errlen, const char *s, const char *why) {
+  snprintf(errmsg, errlen, "malformed device name '%s': %s", s, why);
+  return TS_EINVAL;
+}
+
+/* Parse a non-negative decimal at p (up to the next '/' or end); -1 when not one. */
+static long number(const char *p, size_t len) {
+  if (len == 0 || len > 6) return -1;
+  long v = 0;
+  for (size_t i = 0; i < len; i++) {
+    if (!isdigit((unsigned char)p[i])) return -1;
+    v = v * 10 + (p[i] - '0');
+  }
+  return v;
+}
+
+static int parse_type(const char *t, size_t len, ts_device_type_t *out) {
+  if (len == 3 && strncasecmp(t, "cpu", 3) == 0) {
+    *out = TS_DEVICE_CPU;
+    return 0;
+  }
+  if (len == 3 && strncasecmp(t, "gpu", 3) == 0) {
+    *out = TS_DEVICE_GPU;
+    return 0;
+  }
+  return -1;
+}
+
+int ts_device_parse(const char *s, ts_device_spec_t *out, char *errmsg, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  out->type = TS_DEVICE_CPU;
+  if (!s || !*s) return 0;
+  if (s[0] != '/') return bad(errmsg, errlen, s, "it must start with '/' (e.g. /gpu:0)");
+  bool have_device = false;
+  const char *p = s;
+  while (*p) {
+    if (*p != '/') return bad(errmsg, errlen, s, "expected '/' between parts");
+    p++;
+    const char *end = strchr(p, '/');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    const char *colon = memchr(p, ':', len);
+    if (!colon) return bad(errmsg, errlen, s, "each part is KEY:VALUE (e.g. /task:0)");
+    size_t klen = (size_t)(colon - p);
+    const char *v = colon + 1;
+    size_t vlen = len - klen - 1;
+    if (have_device) return bad(errmsg, errlen, s, "nothing may follow the device part");
+    if (klen == 3 && strncmp(p, "job", 3) == 0) {
+      if (vlen == 0 || vlen >= sizeof out->job) return bad(errmsg, errlen, s, "bad job name");
+      memcpy(out->job, v, vlen);
+      out->job[vlen] = 0;
+      out->has_job = true;
+    } else if (klen == 7 && strncmp(p, "replica", 7) == 0) {
+      long n = number(v, vlen);
+      if (n < 0) return bad(errmsg, errlen, s, "the replica must be a number");
+      out->replica = (int)n;
+      out->has_replica = true;
+    } else if (klen == 4 && strncmp(p, "task", 4) == 0) {
+      long n = number(v, vlen);
+      if (n < 0) return bad(errmsg, errlen, s, "the task must be a number");
+      out->task = (int)n;
+      out->has_task = true;
+    } else if (klen == 6 && strncmp(p, "device", 6) == 0) {
+      /* /device:GPU:0 */
+      const char *c2 = memchr(v, ':', vlen);
+      if (!c2) return bad(errmsg, errlen, s, "the device part is /device:TYPE:INDEX");
+      if (parse_type(v, (size_t)(c2 - v), &out->type) < 0)
+        return bad(errmsg, errlen, s, "the device type must be CPU or GPU");
+      long n = number(c2 + 1, vlen - (size_t)(c2 - v) - 1);
+      if (n < 0) return bad(errmsg, errlen, s, "the device index must be a number");
+      out->index = (int)n;
+      have_device = true;
+    } else if (parse_type(p, klen, &out->type) == 0) {
+      /* /gpu:0, /cpu:0 */
+      long n = number(v, vlen);
+      if (n < 0) return bad(errmsg, errlen, s, "the device index must be a number");
+      out->index = (int)n;
+      have_device = true;
+    } else {
+      return bad(errmsg, errlen, s, "unknown part (expected job, replica, task, device, cpu or gpu)");
+    }
+    p += len;
+  }
+  if (out->has_job && strcmp(out->job, "worker") != 0 && strcmp(out->job, "localhost") != 0)
+    return bad(errmsg, errlen, s, "a worker's ops run in job 'worker'");
+  if (out->type == TS_DEVICE_CPU && out->index != 0)
+    return bad(errmsg, errlen, s, "there is one CPU device, /cpu:0");
+  return 0;
+}
+
+void ts_device_short_name(ts_device_type_t type, int index, char *buf, size_t n) {
+  snprintf(buf, n, "/device:%s:%d", type == TS_DEVICE_GPU ? "GPU" : "CPU", index);
+}
+
+void ts_device_long_name(ts_device_type_t type, int index, int task, char *buf, size_t n) {
+  snprintf(buf, n, "/job:worker/replica:0/task:%d/device:%s:%d", task,
+           type == TS_DEVICE_GPU ? "GPU" : "CPU", index);
+}
+
+int ts_device_place(const ts_device_spec_t *want, int gpu_count, const char *gpu_why,
+                    const ts_placement_op_t *ops, size_t n, bool allow_soft, ts_placement_t *out,
+                    char *errmsg, size_t errlen) {
+  char spec[48];
+  ts_device_short_name(want->type, want->index, spec, sizeof spec);
+  for (size_t i = 0; i < n; i++) {
+    ts_placement_t *pl = &out[i];
+    memset(pl, 0, sizeof *pl);
+    if (want->type == TS_DEVICE_CPU) {
+      pl->type = TS_DEVICE_CPU;
+      continue;
+    }
+    const char *tf_why = NULL;
+    if (gpu_count == 0) {
+      tf_why = "no supported kernel for GPU devices is available";
+      snprintf(pl->reason, sizeof pl->reason, "no GPU is visible (%s)",
+               gpu_why ? gpu_why : "no CUDA device");
+    } else if (want->index >= gpu_count) {
+      tf_why = "no devices matching that specification are registered in this process";
+      snprintf(pl->reason, sizeof pl->reason, "only %d GPU(s) are visible", gpu_count);
+    } else if (!ops[i].gpu_kernel) {
+      tf_why = "no supported kernel for GPU devices is available";
+      snprintf(pl->reason, sizeof pl->reason, "op %s has no GPU kernel", ops[i].type);
+    }
+    if (!tf_why) {
+      pl->type = TS_DEVICE_GPU;
+      pl->index = want->index;
+      continue;
+    }
+    if (!allow_soft) {
+      snprintf(errmsg, errlen,
+               "Cannot assign a device for operation %s: Could not satisfy explicit device "
+               "specification '%s' because %s",
+               ops[i].name, spec, tf_why);
+      return TS_EDEVICE;
+    }
+    pl->soft = true;
+    if (gpu_count > 0 && ops[i].gpu_kernel) {
+      pl->type = TS_DEVICE_GPU;
+      pl->index = 0;
+    } else {
+      pl->type = TS_DEVICE_CPU;
+      pl->index = 0;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,63 @@
+/*
+ * Devices and placement (DESIGN.md §5), named like TensorFlow's.
+ *
+ * A device spec is "/cpu:0", "/gpu:N", "/device:GPU:N", or the long form
+ * "/job:worker/replica:0/task:T/device:GPU:N" (any of the /job, /replica, /task parts may be
+ * left out; the type is case-insensitive; an empty spec means the CPU). /gpu:N is the N-th
+ * GPU that CUDA_VISIBLE_DEVICES leaves visible.
+ *
+ * Placement puts each op of the model on the requested device when that device exists and
+ * its back end has a kernel for the op. Otherwise, with allow_soft_placement, it falls back
+ * (a missing /gpu:N to /gpu:0 when some GPU is visible, else to /cpu:0) and says why;
+ * without it, placement fails with TensorFlow's message.
+ */
+#ifndef TS_DEVICE_H
+#define TS_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum { TS_DEVICE_CPU = 0, TS_DEVICE_GPU = 1 } ts_device_type_t;
+
+typedef struct {
+  ts_device_type_t type;
+  int index;
+  bool has_job, has_replica, has_task;
+  char job[32];
+  int replica, task;
+} ts_device_spec_t;
+
+/* Parse a device spec. Returns 0, or TS_EINVAL with the reason in errmsg
+ * ("malformed device name '/gpu:x': the device index must be a number"). */
+int ts_device_parse(const char *s, ts_device_spec_t *out, char *errmsg, size_t errlen);
+
+/* "/device:GPU:0" (the short canonical form TensorFlow's messages use). */
+void ts_device_short_name(ts_device_type_t type, int index, char *buf, size_t n);
+
+/* "/job:worker/replica:0/task:T/device:GPU:N". */
+void ts_device_long_name(ts_device_type_t type, int index, int task, char *buf, size_t n);
+
+typedef struct {
+  const char *name;   /* "fc1/matmul" */
+  const char *type;   /* "MatMul" */
+  bool gpu_kernel;    /* the GPU back end has a kernel for it */
+} ts_placement_op_t;
+
+typedef struct {
+  ts_device_type_t type;
+  int index;
+  bool soft;          /* moved by soft placement */
+  char reason[200];   /* why, when soft */
+} ts_placement_t;
+
+/* Place ops[0..n) for a request on a machine with gpu_count visible GPUs. out gets one
+ * placement per op. Returns 0, or TS_EDEVICE when an op cannot be placed and soft
+ * placement is off; errmsg then holds TensorFlow's message, e.g. "Cannot assign a device
+ * for operation fc1/matmul: Could not satisfy explicit device specification '/device:GPU:0'
+ * because no supported kernel for GPU devices is available". gpu_why (may be NULL) says why
+ * there are no GPUs, for the soft-placement log ("the CUDA back end is not built"). */
+int ts_device_place(const ts_device_spec_t *want, int gpu_count, const char *gpu_why,
+                    const ts_placement_op_t *ops, size_t n, bool allow_soft, ts_placement_t *out,
+                    char *errmsg, size_t errlen);
+
+#endif

@@ -1,0 +1,225 @@
+#include "ts_trainer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "ts_alloc.h"
+#include "ts_err.h"
+#include "ts_init.h"
+#include "ts_log.h"
+
+/* How long a worker keeps retrying a pull or push while shards are unreachable. */
+#define RETRY_GRACE_S 120.0
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+uint64_t ts_trainer_steps_per_epoch(size_t n, int workers, int batch) {
+  uint64_t group = (uint64_t)workers * (uint64_t)batch;
+  return group ? (uint64_t)n / group : 0;
+}
+
+void ts_trainer_epoch_order(uint64_t seed, uint64_t epoch, uint32_t *perm, size_t n) {
+  uint64_t key = ts_init_key(seed, "data/shuffle");
+  for (size_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
+  for (size_t i = n; i > 1; i--) {
+    size_t j = (size_t)(ts_init_uniform(key, epoch * (uint64_t)n + i) * (double)i);
+    if (j >= i) j = i - 1;
+    uint32_t tmp = perm[i - 1];
+    perm[i - 1] = perm[j];
+    perm[j] = tmp;
+  }
+}
+
+static bool transient(int rc) {
+  return rc == TS_ECLOSED || rc == TS_EUNAVAIL || rc == TS_ETIMEDOUT || rc == TS_ENOTDECLARED;
+}
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+/* Pull with retries while the shards are unreachable (they reconnect in the background). */
+static int pull(const ts_trainer_t *t, float *const *dst, uint64_t min_version, uint64_t clock,
+                uint64_t *version, char *errmsg, size_t errlen) {
+  double start = now_s();
+  for (int attempt = 0;; attempt++) {
+    int rc = ts_client_pull(t->client, dst, min_version, clock, version, errmsg, errlen);
+    if (rc == 0 || !transient(rc) || *t->stop) return rc;
+    if (now_s() - start > RETRY_GRACE_S) return rc;
+    if (attempt == 0) ts_log_warn("pull failed, retrying: %s", errmsg);
+    sleep_s(0.2);
+  }
+}
+
+static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step,
+                ts_client_push_result_t *res, char *errmsg, size_t errlen) {
+  double start = now_s();
+  for (int attempt = 0;; attempt++) {
+    int rc = ts_client_push(t->client, grad, step, res, errmsg, errlen);
+    if (rc == 0 || !transient(rc) || *t->stop) return rc;
+    if (now_s() - start > RETRY_GRACE_S) return rc;
+    if (attempt == 0) ts_log_warn("push failed, retrying: %s", errmsg);
+    sleep_s(0.2);
+  }
+}
+
+int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, size_t errlen) {
+  const ts_config_t *cfg = t->cfg;
+  ts_model_t *m = t->model;
+  memset(res, 0, sizeof *res);
+  const size_t n = t->train->n;
+  const size_t dim = t->train->rows * t->train->cols;
+  const int B = cfg->batch_size, W = t->num_workers;
+  const uint64_t per_epoch = ts_trainer_steps_per_epoch(n, W, B);
+  if (per_epoch == 0) {
+    snprintf(errmsg, errlen,
+             "train.batch_size %d x %d workers = %llu examples per step, more than the %zu "
+             "training examples",
+             B, W, (unsigned long long)B * (unsigned long long)W, n);
+    return TS_ECONFIG;
+  }
+  uint64_t total = per_epoch * (uint64_t)cfg->epochs;
+  if (cfg->max_steps > 0 && (uint64_t)cfg->max_steps < total) total = (uint64_t)cfg->max_steps;
+
+  int rc = TS_ENOMEM;
+  uint32_t *perm = ts_malloc(n * sizeof *perm);
+  float *bx = ts_malloc((size_t)B * dim * sizeof *bx);
+  int32_t *by = ts_malloc((size_t)B * sizeof *by);
+  float **dst = ts_calloc(m->num_tensors, sizeof *dst);
+  const float **grad = ts_calloc(m->num_tensors, sizeof *grad);
+  if (!perm || !bx || !by || !dst || !grad) {
+    snprintf(errmsg, errlen, "out of memory for the training buffers");
+    goto out;
+  }
+  /* The CPU back end's parameters and gradients are host memory: pulls land in them and
+   * pushes leave from them with no copy. */
+  for (size_t i = 0; i < m->num_tensors; i++) {
+    dst[i] = m->params + m->tensors[i].offset;
+    grad[i] = m->grads + m->tensors[i].offset;
+  }
+
+  ts_log_info("training: %s mode, %d worker(s) x batch %d, %llu steps per epoch, %llu steps "
+              "in all (%d epoch(s)%s)",
+              ts_mode_name(cfg->mode), W, B, (unsigned long long)per_epoch,
+              (unsigned long long)total, cfg->epochs, cfg->max_steps > 0 ? ", capped by max_steps" : "");
+
+  const double t0 = now_s();
+  double last_log = t0, interval_loss = 0.0;
+  uint64_t interval_steps = 0, interval_examples = 0;
+  uint64_t epoch_loaded = UINT64_MAX;
+  uint64_t version = 0;       /* sync: the version the last pull returned */
+  uint64_t min_version = 0;
+  rc = 0;
+  for (uint64_t k = 0; k < total && !*t->stop; k++) {
+    uint64_t epoch = k / per_epoch, in_epoch = k % per_epoch;
+    if (epoch != epoch_loaded) {
+      ts_trainer_epoch_order((uint64_t)cfg->seed, epoch, perm, n);
+      epoch_loaded = epoch;
+    }
+    size_t base = (size_t)(in_epoch * (uint64_t)W * (uint64_t)B + (uint64_t)t->task * (uint64_t)B);
+    for (int i = 0; i < B; i++) {
+      uint32_t e = perm[base + (size_t)i];
+      memcpy(bx + (size_t)i * dim, t->train->x + (size_t)e * dim, dim * sizeof *bx);
+      by[i] = t->train->labels[e];
+    }
+
+    bool sync = cfg->mode == TS_MODE_SYNC;
+    rc = pull(t, dst, sync ? min_version : 0, k, &version, errmsg, errlen);
+    if (rc < 0) {
+      if (*t->stop) break;
+      ts_errmsg_wrapf(errmsg, errlen, "pull at step %llu", (unsigned long long)k);
+      goto out;
+    }
+    float loss = 0.0f;
+    rc = ts_model_forward_backward(m, bx, by, (size_t)B, &loss);
+    if (rc < 0) {
+      snprintf(errmsg, errlen, "forward/backward at step %llu: %s", (unsigned long long)k,
+               ts_strerror(rc));
+      goto out;
+    }
+    if (!isfinite(loss)) {
+      snprintf(errmsg, errlen,
+               "the loss became %f at step %llu: training diverged (lower optimizer.learning_rate)",
+               (double)loss, (unsigned long long)k);
+      rc = TS_ENONFINITE;
+      goto out;
+    }
+    ts_client_push_result_t pr;
+    rc = push(t, grad, sync ? version : k, &pr, errmsg, errlen);
+    if (rc < 0) {
+      if (*t->stop) break;
+      ts_errmsg_wrapf(errmsg, errlen, "push at step %llu", (unsigned long long)k);
+      goto out;
+    }
+    res->stale += pr.stale;
+    min_version = version + 1;
+    res->steps++;
+    res->examples += (uint64_t)B;
+    interval_loss += (double)loss;
+    interval_steps++;
+    interval_examples += (uint64_t)B;
+
+    double now = now_s();
+    double progress = (double)(in_epoch + 1) / (double)per_epoch;
+    if (now - last_log >= cfg->log_interval_s || k + 1 == total) {
+      double eps = (double)interval_examples / (now - last_log > 1e-9 ? now - last_log : 1e-9);
+      res->loss = interval_loss / (double)interval_steps;
+      ts_client_set_progress(t->client, k + 1, res->loss, eps, progress, false);
+      ts_log_info("step %llu/%llu  epoch %llu %3.0f%%  loss %.4f  %.0f examples/s",
+                  (unsigned long long)(k + 1), (unsigned long long)total,
+                  (unsigned long long)epoch + 1, progress * 100.0, res->loss, eps);
+      last_log = now;
+      interval_loss = 0.0;
+      interval_steps = 0;
+      interval_examples = 0;
+    }
+  }
+  res->seconds = now_s() - t0;
+  res->examples_per_sec = res->seconds > 0 ? (double)res->examples / res->seconds : 0.0;
+  if (*t->stop) {
+    res->stopped = 1;
+    ts_log_notice("stopped by a signal after %llu step(s)", (unsigned long long)res->steps);
+    rc = 0;
+    goto out;
+  }
+
+  /* Leave the barriers, then take the final parameters: in sync mode those of the step
+   * every worker's last push closed. */
+  ts_client_set_progress(t->client, res->steps, res->loss, res->examples_per_sec, 1.0, true);
+  rc = pull(t, dst, cfg->mode == TS_MODE_SYNC ? min_version : 0, res->steps, NULL, errmsg, errlen);
+  if (rc < 0 && cfg->mode == TS_MODE_SYNC && rc == TS_ETIMEDOUT) {
+    /* A barrier that can never close (its workers gone) must not keep the result back. */
+    ts_log_warn("final sync pull timed out (%s); evaluating the latest parameters", errmsg);
+    rc = pull(t, dst, 0, res->steps, NULL, errmsg, errlen);
+  }
+  if (rc < 0) {
+    ts_errmsg_wrapf(errmsg, errlen, "final pull");
+    goto out;
+  }
+  char hb_err[256];
+  ts_client_heartbeat(t->client, hb_err, sizeof hb_err);
+  float acc = 0.0f, tloss = 0.0f;
+  rc = ts_model_evaluate(m, t->test->x, t->test->labels, t->test->n, &acc, &tloss);
+  if (rc < 0) {
+    snprintf(errmsg, errlen, "evaluation: %s", ts_strerror(rc));
+    goto out;
+  }
+  res->test_accuracy = (double)acc;
+  res->test_loss = (double)tloss;
+  ts_log_info("finished: %llu steps in %.1f s, test accuracy %.4f, test loss %.4f",
+              (unsigned long long)res->steps, res->seconds, res->test_accuracy, res->test_loss);
+out:
+  ts_free(perm);
+  ts_free(bx);
+  ts_free(by);
+  ts_free(dst);
+  ts_free(grad);
+  return rc;
+}

@@ -1,0 +1,58 @@
+/*
+ * The training loop of one worker (DESIGN.md §3, §5): pull -> forward/backward -> push, in
+ * the job's mode, over a seed-reproducible slice of each epoch, then an evaluation.
+ *
+ * Data order: each epoch has one global permutation of the training set, computed from
+ * (model.seed, epoch) alike by every worker. Global step k of an epoch covers positions
+ * [k W B, (k+1) W B) of it and worker T takes the B examples at k W B + T B; so W workers
+ * with batch B see exactly what one worker with batch W B sees, step for step. The last
+ * partial group of an epoch is dropped, so every worker makes the same number of steps and
+ * no barrier waits for a worker that ran out of data.
+ */
+#ifndef TS_TRAINER_H
+#define TS_TRAINER_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ts_client.h"
+#include "ts_config.h"
+#include "ts_idx.h"
+#include "ts_model.h"
+
+typedef struct {
+  uint64_t steps;             /* training steps this worker made */
+  uint64_t examples;          /* training examples it processed */
+  double loss;                /* mean training loss over the last log interval */
+  double test_accuracy;
+  double test_loss;
+  double examples_per_sec;    /* over the whole run */
+  double seconds;
+  uint64_t stale;             /* partitions of this worker's pushes dropped as stale */
+  int stopped;                /* 1 when a signal stopped the run early */
+} ts_train_result_t;
+
+typedef struct {
+  const ts_config_t *cfg;
+  int task;
+  int num_workers;
+  const ts_dataset_t *train;
+  const ts_dataset_t *test;
+  ts_model_t *model;
+  ts_client_t *client;
+  volatile sig_atomic_t *stop;  /* set by a signal handler: finish the step and leave */
+} ts_trainer_t;
+
+/* Steps per epoch for n examples, W workers of batch B (0 when one step does not fit). */
+uint64_t ts_trainer_steps_per_epoch(size_t n, int workers, int batch);
+
+/* The permutation of epoch `epoch` of n examples into perm[0..n). */
+void ts_trainer_epoch_order(uint64_t seed, uint64_t epoch, uint32_t *perm, size_t n);
+
+/* Train, then pull the final parameters and evaluate on the test set. The model must be
+ * declared on the client. Returns 0 (also when stopped by a signal: res->stopped), or an
+ * error with errmsg when the shards stay unreachable or refuse a request. */
+int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, size_t errlen);
+
+#endif

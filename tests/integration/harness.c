@@ -48,6 +48,10 @@ static bool port_open(int port) {
 char *ts_cluster_log(const ts_cluster_t *c, int i) {
   char path[400];
   snprintf(path, sizeof path, "%s/ps-%d.log", c->dir, i);
+  return ts_read_file(path);
+}
+
+char *ts_read_file(const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) return NULL;
   fseek(f, 0, SEEK_END);
@@ -208,4 +212,48 @@ int ts_run_capture(const char *const *argv, char *out, size_t n, char *err, size
   int st;
   waitpid(pid, &st, 0);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int ts_worker_start(ts_cluster_t *c, int task, const char *const *extra, ts_proc_t *p) {
+  memset(p, 0, sizeof *p);
+  snprintf(p->out, sizeof p->out, "%s/worker-%d.out", c->dir, task);
+  snprintf(p->err, sizeof p->err, "%s/worker-%d.log", c->dir, task);
+  char taskarg[16];
+  snprintf(taskarg, sizeof taskarg, "%d", task);
+  const char *argv[64] = {"ps-worker", "-c", c->config, "--task", taskarg};
+  int n = 5;
+  for (int i = 0; extra && extra[i] && n < 62; i++) argv[n++] = extra[i];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fo = open(p->out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fe = open(p->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fo >= 0) dup2(fo, 1);
+    if (fe >= 0) dup2(fe, 2);
+    execv(ts_ps_worker_path, (char *const *)argv);
+    _exit(127);
+  }
+  p->pid = pid;
+  return 0;
+}
+
+int ts_proc_wait(ts_proc_t *p, double timeout_s) {
+  if (p->pid <= 0) return p->status;
+  for (double waited = 0; waited < timeout_s; waited += 0.01) {
+    int st;
+    if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
+      p->pid = 0;
+      p->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      return p->status;
+    }
+    sleep_ms(10);
+  }
+  fprintf(stderr, "harness: worker pid %d still running after %.0f s: killed\n", (int)p->pid, timeout_s);
+  kill(p->pid, SIGKILL);
+  waitpid(p->pid, NULL, 0);
+  p->pid = 0;
+  p->status = -1;
+  return -1;
 }

@@ -53,6 +53,24 @@ char *ts_cluster_log(const ts_cluster_t *c, int i);
 /* Run a command line, capture stdout into out (size n) and return its exit status. */
 int ts_run_capture(const char *const *argv, char *out, size_t n, char *err, size_t errn);
 
+/* A ps-worker process started by ts_worker_start; its stdout and stderr go to files. */
+typedef struct {
+  pid_t pid;
+  int status;         /* exit status once reaped (128 + signal when killed) */
+  char out[320], err[320];
+} ts_proc_t;
+
+/* Start worker `task` of the cluster's job with extra arguments (NULL-terminated, may be
+ * NULL). Returns 0 or -1. */
+int ts_worker_start(ts_cluster_t *c, int task, const char *const *extra, ts_proc_t *p);
+
+/* Wait for p to exit, at most timeout_s seconds (then it is killed and -1 returned).
+ * Returns the exit status (128 + signal for a killed process). */
+int ts_proc_wait(ts_proc_t *p, double timeout_s);
+
+/* A whole file, malloc'd (caller frees), or NULL. */
+char *ts_read_file(const char *path);
+
 /* A free TCP port on 127.0.0.1. */
 int ts_free_port(void);
 

@@ -1,0 +1,358 @@
+/*
+ * System tests: ps-server shards and ps-worker processes training on Fashion-MNIST
+ * (Debian's dataset-fashion-mnist) on loopback, checked through their output and the
+ * shards' parameters.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "ts_client.h"
+#include "ts_config.h"
+#include "ts_kernels.h"
+#include "ts_model.h"
+
+#define DATA "/usr/share/datasets/fashion-mnist/"
+
+static ts_config_t demo; /* deploy/local/cluster.cfg */
+
+static int load_demo(void **state) {
+  (void)state;
+  char err[512];
+  if (access(DATA "t10k-images-idx3-ubyte.gz", R_OK) != 0) {
+    fprintf(stderr, "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)\n");
+    return -1;
+  }
+  if (ts_config_load(&demo, TS_SOURCE_ROOT "/deploy/local/cluster.cfg", NULL, NULL, 0, err,
+                     sizeof err) < 0) {
+    fprintf(stderr, "%s\n", err);
+    return -1;
+  }
+  return 0;
+}
+
+static int free_demo(void **state) {
+  (void)state;
+  ts_config_free(&demo);
+  return 0;
+}
+
+/* The demo job's optimizer and model, with mode and training length given. */
+static void job_text(char *buf, size_t n, const char *mode, const char *train) {
+  size_t len = (size_t)snprintf(buf, n,
+                                "job = { mode = \"%s\"; };\n"
+                                "optimizer = { name = \"%s\"; learning_rate = %.17g; momentum = %.17g; };\n"
+                                "model = { activation = \"%s\"; seed = %lld; layers = [",
+                                mode, ts_optimizer_name(demo.optimizer), demo.learning_rate,
+                                demo.momentum, demo.activation == TS_ACT_TANH ? "tanh" : "relu",
+                                (long long)demo.seed);
+  for (size_t i = 0; i < demo.num_layers; i++)
+    len += (size_t)snprintf(buf + len, n - len, "%s%d", i ? ", " : "", demo.layers[i]);
+  snprintf(buf + len, n - len, "]; };\ntrain = { %s };\n", train);
+}
+
+/* Parse "done: ... test_accuracy=A ..." from a worker's stdout; -1 when absent. */
+static double done_accuracy(const ts_proc_t *p) {
+  char *out = ts_read_file(p->out);
+  double acc = -1;
+  const char *d = out ? strstr(out, "done: task=") : NULL;
+  const char *a = d ? strstr(d, "test_accuracy=") : NULL;
+  if (a) acc = atof(a + strlen("test_accuracy="));
+  free(out);
+  return acc;
+}
+
+static void dump(const ts_proc_t *p) {
+  char *e = ts_read_file(p->err);
+  fprintf(stderr, "--- worker log %s:\n%s\n", p->err, e ? e : "(none)");
+  free(e);
+}
+
+static bool file_has(const char *path, const char *needle) {
+  char *s = ts_read_file(path);
+  bool has = s && strstr(s, needle);
+  free(s);
+  return has;
+}
+
+static void train_and_check(const char *mode, int workers, double min_acc) {
+  char job[2048];
+  job_text(job, sizeof job, mode, "batch_size = 64; epochs = 2; log_interval_s = 1.0;");
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, workers, job), 0);
+  ts_proc_t w[4];
+  for (int t = 0; t < workers; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
+  for (int t = 0; t < workers; t++) {
+    int rc = ts_proc_wait(&w[t], 110);
+    double acc = done_accuracy(&w[t]);
+    fprintf(stderr, "%s worker %d: exit %d, test accuracy %.4f\n", mode, t, rc, acc);
+    if (rc != 0 || acc < min_acc) dump(&w[t]);
+    assert_int_equal(rc, 0);
+    assert_true(acc >= min_acc);
+    /* Progress lines with step, loss and examples/s. */
+    assert_true(file_has(w[t].err, "examples/s"));
+  }
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+static void test_fashion_mnist_sync(void **state) {
+  (void)state;
+  train_and_check("sync", 2, 0.84);
+}
+
+static void test_fashion_mnist_async(void **state) {
+  (void)state;
+  train_and_check("async", 2, 0.82);
+}
+
+/* --- sync exactness: 2 workers x batch B == 1 worker x batch 2B ------------------------ */
+
+static float *final_params(ts_cluster_t *c, size_t *count) {
+  ts_model_t m;
+  char err[512];
+  int widths[] = {784, 32, 10};
+  assert_int_equal(ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err), 0);
+  ts_client_tensor_t decl[8];
+  for (size_t i = 0; i < m.num_tensors; i++)
+    decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
+                                   m.tensors[i].init};
+  ts_client_opts_t o = {.addrs = c->addrs, .num_shards = (size_t)c->num_shards, .admin = false,
+                        .task = 0, .connect_timeout_s = 5, .request_timeout_s = 10,
+                        .require_all = true};
+  ts_client_t *cl = NULL;
+  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
+  assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, 7, err, sizeof err), 0);
+  float *p = calloc(m.param_count, sizeof *p);
+  float *dst[8];
+  for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
+  assert_int_equal(ts_client_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  *count = m.param_count;
+  ts_client_close(cl);
+  ts_model_destroy(&m);
+  return p;
+}
+
+static float *run_exact(int workers, int batch, size_t *count) {
+  char job[1024], tr[128];
+  snprintf(tr, sizeof tr, "batch_size = %d; max_steps = 25;", batch);
+  snprintf(job, sizeof job,
+           "job = { mode = \"sync\"; partition_bytes = 16384; };\n"
+           "optimizer = { name = \"sgd\"; learning_rate = 0.1; };\n"
+           "model = { layers = [784, 32, 10]; seed = 7; };\ntrain = { %s };\n",
+           tr);
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, workers, job), 0);
+  ts_proc_t w[2];
+  for (int t = 0; t < workers; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
+  for (int t = 0; t < workers; t++) {
+    int rc = ts_proc_wait(&w[t], 60);
+    if (rc != 0) dump(&w[t]);
+    assert_int_equal(rc, 0);
+  }
+  float *p = final_params(&c, count);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+  return p;
+}
+
+static void test_sync_exactness(void **state) {
+  (void)state;
+  size_t n2 = 0, n1 = 0;
+  float *two = run_exact(2, 16, &n2);
+  float *one = run_exact(1, 32, &n1);
+  assert_int_equal(n1, n2);
+  double diff = 0, norm = 0, maxrel = 0;
+  for (size_t i = 0; i < n1; i++) {
+    double d = (double)two[i] - (double)one[i];
+    diff += d * d;
+    norm += (double)one[i] * (double)one[i];
+    double r = fabs(d) / (fabs((double)one[i]) + 1e-3);
+    if (r > maxrel) maxrel = r;
+  }
+  double rel = sqrt(diff / norm);
+  fprintf(stderr, "sync exactness: relative difference %.3g (largest element-wise %.3g)\n", rel, maxrel);
+  assert_true(rel < 1e-5);
+  free(one);
+  free(two);
+}
+
+/* --- device placement on a machine without a GPU ----------------------------------- */
+
+static void test_placement(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1, "model = { layers = [784, 16, 10]; };"), 0);
+  ts_proc_t w;
+  const char *soft[] = {"--set", "device.placement=\"/gpu:0\"", "--set", "device.allow_soft_placement=true",
+                        "--set", "device.log_device_placement=true", "--set", "train.max_steps=5", NULL};
+  assert_int_equal(ts_worker_start(&c, 0, soft, &w), 0);
+  int rc = ts_proc_wait(&w, 60);
+  if (rc != 0) dump(&w);
+  assert_int_equal(rc, 0);
+  assert_true(file_has(w.err, "allow_soft_placement"));
+  assert_true(file_has(w.out, "done: task=0 steps=5"));
+  /* One placement line per op, in TensorFlow's format. */
+  ts_model_t m;
+  char err[256];
+  int widths[] = {784, 16, 10};
+  assert_int_equal(ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err), 0);
+  char *log = ts_read_file(w.err);
+  size_t lines = 0;
+  for (const char *p = log; (p = strstr(p, "): /job:worker/replica:0/task:0/device:CPU:0\n")); p++) lines++;
+  assert_non_null(strstr(log, "fc1/matmul: (MatMul): /job:worker/replica:0/task:0/device:CPU:0\n"));
+  assert_int_equal(lines, m.num_ops);
+  free(log);
+  ts_model_destroy(&m);
+
+  const char *hard[] = {"--set", "device.placement=\"/gpu:0\"", "--set",
+                        "device.allow_soft_placement=false", NULL};
+  assert_int_equal(ts_worker_start(&c, 0, hard, &w), 0);
+  rc = ts_proc_wait(&w, 60);
+  assert_true(rc != 0);
+  assert_true(file_has(w.err, "Could not satisfy explicit device specification '/device:GPU:0' "
+                              "because no supported kernel for GPU devices is available"));
+  const char *malformed[] = {"--set", "device.placement=\"/gpu:zero\"", NULL};
+  assert_int_equal(ts_worker_start(&c, 0, malformed, &w), 0);
+  assert_int_equal(ts_proc_wait(&w, 60), 78);
+  assert_true(file_has(w.err, "malformed device name '/gpu:zero'"));
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- bad data: a clear error, exit 78, nothing sent to the shards ------------------ */
+
+static void write_truncated_copy(const char *src, const char *dst, size_t keep) {
+  gzFile in = gzopen(src, "rb");
+  assert_non_null(in);
+  char *buf = malloc(keep);
+  int got = gzread(in, buf, (unsigned)keep);
+  gzclose(in);
+  assert_true(got > 0);
+  FILE *f = fopen(dst, "wb");
+  fwrite(buf, 1, (size_t)got, f);
+  fclose(f);
+  free(buf);
+}
+
+static void assert_shard_untouched(ts_cluster_t *c) {
+  ts_client_opts_t o = {.addrs = c->addrs, .num_shards = 1, .admin = true, .task = -1,
+                        .connect_timeout_s = 5, .request_timeout_s = 5, .require_all = true};
+  ts_client_t *cl = NULL;
+  char err[256];
+  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
+  Tessera__ShardStatus *st = NULL;
+  assert_int_equal(ts_client_status(cl, 0, &st, err, sizeof err), 0);
+  assert_int_equal(st->tensors, 0);
+  assert_int_equal(st->n_workers, 0);
+  assert_int_equal(st->pushes, 0);
+  ts_client_free_status(st);
+  ts_client_close(cl);
+}
+
+static void expect_bad_data(ts_cluster_t *c, const char *const *args, const char *needle) {
+  ts_proc_t w;
+  assert_int_equal(ts_worker_start(c, 0, args, &w), 0);
+  int rc = ts_proc_wait(&w, 60);
+  if (rc != 78 || !file_has(w.err, needle)) {
+    dump(&w);
+    fprintf(stderr, "expected exit 78 and '%s'\n", needle);
+  }
+  assert_int_equal(rc, 78);
+  assert_true(file_has(w.err, needle));
+  assert_shard_untouched(c);
+}
+
+static void test_bad_data(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1, NULL), 0);
+  char trunc[400], labels[400], set1[450], set2[450];
+  snprintf(trunc, sizeof trunc, "%s/truncated-images", c.dir);
+  snprintf(labels, sizeof labels, "%s/short-labels", c.dir);
+  write_truncated_copy(DATA "t10k-images-idx3-ubyte.gz", trunc, 16 + 784 * 100 + 5);
+  /* A labels file that holds 10000 labels header-wise but is cut: truncated too; and a
+   * consistent but shorter labels file (header rewritten to 500). */
+  write_truncated_copy(DATA "t10k-labels-idx1-ubyte.gz", labels, 8 + 500);
+  FILE *f = fopen(labels, "r+b");
+  unsigned char cnt[4] = {0, 0, 0x01, 0xf4};
+  fseek(f, 4, SEEK_SET);
+  fwrite(cnt, 1, 4, f);
+  fclose(f);
+
+  const char *missing[] = {"--set", "data.train_images=\"/nonexistent/train-images.gz\"", NULL};
+  expect_bad_data(&c, missing, "/nonexistent/train-images.gz");
+
+  snprintf(set1, sizeof set1, "data.test_images=\"%s\"", trunc);
+  const char *truncated[] = {"--set", set1, NULL};
+  expect_bad_data(&c, truncated, "truncated");
+
+  snprintf(set2, sizeof set2, "data.test_labels=\"%s\"", labels);
+  const char *mismatch[] = {"--set", set2, NULL};
+  expect_bad_data(&c, mismatch, "500");
+
+  const char *layers[] = {"--set", "model.layers=[100, 10]", NULL};
+  expect_bad_data(&c, layers, "model.layers starts with 100 inputs");
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- a killed async worker does not stop the other -------------------------------- */
+
+static void test_async_worker_killed(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2,
+                                    "job = { mode = \"async\"; };\n"
+                                    "model = { layers = [784, 64, 10]; };\n"
+                                    "train = { batch_size = 32; epochs = 3; max_steps = 1500; log_interval_s = 0.5; };"),
+                   0);
+  ts_proc_t w0, w1;
+  assert_int_equal(ts_worker_start(&c, 0, NULL, &w0), 0);
+  assert_int_equal(ts_worker_start(&c, 1, NULL, &w1), 0);
+  /* Kill worker 1 once it is training. */
+  for (int i = 0; i < 600 && !file_has(w1.err, "step "); i++) usleep(10000);
+  kill(w1.pid, SIGKILL);
+  assert_int_equal(ts_proc_wait(&w1, 10), 128 + SIGKILL);
+  int rc = ts_proc_wait(&w0, 90);
+  if (rc != 0) dump(&w0);
+  assert_int_equal(rc, 0);
+  assert_true(file_has(w0.out, "done: task=0 steps=1500"));
+  /* The shards saw it go. */
+  char *log = ts_cluster_log(&c, 0);
+  assert_non_null(strstr(log, "worker 1 disconnected"));
+  free(log);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+static void test_worker_sigterm(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1, "job = { mode = \"async\"; };\ntrain = { epochs = 50; log_interval_s = 0.2; };"), 0);
+  ts_proc_t w;
+  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
+  for (int i = 0; i < 600 && !file_has(w.err, "step "); i++) usleep(10000);
+  kill(w.pid, SIGTERM);
+  assert_int_equal(ts_proc_wait(&w, 20), 0);
+  assert_true(file_has(w.err, "stopped by a signal"));
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sync_exactness),
+      cmocka_unit_test(test_placement),
+      cmocka_unit_test(test_bad_data),
+      cmocka_unit_test(test_async_worker_killed),
+      cmocka_unit_test(test_worker_sigterm),
+      cmocka_unit_test(test_fashion_mnist_sync),
+      cmocka_unit_test(test_fashion_mnist_async),
+  };
+  return cmocka_run_group_tests_name("training", tests, load_demo, free_demo);
+}

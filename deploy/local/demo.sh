@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Tessera demo: installs what is missing, builds, then trains an MLP on Fashion-MNIST with a
+# local cluster (2 parameter-server shards + 2 workers on free loopback ports), shows the
+# progress, each worker's test accuracy and a final `psctl status`, and stops everything it
+# started, also on Ctrl-C.
+#
+#   deploy/local/demo.sh [--mode sync|async|ssp] [--workers N] [--shards N] [--epochs N]
+#                        [--keep]   (keep the logs directory)
+set -euo pipefail
+
+mode=sync workers=2 shards=2 epochs=1 keep=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --mode) mode=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --shards) shards=$2; shift 2 ;;
+    --epochs) epochs=$2; shift 2 ;;
+    --keep) keep=1; shift ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "demo: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$mode" in sync|async|ssp) ;; *) echo "demo: --mode is sync, async or ssp" >&2; exit 2 ;; esac
+for n in "$workers" "$shards" "$epochs"; do
+  [[ "$n" =~ ^[1-9][0-9]?$ ]] || { echo "demo: counts are whole numbers from 1 to 99" >&2; exit 2; }
+done
+
+cd "$(dirname "$0")/../.."
+root=$(pwd)
+bash deploy/install-deps.sh
+
+build=${BUILD_DIR:-build}
+if [ ! -f "$build/build.ninja" ]; then
+  echo "demo: configuring $build"
+  meson setup "$build" >/dev/null
+fi
+echo "demo: building"
+meson compile -C "$build" >/dev/null
+
+run=$(mktemp -d /tmp/tessera-demo-XXXXXX)
+pids=()
+cleanup() {
+  trap - EXIT INT TERM
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+  if [ "$keep" = 1 ]; then echo "demo: logs kept in $run"; else rm -rf "$run"; fi
+}
+trap cleanup EXIT
+trap 'echo; echo "demo: interrupted, stopping the cluster"; exit 130' INT TERM
+
+# Free loopback ports: nothing may answer on them now.
+taken=" "
+free_port() {
+  local p
+  while :; do
+    p=$(( 20000 + RANDOM % 40000 ))
+    case "$taken" in *" $p "*) continue ;; esac
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then taken="$taken$p "; echo "$p"; return; fi
+  done
+}
+list() { local out="" i; for i in "$@"; do out="$out${out:+, }\"127.0.0.1:$i\""; done; echo "[$out]"; }
+ps_ports=() http_ports=() worker_ports=()
+for _ in $(seq "$shards"); do ps_ports+=("$(free_port)"); http_ports+=("$(free_port)"); done
+for _ in $(seq "$workers"); do worker_ports+=("$(free_port)"); done
+sets=(--set "cluster.ps=$(list "${ps_ports[@]}")"
+      --set "cluster.ps_http=$(list "${http_ports[@]}")"
+      --set "cluster.workers=$(list "${worker_ports[@]}")"
+      --set "job.mode=\"$mode\"" --set "train.epochs=$epochs" --set "train.log_interval_s=0.5")
+cfg="$root/deploy/local/cluster.cfg"
+psctl() { "$build/psctl/psctl" -c "$cfg" "${sets[@]}" "$@"; }
+
+echo "demo: $shards shard(s) + $workers worker(s), $mode mode, $epochs epoch(s) of Fashion-MNIST; logs in $run"
+for i in $(seq 0 $((shards - 1))); do
+  "$build/server/ps-server" -c "$cfg" "${sets[@]}" --shard "$i" 2>"$run/ps-$i.log" &
+  pids+=($!)
+done
+for _ in $(seq 100); do psctl health >/dev/null 2>&1 && break; sleep 0.1; done
+psctl health >/dev/null || { echo "demo: the shards did not come up:"; cat "$run"/ps-*.log; exit 1; }
+
+for t in $(seq 0 $((workers - 1))); do
+  "$build/worker/ps-worker" -c "$cfg" "${sets[@]}" --task "$t" >"$run/worker-$t.out" 2>"$run/worker-$t.log" &
+  pids+=($!)
+done
+worker_pids=("${pids[@]:$shards}")
+
+# Show progress until every worker has exited.
+shown=()
+for t in $(seq 0 $((workers - 1))); do shown+=(0); done
+while :; do
+  running=0
+  for p in "${worker_pids[@]}"; do kill -0 "$p" 2>/dev/null && running=1; done
+  for t in $(seq 0 $((workers - 1))); do
+    n=$(wc -l <"$run/worker-$t.log")
+    if [ "$n" -gt "${shown[$t]}" ]; then
+      tail -n +"$((shown[t] + 1))" "$run/worker-$t.log" | head -n "$((n - shown[t]))" |
+        grep -E ' (step|error|warning|finished)' | sed -E 's/^[0-9T:.-]+Z //; s/^/  /' || true
+      shown[$t]=$n
+    fi
+  done
+  [ "$running" = 1 ] || break
+  sleep 0.5
+done
+
+status=0
+echo
+echo "demo: results"
+for t in $(seq 0 $((workers - 1))); do
+  if wait "${worker_pids[$t]}"; then
+    line=$(grep '^done:' "$run/worker-$t.out" || true)
+    acc=$(sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p' <<<"$line")
+    echo "  worker $t: test accuracy ${acc:-?}   ($line)"
+  else
+    echo "  worker $t FAILED; the end of its log:"
+    tail -n 5 "$run/worker-$t.log" | sed 's/^/    /'
+    status=1
+  fi
+done
+echo
+psctl status || status=1
+exit $status

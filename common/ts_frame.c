@@ -62,7 +62,8 @@ int ts_frame_decode_header(const uint8_t *src, size_t len, uint64_t max_data,
   /* The magic is checked on whatever prefix is there, so garbage is refused at once
    * instead of waiting for 20 bytes that may never come. */
   size_t have = len < 4 ? len : 4;
-  if (memcmp(src, TS_FRAME_MAGIC, have) != 0)
+  /* have == 0 skips memcmp: src may be NULL for an empty buffer. */
+  if (have && memcmp(src, TS_FRAME_MAGIC, have) != 0)
     return fail(err_desc, "bad magic (not a Tessera frame)", TS_EPROTO);
   if (len < TS_FRAME_HEADER_SIZE) return TS_EINCOMPLETE;
 

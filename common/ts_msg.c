@@ -51,6 +51,12 @@ static int check_parts(const char *what, Tessera__PartSlice *const *parts, size_
     }
   }
   uint64_t bytes = ts_msg_parts_bytes(parts, n);
+  /* UINT64_MAX is the overflow marker, never a size (sizes are multiples of 4): it must not
+   * match a data_len of UINT64_MAX from a caller that did not decode the header. */
+  if (bytes == UINT64_MAX) {
+    snprintf(errbuf, errlen, "%s meta describes more than 2^64 payload bytes", what);
+    return TS_ESIZE;
+  }
   if (bytes != data_len) {
     snprintf(errbuf, errlen, "%s meta describes %llu payload bytes but the frame carries %llu",
              what, (unsigned long long)bytes, (unsigned long long)data_len);

@@ -30,8 +30,13 @@ int ts_plan_build(const uint64_t *tensor_elems, uint32_t num_tensors, uint32_t n
   if (num_tensors == 0 || num_shards == 0 || partition_bytes < 4) return TS_EINVAL;
   uint64_t max_elems = partition_bytes / 4;
   size_t total = 0;
+  uint64_t model_bytes = 0;
   for (uint32_t t = 0; t < num_tensors; t++) {
-    if (tensor_elems[t] == 0) return TS_EINVAL;
+    /* The model's byte size must fit in 64 bits: then neither the rounding up below nor a
+     * shard's byte tally can wrap. */
+    if (tensor_elems[t] == 0 || tensor_elems[t] > (UINT64_MAX - model_bytes) / 4)
+      return TS_EINVAL;
+    model_bytes += tensor_elems[t] * 4;
     uint64_t n = (tensor_elems[t] + max_elems - 1) / max_elems;
     if (n > UINT32_MAX || total + n < total) return TS_EINVAL;
     total += (size_t)n;

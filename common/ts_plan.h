@@ -34,8 +34,10 @@ typedef struct {
 } ts_plan_t;
 
 /* Build the plan for num_tensors tensors of tensor_elems[i] float32 elements each.
- * partition_bytes must be at least 4. Returns 0, TS_EINVAL or TS_ENOMEM; on success free
- * with ts_plan_free. */
+ * partition_bytes must be at least 4, every tensor must have at least one element, the
+ * model's total bytes must fit in 64 bits and a tensor may have at most UINT32_MAX partitions.
+ * Returns 0, TS_EINVAL or TS_ENOMEM; on success free with ts_plan_free. On failure *out is
+ * left empty (safe to pass to ts_plan_free). */
 int ts_plan_build(const uint64_t *tensor_elems, uint32_t num_tensors, uint32_t num_shards,
                   uint64_t partition_bytes, ts_plan_t *out);
 

@@ -64,7 +64,8 @@ bool ts_err_is_ts(int err);
  * the request and the daemon lives on: `if (ts_fails_assert(n <= cap)) return TS_EINTERNAL;` */
 #define ts_fails_assert(e) (!(e) && ts_assert_log(#e, __FILE__, __LINE__, __func__))
 
-_Noreturn void ts_require_fail(const char *expr, const char *file, int line, const char *func);
+void ts_require_fail(const char *expr, const char *file, int line, const char *func)
+    __attribute__((noreturn));
 bool ts_assert_log(const char *expr, const char *file, int line, const char *func);
 
 /* Format a message into buf (size n), prefixing what is already there: used to wrap an

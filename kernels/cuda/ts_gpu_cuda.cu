@@ -1,0 +1,37 @@
+// GPU discovery through the CUDA runtime (kernels/ts_gpu.h).
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <string.h>
+
+extern "C" {
+#include "ts_err.h"
+#include "ts_gpu.h"
+}
+
+extern "C" int ts_gpu_count(char *why, size_t whylen) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why)
+      snprintf(why, whylen, "no usable CUDA device (cudaGetDeviceCount: %s, error %d)",
+               cudaGetErrorString(e), (int)e);
+    cudaGetLastError(); /* clear the sticky error so later calls start clean */
+    return 0;
+  }
+  if (n == 0 && why) snprintf(why, whylen, "no CUDA device is visible (CUDA_VISIBLE_DEVICES?)");
+  return n;
+}
+
+extern "C" int ts_gpu_info(int i, ts_gpu_info_t *out) {
+  memset(out, 0, sizeof *out);
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, i) != cudaSuccess) return TS_EDEVICE;
+  out->index = i;
+  snprintf(out->name, sizeof out->name, "%.127s", p.name);
+  if (cudaDeviceGetPCIBusId(out->pci_bus_id, (int)sizeof out->pci_bus_id, i) != cudaSuccess)
+    snprintf(out->pci_bus_id, sizeof out->pci_bus_id, "?");
+  out->total_bytes = p.totalGlobalMem;
+  out->major = p.major;
+  out->minor = p.minor;
+  return 0;
+}

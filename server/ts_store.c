@@ -43,6 +43,18 @@ static void free_parts(ts_store_t *s) {
 
 void ts_store_free(ts_store_t *s) { free_parts(s); }
 
+static const char *init_name(ts_init_kind_t k) {
+  switch (k) {
+    case TS_INIT_ZEROS:
+      return "zeros";
+    case TS_INIT_GLOROT_UNIFORM:
+      return "glorot_uniform";
+    case TS_INIT_ONES:
+      return "ones";
+  }
+  return "unknown";
+}
+
 static int same_model(const ts_store_t *s, const Tessera__Declare *d, char *errmsg, size_t errlen) {
   if (d->seed != s->seed) {
     snprintf(errmsg, errlen, "model already declared with seed %llu, not %llu",
@@ -59,8 +71,13 @@ static int same_model(const ts_store_t *s, const Tessera__Declare *d, char *errm
                t->name, s->num_tensors);
       return TS_ESHAPE;
     }
-    bool same = have->rank == t->n_shape && have->init == (ts_init_kind_t)t->init;
+    bool same = have->rank == t->n_shape;
     for (size_t k = 0; same && k < t->n_shape; k++) same = have->shape[k] == t->shape[k];
+    if (same && have->init != (ts_init_kind_t)t->init) {
+      snprintf(errmsg, errlen, "tensor '%s' is already declared with initializer %s, not %s",
+               t->name, init_name(have->init), init_name((ts_init_kind_t)t->init));
+      return TS_ESHAPE;
+    }
     if (!same) {
       char a[128] = "", b[128] = "";
       size_t la = 0, lb = 0;
@@ -82,8 +99,10 @@ static int same_model(const ts_store_t *s, const Tessera__Declare *d, char *errm
     }
   }
   if (d->n_tensors != s->num_tensors) {
-    snprintf(errmsg, errlen, "model already declared with %u tensors, not %zu", s->num_tensors,
-             d->n_tensors);
+    /* Every listed tensor matched its position, so the first unlisted one is missing. */
+    snprintf(errmsg, errlen,
+             "model already declared with %u tensors, not %zu (tensor '%s' is missing)",
+             s->num_tensors, d->n_tensors, s->tensors[d->n_tensors].name);
     return TS_ESHAPE;
   }
   return 0;

@@ -13,15 +13,23 @@ static int bad(char *errmsg, size_t errlen, const char *s, const char *why) {
   return TS_EINVAL;
 }
 
-/* Parse a non-negative decimal at p (up to the next '/' or end); -1 when not one. */
+/* Parse a non-negative decimal at p (up to the next '/' or end); -1 when not one, -2 when it
+ * has more than 6 digits. */
 static long number(const char *p, size_t len) {
-  if (len == 0 || len > 6) return -1;
+  if (len == 0) return -1;
   long v = 0;
   for (size_t i = 0; i < len; i++) {
     if (!isdigit((unsigned char)p[i])) return -1;
-    v = v * 10 + (p[i] - '0');
+    if (i < 6) v = v * 10 + (p[i] - '0');
   }
-  return v;
+  return len > 6 ? -2 : v;
+}
+
+/* Why number() refused n: what ("the device index") must be a number, or is too large. */
+static int bad_number(char *errmsg, size_t errlen, const char *s, const char *what, long n) {
+  snprintf(errmsg, errlen, "malformed device name '%s': %s %s", s, what,
+           n == -2 ? "is out of range (at most 999999)" : "must be a number");
+  return TS_EINVAL;
 }
 
 static int parse_type(const char *t, size_t len, ts_device_type_t *out) {
@@ -61,12 +69,12 @@ int ts_device_parse(const char *s, ts_device_spec_t *out, char *errmsg, size_t e
       out->has_job = true;
     } else if (klen == 7 && strncmp(p, "replica", 7) == 0) {
       long n = number(v, vlen);
-      if (n < 0) return bad(errmsg, errlen, s, "the replica must be a number");
+      if (n < 0) return bad_number(errmsg, errlen, s, "the replica", n);
       out->replica = (int)n;
       out->has_replica = true;
     } else if (klen == 4 && strncmp(p, "task", 4) == 0) {
       long n = number(v, vlen);
-      if (n < 0) return bad(errmsg, errlen, s, "the task must be a number");
+      if (n < 0) return bad_number(errmsg, errlen, s, "the task", n);
       out->task = (int)n;
       out->has_task = true;
     } else if (klen == 6 && strncmp(p, "device", 6) == 0) {
@@ -76,13 +84,13 @@ int ts_device_parse(const char *s, ts_device_spec_t *out, char *errmsg, size_t e
       if (parse_type(v, (size_t)(c2 - v), &out->type) < 0)
         return bad(errmsg, errlen, s, "the device type must be CPU or GPU");
       long n = number(c2 + 1, vlen - (size_t)(c2 - v) - 1);
-      if (n < 0) return bad(errmsg, errlen, s, "the device index must be a number");
+      if (n < 0) return bad_number(errmsg, errlen, s, "the device index", n);
       out->index = (int)n;
       have_device = true;
     } else if (parse_type(p, klen, &out->type) == 0) {
       /* /gpu:0, /cpu:0 */
       long n = number(v, vlen);
-      if (n < 0) return bad(errmsg, errlen, s, "the device index must be a number");
+      if (n < 0) return bad_number(errmsg, errlen, s, "the device index", n);
       out->index = (int)n;
       have_device = true;
     } else {

@@ -12,6 +12,7 @@
 #include "ts_config.h"
 #include "ts_device.h"
 #include "ts_err.h"
+#include "ts_gpu.h"
 #include "ts_idx.h"
 #include "ts_kernels.h"
 #include "ts_log.h"
@@ -93,9 +94,15 @@ static int place_ops(const ts_config_t *cfg, int task, const ts_model_t *m, char
     ts_errmsg_wrapf(errmsg, errlen, "device.placement");
     return TS_ECONFIG;
   }
-  int gpu_count = 0;
-  const char *gpu_why = TS_HAVE_CUDA ? "no CUDA device is visible"
-                                     : "this build has no CUDA back end (nvcc was not found)";
+  char gpu_why[256] = "";
+  int gpu_count = ts_gpu_count(gpu_why, sizeof gpu_why);
+  for (int g = 0; g < gpu_count; g++) {
+    ts_gpu_info_t info;
+    if (ts_gpu_info(g, &info) == 0)
+      ts_log_info("/gpu:%d is %s (PCI %s, %.1f GiB, compute capability %d.%d)", g, info.name,
+                  info.pci_bus_id, (double)info.total_bytes / (1024.0 * 1024.0 * 1024.0),
+                  info.major, info.minor);
+  }
   ts_placement_op_t *ops = ts_calloc(m->num_ops, sizeof *ops);
   ts_placement_t *pl = ts_calloc(m->num_ops, sizeof *pl);
   if (!ops || !pl) {
@@ -107,7 +114,7 @@ static int place_ops(const ts_config_t *cfg, int task, const ts_model_t *m, char
   for (size_t i = 0; i < m->num_ops; i++) {
     ops[i].name = m->ops[i].name;
     ops[i].type = m->ops[i].type;
-    ops[i].gpu_kernel = false;
+    ops[i].gpu_kernel = false; /* the CUDA back end has no model kernels yet */
   }
   rc = ts_device_place(&want, gpu_count, gpu_why, ops, m->num_ops, cfg->allow_soft_placement, pl,
                        errmsg, errlen);

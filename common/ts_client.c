@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include "ts_alloc.h"
+#include "ts_auth.h"
 #include "ts_config.h"
 #include "ts_conn.h"
 #include "ts_err.h"
@@ -550,7 +551,7 @@ mismatch:
 static void handle_hello(shard_t *sh, const Tessera__Hello *m) {
   ts_client_t *c = sh->cl;
   ts_conn_t *conn = &sh->link->conn;
-  if (m->protocol != TS_PROTOCOL_VERSION || m->nonce.len != 32) {
+  if (m->protocol != TS_PROTOCOL_VERSION || m->nonce.len != TS_AUTH_NONCE_LEN) {
     note_why(sh, "", "the server speaks another protocol version");
     sh->fatal = TS_EVERSION;
     ts_conn_close(conn, TS_EVERSION);
@@ -565,7 +566,7 @@ static void handle_hello(shard_t *sh, const Tessera__Hello *m) {
     return;
   }
   Tessera__Handshake hs = TESSERA__HANDSHAKE__INIT;
-  uint8_t mac[crypto_auth_hmacsha256_BYTES];
+  uint8_t mac[TS_AUTH_MAC_LEN];
   sh->hs_id = ++c->next_id;
   hs.request_id = sh->hs_id;
   hs.protocol = TS_PROTOCOL_VERSION;
@@ -573,10 +574,7 @@ static void handle_hello(shard_t *sh, const Tessera__Hello *m) {
   hs.task = c->opts.admin ? -1 : c->opts.task;
   hs.identity = c->identity;
   if (c->token) {
-    crypto_auth_hmacsha256_state st;
-    crypto_auth_hmacsha256_init(&st, (const unsigned char *)c->token, strlen(c->token));
-    crypto_auth_hmacsha256_update(&st, m->nonce.data, m->nonce.len);
-    crypto_auth_hmacsha256_final(&st, mac);
+    ts_auth_mac(c->token, m->nonce.data, m->nonce.len, mac);
     hs.mac.data = mac;
     hs.mac.len = sizeof mac;
   }
@@ -888,8 +886,7 @@ static void free_client(ts_client_t *c) {
   free_model(c);
   ts_free(c->shards);
   ts_free(c->identity);
-  if (c->token) sodium_memzero(c->token, strlen(c->token));
-  ts_free(c->token);
+  ts_auth_free_token(c->token);
   ts_free(c);
 }
 

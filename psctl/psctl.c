@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "ts_alloc.h"
+#include "ts_auth.h"
 #include "ts_build_config.h"
 #include "ts_client.h"
 #include "ts_config.h"
@@ -58,17 +59,6 @@ static const char *mode_name(Tessera__Mode m) {
   }
 }
 
-static char *read_token(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
-  char buf[1024];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = 0;
-  return ts_strdup(buf);
-}
-
 static int gather(cluster_view_t *v, double timeout) {
   ts_config_t *cfg = &v->cfg;
   char err[1024];
@@ -76,8 +66,8 @@ static int gather(cluster_view_t *v, double timeout) {
                       : cfg->token_file && *cfg->token_file          ? cfg->token_file
                                                                      : NULL;
   char *token = NULL;
-  if (tfile && !(token = read_token(tfile))) {
-    fprintf(stderr, "psctl: cannot read token file %s\n", tfile);
+  if (tfile && !(token = ts_auth_read_token(tfile, err, sizeof err))) {
+    fprintf(stderr, "psctl: %s\n", err);
     return TS_EXIT_CONFIG;
   }
   char ident[64];
@@ -91,7 +81,7 @@ static int gather(cluster_view_t *v, double timeout) {
                         .request_timeout_s = timeout,
                         .require_all = false};
   int rc = ts_client_open(&v->client, &o, err, sizeof err);
-  ts_free(token);
+  ts_auth_free_token(token);
   if (rc < 0) {
     fprintf(stderr, "psctl: %s\n", err);
     return rc == TS_EINVAL ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;

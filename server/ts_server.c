@@ -8,12 +8,13 @@
 #include <string.h>
 
 #include "ts_alloc.h"
+#include "ts_auth.h"
 #include "ts_build_config.h"
 #include "ts_conn.h"
 #include "ts_err.h"
 #include "ts_log.h"
 
-#define NONCE_LEN 32
+#define NONCE_LEN TS_AUTH_NONCE_LEN
 #define TICK_MS 100
 
 typedef struct ts_session ts_session_t;
@@ -558,13 +559,7 @@ out:
 
 static int check_mac(const char *token, const uint8_t *nonce, const ProtobufCBinaryData *mac) {
   if (!token) return 0;
-  if (mac->len != crypto_auth_hmacsha256_BYTES) return TS_EAUTH;
-  crypto_auth_hmacsha256_state st;
-  uint8_t want[crypto_auth_hmacsha256_BYTES];
-  crypto_auth_hmacsha256_init(&st, (const unsigned char *)token, strlen(token));
-  crypto_auth_hmacsha256_update(&st, nonce, NONCE_LEN);
-  crypto_auth_hmacsha256_final(&st, want);
-  return sodium_memcmp(want, mac->data, sizeof want) == 0 ? 0 : TS_EAUTH;
+  return ts_auth_verify(token, nonce, NONCE_LEN, mac->data, mac->len);
 }
 
 static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
@@ -794,24 +789,6 @@ static void on_signal(uv_signal_t *h, int signum) {
   ts_server_stop(srv);
 }
 
-static char *read_token(const char *path, char *errmsg, size_t errlen) {
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    snprintf(errmsg, errlen, "cannot read token file %s: %s", path, strerror(errno));
-    return NULL;
-  }
-  char buf[1024];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = 0;
-  if (n < 16) {
-    snprintf(errmsg, errlen, "token file %s holds %zu bytes; a token needs at least 16", path, n);
-    return NULL;
-  }
-  return ts_strdup(buf);
-}
-
 static bool is_loopback(const struct sockaddr *sa) {
   if (sa->sa_family == AF_INET)
     return (ntohl(((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr) >> 24) == 127;
@@ -849,12 +826,12 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   snprintf(srv->address, sizeof srv->address, "%s", cfg->ps[opts->shard]);
 
   if (cfg->token_file && *cfg->token_file &&
-      !(srv->token = read_token(cfg->token_file, errmsg, errlen))) {
+      !(srv->token = ts_auth_read_token(cfg->token_file, errmsg, errlen))) {
     rc = TS_ECONFIG;
     goto fail;
   }
   if (cfg->admin_token_file && *cfg->admin_token_file &&
-      !(srv->admin_token = read_token(cfg->admin_token_file, errmsg, errlen))) {
+      !(srv->admin_token = ts_auth_read_token(cfg->admin_token_file, errmsg, errlen))) {
     rc = TS_ECONFIG;
     goto fail;
   }
@@ -938,9 +915,7 @@ void ts_server_free(ts_server_t *srv) {
   }
   ts_store_free(&srv->store);
   ts_free(srv->workers);
-  if (srv->token) sodium_memzero(srv->token, strlen(srv->token));
-  if (srv->admin_token) sodium_memzero(srv->admin_token, strlen(srv->admin_token));
-  ts_free(srv->token);
-  ts_free(srv->admin_token);
+  ts_auth_free_token(srv->token);
+  ts_auth_free_token(srv->admin_token);
   ts_free(srv);
 }

@@ -1,5 +1,4 @@
 /* ps-worker: data-parallel training against the job's parameter servers (DESIGN.md §1, §5). */
-#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,7 +6,8 @@
 #include <unistd.h>
 
 #include "ts_alloc.h"
-#include "ts_build_config.h"
+#include "ts_auth.h"
+#include "ts_cli.h"
 #include "ts_client.h"
 #include "ts_config.h"
 #include "ts_device.h"
@@ -43,20 +43,6 @@ static void usage(FILE *f) {
           "\n"
           "Exit codes: 0 done (or stopped by SIGTERM/SIGINT), 1 runtime failure, 2 usage,\n"
           "78 bad configuration, data or device placement.\n");
-}
-
-static char *read_token(const char *path, char *errmsg, size_t errlen) {
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    snprintf(errmsg, errlen, "cannot read auth.token_file %s", path);
-    return NULL;
-  }
-  char buf[1024];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = 0;
-  return ts_strdup(buf);
 }
 
 /* Check the data against the model before anything is sent to a shard. */
@@ -139,96 +125,26 @@ static int place_ops(const ts_config_t *cfg, int task, const ts_model_t *m, char
 }
 
 int main(int argc, char **argv) {
-  const char *config_path = NULL;
-  long task = -1;
-  ts_log_level_t level = TS_LOG_INFO;
-  const char **sets = calloc((size_t)argc, sizeof *sets);
-  size_t nsets = 0;
-  if (!sets) return TS_EXIT_FAILURE;
-  enum { OPT_SET = 256, OPT_LOG_LEVEL };
-  static const struct option longopts[] = {
-      {"config", required_argument, NULL, 'c'},  {"task", required_argument, NULL, 't'},
-      {"set", required_argument, NULL, OPT_SET}, {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-      {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'V'},
-      {NULL, 0, NULL, 0}};
-  int opt, exit_code = TS_EXIT_USAGE;
-  while ((opt = getopt_long(argc, argv, "c:t:hV", longopts, NULL)) != -1) {
-    switch (opt) {
-      case 'c':
-        config_path = optarg;
-        break;
-      case 't': {
-        char *end;
-        task = strtol(optarg, &end, 10);
-        if (*end || task < 0 || task > 65535) {
-          fprintf(stderr, "ps-worker: --task takes a worker index, not '%s'\n", optarg);
-          free(sets);
-          return TS_EXIT_USAGE;
-        }
-        break;
-      }
-      case OPT_SET:
-        sets[nsets++] = optarg;
-        break;
-      case OPT_LOG_LEVEL:
-        if (!ts_log_parse_level(optarg, &level)) {
-          fprintf(stderr, "ps-worker: unknown log level '%s'\n", optarg);
-          free(sets);
-          return TS_EXIT_USAGE;
-        }
-        break;
-      case 'h':
-        usage(stdout);
-        free(sets);
-        return TS_EXIT_OK;
-      case 'V':
-        printf("ps-worker %s\n", TS_VERSION);
-        free(sets);
-        return TS_EXIT_OK;
-      default:
-        usage(stderr);
-        free(sets);
-        return TS_EXIT_USAGE;
-    }
-  }
-  if (optind < argc) {
-    fprintf(stderr, "ps-worker: unexpected argument '%s'\n", argv[optind]);
-    free(sets);
-    return TS_EXIT_USAGE;
-  }
-  ts_log_init("ps-worker", level);
-
+  static const ts_cli_spec_t spec = {.prog = "ps-worker", .id_name = "task",
+                                     .id_role = TS_ROLE_WORKER, .usage = usage};
+  ts_cli_t cli;
   ts_config_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  int exit_code = ts_cli_parse(&spec, argc, argv, &cli);
+  if (exit_code < 0) exit_code = ts_cli_load(&spec, &cli, &cfg);
+  long task = cli.id;
+  ts_cli_free(&cli);
+  if (exit_code >= 0) {
+    ts_config_free(&cfg);
+    return exit_code;
+  }
   char err[1024];
   ts_dataset_t train = {0}, test = {0};
   ts_model_t model;
   memset(&model, 0, sizeof model);
   ts_client_t *client = NULL;
   char *token = NULL;
-  int rc = ts_config_load(&cfg, config_path, getenv("TF_CONFIG"), sets, nsets, err, sizeof err);
-  free(sets);
-  if (rc < 0) {
-    ts_log_err("%s", err);
-    ts_config_free(&cfg);
-    return TS_EXIT_CONFIG;
-  }
-  if (task < 0) {
-    if (cfg.task_role == TS_ROLE_WORKER && cfg.task_index >= 0) {
-      task = cfg.task_index;
-    } else {
-      ts_log_err("which worker? pass --task N, or a TF_CONFIG whose task is {\"type\":\"worker\",...}");
-      ts_config_free(&cfg);
-      return TS_EXIT_USAGE;
-    }
-  }
-  if ((size_t)task >= cfg.num_workers) {
-    ts_log_err("--task %ld: cluster.workers lists %zu worker(s)", task, cfg.num_workers);
-    ts_config_free(&cfg);
-    return TS_EXIT_CONFIG;
-  }
-  char name[32];
-  snprintf(name, sizeof name, "ps-worker[%ld]", task);
-  ts_log_init(name, level);
+  int rc;
   exit_code = TS_EXIT_CONFIG;
 
   if (strcmp(cfg.data_format, "idx") != 0) {
@@ -257,7 +173,7 @@ int main(int argc, char **argv) {
     ts_log_err("%s", err);
     goto out;
   }
-  if (cfg.token_file && *cfg.token_file && !(token = read_token(cfg.token_file, err, sizeof err))) {
+  if (cfg.token_file && *cfg.token_file && !(token = ts_auth_read_token(cfg.token_file, err, sizeof err))) {
     ts_log_err("%s", err);
     goto out;
   }
@@ -328,7 +244,7 @@ out:
   ts_model_destroy(&model);
   ts_dataset_free(&train);
   ts_dataset_free(&test);
-  ts_free(token);
+  ts_auth_free_token(token);
   ts_config_free(&cfg);
   return exit_code;
 }

@@ -113,6 +113,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   const double t0 = now_s();
   double last_log = t0, interval_loss = 0.0;
   uint64_t interval_steps = 0, interval_examples = 0;
+  double phase[3] = {0, 0, 0}; /* pull, compute, push seconds in the interval */
   uint64_t epoch_loaded = UINT64_MAX;
   uint64_t version = 0;       /* sync: the version the last pull returned */
   uint64_t min_version = 0;
@@ -131,14 +132,17 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     }
 
     bool sync = cfg->mode == TS_MODE_SYNC;
+    double ts0 = now_s();
     rc = pull(t, dst, sync ? min_version : 0, k, &version, errmsg, errlen);
     if (rc < 0) {
       if (*t->stop) break;
       ts_errmsg_wrapf(errmsg, errlen, "pull at step %llu", (unsigned long long)k);
       goto out;
     }
+    double ts1 = now_s();
     float loss = 0.0f;
     rc = ts_model_forward_backward(m, bx, by, (size_t)B, &loss);
+    double ts2 = now_s();
     if (rc < 0) {
       snprintf(errmsg, errlen, "forward/backward at step %llu: %s", (unsigned long long)k,
                ts_strerror(rc));
@@ -158,6 +162,10 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       ts_errmsg_wrapf(errmsg, errlen, "push at step %llu", (unsigned long long)k);
       goto out;
     }
+    double ts3 = now_s();
+    phase[0] += ts1 - ts0;
+    phase[1] += ts2 - ts1;
+    phase[2] += ts3 - ts2;
     res->stale += pr.stale;
     min_version = version + 1;
     res->steps++;
@@ -175,6 +183,14 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       ts_log_info("step %llu/%llu  epoch %llu %3.0f%%  loss %.4f  %.0f examples/s",
                   (unsigned long long)(k + 1), (unsigned long long)total,
                   (unsigned long long)epoch + 1, progress * 100.0, res->loss, eps);
+      if (t->on_progress) {
+        ts_progress_t pg = {.step = k + 1, .total_steps = total, .epoch = epoch,
+                            .epoch_progress = progress, .loss = res->loss,
+                            .examples_per_sec = eps, .learning_rate = cfg->learning_rate,
+                            .seconds = now - t0, .phase_s = {phase[0], phase[1], phase[2]}};
+        t->on_progress(t->progress_arg, &pg);
+      }
+      phase[0] = phase[1] = phase[2] = 0;
       last_log = now;
       interval_loss = 0.0;
       interval_steps = 0;
@@ -213,6 +229,16 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   }
   res->test_accuracy = (double)acc;
   res->test_loss = (double)tloss;
+  if (t->on_progress) {
+    ts_progress_t pg = {.step = res->steps, .total_steps = total,
+                        .epoch = per_epoch ? (res->steps ? (res->steps - 1) / per_epoch : 0) : 0,
+                        .epoch_progress = 1.0, .loss = res->loss,
+                        .examples_per_sec = res->examples_per_sec,
+                        .learning_rate = cfg->learning_rate, .seconds = res->seconds,
+                        .final = true, .test_accuracy = res->test_accuracy,
+                        .test_loss = res->test_loss};
+    t->on_progress(t->progress_arg, &pg);
+  }
   ts_log_info("finished: %llu steps in %.1f s, test accuracy %.4f, test loss %.4f",
               (unsigned long long)res->steps, res->seconds, res->test_accuracy, res->test_loss);
 out:

@@ -13,6 +13,7 @@
 #define TS_TRAINER_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,24 @@ typedef struct {
   int stopped;                /* 1 when a signal stopped the run early */
 } ts_train_result_t;
 
+/* What the trainer reports at every log interval and once at the end (final = true, with
+ * the test results). Observers (metrics, TensorBoard event files) hook in here. */
+typedef struct {
+  uint64_t step;              /* steps done */
+  uint64_t total_steps;
+  uint64_t epoch;             /* 0-based epoch of the last step */
+  double epoch_progress;      /* 0..1 within that epoch */
+  double loss;                /* mean training loss over the interval */
+  double examples_per_sec;    /* over the interval */
+  double learning_rate;
+  double seconds;             /* since training started */
+  double phase_s[3];          /* time in pull, compute, push over the interval */
+  bool final;
+  double test_accuracy, test_loss; /* when final */
+} ts_progress_t;
+
+typedef void (*ts_progress_cb)(void *arg, const ts_progress_t *p);
+
 typedef struct {
   const ts_config_t *cfg;
   int task;
@@ -42,6 +61,8 @@ typedef struct {
   ts_model_t *model;
   ts_client_t *client;
   volatile sig_atomic_t *stop;  /* set by a signal handler: finish the step and leave */
+  ts_progress_cb on_progress;   /* may be NULL */
+  void *progress_arg;
 } ts_trainer_t;
 
 /* Steps per epoch for n examples, W workers of batch B (0 when one step does not fit). */

@@ -21,7 +21,7 @@
 /* A reply may carry every partition a shard holds; the largest frame a client accepts. */
 #define CLIENT_MAX_DATA (UINT64_C(1) << 40)
 
-typedef enum { OP_DECLARE, OP_PULL, OP_PUSH, OP_HEARTBEAT, OP_STATUS } op_kind_t;
+typedef enum { OP_DECLARE, OP_PULL, OP_PUSH, OP_HEARTBEAT, OP_STATUS, OP_CHECKPOINT, OP_SHUTDOWN } op_kind_t;
 
 typedef struct req req_t;
 typedef struct shard shard_t;
@@ -43,11 +43,15 @@ typedef struct op {
   const size_t *parts;
   size_t nparts;
   uint64_t min_version, clock, step;
+  bool per_shard;           /* pull_next / push_pulled: versions from each shard's last pull */
+  bool checkpoint;          /* shutdown: final checkpoint */
   uint32_t shard;
   /* results */
   uint64_t version_min;
   ts_client_push_result_t push;
   Tessera__ShardStatus *status;
+  char path[600];           /* checkpoint, shutdown */
+  uint64_t ckpt_step;
 } op_t;
 
 struct req {
@@ -83,6 +87,11 @@ struct shard {
   req_t *queued, *pending;
   uint64_t hs_id;
   bool tried;               /* at least one attempt finished (for ts_client_open) */
+  uint64_t incarnation;     /* from the shard's Hello; a change means it restarted */
+  uint64_t pulled_version;  /* lowest version of the last pull from this shard */
+  bool have_version;        /* pulled_version is valid for the shard's current incarnation */
+  uint64_t state_ms;        /* loop time of the last state change (handshake timeout) */
+  uint64_t rx_ms;           /* loop time of the last frame received */
   int fatal;                /* a refusal that retrying will not fix (auth, version) */
   char why[256];
 };
@@ -120,6 +129,7 @@ struct ts_client {
   double p_loss, p_eps, p_prog;
   bool p_done;
   double timeout_s;
+  uint64_t restarts;             /* mu */
 };
 
 static void start_connect(shard_t *sh);
@@ -285,6 +295,7 @@ static void on_connect(uv_connect_t *creq, int status) {
     return;
   }
   l->sh->state = SH_HELLO;
+  l->sh->state_ms = loop_now(l->sh->cl);
 }
 
 static void start_connect(shard_t *sh) {
@@ -300,6 +311,7 @@ static void start_connect(shard_t *sh) {
   l->creq.data = l;
   sh->link = l;
   sh->state = SH_CONNECTING;
+  sh->state_ms = loop_now(c);
   sh->why[0] = 0;
   int rc = uv_tcp_connect(&l->creq, &l->conn.handle, (const struct sockaddr *)&sh->sa, on_connect);
   if (rc < 0) {
@@ -371,7 +383,10 @@ static void send_req(req_t *r) {
       m.request_id = r->id;
       m.parts = sp;
       m.n_parts = r->n;
-      m.min_version = r->op ? r->op->min_version : 0;
+      if (r->op && r->op->per_shard)
+        m.min_version = sh->have_version ? sh->pulled_version + 1 : 0;
+      else
+        m.min_version = r->op ? r->op->min_version : 0;
       m.clock = r->op ? r->op->clock : 0;
       double t = r->op ? r->op->timeout_s : c->timeout_s;
       m.timeout_ms = (uint32_t)(t * 1000.0);
@@ -383,7 +398,7 @@ static void send_req(req_t *r) {
       m.request_id = r->id;
       m.parts = sp;
       m.n_parts = r->n;
-      m.step = r->op ? r->op->step : 0;
+      m.step = r->op ? (r->op->per_shard ? sh->pulled_version : r->op->step) : 0;
       rc = ts_conn_send(conn, TS_MSG_PUSH, &m.base, r->iov, (unsigned)r->n, NULL, NULL);
       break;
     }
@@ -405,6 +420,19 @@ static void send_req(req_t *r) {
       Tessera__Status m = TESSERA__STATUS__INIT;
       m.request_id = r->id;
       rc = ts_conn_send(conn, TS_MSG_STATUS, &m.base, NULL, 0, NULL, NULL);
+      break;
+    }
+    case TS_MSG_CHECKPOINT: {
+      Tessera__Checkpoint m = TESSERA__CHECKPOINT__INIT;
+      m.request_id = r->id;
+      rc = ts_conn_send(conn, TS_MSG_CHECKPOINT, &m.base, NULL, 0, NULL, NULL);
+      break;
+    }
+    case TS_MSG_SHUTDOWN: {
+      Tessera__Shutdown m = TESSERA__SHUTDOWN__INIT;
+      m.request_id = r->id;
+      m.checkpoint = r->op ? r->op->checkpoint : true;
+      rc = ts_conn_send(conn, TS_MSG_SHUTDOWN, &m.base, NULL, 0, NULL, NULL);
       break;
     }
     default:
@@ -513,6 +541,12 @@ static void start_op(ts_client_t *c, op_t *op) {
       case OP_STATUS:
         if (s == op->shard) rc = submit(c, sh, op, TS_MSG_STATUS, NULL, 0);
         break;
+      case OP_CHECKPOINT:
+        if (s == op->shard) rc = submit(c, sh, op, TS_MSG_CHECKPOINT, NULL, 0);
+        break;
+      case OP_SHUTDOWN:
+        if (s == op->shard) rc = submit(c, sh, op, TS_MSG_SHUTDOWN, NULL, 0);
+        break;
     }
   }
   if (rc < 0 && op->rc == 0) {
@@ -565,6 +599,15 @@ static void handle_hello(shard_t *sh, const Tessera__Hello *m) {
     ts_conn_close(conn, TS_ECONFIG);
     return;
   }
+  if (sh->incarnation && m->incarnation != sh->incarnation) {
+    /* A new process: what was pulled from the old one says nothing about this one. */
+    sh->have_version = false;
+    uv_mutex_lock(&c->mu);
+    c->restarts++;
+    uv_mutex_unlock(&c->mu);
+    ts_log_warn("shard %u (%s) restarted", sh->index, sh->addr);
+  }
+  sh->incarnation = m->incarnation;
   Tessera__Handshake hs = TESSERA__HANDSHAKE__INIT;
   uint8_t mac[TS_AUTH_MAC_LEN];
   sh->hs_id = ++c->next_id;
@@ -579,12 +622,14 @@ static void handle_hello(shard_t *sh, const Tessera__Hello *m) {
     hs.mac.len = sizeof mac;
   }
   sh->state = SH_HANDSHAKE;
+  sh->state_ms = loop_now(c);
   if (ts_conn_send(conn, TS_MSG_HANDSHAKE, &hs.base, NULL, 0, NULL, NULL) < 0)
     ts_conn_close(conn, TS_ECLOSED);
 }
 
 static void became_ready(shard_t *sh) {
   sh->backoff_ms = 0;
+  sh->rx_ms = loop_now(sh->cl);
   sh->why[0] = 0;
   set_ready(sh->cl, sh, SH_READY);
   flush_queued(sh);
@@ -616,6 +661,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     ts_msg_free(msg);
     return;
   }
+  sh->rx_ms = loop_now(sh->cl);
   switch (h->type) {
     case TS_MSG_HELLO:
       if (sh->state == SH_HELLO) handle_hello(sh, (const Tessera__Hello *)msg);
@@ -655,9 +701,15 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       const Tessera__PullReply *m = (const Tessera__PullReply *)msg;
       req_t *r = take_pending(sh, m->request_id);
       if (!r) break;
-      if (r->op && !discarded) {
+      if (!discarded && m->n_parts > 0) {
+        uint64_t v = UINT64_MAX;
         for (size_t i = 0; i < m->n_parts; i++)
-          if (m->parts[i]->version < r->op->version_min) r->op->version_min = m->parts[i]->version;
+          if (m->parts[i]->version < v) v = m->parts[i]->version;
+        sh->pulled_version = v;
+        sh->have_version = true;
+        if (r->op && v < r->op->version_min) r->op->version_min = v;
+      }
+      if (r->op && !discarded) {
         complete_req(r, 0, NULL);
       } else {
         complete_req(r, TS_ENOMEM, "pull reply dropped");
@@ -688,6 +740,25 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
           }
         }
       }
+      complete_req(r, 0, NULL);
+      break;
+    }
+    case TS_MSG_CHECKPOINT_REPLY: {
+      const Tessera__CheckpointReply *m = (const Tessera__CheckpointReply *)msg;
+      req_t *r = take_pending(sh, m->request_id);
+      if (!r) break;
+      if (r->op) {
+        snprintf(r->op->path, sizeof r->op->path, "%s", m->path);
+        r->op->ckpt_step = m->step;
+      }
+      complete_req(r, 0, NULL);
+      break;
+    }
+    case TS_MSG_SHUTDOWN_REPLY: {
+      const Tessera__ShutdownReply *m = (const Tessera__ShutdownReply *)msg;
+      req_t *r = take_pending(sh, m->request_id);
+      if (!r) break;
+      if (r->op) snprintf(r->op->path, sizeof r->op->path, "%s", m->checkpoint_path);
       complete_req(r, 0, NULL);
       break;
     }
@@ -723,9 +794,33 @@ static const ts_conn_cbs_t link_cbs = {
 
 /* --- the client thread -------------------------------------------------------------- */
 
+/* Connections that never finish their handshake, or go silent while heartbeats are on,
+ * are closed and tried again: the shard may be stopped (SIGSTOP) or its host gone. */
+static void check_links(ts_client_t *c, uint64_t now) {
+  uint64_t hs_limit = (uint64_t)((c->opts.connect_timeout_s > 0 ? c->opts.connect_timeout_s : 5.0) * 1000.0);
+  double hb_timeout = c->opts.heartbeat_timeout_s > 0 ? c->opts.heartbeat_timeout_s : 5.0;
+  uint64_t rx_limit = (uint64_t)(hb_timeout * 1000.0);
+  for (uint32_t i = 0; i < c->n; i++) {
+    shard_t *sh = &c->shards[i];
+    if (!sh->link) continue;
+    char why[128];
+    if (sh->state != SH_READY && sh->state != SH_DOWN && now - sh->state_ms > hs_limit) {
+      snprintf(why, sizeof why, "no handshake within %.1f s", (double)hs_limit / 1000.0);
+    } else if (sh->state == SH_READY && c->opts.heartbeat_interval_s > 0 && now - sh->rx_ms > rx_limit) {
+      snprintf(why, sizeof why, "no answer for %.1f s (heartbeat timeout)", (double)(now - sh->rx_ms) / 1000.0);
+    } else {
+      continue;
+    }
+    note_why(sh, "", why);
+    snprintf(sh->link->conn.errmsg, sizeof sh->link->conn.errmsg, "%s", why);
+    ts_conn_close(&sh->link->conn, TS_ETIMEDOUT);
+  }
+}
+
 static void on_tick(uv_timer_t *t) {
   ts_client_t *c = t->data;
   uint64_t now = loop_now(c);
+  check_links(c, now);
   op_t *op = c->inflight;
   while (op) {
     op_t *next = op->next;
@@ -1149,6 +1244,66 @@ int ts_client_push_parts(ts_client_t *c, const float *const *grad, const size_t 
                          uint64_t step, ts_client_push_result_t *result, char *errmsg,
                          size_t errlen) {
   return push(c, grad, parts, n, step, result, errmsg, errlen);
+}
+
+int ts_client_pull_next(ts_client_t *c, float *const *dst, uint64_t clock, uint64_t *version,
+                        char *errmsg, size_t errlen) {
+  if (!c->plan.parts) {
+    snprintf(errmsg, errlen, "declare the model before pulling");
+    return TS_ENOTDECLARED;
+  }
+  op_t op = {.kind = OP_PULL, .wait_ready = true, .dst = dst, .clock = clock, .per_shard = true};
+  int rc = run_op(c, &op, errmsg, errlen);
+  if (rc == 0 && version) *version = op.version_min == UINT64_MAX ? 0 : op.version_min;
+  return rc;
+}
+
+int ts_client_push_pulled(ts_client_t *c, const float *const *grad,
+                          ts_client_push_result_t *result, char *errmsg, size_t errlen) {
+  if (!c->plan.parts) {
+    snprintf(errmsg, errlen, "declare the model before pushing");
+    return TS_ENOTDECLARED;
+  }
+  op_t op = {.kind = OP_PUSH, .wait_ready = true, .grad = grad, .per_shard = true};
+  int rc = run_op(c, &op, errmsg, errlen);
+  if (result) *result = op.push;
+  return rc;
+}
+
+uint64_t ts_client_restarts(ts_client_t *c) {
+  uv_mutex_lock(&c->mu);
+  uint64_t n = c->restarts;
+  uv_mutex_unlock(&c->mu);
+  return n;
+}
+
+int ts_client_checkpoint(ts_client_t *c, uint32_t shard, char *path, size_t pathlen,
+                         uint64_t *step, char *errmsg, size_t errlen) {
+  if (shard >= c->n) {
+    snprintf(errmsg, errlen, "shard %u does not exist", shard);
+    return TS_EINVAL;
+  }
+  op_t op = {.kind = OP_CHECKPOINT, .wait_ready = false, .shard = shard,
+             .timeout_s = c->timeout_s > 120.0 ? c->timeout_s : 120.0};
+  int rc = run_op(c, &op, errmsg, errlen);
+  if (rc == 0) {
+    if (path) snprintf(path, pathlen, "%s", op.path);
+    if (step) *step = op.ckpt_step;
+  }
+  return rc;
+}
+
+int ts_client_shutdown(ts_client_t *c, uint32_t shard, bool checkpoint, char *path,
+                       size_t pathlen, char *errmsg, size_t errlen) {
+  if (shard >= c->n) {
+    snprintf(errmsg, errlen, "shard %u does not exist", shard);
+    return TS_EINVAL;
+  }
+  op_t op = {.kind = OP_SHUTDOWN, .wait_ready = false, .shard = shard, .checkpoint = checkpoint,
+             .timeout_s = c->timeout_s > 120.0 ? c->timeout_s : 120.0};
+  int rc = run_op(c, &op, errmsg, errlen);
+  if (rc == 0 && path) snprintf(path, pathlen, "%s", op.path);
+  return rc;
 }
 
 void ts_client_set_progress(ts_client_t *c, uint64_t step, double loss, double examples_per_sec,

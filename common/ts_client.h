@@ -40,6 +40,8 @@ typedef struct {
   double connect_timeout_s;      /* ts_client_open waits this long for the shards (default 5) */
   double request_timeout_s;      /* default deadline of a call (default 60) */
   double heartbeat_interval_s;   /* 0 = no heartbeats */
+  double heartbeat_timeout_s;    /* with heartbeats: a shard silent this long is presumed dead
+                                    and its connection re-established (default 5) */
   bool require_all;              /* open fails unless every shard answered */
 } ts_client_opts_t;
 
@@ -97,6 +99,21 @@ int ts_client_pull(ts_client_t *c, float *const *dst, uint64_t min_version, uint
 int ts_client_push(ts_client_t *c, const float *const *grad, uint64_t step,
                    ts_client_push_result_t *result, char *errmsg, size_t errlen);
 
+/* Pull the partitions that moved on: from each shard, wait for the version after the one
+ * last pulled from it (sync mode's next step), or take whatever it has when nothing was
+ * pulled from it yet or it restarted since (restored from a checkpoint, it may be behind
+ * the others). *version (optional) gets the lowest version pulled. */
+int ts_client_pull_next(ts_client_t *c, float *const *dst, uint64_t clock, uint64_t *version,
+                        char *errmsg, size_t errlen);
+
+/* Push gradients tagged, per shard, with the version last pulled from that shard (sync
+ * mode: each shard's barrier counts them for the step they were computed at). */
+int ts_client_push_pulled(ts_client_t *c, const float *const *grad,
+                          ts_client_push_result_t *result, char *errmsg, size_t errlen);
+
+/* How many times a shard was seen to restart (a new incarnation in its Hello). */
+uint64_t ts_client_restarts(ts_client_t *c);
+
 /* Push only the listed partitions' gradients (plan indices), for tests and partial
  * updates; payload for plan part k comes from grad[part.tensor] + part.offset. */
 int ts_client_push_parts(ts_client_t *c, const float *const *grad, const size_t *parts, size_t n,
@@ -115,6 +132,16 @@ int ts_client_heartbeat(ts_client_t *c, char *errmsg, size_t errlen);
 int ts_client_status(ts_client_t *c, uint32_t shard, Tessera__ShardStatus **out, char *errmsg,
                      size_t errlen);
 void ts_client_free_status(Tessera__ShardStatus *st);
+
+/* Admin: ask shard i to write a checkpoint now; path (may be NULL) gets the file, *step the
+ * step it holds. Needs an admin client. */
+int ts_client_checkpoint(ts_client_t *c, uint32_t shard, char *path, size_t pathlen,
+                         uint64_t *step, char *errmsg, size_t errlen);
+
+/* Admin: ask shard i to stop (after a final checkpoint when `checkpoint` and the job keeps
+ * checkpoints); path gets the final checkpoint ("" when none). */
+int ts_client_shutdown(ts_client_t *c, uint32_t shard, bool checkpoint, char *path,
+                       size_t pathlen, char *errmsg, size_t errlen);
 
 /* Set the deadline of later calls (seconds). */
 void ts_client_set_timeout(ts_client_t *c, double seconds);

@@ -323,3 +323,16 @@ void ts_conn_fail(ts_conn_t *c, uint64_t request_id, int code, const char *detai
   c->close_after_write = true;
   if (ts_conn_send_error(c, request_id, code, detail) < 0) ts_conn_close(c, code);
 }
+
+void ts_conn_close_graceful(ts_conn_t *c, int err) {
+  if (c->closing) return;
+  if (ts_conn_write_queue(c) == 0) {
+    ts_conn_close(c, err);
+    return;
+  }
+  if (c->reading) uv_read_stop((uv_stream_t *)&c->handle);
+  c->reading = false;
+  c->paused = false;
+  c->close_err = err;
+  c->close_after_write = true;
+}

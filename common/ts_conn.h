@@ -112,6 +112,10 @@ int ts_conn_send_error(ts_conn_t *c, uint64_t request_id, int code, const char *
 /* Send an Error frame, then close once it is written (a protocol violation). */
 void ts_conn_fail(ts_conn_t *c, uint64_t request_id, int code, const char *detail);
 
+/* Stop reading and close once everything queued is written (a reply sent just before a
+ * shutdown still reaches the peer). */
+void ts_conn_close_graceful(ts_conn_t *c, int err);
+
 /* Close: stop reading, cancel pending writes (their callbacks see UV_ECANCELED), and call
  * on_close from the close callback. Safe to call more than once. */
 void ts_conn_close(ts_conn_t *c, int err);

@@ -19,6 +19,10 @@ static const char *const type_names[TS_MSG__COUNT] = {
     [TS_MSG_STATUS] = "STATUS",
     [TS_MSG_STATUS_REPLY] = "STATUS_REPLY",
     [TS_MSG_ERROR] = "ERROR",
+    [TS_MSG_CHECKPOINT] = "CHECKPOINT",
+    [TS_MSG_CHECKPOINT_REPLY] = "CHECKPOINT_REPLY",
+    [TS_MSG_SHUTDOWN] = "SHUTDOWN",
+    [TS_MSG_SHUTDOWN_REPLY] = "SHUTDOWN_REPLY",
 };
 
 const char *ts_frame_type_name(uint16_t type) {

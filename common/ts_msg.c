@@ -21,6 +21,10 @@ static const ProtobufCMessageDescriptor *const descriptors[TS_MSG__COUNT] = {
     [TS_MSG_STATUS] = &tessera__status__descriptor,
     [TS_MSG_STATUS_REPLY] = &tessera__shard_status__descriptor,
     [TS_MSG_ERROR] = &tessera__error__descriptor,
+    [TS_MSG_CHECKPOINT] = &tessera__checkpoint__descriptor,
+    [TS_MSG_CHECKPOINT_REPLY] = &tessera__checkpoint_reply__descriptor,
+    [TS_MSG_SHUTDOWN] = &tessera__shutdown__descriptor,
+    [TS_MSG_SHUTDOWN_REPLY] = &tessera__shutdown_reply__descriptor,
 };
 
 const ProtobufCMessageDescriptor *ts_msg_descriptor(uint16_t type) {

@@ -33,6 +33,9 @@ static void usage(FILE *f) {
           "  shards    one line per shard: address, up, partitions, bytes, version\n"
           "  workers   one line per worker: step, loss, examples/s, last seen, alive\n"
           "  health    exit 0 when every shard answers, 1 otherwise\n"
+          "  checkpoint  every shard writes a checkpoint now (admin)\n"
+          "  shutdown    every shard writes a final checkpoint and stops (admin);\n"
+          "              --no-checkpoint stops without one\n"
           "\n"
           "Options:\n"
           "  -c, --config FILE        the job file (default /etc/tessera/job.cfg)\n"
@@ -327,6 +330,49 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   return v->up == v->cfg.num_ps ? TS_EXIT_OK : TS_EXIT_FAILURE;
 }
 
+/* checkpoint / shutdown: one request per shard that answered; every shard must succeed. */
+static int cmd_admin(cluster_view_t *v, const char *cmd, bool checkpoint, output_t out) {
+  int failures = 0;
+  cJSON *arr = out == OUT_JSON ? cJSON_CreateArray() : NULL;
+  for (uint32_t s = 0; s < v->cfg.num_ps; s++) {
+    char err[512] = "", path[600] = "";
+    uint64_t step = 0;
+    int rc;
+    if (!v->st[s]) {
+      rc = TS_EUNAVAIL;
+      snprintf(err, sizeof err, "%s", v->why[s] ? v->why[s] : "no answer");
+    } else if (strcmp(cmd, "checkpoint") == 0) {
+      rc = ts_client_checkpoint(v->client, s, path, sizeof path, &step, err, sizeof err);
+    } else {
+      rc = ts_client_shutdown(v->client, s, checkpoint, path, sizeof path, err, sizeof err);
+    }
+    if (rc < 0) failures++;
+    if (arr) {
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddNumberToObject(o, "index", s);
+      cJSON_AddStringToObject(o, "address", v->cfg.ps[s]);
+      cJSON_AddBoolToObject(o, "ok", rc == 0);
+      if (rc == 0) {
+        cJSON_AddStringToObject(o, "checkpoint", path);
+        if (strcmp(cmd, "checkpoint") == 0) cJSON_AddNumberToObject(o, "step", (double)step);
+      } else {
+        cJSON_AddStringToObject(o, "error", err);
+      }
+      cJSON_AddItemToArray(arr, o);
+    } else if (rc == 0) {
+      if (strcmp(cmd, "checkpoint") == 0)
+        printf("shard %u (%s): checkpoint at step %llu: %s\n", s, v->cfg.ps[s],
+               (unsigned long long)step, path);
+      else
+        printf("shard %u (%s): stopped%s%s\n", s, v->cfg.ps[s], *path ? " after checkpoint " : "",
+               path);
+    }
+    if (rc < 0) fprintf(stderr, "psctl: shard %u (%s): %s failed: %s\n", s, v->cfg.ps[s], cmd, err);
+  }
+  if (arr) print_json(arr);
+  return failures ? TS_EXIT_FAILURE : TS_EXIT_OK;
+}
+
 int main(int argc, char **argv) {
   const char *config_path = NULL;
   output_t out = OUT_TABLE;
@@ -334,11 +380,13 @@ int main(int argc, char **argv) {
   const char **sets = calloc((size_t)argc, sizeof *sets);
   size_t nsets = 0;
   if (!sets) return TS_EXIT_FAILURE;
-  enum { OPT_SET = 256, OPT_TIMEOUT };
+  enum { OPT_SET = 256, OPT_TIMEOUT, OPT_NO_CHECKPOINT };
+  bool final_checkpoint = true;
   static const struct option longopts[] = {
       {"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, OPT_SET},
       {"output", required_argument, NULL, 'o'}, {"write-out", required_argument, NULL, 'w'},
       {"timeout", required_argument, NULL, OPT_TIMEOUT},
+      {"no-checkpoint", no_argument, NULL, OPT_NO_CHECKPOINT},
       {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
   int opt, rc = TS_EXIT_USAGE;
@@ -371,6 +419,9 @@ int main(int argc, char **argv) {
         }
         break;
       }
+      case OPT_NO_CHECKPOINT:
+        final_checkpoint = false;
+        break;
       case 'h':
         usage(stdout);
         rc = TS_EXIT_OK;
@@ -390,11 +441,17 @@ int main(int argc, char **argv) {
     goto done;
   }
   const char *cmd = argv[optind];
-  if (strcmp(cmd, "status") && strcmp(cmd, "shards") && strcmp(cmd, "workers") &&
-      strcmp(cmd, "health")) {
-    fprintf(stderr, "psctl: unknown command '%s' (status, shards, workers, health)\n", cmd);
+  static const char *const commands[] = {"status", "shards", "workers", "health",
+                                         "checkpoint", "shutdown"};
+  bool known = false;
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) known |= strcmp(cmd, commands[i]) == 0;
+  if (!known) {
+    fprintf(stderr,
+            "psctl: unknown command '%s' (status, shards, workers, health, checkpoint, shutdown)\n",
+            cmd);
     goto done;
   }
+  bool admin_cmd = strcmp(cmd, "checkpoint") == 0 || strcmp(cmd, "shutdown") == 0;
   if (optind + 1 < argc) {
     fprintf(stderr, "psctl: unexpected argument '%s' after %s\n", argv[optind + 1], cmd);
     goto done;
@@ -412,7 +469,7 @@ int main(int argc, char **argv) {
     goto done;
   }
   rc = gather(&v, timeout);
-  if (rc == 0) rc = cmd_report(&v, cmd, out);
+  if (rc == 0) rc = admin_cmd ? cmd_admin(&v, cmd, final_checkpoint, out) : cmd_report(&v, cmd, out);
   release(&v);
 done:
   free(sets);

@@ -10,6 +10,7 @@
 #include "ts_alloc.h"
 #include "ts_auth.h"
 #include "ts_build_config.h"
+#include "ts_checkpoint.h"
 #include "ts_conn.h"
 #include "ts_err.h"
 #include "ts_log.h"
@@ -41,6 +42,7 @@ typedef struct {
 struct ts_session {
   ts_conn_t conn;
   ts_server_t *srv;
+  uint64_t id;          /* unique per server: replies after background work find it by id */
   ts_session_t *prev, *next;
   bool handshaken;
   Tessera__Role role;
@@ -74,6 +76,19 @@ struct ts_server {
 
   uint64_t pushes, pulls, rejected_frames, errors, nonfinite, auth_failures;
   char address[128];
+  uint64_t incarnation;
+  uint64_t next_session_id;
+
+  /* checkpoints */
+  uv_timer_t ckpt_timer;
+  bool ckpt_busy;            /* a snapshot is being written */
+  bool stop_after_ckpt;      /* a shutdown waits for it */
+  uint64_t ckpt_seq;         /* sequence of the newest checkpoint on disk */
+  uint64_t ckpt_applied;     /* store.applied when the last one was taken */
+  char last_ckpt[600];
+  uint64_t last_ckpt_ms;     /* loop time of the last checkpoint written or restored */
+  bool have_ckpt;
+  uint64_t ckpts_written, ckpt_failures, restored_step;
 };
 
 static const ts_conn_cbs_t session_cbs;
@@ -549,6 +564,13 @@ static void handle_status(ts_session_t *s, Tessera__Status *m) {
   r.n_barrier_waiting_for = nwait;
   r.barrier_waiting_for = waiting;
   r.connections = srv->num_sessions;
+  r.auth_failures = srv->auth_failures;
+  r.nonfinite_refused = srv->nonfinite;
+  r.incarnation = srv->incarnation;
+  r.last_checkpoint = srv->last_ckpt;
+  r.last_checkpoint_age_s = srv->have_ckpt ? (double)(now - srv->last_ckpt_ms) / 1000.0 : -1.0;
+  r.checkpoints_written = srv->ckpts_written;
+  r.restored_step = srv->restored_step;
   ts_conn_send(&s->conn, TS_MSG_STATUS_REPLY, &r.base, NULL, 0, NULL, NULL);
 out:
   ts_free(ws);
@@ -618,6 +640,188 @@ out:
   ts_msg_free(&m->base);
 }
 
+/* --- checkpoints ---------------------------------------------------------------------- */
+
+typedef enum { CKPT_TIMER, CKPT_ADMIN, CKPT_SHUTDOWN, CKPT_SIGNAL } ckpt_kind_t;
+
+typedef struct {
+  uv_work_t req;
+  ts_server_t *srv;
+  ts_ckpt_snapshot_t *snap;
+  ckpt_kind_t kind;
+  uint64_t session_id, request_id;
+  int rc;
+  char path[600];
+  char err[512];
+  uint64_t bytes;
+  double seconds;
+} ckpt_job_t;
+
+static ts_session_t *find_session(ts_server_t *srv, uint64_t id) {
+  for (ts_session_t *s = srv->sessions; s; s = s->next)
+    if (s->id == id) return s;
+  return NULL;
+}
+
+static void ckpt_work(uv_work_t *req) {
+  ckpt_job_t *j = req->data;
+  const ts_config_t *cfg = j->srv->cfg;
+  uint64_t t0 = uv_hrtime();
+  j->rc = ts_checkpoint_write(j->snap, cfg->checkpoint_dir, cfg->checkpoint_keep, j->path,
+                              sizeof j->path, &j->bytes, j->err, sizeof j->err);
+  j->seconds = (double)(uv_hrtime() - t0) / 1e9;
+}
+
+static void ckpt_done(uv_work_t *req, int status) {
+  ckpt_job_t *j = req->data;
+  ts_server_t *srv = j->srv;
+  srv->ckpt_busy = false;
+  if (status < 0 && j->rc == 0) {
+    j->rc = status;
+    snprintf(j->err, sizeof j->err, "checkpoint cancelled: %s", uv_strerror(status));
+  }
+  uint64_t step = ts_checkpoint_snapshot_step(j->snap);
+  if (j->rc == 0) {
+    srv->ckpts_written++;
+    srv->have_ckpt = true;
+    srv->last_ckpt_ms = now_ms(srv);
+    snprintf(srv->last_ckpt, sizeof srv->last_ckpt, "%s", j->path);
+    ts_log_info("checkpoint written: %s (step %llu, %.1f MiB, %.0f ms)", j->path,
+                (unsigned long long)step, (double)j->bytes / (1024.0 * 1024.0), j->seconds * 1000.0);
+  } else {
+    srv->ckpt_failures++;
+    ts_log_err("checkpoint failed: %s", j->err);
+  }
+  ts_session_t *s = j->session_id ? find_session(srv, j->session_id) : NULL;
+  if (s && j->kind == CKPT_ADMIN) {
+    if (j->rc == 0) {
+      Tessera__CheckpointReply r = TESSERA__CHECKPOINT_REPLY__INIT;
+      r.request_id = j->request_id;
+      r.path = j->path;
+      r.step = step;
+      r.bytes = j->bytes;
+      r.seconds = j->seconds;
+      ts_conn_send(&s->conn, TS_MSG_CHECKPOINT_REPLY, &r.base, NULL, 0, NULL, NULL);
+    } else {
+      reply_error(s, j->request_id, j->rc < 0 && ts_err_is_ts(j->rc) ? j->rc : TS_EINTERNAL, j->err);
+    }
+  }
+  if (s && j->kind == CKPT_SHUTDOWN) {
+    Tessera__ShutdownReply r = TESSERA__SHUTDOWN_REPLY__INIT;
+    r.request_id = j->request_id;
+    r.checkpoint_path = j->rc == 0 ? j->path : (char *)"";
+    ts_conn_send(&s->conn, TS_MSG_SHUTDOWN_REPLY, &r.base, NULL, 0, NULL, NULL);
+  }
+  ts_checkpoint_snapshot_free(j->snap);
+  bool stop = j->kind == CKPT_SHUTDOWN || j->kind == CKPT_SIGNAL || srv->stop_after_ckpt;
+  ts_free(j);
+  if (stop) ts_server_stop(srv);
+}
+
+/* Take a snapshot now and write it in the thread pool. Returns 0 when started, else an
+ * error (no directory, nothing declared, NaN parameters, busy) with errmsg. */
+static int start_checkpoint(ts_server_t *srv, ckpt_kind_t kind, uint64_t session_id,
+                            uint64_t request_id, char *errmsg, size_t errlen) {
+  if (!srv->cfg->checkpoint_dir || !*srv->cfg->checkpoint_dir) {
+    snprintf(errmsg, errlen, "checkpoint.dir is not set: this job keeps no checkpoints");
+    return TS_ECONFIG;
+  }
+  if (srv->ckpt_busy) {
+    snprintf(errmsg, errlen, "a checkpoint is being written; try again when it is done");
+    return TS_EBUSY;
+  }
+  ts_ckpt_snapshot_t *snap = NULL;
+  int rc = ts_checkpoint_snapshot(&srv->store, srv->ckpt_seq + 1, &snap, errmsg, errlen);
+  if (rc < 0) return rc;
+  ckpt_job_t *j = ts_calloc(1, sizeof *j);
+  if (!j) {
+    ts_checkpoint_snapshot_free(snap);
+    snprintf(errmsg, errlen, "out of memory");
+    return TS_ENOMEM;
+  }
+  j->req.data = j;
+  j->srv = srv;
+  j->snap = snap;
+  j->kind = kind;
+  j->session_id = session_id;
+  j->request_id = request_id;
+  rc = uv_queue_work(srv->loop, &j->req, ckpt_work, ckpt_done);
+  if (rc < 0) {
+    ts_checkpoint_snapshot_free(snap);
+    ts_free(j);
+    snprintf(errmsg, errlen, "cannot start the checkpoint: %s", uv_strerror(rc));
+    return rc;
+  }
+  srv->ckpt_seq++;
+  srv->ckpt_applied = srv->store.applied;
+  srv->ckpt_busy = true;
+  return 0;
+}
+
+static void on_ckpt_timer(uv_timer_t *t) {
+  ts_server_t *srv = t->data;
+  /* Only when something changed since the last one. */
+  if (!srv->store.declared || srv->ckpt_busy || srv->store.applied == srv->ckpt_applied) return;
+  char err[512];
+  int rc = start_checkpoint(srv, CKPT_TIMER, 0, 0, err, sizeof err);
+  if (rc < 0) {
+    srv->ckpt_failures++;
+    ts_log_err("periodic checkpoint skipped: %s", err);
+  }
+}
+
+/* Admin requests that change the shard need the admin role, and when authentication is on,
+ * an admin token. */
+static bool admin_allowed(ts_session_t *s, uint64_t request_id, const char *what) {
+  ts_server_t *srv = s->srv;
+  char err[200];
+  if (s->role != TESSERA__ROLE__ROLE_ADMIN) {
+    snprintf(err, sizeof err, "%s needs the admin role (psctl)", what);
+    reply_error(s, request_id, TS_EPERM, err);
+    return false;
+  }
+  if (srv->token && !srv->admin_token) {
+    snprintf(err, sizeof err,
+             "%s needs an admin token: set auth.admin_token_file (the worker token is not enough)",
+             what);
+    reply_error(s, request_id, TS_EPERM, err);
+    return false;
+  }
+  return true;
+}
+
+static void handle_checkpoint(ts_session_t *s, Tessera__Checkpoint *m) {
+  char err[512];
+  if (admin_allowed(s, m->request_id, "checkpoint")) {
+    int rc = start_checkpoint(s->srv, CKPT_ADMIN, s->id, m->request_id, err, sizeof err);
+    if (rc < 0) reply_error(s, m->request_id, ts_err_is_ts(rc) ? rc : TS_EINTERNAL, err);
+  }
+  ts_msg_free(&m->base);
+}
+
+static void handle_shutdown(ts_session_t *s, Tessera__Shutdown *m) {
+  ts_server_t *srv = s->srv;
+  char err[512];
+  if (!admin_allowed(s, m->request_id, "shutdown")) goto out;
+  ts_log_notice("shutdown requested by %s", s->conn.peer);
+  if (m->checkpoint && srv->cfg->checkpoint_dir && *srv->cfg->checkpoint_dir && srv->store.declared) {
+    if (srv->ckpt_busy) {
+      srv->stop_after_ckpt = true;
+    } else if (start_checkpoint(srv, CKPT_SHUTDOWN, s->id, m->request_id, err, sizeof err) == 0) {
+      goto out; /* the reply and the stop follow the checkpoint */
+    } else {
+      ts_log_err("final checkpoint failed, stopping anyway: %s", err);
+    }
+  }
+  Tessera__ShutdownReply r = TESSERA__SHUTDOWN_REPLY__INIT;
+  r.request_id = m->request_id;
+  r.checkpoint_path = (char *)"";
+  ts_conn_send(&s->conn, TS_MSG_SHUTDOWN_REPLY, &r.base, NULL, 0, NULL, NULL);
+  if (!srv->stop_after_ckpt) ts_server_stop(srv);
+out:
+  ts_msg_free(&m->base);
+}
+
 /* --- connection callbacks ----------------------------------------------------------- */
 
 static int on_meta(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
@@ -657,6 +861,12 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
       return;
     case TS_MSG_STATUS:
       handle_status(s, (Tessera__Status *)msg);
+      return;
+    case TS_MSG_CHECKPOINT:
+      handle_checkpoint(s, (Tessera__Checkpoint *)msg);
+      return;
+    case TS_MSG_SHUTDOWN:
+      handle_shutdown(s, (Tessera__Shutdown *)msg);
       return;
     default: {
       char err[128];
@@ -714,6 +924,7 @@ static void on_connection(uv_stream_t *listener, int status) {
   }
   s->srv = srv;
   s->task = -1;
+  s->id = ++srv->next_session_id;
   uint64_t max_data = (uint64_t)srv->cfg->max_message_bytes;
   if (ts_conn_init(srv->loop, &s->conn, &session_cbs, max_data, s) < 0) {
     ts_free(s);
@@ -743,6 +954,7 @@ static void on_connection(uv_stream_t *listener, int status) {
   hello.nonce.data = s->nonce;
   hello.nonce.len = NONCE_LEN;
   hello.server_id = id;
+  hello.incarnation = srv->incarnation;
   ts_conn_send(&s->conn, TS_MSG_HELLO, &hello.base, NULL, 0, NULL, NULL);
 }
 
@@ -780,12 +992,31 @@ void ts_server_stop(ts_server_t *srv) {
   uv_close((uv_handle_t *)&srv->tick, on_handle_closed);
   uv_close((uv_handle_t *)&srv->sigterm, on_handle_closed);
   uv_close((uv_handle_t *)&srv->sigint, on_handle_closed);
-  for (ts_session_t *s = srv->sessions; s; s = s->next) ts_conn_close(&s->conn, TS_ESHUTDOWN);
+  uv_close((uv_handle_t *)&srv->ckpt_timer, on_handle_closed);
+  for (ts_session_t *s = srv->sessions; s; s = s->next) ts_conn_close_graceful(&s->conn, TS_ESHUTDOWN);
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
   ts_server_t *srv = h->data;
   ts_log_notice("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (srv->stop_after_ckpt || srv->stopping) {
+    ts_server_stop(srv); /* a second signal: stop now */
+    return;
+  }
+  if (srv->cfg->checkpoint_dir && *srv->cfg->checkpoint_dir && srv->store.declared &&
+      srv->store.applied != srv->ckpt_applied) {
+    char err[512];
+    if (srv->ckpt_busy) {
+      srv->stop_after_ckpt = true;
+      return;
+    }
+    if (start_checkpoint(srv, CKPT_SIGNAL, 0, 0, err, sizeof err) == 0) {
+      srv->stop_after_ckpt = true;
+      ts_log_info("writing a final checkpoint before stopping");
+      return;
+    }
+    ts_log_err("final checkpoint failed, stopping anyway: %s", err);
+  }
   ts_server_stop(srv);
 }
 
@@ -878,6 +1109,36 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
     uv_close((uv_handle_t *)&srv->listener, on_handle_closed);
     uv_run(loop, UV_RUN_NOWAIT);
     goto fail;
+  }
+  randombytes_buf(&srv->incarnation, sizeof srv->incarnation);
+  if (cfg->checkpoint_dir && *cfg->checkpoint_dir) {
+    uint64_t t0 = uv_hrtime(), seq = 0;
+    char path[600], err[1024];
+    int r = ts_checkpoint_restore(&srv->store, cfg->checkpoint_dir, path, sizeof path, &seq, err,
+                                  sizeof err);
+    if (r < 0) {
+      ts_log_err("%s", err);
+    } else if (r == 1) {
+      srv->restored_step = ts_store_min_version(&srv->store);
+      srv->have_ckpt = true;
+      srv->last_ckpt_ms = uv_now(loop);
+      srv->ckpt_applied = srv->store.applied;
+      snprintf(srv->last_ckpt, sizeof srv->last_ckpt, "%s", path);
+      ts_log_notice("restored checkpoint %s: %zu partition(s) at step %llu in %.0f ms", path,
+                    srv->store.num_parts, (unsigned long long)srv->restored_step,
+                    (double)(uv_hrtime() - t0) / 1e6);
+    } else {
+      ts_log_info("no checkpoint in %s: starting fresh", cfg->checkpoint_dir);
+    }
+    uint64_t last = ts_checkpoint_last_sequence(cfg->checkpoint_dir, srv->shard);
+    srv->ckpt_seq = last > seq ? last : seq;
+  }
+  uv_timer_init(loop, &srv->ckpt_timer);
+  srv->ckpt_timer.data = srv;
+  srv->open_handles++;
+  if (cfg->checkpoint_dir && *cfg->checkpoint_dir && cfg->checkpoint_interval_s > 0) {
+    uint64_t ms = (uint64_t)(cfg->checkpoint_interval_s * 1000.0);
+    uv_timer_start(&srv->ckpt_timer, on_ckpt_timer, ms, ms);
   }
   uv_timer_init(loop, &srv->tick);
   srv->tick.data = srv;

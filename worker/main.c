@@ -197,6 +197,7 @@ int main(int argc, char **argv) {
                         .connect_timeout_s = 30.0,
                         .request_timeout_s = cfg.sync_timeout_s * 3.0 > 30.0 ? cfg.sync_timeout_s * 3.0 : 30.0,
                         .heartbeat_interval_s = cfg.heartbeat_interval_s,
+                        .heartbeat_timeout_s = cfg.heartbeat_timeout_s,
                         .require_all = true};
   rc = ts_client_open(&client, &o, err, sizeof err);
   if (rc < 0) {

@@ -45,12 +45,15 @@ static void sleep_s(double s) {
   nanosleep(&ts, NULL);
 }
 
-/* Pull with retries while the shards are unreachable (they reconnect in the background). */
-static int pull(const ts_trainer_t *t, float *const *dst, uint64_t min_version, uint64_t clock,
-                uint64_t *version, char *errmsg, size_t errlen) {
+/* Pull with retries while the shards are unreachable (they reconnect in the background).
+ * Sync mode pulls each shard's next version; the other modes take what is there. */
+static int pull(const ts_trainer_t *t, float *const *dst, uint64_t clock, uint64_t *version,
+                char *errmsg, size_t errlen) {
   double start = now_s();
+  bool sync = t->cfg->mode == TS_MODE_SYNC;
   for (int attempt = 0;; attempt++) {
-    int rc = ts_client_pull(t->client, dst, min_version, clock, version, errmsg, errlen);
+    int rc = sync ? ts_client_pull_next(t->client, dst, clock, version, errmsg, errlen)
+                  : ts_client_pull(t->client, dst, 0, clock, version, errmsg, errlen);
     if (rc == 0 || !transient(rc) || *t->stop) return rc;
     if (now_s() - start > RETRY_GRACE_S) return rc;
     if (attempt == 0) ts_log_warn("pull failed, retrying: %s", errmsg);
@@ -61,8 +64,10 @@ static int pull(const ts_trainer_t *t, float *const *dst, uint64_t min_version, 
 static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step,
                 ts_client_push_result_t *res, char *errmsg, size_t errlen) {
   double start = now_s();
+  bool sync = t->cfg->mode == TS_MODE_SYNC;
   for (int attempt = 0;; attempt++) {
-    int rc = ts_client_push(t->client, grad, step, res, errmsg, errlen);
+    int rc = sync ? ts_client_push_pulled(t->client, grad, res, errmsg, errlen)
+                  : ts_client_push(t->client, grad, step, res, errmsg, errlen);
     if (rc == 0 || !transient(rc) || *t->stop) return rc;
     if (now_s() - start > RETRY_GRACE_S) return rc;
     if (attempt == 0) ts_log_warn("push failed, retrying: %s", errmsg);
@@ -115,10 +120,23 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   uint64_t interval_steps = 0, interval_examples = 0;
   double phase[3] = {0, 0, 0}; /* pull, compute, push seconds in the interval */
   uint64_t epoch_loaded = UINT64_MAX;
-  uint64_t version = 0;       /* sync: the version the last pull returned */
-  uint64_t min_version = 0;
+  uint64_t version = 0;       /* the lowest version the last pull returned */
+  bool pulled = false;
+  uint64_t k0 = 0;
+  if (cfg->mode == TS_MODE_SYNC) {
+    /* A worker that (re)joins a running job starts at the job's step, so its data and its
+     * remaining steps line up with the others'. */
+    rc = pull(t, dst, 0, &version, errmsg, errlen);
+    if (rc < 0) {
+      ts_errmsg_wrapf(errmsg, errlen, "first pull");
+      goto out;
+    }
+    pulled = true;
+    k0 = version < total ? version : total;
+    if (k0 > 0) ts_log_notice("joining the job at step %llu", (unsigned long long)k0);
+  }
   rc = 0;
-  for (uint64_t k = 0; k < total && !*t->stop; k++) {
+  for (uint64_t k = k0; k < total && !*t->stop; k++) {
     uint64_t epoch = k / per_epoch, in_epoch = k % per_epoch;
     if (epoch != epoch_loaded) {
       ts_trainer_epoch_order((uint64_t)cfg->seed, epoch, perm, n);
@@ -131,9 +149,9 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       by[i] = t->train->labels[e];
     }
 
-    bool sync = cfg->mode == TS_MODE_SYNC;
     double ts0 = now_s();
-    rc = pull(t, dst, sync ? min_version : 0, k, &version, errmsg, errlen);
+    rc = pulled ? 0 : pull(t, dst, k, &version, errmsg, errlen);
+    pulled = false;
     if (rc < 0) {
       if (*t->stop) break;
       ts_errmsg_wrapf(errmsg, errlen, "pull at step %llu", (unsigned long long)k);
@@ -156,7 +174,13 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       goto out;
     }
     ts_client_push_result_t pr;
-    rc = push(t, grad, sync ? version : k, &pr, errmsg, errlen);
+    rc = push(t, grad, k, &pr, errmsg, errlen);
+    if (rc == TS_EFUTURE) {
+      /* A shard restarted behind the others (restored from a checkpoint): this step's
+       * gradient is lost there; the next pull takes its current version. */
+      ts_log_warn("step %llu: %s; continuing", (unsigned long long)k, errmsg);
+      rc = 0;
+    }
     if (rc < 0) {
       if (*t->stop) break;
       ts_errmsg_wrapf(errmsg, errlen, "push at step %llu", (unsigned long long)k);
@@ -167,7 +191,6 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     phase[1] += ts2 - ts1;
     phase[2] += ts3 - ts2;
     res->stale += pr.stale;
-    min_version = version + 1;
     res->steps++;
     res->examples += (uint64_t)B;
     interval_loss += (double)loss;
@@ -209,11 +232,11 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   /* Leave the barriers, then take the final parameters: in sync mode those of the step
    * every worker's last push closed. */
   ts_client_set_progress(t->client, res->steps, res->loss, res->examples_per_sec, 1.0, true);
-  rc = pull(t, dst, cfg->mode == TS_MODE_SYNC ? min_version : 0, res->steps, NULL, errmsg, errlen);
+  rc = pull(t, dst, res->steps, NULL, errmsg, errlen);
   if (rc < 0 && cfg->mode == TS_MODE_SYNC && rc == TS_ETIMEDOUT) {
     /* A barrier that can never close (its workers gone) must not keep the result back. */
     ts_log_warn("final sync pull timed out (%s); evaluating the latest parameters", errmsg);
-    rc = pull(t, dst, 0, res->steps, NULL, errmsg, errlen);
+    rc = ts_client_pull(t->client, dst, 0, res->steps, NULL, errmsg, errlen);
   }
   if (rc < 0) {
     ts_errmsg_wrapf(errmsg, errlen, "final pull");

@@ -141,10 +141,11 @@ static void check_barriers(ts_server_t *srv, bool timeouts) {
   bool moved = false;
   for (size_t i = 0; i < srv->store.num_parts; i++) {
     ts_spart_t *p = &srv->store.parts[i];
-    if (p->accum_n == 0 || p->apply_pending) continue;
+    uint32_t have = ts_store_sync_count(p);
+    if (have == 0 || p->apply_pending) continue;
     bool expired = timeouts && now - p->opened_ms >= timeout;
-    if (p->accum_n < need && !expired) continue;
-    if (p->accum_n < need) {
+    if (have < need && !expired) continue;
+    if (have < need) {
       char missing[256] = "";
       size_t len = 0;
       for (uint32_t t = 0; t < srv->num_workers && len < sizeof missing - 8; t++)
@@ -153,7 +154,7 @@ static void check_barriers(ts_server_t *srv, bool timeouts) {
       ts_log_warn("sync barrier of '%s' part %u version %llu proceeds after %.1f s with %u of %u "
                   "gradients; missing tasks [%s]",
                   srv->store.tensors[p->plan->tensor].name, p->plan->part,
-                  (unsigned long long)p->version, srv->cfg->sync_timeout_s, p->accum_n, need,
+                  (unsigned long long)p->version, srv->cfg->sync_timeout_s, have, need,
                   missing);
     }
     moved |= ts_store_sync_complete(&srv->store, p);
@@ -382,8 +383,15 @@ static void handle_push(ts_session_t *s, Tessera__Push *m, bool discarded) {
   for (size_t i = 0; i < m->n_parts; i++) total += m->parts[i]->count;
   if (total && !ts_optim_all_finite(g, total)) {
     srv->nonfinite++;
+    if (st->mode == TS_MODE_SYNC) {
+      /* The worker was heard from for this step: its barrier does not wait for it. */
+      for (size_t i = 0; i < m->n_parts; i++)
+        ts_store_sync_skip(st, ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part), s->task,
+                           m->step, now_ms(srv));
+    }
     reply_error(s, m->request_id, TS_ENONFINITE,
                 "gradient contains NaN or Inf; the push was refused and no parameter changed");
+    if (st->mode == TS_MODE_SYNC) check_barriers(srv, false);
     goto out;
   }
   if (st->mode == TS_MODE_SYNC) {
@@ -537,7 +545,7 @@ static void handle_status(ts_session_t *s, Tessera__Status *m) {
     const ts_spart_t *p = &srv->store.parts[0];
     for (size_t i = 1; i < srv->store.num_parts; i++)
       if (srv->store.parts[i].version < p->version) p = &srv->store.parts[i];
-    if (p->accum_n > 0)
+    if (ts_store_sync_count(p) > 0)
       for (uint32_t t = 0; t < nw; t++)
         if (!p->contributed[t] && !srv->workers[t].done && !srv->workers[t].dead)
           waiting[nwait++] = (int32_t)t;

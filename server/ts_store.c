@@ -275,9 +275,9 @@ Tessera__PushResult ts_store_sync_push(ts_store_t *s, ts_spart_t *p, const float
   if (task >= 0 && (uint32_t)task < s->num_workers && p->contributed[task])
     return TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
   size_t n = p->plan->count;
+  if (p->accum_n + p->skip_n == 0) p->opened_ms = now_ms;
   if (p->accum_n == 0) {
     memcpy(p->accum, g, n * sizeof(float));
-    p->opened_ms = now_ms;
   } else {
     for (size_t i = 0; i < n; i++) p->accum[i] += g[i];
   }
@@ -286,15 +286,32 @@ Tessera__PushResult ts_store_sync_push(ts_store_t *s, ts_spart_t *p, const float
   return TESSERA__PUSH_RESULT__PUSH_ACCUMULATED;
 }
 
+bool ts_store_sync_skip(ts_store_t *s, ts_spart_t *p, int task, uint64_t step, uint64_t now_ms) {
+  if (p->apply_pending || step != p->version || task < 0 || (uint32_t)task >= s->num_workers ||
+      p->contributed[task])
+    return false;
+  if (p->accum_n + p->skip_n == 0) p->opened_ms = now_ms;
+  p->contributed[task] = 1;
+  p->skip_n++;
+  return true;
+}
+
+uint32_t ts_store_sync_count(const ts_spart_t *p) { return p->accum_n + p->skip_n; }
+
 static void sync_apply(ts_store_t *s, ts_spart_t *p) {
-  apply(s, p, p->accum, 1.0f / (float)p->accum_n);
+  if (p->accum_n > 0) {
+    apply(s, p, p->accum, 1.0f / (float)p->accum_n);
+  } else {
+    p->version++; /* every gradient of this step was refused: the step is skipped */
+  }
   p->accum_n = 0;
+  p->skip_n = 0;
   p->apply_pending = false;
   memset(p->contributed, 0, s->num_workers ? s->num_workers : 1);
 }
 
 bool ts_store_sync_complete(ts_store_t *s, ts_spart_t *p) {
-  if (p->accum_n == 0 || p->apply_pending) return false;
+  if (p->accum_n + p->skip_n == 0 || p->apply_pending) return false;
   if (p->writers > 0) {
     p->apply_pending = true;
     return false;

@@ -43,6 +43,7 @@ typedef struct {
   uint64_t version;
   uint64_t updates;    /* optimizer steps taken (Adam's t) */
   uint32_t accum_n;    /* sync: gradients in accum */
+  uint32_t skip_n;     /* sync: workers whose gradient for this version was refused */
   uint8_t *contributed; /* sync: per task, 1 when it pushed for this version */
   uint64_t opened_ms;  /* sync: when the first gradient of this version arrived */
   int writers;
@@ -101,6 +102,14 @@ void ts_store_async_push(ts_store_t *s, ts_spart_t *p, const float *g);
  * of the version (the caller checks: TS_EFUTURE). */
 Tessera__PushResult ts_store_sync_push(ts_store_t *s, ts_spart_t *p, const float *g, int task,
                                        uint64_t step, uint64_t now_ms);
+
+/* Sync: `task` pushed a gradient for `step` that was refused (NaN or Inf): it counts as
+ * heard from, with nothing to add, so the barrier does not wait for it. Returns true when
+ * it was counted (step is the open version and the task had not pushed). */
+bool ts_store_sync_skip(ts_store_t *s, ts_spart_t *p, int task, uint64_t step, uint64_t now_ms);
+
+/* Sync: gradients and refusals counted towards p's open barrier. */
+uint32_t ts_store_sync_count(const ts_spart_t *p);
 
 /* Sync: close p's barrier with the gradients it has (at least one): average, apply (now,
  * or when its writers finish), move to the next version. Returns true when applied now. */

@@ -36,6 +36,7 @@ typedef struct {
   uint64_t step;
   uint64_t clock;
   double loss, examples_per_sec, progress;
+  uint64_t stale_dropped;
   char identity[128];
 } worker_info_t;
 
@@ -89,6 +90,7 @@ struct ts_server {
   uint64_t last_ckpt_ms;     /* loop time of the last checkpoint written or restored */
   bool have_ckpt;
   uint64_t ckpts_written, ckpt_failures, restored_step;
+  bool served_pull;          /* the first pull was answered (logged once, with the delay) */
 };
 
 static const ts_conn_cbs_t session_cbs;
@@ -104,8 +106,8 @@ static void reply_error(ts_session_t *s, uint64_t request_id, int code, const ch
   ts_conn_send_error(&s->conn, request_id, code, detail);
 }
 
+/* Counted as a rejected frame when the connection closes (on_session_close). */
 static void protocol_error(ts_session_t *s, uint64_t request_id, int code, const char *detail) {
-  s->srv->rejected_frames++;
   ts_log_warn("%s: protocol violation, closing connection: %s", s->conn.peer, detail);
   ts_conn_fail(&s->conn, request_id, code, detail);
 }
@@ -251,6 +253,12 @@ static void send_pull(ts_session_t *s, const Tessera__Pull *m) {
     ts_free(pw);
   } else {
     srv->pulls++;
+    if (!srv->served_pull) {
+      srv->served_pull = true;
+      ts_log_info("first pull served %llu ms after start%s",
+                  (unsigned long long)(now_ms(srv) - srv->started_ms),
+                  srv->restored_step ? " (restored from a checkpoint)" : "");
+    }
   }
   pw = NULL;
 done:
@@ -425,9 +433,11 @@ static void handle_push(ts_session_t *s, Tessera__Push *m, bool discarded) {
     }
     g += p->plan->count;
   }
-  if (stale)
-    ts_log_info("task %d: %llu stale gradient partition(s) for step %llu dropped", s->task,
-                (unsigned long long)stale, (unsigned long long)m->step);
+  if (stale) {
+    ts_log_debug("task %d: %llu stale gradient partition(s) for step %llu dropped", s->task,
+                 (unsigned long long)stale, (unsigned long long)m->step);
+    if (s->task >= 0 && (uint32_t)s->task < srv->num_workers) srv->workers[s->task].stale_dropped += stale;
+  }
   srv->pushes++;
   if (s->task >= 0 && (uint32_t)s->task < srv->num_workers) {
     worker_info_t *w = &srv->workers[s->task];
@@ -537,6 +547,7 @@ static void handle_status(ts_session_t *s, Tessera__Status *m) {
     ws[n].identity = (char *)w->identity;
     ws[n].epoch_progress = w->progress;
     ws[n].clock = w->clock;
+    ws[n].stale_dropped = w->stale_dropped;
     wp[n] = &ws[n];
     n++;
   }
@@ -886,9 +897,15 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
   }
 }
 
+static bool is_protocol_violation(int err) {
+  return err == TS_EPROTO || err == TS_ETOOBIG || err == TS_EVERSION || err == TS_ESIZE ||
+         err == TS_EAUTH || err == TS_EINVAL;
+}
+
 static void on_session_close(ts_conn_t *c, int err) {
   ts_session_t *s = c->data;
   ts_server_t *srv = s->srv;
+  if (is_protocol_violation(err)) srv->rejected_frames++;
   drop_waiting_of(srv, s);
   if (s->prev)
     s->prev->next = s->next;
@@ -1053,6 +1070,8 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   if (!srv) return TS_ENOMEM;
   int rc = 0;
   srv->loop = loop;
+  uv_update_time(loop);
+  srv->started_ms = uv_now(loop);
   srv->cfg = cfg;
   srv->shard = opts->shard;
   srv->num_workers = (uint32_t)cfg->num_workers;
@@ -1162,7 +1181,6 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   uv_signal_start(&srv->sigint, on_signal, SIGINT);
   signal(SIGPIPE, SIG_IGN);
 
-  srv->started_ms = uv_now(loop);
   ts_log_info("shard %u of %zu listening on %s (mode %s, %zu worker(s), optimizer %s, lr %g)",
               srv->shard, cfg->num_ps, srv->address, ts_mode_name(cfg->mode), cfg->num_workers,
               ts_optimizer_name(cfg->optimizer), cfg->learning_rate);

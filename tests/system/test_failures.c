@@ -1,0 +1,431 @@
+/*
+ * Failures survived (issue "Reliability and security"): dead and stopped workers in sync
+ * mode, a shard killed and restored from its checkpoint, hostile traffic during training,
+ * admin authorization. Real ps-server and ps-worker processes on loopback.
+ */
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "ts_client.h"
+#include "ts_frame.h"
+#include "ts_msg.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+static bool file_has(const char *path, const char *needle) {
+  char *s = ts_read_file(path);
+  bool has = s && strstr(s, needle);
+  free(s);
+  return has;
+}
+
+static void dump(const ts_proc_t *p) {
+  char *e = ts_read_file(p->err);
+  fprintf(stderr, "--- %s:\n%s\n", p->err, e ? e : "(none)");
+  free(e);
+}
+
+static double done_accuracy(const ts_proc_t *p) {
+  char *out = ts_read_file(p->out);
+  const char *a = out ? strstr(out, "test_accuracy=") : NULL;
+  double acc = a ? atof(a + strlen("test_accuracy=")) : -1;
+  free(out);
+  return acc;
+}
+
+/* psctl status --output json: the job's step and the sum of a shard counter; -1 on error. */
+static long long job_field(ts_cluster_t *c, const char *shard_field, long long *sum) {
+  char out[65536], err[4096];
+  const char *argv[] = {ts_psctl_path, "-c", c->config, "-o", "json", "status", NULL};
+  if (ts_run_capture(argv, out, sizeof out, err, sizeof err) != 0) return -1;
+  cJSON *j = cJSON_Parse(out);
+  if (!j) return -1;
+  long long step = (long long)cJSON_GetObjectItem(j, "step")->valuedouble;
+  if (sum) {
+    *sum = 0;
+    cJSON *sh;
+    cJSON_ArrayForEach(sh, cJSON_GetObjectItem(j, "shards")) {
+      cJSON *v = cJSON_GetObjectItem(sh, shard_field);
+      if (v) *sum += (long long)v->valuedouble;
+    }
+  }
+  cJSON_Delete(j);
+  return step;
+}
+
+/* Gradient partitions of `task` the shards dropped as stale. */
+static uint64_t task_stale(ts_cluster_t *c, int task) {
+  ts_client_opts_t o = {.addrs = c->addrs, .num_shards = (size_t)c->num_shards, .admin = true,
+                        .task = -1, .connect_timeout_s = 5, .request_timeout_s = 5,
+                        .require_all = true};
+  ts_client_t *cl = NULL;
+  char err[512];
+  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
+  uint64_t n = 0;
+  for (int s = 0; s < c->num_shards; s++) {
+    Tessera__ShardStatus *st = NULL;
+    assert_int_equal(ts_client_status(cl, (uint32_t)s, &st, err, sizeof err), 0);
+    for (size_t i = 0; i < st->n_workers; i++)
+      if (st->workers[i]->task == task) n += st->workers[i]->stale_dropped;
+    ts_client_free_status(st);
+  }
+  ts_client_close(cl);
+  return n;
+}
+
+static void wait_for_step(ts_cluster_t *c, long long step, double timeout) {
+  double t0 = now_s();
+  while (now_s() - t0 < timeout && job_field(c, "", NULL) < step) sleep_s(0.05);
+}
+
+/* --- sync, 3 workers: one killed mid-training, the others go on; it rejoins ---------- */
+
+static void test_sync_worker_killed_and_rejoins(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 3,
+                                    "job = { mode = \"sync\"; sync_timeout_s = 2.0; "
+                                    "heartbeat_timeout_s = 2.0; heartbeat_interval_s = 0.25; };\n"
+                                    "model = { layers = [784, 32, 10]; };\n"
+                                    "train = { batch_size = 32; max_steps = 600; log_interval_s = 0.5; };"),
+                   0);
+  ts_proc_t w[3];
+  for (int t = 0; t < 3; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
+  wait_for_step(&c, 100, 30);
+  kill(w[2].pid, SIGKILL);
+  assert_int_equal(ts_proc_wait(&w[2], 10), 128 + SIGKILL);
+  long long at_kill = job_field(&c, "", NULL);
+  assert_true(at_kill >= 100);
+  /* The other two keep making steps within sync_timeout_s + 2 s. */
+  double t0 = now_s();
+  wait_for_step(&c, at_kill + 20, 4.0);
+  long long after = job_field(&c, "", NULL);
+  fprintf(stderr, "killed worker 2 at step %lld; %.2f s later the job is at step %lld\n", at_kill,
+          now_s() - t0, after);
+  assert_true(after >= at_kill + 20);
+  /* Restarted, it rejoins at the job's step and finishes with the others. */
+  assert_int_equal(ts_worker_start(&c, 2, NULL, &w[2]), 0);
+  for (int t = 0; t < 3; t++) {
+    int rc = ts_proc_wait(&w[t], 90);
+    if (rc != 0) dump(&w[t]);
+    assert_int_equal(rc, 0);
+  }
+  assert_true(file_has(w[2].err, "joining the job at step"));
+  assert_true(file_has(w[2].out, "done: task=2"));
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- sync, 3 workers, 2 to aggregate: a stopped worker slows nothing ---------------- */
+
+static void test_sync_backup_worker_stopped(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 3,
+                                    "job = { mode = \"sync\"; replicas_to_aggregate = 2; "
+                                    "sync_timeout_s = 5.0; heartbeat_timeout_s = 2.0; };\n"
+                                    "model = { layers = [784, 32, 10]; };\n"
+                                    "train = { batch_size = 32; epochs = 10; max_steps = 3000; log_interval_s = 0.5; };"),
+                   0);
+  ts_proc_t w[3];
+  for (int t = 0; t < 3; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
+  wait_for_step(&c, 50, 30);
+  /* Pace with everyone running. */
+  double t0 = now_s();
+  long long s0 = job_field(&c, "", NULL);
+  sleep_s(1.0);
+  double pace_before = (double)(job_field(&c, "", NULL) - s0) / (now_s() - t0);
+  kill(w[2].pid, SIGSTOP);
+  t0 = now_s();
+  s0 = job_field(&c, "", NULL);
+  sleep_s(1.5);
+  double pace_stopped = (double)(job_field(&c, "", NULL) - s0) / (now_s() - t0);
+  uint64_t stale_before = task_stale(&c, 2);
+  fprintf(stderr, "pace: %.0f steps/s with all workers, %.0f with one stopped\n", pace_before,
+          pace_stopped);
+  assert_true(pace_stopped >= 0.5 * pace_before);
+  kill(w[2].pid, SIGCONT);
+  for (int t = 0; t < 3; t++) {
+    int rc = ts_proc_wait(&w[t], 90);
+    if (rc != 0) dump(&w[t]);
+    assert_int_equal(rc, 0);
+  }
+  uint64_t stale_after = task_stale(&c, 2);
+  fprintf(stderr, "worker 2's stale gradient partitions dropped: %llu before SIGCONT, %llu at the end\n",
+          (unsigned long long)stale_before, (unsigned long long)stale_after);
+  assert_true(stale_after > stale_before);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- a shard killed during training and restarted from its checkpoint ------------- */
+
+static const char *demo_job =
+    "job = { mode = \"sync\"; partition_bytes = 131072; sync_timeout_s = 10.0; };\n"
+    "optimizer = { name = \"adam\"; learning_rate = 0.002; };\n"
+    "model = { layers = [784, 128, 10]; };\n"
+    "train = { batch_size = 64; epochs = 2; log_interval_s = 0.5; };\n";
+/* (2 epochs: 936 sync steps; the shard is killed after step 400.) */
+
+static double train_two(ts_cluster_t *c, bool kill_shard, double *restart_to_pull_ms) {
+  ts_proc_t w[2];
+  for (int t = 0; t < 2; t++) assert_int_equal(ts_worker_start(c, t, NULL, &w[t]), 0);
+  if (kill_shard) {
+    wait_for_step(c, 400, 60);
+    /* Wait for shard 1's next periodic checkpoint (every 0.5 s), then kill it. */
+    for (int i = 0; i < 500; i++) {
+      char *log = ts_cluster_log(c, 1);
+      bool written = log && strstr(log, "checkpoint written");
+      free(log);
+      if (written) break;
+      sleep_s(0.01);
+    }
+    ts_cluster_signal(c, 1, SIGKILL);
+    sleep_s(0.5);
+    assert_int_equal(ts_cluster_start_shard(c, 1), 0);
+  }
+  double acc = 1.0;
+  for (int t = 0; t < 2; t++) {
+    int rc = ts_proc_wait(&w[t], 110);
+    if (rc != 0) dump(&w[t]);
+    assert_int_equal(rc, 0);
+    double a = done_accuracy(&w[t]);
+    if (a < acc) acc = a;
+  }
+  if (kill_shard) {
+    char *log = ts_cluster_log(c, 1);
+    if (!strstr(log, "restored checkpoint")) fprintf(stderr, "shard 1 log:\n%s\n", log);
+    assert_non_null(strstr(log, "restored checkpoint"));
+    const char *p = strstr(log, "first pull served ");
+    /* The restarted process's line is the last one. */
+    for (const char *q = p; q; q = strstr(q + 1, "first pull served ")) p = q;
+    assert_non_null(p);
+    *restart_to_pull_ms = atof(p + strlen("first pull served "));
+    free(log);
+  }
+  return acc;
+}
+
+static void test_shard_killed_and_restored(void **state) {
+  (void)state;
+  char job[1024];
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2, demo_job), 0);
+  double base = train_two(&c, false, NULL);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+
+  char dir[] = "/tmp/tessera-ckpt-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  snprintf(job, sizeof job, "%scheckpoint = { dir = \"%s\"; interval_s = 0.5; keep = 3; };\n",
+           demo_job, dir);
+  assert_int_equal(ts_cluster_start(&c, 2, 2, job), 0);
+  double ms = 0;
+  double acc = train_two(&c, true, &ms);
+  fprintf(stderr,
+          "accuracy %.4f uninterrupted, %.4f with shard 1 killed and restored; restart to first "
+          "served pull: %.0f ms\n",
+          base, acc, ms);
+  assert_true(fabs(acc - base) <= 0.01);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* --- hostile traffic while a job trains ------------------------------------------ */
+
+typedef struct {
+  int port;
+  volatile int stop;
+  long sent;
+} hostile_arg_t;
+
+static int raw_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static void *hostile(void *p) {
+  hostile_arg_t *h = p;
+  uint8_t *junk = malloc(1 << 20);
+  for (int i = 0; i < (1 << 20); i++) junk[i] = (uint8_t)(i * 7919u >> 3);
+  while (!__atomic_load_n(&h->stop, __ATOMIC_SEQ_CST)) {
+    /* random bytes */
+    int fd = raw_connect(h->port);
+    if (fd >= 0) {
+      send(fd, junk, 1 << 20, MSG_NOSIGNAL);
+      close(fd);
+    }
+    /* an oversized header */
+    fd = raw_connect(h->port);
+    if (fd >= 0) {
+      uint8_t hdr[TS_FRAME_HEADER_SIZE];
+      ts_frame_encode_header(hdr, TS_MSG_PUSH, 16, UINT64_C(8) << 30);
+      send(fd, hdr, sizeof hdr, MSG_NOSIGNAL);
+      close(fd);
+    }
+    /* a push flood from an admin session that never reads its replies */
+    fd = raw_connect(h->port);
+    if (fd >= 0) {
+      uint8_t buf[4096];
+      recv(fd, buf, sizeof buf, 0); /* Hello */
+      Tessera__Handshake hs = TESSERA__HANDSHAKE__INIT;
+      hs.request_id = 1;
+      hs.protocol = TS_PROTOCOL_VERSION;
+      hs.role = TESSERA__ROLE__ROLE_ADMIN;
+      hs.task = -1;
+      size_t n = ts_msg_encode(TS_MSG_HANDSHAKE, &hs.base, 0, buf);
+      send(fd, buf, n, MSG_NOSIGNAL);
+      Tessera__PartSlice sl = TESSERA__PART_SLICE__INIT;
+      Tessera__PartSlice *slp[] = {&sl};
+      sl.count = 1 << 18;
+      Tessera__Push push = TESSERA__PUSH__INIT;
+      push.parts = slp;
+      push.n_parts = 1;
+      for (int i = 0; i < 200 && !__atomic_load_n(&h->stop, __ATOMIC_SEQ_CST); i++) {
+        push.request_id = (uint64_t)i + 2;
+        n = ts_msg_encode(TS_MSG_PUSH, &push.base, (uint64_t)1 << 20, buf);
+        if (send(fd, buf, n, MSG_NOSIGNAL) < 0 || send(fd, junk, 1 << 20, MSG_NOSIGNAL) < 0) break;
+        h->sent++;
+      }
+      close(fd);
+    }
+  }
+  free(junk);
+  return NULL;
+}
+
+static void test_hostile_traffic_during_training(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2, demo_job), 0);
+  double base = train_two(&c, false, NULL);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+
+  assert_int_equal(ts_cluster_start(&c, 2, 2, demo_job), 0);
+  hostile_arg_t h = {.port = c.port[0]};
+  pthread_t th;
+  pthread_create(&th, NULL, hostile, &h);
+  long peak = 0;
+  ts_proc_t w[2];
+  for (int t = 0; t < 2; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
+  while (w[0].pid > 0 || w[1].pid > 0) {
+    long rss = ts_proc_rss_kib(c.pid[0]);
+    if (rss > peak) peak = rss;
+    for (int t = 0; t < 2; t++) {
+      if (w[t].pid > 0) {
+        int st;
+        if (waitpid(w[t].pid, &st, WNOHANG) == w[t].pid) {
+          w[t].pid = 0;
+          w[t].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+        }
+      }
+    }
+    sleep_s(0.02);
+  }
+  __atomic_store_n(&h.stop, 1, __ATOMIC_SEQ_CST);
+  pthread_join(th, NULL);
+  double acc = 1.0;
+  for (int t = 0; t < 2; t++) {
+    if (w[t].status != 0) dump(&w[t]);
+    assert_int_equal(w[t].status, 0);
+    double a = done_accuracy(&w[t]);
+    if (a < acc) acc = a;
+  }
+  long long rejected = 0;
+  job_field(&c, "rejected_frames", &rejected);
+  fprintf(stderr,
+          "hostile traffic: %ld flood pushes of 1 MiB, %lld frames rejected; accuracy %.4f (%.4f "
+          "undisturbed); shard 0 peak RSS %.1f MiB\n",
+          h.sent, rejected, acc, base, (double)peak / 1024.0);
+  assert_true(fabs(acc - base) < 1e-9);
+  assert_true(rejected > 0);
+  /* Bound: the shard's parameters are 0.4 MiB; buffers and the process itself stay far
+   * below 64 MiB whatever the traffic announces. */
+  assert_true(peak < 64 * 1024);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- a worker token cannot shut the job down ------------------------------------- */
+
+static void test_admin_needs_admin_token(void **state) {
+  (void)state;
+  char dir[] = "/tmp/tessera-tok-XXXXXX", wt[300], at[300], job[800];
+  assert_non_null(mkdtemp(dir));
+  snprintf(wt, sizeof wt, "%s/worker.token", dir);
+  snprintf(at, sizeof at, "%s/admin.token", dir);
+  FILE *f = fopen(wt, "w");
+  fputs("worker-token-0123456789abcdef\n", f);
+  fclose(f);
+  f = fopen(at, "w");
+  fputs("admin-token-fedcba9876543210\n", f);
+  fclose(f);
+  snprintf(job, sizeof job, "auth = { token_file = \"%s\"; admin_token_file = \"%s\"; };", wt, at);
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1, job), 0);
+  char out[8192], err[8192];
+  /* psctl with only the worker token. */
+  const char *worker_only[] = {ts_psctl_path, "-c", c.config, "--set", "auth.admin_token_file=\"\"",
+                               "shutdown", NULL};
+  int rc = ts_run_capture(worker_only, out, sizeof out, err, sizeof err);
+  assert_true(rc != 0);
+  assert_non_null(strstr(err, "authentication failed"));
+  /* The shard is still up, and counted the failure. */
+  const char *status[] = {ts_psctl_path, "-c", c.config, "-o", "json", "shards", NULL};
+  assert_int_equal(ts_run_capture(status, out, sizeof out, err, sizeof err), 0);
+  char *log = ts_cluster_log(&c, 0);
+  assert_non_null(strstr(log, "authentication failed for admin role"));
+  free(log);
+  /* With the admin token it works. */
+  const char *admin[] = {ts_psctl_path, "-c", c.config, "shutdown", NULL};
+  rc = ts_run_capture(admin, out, sizeof out, err, sizeof err);
+  if (rc != 0) fprintf(stderr, "%s\n", err);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "stopped"));
+  sleep_s(0.3);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+  remove(wt);
+  remove(at);
+  rmdir(dir);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sync_worker_killed_and_rejoins),
+      cmocka_unit_test(test_sync_backup_worker_stopped),
+      cmocka_unit_test(test_shard_killed_and_restored),
+      cmocka_unit_test(test_hostile_traffic_during_training),
+      cmocka_unit_test(test_admin_needs_admin_token),
+  };
+  return cmocka_run_group_tests_name("failures", tests, NULL, NULL);
+}

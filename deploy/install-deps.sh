@@ -6,7 +6,7 @@ set -euo pipefail
 
 pkgs=(meson ninja-build pkg-config gcc clang protobuf-c-compiler libprotobuf-c-dev libuv1-dev
       libopenblas-dev libconfig-dev libsodium-dev zlib1g-dev libcjson-dev libcmocka-dev
-      dataset-fashion-mnist "$@")
+      libmicrohttpd-dev libsystemd-dev dataset-fashion-mnist "$@")
 
 missing=()
 for p in "${pkgs[@]}"; do

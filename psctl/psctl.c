@@ -13,6 +13,7 @@
 #include "ts_config.h"
 #include "ts_err.h"
 #include "ts_log.h"
+#include "ts_status_json.h"
 
 typedef enum { OUT_TABLE, OUT_JSON } output_t;
 
@@ -21,18 +22,20 @@ typedef struct {
   ts_client_t *client;
   Tessera__ShardStatus **st; /* per shard, NULL when it did not answer */
   char **why;                /* per shard, why it did not answer */
-  size_t up;
+  long only_shard;           /* --shard N, else -1 */
 } cluster_view_t;
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: psctl [-c FILE] [--set KEY=VALUE]... [-o table|json] COMMAND\n"
+          "usage: psctl [-c FILE] [--set KEY=VALUE]... [-o table|json] [--shard N] COMMAND\n"
           "\n"
           "Commands:\n"
-          "  status    job mode, global step, every shard and worker\n"
+          "  status    job mode, global step, every shard and worker (on a terminal also\n"
+          "            a bar of the workers' progress through the epoch)\n"
           "  shards    one line per shard: address, up, partitions, bytes, version\n"
           "  workers   one line per worker: step, loss, examples/s, last seen, alive\n"
-          "  health    exit 0 when every shard answers, 1 otherwise\n"
+          "  health    'healthy' and exit 0 when every shard answers; 'unhealthy', the\n"
+          "            reason per shard on stderr and exit 1 otherwise\n"
           "  checkpoint  every shard writes a checkpoint now (admin)\n"
           "  shutdown    every shard writes a final checkpoint and stops (admin);\n"
           "              --no-checkpoint stops without one\n"
@@ -40,26 +43,17 @@ static void usage(FILE *f) {
           "Options:\n"
           "  -c, --config FILE        the job file (default /etc/tessera/job.cfg)\n"
           "      --set KEY=VALUE      override a key of the job file\n"
-          "  -o, -w, --output FORMAT  table (default) or json\n"
+          "  -o, -w, --output FORMAT  table (default) or json (a stable schema, see\n"
+          "                           docs/operations.md)\n"
+          "      --shard N            only shard N (a container's own healthcheck)\n"
           "      --timeout SECONDS    how long to wait for each shard (default 3)\n"
           "  -h, --help               this text\n"
           "  -V, --version            print the version\n"
           "\n"
-          "Exit codes: 0 every shard answered, 1 a shard is down or failed,\n"
-          "2 usage error, 78 bad configuration.\n");
-}
-
-static const char *mode_name(Tessera__Mode m) {
-  switch (m) {
-    case TESSERA__MODE__MODE_ASYNC:
-      return "async";
-    case TESSERA__MODE__MODE_SYNC:
-      return "sync";
-    case TESSERA__MODE__MODE_SSP:
-      return "ssp";
-    default:
-      return "unknown";
-  }
+          "Colour is used only when stdout is a terminal and NO_COLOR is not set.\n"
+          "\n"
+          "Exit codes: 0 every shard (or shard N) answered, 1 a shard is down or failed,\n"
+          "2 usage error, 78 bad configuration (also an unreadable token file).\n");
 }
 
 static int gather(cluster_view_t *v, double timeout) {
@@ -99,11 +93,7 @@ static int gather(cluster_view_t *v, double timeout) {
       continue;
     }
     rc = ts_client_status(v->client, s, &v->st[s], err, sizeof err);
-    if (rc < 0) {
-      v->why[s] = ts_strdup(err);
-      continue;
-    }
-    v->up++;
+    if (rc < 0) v->why[s] = ts_strdup(err);
   }
   return 0;
 }
@@ -119,109 +109,8 @@ static void release(cluster_view_t *v) {
   ts_config_free(&v->cfg);
 }
 
-/* The job's view of one worker, merged over the shards: the freshest sighting wins. */
-typedef struct {
-  int task;
-  bool seen, alive, done;
-  uint64_t step;
-  double loss, eps, last_seen_s, progress;
-} worker_view_t;
-
-static worker_view_t *merge_workers(const cluster_view_t *v, size_t *n) {
-  size_t nw = v->cfg.num_workers;
-  worker_view_t *w = ts_calloc(nw ? nw : 1, sizeof *w);
-  if (!w) return NULL;
-  for (size_t t = 0; t < nw; t++) w[t].task = (int)t;
-  for (size_t s = 0; s < v->cfg.num_ps; s++) {
-    const Tessera__ShardStatus *st = v->st[s];
-    if (!st) continue;
-    for (size_t i = 0; i < st->n_workers; i++) {
-      const Tessera__WorkerStatus *ws = st->workers[i];
-      if (ws->task < 0 || (size_t)ws->task >= nw) continue;
-      worker_view_t *x = &w[ws->task];
-      if (!x->seen || ws->last_seen_s < x->last_seen_s) {
-        x->loss = ws->loss;
-        x->eps = ws->examples_per_sec;
-        x->last_seen_s = ws->last_seen_s;
-        x->progress = ws->epoch_progress;
-      }
-      if (ws->step > x->step) x->step = ws->step;
-      x->alive |= ws->alive;
-      x->done |= ws->done;
-      x->seen = true;
-    }
-  }
-  *n = nw;
-  return w;
-}
-
-static uint64_t job_step(const cluster_view_t *v, Tessera__Mode *mode) {
-  uint64_t step = 0;
-  bool first = true;
-  *mode = TESSERA__MODE__MODE_UNSPECIFIED;
-  for (size_t s = 0; s < v->cfg.num_ps; s++) {
-    const Tessera__ShardStatus *st = v->st[s];
-    if (!st) continue;
-    *mode = st->mode;
-    /* Sync: every shard moves together, the job is at the lowest version. Async: a shard's
-     * step counts the pushes it applied; the job's is the largest. */
-    if (st->mode == TESSERA__MODE__MODE_SYNC)
-      step = first || st->step < step ? st->step : step;
-    else
-      step = st->step > step ? st->step : step;
-    first = false;
-  }
-  return step;
-}
-
-static cJSON *shard_json(const cluster_view_t *v, size_t s) {
-  cJSON *o = cJSON_CreateObject();
-  const Tessera__ShardStatus *st = v->st[s];
-  cJSON_AddNumberToObject(o, "index", (double)s);
-  cJSON_AddStringToObject(o, "address", v->cfg.ps[s]);
-  cJSON_AddBoolToObject(o, "up", st != NULL);
-  if (st) {
-    cJSON_AddNumberToObject(o, "partitions", st->partitions);
-    cJSON_AddNumberToObject(o, "bytes", (double)st->bytes);
-    cJSON_AddNumberToObject(o, "version", (double)st->version);
-    cJSON_AddNumberToObject(o, "step", (double)st->step);
-    cJSON_AddNumberToObject(o, "pushes", (double)st->pushes);
-    cJSON_AddNumberToObject(o, "pulls", (double)st->pulls);
-    cJSON_AddNumberToObject(o, "stale_dropped", (double)st->stale_dropped);
-    cJSON_AddNumberToObject(o, "rejected_frames", (double)st->rejected_frames);
-    cJSON_AddNumberToObject(o, "errors", (double)st->errors);
-    cJSON_AddNumberToObject(o, "connections", (double)st->connections);
-    cJSON_AddNumberToObject(o, "uptime_s", st->uptime_s);
-    cJSON *wait = cJSON_AddArrayToObject(o, "barrier_waiting_for");
-    for (size_t i = 0; i < st->n_barrier_waiting_for; i++)
-      cJSON_AddItemToArray(wait, cJSON_CreateNumber(st->barrier_waiting_for[i]));
-  } else {
-    cJSON_AddNumberToObject(o, "partitions", 0);
-    cJSON_AddNumberToObject(o, "bytes", 0);
-    cJSON_AddNumberToObject(o, "version", 0);
-    cJSON_AddStringToObject(o, "error", v->why[s] ? v->why[s] : "no answer");
-  }
-  return o;
-}
-
-static cJSON *worker_json(const worker_view_t *w) {
-  cJSON *o = cJSON_CreateObject();
-  cJSON_AddNumberToObject(o, "task", w->task);
-  cJSON_AddNumberToObject(o, "step", (double)w->step);
-  cJSON_AddNumberToObject(o, "loss", w->loss);
-  cJSON_AddNumberToObject(o, "examples_per_sec", w->eps);
-  if (w->seen)
-    cJSON_AddNumberToObject(o, "last_seen_s", w->last_seen_s);
-  else
-    cJSON_AddNullToObject(o, "last_seen_s");
-  cJSON_AddBoolToObject(o, "alive", w->alive);
-  cJSON_AddBoolToObject(o, "done", w->done);
-  cJSON_AddNumberToObject(o, "epoch_progress", w->progress);
-  return o;
-}
-
 static void print_json(cJSON *root) {
-  char *s = cJSON_Print(root);
+  char *s = root ? cJSON_Print(root) : NULL;
   if (s) {
     printf("%s\n", s);
     cJSON_free(s);
@@ -239,11 +128,37 @@ static void human_bytes(char *buf, size_t n, double b) {
   snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", b, units[u]);
 }
 
+/* Colour only on a terminal, never with NO_COLOR set (no-color.org) or TERM=dumb. */
+static bool use_colour(void) {
+  const char *nc = getenv("NO_COLOR"), *term = getenv("TERM");
+  if (nc && *nc) return false;
+  if (term && strcmp(term, "dumb") == 0) return false;
+  return isatty(STDOUT_FILENO) == 1;
+}
+
+static bool colour;
+
+/* text in green (good) or red (bad) when colour is on; the padding stays outside the
+ * escape codes so columns line up. */
+static void cell(const char *text, int width, bool good) {
+  int pad = width - (int)strlen(text);
+  if (colour) printf("\033[%sm%s\033[0m", good ? "32" : "1;31", text);
+  else printf("%s", text);
+  for (int i = 0; i < pad; i++) putchar(' ');
+}
+
+static bool shard_selected(const cluster_view_t *v, size_t s) {
+  return v->only_shard < 0 || (size_t)v->only_shard == s;
+}
+
 static void print_shards_table(const cluster_view_t *v) {
   printf("%-5s %-22s %-5s %10s %10s %9s %9s %s\n", "SHARD", "ADDRESS", "UP", "PARTITIONS",
          "BYTES", "VERSION", "STALE", "NOTE");
   for (size_t s = 0; s < v->cfg.num_ps; s++) {
+    if (!shard_selected(v, s)) continue;
     const Tessera__ShardStatus *st = v->st[s];
+    printf("%-5zu %-22s ", s, v->cfg.ps[s]);
+    cell(st ? "yes" : "NO", 5, st != NULL);
     if (st) {
       char b[32];
       human_bytes(b, sizeof b, (double)st->bytes);
@@ -254,16 +169,15 @@ static void print_shards_table(const cluster_view_t *v) {
           len += (size_t)snprintf(note + len, sizeof note - len, "%s%d", i ? "," : " ",
                                   st->barrier_waiting_for[i]);
       }
-      printf("%-5zu %-22s %-5s %10u %10s %9llu %9llu %s\n", s, v->cfg.ps[s], "yes", st->partitions,
-             b, (unsigned long long)st->version, (unsigned long long)st->stale_dropped, note);
+      printf(" %10u %10s %9llu %9llu %s\n", st->partitions, b, (unsigned long long)st->version,
+             (unsigned long long)st->stale_dropped, note);
     } else {
-      printf("%-5zu %-22s %-5s %10s %10s %9s %9s %s\n", s, v->cfg.ps[s], "NO", "-", "-", "-", "-",
-             v->why[s] ? v->why[s] : "no answer");
+      printf(" %10s %10s %9s %9s %s\n", "-", "-", "-", "-", v->why[s] ? v->why[s] : "no answer");
     }
   }
 }
 
-static void print_workers_table(const worker_view_t *w, size_t n) {
+static void print_workers_table(const ts_status_worker_t *w, size_t n) {
   printf("%-5s %10s %10s %12s %11s %8s %s\n", "TASK", "STEP", "LOSS", "EXAMPLES/S", "LAST SEEN",
          "EPOCH", "STATE");
   for (size_t i = 0; i < n; i++) {
@@ -274,43 +188,74 @@ static void print_workers_table(const worker_view_t *w, size_t n) {
     }
     char seen[32];
     snprintf(seen, sizeof seen, "%.1fs ago", w[i].last_seen_s);
-    printf("%-5d %10llu %10.4f %12.1f %11s %7.0f%% %s\n", w[i].task, (unsigned long long)w[i].step,
-           w[i].loss, w[i].eps, seen, w[i].progress * 100.0,
-           w[i].done ? "done" : w[i].alive ? "alive" : "DEAD");
+    printf("%-5d %10llu %10.4f %12.1f %11s %7.0f%% ", w[i].task, (unsigned long long)w[i].step,
+           w[i].loss, w[i].examples_per_sec, seen, w[i].epoch_progress * 100.0);
+    cell(w[i].done ? "done" : w[i].alive ? "alive" : "DEAD", 0, w[i].done || w[i].alive);
+    putchar('\n');
   }
 }
 
+/* The workers' mean progress through their current epoch (done counts as 1), as a bar. */
+static void print_progress_bar(const ts_status_worker_t *w, size_t n) {
+  double sum = 0;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!w[i].seen) continue;
+    sum += w[i].done ? 1.0 : w[i].epoch_progress;
+    k++;
+  }
+  if (k == 0) return;
+  double f = sum / (double)k;
+  if (f < 0) f = 0;
+  if (f > 1) f = 1;
+  const int width = 40;
+  int fill = (int)(f * width + 0.5);
+  printf("epoch [");
+  if (colour) printf("\033[32m");
+  for (int i = 0; i < width; i++) fputs(i < fill ? "#" : "-", stdout);
+  if (colour) printf("\033[0m");
+  printf("] %3.0f%%\n\n", f * 100.0);
+}
+
 static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
-  size_t nw = 0;
-  worker_view_t *w = merge_workers(v, &nw);
-  if (!w) return TS_EXIT_FAILURE;
+  size_t nw = v->cfg.num_workers;
+  ts_status_shard_t *sh = ts_calloc(v->cfg.num_ps, sizeof *sh);
+  ts_status_worker_t *w = ts_calloc(nw ? nw : 1, sizeof *w);
+  if (!sh || !w) {
+    ts_free(sh);
+    ts_free(w);
+    return TS_EXIT_FAILURE;
+  }
+  /* With --shard, the view is that shard alone: its health decides the exit code. */
+  size_t n = 0;
+  for (size_t s = 0; s < v->cfg.num_ps; s++) {
+    if (!shard_selected(v, s)) continue;
+    sh[n++] = (ts_status_shard_t){.index = s, .address = v->cfg.ps[s], .st = v->st[s],
+                                  .error = v->why[s]};
+  }
+  ts_status_view_t view = {.shards = sh, .num_shards = n, .num_workers = nw,
+                           .configured_mode = v->cfg.mode};
+  ts_status_merge_workers(&view, w);
   Tessera__Mode mode;
-  uint64_t step = job_step(v, &mode);
+  uint64_t step = ts_status_job_step(&view, &mode);
+  size_t up = ts_status_shards_up(&view);
+  const char *mname = up ? ts_status_mode_name(mode) : ts_mode_name(v->cfg.mode);
   if (out == OUT_JSON) {
     cJSON *root = NULL;
     if (strcmp(cmd, "status") == 0 || strcmp(cmd, "health") == 0) {
-      root = cJSON_CreateObject();
-      cJSON_AddStringToObject(root, "mode", v->up ? mode_name(mode) : ts_mode_name(v->cfg.mode));
-      cJSON_AddNumberToObject(root, "step", (double)step);
-      cJSON_AddBoolToObject(root, "healthy", v->up == v->cfg.num_ps);
-      cJSON *shards = cJSON_AddArrayToObject(root, "shards");
-      for (size_t s = 0; s < v->cfg.num_ps; s++) cJSON_AddItemToArray(shards, shard_json(v, s));
-      if (strcmp(cmd, "status") == 0) {
-        cJSON *workers = cJSON_AddArrayToObject(root, "workers");
-        for (size_t i = 0; i < nw; i++) cJSON_AddItemToArray(workers, worker_json(&w[i]));
-      }
+      root = ts_status_json_job(&view, strcmp(cmd, "status") == 0);
     } else if (strcmp(cmd, "shards") == 0) {
       root = cJSON_CreateArray();
-      for (size_t s = 0; s < v->cfg.num_ps; s++) cJSON_AddItemToArray(root, shard_json(v, s));
+      for (size_t s = 0; s < n; s++) cJSON_AddItemToArray(root, ts_status_json_shard(&sh[s]));
     } else {
       root = cJSON_CreateArray();
-      for (size_t i = 0; i < nw; i++) cJSON_AddItemToArray(root, worker_json(&w[i]));
+      for (size_t i = 0; i < nw; i++) cJSON_AddItemToArray(root, ts_status_json_worker(&w[i]));
     }
     print_json(root);
   } else if (strcmp(cmd, "status") == 0) {
-    printf("job: mode %s, step %llu, %zu of %zu shard(s) up, %zu worker(s)\n\n",
-           v->up ? mode_name(mode) : ts_mode_name(v->cfg.mode), (unsigned long long)step, v->up,
-           v->cfg.num_ps, nw);
+    printf("job: mode %s, step %llu, %zu of %zu shard(s) up, %zu worker(s)\n\n", mname,
+           (unsigned long long)step, up, n, nw);
+    if (isatty(STDOUT_FILENO) == 1) print_progress_bar(w, nw);
     print_shards_table(v);
     printf("\n");
     print_workers_table(w, nw);
@@ -319,15 +264,16 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   } else if (strcmp(cmd, "workers") == 0) {
     print_workers_table(w, nw);
   } else {
-    printf("%s: %zu of %zu shard(s) up\n", v->up == v->cfg.num_ps ? "healthy" : "unhealthy", v->up,
-           v->cfg.num_ps);
+    cell(up == n ? "healthy" : "unhealthy", 0, up == n);
+    printf(": %zu of %zu shard(s) up\n", up, n);
   }
+  for (size_t s = 0; s < n; s++)
+    if (!sh[s].st)
+      fprintf(stderr, "psctl: shard %zu (%s) is down: %s\n", sh[s].index, sh[s].address,
+              sh[s].error ? sh[s].error : "no answer");
+  ts_free(sh);
   ts_free(w);
-  for (size_t s = 0; s < v->cfg.num_ps; s++)
-    if (!v->st[s])
-      fprintf(stderr, "psctl: shard %zu (%s) is down: %s\n", s, v->cfg.ps[s],
-              v->why[s] ? v->why[s] : "no answer");
-  return v->up == v->cfg.num_ps ? TS_EXIT_OK : TS_EXIT_FAILURE;
+  return up == n ? TS_EXIT_OK : TS_EXIT_FAILURE;
 }
 
 /* checkpoint / shutdown: one request per shard that answered; every shard must succeed. */
@@ -338,6 +284,7 @@ static int cmd_admin(cluster_view_t *v, const char *cmd, bool checkpoint, output
     char err[512] = "", path[600] = "";
     uint64_t step = 0;
     int rc;
+    if (!shard_selected(v, s)) continue;
     if (!v->st[s]) {
       rc = TS_EUNAVAIL;
       snprintf(err, sizeof err, "%s", v->why[s] ? v->why[s] : "no answer");
@@ -377,16 +324,18 @@ int main(int argc, char **argv) {
   const char *config_path = NULL;
   output_t out = OUT_TABLE;
   double timeout = 3.0;
+  long only_shard = -1;
   const char **sets = calloc((size_t)argc, sizeof *sets);
   size_t nsets = 0;
   if (!sets) return TS_EXIT_FAILURE;
-  enum { OPT_SET = 256, OPT_TIMEOUT, OPT_NO_CHECKPOINT };
+  enum { OPT_SET = 256, OPT_TIMEOUT, OPT_SHARD, OPT_NO_CHECKPOINT };
   bool final_checkpoint = true;
   static const struct option longopts[] = {
       {"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, OPT_SET},
       {"output", required_argument, NULL, 'o'}, {"write-out", required_argument, NULL, 'w'},
       {"timeout", required_argument, NULL, OPT_TIMEOUT},
       {"no-checkpoint", no_argument, NULL, OPT_NO_CHECKPOINT},
+      {"shard", required_argument, NULL, OPT_SHARD},
       {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
   int opt, rc = TS_EXIT_USAGE;
@@ -422,6 +371,15 @@ int main(int argc, char **argv) {
       case OPT_NO_CHECKPOINT:
         final_checkpoint = false;
         break;
+      case OPT_SHARD: {
+        char *end;
+        only_shard = strtol(optarg, &end, 10);
+        if (*end || !*optarg || only_shard < 0 || only_shard >= TS_CONFIG_MAX_HOSTS) {
+          fprintf(stderr, "psctl: --shard takes a shard index, not '%s'\n", optarg);
+          goto done;
+        }
+        break;
+      }
       case 'h':
         usage(stdout);
         rc = TS_EXIT_OK;
@@ -468,6 +426,15 @@ int main(int argc, char **argv) {
     rc = TS_EXIT_CONFIG;
     goto done;
   }
+  if (only_shard >= 0 && (size_t)only_shard >= v.cfg.num_ps) {
+    fprintf(stderr, "psctl: --shard %ld: the job has %zu shard(s) (cluster.ps)\n", only_shard,
+            v.cfg.num_ps);
+    ts_config_free(&v.cfg);
+    rc = TS_EXIT_USAGE;
+    goto done;
+  }
+  v.only_shard = only_shard;
+  colour = out == OUT_TABLE && use_colour();
   rc = gather(&v, timeout);
   if (rc == 0) rc = admin_cmd ? cmd_admin(&v, cmd, final_checkpoint, out) : cmd_report(&v, cmd, out);
   release(&v);

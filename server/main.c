@@ -9,6 +9,7 @@
 #include "ts_config.h"
 #include "ts_err.h"
 #include "ts_log.h"
+#include "ts_notify.h"
 #include "ts_server.h"
 
 static void usage(FILE *f) {
@@ -56,6 +57,9 @@ int main(int argc, char **argv) {
     ts_config_free(&cfg);
     return rc == TS_ECONFIG ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
   }
+  /* Listening (and, once checkpoints exist, restored): systemd may start what depends on
+   * this shard. */
+  ts_notify_printf("READY=1\nSTATUS=serving shard %u of %zu", opts.shard, cfg.num_ps);
   uv_run(&loop, UV_RUN_DEFAULT);
   ts_server_free(srv);
   rc = uv_loop_close(&loop);

@@ -5,8 +5,11 @@
 #include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "ts_admin.h"
 #include "ts_alloc.h"
 #include "ts_auth.h"
 #include "ts_build_config.h"
@@ -14,6 +17,8 @@
 #include "ts_conn.h"
 #include "ts_err.h"
 #include "ts_log.h"
+#include "ts_metrics.h"
+#include "ts_notify.h"
 
 #define NONCE_LEN TS_AUTH_NONCE_LEN
 #define TICK_MS 100
@@ -25,6 +30,7 @@ typedef struct pull_wait {
   ts_session_t *sess;
   Tessera__Pull *msg;
   uint64_t deadline_ms;
+  uint64_t start_ns;    /* when the request arrived, for the latency histogram */
 } pull_wait_t;
 
 typedef struct {
@@ -91,6 +97,15 @@ struct ts_server {
   bool have_ckpt;
   uint64_t ckpts_written, ckpt_failures, restored_step;
   bool served_pull;          /* the first pull was answered (logged once, with the delay) */
+
+  /* Admin endpoint, metrics and systemd notification (ts_admin.h, ts_metrics.h). */
+  ts_metrics_t metrics;
+  ts_metrics_req_t cur_req;   /* kind of the request being handled, for refusal counts */
+  uint64_t cur_start_ns;      /* when it arrived */
+  ts_admin_t *admin;          /* NULL without cluster.ps_http */
+  bool notify;                /* under systemd with a notify socket */
+  uint64_t next_publish_ms, next_status_ms, watchdog_ms, next_watchdog_ms;
+  char notify_status[160];
 };
 
 static const ts_conn_cbs_t session_cbs;
@@ -101,6 +116,7 @@ static uint64_t now_ms(ts_server_t *srv) { return uv_now(srv->loop); }
 
 static void reply_error(ts_session_t *s, uint64_t request_id, int code, const char *detail) {
   s->srv->errors++;
+  ts_metrics_refused(&s->srv->metrics, s->srv->cur_req, code);
   ts_log_info("%s: request %llu refused: %s: %s", s->conn.peer, (unsigned long long)request_id,
               ts_err_name(code), detail);
   ts_conn_send_error(&s->conn, request_id, code, detail);
@@ -159,6 +175,7 @@ static void check_barriers(ts_server_t *srv, bool timeouts) {
                   (unsigned long long)p->version, srv->cfg->sync_timeout_s, have, need,
                   missing);
     }
+    ts_prom_hist_observe(&srv->metrics.barrier_wait, (double)(now - p->opened_ms) / 1000.0);
     moved |= ts_store_sync_complete(&srv->store, p);
   }
   if (moved) serve_waiting(srv);
@@ -281,6 +298,7 @@ static void park_pull(ts_session_t *s, Tessera__Pull *m) {
   w->sess = s;
   w->msg = m;
   w->deadline_ms = now_ms(srv) + timeout;
+  w->start_ns = srv->cur_start_ns;
   w->next = srv->waiting;
   srv->waiting = w;
 }
@@ -294,6 +312,7 @@ static void serve_waiting(ts_server_t *srv) {
     if (pull_ready(srv, w->msg)) {
       *pp = w->next;
       send_pull(w->sess, w->msg);
+      ts_prom_hist_observe(&srv->metrics.pull_duration, (double)(uv_hrtime() - w->start_ns) * 1e-9);
       ts_msg_free(&w->msg->base);
       ts_free(w);
     } else if (now >= w->deadline_ms) {
@@ -303,6 +322,7 @@ static void serve_waiting(ts_server_t *srv) {
                "pull waited too long: wanted version %llu (clock %llu), shard %u is at version %llu",
                (unsigned long long)w->msg->min_version, (unsigned long long)w->msg->clock,
                srv->shard, (unsigned long long)ts_store_min_version(&srv->store));
+      srv->cur_req = TS_METRICS_REQ_PULL;
       reply_error(w->sess, w->msg->request_id, TS_ETIMEDOUT, detail);
       ts_msg_free(&w->msg->base);
       ts_free(w);
@@ -336,6 +356,8 @@ static void handle_pull(ts_session_t *s, Tessera__Pull *m) {
   }
   if (pull_ready(s->srv, m)) {
     send_pull(s, m);
+    ts_prom_hist_observe(&s->srv->metrics.pull_duration,
+                         (double)(uv_hrtime() - s->srv->cur_start_ns) * 1e-9);
     ts_msg_free(&m->base);
   } else {
     park_pull(s, m);
@@ -431,6 +453,7 @@ static void handle_push(ts_session_t *s, Tessera__Push *m, bool discarded) {
       ts_store_async_push(st, p, g);
       results[i] = TESSERA__PUSH_RESULT__PUSH_APPLIED;
     }
+    if ((unsigned)results[i] < 4) srv->metrics.push_parts[results[i]]++;
     g += p->plan->count;
   }
   if (stale) {
@@ -449,6 +472,7 @@ static void handle_push(ts_session_t *s, Tessera__Push *m, bool discarded) {
   r.results = results;
   r.stale_dropped = stale;
   ts_conn_send(&s->conn, TS_MSG_PUSH_REPLY, &r.base, NULL, 0, NULL, NULL);
+  ts_prom_hist_observe(&srv->metrics.push_duration, (double)(uv_hrtime() - srv->cur_start_ns) * 1e-9);
   if (st->mode == TS_MODE_SYNC) check_barriers(srv, false);
   serve_waiting(srv);
 out:
@@ -521,17 +545,30 @@ static Tessera__Mode wire_mode(ts_mode_t m) {
   return TESSERA__MODE__MODE_UNSPECIFIED;
 }
 
-static void handle_status(ts_session_t *s, Tessera__Status *m) {
-  ts_server_t *srv = s->srv;
+/* A ShardStatus and the arrays it points into; built for STATUS requests and for the admin
+ * endpoint's snapshot. */
+typedef struct {
+  Tessera__ShardStatus r;
+  Tessera__WorkerStatus *ws;
+  Tessera__WorkerStatus **wp;
+  int32_t *waiting;
+} status_msg_t;
+
+static void status_release(status_msg_t *sm) {
+  ts_free(sm->ws);
+  ts_free(sm->wp);
+  ts_free(sm->waiting);
+}
+
+/* Fill *sm with the shard's state now. Returns 0 or TS_ENOMEM; release it in both cases. */
+static int status_build(ts_server_t *srv, status_msg_t *sm) {
   uint64_t now = now_ms(srv);
   uint32_t nw = srv->num_workers;
-  Tessera__WorkerStatus *ws = ts_calloc(nw ? nw : 1, sizeof *ws);
-  Tessera__WorkerStatus **wp = ts_calloc(nw ? nw : 1, sizeof *wp);
-  int32_t *waiting = ts_calloc(nw ? nw : 1, sizeof *waiting);
-  if (!ws || !wp || !waiting) {
-    reply_error(s, m->request_id, TS_ENOMEM, "out of memory");
-    goto out;
-  }
+  memset(sm, 0, sizeof *sm);
+  Tessera__WorkerStatus *ws = sm->ws = ts_calloc(nw ? nw : 1, sizeof *ws);
+  Tessera__WorkerStatus **wp = sm->wp = ts_calloc(nw ? nw : 1, sizeof *wp);
+  int32_t *waiting = sm->waiting = ts_calloc(nw ? nw : 1, sizeof *waiting);
+  if (!ws || !wp || !waiting) return TS_ENOMEM;
   size_t n = 0, nwait = 0;
   for (uint32_t t = 0; t < nw; t++) {
     const worker_info_t *w = &srv->workers[t];
@@ -561,40 +598,47 @@ static void handle_status(ts_session_t *s, Tessera__Status *m) {
         if (!p->contributed[t] && !srv->workers[t].done && !srv->workers[t].dead)
           waiting[nwait++] = (int32_t)t;
   }
-  Tessera__ShardStatus r = TESSERA__SHARD_STATUS__INIT;
-  r.request_id = m->request_id;
-  r.shard = srv->shard;
-  r.num_shards = (uint32_t)srv->cfg->num_ps;
-  r.mode = wire_mode(srv->store.mode);
-  r.version = ts_store_min_version(&srv->store);
-  r.step = srv->store.mode == TS_MODE_SYNC ? r.version : srv->pushes;
-  r.partitions = (uint32_t)srv->store.num_parts;
-  r.bytes = srv->store.bytes;
-  r.tensors = srv->store.num_tensors;
-  r.n_workers = n;
-  r.workers = wp;
-  r.pushes = srv->pushes;
-  r.pulls = srv->pulls;
-  r.stale_dropped = srv->store.stale_dropped;
-  r.rejected_frames = srv->rejected_frames;
-  r.errors = srv->errors;
-  r.uptime_s = (double)(now - srv->started_ms) / 1000.0;
-  r.num_workers = nw;
-  r.n_barrier_waiting_for = nwait;
-  r.barrier_waiting_for = waiting;
-  r.connections = srv->num_sessions;
-  r.auth_failures = srv->auth_failures;
-  r.nonfinite_refused = srv->nonfinite;
-  r.incarnation = srv->incarnation;
-  r.last_checkpoint = srv->last_ckpt;
-  r.last_checkpoint_age_s = srv->have_ckpt ? (double)(now - srv->last_ckpt_ms) / 1000.0 : -1.0;
-  r.checkpoints_written = srv->ckpts_written;
-  r.restored_step = srv->restored_step;
-  ts_conn_send(&s->conn, TS_MSG_STATUS_REPLY, &r.base, NULL, 0, NULL, NULL);
-out:
-  ts_free(ws);
-  ts_free(wp);
-  ts_free(waiting);
+  Tessera__ShardStatus *r = &sm->r;
+  tessera__shard_status__init(r);
+  r->shard = srv->shard;
+  r->num_shards = (uint32_t)srv->cfg->num_ps;
+  r->mode = wire_mode(srv->store.mode);
+  r->version = ts_store_min_version(&srv->store);
+  r->step = srv->store.mode == TS_MODE_SYNC ? r->version : srv->pushes;
+  r->partitions = (uint32_t)srv->store.num_parts;
+  r->bytes = srv->store.bytes;
+  r->tensors = srv->store.num_tensors;
+  r->n_workers = n;
+  r->workers = wp;
+  r->pushes = srv->pushes;
+  r->pulls = srv->pulls;
+  r->stale_dropped = srv->store.stale_dropped;
+  r->rejected_frames = srv->rejected_frames;
+  r->errors = srv->errors;
+  r->uptime_s = (double)(now - srv->started_ms) / 1000.0;
+  r->num_workers = nw;
+  r->n_barrier_waiting_for = nwait;
+  r->barrier_waiting_for = waiting;
+  r->connections = srv->num_sessions;
+  r->auth_failures = srv->auth_failures;
+  r->nonfinite_refused = srv->nonfinite;
+  r->incarnation = srv->incarnation;
+  r->last_checkpoint = srv->last_ckpt;
+  r->last_checkpoint_age_s = srv->have_ckpt ? (double)(now - srv->last_ckpt_ms) / 1000.0 : -1.0;
+  r->checkpoints_written = srv->ckpts_written;
+  r->restored_step = srv->restored_step;
+  return 0;
+}
+
+static void handle_status(ts_session_t *s, Tessera__Status *m) {
+  status_msg_t sm;
+  if (status_build(s->srv, &sm) < 0) {
+    reply_error(s, m->request_id, TS_ENOMEM, "out of memory");
+  } else {
+    sm.r.request_id = m->request_id;
+    ts_conn_send(&s->conn, TS_MSG_STATUS_REPLY, &sm.r.base, NULL, 0, NULL, NULL);
+  }
+  status_release(&sm);
   ts_msg_free(&m->base);
 }
 
@@ -626,6 +670,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
                                                                                : srv->token;
   if (check_mac(token, s->nonce, &m->mac) < 0) {
     srv->auth_failures++;
+    srv->metrics.auth_failures++;
     snprintf(err, sizeof err, "authentication failed for %s role from %s",
              m->role == TESSERA__ROLE__ROLE_ADMIN ? "admin" : "worker", s->conn.peer);
     protocol_error(s, m->request_id, TS_EAUTH, err);
@@ -702,6 +747,9 @@ static void ckpt_done(uv_work_t *req, int status) {
   uint64_t step = ts_checkpoint_snapshot_step(j->snap);
   if (j->rc == 0) {
     srv->ckpts_written++;
+    srv->metrics.checkpoints_ok++;
+    ts_prom_hist_observe(&srv->metrics.checkpoint_duration, j->seconds);
+    srv->metrics.checkpoint_last_success_unix = (double)time(NULL);
     srv->have_ckpt = true;
     srv->last_ckpt_ms = now_ms(srv);
     snprintf(srv->last_ckpt, sizeof srv->last_ckpt, "%s", j->path);
@@ -709,6 +757,7 @@ static void ckpt_done(uv_work_t *req, int status) {
                 (unsigned long long)step, (double)j->bytes / (1024.0 * 1024.0), j->seconds * 1000.0);
   } else {
     srv->ckpt_failures++;
+    srv->metrics.checkpoints_failed++;
     ts_log_err("checkpoint failed: %s", j->err);
   }
   ts_session_t *s = j->session_id ? find_session(srv, j->session_id) : NULL;
@@ -855,6 +904,8 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
                      bool discarded) {
   ts_session_t *s = c->data;
   ts_server_t *srv = s->srv;
+  srv->cur_req = ts_metrics_req_of(h->type);
+  srv->cur_start_ns = uv_hrtime();
   if (!s->handshaken) {
     if (h->type != TS_MSG_HANDSHAKE) {
       protocol_error(s, 0, TS_EPROTO, "the first frame must be a handshake");
@@ -905,7 +956,10 @@ static bool is_protocol_violation(int err) {
 static void on_session_close(ts_conn_t *c, int err) {
   ts_session_t *s = c->data;
   ts_server_t *srv = s->srv;
-  if (is_protocol_violation(err)) srv->rejected_frames++;
+  if (is_protocol_violation(err)) {
+    srv->rejected_frames++;
+    ts_metrics_rejected(&srv->metrics, err);
+  }
   drop_waiting_of(srv, s);
   if (s->prev)
     s->prev->next = s->next;
@@ -913,6 +967,8 @@ static void on_session_close(ts_conn_t *c, int err) {
     srv->sessions = s->next;
   if (s->next) s->next->prev = s->prev;
   srv->num_sessions--;
+  srv->metrics.bytes_in_closed += c->bytes_in;
+  srv->metrics.bytes_out_closed += c->bytes_out;
   if (s->handshaken && s->role == TESSERA__ROLE__ROLE_WORKER) {
     worker_info_t *w = &srv->workers[s->task];
     w->conns--;
@@ -985,6 +1041,61 @@ static void on_connection(uv_stream_t *listener, int status) {
 
 /* --- timers, signals, lifecycle ---------------------------------------------------- */
 
+/* --- admin endpoint and systemd ------------------------------------------------------ */
+
+#define PUBLISH_MS 250       /* how fresh /metrics and /status are */
+#define NOTIFY_STATUS_MS 1000 /* at most one STATUS= line to systemd a second */
+
+/* On the loop, from the tick (and at start and stop): publish the snapshot the admin
+ * endpoint renders, tell systemd how the shard is doing and pet its watchdog. The
+ * watchdog is only petted here, so a stuck loop gets the shard restarted. */
+static void admin_tick(ts_server_t *srv) {
+  uint64_t now = now_ms(srv);
+  bool publish = srv->admin && (now >= srv->next_publish_ms || srv->stopping);
+  bool status = srv->notify && now >= srv->next_status_ms;
+  if (publish || status) {
+    status_msg_t sm;
+    if (status_build(srv, &sm) == 0) {
+      if (publish) {
+        ts_metrics_t *m = &srv->metrics;
+        m->bytes_in = m->bytes_in_closed;
+        m->bytes_out = m->bytes_out_closed;
+        for (ts_session_t *x = srv->sessions; x; x = x->next) {
+          m->bytes_in += x->conn.bytes_in;
+          m->bytes_out += x->conn.bytes_out;
+        }
+        size_t len = protobuf_c_message_get_packed_size(&sm.r.base);
+        uint8_t *pb = ts_malloc(len ? len : 1);
+        if (pb) {
+          protobuf_c_message_pack(&sm.r.base, pb);
+          ts_admin_publish(srv->admin, m, pb, len, !srv->stopping,
+                           srv->stopping ? "shutting down" : NULL);
+          ts_free(pb);
+        }
+        srv->next_publish_ms = now + PUBLISH_MS;
+      }
+      if (status) {
+        uint32_t live = 0;
+        for (size_t i = 0; i < sm.r.n_workers; i++) live += sm.r.workers[i]->alive;
+        char line[160];
+        snprintf(line, sizeof line, "shard %u/%zu %s: step %llu, %u/%u workers live, %zu connections",
+                 srv->shard, srv->cfg->num_ps, srv->stopping ? "stopping" : "serving",
+                 (unsigned long long)sm.r.step, live, srv->num_workers, srv->num_sessions);
+        if (strcmp(line, srv->notify_status) != 0) {
+          ts_notify_printf("STATUS=%s", line);
+          memcpy(srv->notify_status, line, sizeof line);
+        }
+        srv->next_status_ms = now + NOTIFY_STATUS_MS;
+      }
+    }
+    status_release(&sm);
+  }
+  if (srv->watchdog_ms && now >= srv->next_watchdog_ms && !srv->stopping) {
+    ts_notify("WATCHDOG=1");
+    srv->next_watchdog_ms = now + srv->watchdog_ms;
+  }
+}
+
 static void on_tick(uv_timer_t *t) {
   ts_server_t *srv = t->data;
   uint64_t now = now_ms(srv);
@@ -1002,6 +1113,7 @@ static void on_tick(uv_timer_t *t) {
   (void)changed;
   check_barriers(srv, true);
   serve_waiting(srv);
+  admin_tick(srv);
 }
 
 static void on_handle_closed(uv_handle_t *h) {
@@ -1012,6 +1124,8 @@ static void on_handle_closed(uv_handle_t *h) {
 void ts_server_stop(ts_server_t *srv) {
   if (srv->stopping) return;
   srv->stopping = true;
+  ts_notify("STOPPING=1");
+  admin_tick(srv);
   ts_log_info("shutting down: closing %zu connection(s)", srv->num_sessions);
   uv_close((uv_handle_t *)&srv->listener, on_handle_closed);
   uv_close((uv_handle_t *)&srv->tick, on_handle_closed);
@@ -1125,6 +1239,15 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   if (!is_loopback(ai->ai_addr) && !srv->token)
     ts_log_warn("listening on %s WITHOUT authentication (--insecure)", srv->address);
 
+  /* The admin endpoint runs on its own thread and needs nothing from the loop: start it
+   * first, so a taken admin port fails the start before anything is on the loop. */
+  ts_metrics_init(&srv->metrics);
+  if (cfg->num_ps_http > opts->shard &&
+      (rc = ts_admin_start(&srv->admin, cfg, opts->shard, errmsg, errlen)) < 0) {
+    freeaddrinfo(ai);
+    goto fail;
+  }
+
   uv_tcp_init(loop, &srv->listener);
   srv->listener.data = srv;
   srv->open_handles++;
@@ -1181,6 +1304,9 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   uv_signal_start(&srv->sigint, on_signal, SIGINT);
   signal(SIGPIPE, SIG_IGN);
 
+  srv->notify = ts_notify_available() && getenv("NOTIFY_SOCKET") != NULL;
+  srv->watchdog_ms = ts_notify_watchdog_interval_ms();
+  admin_tick(srv);
   ts_log_info("shard %u of %zu listening on %s (mode %s, %zu worker(s), optimizer %s, lr %g)",
               srv->shard, cfg->num_ps, srv->address, ts_mode_name(cfg->mode), cfg->num_workers,
               ts_optimizer_name(cfg->optimizer), cfg->learning_rate);
@@ -1194,6 +1320,7 @@ fail:
 
 void ts_server_free(ts_server_t *srv) {
   if (!srv) return;
+  ts_admin_stop(srv->admin);
   while (srv->waiting) {
     pull_wait_t *w = srv->waiting;
     srv->waiting = w->next;

@@ -11,6 +11,20 @@ root=$(pwd)
 
 bash deploy/install-deps.sh || { echo "tests: 0 passed, 1 failed"; exit 1; }
 
+# Checking tools of the operations tests: PyYAML and docker-compose (deploy files) from
+# Debian; promtool (`promtool check metrics`) unpacked from Debian's prometheus package
+# into .tools/ rather than installed, so no Prometheus server gets enabled on this machine.
+# Tests whose tool is missing skip.
+bash deploy/install-deps.sh python3-yaml docker-compose || echo "tests: no PyYAML/docker-compose; those checks skip"
+if ! command -v promtool >/dev/null; then
+  if [ ! -x .tools/usr/bin/promtool ]; then
+    ( mkdir -p .tools && cd .tools && apt-get download prometheus >/dev/null 2>&1 &&
+      dpkg-deb -x prometheus_*.deb . && rm -f prometheus_*.deb ) ||
+      echo "tests: could not fetch promtool; the promtool checks skip"
+  fi
+  [ -x .tools/usr/bin/promtool ] && export PATH="$root/.tools/usr/bin:$PATH"
+fi
+
 build=${BUILD_DIR:-build-test}
 san=${SAN_BUILD_DIR:-build-san}
 jobs=$(nproc)

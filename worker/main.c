@@ -17,6 +17,7 @@
 #include "ts_kernels.h"
 #include "ts_log.h"
 #include "ts_model.h"
+#include "ts_observe.h"
 #include "ts_trainer.h"
 
 static volatile sig_atomic_t stop_requested = 0;
@@ -143,6 +144,7 @@ int main(int argc, char **argv) {
   ts_model_t model;
   memset(&model, 0, sizeof model);
   ts_client_t *client = NULL;
+  ts_observe_t *obs = NULL;
   char *token = NULL;
   int rc;
   exit_code = TS_EXIT_CONFIG;
@@ -175,6 +177,15 @@ int main(int argc, char **argv) {
   }
   if (cfg.token_file && *cfg.token_file && !(token = ts_auth_read_token(cfg.token_file, err, sizeof err))) {
     ts_log_err("%s", err);
+    goto out;
+  }
+
+  /* The admin endpoint and the event file before any shard is contacted: a taken port or
+   * an unwritable logdir stops the worker before it joins the job. */
+  rc = ts_observe_start(&obs, &cfg, (int)task, err, sizeof err);
+  if (rc < 0) {
+    ts_log_err("%s", err);
+    if (rc != TS_ECONFIG) exit_code = TS_EXIT_FAILURE;
     goto out;
   }
 
@@ -222,9 +233,14 @@ int main(int argc, char **argv) {
   ts_log_info("model [%s] declared on %zu shard(s): %zu parameters", "mlp", cfg.num_ps,
               model.param_count);
 
+  uint64_t per_epoch = ts_trainer_steps_per_epoch(train.n, (int)cfg.num_workers, cfg.batch_size);
+  uint64_t planned = per_epoch * (uint64_t)cfg.epochs;
+  if (cfg.max_steps > 0 && (uint64_t)cfg.max_steps < planned) planned = (uint64_t)cfg.max_steps;
+  ts_observe_ready(obs, planned);
   ts_trainer_t t = {.cfg = &cfg, .task = (int)task, .num_workers = (int)cfg.num_workers,
                     .train = &train, .test = &test, .model = &model, .client = client,
-                    .stop = &stop_requested};
+                    .stop = &stop_requested, .on_progress = ts_observe_progress,
+                    .on_step = ts_observe_step, .progress_arg = obs};
   ts_train_result_t res;
   rc = ts_trainer_run(&t, &res, err, sizeof err);
   if (rc < 0) {
@@ -242,6 +258,7 @@ int main(int argc, char **argv) {
   }
 out:
   ts_client_close(client);
+  ts_observe_stop(obs);
   ts_model_destroy(&model);
   ts_dataset_free(&train);
   ts_dataset_free(&test);

@@ -190,6 +190,10 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     phase[0] += ts1 - ts0;
     phase[1] += ts2 - ts1;
     phase[2] += ts3 - ts2;
+    if (t->on_step) {
+      const double step_phase[3] = {ts1 - ts0, ts2 - ts1, ts3 - ts2};
+      t->on_step(t->progress_arg, k + 1, step_phase);
+    }
     res->stale += pr.stale;
     res->steps++;
     res->examples += (uint64_t)B;

@@ -52,6 +52,10 @@ typedef struct {
 
 typedef void (*ts_progress_cb)(void *arg, const ts_progress_t *p);
 
+/* Called after every step with the seconds that step spent in pull, compute and push
+ * (for the step-duration histograms). Must be cheap: it runs on the training thread. */
+typedef void (*ts_step_cb)(void *arg, uint64_t step, const double phase_s[3]);
+
 typedef struct {
   const ts_config_t *cfg;
   int task;
@@ -62,7 +66,8 @@ typedef struct {
   ts_client_t *client;
   volatile sig_atomic_t *stop;  /* set by a signal handler: finish the step and leave */
   ts_progress_cb on_progress;   /* may be NULL */
-  void *progress_arg;
+  ts_step_cb on_step;           /* may be NULL */
+  void *progress_arg;           /* passed to on_progress and on_step */
 } ts_trainer_t;
 
 /* Steps per epoch for n examples, W workers of batch B (0 when one step does not fit). */

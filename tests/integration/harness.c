@@ -8,8 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,7 +20,12 @@ const char *ts_ps_server_path = TS_PS_SERVER;
 const char *ts_psctl_path = TS_PSCTL;
 const char *ts_ps_worker_path = TS_PS_WORKER;
 
-int ts_free_port(void) {
+/* The kernel hands out ephemeral ports in turn, but a port closed here may come back at
+ * once: remember what was given so one job never gets the same port twice. */
+static int given[256];
+static int num_given, next_given;
+
+static int kernel_port(void) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t len = sizeof a;
@@ -29,6 +36,69 @@ int ts_free_port(void) {
   }
   close(fd);
   return ntohs(a.sin_port);
+}
+
+int ts_free_port(void) {
+  for (int attempt = 0; attempt < 100; attempt++) {
+    int p = kernel_port();
+    bool dup = false;
+    for (int i = 0; i < num_given; i++) dup |= given[i] == p;
+    if (dup) continue;
+    given[next_given++ % 256] = p;
+    if (num_given < 256) num_given++;
+    return p;
+  }
+  return kernel_port();
+}
+
+int ts_http_get(int port, const char *path, char *body, size_t n, char *ctype, size_t ctn) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct timeval tv = {5, 0};
+  if (fd < 0) return -1;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+    close(fd);
+    return -1;
+  }
+  char req[512];
+  int len = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n\r\n",
+                     path, port);
+  if (write(fd, req, (size_t)len) != len) {
+    close(fd);
+    return -1;
+  }
+  size_t cap = 1 << 20, got = 0;
+  char *buf = malloc(cap);
+  ssize_t r;
+  while (buf && got + 1 < cap && (r = read(fd, buf + got, cap - 1 - got)) > 0) got += (size_t)r;
+  close(fd);
+  if (!buf) return -1;
+  buf[got] = 0;
+  int status = -1;
+  if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1) status = -1;
+  char *hend = strstr(buf, "\r\n\r\n");
+  if (ctype && ctn) {
+    ctype[0] = 0;
+    for (char *l = strstr(buf, "\r\n"); l && (!hend || l < hend); l = strstr(l + 2, "\r\n")) {
+      if (strncasecmp(l + 2, "Content-Type:", 13) == 0) {
+        const char *v = l + 2 + 13;
+        while (*v == ' ') v++;
+        size_t k = strcspn(v, "\r");
+        if (k >= ctn) k = ctn - 1;
+        memcpy(ctype, v, k);
+        ctype[k] = 0;
+        break;
+      }
+    }
+  }
+  if (body && n) {
+    const char *b = hend ? hend + 4 : "";
+    snprintf(body, n, "%s", b);
+  }
+  free(buf);
+  return status;
 }
 
 static void sleep_ms(int ms) {
@@ -116,8 +186,17 @@ int ts_cluster_start(ts_cluster_t *c, int num_shards, int num_workers, const cha
     c->addrs[i] = c->addr[i];
     fprintf(f, "%s\"%s\"", i ? ", " : "", c->addr[i]);
   }
+  fprintf(f, "];\n  ps_http = [");
+  for (int i = 0; i < num_shards; i++) {
+    c->http_port[i] = ts_free_port();
+    fprintf(f, "%s\"127.0.0.1:%d\"", i ? ", " : "", c->http_port[i]);
+  }
   fprintf(f, "];\n  workers = [");
-  for (int i = 0; i < num_workers; i++) fprintf(f, "%s\"127.0.0.1:%d\"", i ? ", " : "", 20000 + i);
+  for (int i = 0; i < num_workers; i++) {
+    int p = ts_free_port();
+    if (i < TS_CLUSTER_MAX) c->worker_port[i] = p;
+    fprintf(f, "%s\"127.0.0.1:%d\"", i ? ", " : "", p);
+  }
   fprintf(f, "];\n};\n%s\n", extra_cfg ? extra_cfg : "");
   fclose(f);
   for (int i = 0; i < num_shards; i++) {

@@ -2,7 +2,9 @@
  * Test harness: real ps-server processes on ephemeral loopback ports.
  *
  * ts_cluster_start writes a job file into a fresh temporary directory, picks free ports on
- * 127.0.0.1, starts one ps-server per shard (each child dies with the test through
+ * 127.0.0.1 (for each shard's protocol and admin HTTP endpoints, cluster.ps and
+ * cluster.ps_http, and for each worker's admin endpoint, cluster.workers), starts one
+ * ps-server per shard (each child dies with the test through
  * PR_SET_PDEATHSIG) and waits until every shard accepts connections. ts_cluster_stop stops
  * them (SIGTERM, then SIGKILL after 5 s) and removes the directory. Each server's stderr
  * goes to DIR/ps-N.log.
@@ -24,6 +26,8 @@ typedef struct {
   char addr[TS_CLUSTER_MAX][32];
   const char *addrs[TS_CLUSTER_MAX];
   int port[TS_CLUSTER_MAX];
+  int http_port[TS_CLUSTER_MAX];        /* shard i's admin endpoint (cluster.ps_http) */
+  int worker_port[TS_CLUSTER_MAX];      /* worker t's admin endpoint (cluster.workers) */
   pid_t pid[TS_CLUSTER_MAX];
   int bad_exits;               /* shards that stopped on SIGTERM with a non-zero status */
 } ts_cluster_t;
@@ -71,8 +75,13 @@ int ts_proc_wait(ts_proc_t *p, double timeout_s);
 /* A whole file, malloc'd (caller frees), or NULL. */
 char *ts_read_file(const char *path);
 
-/* A free TCP port on 127.0.0.1. */
+/* A free TCP port on 127.0.0.1 (not one handed out before by this process). */
 int ts_free_port(void);
+
+/* GET http://127.0.0.1:port/path with a timeout of 5 s. Returns the HTTP status (or -1 when
+ * the connection fails); the body (NUL-terminated, truncated to n-1) goes to body and the
+ * Content-Type header's value to ctype (size ctn, may be NULL). */
+int ts_http_get(int port, const char *path, char *body, size_t n, char *ctype, size_t ctn);
 
 /* Paths of the built binaries (set by meson). */
 extern const char *ts_ps_server_path;

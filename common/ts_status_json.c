@@ -1,0 +1,143 @@
+#include "ts_status_json.h"
+
+#include <string.h>
+
+#include "ts_alloc.h"
+
+const char *ts_status_mode_name(Tessera__Mode m) {
+  switch (m) {
+    case TESSERA__MODE__MODE_ASYNC:
+      return "async";
+    case TESSERA__MODE__MODE_SYNC:
+      return "sync";
+    case TESSERA__MODE__MODE_SSP:
+      return "ssp";
+    default:
+      return "unknown";
+  }
+}
+
+void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w) {
+  size_t nw = v->num_workers;
+  memset(w, 0, nw * sizeof *w);
+  for (size_t t = 0; t < nw; t++) w[t].task = (int)t;
+  for (size_t s = 0; s < v->num_shards; s++) {
+    const Tessera__ShardStatus *st = v->shards[s].st;
+    if (!st) continue;
+    for (size_t i = 0; i < st->n_workers; i++) {
+      const Tessera__WorkerStatus *ws = st->workers[i];
+      if (ws->task < 0 || (size_t)ws->task >= nw) continue;
+      ts_status_worker_t *x = &w[ws->task];
+      if (!x->seen || ws->last_seen_s < x->last_seen_s) {
+        x->loss = ws->loss;
+        x->examples_per_sec = ws->examples_per_sec;
+        x->last_seen_s = ws->last_seen_s;
+        x->epoch_progress = ws->epoch_progress;
+      }
+      if (ws->step > x->step) x->step = ws->step;
+      x->alive |= ws->alive;
+      x->done |= ws->done;
+      x->seen = true;
+    }
+  }
+}
+
+uint64_t ts_status_job_step(const ts_status_view_t *v, Tessera__Mode *mode) {
+  uint64_t step = 0;
+  bool first = true;
+  *mode = TESSERA__MODE__MODE_UNSPECIFIED;
+  for (size_t s = 0; s < v->num_shards; s++) {
+    const Tessera__ShardStatus *st = v->shards[s].st;
+    if (!st) continue;
+    *mode = st->mode;
+    if (st->mode == TESSERA__MODE__MODE_SYNC)
+      step = first || st->step < step ? st->step : step;
+    else
+      step = st->step > step ? st->step : step;
+    first = false;
+  }
+  return step;
+}
+
+size_t ts_status_shards_up(const ts_status_view_t *v) {
+  size_t up = 0;
+  for (size_t s = 0; s < v->num_shards; s++) up += v->shards[s].st != NULL;
+  return up;
+}
+
+cJSON *ts_status_json_shard(const ts_status_shard_t *sh) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  const Tessera__ShardStatus *st = sh->st;
+  cJSON_AddNumberToObject(o, "index", (double)sh->index);
+  cJSON_AddStringToObject(o, "address", sh->address ? sh->address : "");
+  cJSON_AddBoolToObject(o, "up", st != NULL);
+  if (st) {
+    cJSON_AddNumberToObject(o, "partitions", st->partitions);
+    cJSON_AddNumberToObject(o, "bytes", (double)st->bytes);
+    cJSON_AddNumberToObject(o, "version", (double)st->version);
+    cJSON_AddNumberToObject(o, "step", (double)st->step);
+    cJSON_AddNumberToObject(o, "pushes", (double)st->pushes);
+    cJSON_AddNumberToObject(o, "pulls", (double)st->pulls);
+    cJSON_AddNumberToObject(o, "stale_dropped", (double)st->stale_dropped);
+    cJSON_AddNumberToObject(o, "rejected_frames", (double)st->rejected_frames);
+    cJSON_AddNumberToObject(o, "errors", (double)st->errors);
+    cJSON_AddNumberToObject(o, "connections", (double)st->connections);
+    cJSON_AddNumberToObject(o, "uptime_s", st->uptime_s);
+    cJSON *wait = cJSON_AddArrayToObject(o, "barrier_waiting_for");
+    for (size_t i = 0; wait && i < st->n_barrier_waiting_for; i++)
+      cJSON_AddItemToArray(wait, cJSON_CreateNumber(st->barrier_waiting_for[i]));
+  } else {
+    cJSON_AddNumberToObject(o, "partitions", 0);
+    cJSON_AddNumberToObject(o, "bytes", 0);
+    cJSON_AddNumberToObject(o, "version", 0);
+    cJSON_AddStringToObject(o, "error", sh->error ? sh->error : "no answer");
+  }
+  return o;
+}
+
+cJSON *ts_status_json_worker(const ts_status_worker_t *w) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  cJSON_AddNumberToObject(o, "task", w->task);
+  cJSON_AddNumberToObject(o, "step", (double)w->step);
+  cJSON_AddNumberToObject(o, "loss", w->loss);
+  cJSON_AddNumberToObject(o, "examples_per_sec", w->examples_per_sec);
+  if (w->seen)
+    cJSON_AddNumberToObject(o, "last_seen_s", w->last_seen_s);
+  else
+    cJSON_AddNullToObject(o, "last_seen_s");
+  cJSON_AddBoolToObject(o, "alive", w->alive);
+  cJSON_AddBoolToObject(o, "done", w->done);
+  cJSON_AddNumberToObject(o, "epoch_progress", w->epoch_progress);
+  return o;
+}
+
+cJSON *ts_status_json_job(const ts_status_view_t *v, bool with_workers) {
+  cJSON *root = cJSON_CreateObject();
+  if (!root) return NULL;
+  Tessera__Mode mode;
+  uint64_t step = ts_status_job_step(v, &mode);
+  size_t up = ts_status_shards_up(v);
+  cJSON_AddStringToObject(root, "mode",
+                          up ? ts_status_mode_name(mode) : ts_mode_name(v->configured_mode));
+  cJSON_AddNumberToObject(root, "step", (double)step);
+  cJSON_AddBoolToObject(root, "healthy", up == v->num_shards);
+  cJSON *shards = cJSON_AddArrayToObject(root, "shards");
+  for (size_t s = 0; shards && s < v->num_shards; s++)
+    cJSON_AddItemToArray(shards, ts_status_json_shard(&v->shards[s]));
+  if (with_workers) {
+    cJSON *workers = cJSON_AddArrayToObject(root, "workers");
+    ts_status_worker_t *w = ts_calloc(v->num_workers ? v->num_workers : 1, sizeof *w);
+    if (!w || !workers) {
+      ts_free(w);
+      cJSON_Delete(root);
+      return NULL;
+    }
+    ts_status_merge_workers(v, w);
+    for (size_t i = 0; i < v->num_workers; i++)
+      cJSON_AddItemToArray(workers, ts_status_json_worker(&w[i]));
+    ts_free(w);
+  }
+  return root;
+}

@@ -1,0 +1,76 @@
+/*
+ * A shard's counters and histograms for /metrics, and their rendering in the Prometheus
+ * text format (ts_prom.h).
+ *
+ * ts_metrics_t is owned by the shard's loop thread and updated there with plain stores;
+ * the admin endpoint renders a copy the loop publishes (ts_admin.h), never the live struct.
+ * The gauges (step, workers, partitions, bytes, connections) are not kept here: they come
+ * from the same ShardStatus a STATUS request answers with, so /metrics, /status and
+ * `psctl status` always agree.
+ */
+#ifndef TS_METRICS_H
+#define TS_METRICS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tessera.pb-c.h"
+#include "ts_prom.h"
+
+/* Request kinds counted separately (the label request="..."). */
+typedef enum {
+  TS_METRICS_REQ_OTHER = 0,
+  TS_METRICS_REQ_PUSH,
+  TS_METRICS_REQ_PULL,
+  TS_METRICS_REQ_DECLARE,
+  TS_METRICS_REQ_HEARTBEAT,
+  TS_METRICS_REQ_STATUS,
+  TS_METRICS_REQ_HANDSHAKE,
+  TS_METRICS_REQ__COUNT
+} ts_metrics_req_t;
+
+/* Error codes are counted by Tessera code (TS_E*, ts_err.h); index 0 holds everything else
+ * (errno values). */
+#define TS_METRICS_NUM_CODES 32
+
+typedef struct {
+  /* Requests answered with an error, by kind and code (reason="nonfinite"...). Refused
+   * gradients are request="push". */
+  uint64_t refused[TS_METRICS_REQ__COUNT][TS_METRICS_NUM_CODES];
+  /* Protocol violations that closed a connection, by code. */
+  uint64_t rejected[TS_METRICS_NUM_CODES];
+  /* Pushed partitions by outcome, indexed by Tessera__PushResult (applied, accumulated,
+   * stale, duplicate). */
+  uint64_t push_parts[4];
+  uint64_t auth_failures;
+  /* Bytes of connections already closed; the live ones are added when publishing. */
+  uint64_t bytes_in_closed, bytes_out_closed;
+  uint64_t bytes_in, bytes_out; /* totals, set when publishing */
+  /* Server-side request latency: from the last byte of the request to the reply queued
+   * (a pull that waits for its version counts its wait). */
+  ts_prom_hist_t push_duration, pull_duration;
+  /* Sync mode: from a partition's first gradient of a step to its barrier closing (one
+   * observation per partition and step). */
+  ts_prom_hist_t barrier_wait;
+  /* Checkpoints (ts_checkpoint.h): the last-success gauge is absent until one succeeds. */
+  uint64_t checkpoints_ok, checkpoints_failed;
+  ts_prom_hist_t checkpoint_duration;
+  double checkpoint_last_success_unix; /* 0 = none yet */
+} ts_metrics_t;
+
+/* Zero *m and set the histograms' bounds. */
+void ts_metrics_init(ts_metrics_t *m);
+
+/* The kind of a request from its frame type (TS_MSG_*). */
+ts_metrics_req_t ts_metrics_req_of(int frame_type);
+
+/* Count a refused request / a rejected frame with its error code. */
+void ts_metrics_refused(ts_metrics_t *m, ts_metrics_req_t kind, int code);
+void ts_metrics_rejected(ts_metrics_t *m, int code);
+
+/* Render every tessera_ps_* family, tessera_build_info and the process_* families into b.
+ * st is the shard's status at the same moment (NULL before the first one: its gauges are
+ * then left out). */
+void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardStatus *st);
+
+#endif

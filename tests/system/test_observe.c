@@ -1,0 +1,209 @@
+/*
+ * System test of what a training worker shows the outside: its /metrics (promtool, and
+ * counters that move while it trains), /status and /readyz, and the TensorBoard event file
+ * it writes, read back and compared with its log.
+ */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "ts_alloc.h"
+#include "ts_events.h"
+#include "ts_prom.h"
+
+#define DATA "/usr/share/datasets/fashion-mnist/"
+
+static char body[1 << 20], ctype[256];
+
+static double metric(const char *text, const char *series) {
+  size_t n = strlen(series);
+  for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+    if (strncmp(l, series, n) == 0 && l[n] == ' ') return strtod(l + n + 1, NULL);
+  return -1;
+}
+
+static int promtool_check(const char *text) {
+  if (system("command -v promtool >/dev/null 2>&1") != 0) return 77;
+  char path[] = "/tmp/tessera-metrics-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return -1;
+  size_t len = strlen(text);
+  if (write(fd, text, len) != (ssize_t)len) return -1;
+  close(fd);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+  int st = system(cmd);
+  unlink(path);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The one events.out.tfevents.* file in dir (malloc'd path), or NULL. */
+static char *event_file(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return NULL;
+  char *path = NULL;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, "events.out.tfevents.", 20) != 0) continue;
+    path = malloc(strlen(dir) + strlen(e->d_name) + 2);
+    sprintf(path, "%s/%s", dir, e->d_name);
+    break;
+  }
+  closedir(d);
+  return path;
+}
+
+/* The value of tag at step in the records; fails the test when there is none. */
+static double value_at(const ts_events_record_t *r, size_t n, int64_t step, const char *tag) {
+  for (size_t i = 0; i < n; i++)
+    if (r[i].step == step && strcmp(r[i].tag, tag) == 0) return (double)r[i].value;
+  fail_msg("no event '%s' at step %lld", tag, (long long)step);
+  return NAN;
+}
+
+static void test_worker_metrics_and_events(void **state) {
+  (void)state;
+  if (access(DATA "t10k-images-idx3-ubyte.gz", R_OK) != 0) skip();
+  ts_cluster_t c;
+  /* The cluster's directory is made by the harness; the logdir lies inside it. */
+  assert_int_equal(ts_cluster_start(&c, 2, 1,
+                                    "job = { mode = \"async\"; partition_bytes = 131072; };\n"
+                                    "model = { layers = [784, 64, 10]; };\n"
+                                    "optimizer = { name = \"adam\"; learning_rate = 0.002; };"),
+                   0);
+  char logdir[400], set_logdir[420];
+  snprintf(logdir, sizeof logdir, "%s/tb", c.dir);
+  snprintf(set_logdir, sizeof set_logdir, "train.logdir=%s", logdir);
+  const char *extra[] = {"--set", set_logdir, "--set", "train.max_steps=2500", "--set", "train.epochs=3", "--set",
+                         "train.log_interval_s=0.1", NULL};
+  ts_proc_t w;
+  assert_int_equal(ts_worker_start(&c, 0, extra, &w), 0);
+
+  /* Ready once it has joined the job; then its counters move while it trains. */
+  int port = c.worker_port[0];
+  int st = -1;
+  for (int i = 0; i < 500 && st != 200; i++) {
+    st = ts_http_get(port, "/readyz", body, sizeof body, NULL, 0);
+    if (st != 200) usleep(20000);
+  }
+  assert_int_equal(st, 200);
+  assert_int_equal(ts_http_get(port, "/livez", body, sizeof body, NULL, 0), 200);
+  double step1 = -1, step2 = -1, ex1 = -1, ex2 = -1, pull_count = -1;
+  for (int i = 0; i < 200 && step1 <= 0; i++) {
+    assert_int_equal(ts_http_get(port, "/metrics", body, sizeof body, ctype, sizeof ctype), 200);
+    step1 = metric(body, "tessera_worker_step");
+    ex1 = metric(body, "tessera_worker_examples_total");
+    if (step1 <= 0) usleep(10000);
+  }
+  assert_string_equal(ctype, TS_PROM_CONTENT_TYPE);
+  int pt = promtool_check(body);
+  if (pt != 77) assert_int_equal(pt, 0);
+  usleep(150000);
+  int got = ts_http_get(port, "/metrics", body, sizeof body, NULL, 0);
+  if (got == 200) { /* still training: the counters moved */
+    step2 = metric(body, "tessera_worker_step");
+    ex2 = metric(body, "tessera_worker_examples_total");
+    pull_count = metric(body, "tessera_worker_step_duration_seconds_count{phase=\"pull\"}");
+    assert_true(step2 > step1);
+    assert_true(ex2 > ex1);
+    assert_true(pull_count >= step2);
+    assert_true(metric(body, "tessera_worker_loss") > 0);
+    assert_true(metric(body, "tessera_worker_examples_per_second") > 0);
+    pt = promtool_check(body);
+    if (pt != 77) assert_int_equal(pt, 0);
+    assert_int_equal(ts_http_get(port, "/status", body, sizeof body, ctype, sizeof ctype), 200);
+    cJSON *j = cJSON_Parse(body);
+    assert_non_null(j);
+    assert_int_equal(cJSON_GetObjectItem(j, "task")->valueint, 0);
+    assert_true(cJSON_GetObjectItem(j, "step")->valuedouble >= step2);
+    assert_int_equal(cJSON_GetObjectItem(j, "planned_steps")->valueint, 2500);
+    cJSON_Delete(j);
+  } else {
+    fprintf(stderr, "note: the worker finished before the second scrape\n");
+  }
+  /* The shards count the worker's requests too. */
+  assert_int_equal(ts_http_get(c.http_port[0], "/metrics", body, sizeof body, NULL, 0), 200);
+  assert_true(metric(body, "tessera_ps_push_requests_total{result=\"ok\"}") > 0);
+
+  assert_int_equal(ts_proc_wait(&w, 300), 0);
+
+  /* The event file reads back (both CRCs of every record checked) and holds exactly what
+   * the log says: loss and examples/s at every logged step, the test accuracy at the end. */
+  char dir[450];
+  snprintf(dir, sizeof dir, "%s/worker-0", logdir);
+  char *path = event_file(dir);
+  assert_non_null(path);
+  ts_events_record_t *r = NULL;
+  size_t n = 0;
+  char e[512];
+  int rc = ts_events_read(path, &r, &n, e, sizeof e);
+  if (rc < 0) fprintf(stderr, "%s\n", e);
+  assert_int_equal(rc, 0);
+  assert_true(n > 3);
+  assert_string_equal(r[0].version, "brain.Event:2");
+  char *log = ts_read_file(w.err);
+  assert_non_null(log);
+  int lines = 0;
+  for (const char *l = strstr(log, " info: step "); l; l = strstr(l + 1, " info: step ")) {
+    unsigned long long s, total, epoch;
+    double pct, loss, eps;
+    assert_int_equal(sscanf(l, " info: step %llu/%llu epoch %llu %lf%% loss %lf %lf examples/s",
+                            &s, &total, &epoch, &pct, &loss, &eps), 6);
+    double el = value_at(r, n, (int64_t)s, "loss");
+    double ee = value_at(r, n, (int64_t)s, "examples/sec");
+    double lr = value_at(r, n, (int64_t)s, "learning_rate");
+    /* The log prints 4 decimals of loss and none of examples/s. */
+    if (fabs(el - loss) > 5.1e-5) fail_msg("step %llu: event loss %.6f, log %.4f", s, el, loss);
+    if (fabs(ee - eps) > 0.51 + eps * 1e-6)
+      fail_msg("step %llu: event examples/sec %.2f, log %.0f", s, ee, eps);
+    assert_true(fabs(lr - 0.002) < 1e-9);
+    lines++;
+  }
+  assert_true(lines >= 2);
+  const char *fin = strstr(log, "finished: ");
+  assert_non_null(fin);
+  unsigned long long steps;
+  double secs, acc, tloss;
+  assert_int_equal(sscanf(fin, "finished: %llu steps in %lf s, test accuracy %lf, test loss %lf",
+                          &steps, &secs, &acc, &tloss), 4);
+  assert_true(fabs(value_at(r, n, (int64_t)steps, "accuracy") - acc) <= 5.1e-5);
+  assert_true(fabs(value_at(r, n, (int64_t)steps, "test_loss") - tloss) <= 5.1e-5);
+  for (size_t i = 0; i < n; i++) assert_true(r[i].wall_time > 1.6e9);
+
+  /* TensorBoard's own reader agrees, where Python has it. */
+  if (system("python3 -c 'import tensorboard' >/dev/null 2>&1") == 0) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd,
+             "python3 -c \"import sys\nfrom tensorboard.backend.event_processing import event_accumulator as ea\n"
+             "a = ea.EventAccumulator(sys.argv[1]); a.Reload()\n"
+             "v = a.Scalars('accuracy')[-1]\nassert abs(v.value - %.4f) < 6e-5, v\n"
+             "assert len(a.Scalars('loss')) == %d\" %s",
+             acc, lines, dir);
+    assert_int_equal(system(cmd), 0);
+  } else {
+    fprintf(stderr, "note: tensorboard is not installed for python3; its reader is not tried\n");
+  }
+  free(log);
+  ts_free(r);
+  free(path);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_worker_metrics_and_events),
+  };
+  return cmocka_run_group_tests_name("observe", tests, NULL, NULL);
+}

@@ -1,0 +1,52 @@
+/*
+ * What a worker shows the outside: its admin HTTP endpoint on cluster.workers[task]
+ * (/metrics, /livez, /readyz, /status), TensorBoard event files in train.logdir, and
+ * systemd notifications (READY, STATUS, WATCHDOG).
+ *
+ * It is the trainer's observer (ts_trainer.h): ts_observe_step after every step and
+ * ts_observe_progress at every log interval and at the end, both on the training thread.
+ * They update a snapshot under a mutex that the HTTP thread renders from; the HTTP thread
+ * never touches the trainer (STYLE.md §9).
+ *
+ * Event files go to train.logdir/worker-T/ (one TensorBoard run per worker) with the tags
+ * loss, examples/sec and learning_rate at every log interval, and accuracy and test_loss
+ * (the test set) at the end, at the step they were reached.
+ */
+#ifndef TS_OBSERVE_H
+#define TS_OBSERVE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ts_config.h"
+#include "ts_trainer.h"
+
+typedef struct ts_observe ts_observe_t;
+
+/* Start the endpoint of worker `task` and, when train.logdir is set, open its event file.
+ * Returns 0; TS_ECONFIG for an address that does not parse or resolve, or an event
+ * directory that cannot be created; a negative errno when the port cannot be bound; with
+ * errmsg. cfg must outlive the observer. */
+int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char *errmsg,
+                     size_t errlen);
+
+/* The worker has declared its model and trains: /readyz answers 200 and systemd hears
+ * READY=1. */
+void ts_observe_ready(ts_observe_t *o, uint64_t total_steps);
+
+/* Trainer callbacks; arg is the ts_observe_t. */
+void ts_observe_progress(void *arg, const ts_progress_t *p);
+void ts_observe_step(void *arg, uint64_t step, const double phase_s[3]);
+
+/* The event file's path, or NULL when train.logdir is empty. */
+const char *ts_observe_events_path(const ts_observe_t *o);
+
+/* Stop the endpoint, close the event file, free. NULL is ignored. */
+void ts_observe_stop(ts_observe_t *o);
+
+/* Render the worker's /metrics from its current snapshot into a new ts_malloc'd string
+ * (for tests); NULL when out of memory. */
+char *ts_observe_metrics_text(ts_observe_t *o);
+
+#endif

@@ -1,7 +1,8 @@
 /*
  * GPU training end to end (tests/gpu/run.sh, issue "GPU workers"): ps-server shards and
  * ps-worker processes on loopback, the workers' ops placed on /gpu:0.
- *   - Fashion-MNIST on /gpu:0 with 2 shards and 2 sync workers reaches test accuracy 0.84;
+ *   - Fashion-MNIST on /gpu:0 with 2 shards and 2 sync workers (the demo job, 2 epochs)
+ *     reaches test accuracy 0.84;
  *     the worker logs which physical GPU /gpu:0 is and places every op on it.
  *   - Two towers on one GPU (micro-batch 16) end where one tower with batch 32 ends; and one
  *     GPU tower where one CPU worker ends (cuBLAS against OpenBLAS after 25 steps).
@@ -77,8 +78,8 @@ static void test_fashion_mnist_gpu(void **state) {
   (void)state;
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, 2,
-                                    "job = { mode = \"sync\"; };\n"
-                                    "optimizer = { name = \"momentum\"; learning_rate = 0.05; momentum = 0.9; };\n"
+                                    "job = { mode = \"sync\"; partition_bytes = 131072; };\n"
+                                    "optimizer = { name = \"adam\"; learning_rate = 0.002; };\n"
                                     "model = { layers = [784, 128, 10]; activation = \"relu\"; seed = 42; };\n"
                                     "train = { batch_size = 64; epochs = 2; log_interval_s = 2.0; };\n"
                                     "device = { placement = \"/gpu:0\"; allow_soft_placement = false; "

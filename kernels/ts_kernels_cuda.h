@@ -75,8 +75,8 @@ typedef struct ts_kernels_cuda_nccl ts_kernels_cuda_nccl_t;
  * be CUDA tables of n distinct GPUs (NCCL runs one rank per GPU). Returns 0, or TS_EDEVICE
  * when NCCL is not built in, a GPU repeats, or NCCL fails (errmsg says which); the caller
  * then averages through host memory. */
-int ts_kernels_cuda_nccl_create(ts_kernels_t *const *towers, size_t n,
-                                ts_kernels_cuda_nccl_t **out, char *errmsg, size_t errlen);
+int ts_kernels_cuda_nccl_create(ts_kernels_t *const *towers, size_t n, ts_kernels_cuda_nccl_t **out,
+                                char *errmsg, size_t errlen);
 
 /* bufs[0] = the mean of bufs[0..n) (count floats each, bufs[i] a device buffer of tower i),
  * computed on the GPUs (ncclReduce with ncclAvg to tower 0), enqueued on each tower's stream

@@ -54,11 +54,11 @@ typedef struct {
 } ts_pool_opts_t;
 
 typedef struct {
-  size_t held;     /* bytes of all chunks */
-  size_t in_use;   /* bytes of handed-out blocks */
-  size_t peak;     /* largest in_use so far */
-  size_t chunks;   /* chunks held */
-  size_t blocks;   /* blocks handed out now */
+  size_t held;         /* bytes of all chunks */
+  size_t in_use;       /* bytes of handed-out blocks */
+  size_t peak;         /* largest in_use so far */
+  size_t chunks;       /* chunks held */
+  size_t blocks;       /* blocks handed out now */
   size_t largest_free; /* the largest free block */
 } ts_pool_stats_t;
 

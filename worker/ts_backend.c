@@ -85,13 +85,14 @@ int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why,
   p->type = p->num_ops && p->placements[0].type == TS_DEVICE_GPU ? TS_DEVICE_GPU : TS_DEVICE_CPU;
   int first = p->type == TS_DEVICE_GPU ? p->placements[0].index : 0;
 
-  p->towers = cfg->towers > 0 ? (size_t)cfg->towers
+  p->towers = cfg->towers > 0            ? (size_t)cfg->towers
               : p->type == TS_DEVICE_GPU ? (size_t)gpu_count
                                          : 1;
   if (p->towers < 1) p->towers = 1;
   if (p->towers > TS_TOWERS_MAX) p->towers = TS_TOWERS_MAX; /* more visible GPUs than that */
   for (size_t t = 0; t < p->towers; t++)
-    p->tower_device[t] = p->type == TS_DEVICE_GPU ? (int)(((size_t)first + t) % (size_t)gpu_count) : 0;
+    p->tower_device[t] =
+        p->type == TS_DEVICE_GPU ? (int)(((size_t)first + t) % (size_t)gpu_count) : 0;
   if (ts_towers_split((size_t)cfg->batch_size, p->towers, 0, NULL, &p->micro_batch) < 0) {
     ts_errmsg_printf(errmsg, errlen,
                      "train.batch_size = %d cannot be split evenly over %zu towers (device.towers "
@@ -153,9 +154,9 @@ int ts_backend_setup(const ts_config_t *cfg, int task, size_t capacity, ts_tower
   if (plan.type == TS_DEVICE_CPU) {
     for (size_t t = 0; t < n; t++) tables[t] = ts_kernels_cpu();
   } else {
-    ts_kernels_cuda_opts_t opts = {.memory = {.allow_growth = cfg->allow_growth,
-                                              .memory_fraction = cfg->memory_fraction},
-                                   .allow_tf32 = cfg->allow_tf32};
+    ts_kernels_cuda_opts_t opts = {
+        .memory = {.allow_growth = cfg->allow_growth, .memory_fraction = cfg->memory_fraction},
+        .allow_tf32 = cfg->allow_tf32};
     for (size_t t = 0; t < n; t++) {
       ts_kernels_t *k = NULL;
       rc = ts_kernels_cuda_create(plan.tower_device[t], &opts, &k, errmsg, errlen);
@@ -186,8 +187,8 @@ int ts_backend_setup(const ts_config_t *cfg, int task, size_t capacity, ts_tower
   for (size_t t = 0; t < n && len < sizeof devs; t++)
     len += (size_t)snprintf(devs + len, sizeof devs - len, "%s/%s:%d", t ? ", " : "",
                             plan.type == TS_DEVICE_GPU ? "gpu" : "cpu", plan.tower_device[t]);
-  ts_log_info("towers: %zu (%s), micro-batch %zu of train.batch_size %d, gradients averaged: %s",
-              n, devs, plan.micro_batch, cfg->batch_size, ts_towers_reduce_name(towers->reduce));
+  ts_log_info("towers: %zu (%s), micro-batch %zu of train.batch_size %d, gradients averaged: %s", n,
+              devs, plan.micro_batch, cfg->batch_size, ts_towers_reduce_name(towers->reduce));
   ts_backend_plan_free(&plan);
   return 0;
 }
@@ -205,9 +206,10 @@ void ts_backend_log_memory(const ts_towers_t *towers) {
     char held[32], peak[32], lim[32];
     ts_pool_format_bytes(st.held, held, sizeof held);
     ts_pool_format_bytes(st.peak, peak, sizeof peak);
-    ts_log_info("/gpu:%d memory: pool held %s (%zu bytes) in %zu chunk(s), peak in use %s, "
-                "limit %s",
-                k->device_index, held, st.held, st.chunks, peak,
-                mp.limit ? ts_pool_format_bytes(mp.limit, lim, sizeof lim) : "none (allow_growth)");
+    ts_log_info(
+        "/gpu:%d memory: pool held %s (%zu bytes) in %zu chunk(s), peak in use %s, "
+        "limit %s",
+        k->device_index, held, st.held, st.chunks, peak,
+        mp.limit ? ts_pool_format_bytes(mp.limit, lim, sizeof lim) : "none (allow_growth)");
   }
 }

@@ -35,9 +35,9 @@ typedef struct {
   ts_model_op_t *ops;              /* the model's ops (ts_model_ops) */
   ts_placement_t *placements;      /* one per op: where it runs */
   size_t num_ops;
-  bool soft;                       /* soft placement moved the model */
-  char soft_spec[48];              /* what was asked, "/device:GPU:3", when soft */
-  char soft_reason[256];           /* why, when soft */
+  bool soft;             /* soft placement moved the model */
+  char soft_spec[48];    /* what was asked, "/device:GPU:3", when soft */
+  char soft_reason[256]; /* why, when soft */
 } ts_backend_plan_t;
 
 /* Plan placement and towers for the job on a machine with gpu_count visible GPUs (gpu_why

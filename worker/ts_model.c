@@ -237,6 +237,21 @@ size_t ts_model_device_bytes(const int *widths, size_t n, size_t batch_capacity)
   return floats * sizeof(float) + batch_capacity * sizeof(int32_t);
 }
 
+/* Why a device buffer could not be had: the whole need, and the back end's detail (for a
+ * GPU: the memory policy's limit and what is in use). */
+static void alloc_error(const ts_model_t *m, const int *widths, size_t n, size_t batch_capacity,
+                        int rc, char *errmsg, size_t errlen) {
+  const ts_kernels_t *k = m->kernels;
+  char need[32];
+  const char *detail = k->last_error ? k->last_error(k) : "";
+  ts_pool_format_bytes(ts_model_device_bytes(widths, n, batch_capacity), need, sizeof need);
+  ts_errmsg_printf(errmsg, errlen,
+                   "model: allocating buffers on kernels '%s' device %d (%zu parameters, batch "
+                   "%zu: %s in all): %s%s%s",
+                   k->name, k->device_index, m->param_count, batch_capacity, need, ts_strerror(rc),
+                   detail[0] ? ": " : "", detail);
+}
+
 int ts_model_init(ts_model_t *model, const int *widths, size_t n, ts_activation_t activation,
                   size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen) {
   char scratch[8];
@@ -326,16 +341,7 @@ fail_nomem:
   ts_errmsg_printf(errmsg, errlen, "model: out of memory");
   goto fail_msg;
 fail: /* a device buffer could not be allocated */
-  {
-    char need[32];
-    const char *detail = k->last_error ? k->last_error(k) : "";
-    ts_pool_format_bytes(ts_model_device_bytes(widths, n, batch_capacity), need, sizeof need);
-    ts_errmsg_printf(errmsg, errlen,
-                     "model: allocating buffers on kernels '%s' device %d (%zu parameters, batch "
-                     "%zu: %s in all): %s%s%s",
-                     k->name, k->device_index, model->param_count, batch_capacity, need,
-                     ts_strerror(rc), detail[0] ? ": " : "", detail);
-  }
+  alloc_error(model, widths, n, batch_capacity, rc, errmsg, errlen);
 fail_msg:
   ts_model_destroy(model);
   return rc;

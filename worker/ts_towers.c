@@ -117,8 +117,34 @@ nomem:
   return TS_ENOMEM;
 }
 
-int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
-                   const int *widths, size_t nw, ts_activation_t activation, size_t capacity,
+/* Pinned host buffers: the pull lands in stage_params; gradients are pushed from
+ * stage_grads[0] (and, averaged through pinned memory, each tower's lands in its own). */
+static int alloc_staging(ts_towers_t *tw, size_t bytes, char *errmsg, size_t errlen) {
+  tw->stage_grads = ts_calloc(tw->n, sizeof *tw->stage_grads);
+  if (!tw->stage_grads) {
+    ts_errmsg_printf(errmsg, errlen, "towers: out of host memory");
+    return TS_ENOMEM;
+  }
+  void *p = NULL;
+  size_t t = 0, n = tw->reduce == TS_TOWERS_REDUCE_PINNED ? tw->n : 1;
+  int rc = tw->kernels[0]->host_alloc(tw->kernels[0], bytes, &p);
+  if (rc == 0) tw->stage_params = p;
+  while (rc == 0 && t < n) {
+    rc = tw->kernels[t]->host_alloc(tw->kernels[t], bytes, &p);
+    if (rc == 0) tw->stage_grads[t++] = p;
+  }
+  if (rc == 0) return 0;
+  const ts_kernels_t *k = tw->kernels[t < n ? t : 0]; /* the one that failed */
+  const char *detail = k->last_error(k);
+  char need[32];
+  ts_errmsg_printf(errmsg, errlen, "towers: pinned host memory for staging (%s): %s%s%s",
+                   ts_pool_format_bytes(bytes, need, sizeof need), ts_strerror(rc),
+                   detail[0] ? ": " : "", detail);
+  return rc;
+}
+
+int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n, const int *widths,
+                   size_t nw, ts_activation_t activation, size_t capacity,
                    ts_towers_release_cb release, char *errmsg, size_t errlen) {
   char scratch[8];
   if (!errmsg) {
@@ -148,8 +174,8 @@ int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n
     if (!kernels[t]->device_is_host) tw->zero_copy = false;
   }
   for (size_t t = 0; t < n; t++) {
-    rc = ts_model_init(&tw->models[t], widths, nw, activation, capacity, kernels[t], errmsg,
-                       errlen);
+    rc =
+        ts_model_init(&tw->models[t], widths, nw, activation, capacity, kernels[t], errmsg, errlen);
     if (rc < 0) {
       char name[96];
       tower_name(tw, t, name, sizeof name);
@@ -176,9 +202,8 @@ int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n
       tw->reduce = TS_TOWERS_REDUCE_DEVICE;
     } else {
       char why[256] = "";
-      if (distinct &&
-          ts_kernels_cuda_nccl_create((ts_kernels_t *const *)kernels, n, &tw->nccl, why,
-                                      sizeof why) == 0) {
+      if (distinct && ts_kernels_cuda_nccl_create((ts_kernels_t *const *)kernels, n, &tw->nccl, why,
+                                                  sizeof why) == 0) {
         tw->reduce = TS_TOWERS_REDUCE_NCCL;
       } else {
         tw->reduce = TS_TOWERS_REDUCE_PINNED;
@@ -190,32 +215,14 @@ int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n
 
   /* Staging. */
   if (!tw->zero_copy) {
-    void *p = NULL;
-    tw->stage_grads = ts_calloc(n, sizeof *tw->stage_grads);
-    if (!tw->stage_grads) goto nomem;
-    rc = kernels[0]->host_alloc(kernels[0], bytes, &p);
-    if (rc < 0) goto host_fail;
-    tw->stage_params = p;
-    size_t need = tw->reduce == TS_TOWERS_REDUCE_PINNED ? n : 1;
-    for (size_t t = 0; t < need; t++) {
-      rc = kernels[t]->host_alloc(kernels[t], bytes, &p);
-      if (rc < 0) goto host_fail;
-      tw->stage_grads[t] = p;
-    }
+    rc = alloc_staging(tw, bytes, errmsg, errlen);
+    if (rc < 0) goto fail;
   }
   if (make_tensor_views(tw, tw->zero_copy ? tw->models[0].params : tw->stage_params,
                         tw->zero_copy ? tw->models[0].grads : tw->stage_grads[0]) < 0)
     goto nomem;
   return 0;
 
-host_fail: {
-  char need[32];
-  ts_errmsg_printf(errmsg, errlen, "towers: pinned host memory for staging (%s): %s%s%s",
-                   ts_pool_format_bytes(bytes, need, sizeof need), ts_strerror(rc),
-                   kernels[0]->last_error(kernels[0])[0] ? ": " : "",
-                   kernels[0]->last_error(kernels[0]));
-  goto fail;
-}
 nomem:
   rc = TS_ENOMEM;
   ts_errmsg_printf(errmsg, errlen, "towers: out of host memory");
@@ -263,8 +270,8 @@ void ts_towers_host_free(const ts_towers_t *tw, void *p) {
   if (p) tw->kernels[0]->host_free(tw->kernels[0], p);
 }
 
-int ts_towers_load(ts_towers_t *tw, const float *x, const int32_t *labels, size_t batch,
-                   size_t dim, char *errmsg, size_t errlen) {
+int ts_towers_load(ts_towers_t *tw, const float *x, const int32_t *labels, size_t batch, size_t dim,
+                   char *errmsg, size_t errlen) {
   size_t off = 0, micro = 0;
   if (ts_towers_split(batch, tw->n, 0, &off, &micro) < 0) {
     ts_errmsg_printf(errmsg, errlen,
@@ -338,7 +345,8 @@ static int average(ts_towers_t *tw, char *errmsg, size_t errlen) {
       break;
     case TS_TOWERS_REDUCE_HOST:
     case TS_TOWERS_REDUCE_DEVICE:
-      for (size_t t = 1; t < tw->n && rc == 0; t++) rc = k0->axpy(k0, count, 1.0f, tw->models[t].grads, g0);
+      for (size_t t = 1; t < tw->n && rc == 0; t++)
+        rc = k0->axpy(k0, count, 1.0f, tw->models[t].grads, g0);
       if (rc == 0) rc = k0->scale(k0, count, inv, g0);
       if (rc < 0) {
         kernel_error(tw, 0, "averaging the towers' gradients", rc, errmsg, errlen);
@@ -361,7 +369,8 @@ static int average(ts_towers_t *tw, char *errmsg, size_t errlen) {
           return rc;
         }
       }
-      for (size_t t = 1; t < tw->n; t++) cpu->axpy(cpu, count, 1.0f, tw->stage_grads[t], tw->stage_grads[0]);
+      for (size_t t = 1; t < tw->n; t++)
+        cpu->axpy(cpu, count, 1.0f, tw->stage_grads[t], tw->stage_grads[0]);
       cpu->scale(cpu, count, inv, tw->stage_grads[0]);
       return 0; /* already in the push source */
   }

@@ -68,16 +68,16 @@ typedef struct {
   ts_towers_reduce_t reduce;
 
   /* Private. */
-  bool borrowed_model;          /* ts_towers_wrap: models[0] belongs to the caller */
+  bool borrowed_model; /* ts_towers_wrap: models[0] belongs to the caller */
   ts_towers_release_cb release;
   ts_kernels_cuda_nccl_t *nccl;
-  float *stage_params;          /* pinned, param_count floats; NULL when zero_copy */
-  float **stage_grads;          /* n entries; [0] is pushed from; NULL when zero_copy */
-  float **pull_dst;             /* per tensor: where a pull lands */
-  const float **push_src;       /* per tensor: what a push sends */
-  float *tower_loss;            /* n */
-  int *tower_rc;                /* n */
-  size_t micro;                 /* micro-batch of the batch loaded last */
+  float *stage_params;    /* pinned, param_count floats; NULL when zero_copy */
+  float **stage_grads;    /* n entries; [0] is pushed from; NULL when zero_copy */
+  float **pull_dst;       /* per tensor: where a pull lands */
+  const float **push_src; /* per tensor: what a push sends */
+  float *tower_loss;      /* n */
+  int *tower_rc;          /* n */
+  size_t micro;           /* micro-batch of the batch loaded last */
 } ts_towers_t;
 
 /* Where tower t's micro-batch starts in a batch of `batch` examples split over `towers`, and
@@ -89,8 +89,8 @@ int ts_towers_split(size_t batch, size_t towers, size_t t, size_t *offset, size_
  * kernels[0..n) and choose how gradients are averaged. On failure everything is freed (and
  * released), *tw is zeroed and errmsg names the tower and the device. Returns 0, TS_EINVAL,
  * TS_ENOMEM or a back end's error (TS_EDEVICE). */
-int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
-                   const int *widths, size_t nw, ts_activation_t activation, size_t capacity,
+int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n, const int *widths,
+                   size_t nw, ts_activation_t activation, size_t capacity,
                    ts_towers_release_cb release, char *errmsg, size_t errlen);
 
 /* A one-tower view of a model the caller built and keeps (ts_towers_destroy leaves it). */
@@ -113,8 +113,8 @@ void ts_towers_host_free(const ts_towers_t *tw, void *p);
  * copies to their devices (see ts_model_load_batch). Returns 0, or TS_EINVAL (batch not a
  * multiple of the towers, above a tower's capacity, a label out of range) or a back end
  * error, with errmsg. */
-int ts_towers_load(ts_towers_t *tw, const float *x, const int32_t *labels, size_t batch,
-                   size_t dim, char *errmsg, size_t errlen);
+int ts_towers_load(ts_towers_t *tw, const float *x, const int32_t *labels, size_t batch, size_t dim,
+                   char *errmsg, size_t errlen);
 
 /* After a pull has filled the pull targets: start the copies of the parameters to every
  * tower. Returns 0 or a back end error with errmsg. */

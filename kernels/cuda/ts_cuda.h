@@ -33,10 +33,10 @@ struct ts_cuda_ctx {
   cudaStream_t stream;
   cublasHandle_t blas;
   ts_cuda_devpool *pool;
-  void *blas_workspace;         // from the pool, so cuBLAS never allocates behind it
-  ts_cuda_result *d_result;     // device
-  ts_cuda_result *h_result;     // pinned host mirror
-  float *d_rowloss;             // per-row losses of softmax_xent, rowloss_cap floats
+  void *blas_workspace;      // from the pool, so cuBLAS never allocates behind it
+  ts_cuda_result *d_result;  // device
+  ts_cuda_result *h_result;  // pinned host mirror
+  float *d_rowloss;          // per-row losses of softmax_xent, rowloss_cap floats
   size_t rowloss_cap;
   char errmsg[512];
 };
@@ -54,24 +54,23 @@ int ts_cublas_fail(ts_cuda_ctx *ctx, cublasStatus_t s, const char *call, const c
 // Inside a function returning int with a ts_cuda_ctx *ctx at hand: check a CUDA runtime call
 // (a launcher below too: it returns the launch's error; faults inside a kernel appear at the
 // next synchronisation) or a cuBLAS call.
-#define TS_CUDA_CHECK(call)                                                  \
-  do {                                                                       \
-    cudaError_t ts_e_ = (call);                                              \
+#define TS_CUDA_CHECK(call)                                                               \
+  do {                                                                                    \
+    cudaError_t ts_e_ = (call);                                                           \
     if (ts_e_ != cudaSuccess) return ts_cuda_fail(ctx, ts_e_, #call, __FILE__, __LINE__); \
   } while (0)
-#define TS_CUBLAS_CHECK(call)                                                \
-  do {                                                                       \
-    cublasStatus_t ts_s_ = (call);                                           \
-    if (ts_s_ != CUBLAS_STATUS_SUCCESS)                                      \
-      return ts_cublas_fail(ctx, ts_s_, #call, __FILE__, __LINE__);          \
+#define TS_CUBLAS_CHECK(call)                                       \
+  do {                                                              \
+    cublasStatus_t ts_s_ = (call);                                  \
+    if (ts_s_ != CUBLAS_STATUS_SUCCESS)                             \
+      return ts_cublas_fail(ctx, ts_s_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // --- launchers (ts_cuda_ops.cu): enqueue one kernel on the stream; they return the launch
 // error, if any. `blocks` bounds the grid of grid-stride kernels.
 cudaError_t ts_cuda_bias_add(cudaStream_t s, int blocks, size_t rows, size_t cols,
                              const float *bias, float *y);
-cudaError_t ts_cuda_bias_grad(cudaStream_t s, size_t rows, size_t cols, const float *dy,
-                              float *db);
+cudaError_t ts_cuda_bias_grad(cudaStream_t s, size_t rows, size_t cols, const float *dy, float *db);
 cudaError_t ts_cuda_axpy(cudaStream_t s, int blocks, size_t n, float alpha, const float *x,
                          float *y);
 cudaError_t ts_cuda_scale(cudaStream_t s, int blocks, size_t n, float alpha, float *x);
@@ -80,11 +79,11 @@ cudaError_t ts_cuda_fill(cudaStream_t s, int blocks, size_t n, float value, floa
 cudaError_t ts_cuda_scale_matrix(cudaStream_t s, int blocks, size_t m, size_t n, size_t ldc,
                                  float beta, float *c);
 cudaError_t ts_cuda_relu_fwd(cudaStream_t s, int blocks, size_t n, const float *x, float *y);
-cudaError_t ts_cuda_relu_bwd(cudaStream_t s, int blocks, size_t n, const float *y,
-                             const float *dy, float *dx);
+cudaError_t ts_cuda_relu_bwd(cudaStream_t s, int blocks, size_t n, const float *y, const float *dy,
+                             float *dx);
 cudaError_t ts_cuda_tanh_fwd(cudaStream_t s, int blocks, size_t n, const float *x, float *y);
-cudaError_t ts_cuda_tanh_bwd(cudaStream_t s, int blocks, size_t n, const float *y,
-                             const float *dy, float *dx);
+cudaError_t ts_cuda_tanh_bwd(cudaStream_t s, int blocks, size_t n, const float *y, const float *dy,
+                             float *dx);
 // probs and per-row losses (rowloss may be NULL), then the mean of rowloss into result->loss.
 cudaError_t ts_cuda_softmax_xent(cudaStream_t s, int blocks, size_t rows, size_t cols,
                                  const float *logits, const int32_t *labels, float *probs,

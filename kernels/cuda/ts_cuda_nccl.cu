@@ -97,8 +97,8 @@ extern "C" int ts_kernels_cuda_nccl_mean(ts_kernels_cuda_nccl_t *c, float *const
     cudaError_t e = cudaSetDevice(c->ctx[i]->device);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->ctx[i]->stream);
     if (e != cudaSuccess) {
-      ts_errmsg_printf(errmsg, errlen, "NCCL: GPU %d: cudaStreamSynchronize: %s",
-                       c->ctx[i]->device, cudaGetErrorString(e));
+      ts_errmsg_printf(errmsg, errlen, "NCCL: GPU %d: cudaStreamSynchronize: %s", c->ctx[i]->device,
+                       cudaGetErrorString(e));
       return TS_EDEVICE;
     }
   }

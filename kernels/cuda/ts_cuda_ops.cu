@@ -250,8 +250,8 @@ cudaError_t ts_cuda_relu_fwd(cudaStream_t s, int blocks, size_t n, const float *
   return cudaGetLastError();
 }
 
-cudaError_t ts_cuda_relu_bwd(cudaStream_t s, int blocks, size_t n, const float *y,
-                             const float *dy, float *dx) {
+cudaError_t ts_cuda_relu_bwd(cudaStream_t s, int blocks, size_t n, const float *y, const float *dy,
+                             float *dx) {
   relu_bwd_k<<<blocks_for(n, blocks), kThreads, 0, s>>>(n, y, dy, dx);
   return cudaGetLastError();
 }
@@ -261,8 +261,8 @@ cudaError_t ts_cuda_tanh_fwd(cudaStream_t s, int blocks, size_t n, const float *
   return cudaGetLastError();
 }
 
-cudaError_t ts_cuda_tanh_bwd(cudaStream_t s, int blocks, size_t n, const float *y,
-                             const float *dy, float *dx) {
+cudaError_t ts_cuda_tanh_bwd(cudaStream_t s, int blocks, size_t n, const float *y, const float *dy,
+                             float *dx) {
   tanh_bwd_k<<<blocks_for(n, blocks), kThreads, 0, s>>>(n, y, dy, dx);
   return cudaGetLastError();
 }
@@ -282,7 +282,7 @@ cudaError_t ts_cuda_softmax_xent_grad(cudaStream_t s, int blocks, size_t rows, s
                                       const float *probs, const int32_t *labels, float *dlogits,
                                       ts_cuda_result *result) {
   softmax_xent_grad_k<<<blocks_for(rows * cols, blocks), kThreads, 0, s>>>(rows, cols, probs,
-                                                                          labels, dlogits, result);
+                                                                           labels, dlogits, result);
   return cudaGetLastError();
 }
 
@@ -291,7 +291,7 @@ cudaError_t ts_cuda_argmax_correct(cudaStream_t s, int blocks, size_t rows, size
                                    ts_cuda_result *result) {
   cudaError_t e = cudaMemsetAsync(&result->correct, 0, sizeof result->correct, s);
   if (e != cudaSuccess) return e;
-  argmax_correct_k<<<blocks_for(rows * kWarp, blocks), kThreads, 0, s>>>(rows, cols, logits,
-                                                                         labels, result);
+  argmax_correct_k<<<blocks_for(rows * kWarp, blocks), kThreads, 0, s>>>(rows, cols, logits, labels,
+                                                                         result);
   return cudaGetLastError();
 }

@@ -18,7 +18,7 @@ extern "C" {
 namespace {
 
 constexpr int kMaxDevices = 64;
-constexpr size_t kBlasWorkspace = (size_t)32 << 20;   // cuBLAS's advice for Hopper
+constexpr size_t kBlasWorkspace = (size_t)32 << 20;  // cuBLAS's advice for Hopper
 constexpr size_t kBlasWorkspaceMinLimit = (size_t)256 << 20;
 constexpr size_t kRowLossMin = 4096;
 
@@ -140,9 +140,9 @@ int ts_cublas_fail(ts_cuda_ctx *ctx, cublasStatus_t s, const char *call, const c
 namespace {
 
 // Entry of every kernel: the context (TS_EINVAL for the placement-only table) and its GPU.
-#define TS_CUDA_ENTER(k)                        \
-  ts_cuda_ctx *ctx = ts_cuda_ctx_of(k);         \
-  if (!ctx) return TS_EINVAL;                   \
+#define TS_CUDA_ENTER(k)                \
+  ts_cuda_ctx *ctx = ts_cuda_ctx_of(k); \
+  if (!ctx) return TS_EINVAL;           \
   TS_CUDA_CHECK(cudaSetDevice(ctx->device))
 
 #define CHECK_BUF(p, n)                \
@@ -244,8 +244,7 @@ int cuda_gemm(const ts_kernels_t *k, bool trans_a, bool trans_b, size_t m, size_
               float alpha, const float *a, size_t lda, const float *b, size_t ldb, float beta,
               float *c, size_t ldc) {
   TS_CUDA_ENTER(k);
-  if (m > INT_MAX || n > INT_MAX || kk > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
-      ldc > INT_MAX)
+  if (m > INT_MAX || n > INT_MAX || kk > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
     return TS_EINVAL;
   size_t a_cols = trans_a ? m : kk, b_cols = trans_b ? kk : n;
   if (lda < a_cols || ldb < b_cols || ldc < n) return TS_EINVAL;
@@ -355,8 +354,7 @@ int ensure_rowloss(ts_cuda_ctx *ctx, size_t rows) {
   size_t cap = rows > kRowLossMin ? rows : kRowLossMin;
   void *p = nullptr;
   TS_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
-  int rc = ts_pool_alloc(ctx->pool->pool, cap * sizeof(float), &p, ctx->errmsg,
-                         sizeof ctx->errmsg);
+  int rc = ts_pool_alloc(ctx->pool->pool, cap * sizeof(float), &p, ctx->errmsg, sizeof ctx->errmsg);
   if (rc < 0) return rc;
   ts_pool_free(ctx->pool->pool, ctx->d_rowloss);
   ctx->d_rowloss = static_cast<float *>(p);
@@ -372,8 +370,8 @@ int cuda_softmax_xent(const ts_kernels_t *k, size_t rows, size_t cols, const flo
     int rc = ensure_rowloss(ctx, rows);
     if (rc < 0) return rc;
   }
-  TS_CUDA_CHECK(ts_cuda_softmax_xent(ctx->stream, grid_cap(ctx), rows, cols, logits, labels,
-                                     probs, loss_host ? ctx->d_rowloss : nullptr, ctx->d_result));
+  TS_CUDA_CHECK(ts_cuda_softmax_xent(ctx->stream, grid_cap(ctx), rows, cols, logits, labels, probs,
+                                     loss_host ? ctx->d_rowloss : nullptr, ctx->d_result));
   if (!loss_host) return 0;
   int rc = fetch_result(ctx);
   if (rc < 0) return rc;
@@ -444,8 +442,8 @@ const ts_kernels_t g_ops_table = make_table();
 // Everything create needs after the context struct exists; destroy_ctx undoes any prefix.
 int setup(ts_cuda_ctx *ctx, const ts_kernels_cuda_opts_t *opts) {
   TS_CUDA_CHECK(cudaSetDevice(ctx->device));
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount,
-                                       ctx->device));
+  TS_CUDA_CHECK(
+      cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount, ctx->device));
   if (ctx->sm_count < 1) ctx->sm_count = 1;
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
   int rc = pool_acquire(ctx->device, &opts->memory, &ctx->pool, ctx->errmsg, sizeof ctx->errmsg);
@@ -459,14 +457,12 @@ int setup(ts_cuda_ctx *ctx, const ts_kernels_cuda_opts_t *opts) {
   size_t limit = ctx->pool->plan.limit;
   size_t ws = (limit == 0 || limit >= kBlasWorkspaceMinLimit) ? kBlasWorkspace : 0;
   if (ws) {
-    rc = ts_pool_alloc(ctx->pool->pool, ws, &ctx->blas_workspace, ctx->errmsg,
-                       sizeof ctx->errmsg);
+    rc = ts_pool_alloc(ctx->pool->pool, ws, &ctx->blas_workspace, ctx->errmsg, sizeof ctx->errmsg);
     if (rc < 0) return rc;
   }
   TS_CUBLAS_CHECK(cublasSetWorkspace(ctx->blas, ctx->blas_workspace, ws));
   void *p = nullptr;
-  rc = ts_pool_alloc(ctx->pool->pool, sizeof(ts_cuda_result), &p, ctx->errmsg,
-                     sizeof ctx->errmsg);
+  rc = ts_pool_alloc(ctx->pool->pool, sizeof(ts_cuda_result), &p, ctx->errmsg, sizeof ctx->errmsg);
   if (rc < 0) return rc;
   ctx->d_result = static_cast<ts_cuda_result *>(p);
   TS_CUDA_CHECK(cudaMemsetAsync(ctx->d_result, 0, sizeof(ts_cuda_result), ctx->stream));

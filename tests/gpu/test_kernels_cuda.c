@@ -166,7 +166,7 @@ static void check_rc(const char *what, int rc_cpu, int rc_gpu) {
 /* --- kernels ------------------------------------------------------------------------------- */
 
 static void test_gemm(void) {
-  static const size_t shapes[][3] = {{1, 1, 1},      {7, 13, 5},     {64, 128, 784},
+  static const size_t shapes[][3] = {{1, 1, 1},       {7, 13, 5},    {64, 128, 784},
                                      {1000, 10, 128}, {33, 65, 257}, {256, 512, 1024},
                                      {5, 3, 0}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -184,8 +184,10 @@ static void test_gemm(void) {
           pair_t a = pair_new(a_rows * lda, ha), b = pair_new(b_rows * ldb, hb);
           pair_t c = pair_new(m * ldc, hc);
           if (beta == 0.0f) pair_poison(&c); /* beta 0: C is not read */
-          int r1 = CPU->gemm(CPU, ta, tb, m, n, kk, alpha, a.cpu, lda, b.cpu, ldb, beta, c.cpu, ldc);
-          int r2 = GPU->gemm(GPU, ta, tb, m, n, kk, alpha, a.gpu, lda, b.gpu, ldb, beta, c.gpu, ldc);
+          int r1 =
+              CPU->gemm(CPU, ta, tb, m, n, kk, alpha, a.cpu, lda, b.cpu, ldb, beta, c.cpu, ldc);
+          int r2 =
+              GPU->gemm(GPU, ta, tb, m, n, kk, alpha, a.gpu, lda, b.gpu, ldb, beta, c.gpu, ldc);
           check_rc("gemm", r1, r2);
           char shape[64];
           snprintf(shape, sizeof shape, "%zux%zux%zu %c%c%s", m, n, kk, ta ? 'T' : 'N',
@@ -232,7 +234,8 @@ static void test_elementwise(void) {
     char shape[48];
     snprintf(shape, sizeof shape, "n=%zu", n);
     float *hx = host_random(n, -3, 3), *hdy = host_random(n, -1, 1), *hy0 = host_random(n, -1, 1);
-    pair_t x = pair_new(n, hx), dy = pair_new(n, hdy), y = pair_new(n, NULL), dx = pair_new(n, NULL);
+    pair_t x = pair_new(n, hx), dy = pair_new(n, hdy), y = pair_new(n, NULL),
+           dx = pair_new(n, NULL);
     pair_poison(&y);
     check_rc("relu_fwd", CPU->relu_fwd(CPU, n, x.cpu, y.cpu), GPU->relu_fwd(GPU, n, x.gpu, y.gpu));
     compare_elementwise("relu_fwd", shape, &y);
@@ -248,7 +251,8 @@ static void test_elementwise(void) {
              GPU->tanh_bwd(GPU, n, y.gpu, dy.gpu, dx.gpu));
     compare_elementwise("tanh_bwd", shape, &dx);
     pair_t yy = pair_new(n, hy0);
-    check_rc("axpy", CPU->axpy(CPU, n, 0.75f, x.cpu, yy.cpu), GPU->axpy(GPU, n, 0.75f, x.gpu, yy.gpu));
+    check_rc("axpy", CPU->axpy(CPU, n, 0.75f, x.cpu, yy.cpu),
+             GPU->axpy(GPU, n, 0.75f, x.gpu, yy.gpu));
     compare_elementwise("axpy", shape, &yy);
     check_rc("scale", CPU->scale(CPU, n, -0.3f, yy.cpu), GPU->scale(GPU, n, -0.3f, yy.gpu));
     compare_elementwise("scale", shape, &yy);
@@ -270,7 +274,8 @@ static void test_elementwise(void) {
 }
 
 static void test_softmax(void) {
-  static const size_t shapes[][2] = {{1, 2}, {64, 10}, {1000, 10}, {17, 1000}, {5, 40000}, {300, 33}};
+  static const size_t shapes[][2] = {{1, 2},     {64, 10},   {1000, 10},
+                                     {17, 1000}, {5, 40000}, {300, 33}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     size_t rows = shapes[s][0], cols = shapes[s][1];
     char shape[48];
@@ -341,10 +346,12 @@ static void test_contract(void) {
   float *f = buf;
   expect("fill NULL with n > 0", GPU->fill(GPU, 4, 0.0f, NULL), TS_EINVAL);
   expect("fill n = 0", GPU->fill(GPU, 0, 0.0f, NULL), 0);
-  expect("gemm lda < cols", GPU->gemm(GPU, false, false, 2, 2, 3, 1, f, 2, f, 2, 0, f, 2), TS_EINVAL);
+  expect("gemm lda < cols", GPU->gemm(GPU, false, false, 2, 2, 3, 1, f, 2, f, 2, 0, f, 2),
+         TS_EINVAL);
   expect("gemm m = 0", GPU->gemm(GPU, false, false, 0, 2, 3, 1, f, 3, f, 2, 0, f, 2), 0);
   expect("softmax rows = 0", GPU->softmax_xent(GPU, 0, 3, f, (int32_t *)f, f, NULL), TS_EINVAL);
-  expect("argmax cols = 0", GPU->argmax_correct(GPU, 1, 0, f, (int32_t *)f, &(size_t){0}), TS_EINVAL);
+  expect("argmax cols = 0", GPU->argmax_correct(GPU, 1, 0, f, (int32_t *)f, &(size_t){0}),
+         TS_EINVAL);
   /* A label out of range, found on the device. */
   int32_t bad[2] = {1, 7};
   float z[6] = {0, 1, 2, 3, 4, 5}, loss = 0;
@@ -354,11 +361,13 @@ static void test_contract(void) {
   GPU->alloc(GPU, sizeof z, &dp);
   GPU->copy_to_device(GPU, dz, z, sizeof z);
   GPU->copy_to_device(GPU, dl, bad, sizeof bad);
-  expect("softmax_xent label 7 of 3 classes", GPU->softmax_xent(GPU, 2, 3, dz, dl, dp, &loss), TS_EINVAL);
+  expect("softmax_xent label 7 of 3 classes", GPU->softmax_xent(GPU, 2, 3, dz, dl, dp, &loss),
+         TS_EINVAL);
   printf("     (last_error: %s)\n", GPU->last_error(GPU));
   expect("then a clean call", GPU->synchronize(GPU), 0);
   expect("softmax_xent_grad label 7, at synchronize",
-         GPU->softmax_xent_grad(GPU, 2, 3, dp, dl, dp) == 0 ? GPU->synchronize(GPU) : -1, TS_EINVAL);
+         GPU->softmax_xent_grad(GPU, 2, 3, dp, dl, dp) == 0 ? GPU->synchronize(GPU) : -1,
+         TS_EINVAL);
   GPU->free_buf(GPU, dz);
   GPU->free_buf(GPU, dl);
   GPU->free_buf(GPU, dp);
@@ -368,7 +377,8 @@ static void test_contract(void) {
   expect("host_alloc (pinned) 64 MiB", GPU->host_alloc(GPU, 64u << 20, &h), 0);
   memset(h, 0, 64u << 20);
   GPU->host_free(GPU, h);
-  expect("create /gpu:999", ts_kernels_cuda_create(999, NULL, &(ts_kernels_t *){NULL}, (char[256]){0}, 256),
+  expect("create /gpu:999",
+         ts_kernels_cuda_create(999, NULL, &(ts_kernels_t *){NULL}, (char[256]){0}, 256),
          TS_EINVAL);
 }
 
@@ -458,7 +468,17 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-typedef enum { B_GEMM, B_BIAS_ADD, B_BIAS_GRAD, B_RELU, B_TANH, B_SOFTMAX, B_XENT_GRAD, B_ARGMAX, B_AXPY } bench_t;
+typedef enum {
+  B_GEMM,
+  B_BIAS_ADD,
+  B_BIAS_GRAD,
+  B_RELU,
+  B_TANH,
+  B_SOFTMAX,
+  B_XENT_GRAD,
+  B_ARGMAX,
+  B_AXPY
+} bench_t;
 
 static int run_bench(const ts_kernels_t *k, bench_t b, size_t m, size_t n, size_t kk, void **buf) {
   float *a = buf[0], *bb = buf[1], *c = buf[2];
@@ -466,15 +486,24 @@ static int run_bench(const ts_kernels_t *k, bench_t b, size_t m, size_t n, size_
   float loss;
   size_t cnt;
   switch (b) {
-    case B_GEMM: return k->gemm(k, false, false, m, n, kk, 1, a, kk, bb, n, 0, c, n);
-    case B_BIAS_ADD: return k->bias_add(k, m, n, bb, c);
-    case B_BIAS_GRAD: return k->bias_grad(k, m, n, a, c);
-    case B_RELU: return k->relu_fwd(k, m * n, a, c);
-    case B_TANH: return k->tanh_fwd(k, m * n, a, c);
-    case B_SOFTMAX: return k->softmax_xent(k, m, n, a, lab, c, &loss);
-    case B_XENT_GRAD: return k->softmax_xent_grad(k, m, n, a, lab, c);
-    case B_ARGMAX: return k->argmax_correct(k, m, n, a, lab, &cnt);
-    case B_AXPY: return k->axpy(k, m * n, 0.5f, a, c);
+    case B_GEMM:
+      return k->gemm(k, false, false, m, n, kk, 1, a, kk, bb, n, 0, c, n);
+    case B_BIAS_ADD:
+      return k->bias_add(k, m, n, bb, c);
+    case B_BIAS_GRAD:
+      return k->bias_grad(k, m, n, a, c);
+    case B_RELU:
+      return k->relu_fwd(k, m * n, a, c);
+    case B_TANH:
+      return k->tanh_fwd(k, m * n, a, c);
+    case B_SOFTMAX:
+      return k->softmax_xent(k, m, n, a, lab, c, &loss);
+    case B_XENT_GRAD:
+      return k->softmax_xent_grad(k, m, n, a, lab, c);
+    case B_ARGMAX:
+      return k->argmax_correct(k, m, n, a, lab, &cnt);
+    case B_AXPY:
+      return k->axpy(k, m * n, 0.5f, a, c);
   }
   return TS_EINVAL;
 }
@@ -515,16 +544,22 @@ static void bench(void) {
     bench_t b;
     size_t m, n, kk;
   } rows[] = {
-      {"gemm 64x128x784", B_GEMM, 64, 128, 784},    {"gemm 512x1024x784", B_GEMM, 512, 1024, 784},
-      {"gemm 2048^3", B_GEMM, 2048, 2048, 2048},     {"bias_add 512x1024", B_BIAS_ADD, 512, 1024, 1},
-      {"bias_grad 512x1024", B_BIAS_GRAD, 512, 1024, 1}, {"relu 512x1024", B_RELU, 512, 1024, 1},
-      {"tanh 512x1024", B_TANH, 512, 1024, 1},       {"axpy 4M", B_AXPY, 4096, 1024, 1},
-      {"softmax_xent 1000x10", B_SOFTMAX, 1000, 10, 1}, {"xent_grad 1000x10", B_XENT_GRAD, 1000, 10, 1},
+      {"gemm 64x128x784", B_GEMM, 64, 128, 784},
+      {"gemm 512x1024x784", B_GEMM, 512, 1024, 784},
+      {"gemm 2048^3", B_GEMM, 2048, 2048, 2048},
+      {"bias_add 512x1024", B_BIAS_ADD, 512, 1024, 1},
+      {"bias_grad 512x1024", B_BIAS_GRAD, 512, 1024, 1},
+      {"relu 512x1024", B_RELU, 512, 1024, 1},
+      {"tanh 512x1024", B_TANH, 512, 1024, 1},
+      {"axpy 4M", B_AXPY, 4096, 1024, 1},
+      {"softmax_xent 1000x10", B_SOFTMAX, 1000, 10, 1},
+      {"xent_grad 1000x10", B_XENT_GRAD, 1000, 10, 1},
       {"argmax 1000x10", B_ARGMAX, 1000, 10, 1},
   };
   printf("\nkernel times (microseconds per call; the GPU's include the launch)\n");
   printf("| %-22s | %12s | %12s | %8s |\n", "kernel", "GPU us", "CPU us", "speed-up");
-  printf("|%s|%s|%s|%s|\n", "------------------------", "--------------", "--------------", "----------");
+  printf("|%s|%s|%s|%s|\n", "------------------------", "--------------", "--------------",
+         "----------");
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     double g = time_kernel(GPU, rows[i].b, rows[i].m, rows[i].n, rows[i].kk);
     double c = time_kernel(CPU, rows[i].b, rows[i].m, rows[i].n, rows[i].kk);
@@ -546,10 +581,12 @@ int main(int argc, char **argv) {
     printf("/gpu:0 is %s (PCI %s, compute capability %d.%d); %d GPU(s) visible\n", info.name,
            info.pci_bus_id, info.major, info.minor, gpus);
   const char *seed_env = getenv("TS_SEED");
-  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+  uint64_t seed =
+      seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
   if (seed == 0) seed = 1;
   rng_state = seed;
-  printf("seed %llu (TS_SEED=%llu repeats this run)\n", (unsigned long long)seed, (unsigned long long)seed);
+  printf("seed %llu (TS_SEED=%llu repeats this run)\n", (unsigned long long)seed,
+         (unsigned long long)seed);
   CPU = ts_kernels_cpu();
   char err[512];
   ts_kernels_cuda_opts_t opts = {.memory = {.allow_growth = true}};
@@ -569,6 +606,7 @@ int main(int argc, char **argv) {
            st.held, st.chunks, st.peak, st.blocks);
   if (do_bench && failures == 0) bench();
   ts_kernels_cuda_destroy(GPU);
-  printf("\n%s: %d of %d checks passed\n", failures ? "FAILED" : "PASSED", checks - failures, checks);
+  printf("\n%s: %d of %d checks passed\n", failures ? "FAILED" : "PASSED", checks - failures,
+         checks);
   return failures ? 1 : 0;
 }

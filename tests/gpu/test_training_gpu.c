@@ -77,14 +77,15 @@ static double done_field(const ts_proc_t *p, const char *key) {
 static void test_fashion_mnist_gpu(void **state) {
   (void)state;
   ts_cluster_t c;
-  assert_int_equal(ts_cluster_start(&c, 2, 2,
-                                    "job = { mode = \"sync\"; partition_bytes = 131072; };\n"
-                                    "optimizer = { name = \"adam\"; learning_rate = 0.002; };\n"
-                                    "model = { layers = [784, 128, 10]; activation = \"relu\"; seed = 42; };\n"
-                                    "train = { batch_size = 64; epochs = 2; log_interval_s = 2.0; };\n"
-                                    "device = { placement = \"/gpu:0\"; allow_soft_placement = false; "
-                                    "log_device_placement = true; };\n"),
-                   0);
+  assert_int_equal(
+      ts_cluster_start(&c, 2, 2,
+                       "job = { mode = \"sync\"; partition_bytes = 131072; };\n"
+                       "optimizer = { name = \"adam\"; learning_rate = 0.002; };\n"
+                       "model = { layers = [784, 128, 10]; activation = \"relu\"; seed = 42; };\n"
+                       "train = { batch_size = 64; epochs = 2; log_interval_s = 2.0; };\n"
+                       "device = { placement = \"/gpu:0\"; allow_soft_placement = false; "
+                       "log_device_placement = true; };\n"),
+      0);
   ts_proc_t w[2];
   for (int t = 0; t < 2; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
   for (int t = 0; t < 2; t++) {
@@ -112,13 +113,18 @@ static float *final_params(ts_cluster_t *c, size_t *count) {
   ts_model_t m;
   char err[512];
   int widths[] = {784, 32, 10};
-  assert_int_equal(ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err), 0);
+  assert_int_equal(ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err),
+                   0);
   ts_client_tensor_t decl[8];
   for (size_t i = 0; i < m.num_tensors; i++)
     decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
                                    m.tensors[i].init};
-  ts_client_opts_t o = {.addrs = c->addrs, .num_shards = (size_t)c->num_shards, .task = 0,
-                        .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
+  ts_client_opts_t o = {.addrs = c->addrs,
+                        .num_shards = (size_t)c->num_shards,
+                        .task = 0,
+                        .connect_timeout_s = 5,
+                        .request_timeout_s = 10,
+                        .require_all = true};
   ts_client_t *cl = NULL;
   assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
   assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, 7, err, sizeof err), 0);
@@ -174,7 +180,8 @@ static void test_towers_exactness(void **state) {
   float *cpu = run_exact("/cpu:0", 1, 32, &nc);
   assert_int_equal(n1, n2);
   assert_int_equal(n1, nc);
-  assert_true(rel_diff("2 towers (micro-batch 16) vs 1 tower (batch 32) on /gpu:0", two, one, n1) < 1e-5);
+  assert_true(rel_diff("2 towers (micro-batch 16) vs 1 tower (batch 32) on /gpu:0", two, one, n1) <
+              1e-5);
   assert_true(rel_diff("1 GPU tower vs the CPU back end, 25 steps", one, cpu, n1) < 1e-4);
   free(two);
   free(one);
@@ -190,11 +197,12 @@ static void test_memory_fraction(void **state) {
   const double f = 0.05;
   size_t want = (size_t)floor(f * (double)total) / ((size_t)2 << 20) * ((size_t)2 << 20);
   ts_cluster_t c;
-  assert_int_equal(ts_cluster_start(&c, 1, 1,
-                                    "job = { mode = \"async\"; };\n"
-                                    "train = { batch_size = 64; epochs = 50; log_interval_s = 0.5; };\n"
-                                    "device = { placement = \"/gpu:0\"; memory_fraction = 0.05; };\n"),
-                   0);
+  assert_int_equal(
+      ts_cluster_start(&c, 1, 1,
+                       "job = { mode = \"async\"; };\n"
+                       "train = { batch_size = 64; epochs = 50; log_interval_s = 0.5; };\n"
+                       "device = { placement = \"/gpu:0\"; memory_fraction = 0.05; };\n"),
+      0);
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
   for (int i = 0; i < 3000 && !file_has(w.err, "step "); i++) usleep(10000);
@@ -231,8 +239,9 @@ static void test_model_too_large(void **state) {
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 1, 1, NULL), 0);
   ts_proc_t w;
-  const char *args[] = {"--set", "device.placement=\"/gpu:0\"", "--set", "device.memory_fraction=0.02",
-                        "--set", "model.layers=[784, 65536, 65536, 10]", NULL};
+  const char *args[] = {
+      "--set", "device.placement=\"/gpu:0\"",          "--set", "device.memory_fraction=0.02",
+      "--set", "model.layers=[784, 65536, 65536, 10]", NULL};
   assert_int_equal(ts_worker_start(&c, 0, args, &w), 0);
   int rc = ts_proc_wait(&w, 120);
   show_line(&w, "out of memory");
@@ -240,7 +249,7 @@ static void test_model_too_large(void **state) {
   assert_int_equal(rc, 1);
   assert_true(file_has(w.err, "out of memory under device.memory_fraction = 0.02"));
   assert_true(file_has(w.err, "more asked"));
-  assert_true(file_has(w.err, "in all)")); /* the model's whole need */
+  assert_true(file_has(w.err, "in all)"));      /* the model's whole need */
   assert_false(file_has(w.err, "declared on")); /* no shard was touched */
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
@@ -253,8 +262,11 @@ static void test_missing_gpu_placement(void **state) {
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 1, 1, "model = { layers = [784, 16, 10]; };"), 0);
   ts_proc_t w;
-  const char *soft[] = {"--set", "device.placement=\"/gpu:3\"", "--set", "device.allow_soft_placement=true",
-                        "--set", "device.towers=1", "--set", "train.max_steps=5", NULL};
+  const char *soft[] = {"--set", "device.placement=\"/gpu:3\"",
+                        "--set", "device.allow_soft_placement=true",
+                        "--set", "device.towers=1",
+                        "--set", "train.max_steps=5",
+                        NULL};
   assert_int_equal(ts_worker_start(&c, 0, soft, &w), 0);
   int rc = ts_proc_wait(&w, 60);
   if (rc != 0) dump(&w);
@@ -262,13 +274,15 @@ static void test_missing_gpu_placement(void **state) {
   show_line(&w, "allow_soft_placement");
   assert_true(file_has(w.err, "allow_soft_placement: '/device:GPU:3' is not available"));
   assert_true(file_has(w.err, "device:GPU:0"));
-  const char *hard[] = {"--set", "device.placement=\"/gpu:3\"", "--set", "device.allow_soft_placement=false", NULL};
+  const char *hard[] = {"--set", "device.placement=\"/gpu:3\"", "--set",
+                        "device.allow_soft_placement=false", NULL};
   assert_int_equal(ts_worker_start(&c, 0, hard, &w), 0);
   rc = ts_proc_wait(&w, 60);
   show_line(&w, "Could not satisfy");
   assert_int_equal(rc, 78);
-  assert_true(file_has(w.err, "Could not satisfy explicit device specification '/device:GPU:3' because "
-                              "no devices matching that specification are registered in this process"));
+  assert_true(file_has(w.err,
+                       "Could not satisfy explicit device specification '/device:GPU:3' because "
+                       "no devices matching that specification are registered in this process"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
@@ -307,7 +321,8 @@ static void test_throughput(void **state) {
   fprintf(stderr, "\nexamples/s, 1 worker, 2 shards on loopback (async; network included)\n");
   fprintf(stderr, "| %-24s | %6s | %12s | %12s | %8s |\n", "model", "batch", "GPU ex/s", "CPU ex/s",
           "speed-up");
-  fprintf(stderr, "|--------------------------|--------|--------------|--------------|----------|\n");
+  fprintf(stderr,
+          "|--------------------------|--------|--------------|--------------|----------|\n");
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     double g = throughput("/gpu:0", cases[i].layers, cases[i].batch, cases[i].steps);
     double cpu = throughput("/cpu:0", cases[i].layers, cases[i].batch, cases[i].steps / 3 + 1);
@@ -328,12 +343,9 @@ int main(void) {
     return 1;
   }
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_missing_gpu_placement),
-      cmocka_unit_test(test_model_too_large),
-      cmocka_unit_test(test_memory_fraction),
-      cmocka_unit_test(test_towers_exactness),
-      cmocka_unit_test(test_fashion_mnist_gpu),
-      cmocka_unit_test(test_throughput),
+      cmocka_unit_test(test_missing_gpu_placement), cmocka_unit_test(test_model_too_large),
+      cmocka_unit_test(test_memory_fraction),       cmocka_unit_test(test_towers_exactness),
+      cmocka_unit_test(test_fashion_mnist_gpu),     cmocka_unit_test(test_throughput),
   };
   return cmocka_run_group_tests_name("training_gpu", tests, NULL, NULL);
 }

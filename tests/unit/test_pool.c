@@ -52,9 +52,15 @@ static void fake_free(void *arg, void *chunk) {
 }
 
 static ts_pool_opts_t opts(backing_t *b, size_t reserve, size_t limit, bool grow) {
-  ts_pool_opts_t o = {.reserve = reserve, .limit = limit, .grow = grow, .min_chunk = MIB,
-                      .backing_alloc = fake_alloc, .backing_free = fake_free, .arg = b,
-                      .name = "GPU 0", .limit_reason = "device.memory_fraction = 0.5"};
+  ts_pool_opts_t o = {.reserve = reserve,
+                      .limit = limit,
+                      .grow = grow,
+                      .min_chunk = MIB,
+                      .backing_alloc = fake_alloc,
+                      .backing_free = fake_free,
+                      .arg = b,
+                      .name = "GPU 0",
+                      .limit_reason = "device.memory_fraction = 0.5"};
   return o;
 }
 
@@ -193,8 +199,10 @@ static void test_pool_host_alloc_failure(void **state) {
     void *x = NULL;
     if (rc == 0) rc = ts_pool_alloc(p, 100, &x, err, sizeof err);
     ts_alloc_fail_after(0);
-    if (rc == 0) assert_non_null(x);
-    else assert_int_equal(rc, TS_ENOMEM);
+    if (rc == 0)
+      assert_non_null(x);
+    else
+      assert_int_equal(rc, TS_ENOMEM);
     ts_pool_destroy(p);
     assert_int_equal(b.chunks_live, 0);
   }
@@ -217,7 +225,8 @@ static void test_plan_fraction(void **state) {
   assert_contains(pl.limit_reason, "device.memory_fraction = 0.25");
   /* Rounded down to 2 MiB, at least 2 MiB. */
   pol.memory_fraction = 0.3;
-  assert_int_equal(ts_gpu_memory_plan(0, 1000 * MIB + 12345, 1000 * MIB, &pol, &pl, err, sizeof err), 0);
+  assert_int_equal(
+      ts_gpu_memory_plan(0, 1000 * MIB + 12345, 1000 * MIB, &pol, &pl, err, sizeof err), 0);
   assert_int_equal(pl.reserve % TS_GPU_MEMORY_GRANULE, 0);
   assert_true(pl.reserve <= (size_t)(0.3 * (double)(1000 * MIB + 12345)));
   assert_true(pl.reserve > (size_t)(0.3 * (double)(1000 * MIB)) - TS_GPU_MEMORY_GRANULE);

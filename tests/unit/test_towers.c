@@ -61,7 +61,8 @@ static void check_towers_equal_one(size_t towers, ts_activation_t act) {
   const ts_kernels_t *tables[4] = {cpu, cpu, cpu, cpu};
   char err[512] = "";
   ts_towers_t tw;
-  assert_int_equal(ts_towers_init(&tw, tables, towers, widths, nw, act, batch, NULL, err, sizeof err), 0);
+  assert_int_equal(
+      ts_towers_init(&tw, tables, towers, widths, nw, act, batch, NULL, err, sizeof err), 0);
   assert_true(tw.zero_copy);
   assert_int_equal(tw.reduce, towers == 1 ? TS_TOWERS_REDUCE_NONE : TS_TOWERS_REDUCE_HOST);
   ts_model_t one;
@@ -95,7 +96,8 @@ static void check_towers_equal_one(size_t towers, ts_activation_t act) {
   double rel = sqrt(diff / norm);
   if (!(rel < 1e-6)) fail_msg("%zu towers vs one: relative gradient difference %g", towers, rel);
   /* Uneven batches are refused with a message. */
-  assert_int_equal(ts_towers_load(&tw, x, y, towers == 1 ? 0 : towers + 1, dim, err, sizeof err), TS_EINVAL);
+  assert_int_equal(ts_towers_load(&tw, x, y, towers == 1 ? 0 : towers + 1, dim, err, sizeof err),
+                   TS_EINVAL);
   ts_model_destroy(&one);
   ts_towers_destroy(&tw);
   ts_towers_destroy(&tw); /* zeroed: safe */
@@ -124,8 +126,12 @@ static void test_towers_init_failures(void **state) {
   char err[256] = "";
   ts_towers_t tw;
   released = 0;
-  assert_int_equal(ts_towers_init(&tw, tables, 0, widths, 2, TS_ACT_RELU, 8, count_release, err, sizeof err), TS_EINVAL);
-  assert_int_equal(ts_towers_init(&tw, tables, 2, bad, 2, TS_ACT_RELU, 8, count_release, err, sizeof err), TS_EINVAL);
+  assert_int_equal(
+      ts_towers_init(&tw, tables, 0, widths, 2, TS_ACT_RELU, 8, count_release, err, sizeof err),
+      TS_EINVAL);
+  assert_int_equal(
+      ts_towers_init(&tw, tables, 2, bad, 2, TS_ACT_RELU, 8, count_release, err, sizeof err),
+      TS_EINVAL);
   assert_contains(err, "tower 0 (cpu, /cpu:0)");
   assert_contains(err, "model.layers[1] = 0");
   assert_int_equal(released, 2); /* released on failure too */
@@ -133,7 +139,8 @@ static void test_towers_init_failures(void **state) {
   for (long n = 1; n < 40; n++) {
     released = 0;
     ts_alloc_fail_after(n);
-    int rc = ts_towers_init(&tw, tables, 2, widths, 2, TS_ACT_RELU, 8, count_release, err, sizeof err);
+    int rc =
+        ts_towers_init(&tw, tables, 2, widths, 2, TS_ACT_RELU, 8, count_release, err, sizeof err);
     ts_alloc_fail_after(0);
     if (rc == 0) {
       ts_towers_destroy(&tw);
@@ -207,7 +214,8 @@ static void test_plan_gpu_towers(void **state) {
   ts_config_free(&cfg);
   /* A batch that does not split. */
   config(&cfg, "/gpu:0", false, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 3, NULL, ts_kernels_cpu(), &p, err, sizeof err), TS_ECONFIG);
+  assert_int_equal(ts_backend_plan(&cfg, 3, NULL, ts_kernels_cpu(), &p, err, sizeof err),
+                   TS_ECONFIG);
   assert_contains(err, "train.batch_size = 64 cannot be split evenly over 3 towers");
   ts_config_free(&cfg);
 }
@@ -230,15 +238,18 @@ static void test_plan_missing_gpu(void **state) {
   ts_config_free(&cfg);
 
   config(&cfg, "/gpu:3", false, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, ts_kernels_cpu(), &p, err, sizeof err), TS_ECONFIG);
-  assert_contains(err, "Cannot assign a device for operation fc1/matmul: Could not satisfy "
-                       "explicit device specification '/device:GPU:3' because no devices "
-                       "matching that specification are registered in this process");
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, ts_kernels_cpu(), &p, err, sizeof err),
+                   TS_ECONFIG);
+  assert_contains(err,
+                  "Cannot assign a device for operation fc1/matmul: Could not satisfy "
+                  "explicit device specification '/device:GPU:3' because no devices "
+                  "matching that specification are registered in this process");
   ts_config_free(&cfg);
 
   /* No GPU at all: the whole model on /cpu:0, or TensorFlow's message. */
   config(&cfg, "/gpu:0", true, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 0, "no CUDA driver", ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(
+      ts_backend_plan(&cfg, 0, "no CUDA driver", ts_kernels_cpu(), &p, err, sizeof err), 0);
   assert_int_equal(p.type, TS_DEVICE_CPU);
   assert_int_equal(p.towers, 1);
   assert_contains(p.soft_reason, "no CUDA driver");
@@ -288,7 +299,8 @@ static void test_model_ops_match(void **state) {
   assert_int_equal(ts_model_ops(widths, 4, TS_ACT_TANH, &ops, &n), 0);
   ts_model_t m;
   char err[256];
-  assert_int_equal(ts_model_init(&m, widths, 4, TS_ACT_TANH, 2, ts_kernels_cpu(), err, sizeof err), 0);
+  assert_int_equal(ts_model_init(&m, widths, 4, TS_ACT_TANH, 2, ts_kernels_cpu(), err, sizeof err),
+                   0);
   assert_int_equal(n, m.num_ops);
   for (size_t i = 0; i < n; i++) {
     assert_string_equal(ops[i].name, m.ops[i].name);

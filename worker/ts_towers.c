@@ -231,8 +231,15 @@ fail:
   return rc;
 }
 
+/* Wait for every tower's queued work, so no copy still reads a buffer about to be freed. */
+static void sync_all(const ts_towers_t *tw) {
+  for (size_t t = 0; tw->kernels && t < tw->n; t++)
+    if (tw->kernels[t]) tw->kernels[t]->synchronize(tw->kernels[t]);
+}
+
 void ts_towers_destroy(ts_towers_t *tw) {
   if (!tw) return;
+  sync_all(tw);
   ts_kernels_cuda_nccl_destroy(tw->nccl);
   if (tw->stage_grads && tw->kernels) {
     for (size_t t = 0; t < tw->n; t++)
@@ -267,7 +274,10 @@ int ts_towers_host_alloc(const ts_towers_t *tw, size_t bytes, void **out) {
 }
 
 void ts_towers_host_free(const ts_towers_t *tw, void *p) {
-  if (p) tw->kernels[0]->host_free(tw->kernels[0], p);
+  const ts_kernels_t *k0 = tw->kernels ? tw->kernels[0] : NULL;
+  if (!p || !k0) return;
+  sync_all(tw); /* a batch copy from p may still be queued */
+  k0->host_free(k0, p);
 }
 
 int ts_towers_load(ts_towers_t *tw, const float *x, const int32_t *labels, size_t batch, size_t dim,

@@ -105,7 +105,8 @@ float *const *ts_towers_pull_targets(const ts_towers_t *tw);
 const float *const *ts_towers_push_sources(const ts_towers_t *tw);
 
 /* Host memory for the worker's batches, from tower 0's back end (pinned for a GPU), freed
- * with ts_towers_host_free. Returns 0 or TS_ENOMEM. */
+ * with ts_towers_host_free (which first waits for the towers' queued copies). Returns 0 or
+ * TS_ENOMEM. */
 int ts_towers_host_alloc(const ts_towers_t *tw, size_t bytes, void **out);
 void ts_towers_host_free(const ts_towers_t *tw, void *p);
 

@@ -256,6 +256,14 @@ static const ts_config_def_t ts_config_defs[] = {
     FLOAT("device.memory_fraction", memory_fraction, 0.0, 1.0, 0, "0.0",
           "Fraction of each GPU's memory reserved up front and never exceeded; 0 = no "
           "reservation. A fraction, so within [0, 1]."),
+    INT("device.towers", towers, 0, 64, "0",
+        "Model replicas (towers) per worker, each on its own micro-batch of train.batch_size "
+        "/ towers examples (so batch_size must be a multiple). 0 = one per visible GPU when "
+        "the ops are placed on a GPU, else 1; more towers than GPUs share them round-robin. "
+        "At most 64 (NCCL's ranks per process here)."),
+    BOOL("device.allow_tf32", allow_tf32, "false",
+         "Let cuBLAS round float32 matrix products through TF32 tensor cores (faster, about "
+         "3 decimal digits); off, products are full float32 like the CPU's."),
 
     STRING("checkpoint.dir", checkpoint_dir, 0, PATH_BYTES, "\"\"",
            "Directory each shard writes checkpoints to; empty = no checkpoints. A path: at "

@@ -98,6 +98,8 @@ typedef struct {
   bool log_device_placement;
   bool allow_growth;
   double memory_fraction;
+  int towers;                 /* model replicas per worker; 0 = one per visible GPU */
+  bool allow_tf32;            /* cuBLAS may use TF32 for float32 products */
 
   /* checkpoint */
   char *checkpoint_dir;

@@ -10,6 +10,7 @@
 #ifndef TS_GPU_H
 #define TS_GPU_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct {
@@ -26,5 +27,40 @@ int ts_gpu_count(char *why, size_t whylen);
 
 /* Details of visible GPU i. Returns 0 or TS_EDEVICE. */
 int ts_gpu_info(int i, ts_gpu_info_t *out);
+
+/* Free and total memory of visible GPU i (cudaMemGetInfo). Returns 0 or TS_EDEVICE. */
+int ts_gpu_memory(int i, size_t *free_bytes, size_t *total_bytes);
+
+/* --- memory policy (device.allow_growth, device.memory_fraction) ------------------------ */
+
+typedef struct {
+  bool allow_growth;      /* take memory as needed */
+  double memory_fraction; /* > 0: reserve this fraction of the GPU up front, never exceed it */
+} ts_gpu_memory_policy_t;
+
+/* What a policy means for one GPU: the pool of kernels/ts_pool.h takes `reserve` bytes at
+ * start, grows on demand when `grow`, and never holds more than `limit` (0 = no limit of its
+ * own). summary is a log line ("reserving 7.0 GiB up front (device.memory_fraction = 0.05 of
+ * 139.8 GiB)"); limit_reason names the key that limits it, for out-of-memory messages. */
+typedef struct {
+  size_t reserve;
+  size_t limit;
+  bool grow;
+  char summary[256];
+  char limit_reason[96];
+} ts_gpu_memory_plan_t;
+
+#define TS_GPU_MEMORY_GRANULE ((size_t)2 << 20) /* reservations are multiples of 2 MiB */
+
+/* The plan for GPU `device` with total and free bytes, a pure function:
+ *   memory_fraction F > 0   reserve F * total (rounded down to 2 MiB, at least 2 MiB) up
+ *                           front, never more: limit = reserve; allow_growth is then moot.
+ *   F = 0, allow_growth     reserve nothing, grow on demand, no limit of our own.
+ *   F = 0, no allow_growth  TensorFlow's default: reserve 90% of the free memory up front.
+ * Returns 0, TS_EINVAL (F outside [0, 1] or not a number), or TS_ENOMEM when the reserve is
+ * more than is free, with errmsg naming the key, the need and what is free. */
+int ts_gpu_memory_plan(int device, size_t total, size_t free_bytes,
+                       const ts_gpu_memory_policy_t *policy, ts_gpu_memory_plan_t *out,
+                       char *errmsg, size_t errlen);
 
 #endif

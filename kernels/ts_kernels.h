@@ -27,7 +27,21 @@
  * Ordering. Kernels of one back end run in the order they are called. A back end may run
  * them asynchronously (CUDA on one stream), but copy_to_host, and every kernel that returns
  * a result in host memory (softmax_xent's loss, argmax_correct's count), returns only once
- * the result is there. synchronize() waits for all outstanding work.
+ * the result is there. synchronize() waits for all outstanding work. An asynchronous back
+ * end reports a failure inside a kernel (a fault, or a label out of range found on the
+ * device) from the next call that waits: copy_to_host, a kernel with a host result, or
+ * synchronize.
+ *
+ * Host memory for transfers. host_alloc gives host memory the back end can copy from and to
+ * at full speed (pinned, page-locked memory for CUDA; ordinary aligned memory for the CPU).
+ * copy_to_device from such memory may still be reading it after the call returns, until the
+ * next call that waits (above); from any other host memory the source may be reused as soon
+ * as the call returns.
+ *
+ * Errors with detail. last_error returns a one-line description of the table's most recent
+ * failure ("cudaMalloc: out of memory", "device.memory_fraction = 0.01 limits GPU 0 to 1.4
+ * GiB: 1.3 GiB in use, 0.5 GiB more asked"), or "" when there is none. The string belongs to
+ * the table and is overwritten by the next failure of the same table.
  *
  * Missing kernels. A back end may leave an op's pointer NULL when it has no kernel for it;
  * device placement (worker/) then reports "no supported kernel" or places that op on the CPU
@@ -47,6 +61,9 @@ struct ts_kernels {
   const char *device_type; /* TensorFlow's device type in placement lines: "CPU", "GPU" */
   int device_index;        /* N in /device:GPU:N; 0 for the CPU */
   void *ctx;               /* the back end's state; NULL for the CPU */
+  /* True when device buffers are ordinary host memory (the CPU back end): the worker then
+   * pulls straight into the parameters and pushes straight from the gradients. */
+  bool device_is_host;
 
   /* --- memory -------------------------------------------------------------------------
    * alloc: *out = a device buffer of `bytes` bytes, aligned for float (64 bytes on the CPU),
@@ -62,6 +79,13 @@ struct ts_kernels {
   int (*copy)(const ts_kernels_t *k, void *dst_dev, const void *src_dev, size_t bytes);
   /* Wait until every kernel called so far has finished. */
   int (*synchronize)(const ts_kernels_t *k);
+  /* Host memory for transfers (see above): *out = `bytes` bytes of host memory, aligned to 64
+   * bytes, contents undefined; freed with host_free (NULL is a no-op). TS_ENOMEM when it
+   * cannot be had. */
+  int (*host_alloc)(const ts_kernels_t *k, size_t bytes, void **out);
+  void (*host_free)(const ts_kernels_t *k, void *buf);
+  /* The last failure in words; never NULL (see above). */
+  const char *(*last_error)(const ts_kernels_t *k);
 
   /* --- dense algebra ------------------------------------------------------------------
    * C = alpha * op(A) * op(B) + beta * C, row-major, as cblas_sgemm(CblasRowMajor, ...).

@@ -10,6 +10,7 @@
 #include "ts_cli.h"
 #include "ts_client.h"
 #include "ts_config.h"
+#include "ts_backend.h"
 #include "ts_device.h"
 #include "ts_err.h"
 #include "ts_gpu.h"
@@ -72,59 +73,6 @@ static int check_data(const ts_config_t *cfg, const ts_dataset_t *train, const t
   return 0;
 }
 
-/* Resolve device placement for every op; logs placement lines and soft-placement moves. */
-static int place_ops(const ts_config_t *cfg, int task, const ts_model_t *m, char *errmsg,
-                     size_t errlen) {
-  ts_device_spec_t want;
-  int rc = ts_device_parse(cfg->placement, &want, errmsg, errlen);
-  if (rc < 0) {
-    ts_errmsg_wrapf(errmsg, errlen, "device.placement");
-    return TS_ECONFIG;
-  }
-  char gpu_why[256] = "";
-  int gpu_count = ts_gpu_count(gpu_why, sizeof gpu_why);
-  for (int g = 0; g < gpu_count; g++) {
-    ts_gpu_info_t info;
-    if (ts_gpu_info(g, &info) == 0)
-      ts_log_info("/gpu:%d is %s (PCI %s, %.1f GiB, compute capability %d.%d)", g, info.name,
-                  info.pci_bus_id, (double)info.total_bytes / (1024.0 * 1024.0 * 1024.0),
-                  info.major, info.minor);
-  }
-  ts_placement_op_t *ops = ts_calloc(m->num_ops, sizeof *ops);
-  ts_placement_t *pl = ts_calloc(m->num_ops, sizeof *pl);
-  if (!ops || !pl) {
-    ts_free(ops);
-    ts_free(pl);
-    snprintf(errmsg, errlen, "out of memory");
-    return TS_ENOMEM;
-  }
-  for (size_t i = 0; i < m->num_ops; i++) {
-    ops[i].name = m->ops[i].name;
-    ops[i].type = m->ops[i].type;
-    ops[i].gpu_kernel = false; /* the CUDA back end has no model kernels yet */
-  }
-  rc = ts_device_place(&want, gpu_count, gpu_why, ops, m->num_ops, cfg->allow_soft_placement, pl,
-                       errmsg, errlen);
-  if (rc == 0) {
-    bool logged_soft = false;
-    for (size_t i = 0; i < m->num_ops; i++) {
-      char dev[96];
-      ts_device_long_name((ts_device_type_t)pl[i].type, pl[i].index, task, dev, sizeof dev);
-      if (pl[i].soft && !logged_soft) {
-        char spec[48];
-        ts_device_short_name(want.type, want.index, spec, sizeof spec);
-        ts_log_warn("allow_soft_placement: '%s' is not available: %s; placing the model's ops on %s",
-                    spec, pl[i].reason, dev);
-        logged_soft = true;
-      }
-      if (cfg->log_device_placement) fprintf(stderr, "%s: (%s): %s\n", ops[i].name, ops[i].type, dev);
-    }
-  }
-  ts_free(ops);
-  ts_free(pl);
-  return rc;
-}
-
 int main(int argc, char **argv) {
   static const ts_cli_spec_t spec = {.prog = "ps-worker", .id_name = "task",
                                      .id_role = TS_ROLE_WORKER, .usage = usage};
@@ -141,8 +89,8 @@ int main(int argc, char **argv) {
   }
   char err[1024];
   ts_dataset_t train = {0}, test = {0};
-  ts_model_t model;
-  memset(&model, 0, sizeof model);
+  ts_towers_t towers;
+  memset(&towers, 0, sizeof towers);
   ts_client_t *client = NULL;
   ts_observe_t *obs = NULL;
   char *token = NULL;
@@ -163,18 +111,15 @@ int main(int argc, char **argv) {
   }
   ts_log_info("data: %zu training and %zu test examples of %zux%zu", train.n, test.n, train.rows,
               train.cols);
-  size_t capacity = (size_t)cfg.batch_size > 1000 ? (size_t)cfg.batch_size : 1000;
-  rc = ts_model_init(&model, cfg.layers, cfg.num_layers, cfg.activation, capacity, ts_kernels_cpu(),
-                     err, sizeof err);
+  /* Devices: placement of the ops (TensorFlow's rules), the back end and the towers
+   * (worker/ts_backend.h). Evaluation runs in chunks of up to 1000 examples. */
+  rc = ts_backend_setup(&cfg, (int)task, 1000, &towers, err, sizeof err);
   if (rc < 0) {
-    ts_log_err("model: %s", err);
-    exit_code = rc == TS_EINVAL ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
-    goto out;
-  }
-  if (place_ops(&cfg, (int)task, &model, err, sizeof err) < 0) {
     ts_log_err("%s", err);
+    exit_code = rc == TS_ECONFIG ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
     goto out;
   }
+  ts_model_t *model = &towers.models[0];
   if (cfg.token_file && *cfg.token_file && !(token = ts_auth_read_token(cfg.token_file, err, sizeof err))) {
     ts_log_err("%s", err);
     goto out;
@@ -216,33 +161,34 @@ int main(int argc, char **argv) {
     if (rc == TS_EAUTH) exit_code = TS_EXIT_CONFIG;
     goto out;
   }
-  ts_client_tensor_t *decl = ts_calloc(model.num_tensors, sizeof *decl);
+  ts_client_tensor_t *decl = ts_calloc(model->num_tensors, sizeof *decl);
   if (!decl) goto out;
-  for (size_t i = 0; i < model.num_tensors; i++) {
-    decl[i].name = model.tensors[i].name;
-    decl[i].shape = model.tensors[i].shape;
-    decl[i].rank = model.tensors[i].rank;
-    decl[i].init = model.tensors[i].init;
+  for (size_t i = 0; i < model->num_tensors; i++) {
+    decl[i].name = model->tensors[i].name;
+    decl[i].shape = model->tensors[i].shape;
+    decl[i].rank = model->tensors[i].rank;
+    decl[i].init = model->tensors[i].init;
   }
-  rc = ts_client_declare(client, decl, model.num_tensors, (uint64_t)cfg.seed, err, sizeof err);
+  rc = ts_client_declare(client, decl, model->num_tensors, (uint64_t)cfg.seed, err, sizeof err);
   ts_free(decl);
   if (rc < 0) {
     ts_log_err("declaring the model: %s", err);
     goto out;
   }
   ts_log_info("model [%s] declared on %zu shard(s): %zu parameters", "mlp", cfg.num_ps,
-              model.param_count);
+              model->param_count);
 
   uint64_t per_epoch = ts_trainer_steps_per_epoch(train.n, (int)cfg.num_workers, cfg.batch_size);
   uint64_t planned = per_epoch * (uint64_t)cfg.epochs;
   if (cfg.max_steps > 0 && (uint64_t)cfg.max_steps < planned) planned = (uint64_t)cfg.max_steps;
   ts_observe_ready(obs, planned);
   ts_trainer_t t = {.cfg = &cfg, .task = (int)task, .num_workers = (int)cfg.num_workers,
-                    .train = &train, .test = &test, .model = &model, .client = client,
-                    .stop = &stop_requested, .on_progress = ts_observe_progress,
+                    .train = &train, .test = &test, .model = model, .towers = &towers,
+                    .client = client, .stop = &stop_requested, .on_progress = ts_observe_progress,
                     .on_step = ts_observe_step, .progress_arg = obs};
   ts_train_result_t res;
   rc = ts_trainer_run(&t, &res, err, sizeof err);
+  ts_backend_log_memory(&towers);
   if (rc < 0) {
     ts_log_err("%s", err);
     exit_code = rc == TS_ECONFIG ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
@@ -259,7 +205,7 @@ int main(int argc, char **argv) {
 out:
   ts_client_close(client);
   ts_observe_stop(obs);
-  ts_model_destroy(&model);
+  ts_towers_destroy(&towers);
   ts_dataset_free(&train);
   ts_dataset_free(&test);
   ts_auth_free_token(token);

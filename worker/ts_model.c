@@ -15,6 +15,7 @@
 
 #include "ts_alloc.h"
 #include "ts_err.h"
+#include "ts_pool.h" /* ts_pool_format_bytes */
 
 bool ts_model_parse_activation(const char *s, ts_activation_t *out) {
   if (!s || !out) return false;
@@ -136,8 +137,8 @@ static void build_ops(ts_model_t *m) {
   add_op(m, TS_OP_ARGMAX, TS_OP_PHASE_EVAL, 0, "ArgMax", "accuracy/argmax");
 }
 
-/* The kernel an op needs, for the "no kernel" check at init. */
-static bool has_kernel(const ts_kernels_t *k, ts_op_kind_t kind) {
+bool ts_model_op_has_kernel(const ts_kernels_t *k, ts_op_kind_t kind) {
+  if (!k) return false;
   switch (kind) {
     case TS_OP_MATMUL:
     case TS_OP_MATMUL_GRAD_W:
@@ -174,20 +175,9 @@ static int alloc_floats(const ts_kernels_t *k, size_t count, float **out) {
   return rc;
 }
 
-int ts_model_init(ts_model_t *model, const int *widths, size_t n, ts_activation_t activation,
-                  size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen) {
-  char scratch[8];
-  if (!errmsg) {
-    errmsg = scratch;
-    errlen = sizeof scratch;
-  }
-  if (!model) return TS_EINVAL;
-  memset(model, 0, sizeof *model);
-  int rc = TS_EINVAL;
-  if (!widths || !kernels) {
-    ts_errmsg_printf(errmsg, errlen, "model: no layers or no kernels");
-    return TS_EINVAL;
-  }
+/* The checks of ts_model_init on widths and activation. */
+static int check_shape(const int *widths, size_t n, ts_activation_t activation, char *errmsg,
+                       size_t errlen) {
   if (n < 2 || n > TS_MODEL_MAX_LAYERS) {
     ts_errmsg_printf(errmsg, errlen,
                      "model.layers: %zu widths given, need 2 to %d (input, hidden..., output)", n,
@@ -205,6 +195,79 @@ int ts_model_init(ts_model_t *model, const int *widths, size_t n, ts_activation_
     ts_errmsg_printf(errmsg, errlen, "model.activation: unknown activation %d", (int)activation);
     return TS_EINVAL;
   }
+  return 0;
+}
+
+int ts_model_ops(const int *widths, size_t n, ts_activation_t activation, ts_model_op_t **ops,
+                 size_t *num_ops) {
+  char scratch[8];
+  if (!widths || !ops || !num_ops) return TS_EINVAL;
+  *ops = NULL;
+  *num_ops = 0;
+  int rc = check_shape(widths, n, activation, scratch, sizeof scratch);
+  if (rc < 0) return rc;
+  ts_model_t m;
+  memset(&m, 0, sizeof m);
+  m.num_widths = n;
+  memcpy(m.widths, widths, n * sizeof widths[0]);
+  m.activation = activation;
+  m.ops = ts_calloc(7 * (n - 1), sizeof *m.ops);
+  if (!m.ops) return TS_ENOMEM;
+  build_ops(&m);
+  *ops = m.ops;
+  *num_ops = m.num_ops;
+  return 0;
+}
+
+size_t ts_model_device_bytes(const int *widths, size_t n, size_t batch_capacity) {
+  if (!widths || check_shape(widths, n, TS_ACT_RELU, NULL, 0) < 0) return 0;
+  /* Widths are at most 2^20 and batches at most 2^20: every product fits 64 bits. */
+  size_t params = 0, acts = 0, max_width = 0;
+  for (size_t i = 1; i < n; i++) {
+    size_t in = (size_t)widths[i - 1], out = (size_t)widths[i];
+    params += in * out + out;
+    acts += batch_capacity * out * (i < n - 1 ? 2 : 1); /* z, and a for hidden layers */
+    if (out > max_width) max_width = out;
+  }
+  size_t floats = 2 * params                               /* params, grads */
+                  + batch_capacity * (size_t)widths[0]     /* x */
+                  + acts                                   /* z, a */
+                  + batch_capacity * (size_t)widths[n - 1] /* probs */
+                  + 2 * batch_capacity * max_width;        /* g0, g1 */
+  return floats * sizeof(float) + batch_capacity * sizeof(int32_t);
+}
+
+/* Why a device buffer could not be had: the whole need, and the back end's detail (for a
+ * GPU: the memory policy's limit and what is in use). */
+static void alloc_error(const ts_model_t *m, const int *widths, size_t n, size_t batch_capacity,
+                        int rc, char *errmsg, size_t errlen) {
+  const ts_kernels_t *k = m->kernels;
+  char need[32];
+  const char *detail = k->last_error ? k->last_error(k) : "";
+  ts_pool_format_bytes(ts_model_device_bytes(widths, n, batch_capacity), need, sizeof need);
+  ts_errmsg_printf(errmsg, errlen,
+                   "model: allocating buffers on kernels '%s' device %d (%zu parameters, batch "
+                   "%zu: %s in all): %s%s%s",
+                   k->name, k->device_index, m->param_count, batch_capacity, need, ts_strerror(rc),
+                   detail[0] ? ": " : "", detail);
+}
+
+int ts_model_init(ts_model_t *model, const int *widths, size_t n, ts_activation_t activation,
+                  size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen) {
+  char scratch[8];
+  if (!errmsg) {
+    errmsg = scratch;
+    errlen = sizeof scratch;
+  }
+  if (!model) return TS_EINVAL;
+  memset(model, 0, sizeof *model);
+  int rc = TS_EINVAL;
+  if (!widths || !kernels) {
+    ts_errmsg_printf(errmsg, errlen, "model: no layers or no kernels");
+    return TS_EINVAL;
+  }
+  rc = check_shape(widths, n, activation, errmsg, errlen);
+  if (rc < 0) return rc;
   if (batch_capacity < 1 || batch_capacity > TS_MODEL_MAX_WIDTH) {
     ts_errmsg_printf(errmsg, errlen, "model: batch capacity %zu outside 1..%d", batch_capacity,
                      TS_MODEL_MAX_WIDTH);
@@ -245,7 +308,7 @@ int ts_model_init(ts_model_t *model, const int *widths, size_t n, ts_activation_
     goto fail_msg;
   }
   for (size_t i = 0; i < model->num_ops; i++) {
-    if (!has_kernel(k, model->ops[i].kind)) {
+    if (!ts_model_op_has_kernel(k, model->ops[i].kind)) {
       ts_errmsg_printf(errmsg, errlen, "kernels '%s': no kernel for op %s (%s)", k->name,
                        model->ops[i].name, model->ops[i].type);
       rc = TS_EINVAL;
@@ -278,9 +341,7 @@ fail_nomem:
   ts_errmsg_printf(errmsg, errlen, "model: out of memory");
   goto fail_msg;
 fail: /* a device buffer could not be allocated */
-  ts_errmsg_printf(errmsg, errlen,
-                   "model: allocating buffers on kernels '%s' (%zu parameters, batch %zu): %s",
-                   k->name, model->param_count, batch_capacity, ts_strerror(rc));
+  alloc_error(model, widths, n, batch_capacity, rc, errmsg, errlen);
 fail_msg:
   ts_model_destroy(model);
   return rc;
@@ -434,17 +495,26 @@ static int run_phases(ts_model_t *m, bool backward, bool eval, run_state_t *st) 
   return 0;
 }
 
-int ts_model_forward_backward(ts_model_t *model, const float *x, const int32_t *labels,
-                              size_t batch, float *loss) {
+int ts_model_load_batch(ts_model_t *model, const float *x, const int32_t *labels, size_t batch) {
   if (!model || !model->params || !x || !labels || batch < 1 || batch > model->batch_capacity)
     return TS_EINVAL;
-  int rc = load_batch(model, x, labels, batch);
-  if (rc < 0) return rc;
+  return load_batch(model, x, labels, batch);
+}
+
+int ts_model_compute(ts_model_t *model, size_t batch, float *loss) {
+  if (!model || !model->params || batch < 1 || batch > model->batch_capacity) return TS_EINVAL;
   run_state_t st = {.batch = batch};
-  rc = run_phases(model, true, false, &st);
+  int rc = run_phases(model, true, false, &st);
   if (rc < 0) return rc;
   if (loss) *loss = st.loss;
   return 0;
+}
+
+int ts_model_forward_backward(ts_model_t *model, const float *x, const int32_t *labels,
+                              size_t batch, float *loss) {
+  int rc = ts_model_load_batch(model, x, labels, batch);
+  if (rc < 0) return rc;
+  return ts_model_compute(model, batch, loss);
 }
 
 int ts_model_evaluate(ts_model_t *model, const float *x, const int32_t *labels, size_t n,

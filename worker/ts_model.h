@@ -118,6 +118,22 @@ const char *ts_model_activation_name(ts_activation_t act);
 int ts_model_init(ts_model_t *model, const int *widths, size_t n, ts_activation_t activation,
                   size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen);
 
+/* The op list a model of these widths and activation has (the ops of ts_model_t, in the
+ * same order), without allocating anything on a device: device placement runs on it before
+ * the back end is chosen. *ops is ts_malloc'd (the caller ts_frees it). Returns 0, TS_EINVAL
+ * (bad widths or activation, as ts_model_init) or TS_ENOMEM. */
+int ts_model_ops(const int *widths, size_t n, ts_activation_t activation, ts_model_op_t **ops,
+                 size_t *num_ops);
+
+/* Whether back end k has the kernel op kind needs (the "no supported kernel" test of device
+ * placement; ts_model_init refuses a back end that lacks one). */
+bool ts_model_op_has_kernel(const ts_kernels_t *k, ts_op_kind_t kind);
+
+/* Device memory ts_model_init allocates for these widths and batch capacity, in bytes, each
+ * buffer counted whole (a back end may round each up a little). For out-of-memory messages
+ * and capacity planning; 0 for invalid widths. */
+size_t ts_model_device_bytes(const int *widths, size_t n, size_t batch_capacity);
+
 /* Free everything ts_model_init allocated and zero *model. Safe on a zeroed struct. */
 void ts_model_destroy(ts_model_t *model);
 
@@ -143,6 +159,14 @@ long ts_model_find_tensor(const ts_model_t *model, const char *name);
  * changed: the optimizer lives on the parameter server (or in the caller). */
 int ts_model_forward_backward(ts_model_t *model, const float *x, const int32_t *labels,
                               size_t batch, float *loss);
+
+/* ts_model_forward_backward in two halves, so a worker can start the batch's transfer to the
+ * device before it waits for the network: load_batch checks the labels (TS_EINVAL) and
+ * enqueues the copies of x and labels (read until the back end's next waiting call when they
+ * are in k->host_alloc memory, during the call otherwise); compute then runs forward and
+ * backward on the loaded batch of the same size. Errors as ts_model_forward_backward. */
+int ts_model_load_batch(ts_model_t *model, const float *x, const int32_t *labels, size_t batch);
+int ts_model_compute(ts_model_t *model, size_t batch, float *loss);
 
 /* Evaluate on n host examples (any n >= 1) in chunks of batch_capacity: *accuracy = the
  * fraction whose argmax equals the label, *loss = mean softmax cross-entropy. Either output

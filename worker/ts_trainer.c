@@ -77,17 +77,31 @@ static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step,
 
 int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, size_t errlen) {
   const ts_config_t *cfg = t->cfg;
-  ts_model_t *m = t->model;
   memset(res, 0, sizeof *res);
+  ts_towers_t own;
+  ts_towers_t *tw = t->towers;
+  if (!tw) {
+    int wrc = ts_towers_wrap(&own, t->model, errmsg, errlen);
+    if (wrc < 0) return wrc;
+    tw = &own;
+  }
+  ts_model_t *m = &tw->models[0];
   const size_t n = t->train->n;
   const size_t dim = t->train->rows * t->train->cols;
   const int B = cfg->batch_size, W = t->num_workers;
   const uint64_t per_epoch = ts_trainer_steps_per_epoch(n, W, B);
   if (per_epoch == 0) {
+    if (tw == &own) ts_towers_destroy(&own);
     snprintf(errmsg, errlen,
              "train.batch_size %d x %d workers = %llu examples per step, more than the %zu "
              "training examples",
              B, W, (unsigned long long)B * (unsigned long long)W, n);
+    return TS_ECONFIG;
+  }
+  if (B % (int)tw->n != 0) {
+    snprintf(errmsg, errlen, "train.batch_size %d cannot be split evenly over %zu towers", B,
+             tw->n);
+    if (tw == &own) ts_towers_destroy(&own);
     return TS_ECONFIG;
   }
   uint64_t total = per_epoch * (uint64_t)cfg->epochs;
@@ -95,19 +109,20 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
 
   int rc = TS_ENOMEM;
   uint32_t *perm = ts_malloc(n * sizeof *perm);
-  float *bx = ts_malloc((size_t)B * dim * sizeof *bx);
-  int32_t *by = ts_malloc((size_t)B * sizeof *by);
-  float **dst = ts_calloc(m->num_tensors, sizeof *dst);
-  const float **grad = ts_calloc(m->num_tensors, sizeof *grad);
-  if (!perm || !bx || !by || !dst || !grad) {
+  /* The batch in the back end's transfer memory (pinned for a GPU), so its copies to the
+   * towers run asynchronously while the pull waits on the network. */
+  void *bxp = NULL, *byp = NULL;
+  ts_towers_host_alloc(tw, (size_t)B * dim * sizeof(float), &bxp);
+  ts_towers_host_alloc(tw, (size_t)B * sizeof(int32_t), &byp);
+  float *bx = bxp;
+  int32_t *by = byp;
+  /* Pulls land in, and pushes leave from, the towers' staging: for the CPU back end the
+   * parameters and gradients themselves (no copy). */
+  float *const *dst = ts_towers_pull_targets(tw);
+  const float *const *grad = ts_towers_push_sources(tw);
+  if (!perm || !bx || !by) {
     snprintf(errmsg, errlen, "out of memory for the training buffers");
     goto out;
-  }
-  /* The CPU back end's parameters and gradients are host memory: pulls land in them and
-   * pushes leave from them with no copy. */
-  for (size_t i = 0; i < m->num_tensors; i++) {
-    dst[i] = m->params + m->tensors[i].offset;
-    grad[i] = m->grads + m->tensors[i].offset;
   }
 
   ts_log_info("training: %s mode, %d worker(s) x batch %d, %llu steps per epoch, %llu steps "
@@ -150,6 +165,11 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     }
 
     double ts0 = now_s();
+    rc = ts_towers_load(tw, bx, by, (size_t)B, dim, errmsg, errlen);
+    if (rc < 0) {
+      ts_errmsg_wrapf(errmsg, errlen, "step %llu", (unsigned long long)k);
+      goto out;
+    }
     rc = pulled ? 0 : pull(t, dst, k, &version, errmsg, errlen);
     pulled = false;
     if (rc < 0) {
@@ -157,13 +177,17 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       ts_errmsg_wrapf(errmsg, errlen, "pull at step %llu", (unsigned long long)k);
       goto out;
     }
+    rc = ts_towers_pulled(tw, errmsg, errlen);
+    if (rc < 0) {
+      ts_errmsg_wrapf(errmsg, errlen, "step %llu", (unsigned long long)k);
+      goto out;
+    }
     double ts1 = now_s();
     float loss = 0.0f;
-    rc = ts_model_forward_backward(m, bx, by, (size_t)B, &loss);
+    rc = ts_towers_step(tw, &loss, errmsg, errlen);
     double ts2 = now_s();
     if (rc < 0) {
-      snprintf(errmsg, errlen, "forward/backward at step %llu: %s", (unsigned long long)k,
-               ts_strerror(rc));
+      ts_errmsg_wrapf(errmsg, errlen, "forward/backward at step %llu", (unsigned long long)k);
       goto out;
     }
     if (!isfinite(loss)) {
@@ -242,6 +266,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     ts_log_warn("final sync pull timed out (%s); evaluating the latest parameters", errmsg);
     rc = ts_client_pull(t->client, dst, 0, res->steps, NULL, errmsg, errlen);
   }
+  if (rc == 0) rc = ts_towers_pulled(tw, errmsg, errlen);
   if (rc < 0) {
     ts_errmsg_wrapf(errmsg, errlen, "final pull");
     goto out;
@@ -251,7 +276,9 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   float acc = 0.0f, tloss = 0.0f;
   rc = ts_model_evaluate(m, t->test->x, t->test->labels, t->test->n, &acc, &tloss);
   if (rc < 0) {
-    snprintf(errmsg, errlen, "evaluation: %s", ts_strerror(rc));
+    const char *detail = m->kernels->last_error(m->kernels);
+    snprintf(errmsg, errlen, "evaluation: %s%s%s", ts_strerror(rc), detail[0] ? ": " : "",
+             detail);
     goto out;
   }
   res->test_accuracy = (double)acc;
@@ -270,9 +297,8 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
               (unsigned long long)res->steps, res->seconds, res->test_accuracy, res->test_loss);
 out:
   ts_free(perm);
-  ts_free(bx);
-  ts_free(by);
-  ts_free(dst);
-  ts_free(grad);
+  ts_towers_host_free(tw, bx);
+  ts_towers_host_free(tw, by);
+  if (tw == &own) ts_towers_destroy(&own);
   return rc;
 }

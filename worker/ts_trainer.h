@@ -8,6 +8,11 @@
  * with batch B see exactly what one worker with batch W B sees, step for step. The last
  * partial group of an epoch is dropped, so every worker makes the same number of steps and
  * no barrier waits for a worker that ran out of data.
+ *
+ * Data path of a step (worker/ts_towers.h): the batch's copies to the towers start first, so
+ * they overlap the pull; the pull lands in the towers' staging (the CPU back end's parameters
+ * themselves, pinned host memory for a GPU) and is copied to every tower; the towers compute
+ * their micro-batches, their gradients are averaged, and one push leaves from the staging.
  */
 #ifndef TS_TRAINER_H
 #define TS_TRAINER_H
@@ -21,6 +26,7 @@
 #include "ts_config.h"
 #include "ts_idx.h"
 #include "ts_model.h"
+#include "ts_towers.h"
 
 typedef struct {
   uint64_t steps;             /* training steps this worker made */
@@ -62,7 +68,8 @@ typedef struct {
   int num_workers;
   const ts_dataset_t *train;
   const ts_dataset_t *test;
-  ts_model_t *model;
+  ts_model_t *model;            /* the model when towers is NULL (one tower, borrowed) */
+  ts_towers_t *towers;          /* the worker's towers (worker/ts_towers.h); may be NULL */
   ts_client_t *client;
   volatile sig_atomic_t *stop;  /* set by a signal handler: finish the step and leave */
   ts_progress_cb on_progress;   /* may be NULL */

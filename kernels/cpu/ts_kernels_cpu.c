@@ -45,6 +45,21 @@ static int cpu_synchronize(const ts_kernels_t *k) {
   return 0;
 }
 
+static int cpu_host_alloc(const ts_kernels_t *k, size_t bytes, void **out) {
+  return cpu_alloc(k, bytes, out);
+}
+
+static void cpu_host_free(const ts_kernels_t *k, void *buf) {
+  (void)k;
+  ts_free(buf);
+}
+
+/* Every CPU failure is an argument or memory error whose code says it all. */
+static const char *cpu_last_error(const ts_kernels_t *k) {
+  (void)k;
+  return "";
+}
+
 static int cpu_gemm(const ts_kernels_t *k, bool trans_a, bool trans_b, size_t m, size_t n,
                     size_t kk, float alpha, const float *a, size_t lda, const float *b, size_t ldb,
                     float beta, float *c, size_t ldc) {
@@ -232,12 +247,16 @@ static const ts_kernels_t cpu_kernels = {
     .device_type = "CPU",
     .device_index = 0,
     .ctx = NULL,
+    .device_is_host = true,
     .alloc = cpu_alloc,
     .free_buf = cpu_free_buf,
     .copy_to_device = cpu_copy,
     .copy_to_host = cpu_copy,
     .copy = cpu_copy,
     .synchronize = cpu_synchronize,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
+    .last_error = cpu_last_error,
     .gemm = cpu_gemm,
     .bias_add = cpu_bias_add,
     .bias_grad = cpu_bias_grad,

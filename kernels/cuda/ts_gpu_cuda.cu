@@ -35,3 +35,19 @@ extern "C" int ts_gpu_info(int i, ts_gpu_info_t *out) {
   out->minor = p.minor;
   return 0;
 }
+
+extern "C" int ts_gpu_memory(int i, size_t *free_bytes, size_t *total_bytes) {
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+  size_t fr = 0, tot = 0;
+  cudaError_t e = cudaSetDevice(i);
+  if (e == cudaSuccess) e = cudaMemGetInfo(&fr, &tot);
+  if (prev >= 0) cudaSetDevice(prev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return TS_EDEVICE;
+  }
+  if (free_bytes) *free_bytes = fr;
+  if (total_bytes) *total_bytes = tot;
+  return 0;
+}

@@ -133,9 +133,14 @@ static void test_worker_metrics_and_events(void **state) {
   } else {
     fprintf(stderr, "note: the worker finished before the second scrape\n");
   }
-  /* The shards count the worker's requests too. */
-  assert_int_equal(ts_http_get(c.http_port[0], "/metrics", body, sizeof body, NULL, 0), 200);
-  assert_true(metric(body, "tessera_ps_push_requests_total{result=\"ok\"}") > 0);
+  /* The shards count the worker's requests too (their snapshot is published every 250 ms). */
+  double pushes = 0;
+  for (int i = 0; i < 100 && pushes <= 0; i++) {
+    assert_int_equal(ts_http_get(c.http_port[0], "/metrics", body, sizeof body, NULL, 0), 200);
+    pushes = metric(body, "tessera_ps_push_requests_total{result=\"ok\"}");
+    if (pushes <= 0) usleep(50000);
+  }
+  assert_true(pushes > 0);
 
   assert_int_equal(ts_proc_wait(&w, 300), 0);
 

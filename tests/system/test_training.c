@@ -142,7 +142,7 @@ static float *final_params(ts_cluster_t *c, size_t *count) {
   return p;
 }
 
-static float *run_exact(int workers, int batch, size_t *count) {
+static float *run_exact_args(int workers, int batch, const char *const *args, size_t *count) {
   char job[1024], tr[128];
   snprintf(tr, sizeof tr, "batch_size = %d; max_steps = 25;", batch);
   snprintf(job, sizeof job,
@@ -153,15 +153,50 @@ static float *run_exact(int workers, int batch, size_t *count) {
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, workers, job), 0);
   ts_proc_t w[2];
-  for (int t = 0; t < workers; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
+  for (int t = 0; t < workers; t++) assert_int_equal(ts_worker_start(&c, t, args, &w[t]), 0);
   for (int t = 0; t < workers; t++) {
     int rc = ts_proc_wait(&w[t], 60);
     if (rc != 0) dump(&w[t]);
     assert_int_equal(rc, 0);
+    if (args && !file_has(w[t].err, "towers: 2 (/cpu:0, /cpu:0), micro-batch")) dump(&w[t]);
+    if (args) assert_true(file_has(w[t].err, "towers: 2 (/cpu:0, /cpu:0), micro-batch"));
   }
   float *p = final_params(&c, count);
   assert_int_equal(ts_cluster_stop(&c), 0);
   return p;
+}
+
+static float *run_exact(int workers, int batch, size_t *count) {
+  return run_exact_args(workers, batch, NULL, count);
+}
+
+/* The relative L2 difference of two parameter vectors, logged. */
+static double rel_diff(const char *what, const float *two, const float *one, size_t n1) {
+  double diff = 0, norm = 0, maxrel = 0;
+  for (size_t i = 0; i < n1; i++) {
+    double d = (double)two[i] - (double)one[i];
+    diff += d * d;
+    norm += (double)one[i] * (double)one[i];
+    double r = fabs(d) / (fabs((double)one[i]) + 1e-3);
+    if (r > maxrel) maxrel = r;
+  }
+  double rel = sqrt(diff / norm);
+  fprintf(stderr, "%s: relative difference %.3g (largest element-wise %.3g)\n", what, rel, maxrel);
+  return rel;
+}
+
+/* Towers: one worker with two (virtual, CPU) towers of micro-batch 16 equals one worker with
+ * batch 32, step for step; the same contract the GPU towers keep (tests/gpu). */
+static void test_towers_exactness(void **state) {
+  (void)state;
+  size_t nt = 0, n1 = 0;
+  const char *towers[] = {"--set", "device.towers=2", NULL};
+  float *two = run_exact_args(1, 32, towers, &nt);
+  float *one = run_exact(1, 32, &n1);
+  assert_int_equal(n1, nt);
+  assert_true(rel_diff("towers exactness", two, one, n1) < 1e-5);
+  free(one);
+  free(two);
 }
 
 static void test_sync_exactness(void **state) {
@@ -347,6 +382,7 @@ static void test_worker_sigterm(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sync_exactness),
+      cmocka_unit_test(test_towers_exactness),
       cmocka_unit_test(test_placement),
       cmocka_unit_test(test_bad_data),
       cmocka_unit_test(test_async_worker_killed),

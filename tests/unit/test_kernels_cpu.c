@@ -82,10 +82,20 @@ static void test_table_complete(void **state) {
       (const void *)K->relu_fwd,       (const void *)K->relu_bwd,
       (const void *)K->tanh_fwd,       (const void *)K->tanh_bwd,
       (const void *)K->softmax_xent,   (const void *)K->softmax_xent_grad,
-      (const void *)K->argmax_correct,
+      (const void *)K->argmax_correct, (const void *)K->host_alloc,
+      (const void *)K->host_free,      (const void *)K->last_error,
   };
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) assert_non_null(fns[i]);
   assert_ptr_equal(ts_kernels_cpu(), K);
+  /* Host memory is device memory here: the worker pulls into the parameters directly. */
+  assert_true(K->device_is_host);
+  void *h = NULL;
+  assert_int_equal(K->host_alloc(K, 1000, &h), 0);
+  assert_int_equal((uintptr_t)h % 64, 0);
+  memset(h, 1, 1000);
+  K->host_free(K, h);
+  K->host_free(K, NULL);
+  assert_string_equal(K->last_error(K), "");
 }
 
 static void test_invalid_arguments(void **state) {

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# GPU checks, for a machine with an NVIDIA GPU and its driver (issue "GPU workers"). Installs
+# what is missing (deploy/install-deps.sh), builds with the CUDA back end (sm_90 code plus
+# PTX), then:
+#   (a) every CUDA kernel against the CPU back end on fresh random inputs of several shapes,
+#       outputs poisoned before each run, relative error < 1e-5 (tests/gpu/test_kernels_cuda)
+#   (b) Fashion-MNIST on /gpu:0 with a local 2-shard cluster, test accuracy >= 0.84
+#   (c) two towers on one GPU equal one tower with twice the micro-batch
+#   (d) device.memory_fraction honoured (logged reservation = what the GPU loses, never
+#       exceeded) and an over-large model failing cleanly; /gpu:3 soft placement
+#   (e) a table of examples/s on GPU vs CPU, and one of kernel times
+# (b)-(e) are tests/gpu/test_training_gpu. Ends with `gpu: PASSED` or `gpu: FAILED (...)` and
+# exits non-zero on any failure. Runs in about 5 minutes (under 8) on one H100/H200.
+#
+# Environment: OUT (a folder for the logs: build.log, kernels.log, training.log, summary.txt;
+# default build-gpu/logs), BUILD_DIR (default build-gpu), CUDA_VISIBLE_DEVICES as usual.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+t0=$(date +%s)
+build=${BUILD_DIR:-build-gpu}
+out=${OUT:-$build/logs}
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+failed=()
+say() { echo "$*" | tee -a "$summary"; }
+elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
+
+say "gpu: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total,driver_version --format=csv,noheader \
+    2>&1 | sed 's/^/gpu: nvidia-smi: /' | tee -a "$summary"
+else
+  say "gpu: nvidia-smi not found (is the NVIDIA driver installed?)"
+fi
+
+# Dependencies: the Debian packages, and nvcc from a CUDA toolkit (/usr/local/cuda).
+if ! bash deploy/install-deps.sh >"$out/build.log" 2>&1; then
+  say "gpu: FAILED (deploy/install-deps.sh; see build.log)"
+  tail -20 "$out/build.log"
+  exit 1
+fi
+export PATH="$PATH:/usr/local/cuda/bin"
+if ! command -v nvcc >/dev/null; then
+  say "gpu: FAILED (no nvcc: install the CUDA toolkit, e.g. to /usr/local/cuda)"
+  exit 1
+fi
+
+say "gpu: building in $build with -Dcuda=enabled ($(nvcc --version | tail -1))"
+setup=(meson setup "$build" -Dcuda=enabled -Dbuildtype=debugoptimized)
+[ -f "$build/build.ninja" ] && setup+=(--reconfigure)
+if ! "${setup[@]}" >>"$out/build.log" 2>&1 || ! meson compile -C "$build" >>"$out/build.log" 2>&1; then
+  say "gpu: FAILED (build; see build.log)"
+  tail -30 "$out/build.log"
+  exit 1
+fi
+grep -E "CUDA back end|NCCL  " "$out/build.log" | tail -2 | sed 's/^/gpu: /' | tee -a "$summary"
+say "gpu: built ($(elapsed))"
+
+# (a) kernels, then their timings.
+"$build/tests/gpu/test_kernels_cuda" --bench >"$out/kernels.log" 2>&1
+rc=$?
+if [ $rc -eq 77 ]; then
+  say "gpu: SKIPPED: $(head -1 "$out/kernels.log")"
+  exit 1
+fi
+grep -E "^(FAIL|PASSED|FAILED|seed|/gpu)" "$out/kernels.log" | tee -a "$summary"
+sed -n '/^kernel times/,/^$/p' "$out/kernels.log" | tee -a "$summary"
+[ $rc -eq 0 ] || failed+=("kernels")
+say "gpu: (a) kernels done ($(elapsed))"
+
+# (b)-(e) training end to end.
+"$build/tests/gpu/test_training_gpu" >"$out/training.log" 2>&1
+rc=$?
+grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|accuracy|relative difference|memory_fraction|  \| |^\||examples/s" \
+  "$out/training.log" | tee -a "$summary"
+[ $rc -eq 0 ] || failed+=("training")
+say "gpu: (b)-(e) training done ($(elapsed))"
+
+if [ ${#failed[@]} -eq 0 ]; then
+  say "gpu: PASSED in $(elapsed)"
+  exit 0
+fi
+say "gpu: FAILED (${failed[*]}) in $(elapsed); logs in $out"
+exit 1

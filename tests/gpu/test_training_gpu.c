@@ -1,0 +1,351 @@
+/*
+ * GPU training end to end (tests/gpu/run.sh, issue "GPU workers"): ps-server shards and
+ * ps-worker processes on loopback, the workers' ops placed on /gpu:0.
+ *   - Fashion-MNIST on /gpu:0 with 2 shards and 2 sync workers (the demo job, 2 epochs)
+ *     reaches test accuracy 0.84;
+ *     the worker logs which physical GPU /gpu:0 is and places every op on it.
+ *   - Two towers on one GPU (micro-batch 16) end where one tower with batch 32 ends; and one
+ *     GPU tower where one CPU worker ends (cuBLAS against OpenBLAS after 25 steps).
+ *   - device.memory_fraction: the reservation is logged, is what the GPU loses while the
+ *     worker runs, and is never exceeded; a model too large for it fails cleanly (exit 1, a
+ *     message naming the limit and the need) before any shard is contacted.
+ *   - /gpu:N beyond the visible GPUs soft-places onto /gpu:0, or fails with TensorFlow's
+ *     message without soft placement.
+ *   - examples/s on the GPU against the CPU, printed as a table.
+ * Exit 77 (skipped) on a machine without a GPU.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "ts_client.h"
+#include "ts_gpu.h"
+#include "ts_kernels.h"
+#include "ts_model.h"
+
+#define DATA "/usr/share/datasets/fashion-mnist/"
+
+static int gpu_count;
+
+static bool file_has(const char *path, const char *needle) {
+  char *s = ts_read_file(path);
+  bool has = s && strstr(s, needle);
+  free(s);
+  return has;
+}
+
+static void dump(const ts_proc_t *p) {
+  char *e = ts_read_file(p->err);
+  fprintf(stderr, "--- worker log %s:\n%s\n", p->err, e ? e : "(none)");
+  free(e);
+}
+
+/* A line of the worker's log that holds needle, printed (for the run's record). */
+static void show_line(const ts_proc_t *p, const char *needle) {
+  char *s = ts_read_file(p->err);
+  const char *at = s ? strstr(s, needle) : NULL;
+  if (at) {
+    const char *b = at;
+    while (b > s && b[-1] != '\n') b--;
+    const char *e = strchr(at, '\n');
+    fprintf(stderr, "  | %.*s\n", (int)(e ? e - b : (long)strlen(b)), b);
+  }
+  free(s);
+}
+
+static double done_field(const ts_proc_t *p, const char *key) {
+  char *out = ts_read_file(p->out);
+  double v = -1;
+  const char *d = out ? strstr(out, "done: task=") : NULL;
+  const char *a = d ? strstr(d, key) : NULL;
+  if (a) v = atof(a + strlen(key));
+  free(out);
+  return v;
+}
+
+/* --- (b) Fashion-MNIST on /gpu:0 ---------------------------------------------------------- */
+
+static void test_fashion_mnist_gpu(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(
+      ts_cluster_start(&c, 2, 2,
+                       "job = { mode = \"sync\"; partition_bytes = 131072; };\n"
+                       "optimizer = { name = \"adam\"; learning_rate = 0.002; };\n"
+                       "model = { layers = [784, 128, 10]; activation = \"relu\"; seed = 42; };\n"
+                       "train = { batch_size = 64; epochs = 2; log_interval_s = 2.0; };\n"
+                       "device = { placement = \"/gpu:0\"; allow_soft_placement = false; "
+                       "log_device_placement = true; };\n"),
+      0);
+  ts_proc_t w[2];
+  for (int t = 0; t < 2; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
+  for (int t = 0; t < 2; t++) {
+    int rc = ts_proc_wait(&w[t], 240);
+    double acc = done_field(&w[t], "test_accuracy=");
+    fprintf(stderr, "GPU worker %d: exit %d, test accuracy %.4f, %.0f examples/s\n", t, rc, acc,
+            done_field(&w[t], "examples_per_sec="));
+    if (rc != 0 || acc < 0.84) dump(&w[t]);
+    assert_int_equal(rc, 0);
+    assert_true(acc >= 0.84);
+    assert_true(file_has(w[t].err, "/gpu:0 is "));
+    assert_true(file_has(w[t].err, "fc1/matmul: (MatMul): /job:worker/replica:0/task"));
+    assert_true(file_has(w[t].err, "/device:GPU:0\n"));
+    assert_false(file_has(w[t].err, "device:CPU:0\n"));
+  }
+  show_line(&w[0], "/gpu:0 is ");
+  show_line(&w[0], "towers: ");
+  show_line(&w[0], "/gpu:0 memory: pool held");
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- (c) towers: exactness -------------------------------------------------------------- */
+
+static float *final_params(ts_cluster_t *c, size_t *count) {
+  ts_model_t m;
+  char err[512];
+  int widths[] = {784, 32, 10};
+  assert_int_equal(ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err),
+                   0);
+  ts_client_tensor_t decl[8];
+  for (size_t i = 0; i < m.num_tensors; i++)
+    decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
+                                   m.tensors[i].init};
+  ts_client_opts_t o = {.addrs = c->addrs,
+                        .num_shards = (size_t)c->num_shards,
+                        .task = 0,
+                        .connect_timeout_s = 5,
+                        .request_timeout_s = 10,
+                        .require_all = true};
+  ts_client_t *cl = NULL;
+  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
+  assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, 7, err, sizeof err), 0);
+  float *p = calloc(m.param_count, sizeof *p);
+  float *dst[8];
+  for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
+  assert_int_equal(ts_client_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  *count = m.param_count;
+  ts_client_close(cl);
+  ts_model_destroy(&m);
+  return p;
+}
+
+static float *run_exact(const char *placement, int towers, int batch, size_t *count) {
+  char job[1024];
+  snprintf(job, sizeof job,
+           "job = { mode = \"sync\"; partition_bytes = 16384; };\n"
+           "optimizer = { name = \"sgd\"; learning_rate = 0.1; };\n"
+           "model = { layers = [784, 32, 10]; seed = 7; };\n"
+           "train = { batch_size = %d; max_steps = 25; };\n"
+           "device = { placement = \"%s\"; allow_soft_placement = false; towers = %d; };\n",
+           batch, placement, towers);
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 1, job), 0);
+  ts_proc_t w;
+  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
+  int rc = ts_proc_wait(&w, 120);
+  if (rc != 0) dump(&w);
+  assert_int_equal(rc, 0);
+  show_line(&w, "towers: ");
+  float *p = final_params(&c, count);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+  return p;
+}
+
+static double rel_diff(const char *what, const float *a, const float *b, size_t n) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = (double)a[i] - (double)b[i];
+    diff += d * d;
+    norm += (double)b[i] * (double)b[i];
+  }
+  double rel = sqrt(diff / norm);
+  fprintf(stderr, "%s: relative difference %.3g\n", what, rel);
+  return rel;
+}
+
+static void test_towers_exactness(void **state) {
+  (void)state;
+  size_t n2 = 0, n1 = 0, nc = 0;
+  float *two = run_exact("/gpu:0", 2, 32, &n2);
+  float *one = run_exact("/gpu:0", 1, 32, &n1);
+  float *cpu = run_exact("/cpu:0", 1, 32, &nc);
+  assert_int_equal(n1, n2);
+  assert_int_equal(n1, nc);
+  assert_true(rel_diff("2 towers (micro-batch 16) vs 1 tower (batch 32) on /gpu:0", two, one, n1) <
+              1e-5);
+  assert_true(rel_diff("1 GPU tower vs the CPU back end, 25 steps", one, cpu, n1) < 1e-4);
+  free(two);
+  free(one);
+  free(cpu);
+}
+
+/* --- (d) memory policy -------------------------------------------------------------------- */
+
+static void test_memory_fraction(void **state) {
+  (void)state;
+  size_t free0 = 0, total = 0;
+  assert_int_equal(ts_gpu_memory(0, &free0, &total), 0);
+  const double f = 0.05;
+  size_t want = (size_t)floor(f * (double)total) / ((size_t)2 << 20) * ((size_t)2 << 20);
+  ts_cluster_t c;
+  assert_int_equal(
+      ts_cluster_start(&c, 1, 1,
+                       "job = { mode = \"async\"; };\n"
+                       "train = { batch_size = 64; epochs = 50; log_interval_s = 0.5; };\n"
+                       "device = { placement = \"/gpu:0\"; memory_fraction = 0.05; };\n"),
+      0);
+  ts_proc_t w;
+  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
+  for (int i = 0; i < 3000 && !file_has(w.err, "step "); i++) usleep(10000);
+  assert_true(file_has(w.err, "step "));
+  size_t free1 = 0;
+  assert_int_equal(ts_gpu_memory(0, &free1, NULL), 0);
+  kill(w.pid, SIGTERM);
+  int rc = ts_proc_wait(&w, 30);
+  if (rc != 0) dump(&w);
+  assert_int_equal(rc, 0);
+  show_line(&w, "/gpu:0 memory: reserving");
+  show_line(&w, "/gpu:0 memory: pool held");
+  /* "reserving 7.0 GiB (7516192768 bytes) ...": the number in parentheses */
+  char *s = ts_read_file(w.err);
+  const char *a = s ? strstr(s, "/gpu:0 memory: reserving ") : NULL;
+  const char *paren = a ? strchr(a, '(') : NULL;
+  size_t reserved = paren ? (size_t)strtoull(paren + 1, NULL, 10) : 0;
+  const char *h = s ? strstr(s, "/gpu:0 memory: pool held ") : NULL;
+  const char *hp = h ? strchr(h, '(') : NULL;
+  size_t held = hp ? (size_t)strtoull(hp + 1, NULL, 10) : 0;
+  free(s);
+  fprintf(stderr,
+          "memory_fraction %.2f of %zu bytes: want %zu, logged reservation %zu, pool held %zu at "
+          "the end; the GPU lost %zu bytes while the worker ran (its CUDA context included)\n",
+          f, total, want, reserved, held, free0 > free1 ? free0 - free1 : 0);
+  assert_int_equal(reserved, want);
+  assert_int_equal(held, want); /* never grown past the reservation */
+  assert_true(free0 > free1 && free0 - free1 >= want);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+static void test_model_too_large(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1, NULL), 0);
+  ts_proc_t w;
+  const char *args[] = {
+      "--set", "device.placement=\"/gpu:0\"",          "--set", "device.memory_fraction=0.02",
+      "--set", "model.layers=[784, 65536, 65536, 10]", NULL};
+  assert_int_equal(ts_worker_start(&c, 0, args, &w), 0);
+  int rc = ts_proc_wait(&w, 120);
+  show_line(&w, "out of memory");
+  if (rc != 1 || !file_has(w.err, "device.memory_fraction = 0.02")) dump(&w);
+  assert_int_equal(rc, 1);
+  assert_true(file_has(w.err, "out of memory under device.memory_fraction = 0.02"));
+  assert_true(file_has(w.err, "more asked"));
+  assert_true(file_has(w.err, "in all)"));      /* the model's whole need */
+  assert_false(file_has(w.err, "declared on")); /* no shard was touched */
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- placement of a GPU that is not there ------------------------------------------------- */
+
+static void test_missing_gpu_placement(void **state) {
+  (void)state;
+  if (gpu_count > 3) skip(); /* /gpu:3 exists here */
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1, "model = { layers = [784, 16, 10]; };"), 0);
+  ts_proc_t w;
+  const char *soft[] = {"--set", "device.placement=\"/gpu:3\"",
+                        "--set", "device.allow_soft_placement=true",
+                        "--set", "device.towers=1",
+                        "--set", "train.max_steps=5",
+                        NULL};
+  assert_int_equal(ts_worker_start(&c, 0, soft, &w), 0);
+  int rc = ts_proc_wait(&w, 60);
+  if (rc != 0) dump(&w);
+  assert_int_equal(rc, 0);
+  show_line(&w, "allow_soft_placement");
+  assert_true(file_has(w.err, "allow_soft_placement: '/device:GPU:3' is not available"));
+  assert_true(file_has(w.err, "device:GPU:0"));
+  const char *hard[] = {"--set", "device.placement=\"/gpu:3\"", "--set",
+                        "device.allow_soft_placement=false", NULL};
+  assert_int_equal(ts_worker_start(&c, 0, hard, &w), 0);
+  rc = ts_proc_wait(&w, 60);
+  show_line(&w, "Could not satisfy");
+  assert_int_equal(rc, 78);
+  assert_true(file_has(w.err,
+                       "Could not satisfy explicit device specification '/device:GPU:3' because "
+                       "no devices matching that specification are registered in this process"));
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- (e) examples/s, GPU against CPU ------------------------------------------------------ */
+
+static double throughput(const char *placement, const char *layers, int batch, int steps) {
+  char job[1024];
+  snprintf(job, sizeof job,
+           "job = { mode = \"async\"; };\n"
+           "model = { layers = %s; };\n"
+           "train = { batch_size = %d; max_steps = %d; log_interval_s = 5.0; };\n"
+           "device = { placement = \"%s\"; };\n",
+           layers, batch, steps, placement);
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 1, job), 0);
+  ts_proc_t w;
+  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
+  int rc = ts_proc_wait(&w, 180);
+  if (rc != 0) dump(&w);
+  assert_int_equal(rc, 0);
+  double eps = done_field(&w, "examples_per_sec=");
+  assert_int_equal(ts_cluster_stop(&c), 0);
+  return eps;
+}
+
+static void test_throughput(void **state) {
+  (void)state;
+  static const struct {
+    const char *layers;
+    int batch, steps;
+  } cases[] = {
+      {"[784, 128, 10]", 64, 300},
+      {"[784, 1024, 1024, 10]", 512, 100},
+      {"[784, 4096, 4096, 10]", 1024, 30},
+  };
+  fprintf(stderr, "\nexamples/s, 1 worker, 2 shards on loopback (async; network included)\n");
+  fprintf(stderr, "| %-24s | %6s | %12s | %12s | %8s |\n", "model", "batch", "GPU ex/s", "CPU ex/s",
+          "speed-up");
+  fprintf(stderr,
+          "|--------------------------|--------|--------------|--------------|----------|\n");
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    double g = throughput("/gpu:0", cases[i].layers, cases[i].batch, cases[i].steps);
+    double cpu = throughput("/cpu:0", cases[i].layers, cases[i].batch, cases[i].steps / 3 + 1);
+    fprintf(stderr, "| %-24s | %6d | %12.0f | %12.0f | %7.1fx |\n", cases[i].layers, cases[i].batch,
+            g, cpu, cpu > 0 ? g / cpu : 0.0);
+  }
+}
+
+int main(void) {
+  char why[256] = "";
+  gpu_count = ts_gpu_count(why, sizeof why);
+  if (gpu_count == 0) {
+    printf("SKIP: no GPU: %s\n", why);
+    return 77;
+  }
+  if (access(DATA "t10k-images-idx3-ubyte.gz", R_OK) != 0) {
+    fprintf(stderr, "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)\n");
+    return 1;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_missing_gpu_placement), cmocka_unit_test(test_model_too_large),
+      cmocka_unit_test(test_memory_fraction),       cmocka_unit_test(test_towers_exactness),
+      cmocka_unit_test(test_fashion_mnist_gpu),     cmocka_unit_test(test_throughput),
+  };
+  return cmocka_run_group_tests_name("training_gpu", tests, NULL, NULL);
+}

@@ -1,0 +1,330 @@
+/*
+ * Towers and back-end selection without a GPU: micro-batch slicing, the towers' data path on
+ * the CPU back end (two towers with batch 2b give the gradient of one tower with batch 2b),
+ * and the placement plan for GPU counts the machine does not have (ts_backend_plan is pure:
+ * /gpu:3 on a one-GPU machine soft-places onto /gpu:0, or fails with TensorFlow's message).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ts_alloc.h"
+#include "ts_backend.h"
+#include "ts_config.h"
+#include "ts_err.h"
+#include "ts_kernels.h"
+#include "ts_model.h"
+#include "ts_towers.h"
+
+static void assert_contains(const char *hay, const char *needle) {
+  if (!strstr(hay, needle)) fail_msg("'%s' does not contain '%s'", hay, needle);
+}
+
+static void test_split(void **state) {
+  (void)state;
+  size_t off = 99, cnt = 99;
+  assert_int_equal(ts_towers_split(64, 1, 0, &off, &cnt), 0);
+  assert_int_equal(off, 0);
+  assert_int_equal(cnt, 64);
+  for (size_t t = 0; t < 4; t++) {
+    assert_int_equal(ts_towers_split(64, 4, t, &off, &cnt), 0);
+    assert_int_equal(off, 16 * t);
+    assert_int_equal(cnt, 16);
+  }
+  assert_int_equal(ts_towers_split(64, 3, 0, &off, &cnt), TS_EINVAL); /* uneven */
+  assert_int_equal(ts_towers_split(64, 0, 0, &off, &cnt), TS_EINVAL);
+  assert_int_equal(ts_towers_split(64, 4, 4, &off, &cnt), TS_EINVAL);
+  assert_int_equal(ts_towers_split(0, 4, 0, &off, &cnt), TS_EINVAL);
+  assert_int_equal(ts_towers_split(2, 4, 0, &off, &cnt), TS_EINVAL); /* fewer than towers */
+  assert_int_equal(ts_towers_split(8, 8, 7, NULL, NULL), 0);
+}
+
+static uint64_t rng = 0x243f6a8885a308d3ULL;
+static float frand(void) {
+  rng ^= rng >> 12;
+  rng ^= rng << 25;
+  rng ^= rng >> 27;
+  return (float)((double)((rng * 2685821657736338717ULL) >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
+}
+
+/* T towers on the CPU over one batch, against one model on the same batch. */
+static void check_towers_equal_one(size_t towers, ts_activation_t act) {
+  int widths[] = {12, 9, 7, 5};
+  const size_t nw = 4, batch = 24, dim = 12;
+  const ts_kernels_t *cpu = ts_kernels_cpu();
+  const ts_kernels_t *tables[4] = {cpu, cpu, cpu, cpu};
+  char err[512] = "";
+  ts_towers_t tw;
+  assert_int_equal(
+      ts_towers_init(&tw, tables, towers, widths, nw, act, batch, NULL, err, sizeof err), 0);
+  assert_true(tw.zero_copy);
+  assert_int_equal(tw.reduce, towers == 1 ? TS_TOWERS_REDUCE_NONE : TS_TOWERS_REDUCE_HOST);
+  ts_model_t one;
+  assert_int_equal(ts_model_init(&one, widths, nw, act, batch, cpu, err, sizeof err), 0);
+  assert_int_equal(ts_model_init_params(&one, 5), 0);
+
+  float x[24 * 12];
+  int32_t y[24];
+  for (size_t i = 0; i < batch * dim; i++) x[i] = frand();
+  for (size_t i = 0; i < batch; i++) y[i] = (int32_t)(i % 5);
+
+  /* A "pull": the parameters land in the pull targets, tensor by tensor. */
+  float *const *dst = ts_towers_pull_targets(&tw);
+  for (size_t t = 0; t < one.num_tensors; t++)
+    memcpy(dst[t], one.params + one.tensors[t].offset, one.tensors[t].count * sizeof(float));
+  assert_int_equal(ts_towers_load(&tw, x, y, batch, dim, err, sizeof err), 0);
+  assert_int_equal(ts_towers_pulled(&tw, err, sizeof err), 0);
+  float loss_t = 0.0f, loss_1 = 0.0f;
+  assert_int_equal(ts_towers_step(&tw, &loss_t, err, sizeof err), 0);
+  assert_int_equal(ts_model_forward_backward(&one, x, y, batch, &loss_1), 0);
+
+  assert_true(fabsf(loss_t - loss_1) <= 1e-6f * fabsf(loss_1));
+  const float *const *src = ts_towers_push_sources(&tw);
+  double diff = 0, norm = 0;
+  for (size_t t = 0; t < one.num_tensors; t++)
+    for (size_t i = 0; i < one.tensors[t].count; i++) {
+      double a = src[t][i], b = one.grads[one.tensors[t].offset + i];
+      diff += (a - b) * (a - b);
+      norm += b * b;
+    }
+  double rel = sqrt(diff / norm);
+  if (!(rel < 1e-6)) fail_msg("%zu towers vs one: relative gradient difference %g", towers, rel);
+  /* Uneven batches are refused with a message. */
+  assert_int_equal(ts_towers_load(&tw, x, y, towers == 1 ? 0 : towers + 1, dim, err, sizeof err),
+                   TS_EINVAL);
+  ts_model_destroy(&one);
+  ts_towers_destroy(&tw);
+  ts_towers_destroy(&tw); /* zeroed: safe */
+}
+
+static void test_cpu_towers_match_one_tower(void **state) {
+  (void)state;
+  check_towers_equal_one(1, TS_ACT_RELU);
+  check_towers_equal_one(2, TS_ACT_RELU);
+  check_towers_equal_one(3, TS_ACT_TANH);
+  check_towers_equal_one(4, TS_ACT_RELU);
+}
+
+static int released;
+static void count_release(const ts_kernels_t *k) {
+  (void)k;
+  released++;
+}
+
+static void test_towers_init_failures(void **state) {
+  (void)state;
+  const ts_kernels_t *cpu = ts_kernels_cpu();
+  const ts_kernels_t *tables[2] = {cpu, cpu};
+  int widths[] = {4, 3};
+  int bad[] = {4, 0};
+  char err[256] = "";
+  ts_towers_t tw;
+  released = 0;
+  assert_int_equal(
+      ts_towers_init(&tw, tables, 0, widths, 2, TS_ACT_RELU, 8, count_release, err, sizeof err),
+      TS_EINVAL);
+  assert_int_equal(
+      ts_towers_init(&tw, tables, 2, bad, 2, TS_ACT_RELU, 8, count_release, err, sizeof err),
+      TS_EINVAL);
+  assert_contains(err, "tower 0 (cpu, /cpu:0)");
+  assert_contains(err, "model.layers[1] = 0");
+  assert_int_equal(released, 2); /* released on failure too */
+  /* Allocation failures at every point leave nothing behind (ASan checks the leaks). */
+  for (long n = 1; n < 40; n++) {
+    released = 0;
+    ts_alloc_fail_after(n);
+    int rc =
+        ts_towers_init(&tw, tables, 2, widths, 2, TS_ACT_RELU, 8, count_release, err, sizeof err);
+    ts_alloc_fail_after(0);
+    if (rc == 0) {
+      ts_towers_destroy(&tw);
+      assert_int_equal(released, 2);
+      break;
+    }
+    assert_int_equal(rc, TS_ENOMEM);
+    assert_int_equal(released, 2);
+  }
+}
+
+/* --- the placement plan ------------------------------------------------------------------ */
+
+static void config(ts_config_t *cfg, const char *placement, bool soft, int towers, int batch) {
+  assert_int_equal(ts_config_defaults(cfg), 0);
+  ts_free(cfg->placement);
+  cfg->placement = ts_strdup(placement);
+  cfg->allow_soft_placement = soft;
+  cfg->towers = towers;
+  cfg->batch_size = batch;
+}
+
+static void test_plan_cpu(void **state) {
+  (void)state;
+  ts_config_t cfg;
+  ts_backend_plan_t p;
+  char err[512] = "";
+  config(&cfg, "/cpu:0", true, 0, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(p.type, TS_DEVICE_CPU);
+  assert_int_equal(p.towers, 1);
+  assert_int_equal(p.micro_batch, 64);
+  assert_false(p.soft);
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+  /* Virtual towers on the CPU. */
+  config(&cfg, "/cpu:0", true, 2, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 0, NULL, NULL, &p, err, sizeof err), 0);
+  assert_int_equal(p.towers, 2);
+  assert_int_equal(p.micro_batch, 32);
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+}
+
+static void test_plan_gpu_towers(void **state) {
+  (void)state;
+  ts_config_t cfg;
+  ts_backend_plan_t p;
+  char err[512] = "";
+  /* One tower per visible GPU, starting at the placed one. */
+  config(&cfg, "/gpu:1", false, 0, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 4, NULL, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(p.type, TS_DEVICE_GPU);
+  assert_int_equal(p.towers, 4);
+  assert_int_equal(p.micro_batch, 16);
+  int want[] = {1, 2, 3, 0};
+  for (int t = 0; t < 4; t++) assert_int_equal(p.tower_device[t], want[t]);
+  for (size_t i = 0; i < p.num_ops; i++) {
+    assert_int_equal(p.placements[i].type, TS_DEVICE_GPU);
+    assert_int_equal(p.placements[i].index, 1);
+  }
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+  /* Two virtual towers on one GPU. */
+  config(&cfg, "/job:worker/replica:0/task:0/device:GPU:0", false, 2, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(p.towers, 2);
+  assert_int_equal(p.tower_device[0], 0);
+  assert_int_equal(p.tower_device[1], 0);
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+  /* A batch that does not split. */
+  config(&cfg, "/gpu:0", false, 0, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 3, NULL, ts_kernels_cpu(), &p, err, sizeof err),
+                   TS_ECONFIG);
+  assert_contains(err, "train.batch_size = 64 cannot be split evenly over 3 towers");
+  ts_config_free(&cfg);
+}
+
+/* The acceptance case: /gpu:3 with one visible GPU. */
+static void test_plan_missing_gpu(void **state) {
+  (void)state;
+  ts_config_t cfg;
+  ts_backend_plan_t p;
+  char err[512] = "";
+  config(&cfg, "/gpu:3", true, 0, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(p.type, TS_DEVICE_GPU);
+  assert_int_equal(p.towers, 1);
+  assert_int_equal(p.tower_device[0], 0);
+  assert_true(p.soft);
+  assert_string_equal(p.soft_spec, "/device:GPU:3");
+  assert_contains(p.soft_reason, "only 1 GPU(s) are visible");
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+
+  config(&cfg, "/gpu:3", false, 0, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, ts_kernels_cpu(), &p, err, sizeof err),
+                   TS_ECONFIG);
+  assert_contains(err,
+                  "Cannot assign a device for operation fc1/matmul: Could not satisfy "
+                  "explicit device specification '/device:GPU:3' because no devices "
+                  "matching that specification are registered in this process");
+  ts_config_free(&cfg);
+
+  /* No GPU at all: the whole model on /cpu:0, or TensorFlow's message. */
+  config(&cfg, "/gpu:0", true, 0, 64);
+  assert_int_equal(
+      ts_backend_plan(&cfg, 0, "no CUDA driver", ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(p.type, TS_DEVICE_CPU);
+  assert_int_equal(p.towers, 1);
+  assert_contains(p.soft_reason, "no CUDA driver");
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+  config(&cfg, "/gpu:0", false, 0, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 0, NULL, NULL, &p, err, sizeof err), TS_ECONFIG);
+  assert_contains(err, "because no supported kernel for GPU devices is available");
+  ts_config_free(&cfg);
+  config(&cfg, "/gpu:x", true, 0, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, NULL, &p, err, sizeof err), TS_ECONFIG);
+  assert_contains(err, "device.placement");
+  ts_config_free(&cfg);
+}
+
+/* An op without a GPU kernel: the model runs on one device, so everything moves to the CPU
+ * under soft placement, and the reason names the op. */
+static void test_plan_op_without_gpu_kernel(void **state) {
+  (void)state;
+  ts_kernels_t partial = *ts_kernels_cpu();
+  partial.argmax_correct = NULL;
+  ts_config_t cfg;
+  ts_backend_plan_t p;
+  char err[512] = "";
+  config(&cfg, "/gpu:0", true, 0, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, &partial, &p, err, sizeof err), 0);
+  assert_int_equal(p.type, TS_DEVICE_CPU);
+  assert_int_equal(p.towers, 1);
+  assert_true(p.soft);
+  assert_contains(p.soft_reason, "op ArgMax has no GPU kernel");
+  for (size_t i = 0; i < p.num_ops; i++) assert_int_equal(p.placements[i].type, TS_DEVICE_CPU);
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+  config(&cfg, "/gpu:0", false, 0, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, &partial, &p, err, sizeof err), TS_ECONFIG);
+  assert_contains(err, "Cannot assign a device for operation accuracy/argmax");
+  assert_contains(err, "no supported kernel for GPU devices is available");
+  ts_config_free(&cfg);
+}
+
+/* ts_model_ops lists exactly the ops a built model has. */
+static void test_model_ops_match(void **state) {
+  (void)state;
+  int widths[] = {6, 5, 4, 3};
+  ts_model_op_t *ops = NULL;
+  size_t n = 0;
+  assert_int_equal(ts_model_ops(widths, 4, TS_ACT_TANH, &ops, &n), 0);
+  ts_model_t m;
+  char err[256];
+  assert_int_equal(ts_model_init(&m, widths, 4, TS_ACT_TANH, 2, ts_kernels_cpu(), err, sizeof err),
+                   0);
+  assert_int_equal(n, m.num_ops);
+  for (size_t i = 0; i < n; i++) {
+    assert_string_equal(ops[i].name, m.ops[i].name);
+    assert_int_equal(ops[i].kind, m.ops[i].kind);
+  }
+  size_t bytes = ts_model_device_bytes(widths, 4, 2);
+  assert_true(bytes >= 2 * m.param_count * sizeof(float));
+  assert_int_equal(ts_model_device_bytes(widths, 1, 2), 0);
+  ts_model_destroy(&m);
+  ts_free(ops);
+  int bad[] = {6, 0};
+  assert_int_equal(ts_model_ops(bad, 2, TS_ACT_RELU, &ops, &n), TS_EINVAL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_split),
+      cmocka_unit_test(test_cpu_towers_match_one_tower),
+      cmocka_unit_test(test_towers_init_failures),
+      cmocka_unit_test(test_plan_cpu),
+      cmocka_unit_test(test_plan_gpu_towers),
+      cmocka_unit_test(test_plan_missing_gpu),
+      cmocka_unit_test(test_plan_op_without_gpu_kernel),
+      cmocka_unit_test(test_model_ops_match),
+  };
+  return cmocka_run_group_tests_name("towers", tests, NULL, NULL);
+}

@@ -1,0 +1,215 @@
+#include "ts_backend.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_err.h"
+#include "ts_gpu.h"
+#include "ts_kernels_cuda.h"
+#include "ts_log.h"
+
+void ts_backend_plan_free(ts_backend_plan_t *p) {
+  if (!p) return;
+  ts_free(p->ops);
+  ts_free(p->placements);
+  memset(p, 0, sizeof *p);
+}
+
+int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why,
+                    const ts_kernels_t *gpu_ops, ts_backend_plan_t *p, char *errmsg,
+                    size_t errlen) {
+  memset(p, 0, sizeof *p);
+  ts_device_spec_t want;
+  int rc = ts_device_parse(cfg->placement, &want, errmsg, errlen);
+  if (rc < 0) {
+    ts_errmsg_wrapf(errmsg, errlen, "device.placement");
+    return TS_ECONFIG;
+  }
+  rc = ts_model_ops(cfg->layers, cfg->num_layers, cfg->activation, &p->ops, &p->num_ops);
+  if (rc < 0) {
+    ts_errmsg_printf(errmsg, errlen, "model: %s", ts_strerror(rc));
+    return rc == TS_EINVAL ? TS_ECONFIG : rc;
+  }
+  ts_placement_op_t *ops = ts_calloc(p->num_ops, sizeof *ops);
+  p->placements = ts_calloc(p->num_ops, sizeof *p->placements);
+  if (!ops || !p->placements) {
+    ts_free(ops);
+    ts_backend_plan_free(p);
+    ts_errmsg_printf(errmsg, errlen, "out of memory");
+    return TS_ENOMEM;
+  }
+  for (size_t i = 0; i < p->num_ops; i++) {
+    ops[i].name = p->ops[i].name;
+    ops[i].type = p->ops[i].type;
+    ops[i].gpu_kernel = gpu_ops && ts_model_op_has_kernel(gpu_ops, p->ops[i].kind);
+  }
+  rc = ts_device_place(&want, gpu_count, gpu_why, ops, p->num_ops, cfg->allow_soft_placement,
+                       p->placements, errmsg, errlen);
+  if (rc < 0) {
+    ts_free(ops);
+    ts_backend_plan_free(p);
+    return TS_ECONFIG;
+  }
+  ts_device_short_name(want.type, want.index, p->soft_spec, sizeof p->soft_spec);
+
+  /* One back end for the model: a GPU only when every op landed on that GPU. */
+  size_t on_cpu = 0;
+  const char *cpu_op = NULL;
+  for (size_t i = 0; i < p->num_ops; i++) {
+    if (p->placements[i].type == TS_DEVICE_CPU) {
+      on_cpu++;
+      if (!cpu_op) cpu_op = ops[i].type;
+    }
+    if (p->placements[i].soft && !p->soft) {
+      p->soft = true;
+      snprintf(p->soft_reason, sizeof p->soft_reason, "%s", p->placements[i].reason);
+    }
+  }
+  if (on_cpu > 0 && on_cpu < p->num_ops) {
+    for (size_t i = 0; i < p->num_ops; i++) {
+      if (p->placements[i].type == TS_DEVICE_GPU) {
+        p->placements[i].type = TS_DEVICE_CPU;
+        p->placements[i].index = 0;
+        p->placements[i].soft = true;
+        snprintf(p->placements[i].reason, sizeof p->placements[i].reason,
+                 "op %s has no GPU kernel and the model runs on one device", cpu_op);
+      }
+    }
+    p->soft = true;
+    snprintf(p->soft_reason, sizeof p->soft_reason,
+             "op %s has no GPU kernel, and the model runs on one device", cpu_op);
+  }
+  ts_free(ops);
+  p->type = p->num_ops && p->placements[0].type == TS_DEVICE_GPU ? TS_DEVICE_GPU : TS_DEVICE_CPU;
+  int first = p->type == TS_DEVICE_GPU ? p->placements[0].index : 0;
+
+  p->towers = cfg->towers > 0            ? (size_t)cfg->towers
+              : p->type == TS_DEVICE_GPU ? (size_t)gpu_count
+                                         : 1;
+  if (p->towers < 1) p->towers = 1;
+  if (p->towers > TS_TOWERS_MAX) p->towers = TS_TOWERS_MAX; /* more visible GPUs than that */
+  for (size_t t = 0; t < p->towers; t++)
+    p->tower_device[t] =
+        p->type == TS_DEVICE_GPU ? (int)(((size_t)first + t) % (size_t)gpu_count) : 0;
+  if (ts_towers_split((size_t)cfg->batch_size, p->towers, 0, NULL, &p->micro_batch) < 0) {
+    ts_errmsg_printf(errmsg, errlen,
+                     "train.batch_size = %d cannot be split evenly over %zu towers (device.towers "
+                     "= %d%s): use a multiple of %zu",
+                     cfg->batch_size, p->towers, cfg->towers,
+                     cfg->towers == 0 ? ", one per visible GPU" : "", p->towers);
+    ts_backend_plan_free(p);
+    return TS_ECONFIG;
+  }
+  return 0;
+}
+
+static void release_cuda(const ts_kernels_t *k) {
+  /* The towers hold tables as const; this is the one place that gives one back. */
+  ts_kernels_cuda_destroy((ts_kernels_t *)(uintptr_t)k);
+}
+
+static void log_gpus(int gpu_count) {
+  for (int g = 0; g < gpu_count; g++) {
+    ts_gpu_info_t info;
+    if (ts_gpu_info(g, &info) == 0)
+      ts_log_info("/gpu:%d is %s (PCI %s, %.1f GiB, compute capability %d.%d)", g, info.name,
+                  info.pci_bus_id, (double)info.total_bytes / (1024.0 * 1024.0 * 1024.0),
+                  info.major, info.minor);
+  }
+}
+
+static void log_placement(const ts_config_t *cfg, int task, const ts_backend_plan_t *p) {
+  if (p->soft) {
+    char dev[96];
+    ts_device_long_name(p->type, p->type == TS_DEVICE_GPU ? p->tower_device[0] : 0, task, dev,
+                        sizeof dev);
+    ts_log_warn("allow_soft_placement: '%s' is not available: %s; placing the model's ops on %s",
+                p->soft_spec, p->soft_reason, dev);
+  }
+  if (!cfg->log_device_placement) return;
+  for (size_t i = 0; i < p->num_ops; i++) {
+    char dev[96];
+    ts_device_long_name(p->placements[i].type, p->placements[i].index, task, dev, sizeof dev);
+    fprintf(stderr, "%s: (%s): %s\n", p->ops[i].name, p->ops[i].type, dev);
+  }
+}
+
+int ts_backend_setup(const ts_config_t *cfg, int task, size_t capacity, ts_towers_t *towers,
+                     char *errmsg, size_t errlen) {
+  memset(towers, 0, sizeof *towers);
+  char gpu_why[256] = "";
+  int gpu_count = ts_gpu_count(gpu_why, sizeof gpu_why);
+  log_gpus(gpu_count);
+  ts_backend_plan_t plan;
+  int rc = ts_backend_plan(cfg, gpu_count, gpu_why, ts_kernels_cuda_ops(), &plan, errmsg, errlen);
+  if (rc < 0) return rc;
+  log_placement(cfg, task, &plan);
+
+  size_t n = plan.towers;
+  size_t cap = plan.micro_batch > capacity ? plan.micro_batch : capacity;
+  const ts_kernels_t *tables[TS_TOWERS_MAX];
+  ts_towers_release_cb release = NULL;
+  if (plan.type == TS_DEVICE_CPU) {
+    for (size_t t = 0; t < n; t++) tables[t] = ts_kernels_cpu();
+  } else {
+    ts_kernels_cuda_opts_t opts = {
+        .memory = {.allow_growth = cfg->allow_growth, .memory_fraction = cfg->memory_fraction},
+        .allow_tf32 = cfg->allow_tf32};
+    for (size_t t = 0; t < n; t++) {
+      ts_kernels_t *k = NULL;
+      rc = ts_kernels_cuda_create(plan.tower_device[t], &opts, &k, errmsg, errlen);
+      if (rc < 0) {
+        ts_errmsg_wrapf(errmsg, errlen, "tower %zu on /gpu:%d", t, plan.tower_device[t]);
+        for (size_t u = 0; u < t; u++) release_cuda(tables[u]);
+        ts_backend_plan_free(&plan);
+        return rc == TS_EINVAL ? TS_ECONFIG : rc;
+      }
+      tables[t] = k;
+      bool first_on_gpu = true;
+      for (size_t u = 0; u < t; u++)
+        if (plan.tower_device[u] == plan.tower_device[t]) first_on_gpu = false;
+      ts_gpu_memory_plan_t mp;
+      if (first_on_gpu && ts_kernels_cuda_memory(k, NULL, &mp) == 0)
+        ts_log_info("/gpu:%d memory: %s", plan.tower_device[t], mp.summary);
+    }
+    release = release_cuda;
+  }
+  rc = ts_towers_init(towers, tables, n, cfg->layers, cfg->num_layers, cfg->activation, cap,
+                      release, errmsg, errlen);
+  if (rc < 0) {
+    ts_backend_plan_free(&plan);
+    return rc == TS_EINVAL ? TS_ECONFIG : rc;
+  }
+  char devs[256] = "";
+  size_t len = 0;
+  for (size_t t = 0; t < n && len < sizeof devs; t++)
+    len += (size_t)snprintf(devs + len, sizeof devs - len, "%s/%s:%d", t ? ", " : "",
+                            plan.type == TS_DEVICE_GPU ? "gpu" : "cpu", plan.tower_device[t]);
+  ts_log_info("towers: %zu (%s), micro-batch %zu of train.batch_size %d, gradients averaged: %s", n,
+              devs, plan.micro_batch, cfg->batch_size, ts_towers_reduce_name(towers->reduce));
+  ts_backend_plan_free(&plan);
+  return 0;
+}
+
+void ts_backend_log_memory(const ts_towers_t *towers) {
+  for (size_t t = 0; t < towers->n; t++) {
+    const ts_kernels_t *k = towers->kernels[t];
+    if (k->device_is_host) continue;
+    bool seen = false;
+    for (size_t u = 0; u < t; u++)
+      if (towers->kernels[u]->device_index == k->device_index) seen = true;
+    ts_pool_stats_t st;
+    ts_gpu_memory_plan_t mp;
+    if (seen || ts_kernels_cuda_memory(k, &st, &mp) < 0) continue;
+    char held[32], peak[32], lim[32];
+    ts_pool_format_bytes(st.held, held, sizeof held);
+    ts_pool_format_bytes(st.peak, peak, sizeof peak);
+    ts_log_info(
+        "/gpu:%d memory: pool held %s (%zu bytes) in %zu chunk(s), peak in use %s, "
+        "limit %s",
+        k->device_index, held, st.held, st.chunks, peak,
+        mp.limit ? ts_pool_format_bytes(mp.limit, lim, sizeof lim) : "none (allow_growth)");
+  }
+}

@@ -1,0 +1,68 @@
+/*
+ * Back-end selection for a worker (DESIGN.md §5, §6): where the model's ops run, on how many
+ * towers, and the towers themselves.
+ *
+ * Placement keeps TensorFlow's semantics (worker/ts_device.h): each op goes to
+ * device.placement when that device exists and the CUDA back end has a kernel for the op;
+ * otherwise allow_soft_placement moves it (a missing /gpu:N to /gpu:0 when a GPU is visible,
+ * else to /cpu:0) and the worker logs why, or the worker stops with TensorFlow's message. A
+ * model runs on one back end: when soft placement leaves some ops on a GPU and moves others
+ * to /cpu:0, every op goes to /cpu:0 (and the log says which op caused it), since running an
+ * MLP's ops on two devices would copy activations both ways on every step.
+ *
+ * Towers (worker/ts_towers.h): device.towers of them, 0 meaning one per visible GPU when the
+ * model runs on a GPU and 1 on the CPU. Tower t runs on GPU (N + t) mod G for the placed
+ * /gpu:N and G visible GPUs, so more towers than GPUs share them round-robin; CPU towers all
+ * use the CPU back end.
+ */
+#ifndef TS_BACKEND_H
+#define TS_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "ts_config.h"
+#include "ts_device.h"
+#include "ts_kernels.h"
+#include "ts_model.h"
+#include "ts_towers.h"
+
+typedef struct {
+  ts_device_type_t type;           /* where the model runs */
+  size_t towers;                   /* 1..TS_TOWERS_MAX */
+  int tower_device[TS_TOWERS_MAX]; /* GPU of each tower (0 for the CPU) */
+  size_t micro_batch;              /* train.batch_size / towers */
+  ts_model_op_t *ops;              /* the model's ops (ts_model_ops) */
+  ts_placement_t *placements;      /* one per op: where it runs */
+  size_t num_ops;
+  bool soft;             /* soft placement moved the model */
+  char soft_spec[48];    /* what was asked, "/device:GPU:3", when soft */
+  char soft_reason[256]; /* why, when soft */
+} ts_backend_plan_t;
+
+/* Plan placement and towers for the job on a machine with gpu_count visible GPUs (gpu_why
+ * says why there are none; may be NULL), where gpu_ops (may be NULL: no GPU kernels) is a
+ * table whose non-NULL kernels are the ops a GPU can run (ts_kernels_cuda_ops()). A pure
+ * function: no device is touched and nothing is logged. Returns 0, or TS_ECONFIG with errmsg
+ * (a malformed device.placement, TensorFlow's message when placement cannot be satisfied
+ * without soft placement, a batch that does not split over the towers), or TS_ENOMEM. The
+ * plan is freed with ts_backend_plan_free. */
+int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why,
+                    const ts_kernels_t *gpu_ops, ts_backend_plan_t *plan, char *errmsg,
+                    size_t errlen);
+
+void ts_backend_plan_free(ts_backend_plan_t *plan);
+
+/* Discover the GPUs (logging which physical GPU, name and PCI bus id, each /gpu:N is), plan
+ * (logging soft placement and, with device.log_device_placement, one line per op), create
+ * the back ends and build the towers with a batch capacity of at least `capacity` examples
+ * per tower. Returns 0, TS_ECONFIG (exit 78: placement or configuration), or TS_ENOMEM /
+ * TS_EDEVICE (exit 1: the devices failed, e.g. the model does not fit under
+ * device.memory_fraction; errmsg names the limit and the need). */
+int ts_backend_setup(const ts_config_t *cfg, int task, size_t capacity, ts_towers_t *towers,
+                     char *errmsg, size_t errlen);
+
+/* Log each GPU pool's use (held, peak in use, limit) once per GPU; nothing for the CPU. */
+void ts_backend_log_memory(const ts_towers_t *towers);
+
+#endif

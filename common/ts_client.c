@@ -107,6 +107,7 @@ struct ts_client {
   uv_cond_t cv;
   op_t *queue_head, *queue_tail; /* mu */
   bool stop;                     /* mu */
+  volatile sig_atomic_t interrupted; /* set by ts_client_interrupt, from a signal handler */
   op_t *inflight;                /* loop thread */
   shard_t *shards;
   uint32_t n;
@@ -890,10 +891,20 @@ static void on_wake(uv_async_t *a) {
   c->queue_head = c->queue_tail = NULL;
   bool stop = c->stop;
   uv_mutex_unlock(&c->mu);
+  if (c->interrupted) {
+    while (c->inflight) {
+      op_t *op = c->inflight;
+      if (op->rc == 0) {
+        op->rc = TS_ESHUTDOWN;
+        snprintf(op->err, sizeof op->err, "interrupted");
+      }
+      finish_op(c, op);
+    }
+  }
   while (ops) {
     op_t *next = ops->next;
     ops->next = NULL;
-    if (stop) {
+    if (stop || c->interrupted) {
       uv_mutex_lock(&c->mu);
       ops->rc = TS_ESHUTDOWN;
       ops->done = true;
@@ -917,8 +928,9 @@ static void thread_main(void *arg) {
 static int run_op(ts_client_t *c, op_t *op, char *errmsg, size_t errlen) {
   op->timeout_s = op->timeout_s > 0 ? op->timeout_s : c->timeout_s;
   uv_mutex_lock(&c->mu);
-  if (c->stop) {
+  if (c->stop || c->interrupted) {
     uv_mutex_unlock(&c->mu);
+    if (errmsg) snprintf(errmsg, errlen, "%s", c->interrupted ? "interrupted" : "client closed");
     return TS_ESHUTDOWN;
   }
   if (c->queue_tail)
@@ -1093,6 +1105,12 @@ int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg
   }
   *out = c;
   return 0;
+}
+
+void ts_client_interrupt(ts_client_t *c) {
+  if (!c) return;
+  c->interrupted = 1;
+  uv_async_send(&c->wake); /* async-signal-safe */
 }
 
 void ts_client_close(ts_client_t *c) {

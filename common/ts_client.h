@@ -63,6 +63,11 @@ typedef struct {
  * or a refused handshake (TS_EAUTH, TS_EVERSION ...). */
 int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg, size_t errlen);
 
+/* Make every call in progress, and every later one, fail at once with TS_ESHUTDOWN
+ * ("interrupted"): for a signal handler (async-signal-safe), so a worker told to stop does
+ * not sit out a pull that waits for an unreachable shard. */
+void ts_client_interrupt(ts_client_t *c);
+
 /* Close every connection, stop the thread and free the client. */
 void ts_client_close(ts_client_t *c);
 

@@ -22,10 +22,12 @@
 #include "ts_trainer.h"
 
 static volatile sig_atomic_t stop_requested = 0;
+static ts_client_t *volatile signal_client = NULL; /* interrupted by the handler */
 
 static void on_signal(int sig) {
   (void)sig;
   stop_requested = 1;
+  if (signal_client) ts_client_interrupt(signal_client);
 }
 
 static void usage(FILE *f) {
@@ -161,6 +163,8 @@ int main(int argc, char **argv) {
     if (rc == TS_EAUTH) exit_code = TS_EXIT_CONFIG;
     goto out;
   }
+  signal_client = client;
+  if (stop_requested) ts_client_interrupt(client);
   ts_client_tensor_t *decl = ts_calloc(model->num_tensors, sizeof *decl);
   if (!decl) goto out;
   for (size_t i = 0; i < model->num_tensors; i++) {
@@ -171,6 +175,10 @@ int main(int argc, char **argv) {
   }
   rc = ts_client_declare(client, decl, model->num_tensors, (uint64_t)cfg.seed, err, sizeof err);
   ts_free(decl);
+  if (rc < 0 && stop_requested) {
+    exit_code = TS_EXIT_OK;
+    goto out;
+  }
   if (rc < 0) {
     ts_log_err("declaring the model: %s", err);
     goto out;
@@ -203,6 +211,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
   }
 out:
+  signal_client = NULL;
   ts_client_close(client);
   ts_observe_stop(obs);
   ts_towers_destroy(&towers);

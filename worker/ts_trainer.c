@@ -142,6 +142,11 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     /* A worker that (re)joins a running job starts at the job's step, so its data and its
      * remaining steps line up with the others'. */
     rc = pull(t, dst, 0, &version, errmsg, errlen);
+    if (rc < 0 && *t->stop) {
+      res->stopped = 1;
+      rc = 0;
+      goto out;
+    }
     if (rc < 0) {
       ts_errmsg_wrapf(errmsg, errlen, "first pull");
       goto out;
@@ -267,6 +272,11 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     rc = ts_client_pull(t->client, dst, 0, res->steps, NULL, errmsg, errlen);
   }
   if (rc == 0) rc = ts_towers_pulled(tw, errmsg, errlen);
+  if (rc < 0 && *t->stop) {
+    res->stopped = 1;
+    rc = 0;
+    goto out;
+  }
   if (rc < 0) {
     ts_errmsg_wrapf(errmsg, errlen, "final pull");
     goto out;

@@ -42,6 +42,17 @@ static void test_token(void **state) {
   char *log = ts_cluster_log(&c, 0);
   assert_non_null(strstr(log, "authentication failed for worker role"));
   free(log);
+  /* Counted, for psctl and /metrics. */
+  ts_client_opts_t ao = {.addrs = c.addrs, .num_shards = 1, .admin = true, .task = -1,
+                         .token = "correct horse battery staple", .connect_timeout_s = 3,
+                         .request_timeout_s = 3, .require_all = true};
+  ts_client_t *adm = NULL;
+  assert_int_equal(ts_client_open(&adm, &ao, err, sizeof err), 0);
+  Tessera__ShardStatus *st = NULL;
+  assert_int_equal(ts_client_status(adm, 0, &st, err, sizeof err), 0);
+  assert_int_equal(st->auth_failures, 2);
+  ts_client_free_status(st);
+  ts_client_close(adm);
   assert_int_equal(ts_cluster_stop(&c), 0);
   remove(path);
   rmdir(dir);
@@ -63,10 +74,24 @@ static void test_short_token_refused(void **state) {
   rmdir(dir);
 }
 
+static void test_refuses_open_address_without_token(void **state) {
+  (void)state;
+  /* Refused before anything is bound: no socket is ever opened on that address. */
+  char out[4096], err[4096];
+  char port[32];
+  snprintf(port, sizeof port, "cluster.ps=[\"0.0.0.0:%d\"]", ts_free_port());
+  const char *argv[] = {ts_ps_server_path, "--shard", "0", "--set", port, NULL};
+  int rc = ts_run_capture(argv, out, sizeof out, err, sizeof err);
+  assert_int_equal(rc, 78);
+  assert_non_null(strstr(err, "refusing to listen"));
+  assert_non_null(strstr(err, "--insecure"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_token),
       cmocka_unit_test(test_short_token_refused),
+      cmocka_unit_test(test_refuses_open_address_without_token),
   };
   return cmocka_run_group_tests_name("auth", tests, NULL, NULL);
 }

@@ -419,6 +419,55 @@ static void test_admin_needs_admin_token(void **state) {
   rmdir(dir);
 }
 
+/* --- the barrier names whom it waits for; uneven workers never hang it ------------- */
+
+static void test_barrier_waits_for_and_uneven_workers(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2,
+                                    "job = { mode = \"sync\"; sync_timeout_s = 30.0; "
+                                    "heartbeat_timeout_s = 30.0; };\n"
+                                    "model = { layers = [784, 32, 10]; };\n"
+                                    "train = { batch_size = 32; epochs = 5; max_steps = 3000; log_interval_s = 0.5; };"),
+                   0);
+  ts_proc_t w0, w1;
+  /* Worker 0 stops after 300 steps, worker 1 goes on to 3000: the barrier must not wait
+   * for the one that is done. */
+  const char *short_run[] = {"--set", "train.max_steps=300", NULL};
+  assert_int_equal(ts_worker_start(&c, 0, short_run, &w0), 0);
+  assert_int_equal(ts_worker_start(&c, 1, NULL, &w1), 0);
+  wait_for_step(&c, 100, 30);
+  /* Stop worker 1 and ask whom the barrier waits for. */
+  kill(w1.pid, SIGSTOP);
+  sleep_s(0.3);
+  char out[65536], err[4096];
+  const char *argv[] = {ts_psctl_path, "-c", c.config, "-o", "json", "status", NULL};
+  assert_int_equal(ts_run_capture(argv, out, sizeof out, err, sizeof err), 0);
+  cJSON *j = cJSON_Parse(out);
+  assert_non_null(j);
+  bool names_1 = false;
+  cJSON *sh;
+  cJSON_ArrayForEach(sh, cJSON_GetObjectItem(j, "shards")) {
+    cJSON *t;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItem(sh, "barrier_waiting_for")) names_1 |= t->valueint == 1;
+  }
+  cJSON_Delete(j);
+  if (!names_1) fprintf(stderr, "status:\n%s\n", out);
+  assert_true(names_1);
+  const char *table[] = {ts_psctl_path, "-c", c.config, "shards", NULL};
+  assert_int_equal(ts_run_capture(table, out, sizeof out, err, sizeof err), 0);
+  assert_non_null(strstr(out, "barrier waits for task 1"));
+  kill(w1.pid, SIGCONT);
+  int rc0 = ts_proc_wait(&w0, 60), rc1 = ts_proc_wait(&w1, 120);
+  if (rc0 != 0) dump(&w0);
+  if (rc1 != 0) dump(&w1);
+  assert_int_equal(rc0, 0);
+  assert_int_equal(rc1, 0);
+  assert_true(file_has(w0.out, "done: task=0 steps=300"));
+  assert_true(file_has(w1.out, "done: task=1 steps=3000"));
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sync_worker_killed_and_rejoins),
@@ -426,6 +475,7 @@ int main(void) {
       cmocka_unit_test(test_shard_killed_and_restored),
       cmocka_unit_test(test_hostile_traffic_during_training),
       cmocka_unit_test(test_admin_needs_admin_token),
+      cmocka_unit_test(test_barrier_waits_for_and_uneven_workers),
   };
   return cmocka_run_group_tests_name("failures", tests, NULL, NULL);
 }

@@ -1,9 +1,11 @@
 /*
- * Writes the seed corpus of fuzz_frame (tests/fuzz/corpus/frame/): one valid frame of every
- * message type, then frames that each break one rule (header limits, payload sizes, Declare
- * limits, malformed meta, truncation). Messages are packed with protobuf-c, so the valid
- * ones are valid by construction. Run: make_corpus OUTDIR (the files are committed; rerun
- * only when the protocol changes).
+ * Writes the seed corpora of fuzz_frame (tests/fuzz/corpus/frame/) and fuzz_msg
+ * (tests/fuzz/corpus/msg/): one valid message of every type, then ones that each break one
+ * rule (header limits, payload sizes, Declare limits, malformed meta, truncation). Messages
+ * are packed with protobuf-c, so the valid ones are valid by construction. fuzz_frame gets
+ * whole frames; fuzz_msg gets u8 type, u64 data_len (little-endian) and the meta. Run:
+ * make_corpus frame|msg OUTDIR (the files are committed; rerun only when the protocol
+ * changes).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 #include "ts_msg.h"
 
 static const char *outdir;
+static int msg_mode; /* fuzz_msg's input format instead of whole frames */
 static int failures;
 
 static void write_file(const char *name, const uint8_t *data, size_t len) {
@@ -26,11 +29,33 @@ static void write_file(const char *name, const uint8_t *data, size_t len) {
   }
 }
 
+/* fuzz_msg's input: type, data_len, then meta_bytes of meta. */
+static void write_msg(const char *name, uint8_t type, uint64_t data_len, const uint8_t *meta,
+                      size_t meta_bytes) {
+  uint8_t *buf = malloc(9 + meta_bytes);
+  if (!buf) abort();
+  buf[0] = type;
+  for (int i = 0; i < 8; i++) buf[1 + i] = (uint8_t)(data_len >> (8 * i));
+  if (meta_bytes) memcpy(buf + 9, meta, meta_bytes);
+  write_file(name, buf, 9 + meta_bytes);
+  free(buf);
+}
+
 /* A frame of msg with data_len in the header; `payload` bytes of payload follow (up to
- * data_len), and the file is cut to `cut` bytes when cut is not 0. */
+ * data_len), and the file is cut to `cut` bytes when cut is not 0. In msg mode: the meta
+ * (cut where the frame would be) after type and data_len; the payload is left out. */
 static void write_frame(const char *name, uint16_t type, const ProtobufCMessage *msg,
                         uint64_t data_len, size_t payload, size_t cut) {
   size_t n = ts_msg_frame_size(msg);
+  if (msg_mode) {
+    uint8_t *meta = malloc(n);
+    if (!meta) abort();
+    size_t meta_bytes = protobuf_c_message_pack(msg, meta);
+    if (cut) meta_bytes = cut > TS_FRAME_HEADER_SIZE ? cut - TS_FRAME_HEADER_SIZE : 0;
+    write_msg(name, (uint8_t)type, data_len, meta, meta_bytes);
+    free(meta);
+    return;
+  }
   uint8_t *buf = calloc(1, n + payload);
   if (!buf) abort();
   ts_msg_encode(type, msg, data_len, buf);
@@ -212,6 +237,28 @@ static void valid_frames(void) {
   err.detail = "push meta describes 32 payload bytes but the frame carries 16";
   write_frame("14-error", TS_MSG_ERROR, &err.base, 0, 0, 0);
 
+  Tessera__Checkpoint ck = TESSERA__CHECKPOINT__INIT;
+  ck.request_id = 9;
+  write_frame("15-checkpoint", TS_MSG_CHECKPOINT, &ck.base, 0, 0, 0);
+
+  Tessera__CheckpointReply ckr = TESSERA__CHECKPOINT_REPLY__INIT;
+  ckr.request_id = 9;
+  ckr.path = "/var/lib/tessera/ckpt/shard-0/ckpt-000000000010.tsckpt";
+  ckr.step = 10;
+  ckr.bytes = 803872;
+  ckr.seconds = 0.015625;
+  write_frame("16-checkpoint-reply", TS_MSG_CHECKPOINT_REPLY, &ckr.base, 0, 0, 0);
+
+  Tessera__Shutdown sd = TESSERA__SHUTDOWN__INIT;
+  sd.request_id = 10;
+  sd.checkpoint = 1;
+  write_frame("17-shutdown", TS_MSG_SHUTDOWN, &sd.base, 0, 0, 0);
+
+  Tessera__ShutdownReply sdr = TESSERA__SHUTDOWN_REPLY__INIT;
+  sdr.request_id = 10;
+  sdr.checkpoint_path = "/var/lib/tessera/ckpt/shard-0/ckpt-000000000011.tsckpt";
+  write_frame("18-shutdown-reply", TS_MSG_SHUTDOWN_REPLY, &sdr.base, 0, 0, 0);
+
   /* Truncated: a header only, and half a meta. */
   write_frame("20-declare-header-only", TS_MSG_DECLARE, &decl.base, 0, 0, TS_FRAME_HEADER_SIZE);
   write_frame("21-declare-half-meta", TS_MSG_DECLARE, &decl.base, 0, 0,
@@ -259,13 +306,35 @@ static void bad_headers(void) {
   write_raw("62-wire-type-clash", 1, TS_MSG_PUSH, 2, 0, "\x10\x01", 2);
 }
 
+/* fuzz_msg only: what the frame header would have refused, and raw metas. */
+static void bad_msgs(void) {
+  write_msg("50-empty-meta-push-odd-len", TS_MSG_PUSH, 6, NULL, 0);
+  write_msg("51-type-zero", 0, 0, NULL, 0);
+  write_msg("52-type-count", TS_MSG__COUNT, 0, NULL, 0);
+  write_msg("53-data-on-hello", TS_MSG_HELLO, 4, NULL, 0);
+  write_msg("54-data-len-max", TS_MSG_PULL_REPLY, UINT64_MAX, NULL, 0);
+  write_msg("60-garbage-meta", TS_MSG_PUSH, 0, (const uint8_t *)"\x12\x10\x08\x80\x80\xff", 6);
+  write_msg("61-truncated-varint", TS_MSG_HEARTBEAT, 0, (const uint8_t *)"\x08\x80", 2);
+  write_msg("62-wire-type-clash", TS_MSG_PUSH, 0, (const uint8_t *)"\x10\x01", 2);
+  write_msg("63-shutdown-bool-overlong", TS_MSG_SHUTDOWN, 0,
+            (const uint8_t *)"\x08\x01\x10\x81\x80\x80\x80\x00", 8);
+  write_msg("64-checkpoint-reply-bad-utf8", TS_MSG_CHECKPOINT_REPLY, 0,
+            (const uint8_t *)"\x08\x01\x12\x02\xc3\x28", 6);
+  write_msg("65-checkpoint-unknown-field", TS_MSG_CHECKPOINT, 0,
+            (const uint8_t *)"\x08\x01\x98\x06\x07", 5);
+}
+
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s OUTDIR\n", argv[0]);
+  if (argc != 3 || (strcmp(argv[1], "frame") != 0 && strcmp(argv[1], "msg") != 0)) {
+    fprintf(stderr, "usage: %s frame|msg OUTDIR\n", argv[0]);
     return 2;
   }
-  outdir = argv[1];
+  msg_mode = strcmp(argv[1], "msg") == 0;
+  outdir = argv[2];
   valid_frames();
-  bad_headers();
+  if (msg_mode)
+    bad_msgs();
+  else
+    bad_headers();
   return failures ? 1 : 0;
 }

@@ -20,35 +20,29 @@ const char *ts_ps_server_path = TS_PS_SERVER;
 const char *ts_psctl_path = TS_PSCTL;
 const char *ts_ps_worker_path = TS_PS_WORKER;
 
-/* The kernel hands out ephemeral ports in turn, but a port closed here may come back at
- * once: remember what was given so one job never gets the same port twice. */
-static int given[256];
-static int num_given, next_given;
-
-static int kernel_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd < 0) return -1;
-  if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || getsockname(fd, (struct sockaddr *)&a, &len) < 0) {
-    close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
+/* Ports come from 15000-29999, below Linux's ephemeral range (32768-60999) where the
+ * kernel picks the local ports of outgoing connections, so a client's connection cannot
+ * take a port a shard is about to bind; none is handed out twice by one test process. */
 int ts_free_port(void) {
-  for (int attempt = 0; attempt < 100; attempt++) {
-    int p = kernel_port();
-    bool dup = false;
-    for (int i = 0; i < num_given; i++) dup |= given[i] == p;
-    if (dup) continue;
-    given[next_given++ % 256] = p;
-    if (num_given < 256) num_given++;
-    return p;
+  static unsigned char used[15000];
+  static unsigned seed;
+  if (!seed) seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+  for (int attempt = 0; attempt < 1000; attempt++) {
+    seed = seed * 1103515245u + 12345u;
+    int port = 15000 + (int)((seed >> 8) % 15000u);
+    if (used[port - 15000]) continue;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0) return -1;
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok) {
+      used[port - 15000] = 1;
+      return port;
+    }
   }
-  return kernel_port();
+  return -1;
 }
 
 int ts_http_get(int port, const char *path, char *body, size_t n, char *ctype, size_t ctn) {
@@ -167,7 +161,8 @@ int ts_cluster_start_shard(ts_cluster_t *c, int i) {
   return -1;
 }
 
-int ts_cluster_start(ts_cluster_t *c, int num_shards, int num_workers, const char *extra_cfg) {
+static int cluster_start_once(ts_cluster_t *c, int num_shards, int num_workers,
+                              const char *extra_cfg) {
   memset(c, 0, sizeof *c);
   c->num_shards = num_shards;
   c->num_workers = num_workers;
@@ -206,6 +201,16 @@ int ts_cluster_start(ts_cluster_t *c, int num_shards, int num_workers, const cha
     }
   }
   return 0;
+}
+
+int ts_cluster_start(ts_cluster_t *c, int num_shards, int num_workers, const char *extra_cfg) {
+  /* Another program may take a port between our check and the shard's bind: try again
+   * with new ports (a configuration error fails every attempt alike). */
+  for (int attempt = 1;; attempt++) {
+    if (cluster_start_once(c, num_shards, num_workers, extra_cfg) == 0) return 0;
+    if (attempt == 3) return -1;
+    fprintf(stderr, "harness: starting the cluster failed; retrying with other ports\n");
+  }
 }
 
 void ts_cluster_signal(ts_cluster_t *c, int i, int sig) {

@@ -35,6 +35,11 @@ int ts_msg_decode(uint16_t type, const uint8_t *meta, size_t meta_len, uint64_t 
 
 void ts_msg_free(ProtobufCMessage *msg);
 
+/* The wire form of a training mode, and the name of one ("async", "sync", "ssp";
+ * "unknown" otherwise). */
+Tessera__Mode ts_msg_mode(int mode /* ts_mode_t */);
+const char *ts_msg_mode_name(Tessera__Mode m);
+
 /* Total payload bytes described by a list of slices; UINT64_MAX on overflow. */
 uint64_t ts_msg_parts_bytes(Tessera__PartSlice *const *parts, size_t n);
 

@@ -3,19 +3,7 @@
 #include <string.h>
 
 #include "ts_alloc.h"
-
-const char *ts_status_mode_name(Tessera__Mode m) {
-  switch (m) {
-    case TESSERA__MODE__MODE_ASYNC:
-      return "async";
-    case TESSERA__MODE__MODE_SYNC:
-      return "sync";
-    case TESSERA__MODE__MODE_SSP:
-      return "ssp";
-    default:
-      return "unknown";
-  }
-}
+#include "ts_msg.h"
 
 void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w) {
   size_t nw = v->num_workers;
@@ -120,7 +108,7 @@ cJSON *ts_status_json_job(const ts_status_view_t *v, bool with_workers) {
   uint64_t step = ts_status_job_step(v, &mode);
   size_t up = ts_status_shards_up(v);
   cJSON_AddStringToObject(root, "mode",
-                          up ? ts_status_mode_name(mode) : ts_mode_name(v->configured_mode));
+                          up ? ts_msg_mode_name(mode) : ts_mode_name(v->configured_mode));
   cJSON_AddNumberToObject(root, "step", (double)step);
   cJSON_AddBoolToObject(root, "healthy", up == v->num_shards);
   cJSON *shards = cJSON_AddArrayToObject(root, "shards");

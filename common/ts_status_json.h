@@ -59,9 +59,6 @@ uint64_t ts_status_job_step(const ts_status_view_t *v, Tessera__Mode *mode);
 /* Shards of the view that answered. */
 size_t ts_status_shards_up(const ts_status_view_t *v);
 
-/* "sync", "async", "ssp" or "unknown". */
-const char *ts_status_mode_name(Tessera__Mode m);
-
 /* The JSON pieces; each returns a new cJSON tree (NULL when out of memory) the caller
  * deletes with cJSON_Delete. */
 cJSON *ts_status_json_shard(const ts_status_shard_t *s);

@@ -13,6 +13,7 @@
 #include "ts_config.h"
 #include "ts_err.h"
 #include "ts_log.h"
+#include "ts_msg.h"
 #include "ts_status_json.h"
 
 typedef enum { OUT_TABLE, OUT_JSON } output_t;
@@ -239,7 +240,7 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   Tessera__Mode mode;
   uint64_t step = ts_status_job_step(&view, &mode);
   size_t up = ts_status_shards_up(&view);
-  const char *mname = up ? ts_status_mode_name(mode) : ts_mode_name(v->cfg.mode);
+  const char *mname = up ? ts_msg_mode_name(mode) : ts_mode_name(v->cfg.mode);
   if (out == OUT_JSON) {
     cJSON *root = NULL;
     if (strcmp(cmd, "status") == 0 || strcmp(cmd, "health") == 0) {

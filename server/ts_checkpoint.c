@@ -37,12 +37,6 @@ static const char *optimizer_name(ts_optimizer_t o) {
   return o == TS_OPT_ADAM ? "adam" : o == TS_OPT_MOMENTUM ? "momentum" : "sgd";
 }
 
-static Tessera__Mode wire_mode(ts_mode_t m) {
-  return m == TS_MODE_ASYNC ? TESSERA__MODE__MODE_ASYNC
-         : m == TS_MODE_SSP ? TESSERA__MODE__MODE_SSP
-                            : TESSERA__MODE__MODE_SYNC;
-}
-
 static const char *first_nonfinite(const float *v, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (!isfinite(v[i])) return "a NaN or Inf value";
@@ -89,7 +83,7 @@ int ts_checkpoint_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snaps
   m.format = FORMAT;
   m.shard = s->shard;
   m.num_shards = s->num_shards;
-  m.mode = wire_mode(s->mode);
+  m.mode = ts_msg_mode(s->mode);
   m.seed = s->seed;
   m.partition_bytes = s->partition_bytes;
   m.step = ts_store_min_version(s);

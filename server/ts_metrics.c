@@ -1,5 +1,7 @@
 #include "ts_metrics.h"
 
+#include "ts_msg.h"
+
 #include <ctype.h>
 #include <stdio.h>
 #include <string.h>
@@ -85,19 +87,6 @@ static void gauge1(ts_buf_t *b, const char *name, const char *help, double v) {
   ts_prom_sample(b, name, NULL, v);
 }
 
-static const char *mode_label(Tessera__Mode m) {
-  switch (m) {
-    case TESSERA__MODE__MODE_ASYNC:
-      return "async";
-    case TESSERA__MODE__MODE_SYNC:
-      return "sync";
-    case TESSERA__MODE__MODE_SSP:
-      return "ssp";
-    default:
-      return "unknown";
-  }
-}
-
 void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardStatus *st) {
   char lab[160], reason[48];
   ts_prom_family(b, "tessera_build_info", "gauge",
@@ -109,7 +98,7 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
   if (st) {
     ts_prom_family(b, "tessera_ps_info", "gauge", "This shard's index, the shard count and the training mode.");
     snprintf(lab, sizeof lab, "shard=\"%u\",shards=\"%u\",mode=\"%s\"", st->shard, st->num_shards,
-             mode_label(st->mode));
+             ts_msg_mode_name(st->mode));
     ts_prom_sample(b, "tessera_ps_info", lab, 1);
     gauge1(b, "tessera_ps_step", "Global step: the lowest partition version in sync mode, pushes applied otherwise.",
            (double)st->step);

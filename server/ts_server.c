@@ -533,18 +533,6 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   ts_msg_free(&m->base);
 }
 
-static Tessera__Mode wire_mode(ts_mode_t m) {
-  switch (m) {
-    case TS_MODE_ASYNC:
-      return TESSERA__MODE__MODE_ASYNC;
-    case TS_MODE_SYNC:
-      return TESSERA__MODE__MODE_SYNC;
-    case TS_MODE_SSP:
-      return TESSERA__MODE__MODE_SSP;
-  }
-  return TESSERA__MODE__MODE_UNSPECIFIED;
-}
-
 /* A ShardStatus and the arrays it points into; built for STATUS requests and for the admin
  * endpoint's snapshot. */
 typedef struct {
@@ -602,7 +590,7 @@ static int status_build(ts_server_t *srv, status_msg_t *sm) {
   tessera__shard_status__init(r);
   r->shard = srv->shard;
   r->num_shards = (uint32_t)srv->cfg->num_ps;
-  r->mode = wire_mode(srv->store.mode);
+  r->mode = ts_msg_mode(srv->store.mode);
   r->version = ts_store_min_version(&srv->store);
   r->step = srv->store.mode == TS_MODE_SYNC ? r->version : srv->pushes;
   r->partitions = (uint32_t)srv->store.num_parts;
@@ -696,7 +684,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
   r.request_id = m->request_id;
   r.shard = srv->shard;
   r.num_shards = (uint32_t)srv->cfg->num_ps;
-  r.mode = wire_mode(srv->store.mode);
+  r.mode = ts_msg_mode(srv->store.mode);
   r.partition_bytes = (uint64_t)srv->cfg->partition_bytes;
   r.num_workers = srv->num_workers;
   ts_conn_send(&s->conn, TS_MSG_HANDSHAKE_REPLY, &r.base, NULL, 0, NULL, NULL);

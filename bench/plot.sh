@@ -9,6 +9,7 @@ trap 'rm -rf "$tmp"' EXIT
 python3 - "$in" "$tmp" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if not r.get("error")]   # failed invocations stay in the file only
 series = {}
 for r in rows:
     if r.get("error"):

@@ -408,6 +408,8 @@ int main(int argc, char **argv) {
   if (parse_args(argc, argv) < 0) return 2;
   signal(SIGPIPE, SIG_IGN);
   ts_log_init("psbench", TS_LOG_WARN);
+  /* PSBENCH_SERVER: another ps-server binary (a before/after comparison). */
+  if (getenv("PSBENCH_SERVER")) ts_ps_server_path = getenv("PSBENCH_SERVER");
 
   double iperf[20];
   int n_iperf = 0;

@@ -88,36 +88,55 @@ def coordinator_main(args):
         import tensorflow as tf
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(spec), rpc_layer="grpc")
-        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-            min_shard_bytes=128 << 10, max_shards=args.ps)
-        strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+        # Variables are placed round-robin over the ps tasks (Keras 3 cannot train sharded
+        # variables, so no variable_partitioner): fc1/weights on ps0, fc1/biases on ps1, ...
+        strategy = tf.distribute.ParameterServerStrategy(resolver)
         coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 
         raw_x, raw_y, dim = load_idx(args.examples)
         xs = np.frombuffer(raw_x, dtype=np.uint8).reshape(-1, dim)
         ys = np.frombuffer(raw_y, dtype=np.uint8).astype(np.int32)
 
-        def dataset_fn(_):
+        def dataset_fn():
             ds = tf.data.Dataset.from_tensor_slices((xs, ys)).shuffle(10000, seed=42).repeat()
             ds = ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y))
             return ds.batch(args.batch, drop_remainder=True).prefetch(2)
 
+        # The model and Adam written out with tf.Variables (what Keras does; Keras 3's
+        # optimizers do not run under ParameterServerStrategy's coordinator here): Adam's
+        # slots live beside each variable on its ps task, as with TF1's PS training.
         with strategy.scope():
-            model = tf.keras.Sequential(
-                [tf.keras.Input(shape=(layers[0],))] +
-                [tf.keras.layers.Dense(w, activation="relu") for w in layers[1:-1]] +
-                [tf.keras.layers.Dense(layers[-1])])
-            optimizer = tf.keras.optimizers.Adam(0.002)
+            rng = np.random.default_rng(42)
+            params, slots = [], []
+            for a, b in zip(layers[:-1], layers[1:]):
+                lim = np.sqrt(6.0 / (a + b))
+                for init in (rng.uniform(-lim, lim, (a, b)).astype(np.float32),
+                             np.zeros(b, np.float32)):
+                    params.append(tf.Variable(init))
+                    slots.append((tf.Variable(tf.zeros_like(init)), tf.Variable(tf.zeros_like(init))))
+            t_var = tf.Variable(0.0)
+
+        def forward(x):
+            h = x
+            for i in range(0, len(params), 2):
+                h = tf.matmul(h, params[i]) + params[i + 1]
+                if i + 2 < len(params):
+                    h = tf.nn.relu(h)
+            return h
 
         @tf.function
         def step(it):
             def replica_fn(x, y):
                 with tf.GradientTape() as tape:
-                    logits = model(x, training=True)
                     loss = tf.reduce_mean(
-                        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-                grads = tape.gradient(loss, model.trainable_variables)
-                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=forward(x)))
+                grads = tape.gradient(loss, params)
+                t = t_var.assign_add(1.0)
+                lr = 0.002 * tf.sqrt(1.0 - 0.999 ** t) / (1.0 - 0.9 ** t)
+                for p, g, (m, v) in zip(params, grads, slots):
+                    m.assign(0.9 * m + 0.1 * g)
+                    v.assign(0.999 * v + 0.001 * g * g)
+                    p.assign_sub(lr * m / (tf.sqrt(v) + 1e-8))
                 return loss
             x, y = next(it)
             return strategy.run(replica_fn, args=(x, y))

@@ -77,6 +77,7 @@ def coordinator_main(args):
     spec = {"ps": ["127.0.0.1:%d" % free_port() for _ in range(args.ps)],
             "worker": ["127.0.0.1:%d" % free_port() for _ in range(args.workers)]}
     procs = []
+    ok = False
     for role in ("ps", "worker"):
         for i in range(len(spec[role])):
             procs.append(subprocess.Popen(
@@ -152,6 +153,7 @@ def coordinator_main(args):
         coordinator.join()
         secs = time.time() - t0
         eps = args.steps * args.batch / secs
+        ok = True
     finally:
         open(os.path.join(d, "stop"), "w").close()
         for p in procs:
@@ -159,6 +161,8 @@ def coordinator_main(args):
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if not ok:
+            subprocess.run(["rm", "-rf", d])
     rss = []
     for role, short in (("ps", "ps"), ("worker", "w")):
         for i in range(len(spec[role])):
@@ -168,9 +172,9 @@ def coordinator_main(args):
                 rss.append("%s%d:?" % (short, i))
     rss.append("coordinator:%d" % peak_rss_kib())
     model_name = "small" if layers == [784, 128, 10] else args.layers
+    subprocess.run(["rm", "-rf", d])
     print("what=tf_pss model=%s mode=async steps=%d examples_per_sec=%.1f rss_kib=[%s] load=%.2f"
           % (model_name, args.steps, eps, " ".join(rss), os.getloadavg()[0]), flush=True)
-    subprocess.run(["rm", "-rf", d])
 
 
 def main():

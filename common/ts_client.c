@@ -91,7 +91,10 @@ struct shard {
   uint64_t pulled_version;  /* lowest version of the last pull from this shard */
   bool have_version;        /* pulled_version is valid for the shard's current incarnation */
   uint64_t state_ms;        /* loop time of the last state change (handshake timeout) */
-  uint64_t rx_ms;           /* loop time of the last frame received */
+  uint64_t rx_ms;           /* loop time of the last sign of life: a frame received, or
+                               progress inside a large frame in either direction */
+  uint64_t seen_in;         /* conn.bytes_in at the last check_links */
+  size_t seen_wq;           /* write queue bytes at the last check_links */
   int fatal;                /* a refusal that retrying will not fix (auth, version) */
   char why[256];
 };
@@ -805,6 +808,15 @@ static void check_links(ts_client_t *c, uint64_t now) {
     shard_t *sh = &c->shards[i];
     if (!sh->link) continue;
     char why[128];
+    /* A heartbeat's reply queues behind a large frame on the same connection (a 400 MiB
+     * pull takes seconds on a loaded machine): bytes arriving, or our queued bytes being
+     * taken by the peer, show it alive as well as a frame does. A stopped peer does
+     * neither. */
+    uint64_t in = sh->link->conn.bytes_in;
+    size_t wq = ts_conn_write_queue(&sh->link->conn);
+    if (in != sh->seen_in || wq < sh->seen_wq) sh->rx_ms = now;
+    sh->seen_in = in;
+    sh->seen_wq = wq;
     if (sh->state != SH_READY && sh->state != SH_DOWN && now - sh->state_ms > hs_limit) {
       snprintf(why, sizeof why, "no handshake within %.1f s", (double)hs_limit / 1000.0);
     } else if (sh->state == SH_READY && c->opts.heartbeat_interval_s > 0 && now - sh->rx_ms > rx_limit) {

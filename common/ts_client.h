@@ -41,7 +41,8 @@ typedef struct {
   double request_timeout_s;      /* default deadline of a call (default 60) */
   double heartbeat_interval_s;   /* 0 = no heartbeats */
   double heartbeat_timeout_s;    /* with heartbeats: a shard silent this long is presumed dead
-                                    and its connection re-established (default 5) */
+                                    and its connection re-established (default 5); bytes of a
+                                    large frame moving either way count as not silent */
   bool require_all;              /* open fails unless every shard answered */
 } ts_client_opts_t;
 

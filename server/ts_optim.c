@@ -1,6 +1,7 @@
 #include "ts_optim.h"
 
 #include <math.h>
+#include <string.h>
 
 void ts_optim_from_config(ts_optim_t *o, const ts_config_t *cfg) {
   o->kind = cfg->optimizer;
@@ -23,11 +24,17 @@ int ts_optim_state_buffers(const ts_optim_t *o) {
 }
 
 int ts_optim_all_finite(const float *g, size_t n) {
-  /* Summing finite values can overflow to inf, but any NaN or inf input makes the sum
-   * non-finite; checking the products g*0 keeps one branch per block instead of per value. */
-  float acc = 0.0f;
-  for (size_t i = 0; i < n; i++) acc += g[i] * 0.0f;
-  return acc == 0.0f;
+  /* A float is NaN or inf exactly when its exponent bits are all ones. Testing the bits
+   * (memcpy: no aliasing question) with an OR-reduction has no loop-carried float add, so it
+   * vectorises and runs at memory speed; the earlier sum of g[i] * 0 was one dependent add
+   * per value, 15% of a shard's time at 40 MiB pushes (bench/RESULTS.md). */
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &g[i], sizeof u);
+    bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
 }
 
 void ts_optim_apply(const ts_optim_t *o, float *restrict w, const float *restrict g, float scale,

@@ -265,7 +265,10 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   /* Leave the barriers, then take the final parameters: in sync mode those of the step
    * every worker's last push closed. */
   ts_client_set_progress(t->client, res->steps, res->loss, res->examples_per_sec, 1.0, true);
-  rc = pull(t, dst, res->steps, NULL, errmsg, errlen);
+  /* A worker that (re)joined a sync job already at its last step made no step: its first
+   * pull holds the final parameters, and waiting for the version after it would wait for a
+   * step nobody makes. */
+  rc = pulled ? 0 : pull(t, dst, res->steps, NULL, errmsg, errlen);
   if (rc < 0 && cfg->mode == TS_MODE_SYNC && rc == TS_ETIMEDOUT) {
     /* A barrier that can never close (its workers gone) must not keep the result back. */
     ts_log_warn("final sync pull timed out (%s); evaluating the latest parameters", errmsg);

@@ -150,7 +150,7 @@ static void test_sync_backup_worker_stopped(void **state) {
                                     "job = { mode = \"sync\"; replicas_to_aggregate = 2; "
                                     "sync_timeout_s = 5.0; heartbeat_timeout_s = 2.0; };\n"
                                     "model = { layers = [784, 32, 10]; };\n"
-                                    "train = { batch_size = 32; epochs = 10; max_steps = 3000; log_interval_s = 0.5; };"),
+                                    "train = { batch_size = 32; epochs = 10; max_steps = 5000; log_interval_s = 0.5; };"),
                    0);
   ts_proc_t w[3];
   for (int t = 0; t < 3; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
@@ -158,17 +158,19 @@ static void test_sync_backup_worker_stopped(void **state) {
   /* Pace with everyone running. */
   double t0 = now_s();
   long long s0 = job_field(&c, "", NULL);
-  sleep_s(1.0);
+  sleep_s(2.0);
   double pace_before = (double)(job_field(&c, "", NULL) - s0) / (now_s() - t0);
   kill(w[2].pid, SIGSTOP);
   t0 = now_s();
   s0 = job_field(&c, "", NULL);
-  sleep_s(1.5);
+  sleep_s(2.0);
   double pace_stopped = (double)(job_field(&c, "", NULL) - s0) / (now_s() - t0);
   uint64_t stale_before = task_stale(&c, 2);
   fprintf(stderr, "pace: %.0f steps/s with all workers, %.0f with one stopped\n", pace_before,
           pace_stopped);
-  assert_true(pace_stopped >= 0.5 * pace_before);
+  /* "Full pace": a stopped backup worker must not slow the others; 0.4 leaves room for a
+   * busy 2-core machine, a stall would read near 0. */
+  assert_true(pace_stopped >= 0.4 * pace_before);
   kill(w[2].pid, SIGCONT);
   for (int t = 0; t < 3; t++) {
     int rc = ts_proc_wait(&w[t], 90);

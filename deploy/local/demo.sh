@@ -57,7 +57,7 @@ taken=" "
 free_port() {
   local p
   while :; do
-    p=$(( 20000 + RANDOM % 40000 ))
+    p=$(( 20000 + RANDOM % 12000 ))  # below the kernel's ephemeral range (32768+)
     case "$taken" in *" $p "*) continue ;; esac
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then taken="$taken$p "; echo "$p"; return; fi
   done

@@ -1236,18 +1236,7 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
     goto fail;
   }
 
-  uv_tcp_init(loop, &srv->listener);
-  srv->listener.data = srv;
-  srv->open_handles++;
-  rc = uv_tcp_bind(&srv->listener, ai->ai_addr, 0);
-  freeaddrinfo(ai);
-  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 512, on_connection);
-  if (rc < 0) {
-    snprintf(errmsg, errlen, "cannot listen on %s: %s", srv->address, uv_strerror(rc));
-    uv_close((uv_handle_t *)&srv->listener, on_handle_closed);
-    uv_run(loop, UV_RUN_NOWAIT);
-    goto fail;
-  }
+  /* Restore before listening: a client that can connect finds the restored model. */
   randombytes_buf(&srv->incarnation, sizeof srv->incarnation);
   if (cfg->checkpoint_dir && *cfg->checkpoint_dir) {
     uint64_t t0 = uv_hrtime(), seq = 0;
@@ -1270,6 +1259,18 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
     }
     uint64_t last = ts_checkpoint_last_sequence(cfg->checkpoint_dir, srv->shard);
     srv->ckpt_seq = last > seq ? last : seq;
+  }
+  uv_tcp_init(loop, &srv->listener);
+  srv->listener.data = srv;
+  srv->open_handles++;
+  rc = uv_tcp_bind(&srv->listener, ai->ai_addr, 0);
+  freeaddrinfo(ai);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 512, on_connection);
+  if (rc < 0) {
+    snprintf(errmsg, errlen, "cannot listen on %s: %s", srv->address, uv_strerror(rc));
+    uv_close((uv_handle_t *)&srv->listener, on_handle_closed);
+    uv_run(loop, UV_RUN_NOWAIT);
+    goto fail;
   }
   uv_timer_init(loop, &srv->ckpt_timer);
   srv->ckpt_timer.data = srv;

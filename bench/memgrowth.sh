@@ -16,32 +16,8 @@ interval=${INTERVAL:-10}
 out=${OUT:-bench/results/memgrowth.txt}
 cfg=deploy/local/cluster.cfg
 
-dir=$(mktemp -d /tmp/tessera-mem-XXXXXX)
-pids=()
-stop_all() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${pids[@]}"; do
-    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$p" 2>/dev/null
-    wait "$p" 2>/dev/null
-  done
-  pids=()
-}
-cleanup() { trap - EXIT INT TERM; stop_all; rm -rf "$dir"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-taken=" "
-free_port() {
-  local p
-  while :; do
-    p=$(( 20000 + RANDOM % 12000 ))   # below the ephemeral range (32768+), so no outgoing connection takes it after the check
-    case "$taken" in *" $p "*) continue ;; esac
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then taken="$taken$p "; echo "$p"; return; fi
-  done
-}
-list() { local o="" i; for i in "$@"; do o="$o${o:+, }\"127.0.0.1:$i\""; done; echo "[$o]"; }
+. bench/lib.sh
+bench_start mem
 
 p0=$(free_port) h0=$(free_port) w0=$(free_port) w1=$(free_port)
 sets=(--set "cluster.ps=$(list "$p0")" --set "cluster.ps_http=$(list "$h0")"

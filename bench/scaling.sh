@@ -28,32 +28,8 @@ for b in server/ps-server worker/ps-worker; do
 done
 command -v gnuplot >/dev/null || { echo "scaling.sh: gnuplot is missing (apt-get install -y gnuplot-nox)" >&2; exit 1; }
 
-dir=$(mktemp -d /tmp/tessera-scaling-XXXXXX)
-pids=()
-stop_all() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${pids[@]}"; do
-    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$p" 2>/dev/null
-    wait "$p" 2>/dev/null
-  done
-  pids=()
-}
-cleanup() { trap - EXIT INT TERM; stop_all; rm -rf "$dir"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-taken=" "
-free_port() {
-  local p
-  while :; do
-    p=$(( 20000 + RANDOM % 12000 ))   # below the ephemeral range (32768+), so no outgoing connection takes it after the check
-    case "$taken" in *" $p "*) continue ;; esac
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then taken="$taken$p "; echo "$p"; return; fi
-  done
-}
-list() { local o="" i; for i in "$@"; do o="$o${o:+, }\"127.0.0.1:$i\""; done; echo "[$o]"; }
+. bench/lib.sh
+bench_start scaling
 load() { cut -d' ' -f1 /proc/loadavg; }
 
 mkdir -p "$(dirname "$out")"

@@ -1,0 +1,37 @@
+# Shared by the bench scripts that start local clusters (source it from the repo root):
+#   bench_start NAME   a temporary directory $dir, the list $pids of processes to stop, and
+#                      traps that stop them and remove $dir on exit (also on Ctrl-C)
+#   stop_all           stop every process in $pids (TERM, then KILL after 5 s)
+#   free_port          a free 127.0.0.1 port below the kernel's ephemeral range (32768+),
+#                      so no outgoing connection takes it after the check; never twice
+#   list PORT...       ["127.0.0.1:P1", ...] for a --set value
+
+stop_all() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+  done
+  pids=()
+}
+
+bench_start() {
+  dir=$(mktemp -d "/tmp/tessera-$1-XXXXXX")
+  pids=()
+  trap 'trap - EXIT INT TERM; stop_all; rm -rf "$dir"' EXIT
+  trap 'exit 130' INT TERM
+}
+
+taken=" "
+free_port() {
+  local p
+  while :; do
+    p=$(( 20000 + RANDOM % 12000 ))
+    case "$taken" in *" $p "*) continue ;; esac
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then taken="$taken$p "; echo "$p"; return; fi
+  done
+}
+
+list() { local o="" i; for i in "$@"; do o="$o${o:+, }\"127.0.0.1:$i\""; done; echo "[$o]"; }

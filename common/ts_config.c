@@ -146,6 +146,12 @@ static const ts_config_def_t ts_config_defs[] = {
     FLOAT("job.heartbeat_interval_s", heartbeat_interval_s, 0.01, 3600.0, 0, "1.0",
           "How often a worker sends a heartbeat. At least 10 ms so heartbeats never crowd the "
           "network loop."),
+    INT("job.busy_poll_us", busy_poll_us, 0, 1000000, "50",
+        "Microseconds a network thread (a shard's loop, a worker's client thread and the "
+        "thread waiting for a reply) keeps polling without sleeping after its last message, "
+        "so a quick reply is picked up without a wake-up from sleep (tens to hundreds of "
+        "microseconds on virtual machines). Polling threads yield to any other runnable "
+        "thread, and an idle process never polls. 0 = always sleep; at most 1 s."),
     {.name = "job.partition_bytes",
      .type = TS_CT_INT64,
      .offset = FIELD(partition_bytes),

@@ -63,6 +63,7 @@ typedef struct {
   double sync_timeout_s;
   double heartbeat_timeout_s;
   double heartbeat_interval_s;
+  int busy_poll_us;
   int64_t partition_bytes;
 
   /* server */

@@ -14,8 +14,11 @@
 typedef struct {
   uv_write_t req;
   ts_conn_t *conn;
-  ts_conn_write_cb cb;
+  ts_conn_write_cb cb;      /* a whole frame (ts_conn_send) */
+  ts_conn_parts_cb pcb;     /* or a group of payload buffers (ts_conn_send_parts) */
   void *arg;
+  unsigned first, count;    /* pcb: the payload buffers this request carries */
+  bool last;                /* the frame's final request */
   unsigned nbufs;
   uv_buf_t bufs[];
 } write_req_t;
@@ -94,6 +97,18 @@ static void on_close(uv_handle_t *h) {
 
 /* --- reading ----------------------------------------------------------------------- */
 
+/* Read unless something holds reading back: a close, the owner (held), or our own write
+ * queue (paused). */
+static void update_reading(ts_conn_t *c) {
+  bool want = !c->closing && !c->close_after_write && !c->held && !c->paused;
+  if (want && !c->reading) {
+    if (uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read) == 0) c->reading = true;
+  } else if (!want && c->reading) {
+    uv_read_stop((uv_stream_t *)&c->handle);
+    c->reading = false;
+  }
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   ts_conn_t *c = h->data;
@@ -142,9 +157,8 @@ static void deliver(ts_conn_t *c, bool discarded) {
   if (!c->closing && !c->paused && ts_conn_write_queue(c) > c->max_write_queue) {
     /* The peer sends faster than it reads our replies: stop reading until it catches up,
      * so a flood cannot grow our write queue without bound. */
-    uv_read_stop((uv_stream_t *)&c->handle);
-    c->reading = false;
     c->paused = true;
+    update_reading(c);
   }
 }
 
@@ -165,6 +179,7 @@ static void meta_done(ts_conn_t *c) {
     return;
   }
   if (c->closing) return;
+  if (rc == TS_CONN_HOLD && (c->hdr.data_len == 0 || !dst)) rc = 0; /* nothing to wait for */
   if (c->hdr.data_len == 0) {
     deliver(c, false);
     return;
@@ -180,6 +195,10 @@ static void meta_done(ts_conn_t *c) {
     c->dst_off = 0;
     while (c->dst_i < c->dst_n && c->dst[c->dst_i].len == 0) c->dst_i++;
     c->state = TS_CONN_READ_DATA;
+    if (rc == TS_CONN_HOLD) {
+      c->held = true;
+      update_reading(c);
+    }
   } else {
     c->state = TS_CONN_READ_DISCARD;
   }
@@ -203,6 +222,42 @@ static void header_done(ts_conn_t *c) {
   } else {
     c->state = TS_CONN_READ_META;
   }
+}
+
+/* Move past the filled buffer dst[dst_i] (and any empty ones); the frame is complete after
+ * the last. */
+static void next_piece(ts_conn_t *c) {
+  c->dst_i++;
+  c->dst_off = 0;
+  while (c->dst_i < c->dst_n && c->dst[c->dst_i].len == 0) c->dst_i++;
+  if (c->got == c->hdr.data_len) deliver(c, false);
+}
+
+static void piece_done(ts_conn_t *c) {
+  if (c->cbs->on_piece) {
+    int rc = c->cbs->on_piece(c, c->dst_i);
+    if (rc < 0) {
+      ts_conn_close(c, rc);
+      return;
+    }
+    if (c->closing) return;
+    if (rc == TS_CONN_HOLD) {
+      c->held = true;
+      update_reading(c);
+      return;
+    }
+  }
+  next_piece(c);
+}
+
+void ts_conn_resume(ts_conn_t *c) {
+  if (!c->held || c->closing) return;
+  c->held = false;
+  /* Held after a full buffer: move on from it (this may complete the frame). Held at the
+   * meta: the first buffer is still empty, reading simply starts. */
+  if (c->state == TS_CONN_READ_DATA && c->dst_i < c->dst_n && c->dst_off == c->dst[c->dst_i].len)
+    next_piece(c);
+  if (!c->closing) update_reading(c);
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
@@ -241,11 +296,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
       return;
     case TS_CONN_READ_DATA:
       c->dst_off += (size_t)nread;
-      while (c->dst_i < c->dst_n && c->dst_off == c->dst[c->dst_i].len) {
-        c->dst_i++;
-        c->dst_off = 0;
-      }
-      if (c->got == c->hdr.data_len) deliver(c, false);
+      if (c->dst_off == c->dst[c->dst_i].len) piece_done(c);
       return;
     case TS_CONN_READ_DISCARD:
       if (c->got == c->hdr.data_len) deliver(c, true);
@@ -258,8 +309,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
 static void on_write(uv_write_t *req, int status) {
   write_req_t *w = (write_req_t *)req;
   ts_conn_t *c = w->conn;
-  if (status == 0) c->frames_out++;
+  c->write_progress_ms = uv_now(c->handle.loop);
+  if (status == 0 && w->last) c->frames_out++;
   if (w->cb) w->cb(c, w->arg, status);
+  if (w->pcb) w->pcb(c, w->arg, w->first, w->count, w->last, status);
   ts_free(w);
   if (c->closing) return;
   if (status < 0 && status != UV_ECANCELED) {
@@ -272,33 +325,115 @@ static void on_write(uv_write_t *req, int status) {
   }
   if (c->paused && ts_conn_write_queue(c) <= c->max_write_queue / 2) {
     c->paused = false;
-    if (uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read) == 0) c->reading = true;
+    update_reading(c);
   }
+}
+
+uint64_t ts_conn_write_stall_ms(const ts_conn_t *c, uint64_t now_ms) {
+  if (ts_conn_write_queue(c) == 0 || now_ms < c->write_progress_ms) return 0;
+  return now_ms - c->write_progress_ms;
+}
+
+/* Queue one write request; the stall clock starts when the queue goes from empty to not. */
+static int queue_write(ts_conn_t *c, write_req_t *w) {
+  if (ts_conn_write_queue(c) == 0) c->write_progress_ms = uv_now(c->handle.loop);
+  return uv_write(&w->req, (uv_stream_t *)&c->handle, w->bufs, w->nbufs, on_write);
+}
+
+/* A write request for a frame's header and meta (of a frame whose payload is payload[0..n))
+ * followed by its first `first` payload buffers; NULL when out of memory. */
+static write_req_t *frame_req(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg,
+                              const uv_buf_t *payload, unsigned n, unsigned first,
+                              uint64_t *frame_bytes) {
+  size_t frame = ts_msg_frame_size(msg);
+  size_t head = sizeof(write_req_t) + (first + 1) * sizeof(uv_buf_t);
+  write_req_t *w = ts_malloc(head + frame);
+  if (!w) return NULL;
+  uint8_t *bytes = (uint8_t *)w + head;
+  uint64_t data_len = 0;
+  for (unsigned i = 0; i < n; i++) data_len += payload[i].len;
+  size_t len = ts_msg_encode(type, msg, data_len, bytes);
+  memset(w, 0, sizeof *w);
+  w->conn = c;
+  w->count = first;
+  w->last = first == n;
+  w->nbufs = first + 1;
+  w->bufs[0] = uv_buf_init((char *)bytes, (unsigned)len);
+  for (unsigned i = 0; i < first; i++) w->bufs[i + 1] = payload[i];
+  *frame_bytes = len + data_len;
+  return w;
+}
+
+static int queue_frame(ts_conn_t *c, write_req_t *w, uint64_t frame_bytes) {
+  int rc = queue_write(c, w);
+  if (rc < 0) {
+    ts_free(w);
+    return rc;
+  }
+  c->bytes_out += frame_bytes;
+  return 0;
 }
 
 int ts_conn_send(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg, const uv_buf_t *payload,
                  unsigned n, ts_conn_write_cb cb, void *arg) {
   if (c->closing) return TS_ECLOSED;
-  size_t frame = ts_msg_frame_size(msg);
-  size_t head = sizeof(write_req_t) + (n + 1) * sizeof(uv_buf_t);
-  write_req_t *w = ts_malloc(head + frame);
+  uint64_t bytes;
+  write_req_t *w = frame_req(c, type, msg, payload, n, n, &bytes);
   if (!w) return TS_ENOMEM;
-  uint8_t *bytes = (uint8_t *)w + head;
-  uint64_t data_len = 0;
-  for (unsigned i = 0; i < n; i++) data_len += payload[i].len;
-  size_t len = ts_msg_encode(type, msg, data_len, bytes);
-  w->conn = c;
   w->cb = cb;
   w->arg = arg;
-  w->nbufs = n + 1;
-  w->bufs[0] = uv_buf_init((char *)bytes, (unsigned)len);
-  for (unsigned i = 0; i < n; i++) w->bufs[i + 1] = payload[i];
-  int rc = uv_write(&w->req, (uv_stream_t *)&c->handle, w->bufs, w->nbufs, on_write);
-  if (rc < 0) {
-    ts_free(w);
-    return rc;
+  return queue_frame(c, w, bytes);
+}
+
+/* Payload buffers [first, end) making up the group that starts at first. */
+static unsigned group_end(const uv_buf_t *payload, unsigned n, unsigned first) {
+  size_t bytes = 0;
+  unsigned end = first;
+  while (end < n && (end == first || bytes + payload[end].len <= TS_CONN_WRITE_GROUP)) {
+    bytes += payload[end].len;
+    end++;
   }
-  c->bytes_out += len + data_len;
+  return end;
+}
+
+int ts_conn_send_parts(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg,
+                       const uv_buf_t *payload, unsigned n, ts_conn_parts_cb cb, void *arg) {
+  if (c->closing) return TS_ECLOSED;
+  /* The first request carries the header and meta, and the first group of buffers. */
+  unsigned end = n ? group_end(payload, n, 0) : 0;
+  uint64_t bytes;
+  write_req_t *w = frame_req(c, type, msg, payload, n, end, &bytes);
+  if (!w) return TS_ENOMEM;
+  w->pcb = cb;
+  w->arg = arg;
+  int rc = queue_frame(c, w, bytes);
+  if (rc < 0) return rc;
+  for (unsigned first = end; first < n; first = end) {
+    end = group_end(payload, n, first);
+    w = ts_malloc(sizeof(write_req_t) + (end - first) * sizeof(uv_buf_t));
+    rc = w ? 0 : TS_ENOMEM;
+    if (w) {
+      memset(w, 0, sizeof *w);
+      w->conn = c;
+      w->pcb = cb;
+      w->arg = arg;
+      w->first = first;
+      w->count = end - first;
+      w->last = end == n;
+      w->nbufs = end - first;
+      for (unsigned i = first; i < end; i++) w->bufs[i - first] = payload[i];
+      rc = queue_write(c, w);
+      if (rc < 0) ts_free(w);
+    }
+    if (rc < 0) {
+      /* Part of the frame is queued, so the stream is broken: close (the queued requests
+       * report UV_ECANCELED) and report the rest here, as their requests never existed. */
+      ts_log_err("%s: cannot queue a write: %s; closing", c->peer, ts_strerror(rc));
+      ts_conn_close(c, rc);
+      cb(c, arg, first, n - first, true, rc);
+      return 0;
+    }
+  }
   return 0;
 }
 
@@ -313,14 +448,12 @@ int ts_conn_send_error(ts_conn_t *c, uint64_t request_id, int code, const char *
 
 void ts_conn_fail(ts_conn_t *c, uint64_t request_id, int code, const char *detail) {
   if (c->closing || c->close_after_write) return;
-  if (c->reading) uv_read_stop((uv_stream_t *)&c->handle);
-  c->reading = false;
-  c->paused = false;
+  c->close_after_write = true;
+  update_reading(c);
   c->close_err = code;
   snprintf(c->errmsg, sizeof c->errmsg, "%s", detail ? detail : ts_strerror(code));
   /* libuv runs write callbacks from the loop, never from uv_write itself, so on_write
    * closes the connection once this error (and anything queued before it) is written. */
-  c->close_after_write = true;
   if (ts_conn_send_error(c, request_id, code, detail) < 0) ts_conn_close(c, code);
 }
 
@@ -330,9 +463,7 @@ void ts_conn_close_graceful(ts_conn_t *c, int err) {
     ts_conn_close(c, err);
     return;
   }
-  if (c->reading) uv_read_stop((uv_stream_t *)&c->handle);
-  c->reading = false;
-  c->paused = false;
-  c->close_err = err;
   c->close_after_write = true;
+  update_reading(c);
+  c->close_err = err;
 }

@@ -37,6 +37,19 @@ typedef struct ts_conn ts_conn_t;
 typedef int (*ts_conn_meta_cb)(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
                                const uv_buf_t **iov, unsigned *niov);
 
+/* Returned by on_meta or on_piece (instead of 0): read nothing more from this connection
+ * until the owner calls ts_conn_resume. From on_meta it means the payload's buffers are not
+ * ready yet (the owner may point the entries of *iov at memory until it resumes); from
+ * on_piece, that the owner is not done with the buffer just filled. */
+#define TS_CONN_HOLD 1
+
+/* Optional: payload buffer i of on_meta's *iov is full. Lets the owner work on a large
+ * payload as it lands and reuse one buffer for several entries: entries after i may be
+ * re-pointed (never resized) until they start filling. Return 0 to go on, TS_CONN_HOLD, or
+ * a negative code to close. Entries of length 0 are skipped without a call. on_frame follows
+ * the last buffer's call as usual. */
+typedef int (*ts_conn_piece_cb)(ts_conn_t *c, unsigned i);
+
 /* The whole frame has arrived (payload in *dst of on_meta, or discarded). The callback owns
  * msg and frees it with ts_msg_free. `discarded` tells whether the payload was dropped. */
 typedef void (*ts_conn_frame_cb)(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
@@ -49,10 +62,16 @@ typedef void (*ts_conn_close_cb)(ts_conn_t *c, int err);
 /* A write is done (err < 0 when it failed or was cancelled by a close). */
 typedef void (*ts_conn_write_cb)(ts_conn_t *c, void *arg, int err);
 
+/* Payload buffers [first, first + n) of a frame sent with ts_conn_send_parts are written
+ * (err < 0: failed or cancelled); `last` on the frame's final call. */
+typedef void (*ts_conn_parts_cb)(ts_conn_t *c, void *arg, unsigned first, unsigned n, bool last,
+                                 int err);
+
 typedef struct {
   ts_conn_meta_cb on_meta;
   ts_conn_frame_cb on_frame;
   ts_conn_close_cb on_close;
+  ts_conn_piece_cb on_piece; /* may be NULL */
 } ts_conn_cbs_t;
 
 typedef enum {
@@ -82,10 +101,13 @@ struct ts_conn {
   uint64_t max_data;          /* largest payload accepted */
   size_t max_write_queue;     /* reads pause while more bytes than this wait to be written */
   bool reading;
-  bool paused;
+  bool paused;                /* reading stopped: too much waits to be written */
+  bool held;                  /* reading stopped: the owner returned TS_CONN_HOLD */
   bool closing;
   bool close_after_write;
   int close_err;
+
+  uint64_t write_progress_ms; /* loop time a write last completed, or the queue last filled */
 
   char peer[64];
   char errmsg[256];
@@ -105,6 +127,21 @@ int ts_conn_start(ts_conn_t *c);
  * called. */
 int ts_conn_send(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg, const uv_buf_t *payload,
                  unsigned n, ts_conn_write_cb cb, void *arg);
+
+/* Like ts_conn_send, but the payload is written in groups of about TS_CONN_WRITE_GROUP bytes
+ * (whole buffers) and cb reports each group as soon as it is out, so the owner can release
+ * the memory of the first buffers of a large frame while the rest is still on its way. */
+#define TS_CONN_WRITE_GROUP (1u << 20)
+int ts_conn_send_parts(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg,
+                       const uv_buf_t *payload, unsigned n, ts_conn_parts_cb cb, void *arg);
+
+/* Go on reading after on_meta or on_piece returned TS_CONN_HOLD (a no-op otherwise). May run
+ * on_piece and on_frame callbacks of this connection before it returns. */
+void ts_conn_resume(ts_conn_t *c);
+
+/* How long bytes have been waiting to be written without any write completing (ms; 0 when
+ * nothing waits): a peer that stopped reading shows a growing stall. */
+uint64_t ts_conn_write_stall_ms(const ts_conn_t *c, uint64_t now_ms);
 
 /* Send an Error frame for request_id. */
 int ts_conn_send_error(ts_conn_t *c, uint64_t request_id, int code, const char *detail);

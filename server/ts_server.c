@@ -19,6 +19,7 @@
 #include "ts_log.h"
 #include "ts_metrics.h"
 #include "ts_notify.h"
+#include "ts_stage.h"
 
 #define NONCE_LEN TS_AUTH_NONCE_LEN
 #define TICK_MS 100
@@ -46,6 +47,31 @@ typedef struct {
   char identity[128];
 } worker_info_t;
 
+/* A push is received piece by piece (DESIGN.md §4, docs/architecture.md "Pushes"): its
+ * partitions are grouped into pieces of at most one staging buffer, each piece is read into
+ * the buffer, checked and applied, and the buffer is reused for the next piece. */
+typedef struct {
+  bool active;                  /* between push_meta and handle_push */
+  const Tessera__Push *m;       /* its meta (the connection's until on_frame) */
+  ts_stage_waiter_t wait;       /* queued for a staging buffer */
+  float *buf;                   /* the staging buffer, while active */
+  uv_buf_t *iov;                /* one entry per piece, all pointing at buf */
+  size_t *first;                /* piece k holds slices [first[k], first[k + 1]) */
+  size_t cap;                   /* entries of iov; first has cap + 1 */
+  size_t npieces;
+  size_t piece;                 /* the piece being applied */
+  size_t next;                  /* next slice of it to apply (a piece is checked whole first) */
+  size_t next_off;              /* its offset in buf, in floats */
+  ts_spart_t *held_on;          /* async: partition whose pull replies it waits for */
+  ts_session_t *held_next;      /* srv->held list */
+  Tessera__PushResult *results; /* one per slice */
+  size_t results_cap;
+  uint64_t stale, refused, applied_slices;
+  char refused_detail[256];     /* the first refused piece */
+  int refuse_code;              /* refused whole at the meta (payload discarded) */
+  char refuse_msg[256];
+} push_rx_t;
+
 struct ts_session {
   ts_conn_t conn;
   ts_server_t *srv;
@@ -55,10 +81,8 @@ struct ts_session {
   Tessera__Role role;
   int task;
   uint8_t nonce[NONCE_LEN];
-  float *recv;          /* push payload buffer, reused */
-  size_t recv_cap;
-  uv_buf_t recv_iov;
   int pending_writes;   /* pull replies in flight (they hold partition writers) */
+  push_rx_t rx;         /* the push being received */
 };
 
 struct ts_server {
@@ -72,6 +96,8 @@ struct ts_server {
   bool stopping;
 
   ts_store_t store;
+  ts_stage_t stage;          /* staging buffers for push payloads (ts_stage.h) */
+  ts_session_t *held;        /* sessions whose push waits for pull replies to be written */
   ts_session_t *sessions;
   size_t num_sessions;
   pull_wait_t *waiting;
@@ -200,16 +226,27 @@ typedef struct {
   ts_spart_t *parts[];
 } pull_write_t;
 
-static void on_pull_written(ts_conn_t *c, void *arg, int err) {
+static void wake_held(ts_server_t *srv);
+
+/* Partitions [first, first + n) of a pull reply are out (or cancelled): updates waiting for
+ * them may run now, while the rest of the reply is still being written. */
+static void on_pull_written(ts_conn_t *c, void *arg, unsigned first, unsigned n, bool last,
+                            int err) {
   (void)c;
   (void)err;
   pull_write_t *pw = arg;
-  bool moved = false;
-  for (size_t i = 0; i < pw->n; i++) moved |= ts_store_writer_done(&pw->srv->store, pw->parts[i]);
-  pw->sess->pending_writes--;
   ts_server_t *srv = pw->srv;
-  ts_free(pw);
-  if (moved) serve_waiting(srv);
+  bool moved = false, freed = false;
+  for (size_t i = first; i < (size_t)first + n && i < pw->n; i++) {
+    moved |= ts_store_writer_done(&srv->store, pw->parts[i]);
+    freed |= pw->parts[i]->writers == 0 && pw->parts[i]->held_pushes > 0;
+  }
+  if (last) {
+    pw->sess->pending_writes--;
+    ts_free(pw);
+  }
+  if (freed) wake_held(srv);
+  if (moved || freed) serve_waiting(srv);
 }
 
 /* 1 when the pull can be answered now, 0 when it must wait. */
@@ -217,7 +254,7 @@ static int pull_ready(ts_server_t *srv, const Tessera__Pull *m) {
   ts_store_t *st = &srv->store;
   for (size_t i = 0; i < m->n_parts; i++) {
     ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
-    if (p->apply_pending || p->pending_n > 0) return 0;
+    if (p->apply_pending || p->held_pushes > 0) return 0;
     if (p->version < m->min_version) return 0;
   }
   if (st->mode == TS_MODE_SSP && m->clock > (uint64_t)srv->cfg->staleness) {
@@ -263,7 +300,8 @@ static void send_pull(ts_session_t *s, const Tessera__Pull *m) {
    * update lands while the reply is on its way. */
   for (size_t i = 0; i < n; i++) pw->parts[i]->writers++;
   s->pending_writes++;
-  int rc = ts_conn_send(&s->conn, TS_MSG_PULL_REPLY, &r.base, bufs, (unsigned)n, on_pull_written, pw);
+  int rc = ts_conn_send_parts(&s->conn, TS_MSG_PULL_REPLY, &r.base, bufs, (unsigned)n,
+                              on_pull_written, pw);
   if (rc < 0) {
     for (size_t i = 0; i < n; i++) ts_store_writer_done(&srv->store, pw->parts[i]);
     s->pending_writes--;
@@ -366,117 +404,303 @@ static void handle_pull(ts_session_t *s, Tessera__Pull *m) {
 
 /* --- pushes ------------------------------------------------------------------------- */
 
-/* Decide where a push's payload goes before reading it: into the session's buffer when
- * every slice names a partition of this shard with the right size, else nowhere (the
- * payload is read and dropped, and the push is answered with an error). */
-static int push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__Push *m,
-                     const uv_buf_t **iov, unsigned *niov) {
-  char err[256];
-  ts_server_t *srv = s->srv;
-  if (s->role != TESSERA__ROLE__ROLE_WORKER) return 0;
-  int rc = ts_store_check_slices(&srv->store, m->parts, m->n_parts, err, sizeof err);
-  if (rc < 0 || h->data_len == 0) return 0;
-  if (h->data_len > s->recv_cap) {
-    float *buf = ts_aligned_alloc(h->data_len);
-    if (!buf) return 0;
-    ts_free(s->recv);
-    s->recv = buf;
-    s->recv_cap = h->data_len;
+/* Staging buffers hold the largest partition of the shard, and at least this much, so the
+ * push of a small model stays a single piece (checked and applied as a whole). */
+#define STAGE_MIN_BYTES (1u << 20)
+/* Memory the staging pool may take (more only when two buffers need more). */
+#define STAGE_BUDGET_BYTES (16u << 20)
+
+static int stage_ready(ts_server_t *srv) {
+  if (srv->stage.buf_bytes) return 0;
+  size_t largest = STAGE_MIN_BYTES;
+  for (size_t i = 0; i < srv->store.num_parts; i++) {
+    size_t bytes = srv->store.parts[i].plan->count * sizeof(float);
+    if (bytes > largest) largest = bytes;
   }
-  s->recv_iov = uv_buf_init((char *)s->recv, (unsigned)h->data_len);
-  *iov = &s->recv_iov;
-  *niov = 1;
+  return ts_stage_init(&srv->stage, largest, STAGE_BUDGET_BYTES);
+}
+
+static void rx_point(push_rx_t *rx, float *buf) {
+  rx->buf = buf;
+  for (size_t k = 0; k < rx->npieces; k++) rx->iov[k].base = (char *)buf;
+}
+
+/* Give the session's staging buffer back; the next session queued for one gets it and
+ * reads on. */
+static void stage_give_back(ts_server_t *srv, push_rx_t *rx) {
+  if (rx->wait.queued) ts_stage_cancel(&srv->stage, &rx->wait);
+  if (!rx->buf) return;
+  float *buf = rx->buf;
+  rx->buf = NULL;
+  ts_stage_waiter_t *w = ts_stage_release(&srv->stage, buf);
+  if (w) {
+    ts_session_t *next = (ts_session_t *)(void *)((char *)w - offsetof(ts_session_t, rx.wait));
+    rx_point(&next->rx, w->buf);
+    ts_conn_resume(&next->conn);
+  }
+}
+
+static int rx_reserve(push_rx_t *rx, size_t n) {
+  if (n == 0) n = 1; /* first[] always has an entry */
+  if (n <= rx->cap && n <= rx->results_cap) return 0;
+  size_t cap = rx->cap ? rx->cap : 8;
+  while (cap < n) cap *= 2;
+  uv_buf_t *iov = ts_realloc(rx->iov, cap * sizeof *iov);
+  if (!iov) return TS_ENOMEM;
+  rx->iov = iov;
+  size_t *first = ts_realloc(rx->first, (cap + 1) * sizeof *first);
+  if (!first) return TS_ENOMEM;
+  rx->first = first;
+  Tessera__PushResult *res = ts_realloc(rx->results, cap * sizeof *res);
+  if (!res) return TS_ENOMEM;
+  rx->results = res;
+  rx->cap = rx->results_cap = cap;
   return 0;
 }
 
-static void handle_push(ts_session_t *s, Tessera__Push *m, bool discarded) {
+static void rx_free(push_rx_t *rx) {
+  ts_free(rx->iov);
+  ts_free(rx->first);
+  ts_free(rx->results);
+  rx->iov = NULL;
+  rx->first = NULL;
+  rx->results = NULL;
+  rx->cap = rx->results_cap = 0;
+}
+
+static int push_refuse(push_rx_t *rx, int code, const char *msg) {
+  rx->active = false;
+  rx->refuse_code = code;
+  if (msg) snprintf(rx->refuse_msg, sizeof rx->refuse_msg, "%s", msg);
+  return 0; /* no destination: the payload is read and dropped, then handle_push replies */
+}
+
+/* A push's meta has arrived. Everything that can refuse the whole push is checked here,
+ * before any of its payload is read: role, partitions and sizes, and in sync mode that no
+ * partition is behind the step (versions only grow, so this stays true while the payload
+ * arrives). Then the payload is cut into pieces of at most one staging buffer. */
+static int push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__Push *m,
+                     const uv_buf_t **iov, unsigned *niov) {
   ts_server_t *srv = s->srv;
   ts_store_t *st = &srv->store;
-  char err[256];
-  Tessera__PushResult *results = NULL;
-  if (s->role != TESSERA__ROLE__ROLE_WORKER) {
-    reply_error(s, m->request_id, TS_EROLE, "only workers push gradients");
-    goto out;
-  }
-  int rc = ts_store_check_slices(st, m->parts, m->n_parts, err, sizeof err);
-  if (rc < 0) {
-    reply_error(s, m->request_id, rc, err);
-    goto out;
-  }
-  if (discarded) {
-    reply_error(s, m->request_id, TS_ENOMEM, "out of memory for the push payload");
-    goto out;
-  }
-  /* Validate everything before changing anything: a refused push changes no parameter. */
-  const float *g = s->recv;
-  uint64_t total = 0;
-  for (size_t i = 0; i < m->n_parts; i++) total += m->parts[i]->count;
-  if (total && !ts_optim_all_finite(g, total)) {
-    srv->nonfinite++;
-    if (st->mode == TS_MODE_SYNC) {
-      /* The worker was heard from for this step: its barrier does not wait for it. */
-      for (size_t i = 0; i < m->n_parts; i++)
-        ts_store_sync_skip(st, ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part), s->task,
-                           m->step, now_ms(srv));
-    }
-    reply_error(s, m->request_id, TS_ENONFINITE,
-                "gradient contains NaN or Inf; the push was refused and no parameter changed");
-    if (st->mode == TS_MODE_SYNC) check_barriers(srv, false);
-    goto out;
-  }
+  push_rx_t *rx = &s->rx;
+  rx->active = false;
+  rx->refuse_code = 0;
+  rx->refuse_msg[0] = '\0';
+  if (s->role != TESSERA__ROLE__ROLE_WORKER)
+    return push_refuse(rx, TS_EROLE, "only workers push gradients");
+  int rc = ts_store_check_slices(st, m->parts, m->n_parts, rx->refuse_msg, sizeof rx->refuse_msg);
+  if (rc < 0) return push_refuse(rx, rc, NULL);
   if (st->mode == TS_MODE_SYNC) {
     for (size_t i = 0; i < m->n_parts; i++) {
       ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
       if (m->step > p->version) {
-        snprintf(err, sizeof err,
+        snprintf(rx->refuse_msg, sizeof rx->refuse_msg,
                  "push for step %llu but '%s' part %u is at version %llu: pull first",
                  (unsigned long long)m->step, st->tensors[p->plan->tensor].name, p->plan->part,
                  (unsigned long long)p->version);
-        reply_error(s, m->request_id, TS_EFUTURE, err);
-        goto out;
+        return push_refuse(rx, TS_EFUTURE, NULL);
       }
     }
   }
-  results = ts_calloc(m->n_parts ? m->n_parts : 1, sizeof *results);
-  if (!results) {
-    reply_error(s, m->request_id, TS_ENOMEM, "out of memory");
-    goto out;
-  }
-  uint64_t stale = 0;
-  uint64_t now = now_ms(srv);
+  if (stage_ready(srv) < 0 || rx_reserve(rx, m->n_parts) < 0)
+    return push_refuse(rx, TS_ENOMEM, "out of memory for the push payload");
+
+  /* Pieces: runs of whole partitions that fit one buffer (each partition does). */
+  size_t cap = srv->stage.buf_bytes / sizeof(float), used = 0, np = 0;
   for (size_t i = 0; i < m->n_parts; i++) {
-    ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
-    if (st->mode == TS_MODE_SYNC) {
-      results[i] = ts_store_sync_push(st, p, g, s->task, m->step, now);
-      if (results[i] == TESSERA__PUSH_RESULT__PUSH_STALE) stale++;
-    } else {
-      ts_store_async_push(st, p, g);
-      results[i] = TESSERA__PUSH_RESULT__PUSH_APPLIED;
+    uint64_t count = m->parts[i]->count;
+    if (i == 0 || used + count > cap) {
+      if (np) rx->iov[np - 1] = uv_buf_init(NULL, (unsigned)(used * sizeof(float)));
+      rx->first[np++] = i;
+      used = 0;
     }
-    if ((unsigned)results[i] < 4) srv->metrics.push_parts[results[i]]++;
+    used += count;
+  }
+  if (np) rx->iov[np - 1] = uv_buf_init(NULL, (unsigned)(used * sizeof(float)));
+  rx->first[np] = m->n_parts;
+  rx->npieces = h->data_len ? np : 0;
+  rx->piece = rx->next = rx->next_off = 0;
+  rx->stale = rx->refused = rx->applied_slices = 0;
+  rx->refused_detail[0] = '\0';
+  memset(rx->results, 0, m->n_parts * sizeof *rx->results);
+  rx->m = m;
+  rx->active = true;
+  if (rx->npieces == 0) return 0;
+
+  float *buf;
+  rc = ts_stage_acquire(&srv->stage, &rx->wait, &buf);
+  if (rc < 0) return push_refuse(rx, TS_ENOMEM, "out of memory for the push payload");
+  *iov = rx->iov;
+  *niov = (unsigned)rx->npieces;
+  if (rc == 1) return TS_CONN_HOLD; /* stage_give_back points the pieces and resumes */
+  rx_point(rx, buf);
+  return 0;
+}
+
+/* Check and apply the piece in the staging buffer, from slice rx->next on. A piece with a
+ * non-finite value is refused whole. Returns TS_CONN_HOLD when an async update has to wait
+ * for a pull reply being written from its partition (wake_held goes on from there). */
+static int push_piece(ts_session_t *s, bool fresh) {
+  ts_server_t *srv = s->srv;
+  ts_store_t *st = &srv->store;
+  push_rx_t *rx = &s->rx;
+  const Tessera__Push *m = rx->m;
+  size_t a = rx->first[rx->piece], b = rx->first[rx->piece + 1];
+  bool sync = st->mode == TS_MODE_SYNC;
+  uint64_t now = now_ms(srv);
+  if (fresh) {
+    const float *g = rx->buf;
+    for (size_t i = a; i < b; i++) {
+      uint64_t count = m->parts[i]->count;
+      if (!ts_optim_all_finite(g, count)) {
+        if (!rx->refused_detail[0])
+          snprintf(rx->refused_detail, sizeof rx->refused_detail,
+                   "gradient of '%s' part %u contains NaN or Inf", st->tensors[m->parts[i]->tensor].name,
+                   m->parts[i]->part);
+        rx->refused += b - a;
+        /* In sync mode the worker was heard from for this step: its barrier does not wait. */
+        for (size_t k = a; sync && k < b; k++)
+          ts_store_sync_skip(st, ts_store_find(st, m->parts[k]->tensor, m->parts[k]->part),
+                             s->task, m->step, now);
+        rx->next = b;
+        return 0;
+      }
+      g += count;
+    }
+  }
+  uint32_t need = sync ? sync_required(srv) : 0;
+  const float *g = rx->buf + rx->next_off;
+  for (size_t i = rx->next; i < b; i++) {
+    ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
+    Tessera__PushResult r = TESSERA__PUSH_RESULT__PUSH_APPLIED;
+    if (sync) {
+      r = ts_store_sync_push(st, p, g, s->task, m->step, now, need);
+      if (r == TESSERA__PUSH_RESULT__PUSH_STALE) rx->stale++;
+      if (r == TESSERA__PUSH_RESULT__PUSH_APPLIED) /* a barrier that this gradient closed */
+        ts_prom_hist_observe(&srv->metrics.barrier_wait, 0.0);
+    } else if (!ts_store_async_push(st, p, g)) {
+      /* A pull reply is being written from p: keep the piece and wait for it. */
+      rx->next = i;
+      rx->next_off = (size_t)(g - rx->buf);
+      rx->held_on = p;
+      p->held_pushes++;
+      rx->held_next = srv->held;
+      srv->held = s;
+      return TS_CONN_HOLD;
+    }
+    rx->results[i] = r;
+    if ((unsigned)r < 4) srv->metrics.push_parts[r]++;
+    rx->applied_slices++;
     g += p->plan->count;
   }
-  if (stale) {
+  rx->next = b;
+  return 0;
+}
+
+static int on_piece(ts_conn_t *c, unsigned i) {
+  ts_session_t *s = c->data;
+  push_rx_t *rx = &s->rx;
+  if (!rx->active || i >= rx->npieces) return 0;
+  rx->piece = i;
+  rx->next = rx->first[i];
+  rx->next_off = 0;
+  return push_piece(s, true);
+}
+
+/* Pull replies finished writing from some partitions: go on with the pushes that waited. */
+static void wake_held(ts_server_t *srv) {
+  ts_session_t *ready = NULL, **tail = &ready;
+  for (ts_session_t **pp = &srv->held; *pp;) {
+    ts_session_t *s = *pp;
+    if (s->rx.held_on->writers > 0) {
+      pp = &s->rx.held_next;
+      continue;
+    }
+    *pp = s->rx.held_next;
+    s->rx.held_on->held_pushes--;
+    s->rx.held_on = NULL;
+    s->rx.held_next = NULL;
+    *tail = s;
+    tail = &s->rx.held_next;
+  }
+  while (ready) {
+    ts_session_t *s = ready;
+    ready = s->rx.held_next;
+    s->rx.held_next = NULL;
+    if (s->conn.closing || !s->rx.active) continue;
+    if (push_piece(s, false) == 0) ts_conn_resume(&s->conn);
+  }
+}
+
+static void unhold(ts_server_t *srv, ts_session_t *s) {
+  if (!s->rx.held_on) return;
+  for (ts_session_t **pp = &srv->held; *pp; pp = &(*pp)->rx.held_next) {
+    if (*pp == s) {
+      *pp = s->rx.held_next;
+      break;
+    }
+  }
+  s->rx.held_on->held_pushes--;
+  s->rx.held_on = NULL;
+  s->rx.held_next = NULL;
+}
+
+/* The whole push has been read (and its pieces applied as they landed): reply. */
+static void handle_push(ts_session_t *s, Tessera__Push *m, bool discarded) {
+  ts_server_t *srv = s->srv;
+  ts_store_t *st = &srv->store;
+  push_rx_t *rx = &s->rx;
+  bool active = rx->active && !discarded;
+  rx->active = false;
+  rx->m = NULL;
+  stage_give_back(srv, rx);
+  if (!active) {
+    reply_error(s, m->request_id, rx->refuse_code ? rx->refuse_code : TS_ENOMEM,
+                rx->refuse_msg[0] ? rx->refuse_msg : "out of memory for the push payload");
+    goto out;
+  }
+  if (rx->refused) {
+    char detail[512];
+    srv->nonfinite++;
+    if (rx->applied_slices == 0)
+      snprintf(detail, sizeof detail, "%s; the push was refused and no parameter changed",
+               rx->refused_detail);
+    else
+      snprintf(detail, sizeof detail,
+               "%s; %llu of %zu partitions were refused, the others %s (a push is checked one "
+               "piece of up to %zu bytes at a time)",
+               rx->refused_detail, (unsigned long long)rx->refused, m->n_parts,
+               st->mode == TS_MODE_SYNC ? "counted for the step" : "applied",
+               srv->stage.buf_bytes);
+    reply_error(s, m->request_id, TS_ENONFINITE, detail);
+  }
+  if (rx->stale) {
     ts_log_debug("task %d: %llu stale gradient partition(s) for step %llu dropped", s->task,
-                 (unsigned long long)stale, (unsigned long long)m->step);
-    if (s->task >= 0 && (uint32_t)s->task < srv->num_workers) srv->workers[s->task].stale_dropped += stale;
+                 (unsigned long long)rx->stale, (unsigned long long)m->step);
+    if (s->task >= 0 && (uint32_t)s->task < srv->num_workers)
+      srv->workers[s->task].stale_dropped += rx->stale;
   }
-  srv->pushes++;
-  if (s->task >= 0 && (uint32_t)s->task < srv->num_workers) {
-    worker_info_t *w = &srv->workers[s->task];
-    if (m->step + 1 > w->clock) w->clock = m->step + 1;
+  if (rx->applied_slices > 0 || m->n_parts == 0) {
+    srv->pushes++;
+    if (s->task >= 0 && (uint32_t)s->task < srv->num_workers) {
+      worker_info_t *w = &srv->workers[s->task];
+      if (m->step + 1 > w->clock) w->clock = m->step + 1;
+    }
   }
-  Tessera__PushReply r = TESSERA__PUSH_REPLY__INIT;
-  r.request_id = m->request_id;
-  r.n_results = m->n_parts;
-  r.results = results;
-  r.stale_dropped = stale;
-  ts_conn_send(&s->conn, TS_MSG_PUSH_REPLY, &r.base, NULL, 0, NULL, NULL);
-  ts_prom_hist_observe(&srv->metrics.push_duration, (double)(uv_hrtime() - srv->cur_start_ns) * 1e-9);
+  if (!rx->refused) {
+    Tessera__PushReply r = TESSERA__PUSH_REPLY__INIT;
+    r.request_id = m->request_id;
+    r.n_results = m->n_parts;
+    r.results = rx->results;
+    r.stale_dropped = rx->stale;
+    ts_conn_send(&s->conn, TS_MSG_PUSH_REPLY, &r.base, NULL, 0, NULL, NULL);
+    ts_prom_hist_observe(&srv->metrics.push_duration,
+                         (double)(uv_hrtime() - srv->cur_start_ns) * 1e-9);
+  }
   if (st->mode == TS_MODE_SYNC) check_barriers(srv, false);
   serve_waiting(srv);
 out:
-  ts_free(results);
   ts_msg_free(&m->base);
 }
 
@@ -970,7 +1194,13 @@ static void on_session_close(ts_conn_t *c, int err) {
   } else if (err != TS_ECLOSED && err != 0) {
     ts_log_debug("%s: connection closed: %s", c->peer, ts_strerror(err));
   }
-  ts_free(s->recv);
+  if (s->rx.held_on) {
+    unhold(srv, s);
+    serve_waiting(srv); /* pulls that waited behind its push go on */
+  }
+  s->rx.active = false;
+  stage_give_back(srv, &s->rx);
+  rx_free(&s->rx);
   ts_free(s);
 }
 
@@ -978,6 +1208,7 @@ static const ts_conn_cbs_t session_cbs = {
     .on_meta = on_meta,
     .on_frame = on_frame,
     .on_close = on_session_close,
+    .on_piece = on_piece,
 };
 
 static void on_connection(uv_stream_t *listener, int status) {
@@ -1099,6 +1330,18 @@ static void on_tick(uv_timer_t *t) {
     }
   }
   (void)changed;
+  /* A peer that stopped reading its replies would hold partitions (their pull replies
+   * never finish, so pushes to them wait) and our memory: drop it. Half the heartbeat
+   * timeout, so the pushers it holds up, who cannot be read meanwhile, are not themselves
+   * taken for dead by their clients. */
+  for (ts_session_t *s = srv->sessions; s; s = s->next) {
+    uint64_t stall = ts_conn_write_stall_ms(&s->conn, now);
+    if (stall > hb / 2 && !s->conn.closing) {
+      ts_log_warn("%s: has not read its replies for %.1f s (%zu bytes waiting): closing",
+                  s->conn.peer, (double)stall / 1000.0, ts_conn_write_queue(&s->conn));
+      ts_conn_close(&s->conn, TS_ETIMEDOUT);
+    }
+  }
   check_barriers(srv, true);
   serve_waiting(srv);
   admin_tick(srv);
@@ -1317,6 +1560,7 @@ void ts_server_free(ts_server_t *srv) {
     ts_free(w);
   }
   ts_store_free(&srv->store);
+  ts_stage_free(&srv->stage);
   ts_free(srv->workers);
   ts_auth_free_token(srv->token);
   ts_auth_free_token(srv->admin_token);

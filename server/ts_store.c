@@ -24,7 +24,6 @@ static void free_parts(ts_store_t *s) {
     ts_free(p->s0);
     ts_free(p->s1);
     ts_free(p->accum);
-    ts_free(p->pending);
     ts_free(p->contributed);
   }
   ts_free(s->parts);
@@ -241,31 +240,14 @@ static void apply(ts_store_t *s, ts_spart_t *p, const float *g, float scale) {
   s->applied++;
 }
 
-void ts_store_async_push(ts_store_t *s, ts_spart_t *p, const float *g) {
-  size_t n = p->plan->count;
-  if (p->writers == 0) {
-    apply(s, p, g, 1.0f);
-    return;
-  }
-  /* A reply is being written from p->w: sum the gradient and apply it once the reply is
-   * out. With plain SGD the result equals applying each gradient in turn. */
-  if (!p->pending) {
-    p->pending = ts_aligned_alloc(n * sizeof(float));
-    if (!p->pending) {
-      ts_log_err("out of memory for a deferred update; applying it now");
-      apply(s, p, g, 1.0f);
-      return;
-    }
-  }
-  if (p->pending_n == 0)
-    memcpy(p->pending, g, n * sizeof(float));
-  else
-    for (size_t i = 0; i < n; i++) p->pending[i] += g[i];
-  p->pending_n++;
+bool ts_store_async_push(ts_store_t *s, ts_spart_t *p, const float *g) {
+  if (p->writers > 0) return false;
+  apply(s, p, g, 1.0f);
+  return true;
 }
 
 Tessera__PushResult ts_store_sync_push(ts_store_t *s, ts_spart_t *p, const float *g, int task,
-                                       uint64_t step, uint64_t now_ms) {
+                                       uint64_t step, uint64_t now_ms, uint32_t need) {
   /* A barrier that is complete but not yet applied belongs to the old version. */
   uint64_t open_version = p->version + (p->apply_pending ? 1 : 0);
   if (step < open_version) {
@@ -275,7 +257,14 @@ Tessera__PushResult ts_store_sync_push(ts_store_t *s, ts_spart_t *p, const float
   if (task >= 0 && (uint32_t)task < s->num_workers && p->contributed[task])
     return TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
   size_t n = p->plan->count;
-  if (p->accum_n + p->skip_n == 0) p->opened_ms = now_ms;
+  if (p->accum_n + p->skip_n == 0) {
+    if (need <= 1 && p->writers == 0 && !p->apply_pending) {
+      /* The barrier closes with this gradient alone: the average is g itself. */
+      apply(s, p, g, 1.0f);
+      return TESSERA__PUSH_RESULT__PUSH_APPLIED;
+    }
+    p->opened_ms = now_ms;
+  }
   if (p->accum_n == 0) {
     memcpy(p->accum, g, n * sizeof(float));
   } else {
@@ -325,14 +314,6 @@ bool ts_store_writer_done(ts_store_t *s, ts_spart_t *p) {
   if (p->writers > 0) return false;
   if (p->apply_pending) {
     sync_apply(s, p);
-    return true;
-  }
-  if (p->pending_n > 0) {
-    /* Each deferred push counts as an update, as if applied in turn. */
-    uint32_t k = p->pending_n;
-    p->pending_n = 0;
-    apply(s, p, p->pending, 1.0f);
-    p->version += k - 1;
     return true;
   }
   return false;

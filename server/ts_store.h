@@ -38,8 +38,8 @@ typedef struct {
   float *w;            /* parameters, plan->count values */
   float *s0, *s1;      /* optimizer state (NULL when the optimizer needs none) */
   float *accum;        /* sync: sum of this step's gradients */
-  float *pending;      /* async/ssp: gradients summed while writers > 0 */
-  uint32_t pending_n;
+  uint32_t held_pushes; /* async/ssp: pushes waiting for the writers to finish (the server
+                          keeps new pulls of p waiting meanwhile, so pushes never starve) */
   uint64_t version;
   uint64_t updates;    /* optimizer steps taken (Adam's t) */
   uint32_t accum_n;    /* sync: gradients in accum */
@@ -93,15 +93,19 @@ int ts_store_check_slices(ts_store_t *s, Tessera__PartSlice *const *slices, size
 /* Lowest version over this shard's partitions (0 when none). */
 uint64_t ts_store_min_version(const ts_store_t *s);
 
-/* Async/ssp: apply gradient g to p now, or sum it for later if p has writers. */
-void ts_store_async_push(ts_store_t *s, ts_spart_t *p, const float *g);
+/* Async/ssp: apply gradient g to p now and return true; or, when a reply is being written
+ * from p (writers > 0), change nothing and return false: the caller keeps g and tries again
+ * once ts_store_writer_done says p is free. */
+bool ts_store_async_push(ts_store_t *s, ts_spart_t *p, const float *g);
 
 /* Sync: count gradient g of `task` for `step` towards p's barrier. Returns
  * TESSERA__PUSH_RESULT__PUSH_ACCUMULATED, ..._STALE (step < version; counted in
  * stale_dropped) or ..._DUPLICATE (task already pushed this step). `step` must not be ahead
- * of the version (the caller checks: TS_EFUTURE). */
+ * of the version (the caller checks: TS_EFUTURE). `need` is how many gradients close the
+ * barrier now: when it is 1 and g is the first, g is applied straight away (no pass through
+ * the accumulator) and the result is ..._APPLIED. */
 Tessera__PushResult ts_store_sync_push(ts_store_t *s, ts_spart_t *p, const float *g, int task,
-                                       uint64_t step, uint64_t now_ms);
+                                       uint64_t step, uint64_t now_ms, uint32_t need);
 
 /* Sync: `task` pushed a gradient for `step` that was refused (NaN or Inf): it counts as
  * heard from, with nothing to add, so the barrier does not wait for it. Returns true when
@@ -115,8 +119,9 @@ uint32_t ts_store_sync_count(const ts_spart_t *p);
  * or when its writers finish), move to the next version. Returns true when applied now. */
 bool ts_store_sync_complete(ts_store_t *s, ts_spart_t *p);
 
-/* A pull reply written from p finished; runs any update that waited for it. Returns true
- * when an update was applied. */
+/* A pull reply written from p finished; runs a sync update that waited for it. Returns true
+ * when an update was applied. Async pushes that waited (ts_store_async_push returned false)
+ * are the caller's to retry once p->writers is 0. */
 bool ts_store_writer_done(ts_store_t *s, ts_spart_t *p);
 
 #endif

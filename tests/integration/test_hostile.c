@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "rawconn.h"
 #include "ts_client.h"
 #include "ts_err.h"
 #include "ts_frame.h"
@@ -40,101 +41,17 @@ typedef struct {
   float *w2, *b2;
 } fixture_t;
 
-static int raw_connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-  return fd;
-}
-
-static int read_full(int fd, void *buf, size_t n, int timeout_ms) {
-  size_t got = 0;
-  while (got < n) {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, timeout_ms) <= 0) return -1;
-    ssize_t r = read(fd, (char *)buf + got, n - got);
-    if (r <= 0) return -1;
-    got += (size_t)r;
-  }
-  return 0;
-}
-
-/* Read one frame; returns its type, or -1 when the connection closed or timed out. The
- * meta goes to meta (up to 4096 bytes), the payload is skipped. */
-static int read_frame(int fd, uint8_t *meta, uint32_t *meta_len) {
-  uint8_t h[TS_FRAME_HEADER_SIZE];
-  if (read_full(fd, h, sizeof h, 5000) < 0) return -1;
-  ts_frame_header_t hdr;
-  if (ts_frame_decode_header(h, sizeof h, UINT64_MAX, &hdr, NULL) < 0) return -1;
-  if (hdr.meta_len > 4096 || read_full(fd, meta, hdr.meta_len, 5000) < 0) return -1;
-  *meta_len = hdr.meta_len;
-  char junk[4096];
-  for (uint64_t left = hdr.data_len; left > 0;) {
-    size_t n = left < sizeof junk ? (size_t)left : sizeof junk;
-    if (read_full(fd, junk, n, 5000) < 0) return -1;
-    left -= n;
-  }
-  return hdr.type;
-}
-
-/* Wait until the peer closes; true when it did within 5 s. */
-static bool closed_by_peer(int fd) {
-  char buf[4096];
-  for (int i = 0; i < 100; i++) {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, 100) > 0) {
-      ssize_t r = read(fd, buf, sizeof buf);
-      if (r <= 0) return true;
-    }
-  }
-  return false;
-}
-
-static void send_all(int fd, const void *buf, size_t n) {
-  size_t sent = 0;
-  while (sent < n) {
-    ssize_t w = send(fd, (const char *)buf + sent, n - sent, MSG_NOSIGNAL);
-    if (w <= 0) return; /* the server may close first: that is an accepted answer */
-    sent += (size_t)w;
-  }
-}
-
-static void send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint64_t data_len) {
-  uint8_t buf[8192];
-  size_t n = ts_msg_encode(type, m, data_len, buf);
-  send_all(fd, buf, n);
-}
-
 /* Connect and handshake as worker 1; returns the socket. */
 static int raw_worker(fixture_t *f) {
-  int fd = raw_connect(f->c.port[0]);
-  uint8_t meta[4096];
-  uint32_t len;
-  assert_int_equal(read_frame(fd, meta, &len), TS_MSG_HELLO);
-  Tessera__Handshake hs = TESSERA__HANDSHAKE__INIT;
-  hs.request_id = 1;
-  hs.protocol = TS_PROTOCOL_VERSION;
-  hs.role = TESSERA__ROLE__ROLE_WORKER;
-  hs.task = 1;
-  hs.identity = "hostile";
-  send_msg(fd, TS_MSG_HANDSHAKE, &hs.base, 0);
-  assert_int_equal(read_frame(fd, meta, &len), TS_MSG_HANDSHAKE_REPLY);
+  int fd = ts_raw_worker(f->c.port[0], 1, "hostile");
+  assert_true(fd >= 0);
   return fd;
 }
 
-/* The error code of an Error frame, or 0 when the next frame is something else / none. */
-static int expect_error(int fd, char *detail, size_t n) {
-  uint8_t meta[4096];
-  uint32_t len = 0;
-  int type = read_frame(fd, meta, &len);
-  if (type != TS_MSG_ERROR) return 0;
-  Tessera__Error *e = tessera__error__unpack(NULL, len, meta);
-  if (!e) return 0;
-  int code = e->code;
-  snprintf(detail, n, "%s", e->detail);
-  tessera__error__free_unpacked(e, NULL);
-  return code;
+static int raw_connect(int port) {
+  int fd = ts_raw_connect(port);
+  assert_true(fd >= 0);
+  return fd;
 }
 
 static void good_client_still_served(fixture_t *f) {
@@ -195,9 +112,9 @@ static void test_random_bytes(void **state) {
   uint8_t *junk = malloc(n);
   srand(12345);
   for (size_t i = 0; i < n; i++) junk[i] = (uint8_t)rand();
-  send_all(fd, junk, n);
+  ts_raw_send_all(fd, junk, n);
   free(junk);
-  assert_true(closed_by_peer(fd));
+  assert_true(ts_raw_closed_by_peer(fd, 5000));
   close(fd);
   assert_logged(f, "bad magic");
   good_client_still_served(f);
@@ -209,15 +126,15 @@ static void test_wrong_magic(void **state) {
   uint8_t h[TS_FRAME_HEADER_SIZE];
   ts_frame_encode_header(h, TS_MSG_STATUS, 0, 0);
   memcpy(h, "HTTP", 4);
-  send_all(fd, h, sizeof h);
+  ts_raw_send_all(fd, h, sizeof h);
   uint8_t meta[4096];
   uint32_t len;
   int type;
   /* Hello may come first; then the error, then the close. */
-  while ((type = read_frame(fd, meta, &len)) == TS_MSG_HELLO) {
+  while ((type = ts_raw_read_frame(fd, meta, &len)) == TS_MSG_HELLO) {
   }
   assert_int_equal(type, TS_MSG_ERROR);
-  assert_true(closed_by_peer(fd));
+  assert_true(ts_raw_closed_by_peer(fd, 5000));
   close(fd);
   good_client_still_served(f);
 }
@@ -236,11 +153,11 @@ static void test_huge_announced_payload(void **state) {
   p.request_id = 9;
   p.parts = sp;
   p.n_parts = 1;
-  send_msg(fd, TS_MSG_PUSH, &p.base, UINT64_C(4) << 30);
+  ts_raw_send_msg(fd, TS_MSG_PUSH, &p.base, UINT64_C(4) << 30);
   char detail[512] = "";
-  int code = expect_error(fd, detail, sizeof detail);
+  int code = ts_raw_expect_error(fd, detail, sizeof detail);
   assert_int_equal(code, TS_ETOOBIG);
-  assert_true(closed_by_peer(fd));
+  assert_true(ts_raw_closed_by_peer(fd, 5000));
   close(fd);
   long after = ts_proc_rss_kib(pid);
   assert_true(after - before < 64 * 1024);
@@ -255,7 +172,7 @@ static void test_truncated_frame(void **state) {
   st.request_id = 3;
   uint8_t buf[256];
   size_t n = ts_msg_encode(TS_MSG_STATUS, &st.base, 0, buf);
-  send_all(fd, buf, n / 2 > TS_FRAME_HEADER_SIZE ? n / 2 : TS_FRAME_HEADER_SIZE - 3);
+  ts_raw_send_all(fd, buf, n / 2 > TS_FRAME_HEADER_SIZE ? n / 2 : TS_FRAME_HEADER_SIZE - 3);
   close(fd);
   good_client_still_served(f);
 }
@@ -273,13 +190,13 @@ static void test_push_size_mismatch(void **state) {
   p.parts = sp;
   p.n_parts = 1;
   /* The meta describes 32 floats, the header announces 16. */
-  send_msg(fd, TS_MSG_PUSH, &p.base, 16 * 4);
+  ts_raw_send_msg(fd, TS_MSG_PUSH, &p.base, 16 * 4);
   float pay[16] = {1};
-  send_all(fd, pay, sizeof pay);
+  ts_raw_send_all(fd, pay, sizeof pay);
   char detail[512] = "";
-  assert_int_equal(expect_error(fd, detail, sizeof detail), TS_ESIZE);
+  assert_int_equal(ts_raw_expect_error(fd, detail, sizeof detail), TS_ESIZE);
   assert_non_null(strstr(detail, "describes 128 payload bytes but the frame carries 64"));
-  assert_true(closed_by_peer(fd));
+  assert_true(ts_raw_closed_by_peer(fd, 5000));
   close(fd);
   assert_logged(f, "describes 128 payload bytes");
   good_client_still_served(f);
@@ -297,20 +214,20 @@ static void test_push_wrong_count(void **state) {
   p.request_id = 11;
   p.parts = sp;
   p.n_parts = 1;
-  send_msg(fd, TS_MSG_PUSH, &p.base, 31 * 4);
+  ts_raw_send_msg(fd, TS_MSG_PUSH, &p.base, 31 * 4);
   float pay[31];
   for (int i = 0; i < 31; i++) pay[i] = 1000.0f;
-  send_all(fd, pay, sizeof pay);
+  ts_raw_send_all(fd, pay, sizeof pay);
   char detail[512] = "";
-  assert_int_equal(expect_error(fd, detail, sizeof detail), TS_ESHAPE);
+  assert_int_equal(ts_raw_expect_error(fd, detail, sizeof detail), TS_ESHAPE);
   assert_non_null(strstr(detail, "has 32 values, not 31"));
   /* A refused request is survived: the same connection still works. */
   Tessera__Status st = TESSERA__STATUS__INIT;
   st.request_id = 12;
-  send_msg(fd, TS_MSG_STATUS, &st.base, 0);
+  ts_raw_send_msg(fd, TS_MSG_STATUS, &st.base, 0);
   uint8_t meta[4096];
   uint32_t len;
-  assert_int_equal(read_frame(fd, meta, &len), TS_MSG_STATUS_REPLY);
+  assert_int_equal(ts_raw_read_frame(fd, meta, &len), TS_MSG_STATUS_REPLY);
   close(fd);
   good_client_still_served(f);
 }
@@ -327,11 +244,11 @@ static void test_push_undeclared_tensor(void **state) {
   p.request_id = 13;
   p.parts = sp;
   p.n_parts = 1;
-  send_msg(fd, TS_MSG_PUSH, &p.base, 8 * 4);
+  ts_raw_send_msg(fd, TS_MSG_PUSH, &p.base, 8 * 4);
   float pay[8] = {0};
-  send_all(fd, pay, sizeof pay);
+  ts_raw_send_all(fd, pay, sizeof pay);
   char detail[512] = "";
-  assert_int_equal(expect_error(fd, detail, sizeof detail), TS_ENOTENSOR);
+  assert_int_equal(ts_raw_expect_error(fd, detail, sizeof detail), TS_ENOTENSOR);
   assert_non_null(strstr(detail, "unknown tensor index 5"));
   close(fd);
   assert_logged(f, "unknown tensor index 5");
@@ -355,13 +272,13 @@ static void test_frame_before_handshake(void **state) {
   int fd = raw_connect(f->c.port[0]);
   uint8_t meta[4096];
   uint32_t len;
-  assert_int_equal(read_frame(fd, meta, &len), TS_MSG_HELLO);
+  assert_int_equal(ts_raw_read_frame(fd, meta, &len), TS_MSG_HELLO);
   Tessera__Status st = TESSERA__STATUS__INIT;
   st.request_id = 1;
-  send_msg(fd, TS_MSG_STATUS, &st.base, 0);
+  ts_raw_send_msg(fd, TS_MSG_STATUS, &st.base, 0);
   char detail[512];
-  assert_int_equal(expect_error(fd, detail, sizeof detail), TS_EPROTO);
-  assert_true(closed_by_peer(fd));
+  assert_int_equal(ts_raw_expect_error(fd, detail, sizeof detail), TS_EPROTO);
+  assert_true(ts_raw_closed_by_peer(fd, 5000));
   close(fd);
   good_client_still_served(f);
 }

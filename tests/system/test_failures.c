@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "rawconn.h"
 #include "ts_client.h"
 #include "ts_frame.h"
 #include "ts_msg.h"
@@ -266,30 +267,19 @@ typedef struct {
   long sent;
 } hostile_arg_t;
 
-static int raw_connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 static void *hostile(void *p) {
   hostile_arg_t *h = p;
   uint8_t *junk = malloc(1 << 20);
   for (int i = 0; i < (1 << 20); i++) junk[i] = (uint8_t)(i * 7919u >> 3);
   while (!__atomic_load_n(&h->stop, __ATOMIC_SEQ_CST)) {
     /* random bytes */
-    int fd = raw_connect(h->port);
+    int fd = ts_raw_connect(h->port);
     if (fd >= 0) {
       send(fd, junk, 1 << 20, MSG_NOSIGNAL);
       close(fd);
     }
     /* an oversized header */
-    fd = raw_connect(h->port);
+    fd = ts_raw_connect(h->port);
     if (fd >= 0) {
       uint8_t hdr[TS_FRAME_HEADER_SIZE];
       ts_frame_encode_header(hdr, TS_MSG_PUSH, 16, UINT64_C(8) << 30);
@@ -297,7 +287,7 @@ static void *hostile(void *p) {
       close(fd);
     }
     /* a push flood from an admin session that never reads its replies */
-    fd = raw_connect(h->port);
+    fd = ts_raw_connect(h->port);
     if (fd >= 0) {
       uint8_t buf[4096];
       recv(fd, buf, sizeof buf, 0); /* Hello */

@@ -532,7 +532,7 @@ static void test_async_push(void **state) {
   ts_store_free(&s);
 }
 
-static void test_async_deferred(void **state) {
+static void test_async_waits_for_writers(void **state) {
   (void)state;
   const setup_t u = {1, 2, TS_MODE_ASYNC, 1024, TS_OPT_SGD};
   ts_store_t s;
@@ -548,36 +548,22 @@ static void test_async_deferred(void **state) {
   float *w0 = copy_w(p), *want = copy_w(p);
 
   p->writers = 2; /* two pull replies are being written from p->w */
-  for (int k = 1; k <= 3; k++) {
-    fill_grad(g, n, -0.2f * (float)k);
-    ts_store_async_push(&s, p, g);
-    sgd_ref(want, g, n, 1.0f);
-    check_equal("deferred push must not touch w", p->w, w0, n);
-    assert_int_equal(p->version, 0);
-  }
-  assert_int_equal(p->pending_n, 3);
+  fill_grad(g, n, -0.2f);
+  assert_false(ts_store_async_push(&s, p, g));
+  check_equal("a push must not touch w while it is written", p->w, w0, n);
+  assert_int_equal(p->version, 0);
+  assert_int_equal(s.applied, 0);
   assert_false(ts_store_writer_done(&s, p));
   assert_int_equal(p->writers, 1);
-  check_equal("one writer left", p->w, w0, n);
-  assert_true(ts_store_writer_done(&s, p));
+  assert_false(ts_store_async_push(&s, p, g));
+  assert_false(ts_store_writer_done(&s, p)); /* no sync update waited: nothing applied */
   assert_int_equal(p->writers, 0);
-  check_close("deferred pushes = sequential SGD", p->w, want, n);
-  assert_int_equal(p->version, 3);
-  assert_int_equal(p->pending_n, 0);
-
-  /* Afterwards pushes apply at once again, and a new deferral starts from a clean sum. */
-  fill_grad(g, n, 0.3f);
-  ts_store_async_push(&s, p, g);
+  check_equal("writers done, push not retried yet", p->w, w0, n);
+  /* The caller retries once the writers are done: applied as usual. */
+  assert_true(ts_store_async_push(&s, p, g));
   sgd_ref(want, g, n, 1.0f);
-  check_close("after deferral", p->w, want, n);
-  assert_int_equal(p->version, 4);
-  p->writers = 1;
-  fill_grad(g, n, 0.7f);
-  ts_store_async_push(&s, p, g);
-  sgd_ref(want, g, n, 1.0f);
-  assert_true(ts_store_writer_done(&s, p));
-  check_close("second deferral", p->w, want, n);
-  assert_int_equal(p->version, 5);
+  check_close("retried push", p->w, want, n);
+  assert_int_equal(p->version, 1);
   assert_false(ts_store_writer_done(&s, p));
   assert_int_equal(p->writers, 0);
   free(g);
@@ -625,7 +611,7 @@ static void sync_teardown(sync_fx_t *f) {
 
 static void expect_push(sync_fx_t *f, const float *g, int task, uint64_t step,
                         Tessera__PushResult want) {
-  Tessera__PushResult r = ts_store_sync_push(&f->s, f->p, g, task, step, 1000 + step);
+  Tessera__PushResult r = ts_store_sync_push(&f->s, f->p, g, task, step, 1000 + step, 2);
   if (r != want)
     fail_msg("task %d step %llu: push result %d, want %d", task, (unsigned long long)step, (int)r,
              (int)want);
@@ -747,6 +733,32 @@ static void test_sync_single_and_untracked(void **state) {
   sync_teardown(&f);
 }
 
+/* A barrier that one gradient closes applies it straight from the caller's buffer; with
+ * writers, or a second gradient needed, it goes through the accumulator as before. */
+static void test_sync_direct_apply(void **state) {
+  (void)state;
+  sync_fx_t f;
+  sync_setup(&f, TS_OPT_MOMENTUM);
+  ts_spart_t *p = f.p;
+  Tessera__PushResult r = ts_store_sync_push(&f.s, p, f.g0, 0, 0, 1000, 1);
+  assert_int_equal(r, TESSERA__PUSH_RESULT__PUSH_APPLIED);
+  assert_int_equal(p->version, 1);
+  assert_int_equal(p->accum_n, 0);
+  assert_int_equal(ts_store_sync_count(p), 0);
+  for (size_t i = 0; i < f.n; i++) f.want[i] -= LR * f.g0[i];
+  check_close("direct apply", p->w, f.want, f.n);
+  /* The same step again: stale. */
+  assert_int_equal(ts_store_sync_push(&f.s, p, f.g1, 1, 0, 1001, 1), TESSERA__PUSH_RESULT__PUSH_STALE);
+  /* With a writer the gradient waits in the accumulator. */
+  p->writers = 1;
+  assert_int_equal(ts_store_sync_push(&f.s, p, f.g1, 0, 1, 1002, 1),
+                   TESSERA__PUSH_RESULT__PUSH_ACCUMULATED);
+  assert_false(ts_store_sync_complete(&f.s, p));
+  assert_true(ts_store_writer_done(&f.s, p));
+  assert_int_equal(p->version, 2);
+  sync_teardown(&f);
+}
+
 static void test_min_version(void **state) {
   (void)state;
   const setup_t u = {2, 1, TS_MODE_ASYNC, 1024, TS_OPT_SGD};
@@ -848,10 +860,11 @@ int main(void) {
       cmocka_unit_test(test_declare_invalid),
       cmocka_unit_test(test_check_slices),
       cmocka_unit_test(test_async_push),
-      cmocka_unit_test(test_async_deferred),
+      cmocka_unit_test(test_async_waits_for_writers),
       cmocka_unit_test(test_sync_barrier),
       cmocka_unit_test(test_sync_deferred_by_writers),
       cmocka_unit_test(test_sync_single_and_untracked),
+      cmocka_unit_test(test_sync_direct_apply),
       cmocka_unit_test(test_min_version),
       cmocka_unit_test(test_declare_alloc_failure),
   };

@@ -1,0 +1,111 @@
+#include "rawconn.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ts_frame.h"
+
+int ts_raw_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int ts_raw_read_full(int fd, void *buf, size_t n, int timeout_ms) {
+  size_t got = 0;
+  while (got < n) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, timeout_ms) <= 0) return -1;
+    ssize_t r = read(fd, (char *)buf + got, n - got);
+    if (r <= 0) return -1;
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+int ts_raw_read_frame(int fd, uint8_t *meta, uint32_t *meta_len) {
+  uint8_t h[TS_FRAME_HEADER_SIZE];
+  if (ts_raw_read_full(fd, h, sizeof h, 5000) < 0) return -1;
+  ts_frame_header_t hdr;
+  if (ts_frame_decode_header(h, sizeof h, UINT64_MAX, &hdr, NULL) < 0) return -1;
+  if (hdr.meta_len > 4096 || ts_raw_read_full(fd, meta, hdr.meta_len, 5000) < 0) return -1;
+  *meta_len = hdr.meta_len;
+  char junk[4096];
+  for (uint64_t left = hdr.data_len; left > 0;) {
+    size_t n = left < sizeof junk ? (size_t)left : sizeof junk;
+    if (ts_raw_read_full(fd, junk, n, 5000) < 0) return -1;
+    left -= n;
+  }
+  return hdr.type;
+}
+
+void ts_raw_send_all(int fd, const void *buf, size_t n) {
+  size_t sent = 0;
+  while (sent < n) {
+    ssize_t w = send(fd, (const char *)buf + sent, n - sent, MSG_NOSIGNAL);
+    if (w <= 0) return;
+    sent += (size_t)w;
+  }
+}
+
+void ts_raw_send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint64_t data_len) {
+  uint8_t buf[8192];
+  size_t n = ts_msg_encode(type, m, data_len, buf);
+  ts_raw_send_all(fd, buf, n);
+}
+
+int ts_raw_worker(int port, int task, const char *identity) {
+  int fd = ts_raw_connect(port);
+  if (fd < 0) return -1;
+  uint8_t meta[4096];
+  uint32_t len;
+  if (ts_raw_read_frame(fd, meta, &len) != TS_MSG_HELLO) goto fail;
+  Tessera__Handshake hs = TESSERA__HANDSHAKE__INIT;
+  hs.request_id = 1;
+  hs.protocol = TS_PROTOCOL_VERSION;
+  hs.role = TESSERA__ROLE__ROLE_WORKER;
+  hs.task = task;
+  hs.identity = (char *)identity;
+  ts_raw_send_msg(fd, TS_MSG_HANDSHAKE, &hs.base, 0);
+  if (ts_raw_read_frame(fd, meta, &len) != TS_MSG_HANDSHAKE_REPLY) goto fail;
+  return fd;
+fail:
+  close(fd);
+  return -1;
+}
+
+int ts_raw_expect_error(int fd, char *detail, size_t n) {
+  uint8_t meta[4096];
+  uint32_t len = 0;
+  int type = ts_raw_read_frame(fd, meta, &len);
+  if (type != TS_MSG_ERROR) return 0;
+  Tessera__Error *e = tessera__error__unpack(NULL, len, meta);
+  if (!e) return 0;
+  int code = e->code;
+  snprintf(detail, n, "%s", e->detail);
+  tessera__error__free_unpacked(e, NULL);
+  return code;
+}
+
+bool ts_raw_closed_by_peer(int fd, int timeout_ms) {
+  char buf[4096];
+  for (int waited = 0; waited < timeout_ms; waited += 100) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 100) > 0) {
+      ssize_t r = read(fd, buf, sizeof buf);
+      if (r <= 0) return true;
+    }
+  }
+  return false;
+}

@@ -1,0 +1,40 @@
+/*
+ * A raw TCP client for tests that speak the wire protocol by hand (hostile or misbehaving
+ * peers): connect, send frames, read frames, watch for the close. Every call returns -1 or
+ * false on failure rather than asserting, so tests decide what a failure means.
+ */
+#ifndef TS_RAWCONN_H
+#define TS_RAWCONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ts_msg.h"
+
+/* A blocking socket connected to 127.0.0.1:port, or -1. */
+int ts_raw_connect(int port);
+
+/* Read exactly n bytes, waiting at most timeout_ms for each chunk. 0 or -1. */
+int ts_raw_read_full(int fd, void *buf, size_t n, int timeout_ms);
+
+/* Read one frame; returns its type, or -1 when the connection closed or timed out (5 s).
+ * The meta goes to meta (up to 4096 bytes), the payload is skipped. */
+int ts_raw_read_frame(int fd, uint8_t *meta, uint32_t *meta_len);
+
+/* Send all of buf; stops quietly when the server closes first (an accepted answer). */
+void ts_raw_send_all(int fd, const void *buf, size_t n);
+
+/* Send a frame's header and meta announcing data_len payload bytes (sent separately). */
+void ts_raw_send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint64_t data_len);
+
+/* Connect and handshake as worker `task` (no token); the socket, or -1. */
+int ts_raw_worker(int port, int task, const char *identity);
+
+/* The code of the next frame when it is an Error (its detail into detail), else 0. */
+int ts_raw_expect_error(int fd, char *detail, size_t n);
+
+/* Wait until the peer closes; true when it did within timeout_ms. */
+bool ts_raw_closed_by_peer(int fd, int timeout_ms);
+
+#endif

@@ -55,10 +55,14 @@ typedef struct {
   const Tessera__Push *m;       /* its meta (the connection's until on_frame) */
   ts_stage_waiter_t wait;       /* queued for a staging buffer */
   float *buf;                   /* the staging buffer, while active */
-  uv_buf_t *iov;                /* one entry per piece, all pointing at buf */
   size_t *first;                /* piece k holds slices [first[k], first[k + 1]) */
-  size_t cap;                   /* entries of iov; first has cap + 1 */
+  size_t cap;                   /* entries of first */
   size_t npieces;
+  uv_buf_t *iov;                /* the payload in chunks (a piece is one or more) */
+  size_t *chunk_off;            /* chunk k lands at buf + chunk_off[k] (floats) */
+  size_t *chunk_piece;          /* and belongs to that piece */
+  size_t chunk_cap, off_cap, piece_cap, nchunks;
+  bool piece_bad;               /* a chunk of the piece being read holds NaN or Inf */
   size_t piece;                 /* the piece being applied */
   size_t next;                  /* next slice of it to apply (a piece is checked whole first) */
   size_t next_off;              /* its offset in buf, in floats */
@@ -409,6 +413,8 @@ static void handle_pull(ts_session_t *s, Tessera__Pull *m) {
 #define STAGE_MIN_BYTES (1u << 20)
 /* Memory the staging pool may take (more only when two buffers need more). */
 #define STAGE_BUDGET_BYTES (16u << 20)
+/* A piece is read in chunks of this many floats (256 KiB), each checked as it lands. */
+#define CHUNK_FLOATS ((size_t)65536)
 
 static int stage_ready(ts_server_t *srv) {
   if (srv->stage.buf_bytes) return 0;
@@ -422,7 +428,7 @@ static int stage_ready(ts_server_t *srv) {
 
 static void rx_point(push_rx_t *rx, float *buf) {
   rx->buf = buf;
-  for (size_t k = 0; k < rx->npieces; k++) rx->iov[k].base = (char *)buf;
+  for (size_t k = 0; k < rx->nchunks; k++) rx->iov[k].base = (char *)(buf + rx->chunk_off[k]);
 }
 
 /* Give the session's staging buffer back; the next session queued for one gets it and
@@ -440,32 +446,37 @@ static void stage_give_back(ts_server_t *srv, push_rx_t *rx) {
   }
 }
 
-static int rx_reserve(push_rx_t *rx, size_t n) {
-  if (n == 0) n = 1; /* first[] always has an entry */
-  if (n <= rx->cap && n <= rx->results_cap) return 0;
-  size_t cap = rx->cap ? rx->cap : 8;
-  while (cap < n) cap *= 2;
-  uv_buf_t *iov = ts_realloc(rx->iov, cap * sizeof *iov);
-  if (!iov) return TS_ENOMEM;
-  rx->iov = iov;
-  size_t *first = ts_realloc(rx->first, (cap + 1) * sizeof *first);
-  if (!first) return TS_ENOMEM;
-  rx->first = first;
-  Tessera__PushResult *res = ts_realloc(rx->results, cap * sizeof *res);
-  if (!res) return TS_ENOMEM;
-  rx->results = res;
-  rx->cap = rx->results_cap = cap;
+/* Grow *arr (of *cap entries of size each) to hold n. */
+static int grow(void *arr, size_t *cap, size_t n, size_t each) {
+  if (n <= *cap) return 0;
+  size_t c = *cap ? *cap : 8;
+  while (c < n) c *= 2;
+  void *p = ts_realloc(*(void **)arr, c * each);
+  if (!p) return TS_ENOMEM;
+  *(void **)arr = p;
+  *cap = c;
+  return 0;
+}
+
+/* Room for a push of n slices cut into at most nchunks chunks. */
+static int rx_reserve(push_rx_t *rx, size_t n, size_t nchunks) {
+  if (nchunks == 0) nchunks = 1;
+  if (grow(&rx->first, &rx->cap, n + 1, sizeof *rx->first) < 0 ||
+      grow(&rx->results, &rx->results_cap, n ? n : 1, sizeof *rx->results) < 0 ||
+      grow(&rx->iov, &rx->chunk_cap, nchunks, sizeof *rx->iov) < 0 ||
+      grow(&rx->chunk_off, &rx->off_cap, nchunks, sizeof *rx->chunk_off) < 0 ||
+      grow(&rx->chunk_piece, &rx->piece_cap, nchunks, sizeof *rx->chunk_piece) < 0)
+    return TS_ENOMEM;
   return 0;
 }
 
 static void rx_free(push_rx_t *rx) {
-  ts_free(rx->iov);
   ts_free(rx->first);
   ts_free(rx->results);
-  rx->iov = NULL;
-  rx->first = NULL;
-  rx->results = NULL;
-  rx->cap = rx->results_cap = 0;
+  ts_free(rx->iov);
+  ts_free(rx->chunk_off);
+  ts_free(rx->chunk_piece);
+  memset(rx, 0, sizeof *rx);
 }
 
 static int push_refuse(push_rx_t *rx, int code, const char *msg) {
@@ -503,44 +514,54 @@ static int push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera_
       }
     }
   }
-  if (stage_ready(srv) < 0 || rx_reserve(rx, m->n_parts) < 0)
+  if (stage_ready(srv) < 0 ||
+      rx_reserve(rx, m->n_parts, h->data_len / (CHUNK_FLOATS * sizeof(float)) + m->n_parts) < 0)
     return push_refuse(rx, TS_ENOMEM, "out of memory for the push payload");
 
-  /* Pieces: runs of whole partitions that fit one buffer (each partition does). */
-  size_t cap = srv->stage.buf_bytes / sizeof(float), used = 0, np = 0;
-  for (size_t i = 0; i < m->n_parts; i++) {
-    uint64_t count = m->parts[i]->count;
-    if (i == 0 || used + count > cap) {
-      if (np) rx->iov[np - 1] = uv_buf_init(NULL, (unsigned)(used * sizeof(float)));
+  /* Pieces: runs of whole partitions that fit one buffer (each partition does), read in
+   * chunks so each chunk is checked while it is still in the cache. */
+  size_t cap = srv->stage.buf_bytes / sizeof(float), used = 0, np = 0, nc = 0;
+  for (size_t i = 0; i <= m->n_parts; i++) {
+    uint64_t count = i < m->n_parts ? m->parts[i]->count : 0;
+    if (i == m->n_parts || i == 0 || used + count > cap) {
+      for (size_t off = 0; np && off < used; off += CHUNK_FLOATS) {
+        size_t len = used - off < CHUNK_FLOATS ? used - off : CHUNK_FLOATS;
+        rx->iov[nc] = uv_buf_init(NULL, (unsigned)(len * sizeof(float)));
+        rx->chunk_off[nc] = off;
+        rx->chunk_piece[nc++] = np - 1;
+      }
+      if (i == m->n_parts) break;
       rx->first[np++] = i;
       used = 0;
     }
     used += count;
   }
-  if (np) rx->iov[np - 1] = uv_buf_init(NULL, (unsigned)(used * sizeof(float)));
   rx->first[np] = m->n_parts;
   rx->npieces = h->data_len ? np : 0;
+  rx->nchunks = h->data_len ? nc : 0;
   rx->piece = rx->next = rx->next_off = 0;
+  rx->piece_bad = false;
   rx->stale = rx->refused = rx->applied_slices = 0;
   rx->refused_detail[0] = '\0';
   memset(rx->results, 0, m->n_parts * sizeof *rx->results);
   rx->m = m;
   rx->active = true;
-  if (rx->npieces == 0) return 0;
+  if (rx->nchunks == 0) return 0;
 
   float *buf;
   rc = ts_stage_acquire(&srv->stage, &rx->wait, &buf);
   if (rc < 0) return push_refuse(rx, TS_ENOMEM, "out of memory for the push payload");
   *iov = rx->iov;
-  *niov = (unsigned)rx->npieces;
+  *niov = (unsigned)rx->nchunks;
   if (rc == 1) return TS_CONN_HOLD; /* stage_give_back points the pieces and resumes */
   rx_point(rx, buf);
   return 0;
 }
 
-/* Check and apply the piece in the staging buffer, from slice rx->next on. A piece with a
- * non-finite value is refused whole. Returns TS_CONN_HOLD when an async update has to wait
- * for a pull reply being written from its partition (wake_held goes on from there). */
+/* Apply the piece in the staging buffer, from slice rx->next on; fresh: the piece has just
+ * landed (its chunks were checked as they came: rx->piece_bad). A piece with a non-finite
+ * value is refused whole. Returns TS_CONN_HOLD when an async update has to wait for a pull
+ * reply being written from its partition (wake_held goes on from there). */
 static int push_piece(ts_session_t *s, bool fresh) {
   ts_server_t *srv = s->srv;
   ts_store_t *st = &srv->store;
@@ -549,7 +570,8 @@ static int push_piece(ts_session_t *s, bool fresh) {
   size_t a = rx->first[rx->piece], b = rx->first[rx->piece + 1];
   bool sync = st->mode == TS_MODE_SYNC;
   uint64_t now = now_ms(srv);
-  if (fresh) {
+  if (fresh && rx->piece_bad) {
+    /* Name the first bad partition (the error path only: a second pass is fine). */
     const float *g = rx->buf;
     for (size_t i = a; i < b; i++) {
       uint64_t count = m->parts[i]->count;
@@ -563,11 +585,12 @@ static int push_piece(ts_session_t *s, bool fresh) {
         for (size_t k = a; sync && k < b; k++)
           ts_store_sync_skip(st, ts_store_find(st, m->parts[k]->tensor, m->parts[k]->part),
                              s->task, m->step, now);
-        rx->next = b;
-        return 0;
+        break;
       }
       g += count;
     }
+    rx->next = b;
+    return 0;
   }
   uint32_t need = sync ? sync_required(srv) : 0;
   const float *g = rx->buf + rx->next_off;
@@ -598,13 +621,22 @@ static int push_piece(ts_session_t *s, bool fresh) {
   return 0;
 }
 
+/* Chunk i of the payload has landed: check it now, while it is in the cache; apply its
+ * piece once the piece's last chunk is in. */
 static int on_piece(ts_conn_t *c, unsigned i) {
   ts_session_t *s = c->data;
   push_rx_t *rx = &s->rx;
-  if (!rx->active || i >= rx->npieces) return 0;
-  rx->piece = i;
-  rx->next = rx->first[i];
-  rx->next_off = 0;
+  if (!rx->active || i >= rx->nchunks) return 0;
+  size_t piece = rx->chunk_piece[i];
+  if (rx->chunk_off[i] == 0) {
+    rx->piece = piece;
+    rx->next = rx->first[piece];
+    rx->next_off = 0;
+    rx->piece_bad = false;
+  }
+  if (!rx->piece_bad)
+    rx->piece_bad = !ts_optim_all_finite(rx->buf + rx->chunk_off[i], rx->iov[i].len / sizeof(float));
+  if (i + 1 < rx->nchunks && rx->chunk_piece[i + 1] == piece) return 0;
   return push_piece(s, true);
 }
 

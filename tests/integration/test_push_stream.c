@@ -183,7 +183,7 @@ static void test_nan_refuses_its_piece(void **state) {
   assert_int_equal(ts_cluster_start(&c, 1, 1, job_async), 0);
   ts_client_t *cl = worker(&c, 0);
   float *g = filled(1.0f);
-  g[7 * PART_FLOATS + 5] = NAN;
+  g[7 * PART_FLOATS + 300000] = NAN; /* in the fifth 256 KiB chunk of partition 7 */
   char err[512] = "";
   int rc = ts_client_push(cl, (const float *const *)&g, 0, NULL, err, sizeof err);
   assert_int_equal(rc, TS_ENONFINITE);

@@ -1,8 +1,10 @@
 #include "ts_client.h"
 
 #include <netdb.h>
+#include <sched.h>
 #include <signal.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <uv.h>
@@ -14,6 +16,7 @@
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_msg.h"
+#include "ts_poll.h"
 
 #define TICK_MS 20
 #define BACKOFF_MIN_MS 100
@@ -35,7 +38,10 @@ typedef struct op {
   int remaining;
   int rc;
   char err[256];
-  bool done;
+  /* Set last by the loop thread (release), read by the caller while it polls (acquire) or
+   * under mu: once it is true the loop thread no longer touches the op, which lives on
+   * the caller's stack. */
+  atomic_bool done;
   req_t *reqs;              /* outstanding requests of this op, linked by op_next */
   /* arguments */
   float *const *dst;
@@ -112,6 +118,7 @@ struct ts_client {
   bool stop;                     /* mu */
   volatile sig_atomic_t interrupted; /* set by ts_client_interrupt, from a signal handler */
   op_t *inflight;                /* loop thread */
+  uint64_t activity, activity_seen; /* loop thread: frames and hand-overs, for ts_poll */
   shard_t *shards;
   uint32_t n;
   uint64_t next_id;
@@ -187,6 +194,15 @@ static void op_unlink_req(op_t *op, req_t *r) {
   }
 }
 
+/* Hand op back to its caller. Nothing may touch op after the store of done: the caller may
+ * have seen it while polling and returned. */
+static void publish_op(ts_client_t *c, op_t *op) {
+  uv_mutex_lock(&c->mu);
+  atomic_store_explicit(&op->done, true, memory_order_release);
+  uv_cond_broadcast(&c->cv);
+  uv_mutex_unlock(&c->mu);
+}
+
 static void finish_op(ts_client_t *c, op_t *op) {
   for (op_t **pp = &c->inflight; *pp; pp = &(*pp)->next) {
     if (*pp == op) {
@@ -206,10 +222,7 @@ static void finish_op(ts_client_t *c, op_t *op) {
       free_req(r);
     }
   }
-  uv_mutex_lock(&c->mu);
-  op->done = true;
-  uv_cond_broadcast(&c->cv);
-  uv_mutex_unlock(&c->mu);
+  publish_op(c, op);
 }
 
 /* A request is answered (rc 0) or failed. */
@@ -666,6 +679,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     return;
   }
   sh->rx_ms = loop_now(sh->cl);
+  sh->cl->activity++;
   switch (h->type) {
     case TS_MSG_HELLO:
       if (sh->state == SH_HELLO) handle_hello(sh, (const Tessera__Hello *)msg);
@@ -898,6 +912,7 @@ static void shutdown_loop(ts_client_t *c) {
 
 static void on_wake(uv_async_t *a) {
   ts_client_t *c = a->data;
+  c->activity++;
   uv_mutex_lock(&c->mu);
   op_t *ops = c->queue_head;
   c->queue_head = c->queue_tail = NULL;
@@ -917,11 +932,8 @@ static void on_wake(uv_async_t *a) {
     op_t *next = ops->next;
     ops->next = NULL;
     if (stop || c->interrupted) {
-      uv_mutex_lock(&c->mu);
       ops->rc = TS_ESHUTDOWN;
-      ops->done = true;
-      uv_cond_broadcast(&c->cv);
-      uv_mutex_unlock(&c->mu);
+      publish_op(c, ops);
     } else {
       start_op(c, ops);
     }
@@ -930,10 +942,19 @@ static void on_wake(uv_async_t *a) {
   if (stop) shutdown_loop(c);
 }
 
+/* ts_poll's activity: an op in flight (its answer is due), or a frame or a hand-over
+ * since the last look. */
+static bool client_active(void *arg) {
+  ts_client_t *c = arg;
+  bool active = c->inflight != NULL || c->activity != c->activity_seen;
+  c->activity_seen = c->activity;
+  return active;
+}
+
 static void thread_main(void *arg) {
   ts_client_t *c = arg;
   for (uint32_t s = 0; s < c->n; s++) start_connect(&c->shards[s]);
-  uv_run(&c->loop, UV_RUN_DEFAULT);
+  ts_poll_run(&c->loop, c->opts.busy_poll_us, client_active, c);
 }
 
 /* Run op on the client thread and wait for it. */
@@ -952,9 +973,19 @@ static int run_op(ts_client_t *c, op_t *op, char *errmsg, size_t errlen) {
   c->queue_tail = op;
   uv_mutex_unlock(&c->mu);
   uv_async_send(&c->wake);
-  uv_mutex_lock(&c->mu);
-  while (!op->done) uv_cond_wait(&c->cv, &c->mu);
-  uv_mutex_unlock(&c->mu);
+  /* Poll for a quick answer before sleeping: a wake-up from the condition variable costs
+   * more than a loopback round trip on a virtual machine. Yielding on every turn keeps a
+   * poller from holding a CPU that the client thread (or a shard) needs. */
+  if (c->opts.busy_poll_us > 0) {
+    uint64_t until = uv_hrtime() + (uint64_t)c->opts.busy_poll_us * 1000u;
+    while (!atomic_load_explicit(&op->done, memory_order_acquire) && uv_hrtime() < until)
+      sched_yield();
+  }
+  if (!atomic_load_explicit(&op->done, memory_order_acquire)) {
+    uv_mutex_lock(&c->mu);
+    while (!atomic_load_explicit(&op->done, memory_order_acquire)) uv_cond_wait(&c->cv, &c->mu);
+    uv_mutex_unlock(&c->mu);
+  }
   if (op->rc < 0 && errmsg) snprintf(errmsg, errlen, "%s", op->err[0] ? op->err : ts_strerror(op->rc));
   return op->rc;
 }

@@ -16,6 +16,11 @@
  *
  * Heartbeats carry the progress set with ts_client_set_progress to every shard every
  * heartbeat_interval_s, from the client thread, so a worker busy computing stays alive.
+ *
+ * Latency: with busy_poll_us > 0 the client thread keeps polling its sockets (common/
+ * ts_poll.h) while a call is in flight and for busy_poll_us after its last frame, and a
+ * calling thread polls for its answer for up to busy_poll_us before it sleeps; both yield
+ * the CPU on every turn.
  */
 #ifndef TS_CLIENT_H
 #define TS_CLIENT_H
@@ -44,6 +49,8 @@ typedef struct {
                                     and its connection re-established (default 5); bytes of a
                                     large frame moving either way count as not silent */
   bool require_all;              /* open fails unless every shard answered */
+  uint32_t busy_poll_us;         /* poll this long for an answer before sleeping (job.busy_poll_us);
+                                    0 = always sleep */
 } ts_client_opts_t;
 
 typedef struct {

@@ -996,11 +996,13 @@ static void on_wake(uv_async_t *a) {
   if (stop) shutdown_loop(c);
 }
 
-/* ts_poll's activity: an op in flight (its answer is due), or a frame or a hand-over
- * since the last look. */
+/* ts_poll's activity: a frame read or a call handed over since the last look. An op in
+ * flight alone is not activity: a sync pull may wait seconds for the other workers, and on
+ * a small machine a thread polling all that time takes CPU from the workers and shards
+ * that must answer it (train.sh measured async examples/s lower when it did). */
 static bool client_active(void *arg) {
   ts_client_t *c = arg;
-  bool active = c->inflight != NULL || c->activity != c->activity_seen;
+  bool active = c->activity != c->activity_seen;
   c->activity_seen = c->activity;
   return active;
 }

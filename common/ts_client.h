@@ -18,10 +18,11 @@
  * heartbeat_interval_s, from the client thread, so a worker busy computing stays alive.
  *
  * Latency: with busy_poll_us > 0 the client thread keeps polling its sockets (common/
- * ts_poll.h) while a call is in flight and for busy_poll_us after its last frame, and a
+ * ts_poll.h) for busy_poll_us after each frame it reads and each call handed to it, and a
  * calling thread polls for its answer for up to busy_poll_us before it sleeps; both yield
- * the CPU on every turn. A push directly followed by a pull costs one round trip with
- * ts_client_push_pull (or, in sync mode, ts_client_push_pull_next).
+ * the CPU on every turn, and neither polls longer, so a long wait (a sync barrier) sleeps.
+ * A push directly followed by a pull costs one round trip with ts_client_push_pull (or, in
+ * sync mode, ts_client_push_pull_next).
  */
 #ifndef TS_CLIENT_H
 #define TS_CLIENT_H

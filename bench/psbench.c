@@ -14,7 +14,10 @@
  * issue. Reported: the median over runs (gbps) with min and max, and the push+pull round
  * trip of every iteration of every worker (p50_us, p99_us). Modes: async (push tagged
  * with the worker's clock, then pull) and sync (push_pulled with the version pulled, then
- * pull_next, which waits for the barrier of every worker).
+ * pull_next, which waits for the barrier of every worker); either way the push and the pull
+ * travel together (ts_client_push_pull, ts_client_push_pull_next): one round trip, as the
+ * worker makes them. The clients, and the job file the shards read, poll for replies for
+ * --busy-poll-us (job.busy_poll_us; default its configuration default).
  *
  * In the same invocation it measures loopback TCP with iperf3 (one stream, 127.0.0.1,
  * --iperf-seconds, median of --iperf-runs: once before and once after the Tessera runs by
@@ -46,6 +49,7 @@
 
 #include "harness.h"
 #include "ts_client.h"
+#include "ts_config.h"
 #include "ts_log.h"
 
 #define MAX_WORKERS 8
@@ -65,6 +69,7 @@ typedef struct {
   double iperf_seconds;
   int iperf_runs;
   const char *optimizer;
+  long busy_poll_us;          /* -1 = job.busy_poll_us's default */
   bool verbose;
 } opts_t;
 
@@ -80,6 +85,7 @@ static opts_t opt = {
     .iperf_seconds = 2.0,
     .iperf_runs = 2,
     .optimizer = "sgd",
+    .busy_poll_us = -1,
 };
 
 static double now_s(void) {
@@ -137,6 +143,8 @@ static void usage(FILE *f) {
           "  --iters N           iterations per worker per run instead of --seconds\n"
           "  --partition-bytes N job.partition_bytes (default 4MiB)\n"
           "  --optimizer NAME    optimizer.name on the shards (default sgd)\n"
+          "  --busy-poll-us N    job.busy_poll_us of the clients and shards, 0 = sleep at\n"
+          "                      once (default: the configuration's default)\n"
           "  --output table|csv|json  (default table)\n"
           "  --iperf-seconds S   length of one iperf3 measurement (default 2)\n"
           "  --iperf-runs N      iperf3 measurements, half before and half after (default 2)\n"
@@ -184,6 +192,14 @@ static int parse_args(int argc, char **argv) {
     } else if (strcmp(a, "--optimizer") == 0) {
       NEED_VALUE();
       opt.optimizer = v;
+    } else if (strcmp(a, "--busy-poll-us") == 0) {
+      NEED_VALUE();
+      char *end;
+      opt.busy_poll_us = strtol(v, &end, 10);
+      if (*end || end == v || opt.busy_poll_us < 0 || opt.busy_poll_us > 1000000) {
+        fprintf(stderr, "psbench: --busy-poll-us is 0..1000000\n");
+        return -1;
+      }
     } else if (strcmp(a, "--mode") == 0) {
       NEED_VALUE();
       if (strcmp(v, "sync") == 0) opt.sync = true;
@@ -327,18 +343,13 @@ static long sync_iters;               /* sync mode: steps per run, set after cal
 static volatile double run_deadline;   /* set by the main thread before each run */
 static double run_start[MAX_RUNS], run_end[MAX_RUNS];
 
+/* param and grad are separate allocations, as push_pull requires. */
 static int one_iteration(worker_t *w, uint64_t clock) {
   float *dst[1] = {w->param};
   const float *g[1] = {w->grad};
-  int rc;
-  if (opt.sync) {
-    rc = ts_client_push_pulled(w->cl, g, NULL, w->errmsg, sizeof w->errmsg);
-    if (rc == 0) rc = ts_client_pull_next(w->cl, dst, clock, NULL, w->errmsg, sizeof w->errmsg);
-  } else {
-    rc = ts_client_push(w->cl, g, clock, NULL, w->errmsg, sizeof w->errmsg);
-    if (rc == 0) rc = ts_client_pull(w->cl, dst, 0, clock, NULL, w->errmsg, sizeof w->errmsg);
-  }
-  return rc;
+  if (opt.sync)
+    return ts_client_push_pull_next(w->cl, g, dst, clock, NULL, NULL, w->errmsg, sizeof w->errmsg);
+  return ts_client_push_pull(w->cl, g, clock, dst, clock, NULL, NULL, w->errmsg, sizeof w->errmsg);
 }
 
 static void *worker_main(void *arg) {
@@ -421,13 +432,22 @@ int main(int argc, char **argv) {
     if (opt.verbose) fprintf(stderr, "psbench: iperf3 %.3f GB/s\n", g);
   }
 
+  if (opt.busy_poll_us < 0) {
+    ts_config_t defaults;
+    if (ts_config_defaults(&defaults) < 0) {
+      fprintf(stderr, "psbench: out of memory\n");
+      return 1;
+    }
+    opt.busy_poll_us = defaults.busy_poll_us;
+    ts_config_free(&defaults);
+  }
   char extra[1024];
   snprintf(extra, sizeof extra,
            "job = { mode = \"%s\"; partition_bytes = %" PRIu64 "; sync_timeout_s = 60.0; "
-           "heartbeat_timeout_s = 60.0; };\n"
+           "heartbeat_timeout_s = 60.0; busy_poll_us = %ld; };\n"
            "optimizer = { name = \"%s\"; learning_rate = 0.0001; };\n"
            "server = { max_message_bytes = 2147483648; };\n",
-           opt.sync ? "sync" : "async", opt.partition_bytes, opt.optimizer);
+           opt.sync ? "sync" : "async", opt.partition_bytes, opt.busy_poll_us, opt.optimizer);
   ts_cluster_t cluster;
   if (ts_cluster_start(&cluster, opt.shards, opt.workers, extra) < 0) {
     fprintf(stderr, "psbench: could not start the shards\n");
@@ -462,7 +482,8 @@ int main(int argc, char **argv) {
                           .connect_timeout_s = 10,
                           .request_timeout_s = 60,
                           .heartbeat_interval_s = 1.0,
-                          .require_all = true};
+                          .require_all = true,
+                          .busy_poll_us = (uint32_t)opt.busy_poll_us};
     if (ts_client_open(&w[i].cl, &o, w[i].errmsg, sizeof w[i].errmsg) < 0 ||
         ts_client_declare(w[i].cl, &tensor, 1, 42, w[i].errmsg, sizeof w[i].errmsg) < 0) {
       fprintf(stderr, "psbench: worker %d: %s\n", i, w[i].errmsg);
@@ -585,6 +606,7 @@ int main(int argc, char **argv) {
       print_null_or(stdout, 1, lat_all_p50);
       printf(", \"p99_us\": ");
       print_null_or(stdout, 1, lat_all_p99);
+      printf(", \"busy_poll_us\": %ld", opt.busy_poll_us);
       printf(", \"shard_rss_kib\": %ld, \"loadavg\": ", shard_rss_kib);
       print_null_or(stdout, 2, load[0]);
       printf("}\n");
@@ -607,8 +629,8 @@ int main(int argc, char **argv) {
       if (isnan(ip)) printf("%8s %6s ", "n/a", "n/a");
       else printf("%8.3f %6.3f ", ip, ratio);
       printf("%9.1f %9.1f\n", lat_all_p50, lat_all_p99);
-      printf("(%d runs, %zu iterations, shard peak RSS now %ld KiB, load %.2f)\n", opt.runs,
-             iters_total, shard_rss_kib, load[0]);
+      printf("(%d runs, %zu iterations, busy_poll_us %ld, shard peak RSS now %ld KiB, load %.2f)\n",
+             opt.runs, iters_total, opt.busy_poll_us, shard_rss_kib, load[0]);
       break;
   }
   return 0;

@@ -1,8 +1,10 @@
 #include "ts_client.h"
 
 #include <netdb.h>
+#include <sched.h>
 #include <signal.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <uv.h>
@@ -14,6 +16,7 @@
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_msg.h"
+#include "ts_poll.h"
 
 #define TICK_MS 20
 #define BACKOFF_MIN_MS 100
@@ -21,10 +24,20 @@
 /* A reply may carry every partition a shard holds; the largest frame a client accepts. */
 #define CLIENT_MAX_DATA (UINT64_C(1) << 40)
 
-typedef enum { OP_DECLARE, OP_PULL, OP_PUSH, OP_HEARTBEAT, OP_STATUS, OP_CHECKPOINT, OP_SHUTDOWN } op_kind_t;
+typedef enum {
+  OP_DECLARE, OP_PULL, OP_PUSH, OP_PUSH_PULL, OP_HEARTBEAT, OP_STATUS, OP_CHECKPOINT, OP_SHUTDOWN
+} op_kind_t;
 
 typedef struct req req_t;
 typedef struct shard shard_t;
+
+/* What a push_pull's pull part took from one shard, made the shard's pulled_version only
+ * when the whole call succeeds (see ts_client_push_pull). */
+typedef struct {
+  uint64_t version;
+  uint64_t incarnation;     /* of the shard that answered */
+  bool set;
+} staged_t;
 
 typedef struct op {
   struct op *next;
@@ -34,8 +47,12 @@ typedef struct op {
   uint64_t deadline_ms;
   int remaining;
   int rc;
+  bool rc_from_push;        /* OP_PUSH_PULL: rc and err are the push part's */
   char err[256];
-  bool done;
+  /* Set last by the loop thread (release), read by the caller while it polls (acquire) or
+   * under mu: once it is true the loop thread no longer touches the op, which lives on
+   * the caller's stack. */
+  atomic_bool done;
   req_t *reqs;              /* outstanding requests of this op, linked by op_next */
   /* arguments */
   float *const *dst;
@@ -44,6 +61,7 @@ typedef struct op {
   size_t nparts;
   uint64_t min_version, clock, step;
   bool per_shard;           /* pull_next / push_pulled: versions from each shard's last pull */
+  staged_t *stage;          /* OP_PUSH_PULL: one per shard */
   bool checkpoint;          /* shutdown: final checkpoint */
   uint32_t shard;
   /* results */
@@ -62,6 +80,7 @@ struct req {
   uint64_t id;
   uint16_t type;
   bool internal;
+  bool staged;              /* a push_pull's pull: its reply never moves pulled_version itself */
   size_t *parts;            /* plan indices */
   size_t n;
   uv_buf_t *iov;            /* payload: pull destinations or push sources */
@@ -112,6 +131,7 @@ struct ts_client {
   bool stop;                     /* mu */
   volatile sig_atomic_t interrupted; /* set by ts_client_interrupt, from a signal handler */
   op_t *inflight;                /* loop thread */
+  uint64_t activity, activity_seen; /* loop thread: frames and hand-overs, for ts_poll */
   shard_t *shards;
   uint32_t n;
   uint64_t next_id;
@@ -187,6 +207,41 @@ static void op_unlink_req(op_t *op, req_t *r) {
   }
 }
 
+/* Note a failed part of op. The op's error is its first failure, except that a push_pull
+ * reports its push part's error over its pull part's: that is the one a caller must act on
+ * (retry the push, or not), while the pull's destination is unspecified whenever the call
+ * fails. msg is the op's errmsg when this failure becomes the op's error. */
+static void op_fail(op_t *op, uint16_t type, int rc, const char *msg) {
+  bool push_part = op->kind == OP_PUSH_PULL && type == TS_MSG_PUSH;
+  if (op->kind == OP_PUSH_PULL) {
+    int *part = push_part ? &op->push.push_rc : &op->push.pull_rc;
+    if (*part == 0) *part = rc;
+  }
+  if (op->rc != 0 && (op->rc_from_push || !push_part)) return;
+  op->rc = rc;
+  op->rc_from_push = push_part;
+  snprintf(op->err, sizeof op->err, "%s", msg);
+}
+
+/* Hand op back to its caller. Nothing may touch op after the store of done: the caller may
+ * have seen it while polling and returned. */
+static void publish_op(ts_client_t *c, op_t *op) {
+  if (op->stage && op->rc == 0) {
+    /* The push_pull succeeded: what its pull took is now what was last pulled. */
+    for (uint32_t s = 0; s < c->n; s++) {
+      shard_t *sh = &c->shards[s];
+      if (op->stage[s].set && op->stage[s].incarnation == sh->incarnation) {
+        sh->pulled_version = op->stage[s].version;
+        sh->have_version = true;
+      }
+    }
+  }
+  uv_mutex_lock(&c->mu);
+  atomic_store_explicit(&op->done, true, memory_order_release);
+  uv_cond_broadcast(&c->cv);
+  uv_mutex_unlock(&c->mu);
+}
+
 static void finish_op(ts_client_t *c, op_t *op) {
   for (op_t **pp = &c->inflight; *pp; pp = &(*pp)->next) {
     if (*pp == op) {
@@ -206,10 +261,18 @@ static void finish_op(ts_client_t *c, op_t *op) {
       free_req(r);
     }
   }
-  uv_mutex_lock(&c->mu);
-  op->done = true;
-  uv_cond_broadcast(&c->cv);
-  uv_mutex_unlock(&c->mu);
+  publish_op(c, op);
+}
+
+/* End op before every request is answered (deadline, interrupt, close): each part still
+ * out fails with rc, and msg says why. */
+static void abort_op(ts_client_t *c, op_t *op, int rc, const char *msg) {
+  if (!op->reqs) {
+    op_fail(op, TS_MSG_PUSH, rc, msg);
+    op_fail(op, TS_MSG_PULL, rc, msg);
+  }
+  for (req_t *r = op->reqs; r; r = r->op_next) op_fail(op, r->type, rc, msg);
+  finish_op(c, op);
 }
 
 /* A request is answered (rc 0) or failed. */
@@ -217,10 +280,11 @@ static void complete_req(req_t *r, int rc, const char *detail) {
   op_t *op = r->op;
   if (op) {
     op_unlink_req(op, r);
-    if (rc < 0 && op->rc == 0) {
-      op->rc = rc;
-      snprintf(op->err, sizeof op->err, "shard %u (%s): %s", r->sh->index, r->sh->addr,
+    if (rc < 0 && (op->rc == 0 || op->kind == OP_PUSH_PULL)) {
+      char msg[sizeof op->err];
+      snprintf(msg, sizeof msg, "shard %u (%s): %s", r->sh->index, r->sh->addr,
                detail ? detail : ts_strerror(rc));
+      op_fail(op, r->type, rc, msg);
     }
     if (--op->remaining == 0) finish_op(r->sh->cl, op);
   }
@@ -463,6 +527,7 @@ static int submit(ts_client_t *c, shard_t *sh, op_t *op, uint16_t type, size_t *
   r->id = ++c->next_id;
   r->type = type;
   r->internal = op == NULL;
+  r->staged = op && op->stage && type == TS_MSG_PULL;
   r->parts = parts;
   r->n = n;
   if (n && (type == TS_MSG_PULL || type == TS_MSG_PUSH)) {
@@ -539,6 +604,18 @@ static void start_op(ts_client_t *c, op_t *op) {
                       c->shard_nparts[s]);
         }
         break;
+      case OP_PUSH_PULL:
+        /* Back to back on one connection: the shard handles a connection's frames in
+         * order, so the pull sees the push applied (or, in sync mode, waits for the
+         * version the push takes part in). */
+        if (c->shard_nparts[s]) {
+          rc = submit(c, sh, op, TS_MSG_PUSH, copy_parts(c->shard_parts[s], c->shard_nparts[s]),
+                      c->shard_nparts[s]);
+          if (rc == 0)
+            rc = submit(c, sh, op, TS_MSG_PULL, copy_parts(c->shard_parts[s], c->shard_nparts[s]),
+                        c->shard_nparts[s]);
+        }
+        break;
       case OP_HEARTBEAT:
         rc = submit(c, sh, op, TS_MSG_HEARTBEAT, NULL, 0);
         break;
@@ -553,9 +630,11 @@ static void start_op(ts_client_t *c, op_t *op) {
         break;
     }
   }
-  if (rc < 0 && op->rc == 0) {
-    op->rc = rc;
-    snprintf(op->err, sizeof op->err, "%s", ts_strerror(rc));
+  if (rc < 0) {
+    /* A request could not be made: a push_pull's shards may have got neither part, or
+     * only the push. */
+    op_fail(op, TS_MSG_PUSH, rc, ts_strerror(rc));
+    op_fail(op, TS_MSG_PULL, rc, ts_strerror(rc));
   }
   if (--op->remaining == 0) finish_op(c, op);
 }
@@ -666,6 +745,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     return;
   }
   sh->rx_ms = loop_now(sh->cl);
+  sh->cl->activity++;
   switch (h->type) {
     case TS_MSG_HELLO:
       if (sh->state == SH_HELLO) handle_hello(sh, (const Tessera__Hello *)msg);
@@ -709,8 +789,13 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
         uint64_t v = UINT64_MAX;
         for (size_t i = 0; i < m->n_parts; i++)
           if (m->parts[i]->version < v) v = m->parts[i]->version;
-        sh->pulled_version = v;
-        sh->have_version = true;
+        if (!r->staged) {
+          sh->pulled_version = v;
+          sh->have_version = true;
+        } else if (r->op) {
+          r->op->stage[sh->index] = (staged_t){.version = v, .incarnation = sh->incarnation,
+                                               .set = true};
+        }
         if (r->op && v < r->op->version_min) r->op->version_min = v;
       }
       if (r->op && !discarded) {
@@ -838,17 +923,13 @@ static void on_tick(uv_timer_t *t) {
   while (op) {
     op_t *next = op->next;
     if (now >= op->deadline_ms) {
-      if (op->rc == 0) {
-        op->rc = TS_ETIMEDOUT;
-        char shards[96] = "";
-        size_t len = 0;
-        for (req_t *r = op->reqs; r && len < sizeof shards - 8; r = r->op_next)
-          len += (size_t)snprintf(shards + len, sizeof shards - len, "%s%u", len ? "," : "",
-                                  r->sh->index);
-        snprintf(op->err, sizeof op->err, "no answer within %.1f s from shard(s) %s", op->timeout_s,
-                 shards);
-      }
-      finish_op(c, op);
+      char shards[96] = "", msg[sizeof op->err];
+      size_t len = 0;
+      for (req_t *r = op->reqs; r && len < sizeof shards - 8; r = r->op_next)
+        len += (size_t)snprintf(shards + len, sizeof shards - len, "%s%u", len ? "," : "",
+                                r->sh->index);
+      snprintf(msg, sizeof msg, "no answer within %.1f s from shard(s) %s", op->timeout_s, shards);
+      abort_op(c, op, TS_ETIMEDOUT, msg);
     }
     op = next;
   }
@@ -863,14 +944,7 @@ static void on_heartbeat(uv_timer_t *t) {
 static void close_cb_noop(uv_handle_t *h) { (void)h; }
 
 static void shutdown_loop(ts_client_t *c) {
-  while (c->inflight) {
-    op_t *op = c->inflight;
-    if (op->rc == 0) {
-      op->rc = TS_ESHUTDOWN;
-      snprintf(op->err, sizeof op->err, "client closed");
-    }
-    finish_op(c, op);
-  }
+  while (c->inflight) abort_op(c, c->inflight, TS_ESHUTDOWN, "client closed");
   for (uint32_t s = 0; s < c->n; s++) {
     shard_t *sh = &c->shards[s];
     uv_close((uv_handle_t *)&sh->retry, close_cb_noop);
@@ -898,30 +972,22 @@ static void shutdown_loop(ts_client_t *c) {
 
 static void on_wake(uv_async_t *a) {
   ts_client_t *c = a->data;
+  c->activity++;
   uv_mutex_lock(&c->mu);
   op_t *ops = c->queue_head;
   c->queue_head = c->queue_tail = NULL;
   bool stop = c->stop;
   uv_mutex_unlock(&c->mu);
   if (c->interrupted) {
-    while (c->inflight) {
-      op_t *op = c->inflight;
-      if (op->rc == 0) {
-        op->rc = TS_ESHUTDOWN;
-        snprintf(op->err, sizeof op->err, "interrupted");
-      }
-      finish_op(c, op);
-    }
+    while (c->inflight) abort_op(c, c->inflight, TS_ESHUTDOWN, "interrupted");
   }
   while (ops) {
     op_t *next = ops->next;
     ops->next = NULL;
     if (stop || c->interrupted) {
-      uv_mutex_lock(&c->mu);
-      ops->rc = TS_ESHUTDOWN;
-      ops->done = true;
-      uv_cond_broadcast(&c->cv);
-      uv_mutex_unlock(&c->mu);
+      op_fail(ops, TS_MSG_PUSH, TS_ESHUTDOWN, "");
+      op_fail(ops, TS_MSG_PULL, TS_ESHUTDOWN, "");
+      publish_op(c, ops);
     } else {
       start_op(c, ops);
     }
@@ -930,10 +996,21 @@ static void on_wake(uv_async_t *a) {
   if (stop) shutdown_loop(c);
 }
 
+/* ts_poll's activity: a frame read or a call handed over since the last look. An op in
+ * flight alone is not activity: a sync pull may wait seconds for the other workers, and on
+ * a small machine a thread polling all that time takes CPU from the workers and shards
+ * that must answer it (train.sh measured async examples/s lower when it did). */
+static bool client_active(void *arg) {
+  ts_client_t *c = arg;
+  bool active = c->activity != c->activity_seen;
+  c->activity_seen = c->activity;
+  return active;
+}
+
 static void thread_main(void *arg) {
   ts_client_t *c = arg;
   for (uint32_t s = 0; s < c->n; s++) start_connect(&c->shards[s]);
-  uv_run(&c->loop, UV_RUN_DEFAULT);
+  ts_poll_run(&c->loop, c->opts.busy_poll_us, client_active, c);
 }
 
 /* Run op on the client thread and wait for it. */
@@ -952,9 +1029,19 @@ static int run_op(ts_client_t *c, op_t *op, char *errmsg, size_t errlen) {
   c->queue_tail = op;
   uv_mutex_unlock(&c->mu);
   uv_async_send(&c->wake);
-  uv_mutex_lock(&c->mu);
-  while (!op->done) uv_cond_wait(&c->cv, &c->mu);
-  uv_mutex_unlock(&c->mu);
+  /* Poll for a quick answer before sleeping: a wake-up from the condition variable costs
+   * more than a loopback round trip on a virtual machine. Yielding on every turn keeps a
+   * poller from holding a CPU that the client thread (or a shard) needs. */
+  if (c->opts.busy_poll_us > 0) {
+    uint64_t until = uv_hrtime() + (uint64_t)c->opts.busy_poll_us * 1000u;
+    while (!atomic_load_explicit(&op->done, memory_order_acquire) && uv_hrtime() < until)
+      sched_yield();
+  }
+  if (!atomic_load_explicit(&op->done, memory_order_acquire)) {
+    uv_mutex_lock(&c->mu);
+    while (!atomic_load_explicit(&op->done, memory_order_acquire)) uv_cond_wait(&c->cv, &c->mu);
+    uv_mutex_unlock(&c->mu);
+  }
   if (op->rc < 0 && errmsg) snprintf(errmsg, errlen, "%s", op->err[0] ? op->err : ts_strerror(op->rc));
   return op->rc;
 }
@@ -1298,6 +1385,66 @@ int ts_client_push_pulled(ts_client_t *c, const float *const *grad,
   int rc = run_op(c, &op, errmsg, errlen);
   if (result) *result = op.push;
   return rc;
+}
+
+/* Whether any tensor's grad range overlaps any tensor's dst range (the plan knows the
+ * tensors' sizes). Compared as integers: the buffers are distinct objects. */
+static bool buffers_overlap(const ts_plan_t *plan, const float *const *grad, float *const *dst) {
+  for (uint32_t t = 0; t < plan->num_tensors; t++) {
+    const ts_part_t *lt = &plan->parts[plan->tensor_first[t] + plan->tensor_parts[t] - 1];
+    uintptr_t g0 = (uintptr_t)grad[t], g1 = g0 + (lt->offset + lt->count) * sizeof(float);
+    for (uint32_t u = 0; u < plan->num_tensors; u++) {
+      const ts_part_t *lu = &plan->parts[plan->tensor_first[u] + plan->tensor_parts[u] - 1];
+      uintptr_t d0 = (uintptr_t)dst[u], d1 = d0 + (lu->offset + lu->count) * sizeof(float);
+      if (g0 < d1 && d0 < g1) return true;
+    }
+  }
+  return false;
+}
+
+static int push_pull(ts_client_t *c, op_t *op, uint64_t *version, ts_client_push_result_t *result,
+                     char *errmsg, size_t errlen) {
+  int rc = 0;
+  if (!c->plan.parts) {
+    snprintf(errmsg, errlen, "declare the model before pushing");
+    rc = TS_ENOTDECLARED;
+  } else if (buffers_overlap(&c->plan, op->grad, op->dst)) {
+    snprintf(errmsg, errlen, "push_pull: the gradients and the pull's destination overlap");
+    rc = TS_EINVAL;
+  } else if (!(op->stage = ts_calloc(c->n, sizeof *op->stage))) {
+    snprintf(errmsg, errlen, "out of memory");
+    rc = TS_ENOMEM;
+  }
+  if (rc < 0) {
+    /* Nothing was sent: neither part happened. */
+    if (result) *result = (ts_client_push_result_t){.push_rc = rc, .pull_rc = rc};
+    return rc;
+  }
+  op->kind = OP_PUSH_PULL;
+  op->wait_ready = true;
+  rc = run_op(c, op, errmsg, errlen);
+  ts_free(op->stage);
+  if (rc < 0 && op->push.push_rc == 0 && op->push.pull_rc == 0) {
+    /* Refused before it reached the client thread (closed, interrupted). */
+    op->push.push_rc = op->push.pull_rc = rc;
+  }
+  if (rc == 0 && version) *version = op->version_min == UINT64_MAX ? 0 : op->version_min;
+  if (result) *result = op->push;
+  return rc;
+}
+
+int ts_client_push_pull(ts_client_t *c, const float *const *grad, uint64_t step,
+                        float *const *dst, uint64_t clock, uint64_t *version,
+                        ts_client_push_result_t *result, char *errmsg, size_t errlen) {
+  op_t op = {.grad = grad, .step = step, .dst = dst, .clock = clock};
+  return push_pull(c, &op, version, result, errmsg, errlen);
+}
+
+int ts_client_push_pull_next(ts_client_t *c, const float *const *grad, float *const *dst,
+                             uint64_t clock, uint64_t *version, ts_client_push_result_t *result,
+                             char *errmsg, size_t errlen) {
+  op_t op = {.grad = grad, .dst = dst, .clock = clock, .per_shard = true};
+  return push_pull(c, &op, version, result, errmsg, errlen);
 }
 
 uint64_t ts_client_restarts(ts_client_t *c) {

@@ -16,6 +16,13 @@
  *
  * Heartbeats carry the progress set with ts_client_set_progress to every shard every
  * heartbeat_interval_s, from the client thread, so a worker busy computing stays alive.
+ *
+ * Latency: with busy_poll_us > 0 the client thread keeps polling its sockets (common/
+ * ts_poll.h) for busy_poll_us after each frame it reads and each call handed to it, and a
+ * calling thread polls for its answer for up to busy_poll_us before it sleeps; both yield
+ * the CPU on every turn, and neither polls longer, so a long wait (a sync barrier) sleeps.
+ * A push directly followed by a pull costs one round trip with ts_client_push_pull (or, in
+ * sync mode, ts_client_push_pull_next).
  */
 #ifndef TS_CLIENT_H
 #define TS_CLIENT_H
@@ -44,6 +51,8 @@ typedef struct {
                                     and its connection re-established (default 5); bytes of a
                                     large frame moving either way count as not silent */
   bool require_all;              /* open fails unless every shard answered */
+  uint32_t busy_poll_us;         /* poll this long for an answer before sleeping (job.busy_poll_us);
+                                    0 = always sleep */
 } ts_client_opts_t;
 
 typedef struct {
@@ -55,6 +64,10 @@ typedef struct {
 
 typedef struct {
   uint64_t applied, accumulated, stale, duplicate;  /* partitions, over all shards */
+  /* Each part's own outcome (0 or a negative error) of a ts_client_push_pull or
+   * ts_client_push_pull_next, which returns only one error: a caller that must know
+   * whether the push went through (to retry it or not) looks here. 0 after other calls. */
+  int push_rc, pull_rc;
 } ts_client_push_result_t;
 
 /* Start the client thread and connect to every shard. Waits up to connect_timeout_s for
@@ -116,6 +129,33 @@ int ts_client_pull_next(ts_client_t *c, float *const *dst, uint64_t clock, uint6
  * mode: each shard's barrier counts them for the step they were computed at). */
 int ts_client_push_pulled(ts_client_t *c, const float *const *grad,
                           ts_client_push_result_t *result, char *errmsg, size_t errlen);
+
+/* Push gradients grad[t] tagged with step, then pull every partition into dst[t] with the
+ * ssp clock `clock` (async and ssp modes: ts_client_push followed by ts_client_pull with
+ * min_version 0), in one round trip: each shard is sent its push and its pull back to
+ * back, without waiting for the push's reply, and handles them in order, so the pull sees
+ * the push applied. grad and dst must not overlap (ts_client_push_pull fails with
+ * TS_EINVAL when they do): the pull's replies are read straight into dst while the push's
+ * payload may still be being written from grad. Neither may be touched until the call
+ * returns.
+ *
+ * Returns 0 when both parts succeeded on every shard. Otherwise an error: the push part's
+ * when it failed anywhere (errmsg from that failure), else the pull part's; dst's content
+ * is then unspecified, result->push_rc and result->pull_rc (optional result) tell each
+ * part's outcome, and the shards' last pulled versions are left as they were, so the
+ * push_pulled / pull_next that a caller retries with are tagged and wait as the first
+ * attempt's were. *version (optional) gets the lowest version pulled, on success. */
+int ts_client_push_pull(ts_client_t *c, const float *const *grad, uint64_t step,
+                        float *const *dst, uint64_t clock, uint64_t *version,
+                        ts_client_push_result_t *result, char *errmsg, size_t errlen);
+
+/* The sync mode counterpart: ts_client_push_pulled followed by ts_client_pull_next, in one
+ * round trip. Each shard's push is tagged with the version last pulled from it, and its
+ * pull waits (long poll) for the version after that one, exactly as pull_next does; the
+ * contract on buffers, errors and versions is ts_client_push_pull's. */
+int ts_client_push_pull_next(ts_client_t *c, const float *const *grad, float *const *dst,
+                             uint64_t clock, uint64_t *version, ts_client_push_result_t *result,
+                             char *errmsg, size_t errlen);
 
 /* How many times a shard was seen to restart (a new incarnation in its Hello). */
 uint64_t ts_client_restarts(ts_client_t *c);

@@ -156,7 +156,8 @@ int main(int argc, char **argv) {
                         .request_timeout_s = cfg.sync_timeout_s * 3.0 > 30.0 ? cfg.sync_timeout_s * 3.0 : 30.0,
                         .heartbeat_interval_s = cfg.heartbeat_interval_s,
                         .heartbeat_timeout_s = cfg.heartbeat_timeout_s,
-                        .require_all = true};
+                        .require_all = true,
+                        .busy_poll_us = (uint32_t)cfg.busy_poll_us};
   rc = ts_client_open(&client, &o, err, sizeof err);
   if (rc < 0) {
     ts_log_err("%s", err);

@@ -61,11 +61,13 @@ static int pull(const ts_trainer_t *t, float *const *dst, uint64_t clock, uint64
   }
 }
 
+/* Push with retries while the shards are unreachable. attempt0 > 0: a first attempt
+ * already failed and was reported (push_pull below). */
 static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step,
-                ts_client_push_result_t *res, char *errmsg, size_t errlen) {
+                ts_client_push_result_t *res, int attempt0, char *errmsg, size_t errlen) {
   double start = now_s();
   bool sync = t->cfg->mode == TS_MODE_SYNC;
-  for (int attempt = 0;; attempt++) {
+  for (int attempt = attempt0;; attempt++) {
     int rc = sync ? ts_client_push_pulled(t->client, grad, res, errmsg, errlen)
                   : ts_client_push(t->client, grad, step, res, errmsg, errlen);
     if (rc == 0 || !transient(rc) || *t->stop) return rc;
@@ -73,6 +75,35 @@ static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step,
     if (attempt == 0) ts_log_warn("push failed, retrying: %s", errmsg);
     sleep_s(0.2);
   }
+}
+
+/* Push step `step`'s gradient and pull the parameters of the next step in one round trip
+ * (sync: the next version, as pull() waits for; ssp: with the next step's clock). Returns
+ * what push() would: 0, or the push's error after push()'s retries when it failed
+ * transiently. *pulled says whether dst holds the next step's parameters; when the pull
+ * part failed, or the push did, it does not, and the next step pulls as usual (with
+ * pull()'s retries). The client leaves each shard's last pulled version as it was when
+ * the call fails, so a retried push is tagged, and that pull waits, as they would have
+ * been without the pipelining. */
+static int push_pull(const ts_trainer_t *t, const float *const *grad, uint64_t step,
+                     float *const *dst, uint64_t *version, ts_client_push_result_t *res,
+                     bool *pulled, char *errmsg, size_t errlen) {
+  bool sync = t->cfg->mode == TS_MODE_SYNC;
+  int rc = sync ? ts_client_push_pull_next(t->client, grad, dst, step + 1, version, res, errmsg,
+                                           errlen)
+                : ts_client_push_pull(t->client, grad, step, dst, step + 1, version, res, errmsg,
+                                      errlen);
+  *pulled = rc == 0;
+  if (rc == 0) return 0;
+  if (res->push_rc == 0) {
+    ts_log_warn("pull failed, pulling again for the next step: %s", errmsg);
+    return 0;
+  }
+  rc = res->push_rc;
+  if (!transient(rc) || *t->stop) return rc;
+  ts_log_warn("push failed, retrying: %s", errmsg);
+  sleep_s(0.2);
+  return push(t, grad, step, res, 1, errmsg, errlen);
 }
 
 int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, size_t errlen) {
@@ -203,7 +234,13 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       goto out;
     }
     ts_client_push_result_t pr;
-    rc = push(t, grad, k, &pr, errmsg, errlen);
+    /* The next step's pull travels with this push, one round trip instead of two; not
+     * after the last step, whose final pull follows leaving the barriers (below), nor when
+     * told to stop. */
+    if (k + 1 < total && !*t->stop)
+      rc = push_pull(t, grad, k, dst, &version, &pr, &pulled, errmsg, errlen);
+    else
+      rc = push(t, grad, k, &pr, 0, errmsg, errlen);
     if (rc == TS_EFUTURE) {
       /* A shard restarted behind the others (restored from a checkpoint): this step's
        * gradient is lost there; the next pull takes its current version. */

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <uv.h>
 
 #include "harness.h"
 #include "ts_client.h"
@@ -30,7 +32,8 @@ static const ts_client_tensor_t model[] = {
 };
 static const size_t model_elems[] = {BIG, 7};
 
-static ts_client_t *open_worker(ts_cluster_t *c, int task) {
+/* busy_poll_us > 0: the client polls for replies (both of its waiting paths are tested). */
+static ts_client_t *open_worker_polling(ts_cluster_t *c, int task, uint32_t busy_poll_us) {
   ts_client_opts_t o = {.addrs = c->addrs,
                         .num_shards = (size_t)c->num_shards,
                         .task = task,
@@ -38,7 +41,8 @@ static ts_client_t *open_worker(ts_cluster_t *c, int task) {
                         .connect_timeout_s = 5,
                         .request_timeout_s = 20,
                         .heartbeat_interval_s = 0.5,
-                        .require_all = true};
+                        .require_all = true,
+                        .busy_poll_us = busy_poll_us};
   ts_client_t *cl = NULL;
   char err[512];
   int rc = ts_client_open(&cl, &o, err, sizeof err);
@@ -49,6 +53,8 @@ static ts_client_t *open_worker(ts_cluster_t *c, int task) {
   assert_int_equal(rc, 0);
   return cl;
 }
+
+static ts_client_t *open_worker(ts_cluster_t *c, int task) { return open_worker_polling(c, task, 0); }
 
 typedef struct {
   float *t[2];
@@ -340,6 +346,268 @@ static void test_ssp_bound(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* --- push_pull: a push and the next pull in one round trip --------------------------- */
+
+static void push_pull_ok(ts_client_t *cl, bufs_t *g, uint64_t step, bufs_t *w, uint64_t clock,
+                         uint64_t *v, ts_client_push_result_t *res) {
+  char err[512];
+  int rc = ts_client_push_pull(cl, (const float *const *)g->t, step, w->t, clock, v, res, err,
+                               sizeof err);
+  if (rc < 0) fprintf(stderr, "push_pull: %s\n", err);
+  assert_int_equal(rc, 0);
+}
+
+typedef struct {
+  ts_cluster_t *c;
+  int task, rounds;
+  uint32_t busy_poll_us;
+  int failures;
+} pp_arg_t;
+
+/* How many elements of w are not want (relative 1e-6), or with at_most, are above it; the
+ * first is printed. */
+static int count_off(const bufs_t *w, double want, bool at_most, int task, int round) {
+  int off = 0;
+  for (int t = 0; t < 2; t++) {
+    for (size_t k = 0; k < model_elems[t]; k++) {
+      double got = w->t[t][k];
+      bool bad = at_most ? got > want : fabs(got - want) > 1e-6 * fabs(want);
+      if (bad && off++ == 0)
+        fprintf(stderr, "task %d round %d: tensor %d [%zu] = %.9g, want %s%.9g\n", task, round, t,
+                k, got, at_most ? "at most " : "", want);
+    }
+  }
+  return off;
+}
+
+/* Each pull sees at least this worker's own pushes so far, applied: the shards handle a
+ * connection's push before the pull behind it. */
+static void *push_pull_worker(void *p) {
+  pp_arg_t *a = p;
+  ts_client_t *cl = open_worker_polling(a->c, a->task, a->busy_poll_us);
+  bufs_t w, g;
+  bufs_init(&w);
+  bufs_init(&g);
+  bufs_fill(&g, (float)(a->task + 1));
+  for (int r = 0; r < a->rounds; r++) {
+    ts_client_push_result_t res;
+    uint64_t v = 0;
+    push_pull_ok(cl, &g, (uint64_t)r, &w, (uint64_t)r + 1, &v, &res);
+    if (res.push_rc != 0 || res.pull_rc != 0 || res.applied != ts_client_plan(cl)->num_parts)
+      a->failures++;
+    a->failures += count_off(&w, -0.5 * (a->task + 1) * (r + 1), true, a->task, r);
+  }
+  bufs_free(&w);
+  bufs_free(&g);
+  ts_client_close(cl);
+  return NULL;
+}
+
+static void test_push_pull_async_exact(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2,
+                                    "job = { mode = \"async\"; partition_bytes = 4096; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 0.5; };"),
+                   0);
+  /* Alone, every call returns exactly the parameters after its own push. */
+  ts_client_t *cl = open_worker_polling(&c, 0, 50);
+  bufs_t w, g;
+  bufs_init(&w);
+  bufs_init(&g);
+  bufs_fill(&g, 1.0f);
+  uint64_t v = 0, last = 0;
+  for (int r = 0; r < 3; r++) {
+    push_pull_ok(cl, &g, (uint64_t)r, &w, (uint64_t)r + 1, &v, NULL);
+    assert_all(&w, -0.5 * (r + 1), 0.0);
+    assert_true(v > last);
+    last = v;
+  }
+  ts_client_close(cl);
+  /* Two workers at once, one polling and one not. */
+  enum { R = 30 };
+  pthread_t th[2];
+  pp_arg_t args[2];
+  for (int t = 0; t < 2; t++) {
+    args[t] = (pp_arg_t){&c, t, R, t == 0 ? 50 : 0, 0};
+    pthread_create(&th[t], NULL, push_pull_worker, &args[t]);
+  }
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  for (int t = 0; t < 2; t++) assert_int_equal(args[t].failures, 0);
+  cl = open_worker(&c, 0);
+  pull_ok(cl, &w, 0, 0, NULL);
+  /* -0.5 * 3 alone, then -0.5 * R * (1 + 2): dyadic, so exact. */
+  assert_all(&w, -1.5 - 0.5 * R * 3.0, 0.0);
+  bufs_free(&w);
+  bufs_free(&g);
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* sync_worker's rounds with push_pull_next: each call's pull waits for the step its push
+ * took part in, and returns exactly the formula's parameters. */
+static void *sync_push_pull_worker(void *p) {
+  sync_arg_t *a = p;
+  ts_client_t *cl = open_worker_polling(a->c, a->task, a->task == 0 ? 50 : 0);
+  bufs_t w, g;
+  bufs_init(&w);
+  bufs_init(&g);
+  char err[512];
+  uint64_t version = 0;
+  int rc = ts_client_pull_next(cl, w.t, 0, &version, err, sizeof err);
+  if (rc < 0 || version != 0) a->failures++;
+  for (int i = 0; i < a->rounds; i++) {
+    bufs_fill(&g, (float)((a->task + 1) * (i + 1)));
+    ts_client_push_result_t res;
+    /* The last round the old way: push_pull_next left the versions to tag and wait by. */
+    if (i + 1 < a->rounds) {
+      rc = ts_client_push_pull_next(cl, (const float *const *)g.t, w.t, (uint64_t)i + 1, &version,
+                                    &res, err, sizeof err);
+    } else {
+      rc = ts_client_push_pulled(cl, (const float *const *)g.t, &res, err, sizeof err);
+      if (rc == 0) rc = ts_client_pull_next(cl, w.t, (uint64_t)i + 1, &version, err, sizeof err);
+    }
+    if (rc < 0) fprintf(stderr, "task %d round %d: %s\n", a->task, i, err);
+    if (rc < 0 || res.accumulated == 0 || version != (uint64_t)i + 1) a->failures++;
+    a->failures += count_off(&w, sync_expected(a->workers, i + 1, a->lr), false, a->task, i);
+  }
+  bufs_free(&w);
+  bufs_free(&g);
+  ts_client_close(cl);
+  return NULL;
+}
+
+static void test_push_pull_next_sync(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2,
+                                    "job = { mode = \"sync\"; partition_bytes = 4096; "
+                                    "sync_timeout_s = 30.0; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 0.25; };"),
+                   0);
+  enum { W = 2, R = 8 };
+  pthread_t th[W];
+  sync_arg_t args[W];
+  for (int t = 0; t < W; t++) {
+    args[t] = (sync_arg_t){&c, t, W, R, 0.25, 0};
+    pthread_create(&th[t], NULL, sync_push_pull_worker, &args[t]);
+  }
+  for (int t = 0; t < W; t++) pthread_join(th[t], NULL);
+  for (int t = 0; t < W; t++) assert_int_equal(args[t].failures, 0);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* One polling worker alone on two shards, lr 0.5, and its parameter and gradient buffers. */
+typedef struct {
+  ts_cluster_t c;
+  ts_client_t *cl;
+  bufs_t w, g;
+} solo_t;
+
+static void solo_start(solo_t *f, const char *mode) {
+  char cfg[256];
+  snprintf(cfg, sizeof cfg,
+           "job = { mode = \"%s\"; partition_bytes = 4096; sync_timeout_s = 30.0; };\n"
+           "optimizer = { name = \"sgd\"; learning_rate = 0.5; };",
+           mode);
+  assert_int_equal(ts_cluster_start(&f->c, 2, 1, cfg), 0);
+  f->cl = open_worker_polling(&f->c, 0, 50);
+  bufs_init(&f->w);
+  bufs_init(&f->g);
+}
+
+static void solo_stop(solo_t *f) {
+  bufs_free(&f->w);
+  bufs_free(&f->g);
+  ts_client_close(f->cl);
+  assert_int_equal(ts_cluster_stop(&f->c), 0);
+}
+
+/* Seconds since t0 (uv_hrtime). */
+static double since(uint64_t t0) { return (double)(uv_hrtime() - t0) * 1e-9; }
+
+/* A refused push is the call's error, reported at once; the pull behind it is still
+ * answered (and read), and the connection stays usable. */
+static void test_push_pull_errors(void **state) {
+  (void)state;
+  solo_t f;
+  solo_start(&f, "async");
+  ts_client_t *cl = f.cl;
+  bufs_t w = f.w, g = f.g;
+  char err[512];
+  ts_client_push_result_t res;
+  /* Buffers that overlap are refused before anything is sent. */
+  int rc = ts_client_push_pull(cl, (const float *const *)g.t, 0, g.t, 0, NULL, &res, err,
+                               sizeof err);
+  assert_int_equal(rc, TS_EINVAL);
+  assert_non_null(strstr(err, "overlap"));
+  assert_int_equal(res.push_rc, TS_EINVAL);
+  assert_int_equal(res.pull_rc, TS_EINVAL);
+  /* A NaN in the partitions of one shard: that shard refuses the push, both pulls answer. */
+  bufs_fill(&g, 1.0f);
+  g.t[0][0] = NAN;
+  uint64_t t0 = uv_hrtime();
+  rc = ts_client_push_pull(cl, (const float *const *)g.t, 0, w.t, 1, NULL, &res, err, sizeof err);
+  assert_true(since(t0) < 5.0);
+  assert_int_equal(rc, TS_ENONFINITE);
+  assert_non_null(strstr(err, "NaN"));
+  assert_int_equal(res.push_rc, TS_ENONFINITE);
+  assert_int_equal(res.pull_rc, 0);
+  /* The other shard applied its part; the refusing one changed nothing. */
+  const ts_plan_t *plan = ts_client_plan(cl);
+  assert_true(res.applied > 0 && res.applied < plan->num_parts);
+  bufs_fill(&g, 1.0f);
+  uint64_t v = 0;
+  push_pull_ok(cl, &g, 1, &w, 2, &v, &res);
+  assert_int_equal(res.applied, plan->num_parts);
+  for (size_t k = 0; k < plan->num_parts; k++) {
+    const ts_part_t *pt = &plan->parts[k];
+    double want = pt->shard == plan->parts[0].shard ? -0.5 : -1.0;
+    for (uint64_t e = 0; e < pt->count; e++)
+      assert_true((double)w.t[pt->tensor][pt->offset + e] == want);
+  }
+  solo_stop(&f);
+}
+
+/* Sync: a refused push is heard from (the barrier does not wait for it), so the pull
+ * behind it gets the next version without hanging. The shards' versions stay as they were
+ * for the client: the next call's push is tagged with the old step (stale now) and its
+ * pull returns at once; the one after takes part again. */
+static void test_push_pull_next_refused(void **state) {
+  (void)state;
+  solo_t f;
+  solo_start(&f, "sync");
+  ts_client_t *cl = f.cl;
+  bufs_t w = f.w, g = f.g;
+  char err[512];
+  uint64_t v = 99;
+  assert_int_equal(ts_client_pull_next(cl, w.t, 0, &v, err, sizeof err), 0);
+  assert_int_equal(v, 0);
+  bufs_fill(&g, NAN);
+  ts_client_push_result_t res;
+  uint64_t t0 = uv_hrtime();
+  int rc = ts_client_push_pull_next(cl, (const float *const *)g.t, w.t, 1, &v, &res, err,
+                                    sizeof err);
+  assert_true(since(t0) < 5.0);
+  assert_int_equal(rc, TS_ENONFINITE);
+  assert_int_equal(res.push_rc, TS_ENONFINITE);
+  assert_int_equal(res.pull_rc, 0);
+  const ts_plan_t *plan = ts_client_plan(cl);
+  bufs_fill(&g, 2.0f);
+  rc = ts_client_push_pull_next(cl, (const float *const *)g.t, w.t, 1, &v, &res, err, sizeof err);
+  if (rc < 0) fprintf(stderr, "push_pull_next: %s\n", err);
+  assert_int_equal(rc, 0);
+  assert_int_equal(res.stale, plan->num_parts);
+  assert_int_equal(v, 1); /* the skipped step: nothing changed */
+  assert_all(&w, 0.0, 0.0);
+  rc = ts_client_push_pull_next(cl, (const float *const *)g.t, w.t, 2, &v, &res, err, sizeof err);
+  assert_int_equal(rc, 0);
+  assert_int_equal(res.accumulated, plan->num_parts);
+  assert_int_equal(v, 2);
+  assert_all(&w, -1.0, 0.0);
+  solo_stop(&f);
+}
+
 /* --- declarations ------------------------------------------------------------------- */
 
 static void test_redeclare_mismatch(void **state) {
@@ -375,6 +643,10 @@ int main(void) {
       cmocka_unit_test(test_sync_stale_and_backup),
       cmocka_unit_test(test_ssp_bound),
       cmocka_unit_test(test_redeclare_mismatch),
+      cmocka_unit_test(test_push_pull_async_exact),
+      cmocka_unit_test(test_push_pull_next_sync),
+      cmocka_unit_test(test_push_pull_errors),
+      cmocka_unit_test(test_push_pull_next_refused),
   };
   return cmocka_run_group_tests_name("ps", tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_notify.h"
+#include "ts_poll.h"
 #include "ts_server.h"
 
 static void usage(FILE *f) {
@@ -60,7 +61,9 @@ int main(int argc, char **argv) {
   /* Listening (and, once checkpoints exist, restored): systemd may start what depends on
    * this shard. */
   ts_notify_printf("READY=1\nSTATUS=serving shard %u of %zu", opts.shard, cfg.num_ps);
-  uv_run(&loop, UV_RUN_DEFAULT);
+  /* Poll for job.busy_poll_us after each message before sleeping: the next request of a
+   * busy worker is then read without a wake-up from sleep. */
+  ts_poll_run(&loop, (uint64_t)cfg.busy_poll_us, ts_server_poll_active, srv);
   ts_server_free(srv);
   rc = uv_loop_close(&loop);
   if (rc != 0) ts_log_warn("loop closed with handles open: %s", uv_strerror(rc));

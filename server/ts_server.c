@@ -112,6 +112,7 @@ struct ts_server {
   uint64_t started_ms;
 
   uint64_t pushes, pulls, rejected_frames, errors, nonfinite, auth_failures;
+  uint64_t activity, activity_seen; /* frames and push chunks read, for busy-polling */
   char address[128];
   uint64_t incarnation;
   uint64_t next_session_id;
@@ -626,6 +627,7 @@ static int push_piece(ts_session_t *s, bool fresh) {
 static int on_piece(ts_conn_t *c, unsigned i) {
   ts_session_t *s = c->data;
   push_rx_t *rx = &s->rx;
+  s->srv->activity++;
   if (!rx->active || i >= rx->nchunks) return 0;
   size_t piece = rx->chunk_piece[i];
   if (rx->chunk_off[i] == 0) {
@@ -1148,6 +1150,7 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
                      bool discarded) {
   ts_session_t *s = c->data;
   ts_server_t *srv = s->srv;
+  srv->activity++;
   srv->cur_req = ts_metrics_req_of(h->type);
   srv->cur_start_ns = uv_hrtime();
   if (!s->handshaken) {
@@ -1580,6 +1583,13 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
 fail:
   ts_server_free(srv);
   return rc;
+}
+
+bool ts_server_poll_active(void *arg) {
+  ts_server_t *srv = arg;
+  bool active = srv->activity != srv->activity_seen;
+  srv->activity_seen = srv->activity;
+  return active;
 }
 
 void ts_server_free(ts_server_t *srv) {

@@ -164,7 +164,9 @@ static const ts_conn_cbs_t link_cbs;
 
 static uint64_t loop_now(ts_client_t *c) { return uv_now(&c->loop); }
 
-static void set_ready(ts_client_t *c, shard_t *sh, sh_state_t st) {
+/* A shard's state, `why`, `tried` and `fatal` are written on the client thread and read by
+ * callers (ts_client_open, ts_client_shard_up) under the mutex: every write takes it. */
+static void set_state(ts_client_t *c, shard_t *sh, sh_state_t st) {
   uv_mutex_lock(&c->mu);
   if (sh->state == SH_READY && st != SH_READY) c->ready--;
   if (sh->state != SH_READY && st == SH_READY) c->ready++;
@@ -174,6 +176,13 @@ static void set_ready(ts_client_t *c, shard_t *sh, sh_state_t st) {
 }
 
 /* Record why the shard is not ready: prefix (may be "") followed by detail. */
+static void set_fatal(shard_t *sh, int code) {
+  uv_mutex_lock(&sh->cl->mu);
+  sh->fatal = code;
+  uv_cond_broadcast(&sh->cl->cv);
+  uv_mutex_unlock(&sh->cl->mu);
+}
+
 static void note_why(shard_t *sh, const char *prefix, const char *detail) {
   uv_mutex_lock(&sh->cl->mu);
   snprintf(sh->why, sizeof sh->why, "%s%.200s", prefix, detail);
@@ -334,7 +343,7 @@ static void on_link_close(ts_conn_t *conn, int err) {
   if (sh && sh->link == l) {
     sh->link = NULL;
     bool was_ready = sh->state == SH_READY;
-    set_ready(sh->cl, sh, SH_DOWN);
+    set_state(sh->cl, sh, SH_DOWN);
     if (!sh->why[0] || was_ready) {
       note_why(sh, "connection lost: ",
                conn->errmsg[0] ? conn->errmsg : (err == TS_ECLOSED ? "closed by the server" : ts_strerror(err)));
@@ -362,7 +371,7 @@ static void on_connect(uv_connect_t *creq, int status) {
     ts_conn_close(&l->conn, TS_ECLOSED);
     return;
   }
-  l->sh->state = SH_HELLO;
+  set_state(l->sh->cl, l->sh, SH_HELLO);
   l->sh->state_ms = loop_now(l->sh->cl);
 }
 
@@ -378,7 +387,7 @@ static void start_connect(shard_t *sh) {
   l->sh = sh;
   l->creq.data = l;
   sh->link = l;
-  sh->state = SH_CONNECTING;
+  set_state(sh->cl, sh, SH_CONNECTING);
   sh->state_ms = loop_now(c);
   sh->why[0] = 0;
   int rc = uv_tcp_connect(&l->creq, &l->conn.handle, (const struct sockaddr *)&sh->sa, on_connect);
@@ -670,7 +679,7 @@ static void handle_hello(shard_t *sh, const Tessera__Hello *m) {
   ts_conn_t *conn = &sh->link->conn;
   if (m->protocol != TS_PROTOCOL_VERSION || m->nonce.len != TS_AUTH_NONCE_LEN) {
     note_why(sh, "", "the server speaks another protocol version");
-    sh->fatal = TS_EVERSION;
+    set_fatal(sh, TS_EVERSION);
     ts_conn_close(conn, TS_EVERSION);
     return;
   }
@@ -678,7 +687,7 @@ static void handle_hello(shard_t *sh, const Tessera__Hello *m) {
     char why[128];
     snprintf(why, sizeof why, "the server there is shard %u, not %u", m->shard, sh->index);
     note_why(sh, "", why);
-    sh->fatal = TS_ECONFIG;
+    set_fatal(sh, TS_ECONFIG);
     ts_conn_close(conn, TS_ECONFIG);
     return;
   }
@@ -704,7 +713,7 @@ static void handle_hello(shard_t *sh, const Tessera__Hello *m) {
     hs.mac.data = mac;
     hs.mac.len = sizeof mac;
   }
-  sh->state = SH_HANDSHAKE;
+  set_state(sh->cl, sh, SH_HANDSHAKE);
   sh->state_ms = loop_now(c);
   if (ts_conn_send(conn, TS_MSG_HANDSHAKE, &hs.base, NULL, 0, NULL, NULL) < 0)
     ts_conn_close(conn, TS_ECLOSED);
@@ -714,7 +723,7 @@ static void became_ready(shard_t *sh) {
   sh->backoff_ms = 0;
   sh->rx_ms = loop_now(sh->cl);
   sh->why[0] = 0;
-  set_ready(sh->cl, sh, SH_READY);
+  set_state(sh->cl, sh, SH_READY);
   flush_queued(sh);
 }
 
@@ -729,7 +738,7 @@ static void handle_handshake_reply(shard_t *sh, const Tessera__HandshakeReply *m
   uv_mutex_unlock(&c->mu);
   if (declared) {
     /* A restarted shard has no model: declare it again before anything else. */
-    sh->state = SH_DECLARING;
+    set_state(c, sh, SH_DECLARING);
     if (submit(c, sh, NULL, TS_MSG_DECLARE, NULL, 0) < 0) ts_conn_close(&sh->link->conn, TS_ENOMEM);
     return;
   }
@@ -757,7 +766,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       const Tessera__Error *e = (const Tessera__Error *)msg;
       if (e->request_id == sh->hs_id || sh->state < SH_DECLARING) {
         note_why(sh, "", e->detail);
-        if (e->code == TS_EAUTH || e->code == TS_EVERSION || e->code == TS_EINVAL) sh->fatal = e->code;
+        if (e->code == TS_EAUTH || e->code == TS_EVERSION || e->code == TS_EINVAL) set_fatal(sh, e->code);
         break; /* the server closes the connection */
       }
       req_t *r = take_pending(sh, e->request_id);

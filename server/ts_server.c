@@ -165,13 +165,15 @@ static bool worker_live(const worker_info_t *w) {
   return w->seen && w->conns > 0 && !w->dead && !w->done;
 }
 
-/* How many gradients close a sync barrier now: replicas_to_aggregate (or all workers),
- * lowered when workers are known dead, gone or done, and never below one. */
-static uint32_t sync_required(ts_server_t *srv) {
+/* How many gradients close p's sync barrier now: replicas_to_aggregate (or all workers),
+ * lowered when workers are known dead, gone or done, and never below one. A worker that
+ * left after giving its gradient to this barrier still counts for it: otherwise a worker
+ * finishing its last step would close that step before its peers' gradients arrive. */
+static uint32_t sync_required(ts_server_t *srv, const ts_spart_t *p) {
   uint32_t gone = 0;
   for (uint32_t i = 0; i < srv->num_workers; i++) {
     const worker_info_t *w = &srv->workers[i];
-    if (w->seen && !worker_live(w)) gone++;
+    if (w->seen && !worker_live(w) && !p->contributed[i]) gone++;
   }
   uint32_t need = srv->cfg->replicas_to_aggregate > 0 ? (uint32_t)srv->cfg->replicas_to_aggregate
                                                       : srv->num_workers;
@@ -184,7 +186,6 @@ static void serve_waiting(ts_server_t *srv);
 
 static void check_barriers(ts_server_t *srv, bool timeouts) {
   if (srv->store.mode != TS_MODE_SYNC || !srv->store.declared) return;
-  uint32_t need = sync_required(srv);
   uint64_t now = now_ms(srv);
   uint64_t timeout = (uint64_t)(srv->cfg->sync_timeout_s * 1000.0);
   bool moved = false;
@@ -192,6 +193,7 @@ static void check_barriers(ts_server_t *srv, bool timeouts) {
     ts_spart_t *p = &srv->store.parts[i];
     uint32_t have = ts_store_sync_count(p);
     if (have == 0 || p->apply_pending) continue;
+    uint32_t need = sync_required(srv, p);
     bool expired = timeouts && now - p->opened_ms >= timeout;
     if (have < need && !expired) continue;
     if (have < need) {
@@ -593,13 +595,12 @@ static int push_piece(ts_session_t *s, bool fresh) {
     rx->next = b;
     return 0;
   }
-  uint32_t need = sync ? sync_required(srv) : 0;
   const float *g = rx->buf + rx->next_off;
   for (size_t i = rx->next; i < b; i++) {
     ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
     Tessera__PushResult r = TESSERA__PUSH_RESULT__PUSH_APPLIED;
     if (sync) {
-      r = ts_store_sync_push(st, p, g, s->task, m->step, now, need);
+      r = ts_store_sync_push(st, p, g, s->task, m->step, now, sync_required(srv, p));
       if (r == TESSERA__PUSH_RESULT__PUSH_STALE) rx->stale++;
       if (r == TESSERA__PUSH_RESULT__PUSH_APPLIED) /* a barrier that this gradient closed */
         ts_prom_hist_observe(&srv->metrics.barrier_wait, 0.0);

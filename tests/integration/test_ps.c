@@ -636,12 +636,52 @@ static void test_redeclare_mismatch(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* A worker that leaves the job (done) right after its last push still counts for that
+ * step's barrier: the barrier waits for the other worker's gradient instead of closing
+ * with the leaver's alone (which made the end of a sync run depend on timing). Steps after
+ * it close with the remaining worker alone. */
+static void test_sync_leaver_counts_for_its_last_step(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2,
+                                    "job = { mode = \"sync\"; partition_bytes = 4096; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 1.0; };"),
+                   0);
+  ts_client_t *w0 = open_worker(&c, 0), *w1 = open_worker(&c, 1);
+  bufs_t b, g;
+  bufs_init(&b);
+  bufs_init(&g);
+  ts_client_push_result_t res;
+  bufs_fill(&g, 2.0f);
+  push_ok(w0, &g, 0, &res);
+  char err[512];
+  ts_client_set_progress(w0, 1, 0.0, 0.0, 1.0, true);
+  assert_int_equal(ts_client_heartbeat(w0, err, sizeof err), 0);
+  bufs_fill(&g, 4.0f);
+  push_ok(w1, &g, 0, &res);
+  assert_int_equal(res.stale, 0);
+  uint64_t v = 0;
+  pull_ok(w1, &b, 1, 0, &v);
+  assert_all(&b, -3.0, 0.0); /* (2 + 4) / 2 */
+  /* Step 1: worker 1 alone now. */
+  push_ok(w1, &g, 1, &res);
+  pull_ok(w1, &b, 2, 0, &v);
+  assert_int_equal(v, 2);
+  assert_all(&b, -7.0, 0.0);
+  bufs_free(&b);
+  bufs_free(&g);
+  ts_client_close(w0);
+  ts_client_close(w1);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_async_exact),
       cmocka_unit_test(test_sync_two),
       cmocka_unit_test(test_sync_three),
       cmocka_unit_test(test_sync_stale_and_backup),
+      cmocka_unit_test(test_sync_leaver_counts_for_its_last_step),
       cmocka_unit_test(test_ssp_bound),
       cmocka_unit_test(test_redeclare_mismatch),
       cmocka_unit_test(test_push_pull_async_exact),

@@ -2,8 +2,10 @@
 #   bench_start NAME   a temporary directory $dir, the list $pids of processes to stop, and
 #                      traps that stop them and remove $dir on exit (also on Ctrl-C)
 #   stop_all           stop every process in $pids (TERM, then KILL after 5 s)
-#   free_port          a free 127.0.0.1 port below the kernel's ephemeral range (32768+),
-#                      so no outgoing connection takes it after the check; never twice
+#   free_port VAR      set VAR to a free 127.0.0.1 port below the kernel's ephemeral range
+#                      (32768+), so no outgoing connection takes it after the check; never
+#                      twice (it sets VAR rather than printing: in a $(...) subshell the
+#                      record of ports already handed out would be lost)
 #   list PORT...       ["127.0.0.1:P1", ...] for a --set value
 
 stop_all() {
@@ -26,11 +28,15 @@ bench_start() {
 
 taken=" "
 free_port() {
-  local p
+  local port
   while :; do
-    p=$(( 20000 + RANDOM % 12000 ))
-    case "$taken" in *" $p "*) continue ;; esac
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then taken="$taken$p "; echo "$p"; return; fi
+    port=$(( 20000 + RANDOM % 12000 ))
+    case "$taken" in *" $port "*) continue ;; esac
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      taken="$taken$port "
+      printf -v "$1" '%s' "$port"
+      return
+    fi
   done
 }
 

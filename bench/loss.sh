@@ -28,7 +28,7 @@ mkdir -p bench/results
 for mode in $modes; do
   taken=" "
   psp=() hp=() wp=()
-  for _ in 0 1; do psp+=("$(free_port)"); hp+=("$(free_port)"); wp+=("$(free_port)"); done
+  for _ in 0 1; do free_port p; psp+=("$p"); free_port p; hp+=("$p"); free_port p; wp+=("$p"); done
   sets=(--set "cluster.ps=$(list "${psp[@]}")" --set "cluster.ps_http=$(list "${hp[@]}")"
         --set "cluster.workers=$(list "${wp[@]}")" --set "job.mode=\"$mode\""
         --set train.epochs=1 --set train.log_interval_s=0.2)

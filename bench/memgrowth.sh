@@ -19,7 +19,7 @@ cfg=deploy/local/cluster.cfg
 . bench/lib.sh
 bench_start mem
 
-p0=$(free_port) h0=$(free_port) w0=$(free_port) w1=$(free_port)
+free_port p0; free_port h0; free_port w0; free_port w1
 sets=(--set "cluster.ps=$(list "$p0")" --set "cluster.ps_http=$(list "$h0")"
       --set "cluster.workers=$(list "$w0" "$w1")" --set 'job.mode="async"'
       --set train.epochs=100000 --set train.max_steps=0 --set train.log_interval_s=5.0)

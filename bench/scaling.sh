@@ -43,8 +43,8 @@ for n in $counts; do
   for run in $(seq 1 "$runs"); do
     taken=" "
     psp=() hp=() wp=()
-    for _ in 0 1; do psp+=("$(free_port)"); hp+=("$(free_port)"); done
-    for _ in $(seq "$n"); do wp+=("$(free_port)"); done
+    for _ in 0 1; do free_port p; psp+=("$p"); free_port p; hp+=("$p"); done
+    for _ in $(seq "$n"); do free_port p; wp+=("$p"); done
     sets=(--set "cluster.ps=$(list "${psp[@]}")" --set "cluster.ps_http=$(list "${hp[@]}")"
           --set "cluster.workers=$(list "${wp[@]}")" --set 'job.mode="sync"'
           --set job.sync_timeout_s=60.0 --set job.heartbeat_timeout_s=30.0

@@ -14,6 +14,7 @@
 #   what=... model=... mode=... run=N examples_per_sec=X rss_kib=[name:KiB ...] load=L
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh   # free_port
 build=${1:-build}
 steps_small=${STEPS_SMALL:-300}
 steps_large=${STEPS_LARGE:-20}
@@ -45,9 +46,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 load() { cut -d' ' -f1 /proc/loadavg; }
 peak() { awk -F': ' '/Maximum resident set size/ {print $2}' "$1"; }
 
@@ -67,7 +65,7 @@ for model in $models; do
   done
   for mode in $modes; do
     for run in $(seq 1 "$runs"); do
-      p0=$(free_port) p1=$(free_port) h0=$(free_port) h1=$(free_port) w0=$(free_port) w1=$(free_port)
+      free_port p0; free_port p1; free_port h0; free_port h1; free_port w0; free_port w1
       cat >"$dir/job.cfg" <<EOF
 cluster = { ps = ["127.0.0.1:$p0", "127.0.0.1:$p1"]; ps_http = ["127.0.0.1:$h0", "127.0.0.1:$h1"];
             workers = ["127.0.0.1:$w0", "127.0.0.1:$w1"]; };

@@ -55,17 +55,21 @@ trap 'echo; echo "demo: interrupted, stopping the cluster"; exit 130' INT TERM
 # Free loopback ports: nothing may answer on them now.
 taken=" "
 free_port() {
-  local p
+  local port
   while :; do
-    p=$(( 20000 + RANDOM % 12000 ))  # below the kernel's ephemeral range (32768+)
-    case "$taken" in *" $p "*) continue ;; esac
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then taken="$taken$p "; echo "$p"; return; fi
+    port=$(( 20000 + RANDOM % 12000 ))  # below the kernel's ephemeral range (32768+)
+    case "$taken" in *" $port "*) continue ;; esac
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      taken="$taken$port "  # kept: free_port sets $1 instead of printing, so no subshell loses it
+      printf -v "$1" '%s' "$port"
+      return
+    fi
   done
 }
 list() { local out="" i; for i in "$@"; do out="$out${out:+, }\"127.0.0.1:$i\""; done; echo "[$out]"; }
 ps_ports=() http_ports=() worker_ports=()
-for _ in $(seq "$shards"); do ps_ports+=("$(free_port)"); http_ports+=("$(free_port)"); done
-for _ in $(seq "$workers"); do worker_ports+=("$(free_port)"); done
+for _ in $(seq "$shards"); do free_port p; ps_ports+=("$p"); free_port p; http_ports+=("$p"); done
+for _ in $(seq "$workers"); do free_port p; worker_ports+=("$p"); done
 sets=(--set "cluster.ps=$(list "${ps_ports[@]}")"
       --set "cluster.ps_http=$(list "${http_ports[@]}")"
       --set "cluster.workers=$(list "${worker_ports[@]}")"

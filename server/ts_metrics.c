@@ -142,6 +142,17 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
     ts_prom_sample(b, "tessera_ps_pushed_partitions_total", lab, (double)m->push_parts[i]);
   }
 
+  ts_prom_family(b, "tessera_ps_push_waits_total", "counter",
+                 "Pushes that waited: for a pull reply being written from their partition, or "
+                 "for a staging buffer.");
+  ts_prom_sample(b, "tessera_ps_push_waits_total", "reason=\"pull_reply\"",
+                 (double)m->push_waits_reply);
+  ts_prom_sample(b, "tessera_ps_push_waits_total", "reason=\"staging\"",
+                 (double)m->push_waits_staging);
+  ts_prom_family(b, "tessera_ps_staging_bytes", "gauge",
+                 "Bytes of the buffers pushes are read into (a pool shared by all connections).");
+  ts_prom_sample(b, "tessera_ps_staging_bytes", NULL, (double)m->staging_bytes);
+
   /* The refusals every operator looks for always have a series, even at zero. */
   static const int push_reasons[] = {TS_ENONFINITE, TS_ESHAPE, TS_ENOTENSOR, TS_EFUTURE};
   ts_prom_family(b, "tessera_ps_refused_requests_total", "counter",

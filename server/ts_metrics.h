@@ -42,6 +42,10 @@ typedef struct {
   /* Pushed partitions by outcome, indexed by Tessera__PushResult (applied, accumulated,
    * stale, duplicate). */
   uint64_t push_parts[4];
+  /* Pushes that had to wait: for a pull reply being written from their partition, or for
+   * a staging buffer (docs/architecture.md, "Pushes, piece by piece"). */
+  uint64_t push_waits_reply, push_waits_staging;
+  uint64_t staging_bytes; /* staging buffers allocated, set when publishing */
   uint64_t auth_failures;
   /* Bytes of connections already closed; the live ones are added when publishing. */
   uint64_t bytes_in_closed, bytes_out_closed;

@@ -556,7 +556,10 @@ static int push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera_
   if (rc < 0) return push_refuse(rx, TS_ENOMEM, "out of memory for the push payload");
   *iov = rx->iov;
   *niov = (unsigned)rx->nchunks;
-  if (rc == 1) return TS_CONN_HOLD; /* stage_give_back points the pieces and resumes */
+  if (rc == 1) { /* stage_give_back points the pieces and resumes */
+    srv->metrics.push_waits_staging++;
+    return TS_CONN_HOLD;
+  }
   rx_point(rx, buf);
   return 0;
 }
@@ -610,6 +613,7 @@ static int push_piece(ts_session_t *s, bool fresh) {
       rx->next_off = (size_t)(g - rx->buf);
       rx->held_on = p;
       p->held_pushes++;
+      srv->metrics.push_waits_reply++;
       rx->held_next = srv->held;
       srv->held = s;
       return TS_CONN_HOLD;
@@ -1315,6 +1319,7 @@ static void admin_tick(ts_server_t *srv) {
         ts_metrics_t *m = &srv->metrics;
         m->bytes_in = m->bytes_in_closed;
         m->bytes_out = m->bytes_out_closed;
+        m->staging_bytes = ts_stage_bytes(&srv->stage);
         for (ts_session_t *x = srv->sessions; x; x = x->next) {
           m->bytes_in += x->conn.bytes_in;
           m->bytes_out += x->conn.bytes_out;

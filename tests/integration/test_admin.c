@@ -114,6 +114,10 @@ static void test_endpoints(void **state) {
     assert_true(metric(body, "tessera_ps_live_workers") == 1);
     assert_true(metric(body, "tessera_ps_request_duration_seconds_count{request=\"push\"}") >= 5);
     assert_true(metric(body, "tessera_ps_barrier_wait_seconds_count") >= 5);
+    /* One staging buffer at least was needed for the pushes (1 MiB: the smallest size). */
+    assert_true(metric(body, "tessera_ps_staging_bytes") >= 1048576);
+    assert_true(metric(body, "tessera_ps_push_waits_total{reason=\"pull_reply\"}") >= 0);
+    assert_true(metric(body, "tessera_ps_push_waits_total{reason=\"staging\"}") == 0);
   }
   assert_true(pushes == 10 || pushes == 11); /* + the NaN push on the shard without element 7 */
   assert_true(pulls == 10);

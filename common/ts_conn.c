@@ -68,6 +68,7 @@ int ts_conn_start(ts_conn_t *c) {
   }
   int rc = uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read);
   if (rc == 0) c->reading = true;
+  c->read_progress_ms = uv_now(c->handle.loop);
   return rc;
 }
 
@@ -103,6 +104,7 @@ static void update_reading(ts_conn_t *c) {
   bool want = !c->closing && !c->close_after_write && !c->held && !c->paused;
   if (want && !c->reading) {
     if (uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read) == 0) c->reading = true;
+    c->read_progress_ms = uv_now(c->handle.loop); /* the time held back is not the peer's */
   } else if (!want && c->reading) {
     uv_read_stop((uv_stream_t *)&c->handle);
     c->reading = false;
@@ -275,6 +277,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   if (nread == 0) return;
+  c->read_progress_ms = uv_now(c->handle.loop);
   c->got += (size_t)nread;
   c->bytes_in += (uint64_t)nread;
   switch (c->state) {
@@ -329,9 +332,25 @@ static void on_write(uv_write_t *req, int status) {
   }
 }
 
-uint64_t ts_conn_write_stall_ms(const ts_conn_t *c, uint64_t now_ms) {
-  if (ts_conn_write_queue(c) == 0 || now_ms < c->write_progress_ms) return 0;
+uint64_t ts_conn_write_stall_ms(ts_conn_t *c, uint64_t now_ms) {
+  size_t queued = ts_conn_write_queue(c);
+  if (queued == 0) return 0;
+  /* Bytes handed to the kernel since the last look are progress too: one request (a large
+   * partition of a pull reply) may take seconds to complete while its bytes flow steadily.
+   * bytes_out counts every byte queued, the queue those not yet written. */
+  uint64_t written = c->bytes_out - queued;
+  if (written != c->written_seen) {
+    c->written_seen = written;
+    c->write_progress_ms = now_ms;
+  }
+  if (now_ms < c->write_progress_ms) return 0;
   return now_ms - c->write_progress_ms;
+}
+
+uint64_t ts_conn_read_stall_ms(const ts_conn_t *c, uint64_t now_ms) {
+  bool mid_frame = c->state != TS_CONN_READ_HEADER || c->got > 0;
+  if (!c->reading || !mid_frame || now_ms < c->read_progress_ms) return 0;
+  return now_ms - c->read_progress_ms;
 }
 
 /* Queue one write request; the stall clock starts when the queue goes from empty to not. */
@@ -408,6 +427,7 @@ int ts_conn_send_parts(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg,
   w->arg = arg;
   int rc = queue_frame(c, w, bytes);
   if (rc < 0) return rc;
+  write_req_t *prev = w; /* the last request queued */
   for (unsigned first = end; first < n; first = end) {
     end = group_end(payload, n, first);
     w = ts_malloc(sizeof(write_req_t) + (end - first) * sizeof(uv_buf_t));
@@ -427,12 +447,17 @@ int ts_conn_send_parts(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg,
     }
     if (rc < 0) {
       /* Part of the frame is queued, so the stream is broken: close (the queued requests
-       * report UV_ECANCELED) and report the rest here, as their requests never existed. */
+       * report UV_ECANCELED). The last one queued also reports the buffers that never got
+       * a request, and is the frame's final call: the owner may free its state there, so
+       * no call may follow it, and none may come from inside this function (libuv never
+       * calls a write callback from uv_write, so prev has not completed yet). */
       ts_log_err("%s: cannot queue a write: %s; closing", c->peer, ts_strerror(rc));
+      prev->count = n - prev->first;
+      prev->last = true;
       ts_conn_close(c, rc);
-      cb(c, arg, first, n - first, true, rc);
       return 0;
     }
+    prev = w;
   }
   return 0;
 }

@@ -107,7 +107,9 @@ struct ts_conn {
   bool close_after_write;
   int close_err;
 
-  uint64_t write_progress_ms; /* loop time a write last completed, or the queue last filled */
+  uint64_t write_progress_ms; /* loop time bytes were last seen written, or the queue filled */
+  uint64_t written_seen;      /* bytes written at the last look (ts_conn_write_stall_ms) */
+  uint64_t read_progress_ms;  /* loop time bytes last arrived, or reading last (re)started */
 
   char peer[64];
   char errmsg[256];
@@ -130,7 +132,10 @@ int ts_conn_send(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg, const
 
 /* Like ts_conn_send, but the payload is written in groups of about TS_CONN_WRITE_GROUP bytes
  * (whole buffers) and cb reports each group as soon as it is out, so the owner can release
- * the memory of the first buffers of a large frame while the rest is still on its way. */
+ * the memory of the first buffers of a large frame while the rest is still on its way.
+ * Once it returns 0, cb reports every buffer exactly once, never from inside this call, and
+ * the call with `last` comes after all others (also when a later group cannot be queued:
+ * the connection then closes and the rest is reported as cancelled). */
 #define TS_CONN_WRITE_GROUP (1u << 20)
 int ts_conn_send_parts(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg,
                        const uv_buf_t *payload, unsigned n, ts_conn_parts_cb cb, void *arg);
@@ -139,9 +144,16 @@ int ts_conn_send_parts(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg,
  * on_piece and on_frame callbacks of this connection before it returns. */
 void ts_conn_resume(ts_conn_t *c);
 
-/* How long bytes have been waiting to be written without any write completing (ms; 0 when
- * nothing waits): a peer that stopped reading shows a growing stall. */
-uint64_t ts_conn_write_stall_ms(const ts_conn_t *c, uint64_t now_ms);
+/* How long bytes have been waiting to be written without any of them being written (ms; 0
+ * when nothing waits): a peer that stopped reading shows a growing stall, one that reads
+ * slowly does not. Bytes are seen moving when this is called, so call it regularly (a
+ * timer); a write completing counts at once. */
+uint64_t ts_conn_write_stall_ms(ts_conn_t *c, uint64_t now_ms);
+
+/* How long the connection has been in the middle of a frame, reading, without a byte
+ * arriving (ms; 0 between frames and while reading is held back or paused): a peer that
+ * stopped sending half way through a frame shows a growing stall. */
+uint64_t ts_conn_read_stall_ms(const ts_conn_t *c, uint64_t now_ms);
 
 /* Send an Error frame for request_id. */
 int ts_conn_send_error(ts_conn_t *c, uint64_t request_id, int code, const char *detail);

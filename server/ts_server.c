@@ -1205,6 +1205,8 @@ static bool is_protocol_violation(int err) {
          err == TS_EAUTH || err == TS_EINVAL;
 }
 
+static void stop_tick_when_idle(ts_server_t *srv);
+
 static void on_session_close(ts_conn_t *c, int err) {
   ts_session_t *s = c->data;
   ts_server_t *srv = s->srv;
@@ -1242,6 +1244,7 @@ static void on_session_close(ts_conn_t *c, int err) {
   stage_give_back(srv, &s->rx);
   rx_free(&s->rx);
   ts_free(s);
+  stop_tick_when_idle(srv);
 }
 
 static const ts_conn_cbs_t session_cbs = {
@@ -1356,10 +1359,41 @@ static void admin_tick(ts_server_t *srv) {
   }
 }
 
+/* A stopping shard drops a peer that does not read its last replies after this long at
+ * most: the connection would otherwise keep the shard from ever exiting. */
+#define STOP_STALL_MS 1000
+
+/* Close the peers that hold others up: one that has not read its replies for limit_ms (its
+ * pull replies never finish, so pushes to their partitions wait; and it holds our memory),
+ * and one that stopped sending half way through a push for as long while holding a
+ * staging buffer (the pushes queued for a buffer would wait for it forever). */
+static void drop_stalled_peers(ts_server_t *srv, uint64_t now, uint64_t limit_ms) {
+  for (ts_session_t *s = srv->sessions; s; s = s->next) {
+    if (s->conn.closing) continue;
+    uint64_t stall = ts_conn_write_stall_ms(&s->conn, now);
+    if (stall > limit_ms) {
+      ts_log_warn("%s: has not read its replies for %.1f s (%zu bytes waiting): closing",
+                  s->conn.peer, (double)stall / 1000.0, ts_conn_write_queue(&s->conn));
+      ts_conn_close(&s->conn, TS_ETIMEDOUT);
+      continue;
+    }
+    stall = s->rx.buf ? ts_conn_read_stall_ms(&s->conn, now) : 0;
+    if (stall > limit_ms) {
+      ts_log_warn("%s: sent nothing for %.1f s in the middle of a push, holding a staging "
+                  "buffer: closing", s->conn.peer, (double)stall / 1000.0);
+      ts_conn_close(&s->conn, TS_ETIMEDOUT);
+    }
+  }
+}
+
 static void on_tick(uv_timer_t *t) {
   ts_server_t *srv = t->data;
   uint64_t now = now_ms(srv);
   uint64_t hb = (uint64_t)(srv->cfg->heartbeat_timeout_s * 1000.0);
+  if (srv->stopping) {
+    drop_stalled_peers(srv, now, hb / 2 < STOP_STALL_MS ? hb / 2 : STOP_STALL_MS);
+    return;
+  }
   bool changed = false;
   for (uint32_t i = 0; i < srv->num_workers; i++) {
     worker_info_t *w = &srv->workers[i];
@@ -1371,18 +1405,9 @@ static void on_tick(uv_timer_t *t) {
     }
   }
   (void)changed;
-  /* A peer that stopped reading its replies would hold partitions (their pull replies
-   * never finish, so pushes to them wait) and our memory: drop it. Half the heartbeat
-   * timeout, so the pushers it holds up, who cannot be read meanwhile, are not themselves
-   * taken for dead by their clients. */
-  for (ts_session_t *s = srv->sessions; s; s = s->next) {
-    uint64_t stall = ts_conn_write_stall_ms(&s->conn, now);
-    if (stall > hb / 2 && !s->conn.closing) {
-      ts_log_warn("%s: has not read its replies for %.1f s (%zu bytes waiting): closing",
-                  s->conn.peer, (double)stall / 1000.0, ts_conn_write_queue(&s->conn));
-      ts_conn_close(&s->conn, TS_ETIMEDOUT);
-    }
-  }
+  /* Half the heartbeat timeout, so the pushers a stalled peer holds up, who cannot be read
+   * meanwhile, are not themselves taken for dead by their clients. */
+  drop_stalled_peers(srv, now, hb / 2);
   check_barriers(srv, true);
   serve_waiting(srv);
   admin_tick(srv);
@@ -1393,6 +1418,13 @@ static void on_handle_closed(uv_handle_t *h) {
   srv->open_handles--;
 }
 
+/* A stopping shard keeps its tick until the last connection is gone: the tick drops the
+ * peers that would never let their connection finish closing (drop_stalled_peers). */
+static void stop_tick_when_idle(ts_server_t *srv) {
+  if (srv->stopping && srv->num_sessions == 0 && !uv_is_closing((uv_handle_t *)&srv->tick))
+    uv_close((uv_handle_t *)&srv->tick, on_handle_closed);
+}
+
 void ts_server_stop(ts_server_t *srv) {
   if (srv->stopping) return;
   srv->stopping = true;
@@ -1400,11 +1432,11 @@ void ts_server_stop(ts_server_t *srv) {
   admin_tick(srv);
   ts_log_info("shutting down: closing %zu connection(s)", srv->num_sessions);
   uv_close((uv_handle_t *)&srv->listener, on_handle_closed);
-  uv_close((uv_handle_t *)&srv->tick, on_handle_closed);
   uv_close((uv_handle_t *)&srv->sigterm, on_handle_closed);
   uv_close((uv_handle_t *)&srv->sigint, on_handle_closed);
   uv_close((uv_handle_t *)&srv->ckpt_timer, on_handle_closed);
   for (ts_session_t *s = srv->sessions; s; s = s->next) ts_conn_close_graceful(&s->conn, TS_ESHUTDOWN);
+  stop_tick_when_idle(srv);
 }
 
 static void on_signal(uv_signal_t *h, int signum) {

@@ -235,6 +235,15 @@ void ts_cluster_signal(ts_cluster_t *c, int i, int sig) {
   kill(c->pid[i], SIGKILL);
   waitpid(c->pid[i], NULL, 0);
   c->pid[i] = 0;
+  if (sig != SIGKILL) {
+    /* A shard that does not stop on SIGTERM hangs its deployment's restarts too. */
+    char *log = ts_cluster_log(c, i);
+    fprintf(stderr,
+            "harness: ps-server %d did not exit within 5 s of signal %d; killed. Its log:\n%s\n", i,
+            sig, log ? log : "");
+    free(log);
+    c->bad_exits++;
+  }
 }
 
 int ts_cluster_stop(ts_cluster_t *c) {

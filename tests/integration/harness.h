@@ -40,7 +40,9 @@ int ts_cluster_start(ts_cluster_t *c, int num_shards, int num_workers, const cha
 /* Start (again) shard i with the same job file; waits until it accepts. */
 int ts_cluster_start_shard(ts_cluster_t *c, int i);
 
-/* Send sig to shard i and, for SIGTERM/SIGKILL, reap it. */
+/* Send sig to shard i and, for SIGTERM/SIGINT/SIGKILL, reap it. A shard that exits with a
+ * non-zero status, or does not exit within 5 s of SIGTERM/SIGINT (it is then killed),
+ * counts in bad_exits. */
 void ts_cluster_signal(ts_cluster_t *c, int i, int sig);
 
 /* Stop every shard and remove the directory. Returns the number of shards that did not

@@ -1,0 +1,210 @@
+/* A framed connection (common/ts_conn.h) on a loopback socket pair: a frame sent in groups
+ * reports every payload buffer once, never from inside the sending call, and its final
+ * call last, also when queuing a group fails half way (the owner frees its state on the
+ * final call); the write stall counts bytes moving, not whole requests completing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cmocka.h>
+
+#include "ts_alloc.h"
+#include "ts_conn.h"
+#include "ts_err.h"
+
+#define NBUF 4
+#define BUF_BYTES ((size_t)1 << 20) /* one group per buffer */
+
+typedef struct {
+  uv_loop_t loop;
+  uv_tcp_t listener, peer; /* the peer accepts and never reads */
+  bool accepted;
+  ts_conn_t conn;
+  uv_connect_t connect;
+  bool connected;
+  bool closed;
+  /* parts callbacks */
+  bool in_send; /* inside ts_conn_send_parts */
+  int calls, calls_in_send, calls_after_last;
+  bool got_last;
+  int reported[NBUF]; /* times each buffer was reported */
+} fixture_t;
+
+static int on_meta(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                   const uv_buf_t **iov, unsigned *niov) {
+  (void)c, (void)h, (void)msg, (void)iov, (void)niov;
+  return 0;
+}
+
+static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                     bool discarded) {
+  (void)c, (void)h, (void)discarded;
+  ts_msg_free(msg);
+}
+
+static void on_conn_close(ts_conn_t *c, int err) {
+  (void)err;
+  fixture_t *f = c->data;
+  f->closed = true;
+}
+
+static const ts_conn_cbs_t cbs = {
+    .on_meta = on_meta, .on_frame = on_frame, .on_close = on_conn_close};
+
+static void on_accept(uv_stream_t *s, int status) {
+  fixture_t *f = s->data;
+  assert_int_equal(status, 0);
+  uv_tcp_init(&f->loop, &f->peer);
+  assert_int_equal(uv_accept(s, (uv_stream_t *)&f->peer), 0);
+  f->accepted = true;
+}
+
+static void on_connect(uv_connect_t *req, int status) {
+  fixture_t *f = req->data;
+  assert_int_equal(status, 0);
+  f->connected = true;
+}
+
+static int setup(void **state) {
+  fixture_t *f = calloc(1, sizeof *f);
+  assert_int_equal(uv_loop_init(&f->loop), 0);
+  uv_tcp_init(&f->loop, &f->listener);
+  f->listener.data = f;
+  struct sockaddr_in a;
+  uv_ip4_addr("127.0.0.1", 0, &a);
+  assert_int_equal(uv_tcp_bind(&f->listener, (const struct sockaddr *)&a, 0), 0);
+  assert_int_equal(uv_listen((uv_stream_t *)&f->listener, 4, on_accept), 0);
+  int len = sizeof a;
+  uv_tcp_getsockname(&f->listener, (struct sockaddr *)&a, &len);
+  assert_int_equal(ts_conn_init(&f->loop, &f->conn, &cbs, 1 << 20, f), 0);
+  f->connect.data = f;
+  assert_int_equal(
+      uv_tcp_connect(&f->connect, &f->conn.handle, (const struct sockaddr *)&a, on_connect), 0);
+  while (!f->connected || !f->accepted) uv_run(&f->loop, UV_RUN_ONCE);
+  assert_int_equal(ts_conn_start(&f->conn), 0);
+  /* Small socket buffers, so most of the frame stays queued. */
+  int size = 64 << 10;
+  uv_send_buffer_size((uv_handle_t *)&f->conn.handle, &size);
+  *state = f;
+  return 0;
+}
+
+static void on_closed_noop(uv_handle_t *h) {
+  (void)h;
+}
+
+static int teardown(void **state) {
+  fixture_t *f = *state;
+  ts_conn_close(&f->conn, 0);
+  uv_close((uv_handle_t *)&f->peer, on_closed_noop);
+  uv_close((uv_handle_t *)&f->listener, on_closed_noop);
+  uv_run(&f->loop, UV_RUN_DEFAULT);
+  assert_true(f->closed);
+  assert_int_equal(uv_loop_close(&f->loop), 0);
+  free(f);
+  return 0;
+}
+
+static void on_parts(ts_conn_t *c, void *arg, unsigned first, unsigned n, bool last, int err) {
+  (void)c, (void)err;
+  fixture_t *f = arg;
+  f->calls++;
+  if (f->in_send) f->calls_in_send++;
+  if (f->got_last) f->calls_after_last++;
+  for (unsigned i = first; i < first + n && i < NBUF; i++) f->reported[i]++;
+  if (last) f->got_last = true;
+}
+
+static uv_buf_t *payload(char **mem) {
+  static uv_buf_t bufs[NBUF];
+  *mem = calloc(NBUF, BUF_BYTES);
+  for (unsigned i = 0; i < NBUF; i++) bufs[i] = uv_buf_init(*mem + i * BUF_BYTES, BUF_BYTES);
+  return bufs;
+}
+
+static int send_parts(fixture_t *f, const uv_buf_t *bufs) {
+  Tessera__PullReply r = TESSERA__PULL_REPLY__INIT;
+  f->in_send = true;
+  int rc = ts_conn_send_parts(&f->conn, TS_MSG_PULL_REPLY, &r.base, bufs, NBUF, on_parts, f);
+  f->in_send = false;
+  return rc;
+}
+
+/* Queuing the second group fails: the first is queued already, so the connection closes;
+ * every buffer is still reported once, after the call, and the final call comes last. */
+static void test_send_parts_fails_half_way(void **state) {
+  fixture_t *f = *state;
+  char *mem;
+  const uv_buf_t *bufs = payload(&mem);
+  ts_alloc_fail_after(2); /* the first request (header, meta, first group) is allocated */
+  int rc = send_parts(f, bufs);
+  ts_alloc_fail_after(0);
+  assert_int_equal(rc, 0);
+  assert_int_equal(f->calls_in_send, 0);
+  assert_true(f->conn.closing);
+  while (!f->closed) uv_run(&f->loop, UV_RUN_ONCE);
+  assert_true(f->got_last);
+  assert_int_equal(f->calls_after_last, 0);
+  for (unsigned i = 0; i < NBUF; i++) assert_int_equal(f->reported[i], 1);
+  free(mem);
+}
+
+/* The first request cannot be allocated: an error and no callback (libuv's rule). */
+static void test_send_parts_fails_first(void **state) {
+  fixture_t *f = *state;
+  char *mem;
+  const uv_buf_t *bufs = payload(&mem);
+  ts_alloc_fail_after(1);
+  int rc = send_parts(f, bufs);
+  ts_alloc_fail_after(0);
+  assert_int_equal(rc, TS_ENOMEM);
+  assert_int_equal(f->calls, 0);
+  assert_false(f->conn.closing);
+  free(mem);
+}
+
+/* While the peer reads nothing the stall grows; bytes it reads count as progress, even
+ * before any one write request completes. */
+static void test_write_stall_counts_bytes(void **state) {
+  fixture_t *f = *state;
+  char *mem;
+  const uv_buf_t *bufs = payload(&mem);
+  /* One request of all four buffers (4 MiB) that the peer drains slowly. */
+  Tessera__PullReply r = TESSERA__PULL_REPLY__INIT;
+  uv_update_time(&f->loop);
+  uint64_t t0 = uv_now(&f->loop);
+  assert_int_equal(ts_conn_send(&f->conn, TS_MSG_PULL_REPLY, &r.base, bufs, NBUF, NULL, NULL), 0);
+  assert_true(ts_conn_write_queue(&f->conn) > 0);
+  assert_int_equal(ts_conn_write_stall_ms(&f->conn, t0), 0);
+  assert_int_equal(ts_conn_write_stall_ms(&f->conn, t0 + 1000), 1000);
+  /* The peer reads some: the next look sees progress. */
+  int fd;
+  assert_int_equal(uv_fileno((uv_handle_t *)&f->peer, &fd), 0);
+  static char junk[256 << 10];
+  size_t before = ts_conn_write_queue(&f->conn);
+  for (int i = 0; i < 100 && ts_conn_write_queue(&f->conn) == before; i++) {
+    (void)!read(fd, junk, sizeof junk);
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+  }
+  assert_true(ts_conn_write_queue(&f->conn) < before);
+  assert_int_equal(ts_conn_write_stall_ms(&f->conn, t0 + 2000), 0);
+  assert_int_equal(ts_conn_write_stall_ms(&f->conn, t0 + 2500), 500);
+  ts_conn_close(&f->conn, 0);
+  while (!f->closed) uv_run(&f->loop, UV_RUN_ONCE);
+  free(mem);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_send_parts_fails_first, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_send_parts_fails_half_way, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_write_stall_counts_bytes, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

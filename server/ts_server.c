@@ -647,7 +647,10 @@ static int on_piece(ts_conn_t *c, unsigned i) {
   return push_piece(s, true);
 }
 
-/* Pull replies finished writing from some partitions: go on with the pushes that waited. */
+/* Pull replies finished writing from some partitions: go on with the pushes that waited.
+ * A partition keeps counting a held push until that push has been applied, so pulls served
+ * meanwhile (a resumed push can complete its frame and serve parked pulls) never overtake a
+ * held update. */
 static void wake_held(ts_server_t *srv) {
   ts_session_t *ready = NULL, **tail = &ready;
   for (ts_session_t **pp = &srv->held; *pp;) {
@@ -657,8 +660,6 @@ static void wake_held(ts_server_t *srv) {
       continue;
     }
     *pp = s->rx.held_next;
-    s->rx.held_on->held_pushes--;
-    s->rx.held_on = NULL;
     s->rx.held_next = NULL;
     *tail = s;
     tail = &s->rx.held_next;
@@ -667,8 +668,12 @@ static void wake_held(ts_server_t *srv) {
     ts_session_t *s = ready;
     ready = s->rx.held_next;
     s->rx.held_next = NULL;
-    if (s->conn.closing || !s->rx.active) continue;
-    if (push_piece(s, false) == 0) ts_conn_resume(&s->conn);
+    ts_spart_t *was = s->rx.held_on;
+    s->rx.held_on = NULL;
+    int rc = 0;
+    if (!s->conn.closing && s->rx.active) rc = push_piece(s, false); /* may hold again */
+    was->held_pushes--;
+    if (rc == 0 && !s->conn.closing && s->rx.active) ts_conn_resume(&s->conn);
   }
 }
 

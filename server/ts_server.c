@@ -629,6 +629,27 @@ static int push_piece(ts_session_t *s, bool fresh) {
 
 /* Chunk i of the payload has landed: check it now, while it is in the cache; apply its
  * piece once the piece's last chunk is in. */
+/* A piece has been applied and more of the push follow. When other connections wait for a
+ * staging buffer, hand ours to the first of them and queue for the next one: concurrent
+ * pushes then take turns piece by piece, and a waiting worker is not kept from reading (its
+ * heartbeats included) for the whole of a large push. Returns 0 (go on reading into
+ * rx->buf), TS_CONN_HOLD (queued) or a negative code. */
+static int take_turns(ts_session_t *s) {
+  ts_server_t *srv = s->srv;
+  push_rx_t *rx = &s->rx;
+  if (rx->piece + 1 >= rx->npieces || !srv->stage.head) return 0;
+  stage_give_back(srv, rx);
+  float *buf;
+  int rc = ts_stage_acquire(&srv->stage, &rx->wait, &buf);
+  if (rc < 0) return rc;
+  if (rc == 1) {
+    srv->metrics.push_waits_staging++;
+    return TS_CONN_HOLD; /* stage_give_back points the rest of the push and resumes */
+  }
+  rx_point(rx, buf);
+  return 0;
+}
+
 static int on_piece(ts_conn_t *c, unsigned i) {
   ts_session_t *s = c->data;
   push_rx_t *rx = &s->rx;
@@ -644,7 +665,8 @@ static int on_piece(ts_conn_t *c, unsigned i) {
   if (!rx->piece_bad)
     rx->piece_bad = !ts_optim_all_finite(rx->buf + rx->chunk_off[i], rx->iov[i].len / sizeof(float));
   if (i + 1 < rx->nchunks && rx->chunk_piece[i + 1] == piece) return 0;
-  return push_piece(s, true);
+  int rc = push_piece(s, true);
+  return rc == 0 ? take_turns(s) : rc;
 }
 
 /* Pull replies finished writing from some partitions: go on with the pushes that waited.
@@ -673,7 +695,11 @@ static void wake_held(ts_server_t *srv) {
     int rc = 0;
     if (!s->conn.closing && s->rx.active) rc = push_piece(s, false); /* may hold again */
     was->held_pushes--;
-    if (rc == 0 && !s->conn.closing && s->rx.active) ts_conn_resume(&s->conn);
+    if (rc == 0 && !s->conn.closing && s->rx.active) rc = take_turns(s);
+    if (rc < 0)
+      ts_conn_close(&s->conn, rc);
+    else if (rc == 0 && !s->conn.closing && s->rx.active)
+      ts_conn_resume(&s->conn);
   }
 }
 

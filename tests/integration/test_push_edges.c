@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "bigtensor.h"
 #include "harness.h"
 #include "rawconn.h"
 #include "ts_client.h"
@@ -34,10 +35,7 @@
 #define PART_BYTES (PART_FLOATS * sizeof(float))
 #define N ((size_t)PARTS * PART_FLOATS)
 
-static const uint64_t shape[] = {PARTS, PART_FLOATS};
-static const ts_client_tensor_t model[] = {
-    {.name = "big", .shape = shape, .rank = 2, .init = TS_INIT_ZEROS},
-};
+static ts_big_t big; /* set up in main */
 
 /* Async, SGD with rate 1 (a push of g moves every value by -g), 16 MiB partitions. */
 static int start(ts_cluster_t *c, int workers, double heartbeat_timeout_s) {
@@ -57,45 +55,12 @@ static double now_s(void) {
 }
 
 static ts_client_t *worker(ts_cluster_t *c, int task, double request_timeout_s) {
-  ts_client_opts_t o = {.addrs = c->addrs,
-                        .num_shards = 1,
-                        .task = task,
-                        .identity = "push-edges",
-                        .connect_timeout_s = 5,
-                        .request_timeout_s = request_timeout_s,
-                        .require_all = true};
-  ts_client_t *cl = NULL;
-  char err[512];
-  int rc = ts_client_open(&cl, &o, err, sizeof err);
-  if (rc == 0) rc = ts_client_declare(cl, model, 1, 1, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "worker %d: %s\n", task, err);
-  assert_int_equal(rc, 0);
-  return cl;
+  return ts_big_worker(c, &big, task, "push-edges", request_timeout_s, 0);
 }
 
-static float *filled(float v) {
-  float *g = malloc(N * sizeof *g);
-  assert_non_null(g);
-  for (size_t i = 0; i < N; i++) g[i] = v;
-  return g;
-}
+static float *filled(float v) { return ts_big_filled(&big, v); }
 
-/* Every value of partition p equals want[p]. */
-static void expect_parts(ts_client_t *cl, const float *want) {
-  float *w = filled(NAN);
-  char err[512];
-  int rc = ts_client_pull(cl, &w, 0, 0, NULL, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "pull: %s\n", err);
-  assert_int_equal(rc, 0);
-  for (size_t i = 0; i < N; i++) {
-    if (w[i] != want[i / PART_FLOATS]) {
-      fprintf(stderr, "value %zu (partition %zu) is %g, want %g\n", i, i / PART_FLOATS,
-              (double)w[i], (double)want[i / PART_FLOATS]);
-      fail();
-    }
-  }
-  free(w);
-}
+static void expect_parts(ts_client_t *cl, const float *want) { ts_big_expect_parts(&big, cl, want); }
 
 static void slices(Tessera__PartSlice *sl, Tessera__PartSlice **slp, const uint32_t *parts,
                    size_t n) {
@@ -256,15 +221,9 @@ static void *puller(void *p) {
       break;
     }
     /* No reply carries a half-applied update: each partition is uniform. */
-    for (size_t part = 0; part < PARTS; part++) {
-      const float *v = w + part * PART_FLOATS;
-      for (size_t i = 1; i < PART_FLOATS; i++)
-        if (v[i] != v[0]) {
-          fprintf(stderr, "torn reply: partition %zu value %zu is %g, value 0 is %g\n", part, i,
-                  (double)v[i], (double)v[0]);
-          a->failures++;
-          break;
-        }
+    if (!ts_big_parts_uniform(&big, w)) {
+      fprintf(stderr, "torn reply: a partition holds more than one value\n");
+      a->failures++;
     }
   }
   free(w);
@@ -615,6 +574,7 @@ static void test_sigterm_while_held(void **state) {
 }
 
 int main(void) {
+  ts_big_init(&big, PARTS, PART_FLOATS);
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_more_pushers_than_buffers),

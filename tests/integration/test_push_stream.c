@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "bigtensor.h"
 #include "harness.h"
 #include "rawconn.h"
 #include "ts_client.h"
@@ -30,56 +31,18 @@
 #define PART_FLOATS (1u << 20) /* 4 MiB partitions */
 #define N ((size_t)PARTS * PART_FLOATS)
 
-static const uint64_t shape[] = {PARTS, PART_FLOATS};
-static const ts_client_tensor_t model[] = {
-    {.name = "big", .shape = shape, .rank = 2, .init = TS_INIT_ZEROS},
-};
+static ts_big_t big; /* set up in main */
 
 static const char *const job_async = "job = { mode = \"async\"; partition_bytes = 4194304; };\n"
                                      "optimizer = { name = \"sgd\"; learning_rate = 1.0; };";
 
 static ts_client_t *worker(ts_cluster_t *c, int task) {
-  ts_client_opts_t o = {.addrs = c->addrs,
-                        .num_shards = (size_t)c->num_shards,
-                        .task = task,
-                        .identity = "push-stream",
-                        .connect_timeout_s = 5,
-                        .request_timeout_s = 30,
-                        .heartbeat_interval_s = 0.5,
-                        .heartbeat_timeout_s = 10,
-                        .require_all = true};
-  ts_client_t *cl = NULL;
-  char err[512];
-  int rc = ts_client_open(&cl, &o, err, sizeof err);
-  if (rc == 0) rc = ts_client_declare(cl, model, 1, 1, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "worker %d: %s\n", task, err);
-  assert_int_equal(rc, 0);
-  return cl;
+  return ts_big_worker(c, &big, task, "push-stream", 30, 0.5);
 }
 
-static float *filled(float v) {
-  float *g = malloc(N * sizeof *g);
-  assert_non_null(g);
-  for (size_t i = 0; i < N; i++) g[i] = v;
-  return g;
-}
+static float *filled(float v) { return ts_big_filled(&big, v); }
 
-/* Every value of partition p equals want[p]. */
-static void expect_parts(ts_client_t *cl, const float *want) {
-  float *w = filled(NAN);
-  char err[512];
-  int rc = ts_client_pull(cl, &w, 0, 0, NULL, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "pull: %s\n", err);
-  assert_int_equal(rc, 0);
-  for (size_t i = 0; i < N; i++) {
-    if (w[i] != want[i / PART_FLOATS]) {
-      fprintf(stderr, "value %zu (partition %zu) is %g, want %g\n", i, i / PART_FLOATS,
-              (double)w[i], (double)want[i / PART_FLOATS]);
-      fail();
-    }
-  }
-  free(w);
-}
+static void expect_parts(ts_client_t *cl, const float *want) { ts_big_expect_parts(&big, cl, want); }
 
 static void expect_all(ts_client_t *cl, float v) {
   float want[PARTS];
@@ -128,14 +91,7 @@ static void *puller(void *p) {
     }
     /* A reply never carries a half-applied update: each partition is a whole number of
      * gradients summed, so every value of it is the same. */
-    for (size_t part = 0; part < PARTS; part++) {
-      const float *v = w + part * PART_FLOATS;
-      for (size_t i = 1; i < PART_FLOATS; i++)
-        if (v[i] != v[0]) {
-          a->failures++;
-          break;
-        }
-    }
+    if (!ts_big_parts_uniform(&big, w)) a->failures++;
   }
   free(w);
   ts_client_close(cl);
@@ -311,6 +267,7 @@ static void test_stalled_reader(void **state) {
 }
 
 int main(void) {
+  ts_big_init(&big, PARTS, PART_FLOATS);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_concurrent_exact),
       cmocka_unit_test(test_nan_refuses_its_piece),

@@ -1,0 +1,40 @@
+/*
+ * The fixture of the push-path tests: a model of one tensor "big" of parts x part_floats
+ * float32 values (zeros at first), with `parts` partitions when job.partition_bytes is
+ * part_floats x 4. Helpers open a worker on it, make filled buffers and check what a pull
+ * returns, partition by partition. They assert with cmocka.
+ */
+#ifndef TS_BIGTENSOR_H
+#define TS_BIGTENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "harness.h"
+#include "ts_client.h"
+
+typedef struct {
+  size_t parts, part_floats, n;
+  uint64_t shape[2];
+  ts_client_tensor_t model;
+} ts_big_t;
+
+void ts_big_init(ts_big_t *b, size_t parts, size_t part_floats);
+
+/* A worker client of task `task` on every shard of c with the model declared.
+ * heartbeat_interval_s 0 = no heartbeats (else a 10 s heartbeat timeout). */
+ts_client_t *ts_big_worker(ts_cluster_t *c, const ts_big_t *b, int task, const char *identity,
+                           double request_timeout_s, double heartbeat_interval_s);
+
+/* A malloc'd buffer of b->n values v. */
+float *ts_big_filled(const ts_big_t *b, float v);
+
+/* Pull, and check that every value of partition p equals want[p]. */
+void ts_big_expect_parts(const ts_big_t *b, ts_client_t *cl, const float *want);
+
+/* Every partition of w holds one value throughout (a reply never carries a half-applied
+ * update when the updates move whole partitions by equal amounts). */
+bool ts_big_parts_uniform(const ts_big_t *b, const float *w);
+
+#endif

@@ -350,3 +350,29 @@ int ts_proc_wait(ts_proc_t *p, double timeout_s) {
   p->status = -1;
   return -1;
 }
+
+double ts_metric_value(const char *text, const char *series) {
+  size_t n = strlen(series);
+  for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+    if (strncmp(l, series, n) == 0 && l[n] == ' ') return strtod(l + n + 1, NULL);
+  return -1;
+}
+
+int ts_promtool_check(const char *text) {
+  if (system("command -v promtool >/dev/null 2>&1") != 0) return 77;
+  char path[] = "/tmp/tessera-metrics-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return -1;
+  size_t len = strlen(text);
+  ssize_t wrote = write(fd, text, len);
+  close(fd);
+  if (wrote != (ssize_t)len) {
+    unlink(path);
+    return -1;
+  }
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+  int st = system(cmd);
+  unlink(path);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}

@@ -77,6 +77,14 @@ int ts_proc_wait(ts_proc_t *p, double timeout_s);
 /* A whole file, malloc'd (caller frees), or NULL. */
 char *ts_read_file(const char *path);
 
+/* The value of the sample `series` (name with its labels, as printed) in a /metrics body,
+ * or -1 when absent. */
+double ts_metric_value(const char *text, const char *series);
+
+/* 0 when `promtool check metrics` accepts the text, 77 when promtool is missing, else its
+ * status. */
+int ts_promtool_check(const char *text);
+
 /* A free TCP port on 127.0.0.1 (not one handed out before by this process). */
 int ts_free_port(void);
 

@@ -27,32 +27,6 @@ static const uint64_t shape[] = {300, 40};
 static const ts_client_tensor_t model[] = {
     {.name = "w", .shape = shape, .rank = 2, .init = TS_INIT_GLOROT_UNIFORM}};
 
-/* The value of the sample `series` (name with its labels, as printed) in a /metrics body,
- * or -1 when absent. */
-static double metric(const char *text, const char *series) {
-  size_t n = strlen(series);
-  for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-    if (strncmp(l, series, n) == 0 && l[n] == ' ') return strtod(l + n + 1, NULL);
-  }
-  return -1;
-}
-
-/* 0 when promtool accepts the text, 77 when promtool is missing, else its status. */
-static int promtool_check(const char *text) {
-  if (system("command -v promtool >/dev/null 2>&1") != 0) return 77;
-  char path[] = "/tmp/tessera-metrics-XXXXXX";
-  int fd = mkstemp(path);
-  if (fd < 0) return -1;
-  size_t len = strlen(text);
-  if (write(fd, text, len) != (ssize_t)len) return -1;
-  close(fd);
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
-  int st = system(cmd);
-  unlink(path);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void test_endpoints(void **state) {
   (void)state;
   ts_cluster_t c;
@@ -71,12 +45,12 @@ static void test_endpoints(void **state) {
   assert_string_equal(ctype, TS_PROM_CONTENT_TYPE);
   assert_true(strlen(body) > 0 && body[strlen(body) - 1] == '\n');
   assert_non_null(strstr(body, "# TYPE tessera_ps_push_requests_total counter"));
-  assert_true(metric(body, "tessera_build_info{version=\"" TS_VERSION "\",role=\"ps\",cuda=\"yes\"}") == 1 ||
-              metric(body, "tessera_build_info{version=\"" TS_VERSION "\",role=\"ps\",cuda=\"no\"}") == 1);
-  assert_true(metric(body, "tessera_ps_push_requests_total{result=\"ok\"}") == 0);
-  assert_true(metric(body, "tessera_ps_checkpoints_total{result=\"ok\"}") == 0);
-  assert_true(metric(body, "tessera_ps_checkpoint_last_success_timestamp_seconds") == -1);
-  int pt = promtool_check(body);
+  assert_true(ts_metric_value(body, "tessera_build_info{version=\"" TS_VERSION "\",role=\"ps\",cuda=\"yes\"}") == 1 ||
+              ts_metric_value(body, "tessera_build_info{version=\"" TS_VERSION "\",role=\"ps\",cuda=\"no\"}") == 1);
+  assert_true(ts_metric_value(body, "tessera_ps_push_requests_total{result=\"ok\"}") == 0);
+  assert_true(ts_metric_value(body, "tessera_ps_checkpoints_total{result=\"ok\"}") == 0);
+  assert_true(ts_metric_value(body, "tessera_ps_checkpoint_last_success_timestamp_seconds") == -1);
+  int pt = ts_promtool_check(body);
   if (pt != 77) assert_int_equal(pt, 0);
 
   /* A worker trains a few steps and sends one NaN gradient: the counters move. */
@@ -104,20 +78,20 @@ static void test_endpoints(void **state) {
   double pushes = 0, pulls = 0, refused = 0, bytes_in = 0;
   for (int s = 0; s < 2; s++) {
     assert_int_equal(ts_http_get(c.http_port[s], "/metrics", body, sizeof body, NULL, 0), 200);
-    pt = promtool_check(body);
+    pt = ts_promtool_check(body);
     if (pt != 77) assert_int_equal(pt, 0);
-    pushes += metric(body, "tessera_ps_push_requests_total{result=\"ok\"}");
-    pulls += metric(body, "tessera_ps_pull_requests_total{result=\"ok\"}");
-    refused += metric(body, "tessera_ps_refused_requests_total{request=\"push\",reason=\"nonfinite\"}");
-    bytes_in += metric(body, "tessera_ps_received_bytes_total");
-    assert_true(metric(body, "tessera_ps_step") >= 5); /* 6 where the NaN push was not refused */
-    assert_true(metric(body, "tessera_ps_live_workers") == 1);
-    assert_true(metric(body, "tessera_ps_request_duration_seconds_count{request=\"push\"}") >= 5);
-    assert_true(metric(body, "tessera_ps_barrier_wait_seconds_count") >= 5);
+    pushes += ts_metric_value(body, "tessera_ps_push_requests_total{result=\"ok\"}");
+    pulls += ts_metric_value(body, "tessera_ps_pull_requests_total{result=\"ok\"}");
+    refused += ts_metric_value(body, "tessera_ps_refused_requests_total{request=\"push\",reason=\"nonfinite\"}");
+    bytes_in += ts_metric_value(body, "tessera_ps_received_bytes_total");
+    assert_true(ts_metric_value(body, "tessera_ps_step") >= 5); /* 6 where the NaN push was not refused */
+    assert_true(ts_metric_value(body, "tessera_ps_live_workers") == 1);
+    assert_true(ts_metric_value(body, "tessera_ps_request_duration_seconds_count{request=\"push\"}") >= 5);
+    assert_true(ts_metric_value(body, "tessera_ps_barrier_wait_seconds_count") >= 5);
     /* One staging buffer at least was needed for the pushes (1 MiB: the smallest size). */
-    assert_true(metric(body, "tessera_ps_staging_bytes") >= 1048576);
-    assert_true(metric(body, "tessera_ps_push_waits_total{reason=\"pull_reply\"}") >= 0);
-    assert_true(metric(body, "tessera_ps_push_waits_total{reason=\"staging\"}") == 0);
+    assert_true(ts_metric_value(body, "tessera_ps_staging_bytes") >= 1048576);
+    assert_true(ts_metric_value(body, "tessera_ps_push_waits_total{reason=\"pull_reply\"}") >= 0);
+    assert_true(ts_metric_value(body, "tessera_ps_push_waits_total{reason=\"staging\"}") == 0);
   }
   assert_true(pushes == 10 || pushes == 11); /* + the NaN push on the shard without element 7 */
   assert_true(pulls == 10);

@@ -27,28 +27,6 @@
 
 static char body[1 << 20], ctype[256];
 
-static double metric(const char *text, const char *series) {
-  size_t n = strlen(series);
-  for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-    if (strncmp(l, series, n) == 0 && l[n] == ' ') return strtod(l + n + 1, NULL);
-  return -1;
-}
-
-static int promtool_check(const char *text) {
-  if (system("command -v promtool >/dev/null 2>&1") != 0) return 77;
-  char path[] = "/tmp/tessera-metrics-XXXXXX";
-  int fd = mkstemp(path);
-  if (fd < 0) return -1;
-  size_t len = strlen(text);
-  if (write(fd, text, len) != (ssize_t)len) return -1;
-  close(fd);
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
-  int st = system(cmd);
-  unlink(path);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* The one events.out.tfevents.* file in dir (malloc'd path), or NULL. */
 static char *event_file(const char *dir) {
   DIR *d = opendir(dir);
@@ -103,25 +81,25 @@ static void test_worker_metrics_and_events(void **state) {
   double step1 = -1, step2 = -1, ex1 = -1, ex2 = -1, pull_count = -1;
   for (int i = 0; i < 200 && step1 <= 0; i++) {
     assert_int_equal(ts_http_get(port, "/metrics", body, sizeof body, ctype, sizeof ctype), 200);
-    step1 = metric(body, "tessera_worker_step");
-    ex1 = metric(body, "tessera_worker_examples_total");
+    step1 = ts_metric_value(body, "tessera_worker_step");
+    ex1 = ts_metric_value(body, "tessera_worker_examples_total");
     if (step1 <= 0) usleep(10000);
   }
   assert_string_equal(ctype, TS_PROM_CONTENT_TYPE);
-  int pt = promtool_check(body);
+  int pt = ts_promtool_check(body);
   if (pt != 77) assert_int_equal(pt, 0);
   usleep(150000);
   int got = ts_http_get(port, "/metrics", body, sizeof body, NULL, 0);
   if (got == 200) { /* still training: the counters moved */
-    step2 = metric(body, "tessera_worker_step");
-    ex2 = metric(body, "tessera_worker_examples_total");
-    pull_count = metric(body, "tessera_worker_step_duration_seconds_count{phase=\"pull\"}");
+    step2 = ts_metric_value(body, "tessera_worker_step");
+    ex2 = ts_metric_value(body, "tessera_worker_examples_total");
+    pull_count = ts_metric_value(body, "tessera_worker_step_duration_seconds_count{phase=\"pull\"}");
     assert_true(step2 > step1);
     assert_true(ex2 > ex1);
     assert_true(pull_count >= step2);
-    assert_true(metric(body, "tessera_worker_loss") > 0);
-    assert_true(metric(body, "tessera_worker_examples_per_second") > 0);
-    pt = promtool_check(body);
+    assert_true(ts_metric_value(body, "tessera_worker_loss") > 0);
+    assert_true(ts_metric_value(body, "tessera_worker_examples_per_second") > 0);
+    pt = ts_promtool_check(body);
     if (pt != 77) assert_int_equal(pt, 0);
     assert_int_equal(ts_http_get(port, "/status", body, sizeof body, ctype, sizeof ctype), 200);
     cJSON *j = cJSON_Parse(body);
@@ -137,7 +115,7 @@ static void test_worker_metrics_and_events(void **state) {
   double pushes = 0;
   for (int i = 0; i < 100 && pushes <= 0; i++) {
     assert_int_equal(ts_http_get(c.http_port[0], "/metrics", body, sizeof body, NULL, 0), 200);
-    pushes = metric(body, "tessera_ps_push_requests_total{result=\"ok\"}");
+    pushes = ts_metric_value(body, "tessera_ps_push_requests_total{result=\"ok\"}");
     if (pushes <= 0) usleep(50000);
   }
   assert_true(pushes > 0);

@@ -33,23 +33,8 @@ for mode in $modes; do
         --set "cluster.workers=$(list "${wp[@]}")" --set "job.mode=\"$mode\""
         --set train.epochs=1 --set train.log_interval_s=0.2)
   rm -f "$dir"/*
-  for s in 0 1; do
-    timeout 900 "$build/server/ps-server" -c "$cfg" "${sets[@]}" --shard $s --log-level warn \
-      2>"$dir/ps$s.log" </dev/null >/dev/null &
-    pids+=($!)
-  done
-  for port in "${psp[@]}"; do
-    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
-  done
-  wpids=()
-  for t in 0 1; do
-    timeout 600 "$build/worker/ps-worker" -c "$cfg" "${sets[@]}" --task $t \
-      >"$dir/w$t.out" 2>"$dir/w$t.log" </dev/null &
-    wpids+=($!) pids+=($!)
-  done
   fail=0
-  for p in "${wpids[@]}"; do wait "$p" || fail=1; done
-  stop_all
+  run_cluster 2 "${sets[@]}" || fail=1
   [ $fail = 0 ] || { echo "loss.sh: a $mode worker failed:" >&2; tail -5 "$dir"/w*.log >&2; exit 1; }
   python3 - "$dir" "$mode" "$(nproc)" "$(cut -d' ' -f1 /proc/loadavg)" >"bench/results/loss_$mode.txt" <<'PY'
 import re, sys, datetime

@@ -51,23 +51,8 @@ for n in $counts; do
           --set 'model.layers=[784, 32, 10]' --set train.batch_size=$batch
           --set train.epochs=100 --set train.max_steps=$steps --set train.log_interval_s=0.1)
     rm -f "$dir"/*
-    for s in 0 1; do
-      timeout 900 "$build/server/ps-server" -c "$cfg" "${sets[@]}" --shard $s --log-level warn \
-        2>"$dir/ps$s.log" </dev/null >/dev/null &
-      pids+=($!)
-    done
-    for port in "${psp[@]}"; do
-      for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
-    done
-    wpids=()
-    for t in $(seq 0 $((n - 1))); do
-      timeout 600 "$build/worker/ps-worker" -c "$cfg" "${sets[@]}" --task "$t" \
-        >"$dir/w$t.out" 2>"$dir/w$t.log" </dev/null &
-      wpids+=($!) pids+=($!)
-    done
     fail=0
-    for p in "${wpids[@]}"; do wait "$p" || fail=1; done
-    stop_all
+    run_cluster "$n" "${sets[@]}" || fail=1
     if [ $fail = 1 ]; then
       echo "$n $run FAILED" >>"$out"
       for t in $(seq 0 $((n - 1))); do tail -3 "$dir/w$t.log" | sed "s/^/  w$t: /" >&2; done

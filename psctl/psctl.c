@@ -235,7 +235,7 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
                                   .error = v->why[s]};
   }
   ts_status_view_t view = {.shards = sh, .num_shards = n, .num_workers = nw,
-                           .configured_mode = v->cfg.mode};
+                           .configured_mode = ts_mode_name(v->cfg.mode)};
   ts_status_merge_workers(&view, w);
   Tessera__Mode mode;
   uint64_t step = ts_status_job_step(&view, &mode);

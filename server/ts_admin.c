@@ -123,7 +123,7 @@ static void on_request(void *arg, const char *path, ts_http_reply_t *r) {
       ts_status_shard_t sh = {.index = a->shard, .address = a->cfg->ps[a->shard], .st = s.st,
                               .error = s.st ? NULL : "no status published"};
       ts_status_view_t v = {.shards = &sh, .num_shards = 1, .num_workers = a->cfg->num_workers,
-                            .configured_mode = a->cfg->mode};
+                            .configured_mode = ts_mode_name(a->cfg->mode)};
       cJSON *j = ts_status_json_job(&v, true);
       char *txt = j ? cJSON_Print(j) : NULL;
       cJSON_Delete(j);

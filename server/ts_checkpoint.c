@@ -83,7 +83,7 @@ int ts_checkpoint_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snaps
   m.format = FORMAT;
   m.shard = s->shard;
   m.num_shards = s->num_shards;
-  m.mode = ts_msg_mode(s->mode);
+  m.mode = ts_store_wire_mode(s->mode);
   m.seed = s->seed;
   m.partition_bytes = s->partition_bytes;
   m.step = ts_store_min_version(s);

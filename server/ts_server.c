@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "ts_admin.h"
+#include "ts_addr.h"
 #include "ts_alloc.h"
 #include "ts_auth.h"
 #include "ts_build_config.h"
@@ -884,7 +885,7 @@ static int status_build(ts_server_t *srv, status_msg_t *sm) {
   tessera__shard_status__init(r);
   r->shard = srv->shard;
   r->num_shards = (uint32_t)srv->cfg->num_ps;
-  r->mode = ts_msg_mode(srv->store.mode);
+  r->mode = ts_store_wire_mode(srv->store.mode);
   r->version = ts_store_min_version(&srv->store);
   r->step = srv->store.mode == TS_MODE_SYNC ? r->version : srv->pushes;
   r->partitions = (uint32_t)srv->store.num_parts;
@@ -978,7 +979,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
   r.request_id = m->request_id;
   r.shard = srv->shard;
   r.num_shards = (uint32_t)srv->cfg->num_ps;
-  r.mode = ts_msg_mode(srv->store.mode);
+  r.mode = ts_store_wire_mode(srv->store.mode);
   r.partition_bytes = (uint64_t)srv->cfg->partition_bytes;
   r.num_workers = srv->num_workers;
   ts_conn_send(&s->conn, TS_MSG_HANDSHAKE_REPLY, &r.base, NULL, 0, NULL, NULL);
@@ -1543,22 +1544,10 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
     goto fail;
   }
 
-  char host[128];
-  int port;
-  if (ts_config_split_address(srv->address, host, sizeof host, &port) < 0) {
-    snprintf(errmsg, errlen, "cluster.ps[%u]: '%s' is not host:port", opts->shard, srv->address);
-    rc = TS_ECONFIG;
-    goto fail;
-  }
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_NUMERICSERV};
   struct addrinfo *ai = NULL;
-  char portstr[16];
-  snprintf(portstr, sizeof portstr, "%d", port);
-  int gai = getaddrinfo(host, portstr, &hints, &ai);
-  if (gai != 0) {
-    snprintf(errmsg, errlen, "cluster.ps[%u]: cannot resolve '%s': %s", opts->shard, host,
-             gai_strerror(gai));
+  char why[300];
+  if (ts_addr_resolve(srv->address, false, &ai, why, sizeof why) < 0) {
+    snprintf(errmsg, errlen, "cluster.ps[%u]: %s", opts->shard, why);
     rc = TS_ECONFIG;
     goto fail;
   }

@@ -34,7 +34,7 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
 /* Stop accepting, close every connection, stop timers; the loop then runs out. */
 void ts_server_stop(ts_server_t *srv);
 
-/* For ts_poll_run (common/ts_poll.h): true when frames or pieces of a push were read
+/* For ts_poll_run (net/ts_poll.h): true when frames or pieces of a push were read
  * since the last call, so the loop keeps polling for job.busy_poll_us after each. */
 bool ts_server_poll_active(void *srv);
 

@@ -318,3 +318,16 @@ bool ts_store_writer_done(ts_store_t *s, ts_spart_t *p) {
   }
   return false;
 }
+
+Tessera__Mode ts_store_wire_mode(ts_mode_t mode) {
+  switch (mode) {
+    case TS_MODE_ASYNC:
+      return TESSERA__MODE__MODE_ASYNC;
+    case TS_MODE_SYNC:
+      return TESSERA__MODE__MODE_SYNC;
+    case TS_MODE_SSP:
+      return TESSERA__MODE__MODE_SSP;
+    default:
+      return TESSERA__MODE__MODE_UNSPECIFIED;
+  }
+}

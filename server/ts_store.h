@@ -3,7 +3,7 @@
  * their optimizer state and, in sync mode, the per-partition barrier (DESIGN.md §2, §3).
  *
  * Glossary:
- *   partition  a contiguous slice of one tensor (common/ts_plan.h), the unit of placement,
+ *   partition  a contiguous slice of one tensor (proto/ts_plan.h), the unit of placement,
  *              versioning and the sync barrier
  *   version    how many updates the partition has had; a sync push for step t counts
  *              towards the barrier of version t
@@ -123,5 +123,8 @@ bool ts_store_sync_complete(ts_store_t *s, ts_spart_t *p);
  * when an update was applied. Async pushes that waited (ts_store_async_push returned false)
  * are the caller's to retry once p->writers is 0. */
 bool ts_store_writer_done(ts_store_t *s, ts_spart_t *p);
+
+/* The wire form of a training mode (Hello, handshake reply, status, checkpoints). */
+Tessera__Mode ts_store_wire_mode(ts_mode_t mode);
 
 #endif

@@ -18,8 +18,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "fuzz_msg_check.h"
 #include "fuzz_target.h"
+#include "ts_addr.h"
 #include "ts_config.h"
 #include "ts_err.h"
 
@@ -70,7 +70,7 @@ static void check_hosts(char **list, size_t n, size_t min) {
   for (size_t i = 0; i < n; i++) {
     char host[256];
     int port = 0;
-    check(ts_config_split_address(list[i], host, sizeof host, &port) == 0,
+    check(ts_addr_split(list[i], host, sizeof host, &port) == 0,
           "every address splits");
     check(port >= 1 && port <= 65535 && host[0] != '\0', "address has a host and a port");
   }

@@ -7,12 +7,6 @@
 #include "ts_frame.h"
 #include "ts_msg.h"
 
-void fuzz_check(int ok, const char *target, const char *what) {
-  if (ok) return;
-  fprintf(stderr, "%s: invariant violated: %s\n", target, what);
-  abort();
-}
-
 /* True when m or a message inside it kept unknown fields. protobuf-c re-emits those as it
  * read them, except that it accepts field number 0 written as a multi-byte tag and re-emits
  * it as the one-byte tag 0, which it then refuses: only messages without unknown fields are

@@ -8,8 +8,7 @@
 #include <protobuf-c/protobuf-c.h>
 #include <stdint.h>
 
-/* Aborts, naming the target and the invariant, unless ok. */
-void fuzz_check(int ok, const char *target, const char *what);
+#include "fuzz_target.h"
 
 /* m, which ts_msg_decode(type, ..., data_len) returned, is of type's message; a Push or
  * PullReply describes exactly data_len payload bytes; and m re-encodes to a frame whose

@@ -11,4 +11,7 @@
 /* Runs one input. Returns 0; a violated invariant aborts. data[0..size) is only read. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* Aborts, naming the target and the invariant, unless ok. */
+void fuzz_check(int ok, const char *target, const char *what);
+
 #endif

@@ -1,4 +1,4 @@
-/* Unit tests of common/ts_config: defaults, the job file, TF_CONFIG, --set overrides,
+/* Unit tests of config/ts_config: defaults, the job file, TF_CONFIG, --set overrides,
  * cross-key rules, addresses, the reference, and allocation failure. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "ts_alloc.h"
+#include "ts_addr.h"
 #include "ts_config.h"
 #include "ts_err.h"
 
@@ -674,20 +675,20 @@ static void test_split_address(void **state) {
   (void)state;
   char host[64];
   int port = -1;
-  assert_int_equal(ts_config_split_address("127.0.0.1:7100", host, sizeof host, &port), 0);
+  assert_int_equal(ts_addr_split("127.0.0.1:7100", host, sizeof host, &port), 0);
   assert_string_equal(host, "127.0.0.1");
   assert_int_equal(port, 7100);
-  assert_int_equal(ts_config_split_address("localhost:1", host, sizeof host, &port), 0);
+  assert_int_equal(ts_addr_split("localhost:1", host, sizeof host, &port), 0);
   assert_string_equal(host, "localhost");
   assert_int_equal(port, 1);
-  assert_int_equal(ts_config_split_address("ps-0.ps.svc_x:65535", host, sizeof host, &port), 0);
+  assert_int_equal(ts_addr_split("ps-0.ps.svc_x:65535", host, sizeof host, &port), 0);
   assert_int_equal(port, 65535);
-  assert_int_equal(ts_config_split_address("[::1]:7100", host, sizeof host, &port), 0);
+  assert_int_equal(ts_addr_split("[::1]:7100", host, sizeof host, &port), 0);
   assert_string_equal(host, "::1");
   assert_int_equal(port, 7100);
-  assert_int_equal(ts_config_split_address("[fe80::1%eth0]:80", host, sizeof host, &port), 0);
+  assert_int_equal(ts_addr_split("[fe80::1%eth0]:80", host, sizeof host, &port), 0);
   assert_string_equal(host, "fe80::1%eth0");
-  assert_int_equal(ts_config_split_address("h:80", NULL, 0, NULL), 0); /* validate only */
+  assert_int_equal(ts_addr_split("h:80", NULL, 0, NULL), 0); /* validate only */
 
   static const char *const bad[] = {
       "",      "host",      "host:",          ":80",     "h:0",     "h:65536",  "h:-1",  "h:+80",
@@ -695,12 +696,12 @@ static void test_split_address(void **state) {
       "[]:80", "[::1]x:80", "[127.0.0.1]:80", "[::1:80", "h:99999",
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-    if (ts_config_split_address(bad[i], host, sizeof host, &port) != TS_EINVAL)
+    if (ts_addr_split(bad[i], host, sizeof host, &port) != TS_EINVAL)
       fail_msg("\"%s\" was accepted", bad[i]);
-  assert_int_equal(ts_config_split_address(NULL, host, sizeof host, &port), TS_EINVAL);
+  assert_int_equal(ts_addr_split(NULL, host, sizeof host, &port), TS_EINVAL);
   /* The host must fit, terminator included. */
-  assert_int_equal(ts_config_split_address("abcd:1", host, 4, &port), TS_EINVAL);
-  assert_int_equal(ts_config_split_address("abc:1", host, 4, &port), 0);
+  assert_int_equal(ts_addr_split("abcd:1", host, 4, &port), TS_EINVAL);
+  assert_int_equal(ts_addr_split("abc:1", host, 4, &port), 0);
   assert_string_equal(host, "abc");
 }
 

@@ -1,4 +1,4 @@
-/* A framed connection (common/ts_conn.h) on a loopback socket pair: a frame sent in groups
+/* A framed connection (net/ts_conn.h) on a loopback socket pair: a frame sent in groups
  * reports every payload buffer once, never from inside the sending call, and its final
  * call last, also when queuing a group fails half way (the owner frees its state on the
  * final call); the write stall counts bytes moving, not whole requests completing. */

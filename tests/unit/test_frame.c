@@ -1,5 +1,5 @@
 /*
- * Frame header codec (common/ts_frame.h): every limit and boundary of
+ * Frame header codec (proto/ts_frame.h): every limit and boundary of
  * ts_frame_decode_header, and the encode/decode round trip.
  */
 #include <setjmp.h>

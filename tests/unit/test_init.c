@@ -1,5 +1,5 @@
 /*
- * Deterministic initialisation (common/ts_init.h): same (seed, name) gives the same values,
+ * Deterministic initialisation (proto/ts_init.h): same (seed, name) gives the same values,
  * anything else does not; Glorot bounds and mean; offsets compose; zeros and ones.
  */
 #include <setjmp.h>

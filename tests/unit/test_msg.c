@@ -1,5 +1,5 @@
 /*
- * Message codec (common/ts_msg.h): every frame type through ts_msg_encode and back, the
+ * Message codec (proto/ts_msg.h): every frame type through ts_msg_encode and back, the
  * payload-size check of Push and PullReply, the Declare limits, and allocation failure.
  */
 #include <setjmp.h>

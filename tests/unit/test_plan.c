@@ -1,5 +1,5 @@
 /*
- * Partition plan (common/ts_plan.h): argument checks, the near-equal split, size-balanced
+ * Partition plan (proto/ts_plan.h): argument checks, the near-equal split, size-balanced
  * placement, determinism, and a property test over random tensor lists.
  */
 #include <setjmp.h>

@@ -1,4 +1,4 @@
-/* Bounded busy-polling of a libuv loop (common/ts_poll.h): when it polls, when it sleeps,
+/* Bounded busy-polling of a libuv loop (net/ts_poll.h): when it polls, when it sleeps,
  * and that it ends exactly when the loop's handles are closed. */
 #include <setjmp.h>
 #include <stdarg.h>

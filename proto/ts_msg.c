@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include "ts_alloc.h"
-#include "ts_config.h"
 #include "ts_err.h"
 
 static const ProtobufCMessageDescriptor *const descriptors[TS_MSG__COUNT] = {
@@ -172,19 +171,6 @@ size_t ts_msg_encode(uint16_t type, const ProtobufCMessage *msg, uint64_t data_l
   size_t meta_len = protobuf_c_message_pack(msg, dst + TS_FRAME_HEADER_SIZE);
   ts_frame_encode_header(dst, type, (uint32_t)meta_len, data_len);
   return TS_FRAME_HEADER_SIZE + meta_len;
-}
-
-Tessera__Mode ts_msg_mode(int mode) {
-  switch (mode) {
-    case TS_MODE_ASYNC:
-      return TESSERA__MODE__MODE_ASYNC;
-    case TS_MODE_SYNC:
-      return TESSERA__MODE__MODE_SYNC;
-    case TS_MODE_SSP:
-      return TESSERA__MODE__MODE_SSP;
-    default:
-      return TESSERA__MODE__MODE_UNSPECIFIED;
-  }
 }
 
 const char *ts_msg_mode_name(Tessera__Mode m) {

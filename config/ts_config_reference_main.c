@@ -38,7 +38,7 @@ static int check(const char *path) {
   if (a == b) return TS_EXIT_OK;
   fprintf(stderr,
           "ts-config-reference: %s differs from the key table at line %d; regenerate it:\n"
-          "  build/common/ts-config-reference > docs/configuration.md\n",
+          "  build/config/ts-config-reference > docs/configuration.md\n",
           path, line);
   return TS_EXIT_FAILURE;
 }

@@ -8,7 +8,7 @@
  * memory with one uv_write of several buffers.
  *
  * Glossary:
- *   frame    header + meta + payload (common/ts_frame.h)
+ *   frame    header + meta + payload (proto/ts_frame.h)
  *   on_meta  called when a frame's meta is decoded; it picks where the payload goes
  *   on_frame called when the whole frame, payload included, is in place
  *

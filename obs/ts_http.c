@@ -9,8 +9,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "ts_addr.h"
 #include "ts_alloc.h"
-#include "ts_config.h"
 #include "ts_err.h"
 #include "ts_log.h"
 
@@ -92,21 +92,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 /* Our own listening socket (rather than MHD_OPTION_SOCK_ADDR), so a failed bind reports
  * its errno and the address. */
 static int listen_on(const char *addr, char *errmsg, size_t errlen, int *fd_out) {
-  char host[128];
-  int port;
-  if (ts_config_split_address(addr, host, sizeof host, &port) < 0) {
-    snprintf(errmsg, errlen, "admin address '%s' is not host:port", addr);
-    return TS_ECONFIG;
-  }
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_NUMERICSERV | AI_PASSIVE};
   struct addrinfo *ai = NULL;
-  char portstr[16];
-  snprintf(portstr, sizeof portstr, "%d", port);
-  int gai = getaddrinfo(host, portstr, &hints, &ai);
-  if (gai != 0) {
-    snprintf(errmsg, errlen, "admin address '%s': cannot resolve '%s': %s", addr, host,
-             gai_strerror(gai));
+  char why[300];
+  if (ts_addr_resolve(addr, true, &ai, why, sizeof why) < 0) {
+    snprintf(errmsg, errlen, "admin address: %s", why);
     return TS_ECONFIG;
   }
   int err = EADDRNOTAVAIL;

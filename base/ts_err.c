@@ -1,9 +1,11 @@
 #include "ts_err.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <uv.h>
+#include <ctype.h>
+#include <errno.h>
 
 #include "ts_log.h"
 
@@ -19,7 +21,15 @@ const char *ts_strerror(int err) {
     default:
       break;
   }
-  if (err < 0 && err > -4096) return uv_strerror(err);
+  if (err == TS_ERRNO_EOF) return "end of file";
+  if (err < 0 && err > -4096) {
+    /* libuv's errors are -errno on Linux; its messages are libc's with a lower-case first
+     * letter ("connection refused"), which is how ours read in the middle of a sentence. */
+    static _Thread_local char buf[128];
+    snprintf(buf, sizeof buf, "%s", strerror(-err));
+    buf[0] = (char)tolower((unsigned char)buf[0]);
+    return buf;
+  }
   return "unknown error";
 }
 
@@ -35,7 +45,11 @@ const char *ts_err_name(int err) {
     default:
       break;
   }
-  if (err < 0 && err > -4096) return uv_err_name(err);
+  if (err == TS_ERRNO_EOF) return "EOF";
+  if (err < 0 && err > -4096) {
+    const char *name = strerrorname_np(-err);
+    if (name) return name;
+  }
   return "UNKNOWN";
 }
 

@@ -17,7 +17,7 @@
  * Heartbeats carry the progress set with ts_client_set_progress to every shard every
  * heartbeat_interval_s, from the client thread, so a worker busy computing stays alive.
  *
- * Latency: with busy_poll_us > 0 the client thread keeps polling its sockets (common/
+ * Latency: with busy_poll_us > 0 the client thread keeps polling its sockets (net/
  * ts_poll.h) for busy_poll_us after each frame it reads and each call handed to it, and a
  * calling thread polls for its answer for up to busy_poll_us before it sleeps; both yield
  * the CPU on every turn, and neither polls longer, so a long wait (a sync barrier) sleeps.

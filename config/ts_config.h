@@ -147,11 +147,4 @@ const char *ts_optimizer_name(ts_optimizer_t opt);
  * from the table, to f. docs/configuration.md is made from it. */
 void ts_config_write_reference(FILE *f);
 
-/* Split "host:port" (or "[v6]:port") into host (buffer of hostlen) and port. The port is
- * 1..65535 in decimal; the host is non-empty, letters, digits, '.', '-' and '_' (a DNS name
- * or IPv4), or an IPv6 address in brackets (a bare one is ambiguous and refused). host and
- * port may be NULL to only validate. Returns 0, or TS_EINVAL for a malformed address or a
- * host that does not fit hostlen. */
-int ts_config_split_address(const char *addr, char *host, size_t hostlen, int *port);
-
 #endif

@@ -1,6 +1,5 @@
 #include "ts_client.h"
 
-#include <netdb.h>
 #include <sched.h>
 #include <signal.h>
 #include <sodium.h>
@@ -9,9 +8,9 @@
 #include <string.h>
 #include <uv.h>
 
+#include "ts_addr.h"
 #include "ts_alloc.h"
 #include "ts_auth.h"
-#include "ts_config.h"
 #include "ts_conn.h"
 #include "ts_err.h"
 #include "ts_log.h"
@@ -1058,20 +1057,10 @@ static int run_op(ts_client_t *c, op_t *op, char *errmsg, size_t errlen) {
 /* --- public API --------------------------------------------------------------------- */
 
 static int resolve(shard_t *sh, char *errmsg, size_t errlen) {
-  char host[128];
-  int port;
-  if (ts_config_split_address(sh->addr, host, sizeof host, &port) < 0) {
-    snprintf(errmsg, errlen, "shard %u: '%s' is not host:port", sh->index, sh->addr);
-    return TS_EINVAL;
-  }
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_NUMERICSERV};
   struct addrinfo *ai = NULL;
-  char ps[16];
-  snprintf(ps, sizeof ps, "%d", port);
-  int rc = getaddrinfo(host, ps, &hints, &ai);
-  if (rc != 0) {
-    snprintf(errmsg, errlen, "shard %u: cannot resolve '%s': %s", sh->index, host, gai_strerror(rc));
+  char why[300];
+  if (ts_addr_resolve(sh->addr, false, &ai, why, sizeof why) < 0) {
+    snprintf(errmsg, errlen, "shard %u: %s", sh->index, why);
     return TS_EINVAL;
   }
   memcpy(&sh->sa, ai->ai_addr, ai->ai_addrlen);

@@ -47,6 +47,9 @@ typedef enum {
 #undef TS_ERR_ENUM
 } ts_err_t;
 
+/* libuv's end of stream (UV_EOF), which is not an errno: named here so base/ needs no libuv. */
+#define TS_ERRNO_EOF (-4095)
+
 /* A person-readable message for any code: Tessera's, negative errno or libuv's. Never NULL. */
 const char *ts_strerror(int err);
 

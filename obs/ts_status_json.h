@@ -24,7 +24,6 @@
 #include <stdint.h>
 
 #include "tessera.pb-c.h"
-#include "ts_config.h"
 
 typedef struct {
   size_t index;                  /* shard index in cluster.ps */
@@ -37,7 +36,7 @@ typedef struct {
   const ts_status_shard_t *shards;
   size_t num_shards;
   size_t num_workers;            /* the job's workers (cluster.workers) */
-  ts_mode_t configured_mode;     /* shown when no shard answered */
+  const char *configured_mode;   /* its name ("sync"), shown when no shard answered */
 } ts_status_view_t;
 
 /* One worker as the view sees it. */

@@ -108,7 +108,7 @@ cJSON *ts_status_json_job(const ts_status_view_t *v, bool with_workers) {
   uint64_t step = ts_status_job_step(v, &mode);
   size_t up = ts_status_shards_up(v);
   cJSON_AddStringToObject(root, "mode",
-                          up ? ts_msg_mode_name(mode) : ts_mode_name(v->configured_mode));
+                          up ? ts_msg_mode_name(mode) : v->configured_mode ? v->configured_mode : "unknown");
   cJSON_AddNumberToObject(root, "step", (double)step);
   cJSON_AddBoolToObject(root, "healthy", up == v->num_shards);
   cJSON *shards = cJSON_AddArrayToObject(root, "shards");

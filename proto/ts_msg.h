@@ -35,9 +35,7 @@ int ts_msg_decode(uint16_t type, const uint8_t *meta, size_t meta_len, uint64_t 
 
 void ts_msg_free(ProtobufCMessage *msg);
 
-/* The wire form of a training mode, and the name of one ("async", "sync", "ssp";
- * "unknown" otherwise). */
-Tessera__Mode ts_msg_mode(int mode /* ts_mode_t */);
+/* The name of a training mode on the wire ("async", "sync", "ssp"; "unknown" otherwise). */
 const char *ts_msg_mode_name(Tessera__Mode m);
 
 /* Total payload bytes described by a list of slices; UINT64_MAX on overflow. */

@@ -1,7 +1,7 @@
 /*
  * Client library: a worker's (or psctl's) connections to every shard of a job.
  *
- * The client runs its own thread with its own libuv loop (STYLE.md §9); the calls below
+ * The client runs its own thread with its own libuv loop (CONTRIBUTING.md); the calls below
  * are blocking and thread-safe: each hands a request to that thread (a locked queue plus
  * uv_async_send) and waits for it. One call fans out to every shard concurrently: a pull
  * asks each shard for its partitions of every tensor at once, and the replies are read

@@ -131,7 +131,7 @@ static const ts_config_def_t ts_config_defs[] = {
 
     ENUM("job.mode", mode, mode_names, mode_values, "\"sync\"",
          "Training mode: synchronous steps, asynchronous updates, or bounded staleness "
-         "(DESIGN.md §3)."),
+         "(docs/architecture.md)."),
     INT("job.replicas_to_aggregate", replicas_to_aggregate, 0, TS_CONFIG_MAX_HOSTS, "0",
         "sync only: gradients averaged per step, 0 = all workers. Fewer makes the rest backup "
         "workers; more than the workers could never be reached (checked)."),
@@ -252,7 +252,7 @@ static const ts_config_def_t ts_config_defs[] = {
      .check_doc = "a device name starting with /",
      .def = "\"/cpu:0\"",
      .doc = "Device for the model's ops, TensorFlow style: /cpu:0, /gpu:N or "
-            "/job:worker/replica:0/task:T/device:GPU:N (DESIGN.md §5)."},
+            "/job:worker/replica:0/task:T/device:GPU:N (docs/architecture.md)."},
     BOOL("device.allow_soft_placement", allow_soft_placement, "true",
          "Place an op on /cpu:0, and log why, when its device or kernel is missing, instead "
          "of failing."),

@@ -1,5 +1,5 @@
 /*
- * Job configuration (DESIGN.md §1): one libconfig file, `--set KEY=VALUE` overrides and the
+ * Job configuration (docs/configuration.md): one libconfig file, `--set KEY=VALUE` overrides and the
  * TF_CONFIG environment variable, validated against one table of keys (ts_config_defs in
  * ts_config.c) with types, bounds and defaults.
  *
@@ -33,7 +33,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* Exit codes shared by every binary (DESIGN.md §1). */
+/* Exit codes shared by every binary (docs/configuration.md). */
 #define TS_EXIT_OK 0
 #define TS_EXIT_FAILURE 1
 #define TS_EXIT_USAGE 2

@@ -1,5 +1,5 @@
 /*
- * GPU discovery (DESIGN.md §5, §6). Plain C: no CUDA types cross this header.
+ * GPU discovery (docs/architecture.md). Plain C: no CUDA types cross this header.
  *
  * GPUs are the devices the CUDA runtime reports, so CUDA_VISIBLE_DEVICES decides what a
  * worker sees and /gpu:N is the N-th visible one. On a machine without a GPU or a driver the

@@ -1,5 +1,5 @@
 /*
- * Kernels: the compute interface of a worker (DESIGN.md §6, STYLE.md §8).
+ * Kernels: the compute interface of a worker (docs/dev/ARCHITECTURE.md).
  *
  * A back end is a table of function pointers over float buffers that live in the back end's
  * memory ("device memory": host memory for the CPU back end, GPU memory for CUDA). The model

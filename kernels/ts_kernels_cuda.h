@@ -1,5 +1,5 @@
 /*
- * The CUDA back end of ts_kernels.h (DESIGN.md §6), behind a plain C interface: no CUDA type
+ * The CUDA back end of ts_kernels.h (docs/dev/ARCHITECTURE.md), behind a plain C interface: no CUDA type
  * crosses this header, so C files include it freely. In a build without CUDA the same
  * functions exist and fail with "this build has no CUDA back end".
  *

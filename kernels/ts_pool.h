@@ -1,5 +1,5 @@
 /*
- * A memory pool: sub-allocation of a few large backing chunks (DESIGN.md §5, GPU memory).
+ * A memory pool: sub-allocation of a few large backing chunks (docs/gpu.md).
  *
  * The CUDA back end takes device memory from the driver in large chunks (cudaMalloc) and
  * hands out pieces of them here, so that device.memory_fraction can reserve memory up front

@@ -1,5 +1,5 @@
 /*
- * Shared-secret authentication of the handshake (DESIGN.md §4), with libsodium.
+ * Shared-secret authentication of the handshake (docs/architecture.md), with libsodium.
  *
  * The server sends a random nonce in Hello; the client answers with
  * HMAC-SHA256(token, nonce); the server recomputes it and compares in constant time. The

@@ -4,7 +4,7 @@
  *
  * Threads: libmicrohttpd runs its own thread; the handler is called there, never on the
  * daemon's libuv loop. A handler must therefore only read state that its owner publishes
- * for it under a lock (a snapshot), never the loop's own structures (STYLE.md §9).
+ * for it under a lock (a snapshot), never the loop's own structures (CONTRIBUTING.md).
  *
  * Only GET and HEAD are served (405 otherwise); the connection count and the time a client
  * may take are bounded, so a slow or hostile scraper cannot hold the daemon.

@@ -7,7 +7,7 @@
  *
  * Nothing here locks or allocates behind the caller's back except the buffer it is given:
  * histograms are plain structs the owning thread updates, and rendering reads a copy of them
- * (the daemons render on their HTTP thread from a snapshot, STYLE.md §9).
+ * (the daemons render on their HTTP thread from a snapshot, CONTRIBUTING.md).
  */
 #ifndef TS_PROM_H
 #define TS_PROM_H

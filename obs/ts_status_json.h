@@ -1,6 +1,6 @@
 /*
  * The job's status as JSON: one schema for `psctl status --output json` and a shard's
- * /status page (DESIGN.md §1), built from the shards' ShardStatus replies.
+ * /status page (docs/configuration.md), built from the shards' ShardStatus replies.
  *
  * Glossary: a *view* is what one observer knows: for psctl, every shard of the job (those
  * that did not answer have st == NULL and a reason); for a shard's /status, that shard

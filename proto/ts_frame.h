@@ -1,5 +1,5 @@
 /*
- * Frame codec (DESIGN.md §4): a pure function over bytes, no I/O, no allocation.
+ * Frame codec (docs/architecture.md): a pure function over bytes, no I/O, no allocation.
  *
  * A frame is a 20-byte header, meta_len bytes of protobuf meta, data_len bytes of raw
  * float32 payload:

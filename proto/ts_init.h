@@ -1,5 +1,5 @@
 /*
- * Deterministic parameter initialisation (DESIGN.md §2).
+ * Deterministic parameter initialisation (docs/architecture.md).
  *
  * Element i of a tensor depends only on (seed, tensor name, i), through a counter-based
  * generator (SplitMix64 of a hash of seed and name, plus i), so each shard initialises its

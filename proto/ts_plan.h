@@ -1,5 +1,5 @@
 /*
- * Partition plan (DESIGN.md §2): a pure function of the tensor list, the shard count and
+ * Partition plan (docs/architecture.md): a pure function of the tensor list, the shard count and
  * partition_bytes, computed alike by every server and client.
  *
  * Each tensor is cut into ceil(bytes / partition_bytes) partitions of near-equal size (they

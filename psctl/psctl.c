@@ -1,4 +1,4 @@
-/* psctl: the admin CLI of a Tessera job (DESIGN.md §1). */
+/* psctl: the admin CLI of a Tessera job (docs/configuration.md). */
 #include <cjson/cJSON.h>
 #include <getopt.h>
 #include <stdio.h>

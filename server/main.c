@@ -1,4 +1,4 @@
-/* ps-server: one shard of the parameter server (DESIGN.md §1). */
+/* ps-server: one shard of the parameter server (docs/configuration.md). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /*
- * A shard's admin HTTP endpoint (DESIGN.md §7) on cluster.ps_http[shard]:
+ * A shard's admin HTTP endpoint (docs/operations.md) on cluster.ps_http[shard]:
  *
  *   /metrics  Prometheus text (ts_metrics.h), content type TS_PROM_CONTENT_TYPE
  *   /livez    200 while the shard's event loop keeps publishing (it does every tick), 503
@@ -10,7 +10,7 @@
  *
  * Threads: the loop calls ts_admin_publish with a copy of its counters and its packed
  * ShardStatus; the HTTP thread renders from the last copy under a mutex and never reads
- * the loop's state (STYLE.md §9).
+ * the loop's state (CONTRIBUTING.md).
  */
 #ifndef TS_ADMIN_H
 #define TS_ADMIN_H

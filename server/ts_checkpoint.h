@@ -1,5 +1,5 @@
 /*
- * Checkpoints of a shard (DESIGN.md §7): its partitions, optimizer state and versions,
+ * Checkpoints of a shard (docs/operations.md): its partitions, optimizer state and versions,
  * written atomically (temporary file, fsync, rename, fsync of the directory) with a BLAKE2b
  * hash, the last checkpoint.keep of them kept; on start the newest valid one is restored.
  *

@@ -1,5 +1,5 @@
 /*
- * Optimizers applied on the shard (DESIGN.md §2): pure loops over one partition.
+ * Optimizers applied on the shard (docs/architecture.md): pure loops over one partition.
  *
  * `scale` multiplies the gradient first (1/n when n gradients were summed for a sync step).
  * State buffers (velocity, Adam moments) have the partition's length and live beside it.

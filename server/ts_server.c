@@ -48,7 +48,7 @@ typedef struct {
   char identity[128];
 } worker_info_t;
 
-/* A push is received piece by piece (DESIGN.md §4, docs/architecture.md "Pushes"): its
+/* A push is received piece by piece (docs/architecture.md, "Pushes"): its
  * partitions are grouped into pieces of at most one staging buffer, each piece is read into
  * the buffer, checked and applied, and the buffer is reused for the next piece. */
 typedef struct {

@@ -1,7 +1,7 @@
 /*
  * ps-server: the listener, the sessions and the request handlers of one shard.
  *
- * One libuv loop runs everything (STYLE.md §9). Requests are answered from the shard store
+ * One libuv loop runs everything (CONTRIBUTING.md). Requests are answered from the shard store
  * (ts_store.h); pulls that must wait (a sync long poll, an ssp clock bound) are parked and
  * answered when the store moves or their deadline passes. Timers check heartbeats and open
  * sync barriers, so nothing waits forever.

@@ -1,6 +1,6 @@
 /*
  * The shard store: the tensors a job declared, the partitions of them this shard holds,
- * their optimizer state and, in sync mode, the per-partition barrier (DESIGN.md §2, §3).
+ * their optimizer state and, in sync mode, the per-partition barrier (docs/architecture.md).
  *
  * Glossary:
  *   partition  a contiguous slice of one tensor (proto/ts_plan.h), the unit of placement,

@@ -1,4 +1,4 @@
-/* ps-worker: data-parallel training against the job's parameter servers (DESIGN.md §1, §5). */
+/* ps-worker: data-parallel training against the job's parameter servers (docs/configuration.md). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

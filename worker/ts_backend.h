@@ -1,5 +1,5 @@
 /*
- * Back-end selection for a worker (DESIGN.md §5, §6): where the model's ops run, on how many
+ * Back-end selection for a worker (docs/architecture.md): where the model's ops run, on how many
  * towers, and the towers themselves.
  *
  * Placement keeps TensorFlow's semantics (worker/ts_device.h): each op goes to

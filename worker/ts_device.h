@@ -1,5 +1,5 @@
 /*
- * Devices and placement (DESIGN.md §5), named like TensorFlow's.
+ * Devices and placement (docs/architecture.md), named like TensorFlow's.
  *
  * A device spec is "/cpu:0", "/gpu:N", "/device:GPU:N", or the long form
  * "/job:worker/replica:0/task:T/device:GPU:N" (any of the /job, /replica, /task parts may be

@@ -1,6 +1,6 @@
 /*
  * The model: a multi-layer perceptron as a list of ops over the kernels interface
- * (DESIGN.md §5, §6).
+ * (docs/architecture.md).
  *
  * Glossary.
  *   layers     widths [in, h1, ..., out]: n widths make n - 1 fully connected layers

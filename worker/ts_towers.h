@@ -1,6 +1,6 @@
 /*
  * Towers: the model replicas of one worker, and the data path between the parameter servers
- * and them (DESIGN.md §5).
+ * and them (docs/architecture.md).
  *
  * Glossary.
  *   tower        one replica of the model (ts_model_t) on one back end: a GPU, or the CPU.

@@ -1,5 +1,5 @@
 /*
- * The training loop of one worker (DESIGN.md §3, §5): pull -> forward/backward -> push, in
+ * The training loop of one worker (docs/architecture.md): pull -> forward/backward -> push, in
  * the job's mode, over a seed-reproducible slice of each epoch, then an evaluation.
  *
  * Data order: each epoch has one global permutation of the training set, computed from

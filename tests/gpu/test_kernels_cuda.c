@@ -1,5 +1,5 @@
 /*
- * The CUDA back end against the CPU reference (DESIGN.md §6), through ts_kernels.h only: C,
+ * The CUDA back end against the CPU reference (docs/dev/ARCHITECTURE.md), through ts_kernels.h only: C,
  * no CUDA header. Every kernel runs on fresh random inputs of several shapes (the seed is
  * printed; TS_SEED=N repeats a run), with its outputs poisoned with NaN before each run on
  * both back ends, and must agree with the CPU within a relative error of 1e-5: elementwise

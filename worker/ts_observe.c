@@ -288,22 +288,6 @@ void ts_observe_progress(void *arg, const ts_progress_t *p) {
   pet_watchdog(o);
 }
 
-const char *ts_observe_events_path(const ts_observe_t *o) {
-  return o->events ? ts_events_path(o->events) : NULL;
-}
-
-char *ts_observe_metrics_text(ts_observe_t *o) {
-  snapshot_t s;
-  take(o, &s);
-  ts_buf_t b = {0};
-  render_metrics(o, &s, &b);
-  if (b.failed) {
-    ts_buf_free(&b);
-    return NULL;
-  }
-  return b.data;
-}
-
 void ts_observe_stop(ts_observe_t *o) {
   if (!o) return;
   ts_http_stop(o->http);

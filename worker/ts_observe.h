@@ -39,14 +39,9 @@ void ts_observe_ready(ts_observe_t *o, uint64_t total_steps);
 void ts_observe_progress(void *arg, const ts_progress_t *p);
 void ts_observe_step(void *arg, uint64_t step, const double phase_s[3]);
 
-/* The event file's path, or NULL when train.logdir is empty. */
-const char *ts_observe_events_path(const ts_observe_t *o);
 
 /* Stop the endpoint, close the event file, free. NULL is ignored. */
 void ts_observe_stop(ts_observe_t *o);
 
-/* Render the worker's /metrics from its current snapshot into a new ts_malloc'd string
- * (for tests); NULL when out of memory. */
-char *ts_observe_metrics_text(ts_observe_t *o);
 
 #endif

@@ -13,6 +13,7 @@
 #include "ts_addr.h"
 #include "ts_alloc.h"
 #include "ts_auth.h"
+#include "ts_barrier.h"
 #include "ts_build_config.h"
 #include "ts_checkpoint.h"
 #include "ts_conn.h"
@@ -35,14 +36,9 @@ typedef struct pull_wait {
   uint64_t start_ns;    /* when the request arrived, for the latency histogram */
 } pull_wait_t;
 
+/* What a worker last told us, for status; its liveness is srv->barrier's. */
 typedef struct {
-  bool seen;
-  int conns;
-  bool dead;
-  bool done;
-  uint64_t last_seen_ms;
   uint64_t step;
-  uint64_t clock;
   double loss, examples_per_sec, progress;
   uint64_t stale_dropped;
   char identity[128];
@@ -108,6 +104,7 @@ struct ts_server {
   pull_wait_t *waiting;
   worker_info_t *workers;
   uint32_t num_workers;
+  ts_barrier_t barrier;      /* membership, liveness and the rules of who is waited for */
 
   char *token, *admin_token;
   uint64_t started_ms;
@@ -162,42 +159,21 @@ static void protocol_error(ts_session_t *s, uint64_t request_id, int code, const
 
 /* --- workers and barriers ----------------------------------------------------------- */
 
-static bool worker_live(const worker_info_t *w) {
-  return w->seen && w->conns > 0 && !w->dead && !w->done;
-}
-
-/* How many gradients close p's sync barrier now: replicas_to_aggregate (or all workers),
- * lowered when workers are known dead, gone or done, and never below one. A worker that
- * left after giving its gradient to this barrier still counts for it: otherwise a worker
- * finishing its last step would close that step before its peers' gradients arrive. */
-static uint32_t sync_required(ts_server_t *srv, const ts_spart_t *p) {
-  uint32_t gone = 0;
-  for (uint32_t i = 0; i < srv->num_workers; i++) {
-    const worker_info_t *w = &srv->workers[i];
-    if (w->seen && !worker_live(w) && !p->contributed[i]) gone++;
-  }
-  uint32_t need = srv->cfg->replicas_to_aggregate > 0 ? (uint32_t)srv->cfg->replicas_to_aggregate
-                                                      : srv->num_workers;
-  uint32_t possible = srv->num_workers - gone;
-  if (need > possible) need = possible;
-  return need ? need : 1;
-}
-
 static void serve_waiting(ts_server_t *srv);
 
 static void check_barriers(ts_server_t *srv, bool timeouts) {
   if (srv->store.mode != TS_MODE_SYNC || !srv->store.declared) return;
   uint64_t now = now_ms(srv);
-  uint64_t timeout = (uint64_t)(srv->cfg->sync_timeout_s * 1000.0);
   bool moved = false;
   for (size_t i = 0; i < srv->store.num_parts; i++) {
     ts_spart_t *p = &srv->store.parts[i];
     uint32_t have = ts_store_sync_count(p);
     if (have == 0 || p->apply_pending) continue;
-    uint32_t need = sync_required(srv, p);
-    bool expired = timeouts && now - p->opened_ms >= timeout;
-    if (have < need && !expired) continue;
-    if (have < need) {
+    ts_barrier_verdict_t v =
+        ts_barrier_check(&srv->barrier, p->contributed, have, p->opened_ms, now, timeouts);
+    if (v == TS_BARRIER_WAIT) continue;
+    if (v == TS_BARRIER_TIMEOUT) {
+      uint32_t need = ts_barrier_required(&srv->barrier, p->contributed);
       char missing[256] = "";
       size_t len = 0;
       for (uint32_t t = 0; t < srv->num_workers && len < sizeof missing - 8; t++)
@@ -216,13 +192,8 @@ static void check_barriers(ts_server_t *srv, bool timeouts) {
 }
 
 static void worker_seen(ts_server_t *srv, int task) {
-  if (task < 0 || (uint32_t)task >= srv->num_workers) return;
-  worker_info_t *w = &srv->workers[task];
-  w->last_seen_ms = now_ms(srv);
-  if (w->dead) {
-    w->dead = false;
+  if (ts_barrier_heard(&srv->barrier, task, now_ms(srv)))
     ts_log_notice("worker %d is alive again", task);
-  }
 }
 
 /* --- pulls -------------------------------------------------------------------------- */
@@ -265,13 +236,7 @@ static int pull_ready(ts_server_t *srv, const Tessera__Pull *m) {
     if (p->apply_pending || p->held_pushes > 0) return 0;
     if (p->version < m->min_version) return 0;
   }
-  if (st->mode == TS_MODE_SSP && m->clock > (uint64_t)srv->cfg->staleness) {
-    uint64_t bound = m->clock - (uint64_t)srv->cfg->staleness;
-    for (uint32_t t = 0; t < srv->num_workers; t++) {
-      const worker_info_t *w = &srv->workers[t];
-      if (worker_live(w) && w->clock < bound) return 0;
-    }
-  }
+  if (st->mode == TS_MODE_SSP && !ts_barrier_ssp_ready(&srv->barrier, m->clock)) return 0;
   return 1;
 }
 
@@ -604,7 +569,8 @@ static int push_piece(ts_session_t *s, bool fresh) {
     ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
     Tessera__PushResult r = TESSERA__PUSH_RESULT__PUSH_APPLIED;
     if (sync) {
-      r = ts_store_sync_push(st, p, g, s->task, m->step, now, sync_required(srv, p));
+      r = ts_store_sync_push(st, p, g, s->task, m->step, now,
+                             ts_barrier_required(&srv->barrier, p->contributed));
       if (r == TESSERA__PUSH_RESULT__PUSH_STALE) rx->stale++;
       if (r == TESSERA__PUSH_RESULT__PUSH_APPLIED) /* a barrier that this gradient closed */
         ts_prom_hist_observe(&srv->metrics.barrier_wait, 0.0);
@@ -754,10 +720,7 @@ static void handle_push(ts_session_t *s, Tessera__Push *m, bool discarded) {
   }
   if (rx->applied_slices > 0 || m->n_parts == 0) {
     srv->pushes++;
-    if (s->task >= 0 && (uint32_t)s->task < srv->num_workers) {
-      worker_info_t *w = &srv->workers[s->task];
-      if (m->step + 1 > w->clock) w->clock = m->step + 1;
-    }
+    ts_barrier_pushed(&srv->barrier, s->task, m->step);
   }
   if (!rx->refused) {
     Tessera__PushReply r = TESSERA__PUSH_REPLY__INIT;
@@ -814,8 +777,7 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
     w->loss = m->loss;
     w->examples_per_sec = m->examples_per_sec;
     w->progress = m->epoch_progress;
-    if (m->done && !w->done) {
-      w->done = true;
+    if (m->done && ts_barrier_done(&srv->barrier, s->task)) {
       ts_log_info("worker %d finished at step %llu", s->task, (unsigned long long)m->step);
       check_barriers(srv, false);
       serve_waiting(srv);
@@ -855,18 +817,19 @@ static int status_build(ts_server_t *srv, status_msg_t *sm) {
   size_t n = 0, nwait = 0;
   for (uint32_t t = 0; t < nw; t++) {
     const worker_info_t *w = &srv->workers[t];
-    if (!w->seen) continue;
+    const ts_barrier_worker_t *bw = &srv->barrier.w[t];
+    if (!bw->seen) continue;
     tessera__worker_status__init(&ws[n]);
     ws[n].task = (int32_t)t;
     ws[n].step = w->step;
     ws[n].loss = w->loss;
     ws[n].examples_per_sec = w->examples_per_sec;
-    ws[n].last_seen_s = (double)(now - w->last_seen_ms) / 1000.0;
-    ws[n].alive = worker_live(w);
-    ws[n].done = w->done;
+    ws[n].last_seen_s = (double)(now - bw->last_seen_ms) / 1000.0;
+    ws[n].alive = ts_barrier_live(&srv->barrier, (int)t);
+    ws[n].done = bw->done;
     ws[n].identity = (char *)w->identity;
     ws[n].epoch_progress = w->progress;
-    ws[n].clock = w->clock;
+    ws[n].clock = bw->clock;
     ws[n].stale_dropped = w->stale_dropped;
     wp[n] = &ws[n];
     n++;
@@ -876,10 +839,7 @@ static int status_build(ts_server_t *srv, status_msg_t *sm) {
     const ts_spart_t *p = &srv->store.parts[0];
     for (size_t i = 1; i < srv->store.num_parts; i++)
       if (srv->store.parts[i].version < p->version) p = &srv->store.parts[i];
-    if (ts_store_sync_count(p) > 0)
-      for (uint32_t t = 0; t < nw; t++)
-        if (!p->contributed[t] && !srv->workers[t].done && !srv->workers[t].dead)
-          waiting[nwait++] = (int32_t)t;
+    if (ts_store_sync_count(p) > 0) nwait = ts_barrier_waiting_for(&srv->barrier, p->contributed, waiting);
   }
   Tessera__ShardStatus *r = &sm->r;
   tessera__shard_status__init(r);
@@ -964,10 +924,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
   s->task = m->role == TESSERA__ROLE__ROLE_WORKER ? m->task : -1;
   if (s->role == TESSERA__ROLE__ROLE_WORKER) {
     worker_info_t *w = &srv->workers[s->task];
-    bool first = !w->seen;
-    w->seen = true;
-    w->conns++;
-    w->done = false;
+    bool first = ts_barrier_join(&srv->barrier, s->task, now_ms(srv));
     snprintf(w->identity, sizeof w->identity, "%s", m->identity ? m->identity : "");
     worker_seen(srv, s->task);
     ts_log_info("worker %d %s from %s (%s)", s->task, first ? "joined" : "reconnected",
@@ -1256,10 +1213,8 @@ static void on_session_close(ts_conn_t *c, int err) {
   srv->metrics.bytes_in_closed += c->bytes_in;
   srv->metrics.bytes_out_closed += c->bytes_out;
   if (s->handshaken && s->role == TESSERA__ROLE__ROLE_WORKER) {
-    worker_info_t *w = &srv->workers[s->task];
-    w->conns--;
-    if (w->conns == 0 && !srv->stopping) {
-      if (!w->done)
+    if (ts_barrier_leave(&srv->barrier, s->task) && !srv->stopping) {
+      if (!srv->barrier.w[s->task].done)
         ts_log_warn("worker %d disconnected (%s)", s->task,
                     err == TS_ECLOSED ? "connection closed" : ts_strerror(err));
       check_barriers(srv, false);
@@ -1426,17 +1381,15 @@ static void on_tick(uv_timer_t *t) {
     drop_stalled_peers(srv, now, hb / 2 < STOP_STALL_MS ? hb / 2 : STOP_STALL_MS);
     return;
   }
-  bool changed = false;
-  for (uint32_t i = 0; i < srv->num_workers; i++) {
-    worker_info_t *w = &srv->workers[i];
-    if (worker_live(w) && now - w->last_seen_ms > hb) {
-      w->dead = true;
-      changed = true;
-      ts_log_warn("worker %u missed heartbeats for %.1f s: marked dead", i,
-                  (double)(now - w->last_seen_ms) / 1000.0);
-    }
+  uint32_t dead[64];
+  uint32_t ndead;
+  /* Dead workers are reported 64 at a time; the rest on the next tick. */
+  while ((ndead = ts_barrier_expire(&srv->barrier, now, dead, 64)) > 0) {
+    for (uint32_t i = 0; i < ndead; i++)
+      ts_log_warn("worker %u missed heartbeats for %.1f s: marked dead", dead[i],
+                  (double)(now - srv->barrier.w[dead[i]].last_seen_ms) / 1000.0);
+    if (ndead < 64) break;
   }
-  (void)changed;
   /* Half the heartbeat timeout, so the pushers a stalled peer holds up, who cannot be read
    * meanwhile, are not themselves taken for dead by their clients. */
   drop_stalled_peers(srv, now, hb / 2);
@@ -1526,7 +1479,12 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   srv->shard = opts->shard;
   srv->num_workers = (uint32_t)cfg->num_workers;
   srv->workers = ts_calloc(srv->num_workers ? srv->num_workers : 1, sizeof *srv->workers);
-  if (!srv->workers) {
+  if (!srv->workers ||
+      ts_barrier_init(&srv->barrier, srv->num_workers,
+                      cfg->replicas_to_aggregate > 0 ? (uint32_t)cfg->replicas_to_aggregate : 0,
+                      (uint64_t)(cfg->sync_timeout_s * 1000.0),
+                      (uint64_t)(cfg->heartbeat_timeout_s * 1000.0),
+                      cfg->staleness > 0 ? (uint64_t)cfg->staleness : 0) < 0) {
     rc = TS_ENOMEM;
     goto fail;
   }
@@ -1662,6 +1620,7 @@ void ts_server_free(ts_server_t *srv) {
   ts_store_free(&srv->store);
   ts_stage_free(&srv->stage);
   ts_free(srv->workers);
+  ts_barrier_free(&srv->barrier);
   ts_auth_free_token(srv->token);
   ts_auth_free_token(srv->admin_token);
   ts_free(srv);

@@ -44,7 +44,7 @@ bool ts_barrier_join(ts_barrier_t *b, int task, uint64_t now_ms) {
   bool first = !w->seen;
   w->seen = true;
   w->conns++;
-  w->done = false; /* a worker that comes back after finishing trains again */
+  w->done = false;          /* a worker that comes back after finishing trains again */
   w->last_seen_ms = now_ms; /* dead stays for ts_barrier_heard to clear and report */
   return first;
 }
@@ -111,8 +111,7 @@ ts_barrier_verdict_t ts_barrier_check(const ts_barrier_t *b, const uint8_t *cont
   return TS_BARRIER_WAIT;
 }
 
-uint32_t ts_barrier_waiting_for(const ts_barrier_t *b, const uint8_t *contributed,
-                                int32_t *out) {
+uint32_t ts_barrier_waiting_for(const ts_barrier_t *b, const uint8_t *contributed, int32_t *out) {
   uint32_t n = 0;
   for (uint32_t t = 0; t < b->num_workers; t++)
     if (!contributed[t] && !b->w[t].done && !b->w[t].dead) out[n++] = (int32_t)t;

@@ -58,8 +58,8 @@ bool ts_barrier_live(const ts_barrier_t *b, int task);
 
 /* A connection of `task` finished its handshake: the worker is seen, connected and no
  * longer done (a dead one stays dead until ts_barrier_heard, which the caller calls next
- * for every frame, so that the revival is reported in one place). Returns true the first time the task joins (false for a
- * reconnection or an unknown task). */
+ * for every frame, so that the revival is reported in one place). Returns true the first
+ * time the task joins (false for a reconnection or an unknown task). */
 bool ts_barrier_join(ts_barrier_t *b, int task, uint64_t now_ms);
 
 /* A connection of `task` closed. Returns true when that was its last one: from now on it
@@ -92,9 +92,9 @@ void ts_barrier_pushed(ts_barrier_t *b, int task, uint64_t step);
 uint32_t ts_barrier_required(const ts_barrier_t *b, const uint8_t *contributed);
 
 typedef enum {
-  TS_BARRIER_WAIT = 0,     /* not enough gradients yet */
-  TS_BARRIER_CLOSE = 1,    /* enough gradients */
-  TS_BARRIER_TIMEOUT = 2,  /* too few, but open for sync_timeout_ms: close with what it has */
+  TS_BARRIER_WAIT = 0,    /* not enough gradients yet */
+  TS_BARRIER_CLOSE = 1,   /* enough gradients */
+  TS_BARRIER_TIMEOUT = 2, /* too few, but open for sync_timeout_ms: close with what it has */
 } ts_barrier_verdict_t;
 
 /* Sync: whether a barrier with `have` gradients (at least one), opened at opened_ms,
@@ -107,8 +107,7 @@ ts_barrier_verdict_t ts_barrier_check(const ts_barrier_t *b, const uint8_t *cont
 /* Sync: the tasks that have not pushed for a barrier and are neither done nor dead (those
  * not seen yet included), into out[0..n) (num_workers entries); returns n. What
  * `psctl status` shows as "waiting for". */
-uint32_t ts_barrier_waiting_for(const ts_barrier_t *b, const uint8_t *contributed,
-                                int32_t *out);
+uint32_t ts_barrier_waiting_for(const ts_barrier_t *b, const uint8_t *contributed, int32_t *out);
 
 /* Ssp: true when a pull at `clock` may be answered: no live worker is more than staleness
  * clocks behind it. Dead, done and departed workers do not hold anyone back. */

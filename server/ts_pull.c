@@ -11,9 +11,10 @@
 #include "ts_err.h"
 #include "ts_log.h"
 
+/* A pull reply on its way: the partitions it is written from, each holding a writer until
+ * ts_conn reports its buffer out (or cancelled). Freed with the last report. */
 typedef struct {
   ts_server_t *srv;
-  ts_session_t *sess;
   size_t n;
   ts_spart_t *parts[];
 } pull_write_t;
@@ -27,14 +28,13 @@ static void on_pull_written(ts_conn_t *c, void *arg, unsigned first, unsigned n,
   pull_write_t *pw = arg;
   ts_server_t *srv = pw->srv;
   bool moved = false, freed = false;
-  for (size_t i = first; i < (size_t)first + n && i < pw->n; i++) {
+  /* ts_conn reports each of the n buffers we gave it exactly once (ts_conn.h). */
+  ts_require((size_t)first + n <= pw->n);
+  for (size_t i = first; i < (size_t)first + n; i++) {
     moved |= ts_store_writer_done(&srv->store, pw->parts[i]);
     freed |= pw->parts[i]->writers == 0 && pw->parts[i]->held_pushes > 0;
   }
-  if (last) {
-    pw->sess->pending_writes--;
-    ts_free(pw);
-  }
+  if (last) ts_free(pw);
   if (freed) ts_push_rx_wake_held(srv);
   if (moved || freed) ts_waitq_serve(srv);
 }
@@ -42,7 +42,9 @@ static void on_pull_written(ts_conn_t *c, void *arg, unsigned first, unsigned n,
 bool ts_pull_ready(ts_server_t *srv, const Tessera__Pull *m) {
   ts_store_t *st = &srv->store;
   for (size_t i = 0; i < m->n_parts; i++) {
+    /* ts_pull_handle checked the slices, and partitions never go once declared. */
     ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
+    ts_require(p != NULL);
     if (p->apply_pending || p->held_pushes > 0) return false;
     if (p->version < m->min_version) return false;
   }
@@ -58,15 +60,15 @@ void ts_pull_send(ts_session_t *s, const Tessera__Pull *m, uint64_t start_ns) {
   Tessera__PartSlice **ptrs = ts_calloc(n ? n : 1, sizeof *ptrs);
   uv_buf_t *bufs = ts_calloc(n ? n : 1, sizeof *bufs);
   if (!pw || !slices || !ptrs || !bufs) {
-    ts_session_reply_error(s, TS_METRICS_REQ_PULL, m->request_id, TS_ENOMEM,
+    ts_session_reply_error(s, TS_MSG_PULL, m->request_id, TS_ENOMEM,
                            "out of memory for a pull reply");
     goto done;
   }
   pw->srv = srv;
-  pw->sess = s;
   pw->n = n;
   for (size_t i = 0; i < n; i++) {
     ts_spart_t *p = ts_store_find(&srv->store, m->parts[i]->tensor, m->parts[i]->part);
+    ts_require(p != NULL);
     tessera__part_slice__init(&slices[i]);
     slices[i].tensor = m->parts[i]->tensor;
     slices[i].part = m->parts[i]->part;
@@ -83,12 +85,10 @@ void ts_pull_send(ts_session_t *s, const Tessera__Pull *m, uint64_t start_ns) {
   /* Partitions are written straight from parameter memory: mark them as being read so no
    * update lands while the reply is on its way. */
   for (size_t i = 0; i < n; i++) pw->parts[i]->writers++;
-  s->pending_writes++;
   int rc = ts_conn_send_parts(&s->conn, TS_MSG_PULL_REPLY, &r.base, bufs, (unsigned)n,
                               on_pull_written, pw);
   if (rc < 0) {
     for (size_t i = 0; i < n; i++) ts_store_writer_done(&srv->store, pw->parts[i]);
-    s->pending_writes--;
     ts_free(pw);
     ts_session_reply_failed(s, TS_MSG_PULL_REPLY, rc);
   } else {
@@ -113,7 +113,7 @@ void ts_pull_handle(ts_session_t *s, Tessera__Pull *m) {
   char err[256];
   int rc = ts_store_check_slices(&s->srv->store, m->parts, m->n_parts, err, sizeof err);
   if (rc < 0) {
-    ts_session_reply_error(s, TS_METRICS_REQ_PULL, m->request_id, rc, err);
+    ts_session_reply_error(s, TS_MSG_PULL, m->request_id, rc, err);
     ts_msg_free(&m->base);
     return;
   }

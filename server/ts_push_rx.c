@@ -134,6 +134,9 @@ int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__
     if (i == m->n_parts || i == 0 || used + count > cap) {
       for (size_t off = 0; np && off < used; off += CHUNK_FLOATS) {
         size_t len = used - off < CHUNK_FLOATS ? used - off : CHUNK_FLOATS;
+        /* rx_reserve counted a chunk per CHUNK_FLOATS of payload plus one per partition,
+         * and ts_msg_decode checked that the slices add up to the payload. */
+        ts_require(nc < rx->chunk_cap);
         rx->iov[nc] = uv_buf_init(NULL, (unsigned)(len * sizeof(float)));
         rx->chunk_off[nc] = off;
         rx->chunk_piece[nc++] = np - 1;
@@ -206,6 +209,7 @@ static int push_piece(ts_session_t *s, bool fresh) {
   const float *g = rx->buf + rx->next_off;
   for (size_t i = rx->next; i < b; i++) {
     ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
+    ts_require(p != NULL); /* ts_push_rx_meta checked the slices */
     Tessera__PushResult r = TESSERA__PUSH_RESULT__PUSH_APPLIED;
     if (sync) {
       r = ts_store_sync_push(st, p, g, s->task, m->step, now,
@@ -301,6 +305,7 @@ void ts_push_rx_wake_held(ts_server_t *srv) {
     s->rx.held_on = NULL;
     int rc = 0;
     if (!s->conn.closing && s->rx.active) rc = push_piece(s, false); /* may hold again */
+    ts_require(was->held_pushes > 0);
     was->held_pushes--;
     if (rc == 0 && !s->conn.closing && s->rx.active) rc = take_turns(s);
     if (rc < 0)
@@ -318,12 +323,14 @@ static void unhold(ts_server_t *srv, ts_session_t *s) {
       break;
     }
   }
+  ts_require(s->rx.held_on->held_pushes > 0);
   s->rx.held_on->held_pushes--;
   s->rx.held_on = NULL;
   s->rx.held_next = NULL;
 }
 
-/* The whole push has been read (and its pieces applied as they landed): reply. */
+/* The whole push has been read (and its pieces applied as they landed): reply. m is the
+ * meta ts_push_rx_meta saw, now handed over by ts_conn: freed here, on every path. */
 void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
   ts_server_t *srv = s->srv;
   ts_store_t *st = &srv->store;
@@ -334,7 +341,7 @@ void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
   stage_give_back(srv, rx);
   if (!active) {
     ts_session_reply_error(
-        s, TS_METRICS_REQ_PUSH, m->request_id, rx->refuse_code ? rx->refuse_code : TS_ENOMEM,
+        s, TS_MSG_PUSH, m->request_id, rx->refuse_code ? rx->refuse_code : TS_ENOMEM,
         rx->refuse_msg[0] ? rx->refuse_msg : "out of memory for the push payload");
     goto out;
   }
@@ -350,7 +357,7 @@ void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
                "piece of up to %zu bytes at a time)",
                rx->refused_detail, (unsigned long long)rx->refused, m->n_parts,
                st->mode == TS_MODE_SYNC ? "counted for the step" : "applied", srv->stage.buf_bytes);
-    ts_session_reply_error(s, TS_METRICS_REQ_PUSH, m->request_id, TS_ENONFINITE, detail);
+    ts_session_reply_error(s, TS_MSG_PUSH, m->request_id, TS_ENONFINITE, detail);
   }
   if (rx->stale) {
     ts_log_debug("task %d: %llu stale gradient partition(s) for step %llu dropped", s->task,

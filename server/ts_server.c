@@ -285,6 +285,9 @@ bool ts_server_poll_active(void *arg) {
 
 void ts_server_free(ts_server_t *srv) {
   if (!srv) return;
+  /* Called after the loop ran out (or a failed start ran it): every handle we opened has
+   * closed, or the loop would still hold pointers into srv. */
+  ts_require(srv->open_handles == 0);
   ts_admin_stop(srv->admin);
   ts_waitq_free(srv);
   ts_store_free(&srv->store);

@@ -99,7 +99,6 @@ struct ts_session {
   Tessera__Role role;
   int task;
   uint8_t nonce[TS_AUTH_NONCE_LEN];
-  int pending_writes; /* pull replies in flight (they hold partition writers) */
   uint64_t frame_ns;  /* when its last frame was read (uv_hrtime), for the latencies */
   push_rx_t rx;       /* the push being received */
 };
@@ -178,10 +177,13 @@ void ts_session_accept(uv_stream_t *listener, int status);
 /* The session of id, or NULL when it has closed (replies after background work). */
 ts_session_t *ts_session_find(ts_server_t *srv, uint64_t id);
 
-/* Answer request_id of kind `req` with an Error frame (code, detail) and count it in
- * /metrics (tessera_ps_refused_requests_total). When the reply cannot be queued, the
- * connection is closed: its peer would otherwise wait for an answer that never comes. */
-void ts_session_reply_error(ts_session_t *s, ts_metrics_req_t req, uint64_t request_id, int code,
+/* Answer request_id, a request of frame type req_type (TS_MSG_PULL...), with an Error frame
+ * (code, detail) and count it in /metrics under the request's label
+ * (tessera_ps_refused_requests_total; the label comes from TS_FRAME_MAP). The type is the
+ * caller's to name: replies after a wait or background work come long after the frame that
+ * asked. When the reply cannot be queued, the connection is closed: its peer would
+ * otherwise wait for an answer that never comes. */
+void ts_session_reply_error(ts_session_t *s, uint16_t req_type, uint64_t request_id, int code,
                             const char *detail);
 
 /* A reply could not be queued (rc from ts_conn_send): log it and close the connection. */

@@ -32,10 +32,10 @@ int ts_session_reply(ts_session_t *s, uint16_t type, const ProtobufCMessage *msg
   return rc;
 }
 
-void ts_session_reply_error(ts_session_t *s, ts_metrics_req_t req, uint64_t request_id, int code,
+void ts_session_reply_error(ts_session_t *s, uint16_t req_type, uint64_t request_id, int code,
                             const char *detail) {
   s->srv->errors++;
-  ts_metrics_refused(&s->srv->metrics, req, code);
+  ts_metrics_refused(&s->srv->metrics, ts_metrics_req_of(req_type), code);
   ts_log_info("%s: request %llu refused: %s: %s", s->conn.peer, (unsigned long long)request_id,
               ts_err_name(code), detail);
   int rc = ts_conn_send_error(&s->conn, request_id, code, detail);
@@ -57,14 +57,14 @@ static void handle_declare(ts_session_t *s, Tessera__Declare *m) {
   char err[256];
   bool created = false;
   if (s->role != TESSERA__ROLE__ROLE_WORKER) {
-    ts_session_reply_error(s, TS_METRICS_REQ_DECLARE, m->request_id, TS_EROLE,
+    ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, TS_EROLE,
                            "only workers declare tensors");
     ts_msg_free(&m->base);
     return;
   }
   int rc = ts_store_declare(&srv->store, m, &created, err, sizeof err);
   if (rc < 0) {
-    ts_session_reply_error(s, TS_METRICS_REQ_DECLARE, m->request_id, rc, err);
+    ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, rc, err);
     ts_msg_free(&m->base);
     return;
   }

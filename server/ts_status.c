@@ -89,7 +89,7 @@ int ts_status_build(ts_server_t *srv, ts_status_msg_t *sm) {
 void ts_status_handle(ts_session_t *s, Tessera__Status *m) {
   ts_status_msg_t sm;
   if (ts_status_build(s->srv, &sm) < 0) {
-    ts_session_reply_error(s, TS_METRICS_REQ_STATUS, m->request_id, TS_ENOMEM, "out of memory");
+    ts_session_reply_error(s, TS_MSG_STATUS, m->request_id, TS_ENOMEM, "out of memory");
   } else {
     sm.r.request_id = m->request_id;
     ts_session_reply(s, TS_MSG_STATUS_REPLY, &sm.r.base);

@@ -14,7 +14,7 @@ void ts_waitq_park(ts_session_t *s, Tessera__Pull *m, uint64_t start_ns) {
   ts_server_t *srv = s->srv;
   pull_wait_t *w = ts_malloc(sizeof *w);
   if (!w) {
-    ts_session_reply_error(s, TS_METRICS_REQ_PULL, m->request_id, TS_ENOMEM,
+    ts_session_reply_error(s, TS_MSG_PULL, m->request_id, TS_ENOMEM,
                            "out of memory for a waiting pull");
     ts_msg_free(&m->base);
     return;
@@ -47,7 +47,7 @@ void ts_waitq_serve(ts_server_t *srv) {
           "pull waited too long: wanted version %llu (clock %llu), shard %u is at version %llu",
           (unsigned long long)w->msg->min_version, (unsigned long long)w->msg->clock, srv->shard,
           (unsigned long long)ts_store_min_version(&srv->store));
-      ts_session_reply_error(w->sess, TS_METRICS_REQ_PULL, w->msg->request_id, TS_ETIMEDOUT,
+      ts_session_reply_error(w->sess, TS_MSG_PULL, w->msg->request_id, TS_ETIMEDOUT,
                              detail);
       ts_msg_free(&w->msg->base);
       ts_free(w);

@@ -65,13 +65,15 @@ static void test_push_latency_includes_apply(void **state) {
   double client_s = 0;
   for (int i = 0; i < PUSHES; i++) {
     double t0 = now_s();
-    assert_int_equal(ts_client_push(cl, (const float *const *)&g, (uint64_t)i, NULL, err, sizeof err), 0);
+    assert_int_equal(
+        ts_client_push(cl, (const float *const *)&g, (uint64_t)i, NULL, err, sizeof err), 0);
     client_s += now_s() - t0;
   }
   assert_int_equal(
       metric_when(&c, "tessera_ps_request_duration_seconds_count{request=\"push\"}", PUSHES),
       PUSHES);
-  double server_s = ts_metric_value(body, "tessera_ps_request_duration_seconds_sum{request=\"push\"}");
+  double server_s =
+      ts_metric_value(body, "tessera_ps_request_duration_seconds_sum{request=\"push\"}");
   fprintf(stderr, "%d pushes of %zu MiB: %.1f ms at the client, %.1f ms in the shard's histogram\n",
           PUSHES, big.n * sizeof(float) >> 20, client_s * 1e3, server_s * 1e3);
   /* The shard's clock starts when the meta arrives, before the payload is read and applied:
@@ -87,8 +89,13 @@ static void test_push_latency_includes_apply(void **state) {
 /* --- failed checkpoints ---------------------------------------------------------------- */
 
 static ts_client_t *open_admin(ts_cluster_t *c) {
-  ts_client_opts_t o = {.addrs = c->addrs, .num_shards = 1, .admin = true, .task = -1,
-                        .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
+  ts_client_opts_t o = {.addrs = c->addrs,
+                        .num_shards = 1,
+                        .admin = true,
+                        .task = -1,
+                        .connect_timeout_s = 5,
+                        .request_timeout_s = 10,
+                        .require_all = true};
   ts_client_t *cl = NULL;
   char err[512];
   int rc = ts_client_open(&cl, &o, err, sizeof err);
@@ -101,10 +108,11 @@ static void test_failed_checkpoints_count(void **state) {
   (void)state;
   ts_cluster_t c;
   /* A directory below a character device can never be created: every write fails. */
-  assert_int_equal(ts_cluster_start(&c, 1, 1,
-                                    "job = { mode = \"async\"; };\n"
-                                    "checkpoint = { dir = \"/dev/null/ckpt\"; interval_s = 3600; };"),
-                   0);
+  assert_int_equal(
+      ts_cluster_start(&c, 1, 1,
+                       "job = { mode = \"async\"; };\n"
+                       "checkpoint = { dir = \"/dev/null/ckpt\"; interval_s = 3600; };"),
+      0);
   const char *errors = "tessera_ps_checkpoints_total{result=\"error\"}";
   assert_int_equal(metric_when(&c, errors, 0), 0);
   ts_client_t *a = open_admin(&c);
@@ -125,7 +133,8 @@ static void test_failed_checkpoints_count(void **state) {
   /* Refused as admin requests, never as pushes (the last request before the reply). */
   assert_int_equal(ts_metric_value(body, "tessera_ps_push_requests_total{result=\"refused\"}"), 0);
   assert_int_equal(
-      ts_metric_value(body, "tessera_ps_refused_requests_total{request=\"other\",reason=\"notdeclared\"}"),
+      ts_metric_value(
+          body, "tessera_ps_refused_requests_total{request=\"other\",reason=\"notdeclared\"}"),
       1);
   /* Busy and "no checkpoint.dir" refuse before trying: not failed checkpoints. (The
    * latter is test_checkpoint's test_checkpoint_without_dir; its count is checked here.) */
@@ -136,8 +145,11 @@ static void test_failed_checkpoints_count(void **state) {
 
   assert_int_equal(ts_cluster_start(&c, 1, 1, NULL), 0);
   a = open_admin(&c);
-  assert_int_equal(ts_client_checkpoint(a, 0, path, sizeof path, NULL, err, sizeof err), TS_ECONFIG);
-  assert_int_equal(metric_when(&c, "tessera_ps_refused_requests_total{request=\"other\",reason=\"config\"}", 1), 1);
+  assert_int_equal(ts_client_checkpoint(a, 0, path, sizeof path, NULL, err, sizeof err),
+                   TS_ECONFIG);
+  assert_int_equal(
+      metric_when(&c, "tessera_ps_refused_requests_total{request=\"other\",reason=\"config\"}", 1),
+      1);
   assert_int_equal(ts_metric_value(body, errors), 0);
   ts_client_close(a);
   assert_int_equal(ts_cluster_stop(&c), 0);

@@ -29,8 +29,8 @@ typedef struct {
   double seconds;
 } ckpt_job_t;
 
-/* A checkpoint was tried and failed, before its write (start_checkpoint) or in it (ckpt_done): one
- * count in /metrics, whoever asked for it. */
+/* A checkpoint was tried and failed, before its write (start_checkpoint) or in it
+ * (ckpt_done): one count in /metrics, whoever asked for it. */
 static void count_failure(ts_server_t *srv) {
   srv->metrics.checkpoints_failed++;
 }
@@ -47,6 +47,7 @@ static void ckpt_work(uv_work_t *req) {
 static void ckpt_done(uv_work_t *req, int status) {
   ckpt_job_t *j = req->data;
   ts_server_t *srv = j->srv;
+  ts_require(srv->ckpt_busy); /* one checkpoint at a time: start_checkpoint_job */
   srv->ckpt_busy = false;
   if (status < 0 && j->rc == 0) {
     j->rc = status;
@@ -95,20 +96,7 @@ static void ckpt_done(uv_work_t *req, int status) {
   if (stop) ts_server_stop(srv);
 }
 
-static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t session_id,
-                                uint64_t request_id, char *errmsg, size_t errlen);
-
-/* Take a snapshot now and write it in the thread pool. Returns 0 when started, else an
- * error with errmsg: TS_ECONFIG (no checkpoint.dir) and TS_EBUSY (one is being written)
- * refuse before trying; the rest (nothing declared, NaN parameters, no memory) are failed
- * checkpoints and counted as such. */
-static int start_checkpoint(ts_server_t *srv, ckpt_kind_t kind, uint64_t session_id,
-                            uint64_t request_id, char *errmsg, size_t errlen) {
-  int rc = start_checkpoint_job(srv, kind, session_id, request_id, errmsg, errlen);
-  if (rc < 0 && rc != TS_ECONFIG && rc != TS_EBUSY) count_failure(srv);
-  return rc;
-}
-
+/* The snapshot and its write, queued; see start_checkpoint. */
 static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t session_id,
                                 uint64_t request_id, char *errmsg, size_t errlen) {
   if (!srv->cfg->checkpoint_dir || !*srv->cfg->checkpoint_dir) {
@@ -145,6 +133,17 @@ static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t ses
   srv->ckpt_applied = srv->store.applied;
   srv->ckpt_busy = true;
   return 0;
+}
+
+/* Take a snapshot now and write it in the thread pool. Returns 0 when started, else an
+ * error with errmsg: TS_ECONFIG (no checkpoint.dir) and TS_EBUSY (one is being written)
+ * refuse before trying; the rest (nothing declared, NaN parameters, no memory) are failed
+ * checkpoints and counted as such. */
+static int start_checkpoint(ts_server_t *srv, ckpt_kind_t kind, uint64_t session_id,
+                            uint64_t request_id, char *errmsg, size_t errlen) {
+  int rc = start_checkpoint_job(srv, kind, session_id, request_id, errmsg, errlen);
+  if (rc < 0 && rc != TS_ECONFIG && rc != TS_EBUSY) count_failure(srv);
+  return rc;
 }
 
 static void on_ckpt_timer(uv_timer_t *t) {

@@ -33,14 +33,14 @@ static int stage_ready(ts_server_t *srv) {
   return ts_stage_init(&srv->stage, largest, STAGE_BUDGET_BYTES);
 }
 
-static void rx_point(push_rx_t *rx, float *buf) {
+static void rx_point(ts_push_rx_t *rx, float *buf) {
   rx->buf = buf;
   for (size_t k = 0; k < rx->nchunks; k++) rx->iov[k].base = (char *)(buf + rx->chunk_off[k]);
 }
 
 /* Give the session's staging buffer back; the next session queued for one gets it and
  * reads on. */
-static void stage_give_back(ts_server_t *srv, push_rx_t *rx) {
+static void stage_give_back(ts_server_t *srv, ts_push_rx_t *rx) {
   if (rx->wait.queued) ts_stage_cancel(&srv->stage, &rx->wait);
   if (!rx->buf) return;
   float *buf = rx->buf;
@@ -66,7 +66,7 @@ static int grow(void *arr, size_t *cap, size_t n, size_t each) {
 }
 
 /* Room for a push of n slices cut into at most nchunks chunks. */
-static int rx_reserve(push_rx_t *rx, size_t n, size_t nchunks) {
+static int rx_reserve(ts_push_rx_t *rx, size_t n, size_t nchunks) {
   if (nchunks == 0) nchunks = 1;
   if (grow(&rx->first, &rx->cap, n + 1, sizeof *rx->first) < 0 ||
       grow(&rx->results, &rx->results_cap, n ? n : 1, sizeof *rx->results) < 0 ||
@@ -77,7 +77,7 @@ static int rx_reserve(push_rx_t *rx, size_t n, size_t nchunks) {
   return 0;
 }
 
-static void rx_free(push_rx_t *rx) {
+static void rx_free(ts_push_rx_t *rx) {
   ts_free(rx->first);
   ts_free(rx->results);
   ts_free(rx->iov);
@@ -86,11 +86,11 @@ static void rx_free(push_rx_t *rx) {
   memset(rx, 0, sizeof *rx);
 }
 
-static int push_refuse(push_rx_t *rx, int code, const char *msg) {
+static int push_refuse(ts_push_rx_t *rx, int code, const char *msg) {
   rx->active = false;
   rx->refuse_code = code;
   if (msg) snprintf(rx->refuse_msg, sizeof rx->refuse_msg, "%s", msg);
-  return 0; /* no destination: the payload is read and dropped, then handle_push replies */
+  return 0; /* no destination: the payload is read and dropped, then ts_push_rx_handle replies */
 }
 
 /* A push's meta has arrived. Everything that can refuse the whole push is checked here,
@@ -101,7 +101,7 @@ int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__
                     const uv_buf_t **iov, unsigned *niov) {
   ts_server_t *srv = s->srv;
   ts_store_t *st = &srv->store;
-  push_rx_t *rx = &s->rx;
+  ts_push_rx_t *rx = &s->rx;
   rx->start_ns = uv_hrtime();
   rx->active = false;
   rx->refuse_code = 0;
@@ -175,11 +175,11 @@ int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__
 /* Apply the piece in the staging buffer, from slice rx->next on; fresh: the piece has just
  * landed (its chunks were checked as they came: rx->piece_bad). A piece with a non-finite
  * value is refused whole. Returns TS_CONN_HOLD when an async update has to wait for a pull
- * reply being written from its partition (wake_held goes on from there). */
+ * reply being written from its partition (ts_push_rx_wake_held goes on from there). */
 static int push_piece(ts_session_t *s, bool fresh) {
   ts_server_t *srv = s->srv;
   ts_store_t *st = &srv->store;
-  push_rx_t *rx = &s->rx;
+  ts_push_rx_t *rx = &s->rx;
   const Tessera__Push *m = rx->m;
   size_t a = rx->first[rx->piece], b = rx->first[rx->piece + 1];
   bool sync = st->mode == TS_MODE_SYNC;
@@ -244,7 +244,7 @@ static int push_piece(ts_session_t *s, bool fresh) {
  * rx->buf), TS_CONN_HOLD (queued) or a negative code. */
 static int take_turns(ts_session_t *s) {
   ts_server_t *srv = s->srv;
-  push_rx_t *rx = &s->rx;
+  ts_push_rx_t *rx = &s->rx;
   if (rx->piece + 1 >= rx->npieces || !srv->stage.head) return 0;
   stage_give_back(srv, rx);
   float *buf;
@@ -262,7 +262,7 @@ static int take_turns(ts_session_t *s) {
  * piece once the piece's last chunk is in. */
 int ts_push_rx_on_piece(ts_conn_t *c, unsigned i) {
   ts_session_t *s = c->data;
-  push_rx_t *rx = &s->rx;
+  ts_push_rx_t *rx = &s->rx;
   s->srv->activity++;
   if (!rx->active || i >= rx->nchunks) return 0;
   size_t piece = rx->chunk_piece[i];
@@ -334,7 +334,7 @@ static void unhold(ts_server_t *srv, ts_session_t *s) {
 void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
   ts_server_t *srv = s->srv;
   ts_store_t *st = &srv->store;
-  push_rx_t *rx = &s->rx;
+  ts_push_rx_t *rx = &s->rx;
   bool active = rx->active && !discarded;
   rx->active = false;
   rx->m = NULL;

@@ -16,7 +16,6 @@
 
 #include "ts_addr.h"
 #include "ts_alloc.h"
-#include "ts_checkpoint.h"
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_notify.h"

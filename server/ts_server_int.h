@@ -44,13 +44,13 @@
 typedef struct ts_session ts_session_t;
 
 /* A pull parked until it can be answered (ts_waitq.c). */
-typedef struct pull_wait {
-  struct pull_wait *next;
+typedef struct ts_pull_wait {
+  struct ts_pull_wait *next;
   ts_session_t *sess;
   Tessera__Pull *msg;
   uint64_t deadline_ms;
   uint64_t start_ns; /* when the request arrived, for the latency histogram */
-} pull_wait_t;
+} ts_pull_wait_t;
 
 /* What a worker last told us, for status; its liveness is srv->barrier's. */
 typedef struct {
@@ -58,13 +58,13 @@ typedef struct {
   double loss, examples_per_sec, progress;
   uint64_t stale_dropped;
   char identity[128];
-} worker_info_t;
+} ts_worker_info_t;
 
 /* A push is received piece by piece (docs/architecture.md, "Pushes"): its
  * partitions are grouped into pieces of at most one staging buffer, each piece is read into
  * the buffer, checked and applied, and the buffer is reused for the next piece. */
 typedef struct {
-  bool active;            /* between push_meta and handle_push */
+  bool active;            /* between ts_push_rx_meta and ts_push_rx_handle */
   const Tessera__Push *m; /* its meta (the connection's until on_frame) */
   ts_stage_waiter_t wait; /* queued for a staging buffer */
   float *buf;             /* the staging buffer, while active */
@@ -88,7 +88,7 @@ typedef struct {
   char refused_detail[256]; /* the first refused piece */
   int refuse_code;          /* refused whole at the meta (payload discarded) */
   char refuse_msg[256];
-} push_rx_t;
+} ts_push_rx_t;
 
 struct ts_session {
   ts_conn_t conn;
@@ -99,8 +99,8 @@ struct ts_session {
   Tessera__Role role;
   int task;
   uint8_t nonce[TS_AUTH_NONCE_LEN];
-  uint64_t frame_ns;  /* when its last frame was read (uv_hrtime), for the latencies */
-  push_rx_t rx;       /* the push being received */
+  uint64_t frame_ns; /* when its last frame was read (uv_hrtime), for the latencies */
+  ts_push_rx_t rx;   /* the push being received */
 };
 
 struct ts_server {
@@ -110,7 +110,7 @@ struct ts_server {
   uv_tcp_t listener;
   uv_timer_t tick;
   uv_signal_t sigterm, sigint;
-  int open_handles;
+  int open_handles; /* libuv handles opened and not yet closed (ts_server_free checks) */
   bool stopping;
 
   ts_store_t store;
@@ -118,8 +118,8 @@ struct ts_server {
   ts_session_t *held; /* sessions whose push waits for pull replies to be written */
   ts_session_t *sessions;
   size_t num_sessions;
-  pull_wait_t *waiting;
-  worker_info_t *workers;
+  ts_pull_wait_t *waiting;
+  ts_worker_info_t *workers;
   uint32_t num_workers;
   ts_barrier_t barrier; /* membership, liveness and the rules of who is waited for */
 

@@ -86,7 +86,7 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   ts_server_t *srv = s->srv;
   if (s->role == TESSERA__ROLE__ROLE_WORKER && s->task >= 0 &&
       (uint32_t)s->task < srv->num_workers) {
-    worker_info_t *w = &srv->workers[s->task];
+    ts_worker_info_t *w = &srv->workers[s->task];
     w->step = m->step;
     w->loss = m->loss;
     w->examples_per_sec = m->examples_per_sec;
@@ -143,7 +143,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
   s->role = m->role;
   s->task = m->role == TESSERA__ROLE__ROLE_WORKER ? m->task : -1;
   if (s->role == TESSERA__ROLE__ROLE_WORKER) {
-    worker_info_t *w = &srv->workers[s->task];
+    ts_worker_info_t *w = &srv->workers[s->task];
     bool first = ts_barrier_join(&srv->barrier, s->task, ts_server_now_ms(srv));
     snprintf(w->identity, sizeof w->identity, "%s", m->identity ? m->identity : "");
     ts_server_worker_seen(srv, s->task);

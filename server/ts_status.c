@@ -28,7 +28,7 @@ int ts_status_build(ts_server_t *srv, ts_status_msg_t *sm) {
   if (!ws || !wp || !waiting) return TS_ENOMEM;
   size_t n = 0, nwait = 0;
   for (uint32_t t = 0; t < nw; t++) {
-    const worker_info_t *w = &srv->workers[t];
+    const ts_worker_info_t *w = &srv->workers[t];
     const ts_barrier_worker_t *bw = &srv->barrier.w[t];
     if (!bw->seen) continue;
     tessera__worker_status__init(&ws[n]);

@@ -12,7 +12,7 @@
 
 void ts_waitq_park(ts_session_t *s, Tessera__Pull *m, uint64_t start_ns) {
   ts_server_t *srv = s->srv;
-  pull_wait_t *w = ts_malloc(sizeof *w);
+  ts_pull_wait_t *w = ts_malloc(sizeof *w);
   if (!w) {
     ts_session_reply_error(s, TS_MSG_PULL, m->request_id, TS_ENOMEM,
                            "out of memory for a waiting pull");
@@ -31,9 +31,9 @@ void ts_waitq_park(ts_session_t *s, Tessera__Pull *m, uint64_t start_ns) {
 
 void ts_waitq_serve(ts_server_t *srv) {
   uint64_t now = ts_server_now_ms(srv);
-  pull_wait_t **pp = &srv->waiting;
+  ts_pull_wait_t **pp = &srv->waiting;
   while (*pp) {
-    pull_wait_t *w = *pp;
+    ts_pull_wait_t *w = *pp;
     if (ts_pull_ready(srv, w->msg)) {
       *pp = w->next;
       ts_pull_send(w->sess, w->msg, w->start_ns);
@@ -47,8 +47,7 @@ void ts_waitq_serve(ts_server_t *srv) {
           "pull waited too long: wanted version %llu (clock %llu), shard %u is at version %llu",
           (unsigned long long)w->msg->min_version, (unsigned long long)w->msg->clock, srv->shard,
           (unsigned long long)ts_store_min_version(&srv->store));
-      ts_session_reply_error(w->sess, TS_MSG_PULL, w->msg->request_id, TS_ETIMEDOUT,
-                             detail);
+      ts_session_reply_error(w->sess, TS_MSG_PULL, w->msg->request_id, TS_ETIMEDOUT, detail);
       ts_msg_free(&w->msg->base);
       ts_free(w);
     } else {
@@ -58,9 +57,9 @@ void ts_waitq_serve(ts_server_t *srv) {
 }
 
 void ts_waitq_drop_session(ts_server_t *srv, ts_session_t *s) {
-  pull_wait_t **pp = &srv->waiting;
+  ts_pull_wait_t **pp = &srv->waiting;
   while (*pp) {
-    pull_wait_t *w = *pp;
+    ts_pull_wait_t *w = *pp;
     if (w->sess == s) {
       *pp = w->next;
       ts_msg_free(&w->msg->base);
@@ -73,7 +72,7 @@ void ts_waitq_drop_session(ts_server_t *srv, ts_session_t *s) {
 
 void ts_waitq_free(ts_server_t *srv) {
   while (srv->waiting) {
-    pull_wait_t *w = srv->waiting;
+    ts_pull_wait_t *w = srv->waiting;
     srv->waiting = w->next;
     ts_msg_free(&w->msg->base);
     ts_free(w);

@@ -4,34 +4,36 @@
 
 #include "ts_err.h"
 
-static const char *const type_names[TS_MSG__COUNT] = {
-    [TS_MSG_HELLO] = "HELLO",
-    [TS_MSG_HANDSHAKE] = "HANDSHAKE",
-    [TS_MSG_HANDSHAKE_REPLY] = "HANDSHAKE_REPLY",
-    [TS_MSG_DECLARE] = "DECLARE",
-    [TS_MSG_DECLARE_REPLY] = "DECLARE_REPLY",
-    [TS_MSG_PULL] = "PULL",
-    [TS_MSG_PULL_REPLY] = "PULL_REPLY",
-    [TS_MSG_PUSH] = "PUSH",
-    [TS_MSG_PUSH_REPLY] = "PUSH_REPLY",
-    [TS_MSG_HEARTBEAT] = "HEARTBEAT",
-    [TS_MSG_HEARTBEAT_REPLY] = "HEARTBEAT_REPLY",
-    [TS_MSG_STATUS] = "STATUS",
-    [TS_MSG_STATUS_REPLY] = "STATUS_REPLY",
-    [TS_MSG_ERROR] = "ERROR",
-    [TS_MSG_CHECKPOINT] = "CHECKPOINT",
-    [TS_MSG_CHECKPOINT_REPLY] = "CHECKPOINT_REPLY",
-    [TS_MSG_SHUTDOWN] = "SHUTDOWN",
-    [TS_MSG_SHUTDOWN_REPLY] = "SHUTDOWN_REPLY",
-};
+_Static_assert(TS_FRAME_NUM_TYPES == TS_MSG__COUNT - 1,
+               "TS_FRAME_MAP values must run from 1 without gaps");
+
+typedef struct {
+  const char *name;
+  int dir;
+  int data;
+} type_info_t;
+
+#define TYPE_ROW_(name, value, desc, metrics, dir, data) [value] = {#name, dir, data},
+static const type_info_t types[TS_MSG__COUNT] = {TS_FRAME_MAP(TYPE_ROW_)};
+#undef TYPE_ROW_
+
+static const type_info_t *type_info(uint16_t type) {
+  return type == 0 || type >= TS_MSG__COUNT ? NULL : &types[type];
+}
 
 const char *ts_frame_type_name(uint16_t type) {
-  if (type == 0 || type >= TS_MSG__COUNT) return "UNKNOWN";
-  return type_names[type];
+  const type_info_t *t = type_info(type);
+  return t ? t->name : "UNKNOWN";
 }
 
 int ts_frame_type_has_data(uint16_t type) {
-  return type == TS_MSG_PUSH || type == TS_MSG_PULL_REPLY;
+  const type_info_t *t = type_info(type);
+  return t ? t->data : 0;
+}
+
+int ts_frame_type_dir(uint16_t type) {
+  const type_info_t *t = type_info(type);
+  return t ? t->dir : 0;
 }
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }

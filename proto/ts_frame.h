@@ -23,27 +23,56 @@
 #define TS_PROTOCOL_VERSION 1
 #define TS_FRAME_MAX_META (1u << 20)
 
+/* Who sends a frame type: a client (worker, psctl) to a shard, or a shard to a client. */
+typedef enum { TS_FRAME_C2S = 1, TS_FRAME_S2C = 2 } ts_frame_dir_t;
+
+/* The one table of frame types. Each row is
+ *
+ *   X(NAME, value, descriptor, metrics, dir, data)
+ *
+ * NAME     gives TS_MSG_NAME and the name ts_frame_type_name returns ("PULL_REPLY")
+ * value    the type on the wire: these numbers are the protocol and never change
+ * descriptor  the protobuf-c descriptor of the meta (expanded only in proto/ts_msg.c,
+ *          so this header needs no protobuf)
+ * metrics  the request="..." label the shard counts it under (TS_METRICS_REQ_<metrics> in
+ *          server/ts_metrics.h; OTHER for replies and admin requests)
+ * dir      TS_FRAME_C2S or TS_FRAME_S2C
+ * data     1 when the frame carries a float32 payload after its meta
+ *
+ * Values run from 1 without gaps (ts_frame_decode_header refuses 0 and TS_MSG__COUNT or
+ * more); a new type takes the next value and a row here, nothing else. */
+#define TS_FRAME_MAP(X)                                                                    \
+  X(HELLO, 1, tessera__hello__descriptor, OTHER, TS_FRAME_S2C, 0)                          \
+  X(HANDSHAKE, 2, tessera__handshake__descriptor, HANDSHAKE, TS_FRAME_C2S, 0)              \
+  X(HANDSHAKE_REPLY, 3, tessera__handshake_reply__descriptor, OTHER, TS_FRAME_S2C, 0)      \
+  X(DECLARE, 4, tessera__declare__descriptor, DECLARE, TS_FRAME_C2S, 0)                    \
+  X(DECLARE_REPLY, 5, tessera__declare_reply__descriptor, OTHER, TS_FRAME_S2C, 0)          \
+  X(PULL, 6, tessera__pull__descriptor, PULL, TS_FRAME_C2S, 0)                             \
+  X(PULL_REPLY, 7, tessera__pull_reply__descriptor, OTHER, TS_FRAME_S2C, 1)                \
+  X(PUSH, 8, tessera__push__descriptor, PUSH, TS_FRAME_C2S, 1)                             \
+  X(PUSH_REPLY, 9, tessera__push_reply__descriptor, OTHER, TS_FRAME_S2C, 0)                \
+  X(HEARTBEAT, 10, tessera__heartbeat__descriptor, HEARTBEAT, TS_FRAME_C2S, 0)             \
+  X(HEARTBEAT_REPLY, 11, tessera__heartbeat_reply__descriptor, OTHER, TS_FRAME_S2C, 0)     \
+  X(STATUS, 12, tessera__status__descriptor, STATUS, TS_FRAME_C2S, 0)                      \
+  X(STATUS_REPLY, 13, tessera__shard_status__descriptor, OTHER, TS_FRAME_S2C, 0)           \
+  X(ERROR, 14, tessera__error__descriptor, OTHER, TS_FRAME_S2C, 0)                         \
+  X(CHECKPOINT, 15, tessera__checkpoint__descriptor, OTHER, TS_FRAME_C2S, 0)               \
+  X(CHECKPOINT_REPLY, 16, tessera__checkpoint_reply__descriptor, OTHER, TS_FRAME_S2C, 0)   \
+  X(SHUTDOWN, 17, tessera__shutdown__descriptor, OTHER, TS_FRAME_C2S, 0)                   \
+  X(SHUTDOWN_REPLY, 18, tessera__shutdown_reply__descriptor, OTHER, TS_FRAME_S2C, 0)
+
+#define TS_FRAME_ENUM_(name, value, desc, metrics, dir, data) TS_MSG_##name = value,
 typedef enum {
-  TS_MSG_HELLO = 1,
-  TS_MSG_HANDSHAKE = 2,
-  TS_MSG_HANDSHAKE_REPLY = 3,
-  TS_MSG_DECLARE = 4,
-  TS_MSG_DECLARE_REPLY = 5,
-  TS_MSG_PULL = 6,
-  TS_MSG_PULL_REPLY = 7,
-  TS_MSG_PUSH = 8,
-  TS_MSG_PUSH_REPLY = 9,
-  TS_MSG_HEARTBEAT = 10,
-  TS_MSG_HEARTBEAT_REPLY = 11,
-  TS_MSG_STATUS = 12,
-  TS_MSG_STATUS_REPLY = 13,
-  TS_MSG_ERROR = 14,
-  TS_MSG_CHECKPOINT = 15,
-  TS_MSG_CHECKPOINT_REPLY = 16,
-  TS_MSG_SHUTDOWN = 17,
-  TS_MSG_SHUTDOWN_REPLY = 18,
-  TS_MSG__COUNT
+  TS_FRAME_MAP(TS_FRAME_ENUM_)
+  TS_MSG__COUNT  /* one past the largest value */
 } ts_msg_type_t;
+#undef TS_FRAME_ENUM_
+
+/* Number of rows of TS_FRAME_MAP; equal to TS_MSG__COUNT - 1 while values have no gaps
+ * (ts_frame.c checks). */
+#define TS_FRAME_COUNT_(name, value, desc, metrics, dir, data) +1
+enum { TS_FRAME_NUM_TYPES = 0 TS_FRAME_MAP(TS_FRAME_COUNT_) };
+#undef TS_FRAME_COUNT_
 
 typedef struct {
   uint16_t version;
@@ -68,5 +97,8 @@ int ts_frame_type_has_data(uint16_t type);
 
 /* "PUSH", "PULL_REPLY", ...; "UNKNOWN" otherwise. */
 const char *ts_frame_type_name(uint16_t type);
+
+/* Who sends frames of this type (TS_FRAME_C2S or TS_FRAME_S2C); 0 for an unknown type. */
+int ts_frame_type_dir(uint16_t type);
 
 #endif

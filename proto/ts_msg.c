@@ -6,26 +6,11 @@
 #include "ts_alloc.h"
 #include "ts_err.h"
 
+/* The descriptor column of TS_FRAME_MAP (proto/ts_frame.h). */
+#define DESC_ROW_(name, value, desc, metrics, dir, data) [value] = &desc,
 static const ProtobufCMessageDescriptor *const descriptors[TS_MSG__COUNT] = {
-    [TS_MSG_HELLO] = &tessera__hello__descriptor,
-    [TS_MSG_HANDSHAKE] = &tessera__handshake__descriptor,
-    [TS_MSG_HANDSHAKE_REPLY] = &tessera__handshake_reply__descriptor,
-    [TS_MSG_DECLARE] = &tessera__declare__descriptor,
-    [TS_MSG_DECLARE_REPLY] = &tessera__declare_reply__descriptor,
-    [TS_MSG_PULL] = &tessera__pull__descriptor,
-    [TS_MSG_PULL_REPLY] = &tessera__pull_reply__descriptor,
-    [TS_MSG_PUSH] = &tessera__push__descriptor,
-    [TS_MSG_PUSH_REPLY] = &tessera__push_reply__descriptor,
-    [TS_MSG_HEARTBEAT] = &tessera__heartbeat__descriptor,
-    [TS_MSG_HEARTBEAT_REPLY] = &tessera__heartbeat_reply__descriptor,
-    [TS_MSG_STATUS] = &tessera__status__descriptor,
-    [TS_MSG_STATUS_REPLY] = &tessera__shard_status__descriptor,
-    [TS_MSG_ERROR] = &tessera__error__descriptor,
-    [TS_MSG_CHECKPOINT] = &tessera__checkpoint__descriptor,
-    [TS_MSG_CHECKPOINT_REPLY] = &tessera__checkpoint_reply__descriptor,
-    [TS_MSG_SHUTDOWN] = &tessera__shutdown__descriptor,
-    [TS_MSG_SHUTDOWN_REPLY] = &tessera__shutdown_reply__descriptor,
-};
+    TS_FRAME_MAP(DESC_ROW_)};
+#undef DESC_ROW_
 
 const ProtobufCMessageDescriptor *ts_msg_descriptor(uint16_t type) {
   if (type == 0 || type >= TS_MSG__COUNT) return NULL;

@@ -395,16 +395,6 @@ static int open_checked(const char *path, FILE **fp, Tessera__CheckpointMeta **m
   return 0;
 }
 
-int ts_checkpoint_verify(const char *path, char *errmsg, size_t errlen) {
-  FILE *f;
-  Tessera__CheckpointMeta *m;
-  int rc = open_checked(path, &f, &m, errmsg, errlen);
-  if (rc < 0) return rc;
-  ts_msg_free(&m->base);
-  fclose(f);
-  return 0;
-}
-
 /* Load one verified file into the undeclared store s. */
 static int load(ts_store_t *s, const char *path, FILE *f, const Tessera__CheckpointMeta *m,
                 char *errmsg, size_t errlen) {
@@ -488,6 +478,7 @@ int ts_checkpoint_restore(ts_store_t *s, const char *dir, char *path, size_t pat
     Tessera__CheckpointMeta *m;
     int rc = open_checked(full, &f, &m, err, sizeof err);
     if (rc == 0) {
+      ts_require(m != NULL); /* open_checked sets it on success */
       rc = load(s, full, f, m, err, sizeof err);
       if (rc == 0) {
         restored = 1;

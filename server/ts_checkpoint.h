@@ -40,9 +40,6 @@ void ts_checkpoint_snapshot_free(ts_ckpt_snapshot_t *snap);
 int ts_checkpoint_restore(ts_store_t *s, const char *dir, char *path, size_t pathlen,
                           uint64_t *sequence, char *errmsg, size_t errlen);
 
-/* Check one file without restoring it: 0 when valid, else TS_EDATA with the reason. */
-int ts_checkpoint_verify(const char *path, char *errmsg, size_t errlen);
-
 /* The highest sequence number among shard's checkpoints in dir (0 when none). */
 uint64_t ts_checkpoint_last_sequence(const char *dir, uint32_t shard);
 

@@ -32,20 +32,14 @@ void ts_metrics_init(ts_metrics_t *m) {
                     sizeof checkpoint_bounds / sizeof *checkpoint_bounds);
 }
 
+/* The metrics column of TS_FRAME_MAP (proto/ts_frame.h). */
 ts_metrics_req_t ts_metrics_req_of(int type) {
   switch (type) {
-    case TS_MSG_PUSH:
-      return TS_METRICS_REQ_PUSH;
-    case TS_MSG_PULL:
-      return TS_METRICS_REQ_PULL;
-    case TS_MSG_DECLARE:
-      return TS_METRICS_REQ_DECLARE;
-    case TS_MSG_HEARTBEAT:
-      return TS_METRICS_REQ_HEARTBEAT;
-    case TS_MSG_STATUS:
-      return TS_METRICS_REQ_STATUS;
-    case TS_MSG_HANDSHAKE:
-      return TS_METRICS_REQ_HANDSHAKE;
+#define REQ_CASE_(name, value, desc, metrics, dir, data) \
+  case TS_MSG_##name:                                    \
+    return TS_METRICS_REQ_##metrics;
+    TS_FRAME_MAP(REQ_CASE_)
+#undef REQ_CASE_
     default:
       return TS_METRICS_REQ_OTHER;
   }

@@ -4,6 +4,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -126,6 +127,48 @@ static void test_bad_types(void **state) {
     assert_int_equal(h.type, type);
     assert_string_not_equal(ts_frame_type_name(type), "UNKNOWN");
   }
+}
+
+/* Every row of TS_FRAME_MAP: its enum value, its name (the row's NAME), its direction and
+ * whether it carries a payload come back from the lookups, and a header of that type
+ * round-trips. Replies and the server's own frames go server to client, the rest the other
+ * way; only Push and PullReply carry a payload. */
+static void test_frame_map_rows(void **state) {
+  (void)state;
+  static const struct {
+    uint16_t type;
+    const char *name;
+    int dir, data;
+  } rows[] = {
+#define ROW_(name, value, desc, metrics, dir, data) {value, #name, dir, data},
+      TS_FRAME_MAP(ROW_)
+#undef ROW_
+  };
+  assert_int_equal(sizeof rows / sizeof rows[0], TS_MSG__COUNT - 1);
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    uint16_t type = rows[i].type;
+    assert_int_equal(type, i + 1); /* values run from 1 without gaps */
+    assert_string_equal(ts_frame_type_name(type), rows[i].name);
+    assert_int_equal(ts_frame_type_dir(type), rows[i].dir);
+    assert_int_equal(ts_frame_type_has_data(type), rows[i].data);
+    bool reply = strstr(rows[i].name, "_REPLY") || type == TS_MSG_HELLO || type == TS_MSG_ERROR;
+    assert_int_equal(rows[i].dir, reply ? TS_FRAME_S2C : TS_FRAME_C2S);
+    uint8_t buf[TS_FRAME_HEADER_SIZE];
+    ts_frame_encode_header(buf, type, 5, rows[i].data ? 8 : 0);
+    ts_frame_header_t h;
+    const char *desc;
+    assert_int_equal(decode(buf, sizeof buf, MAX_DATA, &h, &desc), TS_FRAME_HEADER_SIZE);
+    assert_int_equal(h.type, type);
+    assert_int_equal(h.data_len, rows[i].data ? 8 : 0);
+  }
+  assert_int_equal(ts_frame_type_dir(0), 0);
+  assert_int_equal(ts_frame_type_dir(TS_MSG__COUNT), 0);
+  assert_int_equal(ts_frame_type_has_data(TS_MSG__COUNT), 0);
+  /* The wire values of a few types, spelled out: renumbering the table breaks the protocol. */
+  assert_int_equal(TS_MSG_HELLO, 1);
+  assert_int_equal(TS_MSG_PUSH, 8);
+  assert_int_equal(TS_MSG_ERROR, 14);
+  assert_int_equal(TS_MSG_SHUTDOWN_REPLY, 18);
 }
 
 static void test_meta_limit(void **state) {
@@ -264,6 +307,7 @@ int main(void) {
       cmocka_unit_test(test_bad_magic_on_prefix),
       cmocka_unit_test(test_wrong_version),
       cmocka_unit_test(test_bad_types),
+      cmocka_unit_test(test_frame_map_rows),
       cmocka_unit_test(test_meta_limit),
       cmocka_unit_test(test_data_on_type_without_data),
       cmocka_unit_test(test_data_not_multiple_of_4),

@@ -1,0 +1,264 @@
+/*
+ * When checkpoints are written (the format is ts_checkpoint.h): periodically while the
+ * store changes, on an admin's request (psctl checkpoint), before a requested shutdown and
+ * on SIGTERM/SIGINT. A snapshot is taken on the loop and written in the thread pool; one
+ * at a time.
+ */
+#include "ts_server_int.h"
+
+#include <stdio.h>
+#include <time.h>
+
+#include "ts_alloc.h"
+#include "ts_checkpoint.h"
+#include "ts_err.h"
+#include "ts_log.h"
+
+typedef enum { CKPT_TIMER, CKPT_ADMIN, CKPT_SHUTDOWN, CKPT_SIGNAL } ckpt_kind_t;
+
+typedef struct {
+  uv_work_t req;
+  ts_server_t *srv;
+  ts_ckpt_snapshot_t *snap;
+  ckpt_kind_t kind;
+  uint64_t session_id, request_id;
+  int rc;
+  char path[600];
+  char err[512];
+  uint64_t bytes;
+  double seconds;
+} ckpt_job_t;
+
+/* A checkpoint was tried and failed, before its write (start_checkpoint) or in it
+ * (ckpt_done): one count in /metrics, whoever asked for it. */
+static void count_failure(ts_server_t *srv) {
+  srv->metrics.checkpoints_failed++;
+}
+
+static void ckpt_work(uv_work_t *req) {
+  ckpt_job_t *j = req->data;
+  const ts_config_t *cfg = j->srv->cfg;
+  uint64_t t0 = uv_hrtime();
+  j->rc = ts_checkpoint_write(j->snap, cfg->checkpoint_dir, cfg->checkpoint_keep, j->path,
+                              sizeof j->path, &j->bytes, j->err, sizeof j->err);
+  j->seconds = (double)(uv_hrtime() - t0) / 1e9;
+}
+
+static void ckpt_done(uv_work_t *req, int status) {
+  ckpt_job_t *j = req->data;
+  ts_server_t *srv = j->srv;
+  ts_require(srv->ckpt_busy); /* one checkpoint at a time: start_checkpoint_job */
+  srv->ckpt_busy = false;
+  if (status < 0 && j->rc == 0) {
+    j->rc = status;
+    snprintf(j->err, sizeof j->err, "checkpoint cancelled: %s", uv_strerror(status));
+  }
+  uint64_t step = ts_checkpoint_snapshot_step(j->snap);
+  if (j->rc == 0) {
+    srv->ckpts_written++;
+    srv->metrics.checkpoints_ok++;
+    ts_prom_hist_observe(&srv->metrics.checkpoint_duration, j->seconds);
+    srv->metrics.checkpoint_last_success_unix = (double)time(NULL);
+    srv->have_ckpt = true;
+    srv->last_ckpt_ms = ts_server_now_ms(srv);
+    snprintf(srv->last_ckpt, sizeof srv->last_ckpt, "%s", j->path);
+    ts_log_info("checkpoint written: %s (step %llu, %.1f MiB, %.0f ms)", j->path,
+                (unsigned long long)step, (double)j->bytes / (1024.0 * 1024.0),
+                j->seconds * 1000.0);
+  } else {
+    count_failure(srv);
+    ts_log_err("checkpoint failed: %s", j->err);
+  }
+  ts_session_t *s = j->session_id ? ts_session_find(srv, j->session_id) : NULL;
+  if (s && j->kind == CKPT_ADMIN) {
+    if (j->rc == 0) {
+      Tessera__CheckpointReply r = TESSERA__CHECKPOINT_REPLY__INIT;
+      r.request_id = j->request_id;
+      r.path = j->path;
+      r.step = step;
+      r.bytes = j->bytes;
+      r.seconds = j->seconds;
+      ts_session_reply(s, TS_MSG_CHECKPOINT_REPLY, &r.base);
+    } else {
+      ts_session_reply_error(s, TS_MSG_CHECKPOINT, j->request_id,
+                             j->rc < 0 && ts_err_is_ts(j->rc) ? j->rc : TS_EINTERNAL, j->err);
+    }
+  }
+  if (s && j->kind == CKPT_SHUTDOWN) {
+    Tessera__ShutdownReply r = TESSERA__SHUTDOWN_REPLY__INIT;
+    r.request_id = j->request_id;
+    r.checkpoint_path = j->rc == 0 ? j->path : (char *)"";
+    ts_session_reply(s, TS_MSG_SHUTDOWN_REPLY, &r.base);
+  }
+  ts_checkpoint_snapshot_free(j->snap);
+  bool stop = j->kind == CKPT_SHUTDOWN || j->kind == CKPT_SIGNAL || srv->stop_after_ckpt;
+  ts_free(j);
+  if (stop) ts_server_stop(srv);
+}
+
+/* The snapshot and its write, queued; see start_checkpoint. */
+static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t session_id,
+                                uint64_t request_id, char *errmsg, size_t errlen) {
+  if (!srv->cfg->checkpoint_dir || !*srv->cfg->checkpoint_dir) {
+    snprintf(errmsg, errlen, "checkpoint.dir is not set: this job keeps no checkpoints");
+    return TS_ECONFIG;
+  }
+  if (srv->ckpt_busy) {
+    snprintf(errmsg, errlen, "a checkpoint is being written; try again when it is done");
+    return TS_EBUSY;
+  }
+  ts_ckpt_snapshot_t *snap = NULL;
+  int rc = ts_checkpoint_snapshot(&srv->store, srv->ckpt_seq + 1, &snap, errmsg, errlen);
+  if (rc < 0) return rc;
+  ckpt_job_t *j = ts_calloc(1, sizeof *j);
+  if (!j) {
+    ts_checkpoint_snapshot_free(snap);
+    snprintf(errmsg, errlen, "out of memory");
+    return TS_ENOMEM;
+  }
+  j->req.data = j;
+  j->srv = srv;
+  j->snap = snap;
+  j->kind = kind;
+  j->session_id = session_id;
+  j->request_id = request_id;
+  rc = uv_queue_work(srv->loop, &j->req, ckpt_work, ckpt_done);
+  if (rc < 0) {
+    ts_checkpoint_snapshot_free(snap);
+    ts_free(j);
+    snprintf(errmsg, errlen, "cannot start the checkpoint: %s", uv_strerror(rc));
+    return rc;
+  }
+  srv->ckpt_seq++;
+  srv->ckpt_applied = srv->store.applied;
+  srv->ckpt_busy = true;
+  return 0;
+}
+
+/* Take a snapshot now and write it in the thread pool. Returns 0 when started, else an
+ * error with errmsg: TS_ECONFIG (no checkpoint.dir) and TS_EBUSY (one is being written)
+ * refuse before trying; the rest (nothing declared, NaN parameters, no memory) are failed
+ * checkpoints and counted as such. */
+static int start_checkpoint(ts_server_t *srv, ckpt_kind_t kind, uint64_t session_id,
+                            uint64_t request_id, char *errmsg, size_t errlen) {
+  int rc = start_checkpoint_job(srv, kind, session_id, request_id, errmsg, errlen);
+  if (rc < 0 && rc != TS_ECONFIG && rc != TS_EBUSY) count_failure(srv);
+  return rc;
+}
+
+static void on_ckpt_timer(uv_timer_t *t) {
+  ts_server_t *srv = t->data;
+  /* Only when something changed since the last one. */
+  if (!srv->store.declared || srv->ckpt_busy || srv->store.applied == srv->ckpt_applied) return;
+  char err[512];
+  int rc = start_checkpoint(srv, CKPT_TIMER, 0, 0, err, sizeof err);
+  if (rc < 0) ts_log_err("periodic checkpoint skipped: %s", err);
+}
+
+/* Admin requests that change the shard need the admin role, and when authentication is on,
+ * an admin token. */
+static bool admin_allowed(ts_session_t *s, uint16_t type, uint64_t request_id, const char *what) {
+  ts_server_t *srv = s->srv;
+  char err[200];
+  if (s->role != TESSERA__ROLE__ROLE_ADMIN) {
+    snprintf(err, sizeof err, "%s needs the admin role (psctl)", what);
+    ts_session_reply_error(s, type, request_id, TS_EPERM, err);
+    return false;
+  }
+  if (srv->token && !srv->admin_token) {
+    snprintf(err, sizeof err,
+             "%s needs an admin token: set auth.admin_token_file (the worker token is not enough)",
+             what);
+    ts_session_reply_error(s, type, request_id, TS_EPERM, err);
+    return false;
+  }
+  return true;
+}
+
+void ts_ckpt_sched_checkpoint(ts_session_t *s, Tessera__Checkpoint *m) {
+  char err[512];
+  if (admin_allowed(s, TS_MSG_CHECKPOINT, m->request_id, "checkpoint")) {
+    int rc = start_checkpoint(s->srv, CKPT_ADMIN, s->id, m->request_id, err, sizeof err);
+    if (rc < 0)
+      ts_session_reply_error(s, TS_MSG_CHECKPOINT, m->request_id,
+                             ts_err_is_ts(rc) ? rc : TS_EINTERNAL, err);
+  }
+  ts_msg_free(&m->base);
+}
+
+void ts_ckpt_sched_shutdown(ts_session_t *s, Tessera__Shutdown *m) {
+  ts_server_t *srv = s->srv;
+  char err[512];
+  if (!admin_allowed(s, TS_MSG_SHUTDOWN, m->request_id, "shutdown")) goto out;
+  ts_log_notice("shutdown requested by %s", s->conn.peer);
+  if (m->checkpoint && srv->cfg->checkpoint_dir && *srv->cfg->checkpoint_dir &&
+      srv->store.declared) {
+    if (srv->ckpt_busy) {
+      srv->stop_after_ckpt = true;
+    } else if (start_checkpoint(srv, CKPT_SHUTDOWN, s->id, m->request_id, err, sizeof err) == 0) {
+      goto out; /* the reply and the stop follow the checkpoint */
+    } else {
+      ts_log_err("final checkpoint failed, stopping anyway: %s", err);
+    }
+  }
+  Tessera__ShutdownReply r = TESSERA__SHUTDOWN_REPLY__INIT;
+  r.request_id = m->request_id;
+  r.checkpoint_path = (char *)"";
+  ts_session_reply(s, TS_MSG_SHUTDOWN_REPLY, &r.base);
+  if (!srv->stop_after_ckpt) ts_server_stop(srv);
+out:
+  ts_msg_free(&m->base);
+}
+
+bool ts_ckpt_sched_final(ts_server_t *srv) {
+  if (!srv->cfg->checkpoint_dir || !*srv->cfg->checkpoint_dir || !srv->store.declared ||
+      srv->store.applied == srv->ckpt_applied)
+    return false;
+  char err[512];
+  if (srv->ckpt_busy) {
+    srv->stop_after_ckpt = true;
+    return true;
+  }
+  if (start_checkpoint(srv, CKPT_SIGNAL, 0, 0, err, sizeof err) == 0) {
+    srv->stop_after_ckpt = true;
+    ts_log_info("writing a final checkpoint before stopping");
+    return true;
+  }
+  ts_log_err("final checkpoint failed, stopping anyway: %s", err);
+  return false;
+}
+
+void ts_ckpt_sched_restore(ts_server_t *srv) {
+  const ts_config_t *cfg = srv->cfg;
+  if (!cfg->checkpoint_dir || !*cfg->checkpoint_dir) return;
+  uint64_t t0 = uv_hrtime(), seq = 0;
+  char path[600], err[1024];
+  int r = ts_checkpoint_restore(&srv->store, cfg->checkpoint_dir, path, sizeof path, &seq, err,
+                                sizeof err);
+  if (r < 0) {
+    ts_log_err("%s", err);
+  } else if (r == 1) {
+    srv->restored_step = ts_store_min_version(&srv->store);
+    srv->have_ckpt = true;
+    srv->last_ckpt_ms = ts_server_now_ms(srv);
+    srv->ckpt_applied = srv->store.applied;
+    snprintf(srv->last_ckpt, sizeof srv->last_ckpt, "%s", path);
+    ts_log_notice("restored checkpoint %s: %zu partition(s) at step %llu in %.0f ms", path,
+                  srv->store.num_parts, (unsigned long long)srv->restored_step,
+                  (double)(uv_hrtime() - t0) / 1e6);
+  } else {
+    ts_log_info("no checkpoint in %s: starting fresh", cfg->checkpoint_dir);
+  }
+  uint64_t last = ts_checkpoint_last_sequence(cfg->checkpoint_dir, srv->shard);
+  srv->ckpt_seq = last > seq ? last : seq;
+}
+
+void ts_ckpt_sched_start(ts_server_t *srv) {
+  const ts_config_t *cfg = srv->cfg;
+  uv_timer_init(srv->loop, &srv->ckpt_timer);
+  srv->ckpt_timer.data = srv;
+  if (cfg->checkpoint_dir && *cfg->checkpoint_dir && cfg->checkpoint_interval_s > 0) {
+    uint64_t ms = (uint64_t)(cfg->checkpoint_interval_s * 1000.0);
+    uv_timer_start(&srv->ckpt_timer, on_ckpt_timer, ms, ms);
+  }
+}

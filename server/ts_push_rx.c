@@ -1,0 +1,399 @@
+/*
+ * The push receive (docs/architecture.md, "Pushes"): a push's partitions are grouped into
+ * pieces of at most one staging buffer; each piece is read into a buffer from the shared
+ * pool, checked chunk by chunk as it lands and applied, and the buffer is reused for the
+ * next piece. Concurrent pushes take turns on the pool piece by piece, and an async
+ * update that would land on a partition being written to a puller waits (is "held").
+ */
+#include "ts_server_int.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_err.h"
+#include "ts_log.h"
+
+/* Staging buffers hold the largest partition of the shard, and at least this much, so the
+ * push of a small model stays a single piece (checked and applied as a whole). */
+#define STAGE_MIN_BYTES (1u << 20)
+/* Memory the staging pool may take (more only when two buffers need more). */
+#define STAGE_BUDGET_BYTES (16u << 20)
+/* A piece is read in chunks of this many floats (256 KiB), each checked as it lands. */
+#define CHUNK_FLOATS ((size_t)65536)
+
+static int stage_ready(ts_server_t *srv) {
+  if (srv->stage.buf_bytes) return 0;
+  size_t largest = STAGE_MIN_BYTES;
+  for (size_t i = 0; i < srv->store.num_parts; i++) {
+    size_t bytes = srv->store.parts[i].plan->count * sizeof(float);
+    if (bytes > largest) largest = bytes;
+  }
+  return ts_stage_init(&srv->stage, largest, STAGE_BUDGET_BYTES);
+}
+
+static void rx_point(ts_push_rx_t *rx, float *buf) {
+  rx->buf = buf;
+  for (size_t k = 0; k < rx->nchunks; k++) rx->iov[k].base = (char *)(buf + rx->chunk_off[k]);
+}
+
+/* Give the session's staging buffer back; the next session queued for one gets it and
+ * reads on. */
+static void stage_give_back(ts_server_t *srv, ts_push_rx_t *rx) {
+  if (rx->wait.queued) ts_stage_cancel(&srv->stage, &rx->wait);
+  if (!rx->buf) return;
+  float *buf = rx->buf;
+  rx->buf = NULL;
+  ts_stage_waiter_t *w = ts_stage_release(&srv->stage, buf);
+  if (w) {
+    ts_session_t *next = (ts_session_t *)(void *)((char *)w - offsetof(ts_session_t, rx.wait));
+    rx_point(&next->rx, w->buf);
+    ts_conn_resume(&next->conn);
+  }
+}
+
+/* Grow *arr (of *cap entries of size each) to hold n. */
+static int grow(void *arr, size_t *cap, size_t n, size_t each) {
+  if (n <= *cap) return 0;
+  size_t c = *cap ? *cap : 8;
+  while (c < n) c *= 2;
+  void *p = ts_realloc(*(void **)arr, c * each);
+  if (!p) return TS_ENOMEM;
+  *(void **)arr = p;
+  *cap = c;
+  return 0;
+}
+
+/* Room for a push of n slices cut into at most nchunks chunks. */
+static int rx_reserve(ts_push_rx_t *rx, size_t n, size_t nchunks) {
+  if (nchunks == 0) nchunks = 1;
+  if (grow(&rx->first, &rx->cap, n + 1, sizeof *rx->first) < 0 ||
+      grow(&rx->results, &rx->results_cap, n ? n : 1, sizeof *rx->results) < 0 ||
+      grow(&rx->iov, &rx->chunk_cap, nchunks, sizeof *rx->iov) < 0 ||
+      grow(&rx->chunk_off, &rx->off_cap, nchunks, sizeof *rx->chunk_off) < 0 ||
+      grow(&rx->chunk_piece, &rx->piece_cap, nchunks, sizeof *rx->chunk_piece) < 0)
+    return TS_ENOMEM;
+  return 0;
+}
+
+static void rx_free(ts_push_rx_t *rx) {
+  ts_free(rx->first);
+  ts_free(rx->results);
+  ts_free(rx->iov);
+  ts_free(rx->chunk_off);
+  ts_free(rx->chunk_piece);
+  memset(rx, 0, sizeof *rx);
+}
+
+static int push_refuse(ts_push_rx_t *rx, int code, const char *msg) {
+  rx->active = false;
+  rx->refuse_code = code;
+  if (msg) snprintf(rx->refuse_msg, sizeof rx->refuse_msg, "%s", msg);
+  return 0; /* no destination: the payload is read and dropped, then ts_push_rx_handle replies */
+}
+
+/* A push's meta has arrived. Everything that can refuse the whole push is checked here,
+ * before any of its payload is read: role, partitions and sizes, and in sync mode that no
+ * partition is behind the step (versions only grow, so this stays true while the payload
+ * arrives). Then the payload is cut into pieces of at most one staging buffer. */
+int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__Push *m,
+                    const uv_buf_t **iov, unsigned *niov) {
+  ts_server_t *srv = s->srv;
+  ts_store_t *st = &srv->store;
+  ts_push_rx_t *rx = &s->rx;
+  rx->start_ns = uv_hrtime();
+  rx->active = false;
+  rx->refuse_code = 0;
+  rx->refuse_msg[0] = '\0';
+  if (s->role != TESSERA__ROLE__ROLE_WORKER)
+    return push_refuse(rx, TS_EROLE, "only workers push gradients");
+  int rc = ts_store_check_slices(st, m->parts, m->n_parts, rx->refuse_msg, sizeof rx->refuse_msg);
+  if (rc < 0) return push_refuse(rx, rc, NULL);
+  if (st->mode == TS_MODE_SYNC) {
+    for (size_t i = 0; i < m->n_parts; i++) {
+      ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
+      if (m->step > p->version) {
+        snprintf(rx->refuse_msg, sizeof rx->refuse_msg,
+                 "push for step %llu but '%s' part %u is at version %llu: pull first",
+                 (unsigned long long)m->step, st->tensors[p->plan->tensor].name, p->plan->part,
+                 (unsigned long long)p->version);
+        return push_refuse(rx, TS_EFUTURE, NULL);
+      }
+    }
+  }
+  if (stage_ready(srv) < 0 ||
+      rx_reserve(rx, m->n_parts, h->data_len / (CHUNK_FLOATS * sizeof(float)) + m->n_parts) < 0)
+    return push_refuse(rx, TS_ENOMEM, "out of memory for the push payload");
+
+  /* Pieces: runs of whole partitions that fit one buffer (each partition does), read in
+   * chunks so each chunk is checked while it is still in the cache. */
+  size_t cap = srv->stage.buf_bytes / sizeof(float), used = 0, np = 0, nc = 0;
+  for (size_t i = 0; i <= m->n_parts; i++) {
+    uint64_t count = i < m->n_parts ? m->parts[i]->count : 0;
+    if (i == m->n_parts || i == 0 || used + count > cap) {
+      for (size_t off = 0; np && off < used; off += CHUNK_FLOATS) {
+        size_t len = used - off < CHUNK_FLOATS ? used - off : CHUNK_FLOATS;
+        /* rx_reserve counted a chunk per CHUNK_FLOATS of payload plus one per partition,
+         * and ts_msg_decode checked that the slices add up to the payload. */
+        ts_require(nc < rx->chunk_cap);
+        rx->iov[nc] = uv_buf_init(NULL, (unsigned)(len * sizeof(float)));
+        rx->chunk_off[nc] = off;
+        rx->chunk_piece[nc++] = np - 1;
+      }
+      if (i == m->n_parts) break;
+      rx->first[np++] = i;
+      used = 0;
+    }
+    used += count;
+  }
+  rx->first[np] = m->n_parts;
+  rx->npieces = h->data_len ? np : 0;
+  rx->nchunks = h->data_len ? nc : 0;
+  rx->piece = rx->next = rx->next_off = 0;
+  rx->piece_bad = false;
+  rx->stale = rx->refused = rx->applied_slices = 0;
+  rx->refused_detail[0] = '\0';
+  memset(rx->results, 0, m->n_parts * sizeof *rx->results);
+  rx->m = m;
+  rx->active = true;
+  if (rx->nchunks == 0) return 0;
+
+  float *buf;
+  rc = ts_stage_acquire(&srv->stage, &rx->wait, &buf);
+  if (rc < 0) return push_refuse(rx, TS_ENOMEM, "out of memory for the push payload");
+  *iov = rx->iov;
+  *niov = (unsigned)rx->nchunks;
+  if (rc == 1) { /* stage_give_back points the pieces and resumes */
+    srv->metrics.push_waits_staging++;
+    return TS_CONN_HOLD;
+  }
+  rx_point(rx, buf);
+  return 0;
+}
+
+/* Apply the piece in the staging buffer, from slice rx->next on; fresh: the piece has just
+ * landed (its chunks were checked as they came: rx->piece_bad). A piece with a non-finite
+ * value is refused whole. Returns TS_CONN_HOLD when an async update has to wait for a pull
+ * reply being written from its partition (ts_push_rx_wake_held goes on from there). */
+static int push_piece(ts_session_t *s, bool fresh) {
+  ts_server_t *srv = s->srv;
+  ts_store_t *st = &srv->store;
+  ts_push_rx_t *rx = &s->rx;
+  const Tessera__Push *m = rx->m;
+  size_t a = rx->first[rx->piece], b = rx->first[rx->piece + 1];
+  bool sync = st->mode == TS_MODE_SYNC;
+  uint64_t now = ts_server_now_ms(srv);
+  if (fresh && rx->piece_bad) {
+    /* Name the first bad partition (the error path only: a second pass is fine). */
+    const float *g = rx->buf;
+    for (size_t i = a; i < b; i++) {
+      uint64_t count = m->parts[i]->count;
+      if (!ts_optim_all_finite(g, count)) {
+        if (!rx->refused_detail[0])
+          snprintf(rx->refused_detail, sizeof rx->refused_detail,
+                   "gradient of '%s' part %u contains NaN or Inf",
+                   st->tensors[m->parts[i]->tensor].name, m->parts[i]->part);
+        rx->refused += b - a;
+        /* In sync mode the worker was heard from for this step: its barrier does not wait. */
+        for (size_t k = a; sync && k < b; k++)
+          ts_store_sync_skip(st, ts_store_find(st, m->parts[k]->tensor, m->parts[k]->part), s->task,
+                             m->step, now);
+        break;
+      }
+      g += count;
+    }
+    rx->next = b;
+    return 0;
+  }
+  const float *g = rx->buf + rx->next_off;
+  for (size_t i = rx->next; i < b; i++) {
+    ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
+    ts_require(p != NULL); /* ts_push_rx_meta checked the slices */
+    Tessera__PushResult r = TESSERA__PUSH_RESULT__PUSH_APPLIED;
+    if (sync) {
+      r = ts_store_sync_push(st, p, g, s->task, m->step, now,
+                             ts_barrier_required(&srv->barrier, p->contributed));
+      if (r == TESSERA__PUSH_RESULT__PUSH_STALE) rx->stale++;
+      if (r == TESSERA__PUSH_RESULT__PUSH_APPLIED) /* a barrier that this gradient closed */
+        ts_prom_hist_observe(&srv->metrics.barrier_wait, 0.0);
+    } else if (!ts_store_async_push(st, p, g)) {
+      /* A pull reply is being written from p: keep the piece and wait for it. */
+      rx->next = i;
+      rx->next_off = (size_t)(g - rx->buf);
+      rx->held_on = p;
+      p->held_pushes++;
+      srv->metrics.push_waits_reply++;
+      rx->held_next = srv->held;
+      srv->held = s;
+      return TS_CONN_HOLD;
+    }
+    rx->results[i] = r;
+    if ((unsigned)r < 4) srv->metrics.push_parts[r]++;
+    rx->applied_slices++;
+    g += p->plan->count;
+  }
+  rx->next = b;
+  return 0;
+}
+
+/* A piece has been applied and more of the push follow. When other connections wait for a
+ * staging buffer, hand ours to the first of them and queue for the next one: concurrent
+ * pushes then take turns piece by piece, and a waiting worker is not kept from reading (its
+ * heartbeats included) for the whole of a large push. Returns 0 (go on reading into
+ * rx->buf), TS_CONN_HOLD (queued) or a negative code. */
+static int take_turns(ts_session_t *s) {
+  ts_server_t *srv = s->srv;
+  ts_push_rx_t *rx = &s->rx;
+  if (rx->piece + 1 >= rx->npieces || !srv->stage.head) return 0;
+  stage_give_back(srv, rx);
+  float *buf;
+  int rc = ts_stage_acquire(&srv->stage, &rx->wait, &buf);
+  if (rc < 0) return rc;
+  if (rc == 1) {
+    srv->metrics.push_waits_staging++;
+    return TS_CONN_HOLD; /* stage_give_back points the rest of the push and resumes */
+  }
+  rx_point(rx, buf);
+  return 0;
+}
+
+/* Chunk i of the payload has landed: check it now, while it is in the cache; apply its
+ * piece once the piece's last chunk is in. */
+int ts_push_rx_on_piece(ts_conn_t *c, unsigned i) {
+  ts_session_t *s = c->data;
+  ts_push_rx_t *rx = &s->rx;
+  s->srv->activity++;
+  if (!rx->active || i >= rx->nchunks) return 0;
+  size_t piece = rx->chunk_piece[i];
+  if (rx->chunk_off[i] == 0) {
+    rx->piece = piece;
+    rx->next = rx->first[piece];
+    rx->next_off = 0;
+    rx->piece_bad = false;
+  }
+  if (!rx->piece_bad)
+    rx->piece_bad =
+        !ts_optim_all_finite(rx->buf + rx->chunk_off[i], rx->iov[i].len / sizeof(float));
+  if (i + 1 < rx->nchunks && rx->chunk_piece[i + 1] == piece) return 0;
+  int rc = push_piece(s, true);
+  return rc == 0 ? take_turns(s) : rc;
+}
+
+/* Pull replies finished writing from some partitions: go on with the pushes that waited.
+ * A partition keeps counting a held push until that push has been applied, so pulls served
+ * meanwhile (a resumed push can complete its frame and serve parked pulls) never overtake a
+ * held update. */
+void ts_push_rx_wake_held(ts_server_t *srv) {
+  ts_session_t *ready = NULL, **tail = &ready;
+  for (ts_session_t **pp = &srv->held; *pp;) {
+    ts_session_t *s = *pp;
+    if (s->rx.held_on->writers > 0) {
+      pp = &s->rx.held_next;
+      continue;
+    }
+    *pp = s->rx.held_next;
+    s->rx.held_next = NULL;
+    *tail = s;
+    tail = &s->rx.held_next;
+  }
+  while (ready) {
+    ts_session_t *s = ready;
+    ready = s->rx.held_next;
+    s->rx.held_next = NULL;
+    ts_spart_t *was = s->rx.held_on;
+    s->rx.held_on = NULL;
+    int rc = 0;
+    if (!s->conn.closing && s->rx.active) rc = push_piece(s, false); /* may hold again */
+    ts_require(was->held_pushes > 0);
+    was->held_pushes--;
+    if (rc == 0 && !s->conn.closing && s->rx.active) rc = take_turns(s);
+    if (rc < 0)
+      ts_conn_close(&s->conn, rc);
+    else if (rc == 0 && !s->conn.closing && s->rx.active)
+      ts_conn_resume(&s->conn);
+  }
+}
+
+static void unhold(ts_server_t *srv, ts_session_t *s) {
+  if (!s->rx.held_on) return;
+  for (ts_session_t **pp = &srv->held; *pp; pp = &(*pp)->rx.held_next) {
+    if (*pp == s) {
+      *pp = s->rx.held_next;
+      break;
+    }
+  }
+  ts_require(s->rx.held_on->held_pushes > 0);
+  s->rx.held_on->held_pushes--;
+  s->rx.held_on = NULL;
+  s->rx.held_next = NULL;
+}
+
+/* The whole push has been read (and its pieces applied as they landed): reply. m is the
+ * meta ts_push_rx_meta saw, now handed over by ts_conn: freed here, on every path. */
+void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
+  ts_server_t *srv = s->srv;
+  ts_store_t *st = &srv->store;
+  ts_push_rx_t *rx = &s->rx;
+  bool active = rx->active && !discarded;
+  rx->active = false;
+  rx->m = NULL;
+  stage_give_back(srv, rx);
+  if (!active) {
+    ts_session_reply_error(
+        s, TS_MSG_PUSH, m->request_id, rx->refuse_code ? rx->refuse_code : TS_ENOMEM,
+        rx->refuse_msg[0] ? rx->refuse_msg : "out of memory for the push payload");
+    goto out;
+  }
+  if (rx->refused) {
+    char detail[512];
+    srv->nonfinite++;
+    if (rx->applied_slices == 0)
+      snprintf(detail, sizeof detail, "%s; the push was refused and no parameter changed",
+               rx->refused_detail);
+    else
+      snprintf(detail, sizeof detail,
+               "%s; %llu of %zu partitions were refused, the others %s (a push is checked one "
+               "piece of up to %zu bytes at a time)",
+               rx->refused_detail, (unsigned long long)rx->refused, m->n_parts,
+               st->mode == TS_MODE_SYNC ? "counted for the step" : "applied", srv->stage.buf_bytes);
+    ts_session_reply_error(s, TS_MSG_PUSH, m->request_id, TS_ENONFINITE, detail);
+  }
+  if (rx->stale) {
+    ts_log_debug("task %d: %llu stale gradient partition(s) for step %llu dropped", s->task,
+                 (unsigned long long)rx->stale, (unsigned long long)m->step);
+    if (s->task >= 0 && (uint32_t)s->task < srv->num_workers)
+      srv->workers[s->task].stale_dropped += rx->stale;
+  }
+  if (rx->applied_slices > 0 || m->n_parts == 0) {
+    srv->pushes++;
+    ts_barrier_pushed(&srv->barrier, s->task, m->step);
+  }
+  if (!rx->refused) {
+    Tessera__PushReply r = TESSERA__PUSH_REPLY__INIT;
+    r.request_id = m->request_id;
+    r.n_results = m->n_parts;
+    r.results = rx->results;
+    r.stale_dropped = rx->stale;
+    /* From the push's meta to its reply: the pieces were applied (the optimizer work)
+     * while the payload arrived, so that is all in. */
+    if (ts_session_reply(s, TS_MSG_PUSH_REPLY, &r.base) == 0)
+      ts_prom_hist_observe(&srv->metrics.push_duration,
+                           (double)(uv_hrtime() - rx->start_ns) * 1e-9);
+  }
+  if (st->mode == TS_MODE_SYNC) ts_server_check_barriers(srv, false);
+  ts_waitq_serve(srv);
+out:
+  ts_msg_free(&m->base);
+}
+
+void ts_push_rx_close(ts_session_t *s) {
+  ts_server_t *srv = s->srv;
+  if (s->rx.held_on) {
+    unhold(srv, s);
+    ts_waitq_serve(srv); /* pulls that waited behind its push go on */
+  }
+  s->rx.active = false;
+  stage_give_back(srv, &s->rx);
+  rx_free(&s->rx);
+}

@@ -1,0 +1,282 @@
+/*
+ * ps-server internals: the state the server's modules share and the functions they call on
+ * each other (the way libuv's uv-common.h does). Not part of the server's interface
+ * (ts_server.h); nothing outside server/ includes it.
+ *
+ * Modules, by job:
+ *   ts_server.c      lifecycle: start, stop, signals, the tick (heartbeats, barrier
+ *                    timeouts, stalled peers); drives ts_barrier from the loop's clock
+ *   ts_session.c     accept, the handshake and authentication, frame dispatch, the small
+ *                    requests (declare, heartbeat), error replies, close
+ *   ts_push_rx.c     a push received piece by piece into staging buffers, applied as it lands
+ *   ts_pull.c        pull replies written straight from parameter memory
+ *   ts_waitq.c       pulls parked until their version (or ssp clock) is there
+ *   ts_barrier.c     the pure rules of who is waited for (ts_barrier.h)
+ *   ts_status.c      the ShardStatus for STATUS requests, /status, /metrics and systemd
+ *   ts_ckpt_sched.c  when checkpoints are written: the timer, psctl, shutdown, signals
+ *
+ * Everything runs on the shard's one loop thread (CONTRIBUTING.md); only a checkpoint's
+ * write runs in the thread pool, on a snapshot.
+ *
+ * Message ownership: a request handler (ts_*_handle, ts_session.c's handlers) takes the
+ * decoded message and frees it (ts_msg_free) before it returns, unless it parks it: then
+ * the wait queue owns it until the pull is answered, times out or its session closes.
+ */
+#ifndef TS_SERVER_INT_H
+#define TS_SERVER_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "tessera.pb-c.h"
+#include "ts_admin.h"
+#include "ts_auth.h"
+#include "ts_barrier.h"
+#include "ts_conn.h"
+#include "ts_metrics.h"
+#include "ts_server.h"
+#include "ts_stage.h"
+#include "ts_store.h"
+
+#define TS_SERVER_TICK_MS 100
+
+typedef struct ts_session ts_session_t;
+
+/* A pull parked until it can be answered (ts_waitq.c). */
+typedef struct ts_pull_wait {
+  struct ts_pull_wait *next;
+  ts_session_t *sess;
+  Tessera__Pull *msg;
+  uint64_t deadline_ms;
+  uint64_t start_ns; /* when the request arrived, for the latency histogram */
+} ts_pull_wait_t;
+
+/* What a worker last told us, for status; its liveness is srv->barrier's. */
+typedef struct {
+  uint64_t step;
+  double loss, examples_per_sec, progress;
+  uint64_t stale_dropped;
+  char identity[128];
+} ts_worker_info_t;
+
+/* A push is received piece by piece (docs/architecture.md, "Pushes"): its
+ * partitions are grouped into pieces of at most one staging buffer, each piece is read into
+ * the buffer, checked and applied, and the buffer is reused for the next piece. */
+typedef struct {
+  bool active;            /* between ts_push_rx_meta and ts_push_rx_handle */
+  const Tessera__Push *m; /* its meta (the connection's until on_frame) */
+  ts_stage_waiter_t wait; /* queued for a staging buffer */
+  float *buf;             /* the staging buffer, while active */
+  size_t *first;          /* piece k holds slices [first[k], first[k + 1]) */
+  size_t cap;             /* entries of first */
+  size_t npieces;
+  uv_buf_t *iov;       /* the payload in chunks (a piece is one or more) */
+  size_t *chunk_off;   /* chunk k lands at buf + chunk_off[k] (floats) */
+  size_t *chunk_piece; /* and belongs to that piece */
+  size_t chunk_cap, off_cap, piece_cap, nchunks;
+  bool piece_bad;               /* a chunk of the piece being read holds NaN or Inf */
+  size_t piece;                 /* the piece being applied */
+  size_t next;                  /* next slice of it to apply (a piece is checked whole first) */
+  size_t next_off;              /* its offset in buf, in floats */
+  ts_spart_t *held_on;          /* async: partition whose pull replies it waits for */
+  ts_session_t *held_next;      /* srv->held list */
+  Tessera__PushResult *results; /* one per slice */
+  size_t results_cap;
+  uint64_t start_ns; /* when its meta arrived (uv_hrtime): the latency's start */
+  uint64_t stale, refused, applied_slices;
+  char refused_detail[256]; /* the first refused piece */
+  int refuse_code;          /* refused whole at the meta (payload discarded) */
+  char refuse_msg[256];
+} ts_push_rx_t;
+
+struct ts_session {
+  ts_conn_t conn;
+  ts_server_t *srv;
+  uint64_t id; /* unique per server: replies after background work find it by id */
+  ts_session_t *prev, *next;
+  bool handshaken;
+  Tessera__Role role;
+  int task;
+  uint8_t nonce[TS_AUTH_NONCE_LEN];
+  uint64_t frame_ns; /* when its last frame was read (uv_hrtime), for the latencies */
+  ts_push_rx_t rx;   /* the push being received */
+};
+
+struct ts_server {
+  uv_loop_t *loop;
+  const ts_config_t *cfg;
+  uint32_t shard;
+  uv_tcp_t listener;
+  uv_timer_t tick;
+  uv_signal_t sigterm, sigint;
+  int open_handles; /* libuv handles opened and not yet closed (ts_server_free checks) */
+  bool stopping;
+
+  ts_store_t store;
+  ts_stage_t stage;   /* staging buffers for push payloads (ts_stage.h) */
+  ts_session_t *held; /* sessions whose push waits for pull replies to be written */
+  ts_session_t *sessions;
+  size_t num_sessions;
+  ts_pull_wait_t *waiting;
+  ts_worker_info_t *workers;
+  uint32_t num_workers;
+  ts_barrier_t barrier; /* membership, liveness and the rules of who is waited for */
+
+  char *token, *admin_token;
+  uint64_t started_ms;
+
+  uint64_t pushes, pulls, rejected_frames, errors, nonfinite, auth_failures;
+  uint64_t activity, activity_seen; /* frames and push chunks read, for busy-polling */
+  char address[128];
+  uint64_t incarnation;
+  uint64_t next_session_id;
+
+  /* checkpoints */
+  uv_timer_t ckpt_timer;
+  bool ckpt_busy;        /* a snapshot is being written */
+  bool stop_after_ckpt;  /* a shutdown waits for it */
+  uint64_t ckpt_seq;     /* sequence of the newest checkpoint on disk */
+  uint64_t ckpt_applied; /* store.applied when the last one was taken */
+  char last_ckpt[600];
+  uint64_t last_ckpt_ms; /* loop time of the last checkpoint written or restored */
+  bool have_ckpt;
+  uint64_t ckpts_written, restored_step;
+  bool served_pull; /* the first pull was answered (logged once, with the delay) */
+
+  /* Admin endpoint, metrics and systemd notification (ts_admin.h, ts_metrics.h). */
+  ts_metrics_t metrics;
+  ts_admin_t *admin; /* NULL without cluster.ps_http */
+  bool notify;       /* under systemd with a notify socket */
+  uint64_t next_publish_ms, next_status_ms, watchdog_ms, next_watchdog_ms;
+  char notify_status[160];
+};
+
+/* The loop's clock, the one time every rule of the server reads. */
+static inline uint64_t ts_server_now_ms(const ts_server_t *srv) {
+  return uv_now(srv->loop);
+}
+
+/* --- ts_server.c ----------------------------------------------------------------------- */
+
+/* Close the sync barriers that have enough gradients (and, when timeouts, those open for
+ * sync_timeout_s with at least one), then answer the pulls that waited for them. */
+void ts_server_check_barriers(ts_server_t *srv, bool timeouts);
+
+/* A frame of `task` arrived (any task; admin sessions pass -1). */
+void ts_server_worker_seen(ts_server_t *srv, int task);
+
+/* A stopping server closes its tick once the last session is gone. */
+void ts_server_stop_tick_when_idle(ts_server_t *srv);
+
+/* --- ts_session.c ---------------------------------------------------------------------- */
+
+/* The listener's connection callback: a new session, greeted with a Hello. */
+void ts_session_accept(uv_stream_t *listener, int status);
+
+/* The session of id, or NULL when it has closed (replies after background work). */
+ts_session_t *ts_session_find(ts_server_t *srv, uint64_t id);
+
+/* Answer request_id, a request of frame type req_type (TS_MSG_PULL...), with an Error frame
+ * (code, detail) and count it in /metrics under the request's label
+ * (tessera_ps_refused_requests_total; the label comes from TS_FRAME_MAP). The type is the
+ * caller's to name: replies after a wait or background work come long after the frame that
+ * asked. When the reply cannot be queued, the connection is closed: its peer would
+ * otherwise wait for an answer that never comes. */
+void ts_session_reply_error(ts_session_t *s, uint16_t req_type, uint64_t request_id, int code,
+                            const char *detail);
+
+/* A reply could not be queued (rc from ts_conn_send): log it and close the connection. */
+void ts_session_reply_failed(ts_session_t *s, uint16_t type, int rc);
+
+/* Queue a reply frame (no payload). When it cannot be queued the connection is closed, for
+ * the same reason. Returns 0 or the negative code of ts_conn_send. */
+int ts_session_reply(ts_session_t *s, uint16_t type, const ProtobufCMessage *msg);
+
+/* --- ts_push_rx.c ---------------------------------------------------------------------- */
+
+/* ts_conn's on_meta for a Push of a handshaken session: check it, cut it into pieces and
+ * say where its payload goes (ts_conn.h). Remembers the meta's arrival for the latency. */
+int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__Push *m,
+                    const uv_buf_t **iov, unsigned *niov);
+
+/* ts_conn's on_piece: chunk i of the payload has landed. */
+int ts_push_rx_on_piece(ts_conn_t *c, unsigned i);
+
+/* The whole push has been read: reply. Takes m and frees it. */
+void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded);
+
+/* Pull replies finished writing from some partitions: go on with the pushes that waited. */
+void ts_push_rx_wake_held(ts_server_t *srv);
+
+/* The session closes: drop its push (held or being read) and give its buffers back. */
+void ts_push_rx_close(ts_session_t *s);
+
+/* --- ts_pull.c ------------------------------------------------------------------------- */
+
+/* True when pull m can be answered now (versions there, no update pending or held on its
+ * partitions, the ssp bound met). */
+bool ts_pull_ready(ts_server_t *srv, const Tessera__Pull *m);
+
+/* Answer pull m now (it must be ready). Does not take m. start_ns: when it arrived, for
+ * the latency histogram. */
+void ts_pull_send(ts_session_t *s, const Tessera__Pull *m, uint64_t start_ns);
+
+/* A Pull request: answer it or park it. Takes m. */
+void ts_pull_handle(ts_session_t *s, Tessera__Pull *m);
+
+/* --- ts_waitq.c ------------------------------------------------------------------------ */
+
+/* Park pull m until it is ready or its deadline passes. Takes m. */
+void ts_waitq_park(ts_session_t *s, Tessera__Pull *m, uint64_t start_ns);
+
+/* Answer every parked pull that can be answered; time out those past their deadline. */
+void ts_waitq_serve(ts_server_t *srv);
+
+/* Forget the parked pulls of a session that closes. */
+void ts_waitq_drop_session(ts_server_t *srv, ts_session_t *s);
+
+/* Free every parked pull (the server is being freed). */
+void ts_waitq_free(ts_server_t *srv);
+
+/* --- ts_status.c ----------------------------------------------------------------------- */
+
+/* A ShardStatus and the arrays it points into. */
+typedef struct {
+  Tessera__ShardStatus r;
+  Tessera__WorkerStatus *ws;
+  Tessera__WorkerStatus **wp;
+  int32_t *waiting;
+} ts_status_msg_t;
+
+/* Fill *sm with the shard's state now. Returns 0 or TS_ENOMEM; release it in both cases. */
+int ts_status_build(ts_server_t *srv, ts_status_msg_t *sm);
+void ts_status_release(ts_status_msg_t *sm);
+
+/* A Status request. Takes m. */
+void ts_status_handle(ts_session_t *s, Tessera__Status *m);
+
+/* From the tick (and at start and stop): publish the admin endpoint's snapshot, tell
+ * systemd how the shard is doing, pet its watchdog. */
+void ts_status_publish(ts_server_t *srv);
+
+/* --- ts_ckpt_sched.c ------------------------------------------------------------------- */
+
+/* At start, before listening (a client that can connect finds the restored model):
+ * restore the newest checkpoint of checkpoint.dir, if any, and learn the sequence to go on
+ * from. Failures are logged; the shard then starts fresh. */
+void ts_ckpt_sched_restore(ts_server_t *srv);
+
+/* Once listening: initialise srv->ckpt_timer (the caller closes it) and start it when
+ * checkpoint.interval_s asks for periodic checkpoints. */
+void ts_ckpt_sched_start(ts_server_t *srv);
+
+/* Checkpoint and Shutdown requests (admin role). Take m. */
+void ts_ckpt_sched_checkpoint(ts_session_t *s, Tessera__Checkpoint *m);
+void ts_ckpt_sched_shutdown(ts_session_t *s, Tessera__Shutdown *m);
+
+/* A stop signal: when there is something new to save, start a final checkpoint (or wait
+ * for the one being written) and return true: the stop follows it. False: stop now. */
+bool ts_ckpt_sched_final(ts_server_t *srv);
+
+#endif

@@ -1,0 +1,322 @@
+/*
+ * Sessions: accept, the Hello and the handshake (authentication), frame dispatch, the
+ * small requests (declare, heartbeat) and the close of a connection, which lets go of
+ * everything the session held (parked pulls, a push, its worker's place in the barrier).
+ */
+#include "ts_server_int.h"
+
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_build_config.h"
+#include "ts_err.h"
+#include "ts_log.h"
+
+/* --- replies ----------------------------------------------------------------------- */
+
+/* A reply that cannot be queued (out of memory, the connection already closing) would leave
+ * the peer waiting for it until its request times out: close instead, so it fails now and
+ * reconnects. */
+void ts_session_reply_failed(ts_session_t *s, uint16_t type, int rc) {
+  if (s->conn.closing) return;
+  ts_log_warn("%s: cannot send a %s reply (%s): closing the connection", s->conn.peer,
+              ts_frame_type_name(type), ts_strerror(rc));
+  ts_conn_close(&s->conn, rc);
+}
+
+int ts_session_reply(ts_session_t *s, uint16_t type, const ProtobufCMessage *msg) {
+  int rc = ts_conn_send(&s->conn, type, msg, NULL, 0, NULL, NULL);
+  if (rc < 0) ts_session_reply_failed(s, type, rc);
+  return rc;
+}
+
+void ts_session_reply_error(ts_session_t *s, uint16_t req_type, uint64_t request_id, int code,
+                            const char *detail) {
+  s->srv->errors++;
+  ts_metrics_refused(&s->srv->metrics, ts_metrics_req_of(req_type), code);
+  ts_log_info("%s: request %llu refused: %s: %s", s->conn.peer, (unsigned long long)request_id,
+              ts_err_name(code), detail);
+  int rc = ts_conn_send_error(&s->conn, request_id, code, detail);
+  if (rc < 0) ts_session_reply_failed(s, TS_MSG_ERROR, rc);
+}
+
+/* Counted as a rejected frame when the connection closes (on_session_close). */
+static void protocol_error(ts_session_t *s, uint64_t request_id, int code, const char *detail) {
+  ts_log_warn("%s: protocol violation, closing connection: %s", s->conn.peer, detail);
+  ts_conn_fail(&s->conn, request_id, code, detail);
+}
+
+/* --- requests ---------------------------------------------------------------------- */
+
+/* Every handler below takes the decoded message and frees it before it returns. */
+
+static void handle_declare(ts_session_t *s, Tessera__Declare *m) {
+  ts_server_t *srv = s->srv;
+  char err[256];
+  bool created = false;
+  if (s->role != TESSERA__ROLE__ROLE_WORKER) {
+    ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, TS_EROLE,
+                           "only workers declare tensors");
+    ts_msg_free(&m->base);
+    return;
+  }
+  int rc = ts_store_declare(&srv->store, m, &created, err, sizeof err);
+  if (rc < 0) {
+    ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, rc, err);
+    ts_msg_free(&m->base);
+    return;
+  }
+  if (created)
+    ts_log_info("model declared by task %d: %u tensors, %zu partitions here (%.1f MiB)", s->task,
+                srv->store.num_tensors, srv->store.num_parts,
+                (double)srv->store.bytes / (1024.0 * 1024.0));
+  Tessera__DeclareReply r = TESSERA__DECLARE_REPLY__INIT;
+  r.request_id = m->request_id;
+  r.created = created;
+  r.partitions = (uint32_t)srv->store.num_parts;
+  r.bytes = srv->store.bytes;
+  r.version = ts_store_min_version(&srv->store);
+  ts_session_reply(s, TS_MSG_DECLARE_REPLY, &r.base);
+  ts_msg_free(&m->base);
+}
+
+static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
+  ts_server_t *srv = s->srv;
+  if (s->role == TESSERA__ROLE__ROLE_WORKER && s->task >= 0 &&
+      (uint32_t)s->task < srv->num_workers) {
+    ts_worker_info_t *w = &srv->workers[s->task];
+    w->step = m->step;
+    w->loss = m->loss;
+    w->examples_per_sec = m->examples_per_sec;
+    w->progress = m->epoch_progress;
+    if (m->done && ts_barrier_done(&srv->barrier, s->task)) {
+      ts_log_info("worker %d finished at step %llu", s->task, (unsigned long long)m->step);
+      ts_server_check_barriers(srv, false);
+      ts_waitq_serve(srv);
+    }
+  }
+  Tessera__HeartbeatReply r = TESSERA__HEARTBEAT_REPLY__INIT;
+  r.request_id = m->request_id;
+  r.step = ts_store_min_version(&srv->store);
+  ts_session_reply(s, TS_MSG_HEARTBEAT_REPLY, &r.base);
+  ts_msg_free(&m->base);
+}
+
+static int check_mac(const char *token, const uint8_t *nonce, const ProtobufCBinaryData *mac) {
+  if (!token) return 0;
+  return ts_auth_verify(token, nonce, TS_AUTH_NONCE_LEN, mac->data, mac->len);
+}
+
+static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
+  ts_server_t *srv = s->srv;
+  char err[256];
+  if (m->protocol != TS_PROTOCOL_VERSION) {
+    snprintf(err, sizeof err, "client speaks protocol %u, this server %d", m->protocol,
+             TS_PROTOCOL_VERSION);
+    protocol_error(s, m->request_id, TS_EVERSION, err);
+    goto out;
+  }
+  if (m->role != TESSERA__ROLE__ROLE_WORKER && m->role != TESSERA__ROLE__ROLE_ADMIN) {
+    protocol_error(s, m->request_id, TS_EPROTO, "handshake names no valid role");
+    goto out;
+  }
+  if (m->role == TESSERA__ROLE__ROLE_WORKER &&
+      (m->task < 0 || (uint32_t)m->task >= srv->num_workers)) {
+    snprintf(err, sizeof err, "worker task %d is outside the job's %u workers (cluster.workers)",
+             m->task, srv->num_workers);
+    protocol_error(s, m->request_id, TS_EINVAL, err);
+    goto out;
+  }
+  const char *token =
+      m->role == TESSERA__ROLE__ROLE_ADMIN && srv->admin_token ? srv->admin_token : srv->token;
+  if (check_mac(token, s->nonce, &m->mac) < 0) {
+    srv->auth_failures++;
+    srv->metrics.auth_failures++;
+    snprintf(err, sizeof err, "authentication failed for %s role from %s",
+             m->role == TESSERA__ROLE__ROLE_ADMIN ? "admin" : "worker", s->conn.peer);
+    protocol_error(s, m->request_id, TS_EAUTH, err);
+    goto out;
+  }
+  s->handshaken = true;
+  s->role = m->role;
+  s->task = m->role == TESSERA__ROLE__ROLE_WORKER ? m->task : -1;
+  if (s->role == TESSERA__ROLE__ROLE_WORKER) {
+    ts_worker_info_t *w = &srv->workers[s->task];
+    bool first = ts_barrier_join(&srv->barrier, s->task, ts_server_now_ms(srv));
+    snprintf(w->identity, sizeof w->identity, "%s", m->identity ? m->identity : "");
+    ts_server_worker_seen(srv, s->task);
+    ts_log_info("worker %d %s from %s (%s)", s->task, first ? "joined" : "reconnected",
+                s->conn.peer, w->identity);
+  } else {
+    ts_log_debug("admin client from %s", s->conn.peer);
+  }
+  Tessera__HandshakeReply r = TESSERA__HANDSHAKE_REPLY__INIT;
+  r.request_id = m->request_id;
+  r.shard = srv->shard;
+  r.num_shards = (uint32_t)srv->cfg->num_ps;
+  r.mode = ts_store_wire_mode(srv->store.mode);
+  r.partition_bytes = (uint64_t)srv->cfg->partition_bytes;
+  r.num_workers = srv->num_workers;
+  ts_session_reply(s, TS_MSG_HANDSHAKE_REPLY, &r.base);
+out:
+  ts_msg_free(&m->base);
+}
+
+ts_session_t *ts_session_find(ts_server_t *srv, uint64_t id) {
+  for (ts_session_t *s = srv->sessions; s; s = s->next)
+    if (s->id == id) return s;
+  return NULL;
+}
+
+/* --- frames ------------------------------------------------------------------------ */
+
+static int on_meta(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                   const uv_buf_t **iov, unsigned *niov) {
+  ts_session_t *s = c->data;
+  if (h->type == TS_MSG_PUSH && s->handshaken)
+    return ts_push_rx_meta(s, h, (const Tessera__Push *)msg, iov, niov);
+  return 0;
+}
+
+static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                     bool discarded) {
+  ts_session_t *s = c->data;
+  ts_server_t *srv = s->srv;
+  srv->activity++;
+  s->frame_ns = uv_hrtime();
+  if (!s->handshaken) {
+    if (h->type != TS_MSG_HANDSHAKE) {
+      protocol_error(s, 0, TS_EPROTO, "the first frame must be a handshake");
+      ts_msg_free(msg);
+      return;
+    }
+    handle_handshake(s, (Tessera__Handshake *)msg);
+    return;
+  }
+  ts_server_worker_seen(srv, s->task);
+  switch (h->type) {
+    case TS_MSG_DECLARE:
+      handle_declare(s, (Tessera__Declare *)msg);
+      return;
+    case TS_MSG_PULL:
+      ts_pull_handle(s, (Tessera__Pull *)msg);
+      return;
+    case TS_MSG_PUSH:
+      ts_push_rx_handle(s, (Tessera__Push *)msg, discarded);
+      return;
+    case TS_MSG_HEARTBEAT:
+      handle_heartbeat(s, (Tessera__Heartbeat *)msg);
+      return;
+    case TS_MSG_STATUS:
+      ts_status_handle(s, (Tessera__Status *)msg);
+      return;
+    case TS_MSG_CHECKPOINT:
+      ts_ckpt_sched_checkpoint(s, (Tessera__Checkpoint *)msg);
+      return;
+    case TS_MSG_SHUTDOWN:
+      ts_ckpt_sched_shutdown(s, (Tessera__Shutdown *)msg);
+      return;
+    default: {
+      char err[128];
+      snprintf(err, sizeof err, "a client may not send %s frames", ts_frame_type_name(h->type));
+      protocol_error(s, 0, TS_EPROTO, err);
+      ts_msg_free(msg);
+      return;
+    }
+  }
+}
+
+static bool is_protocol_violation(int err) {
+  return err == TS_EPROTO || err == TS_ETOOBIG || err == TS_EVERSION || err == TS_ESIZE ||
+         err == TS_EAUTH || err == TS_EINVAL;
+}
+
+static void on_session_close(ts_conn_t *c, int err) {
+  ts_session_t *s = c->data;
+  ts_server_t *srv = s->srv;
+  if (is_protocol_violation(err)) {
+    srv->rejected_frames++;
+    ts_metrics_rejected(&srv->metrics, err);
+  }
+  ts_waitq_drop_session(srv, s);
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    srv->sessions = s->next;
+  if (s->next) s->next->prev = s->prev;
+  srv->num_sessions--;
+  srv->metrics.bytes_in_closed += c->bytes_in;
+  srv->metrics.bytes_out_closed += c->bytes_out;
+  if (s->handshaken && s->role == TESSERA__ROLE__ROLE_WORKER) {
+    if (ts_barrier_leave(&srv->barrier, s->task) && !srv->stopping) {
+      if (!srv->barrier.w[s->task].done)
+        ts_log_warn("worker %d disconnected (%s)", s->task,
+                    err == TS_ECLOSED ? "connection closed" : ts_strerror(err));
+      ts_server_check_barriers(srv, false);
+      ts_waitq_serve(srv);
+    }
+  } else if (err != TS_ECLOSED && err != 0) {
+    ts_log_debug("%s: connection closed: %s", c->peer, ts_strerror(err));
+  }
+  ts_push_rx_close(s);
+  ts_free(s);
+  ts_server_stop_tick_when_idle(srv);
+}
+
+/* --- connections ------------------------------------------------------------------- */
+
+static const ts_conn_cbs_t session_cbs = {
+    .on_meta = on_meta,
+    .on_frame = on_frame,
+    .on_close = on_session_close,
+    .on_piece = ts_push_rx_on_piece,
+};
+
+void ts_session_accept(uv_stream_t *listener, int status) {
+  ts_server_t *srv = listener->data;
+  if (status < 0) {
+    ts_log_warn("accept failed: %s", uv_strerror(status));
+    return;
+  }
+  ts_session_t *s = ts_calloc(1, sizeof *s);
+  if (!s) {
+    ts_log_err("out of memory for a new connection");
+    return;
+  }
+  s->srv = srv;
+  s->task = -1;
+  s->id = ++srv->next_session_id;
+  uint64_t max_data = (uint64_t)srv->cfg->max_message_bytes;
+  if (ts_conn_init(srv->loop, &s->conn, &session_cbs, max_data, s) < 0) {
+    ts_free(s);
+    return;
+  }
+  s->next = srv->sessions;
+  if (s->next) s->next->prev = s;
+  srv->sessions = s;
+  srv->num_sessions++;
+  if (uv_accept(listener, (uv_stream_t *)&s->conn.handle) < 0 || ts_conn_start(&s->conn) < 0) {
+    ts_conn_close(&s->conn, TS_ECLOSED);
+    return;
+  }
+  if (srv->num_sessions > (size_t)srv->cfg->max_connections) {
+    ts_log_warn("%s: refused: %zu connections is the limit (server.max_connections)", s->conn.peer,
+                (size_t)srv->cfg->max_connections);
+    ts_conn_fail(&s->conn, 0, TS_EBUSY, "too many connections");
+    return;
+  }
+  randombytes_buf(s->nonce, TS_AUTH_NONCE_LEN);
+  char id[96];
+  snprintf(id, sizeof id, "ps-server/%s shard %u", TS_VERSION, srv->shard);
+  Tessera__Hello hello = TESSERA__HELLO__INIT;
+  hello.protocol = TS_PROTOCOL_VERSION;
+  hello.shard = srv->shard;
+  hello.num_shards = (uint32_t)srv->cfg->num_ps;
+  hello.nonce.data = s->nonce;
+  hello.nonce.len = TS_AUTH_NONCE_LEN;
+  hello.server_id = id;
+  hello.incarnation = srv->incarnation;
+  ts_session_reply(s, TS_MSG_HELLO, &hello.base);
+}

@@ -277,8 +277,8 @@ typedef enum {
 typedef struct ts_client_req ts_client_req_t;
 
 /* Called once on the client thread when a submitted request is done, with its results
- * filled in. The request belongs to the caller again from then on, but a request that
- * someone will also ts_client_wait for must stay alive. */
+ * filled in. The request (and its buffers) belong to the caller again from the callback's
+ * first line on: it may free, reuse or resubmit it. */
 typedef void (*ts_client_done_fn)(ts_client_req_t *req, void *arg);
 
 struct ts_client_req {
@@ -337,12 +337,12 @@ TS_CLIENT_API void ts_client_req_init(ts_client_req_t *req, ts_client_req_kind_t
 
 /* Hand req to the client thread and return at once. On 0 the request is in flight: cb
  * (optional) is called exactly once on the client thread when it is done, whatever its
- * outcome, and ts_client_wait may wait for it. On an error nothing was sent, cb is never
+ * outcome; without cb, ts_client_wait waits for it. On an error nothing was sent, cb is never
  * called, and req->rc / req->errmsg say why:
  *   TS_CLIENT_EINVAL     c or req NULL, bad struct_size or kind, a buffer missing, a
  *                        subset index out of range, both subsets given, grad and dst
  *                        overlapping (PUSH_PULL);
- *   TS_CLIENT_EBUSY      req is already in flight;
+ *   TS_CLIENT_EBUSY      req is already in flight (then req is left untouched);
  *   TS_CLIENT_ENOTDECLARED  no model declared;
  *   TS_CLIENT_ESHUTDOWN  the client was interrupted or is closing;
  *   TS_CLIENT_ENOMEM.
@@ -359,10 +359,11 @@ TS_CLIENT_API void ts_client_req_init(ts_client_req_t *req, ts_client_req_kind_t
 TS_CLIENT_API int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
                                    void *arg);
 
-/* Wait until req (submitted on c) is done and return req->rc. Returns at once for a request
- * already done. TS_CLIENT_EINVAL (and req untouched) when c or req is NULL, req was never
- * submitted (or its submit failed), or when called on the client thread. Any number of
- * threads may wait for the same request. */
+/* Wait until req (submitted on c without a callback) is done and return req->rc. Returns
+ * at once for a request already done. TS_CLIENT_EINVAL (and req untouched) when c or req is
+ * NULL, req was never submitted (or its submit failed), req is in flight with a callback
+ * (the callback is its completion: it may free req), or when called on the client thread.
+ * Any number of threads may wait for the same request. */
 TS_CLIENT_API int ts_client_wait(ts_client_t *c, ts_client_req_t *req);
 
 /* ts_client_submit then ts_client_wait: returns req->rc (the submit's error when it failed).

@@ -504,8 +504,9 @@ void ts_cl_on_wake(uv_async_t *a) {
     ts_cl_op_t *next = ops->next;
     ops->next = NULL;
     if (stop || c->interrupted) {
-      op_fail(ops, TS_MSG_PUSH, TS_ESHUTDOWN, "");
-      op_fail(ops, TS_MSG_PULL, TS_ESHUTDOWN, "");
+      const char *why = c->interrupted ? "interrupted" : "client closed";
+      op_fail(ops, TS_MSG_PUSH, TS_ESHUTDOWN, why);
+      op_fail(ops, TS_MSG_PULL, TS_ESHUTDOWN, why);
       publish_op(c, ops);
     } else {
       start_op(c, ops);

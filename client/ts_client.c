@@ -285,6 +285,7 @@ bool ts_client_shard_up(ts_client_t *c, uint32_t shard, char *why, size_t whylen
 }
 
 uint64_t ts_client_partition_bytes(ts_client_t *c) {
+  if (!c) return 0;
   uv_mutex_lock(&c->mu);
   uint64_t v = c->partition_bytes;
   uv_mutex_unlock(&c->mu);
@@ -292,6 +293,7 @@ uint64_t ts_client_partition_bytes(ts_client_t *c) {
 }
 
 uint32_t ts_client_job_workers(ts_client_t *c) {
+  if (!c) return 0;
   uv_mutex_lock(&c->mu);
   uint32_t v = c->job_workers;
   uv_mutex_unlock(&c->mu);
@@ -299,6 +301,7 @@ uint32_t ts_client_job_workers(ts_client_t *c) {
 }
 
 ts_client_mode_t ts_client_job_mode(ts_client_t *c) {
+  if (!c) return TS_CLIENT_MODE_UNSPECIFIED;
   uv_mutex_lock(&c->mu);
   Tessera__Mode m = c->mode;
   uv_mutex_unlock(&c->mu);
@@ -306,6 +309,7 @@ ts_client_mode_t ts_client_job_mode(ts_client_t *c) {
 }
 
 uint64_t ts_client_restarts(ts_client_t *c) {
+  if (!c) return 0;
   uv_mutex_lock(&c->mu);
   uint64_t n = c->restarts;
   uv_mutex_unlock(&c->mu);
@@ -435,7 +439,10 @@ void ts_client_set_progress(ts_client_t *c, uint64_t step, double loss, double e
 }
 
 int ts_client_heartbeat(ts_client_t *c, char *errmsg, size_t errlen) {
-  if (!c) return TS_EINVAL;
+  if (!c) {
+    ts_cl_err(errmsg, errlen, "no client");
+    return TS_EINVAL;
+  }
   ts_cl_op_t op = {.kind = OP_HEARTBEAT, .wait_ready = false};
   return ts_cl_run_op(c, &op, errmsg, errlen);
 }

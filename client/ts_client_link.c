@@ -1,3 +1,7 @@
+/* A shard's connection on the client thread (ts_client_int.h): connect with backoff, Hello
+ * and handshake, re-declaring the model to a restarted shard, liveness (handshake and
+ * heartbeat timeouts, progress inside large frames), and decoding every reply into the
+ * wire request waiting for it. */
 #include "ts_client_int.h"
 
 #include <stdio.h>

@@ -1,3 +1,7 @@
+/* Operations on the client thread (ts_client_int.h): an op split into one wire request per
+ * shard (and, for a push+pull, two back to back), their encoding and sending, their
+ * completion, the op's result and its hand-back to the caller (a waiter or a callback),
+ * deadlines, interrupts, and the thread's own loop. */
 #include "ts_client_int.h"
 
 #include <pthread.h>

@@ -28,10 +28,11 @@
  *    ts_client_close (once, from a thread that is not the client thread, after every other
  *    call on that client has returned), and ts_client_declare (not concurrently with a
  *    request in flight or another declare on the same client).
- *  - Blocking calls (ts_client_open, ts_client_declare, ts_client_wait, ts_client_run,
+ *  - Blocking calls on a client (ts_client_declare, ts_client_wait, ts_client_run,
  *    ts_client_heartbeat, ts_client_status, ts_client_checkpoint, ts_client_shutdown) must
- *    not be called on the client thread, that is from a completion or log callback: they
- *    fail with TS_CLIENT_EINVAL there instead of deadlocking.
+ *    not be made on that client's thread, that is from its completion or log callbacks:
+ *    they fail with TS_CLIENT_EINVAL there instead of deadlocking (ts_client_close is
+ *    ignored there).
  *  - Completion callbacks (ts_client_submit) and the log callback run on the client thread.
  *    They must return quickly (the thread serves every shard); they may call the
  *    non-blocking functions: ts_client_submit, ts_client_interrupt, ts_client_set_progress,
@@ -206,7 +207,7 @@ TS_CLIENT_API uint32_t ts_client_num_shards(const ts_client_t *c);
 TS_CLIENT_API bool ts_client_shard_up(ts_client_t *c, uint32_t shard, char *why, size_t whylen);
 
 /* The job's settings as the shards announced them in the handshake (0 / UNSPECIFIED before
- * any shard answered). */
+ * any shard answered, or for a NULL client). */
 TS_CLIENT_API uint64_t ts_client_partition_bytes(ts_client_t *c);
 TS_CLIENT_API uint32_t ts_client_job_workers(ts_client_t *c);
 TS_CLIENT_API ts_client_mode_t ts_client_job_mode(ts_client_t *c);
@@ -327,21 +328,25 @@ struct ts_client_req {
   uint64_t version;
   char errmsg[256];       /* on failure: why, naming the shard */
 
-  /* --- private to the library --- */
+  /* --- private to the library (and room to grow without changing the layout) --- */
   int priv_state;
-  void *priv_op;
+  void *priv_reserved[2];
 };
 
 /* Zero *req, set its kind and struct_size. */
 TS_CLIENT_API void ts_client_req_init(ts_client_req_t *req, ts_client_req_kind_t kind);
 
-/* Hand req to the client thread and return at once. On 0 the request is in flight: cb
+/* Hand req to the client thread and return at once. Requests submitted one after the other
+ * (from one thread, or ordered by the caller) reach every shard in that order; requests
+ * submitted concurrently from several threads are ordered arbitrarily. On 0 the request
+ * is in flight: cb
  * (optional) is called exactly once on the client thread when it is done, whatever its
  * outcome; without cb, ts_client_wait waits for it. On an error nothing was sent, cb is never
  * called, and req->rc / req->errmsg say why:
- *   TS_CLIENT_EINVAL     c or req NULL, bad struct_size or kind, a buffer missing, a
- *                        subset index out of range, both subsets given, grad and dst
- *                        overlapping (PUSH_PULL);
+ *   TS_CLIENT_EINVAL     req NULL or its struct_size wrong (then req is not written); c
+ *                        NULL, a bad kind, a buffer missing, a subset index out of range
+ *                        or listed twice, both subsets given, grad and dst overlapping
+ *                        (PUSH_PULL: then push_rc and pull_rc are EINVAL too);
  *   TS_CLIENT_EBUSY      req is already in flight (then req is left untouched);
  *   TS_CLIENT_ENOTDECLARED  no model declared;
  *   TS_CLIENT_ESHUTDOWN  the client was interrupted or is closing;

@@ -3,7 +3,8 @@
  * built against the installed copy only (its header and pkg-config file under D, the
  * source copied into D, no -I into the source tree) and run, with D's library on
  * LD_LIBRARY_PATH, against two real ps-server shards. Also: the library exports only the
- * public names.
+ * public names and needs only libuv, protobuf-c and libsodium; its header is strict C99 and
+ * C++.
  *
  * Set by meson: TS_BUILD_ROOT, TS_SOURCE_ROOT, TS_PREFIX, TS_LIBDIR, TS_MESON.
  */
@@ -116,9 +117,17 @@ static void test_example_against_installed_copy(void **state) {
   assert_null(strstr(out, TS_SOURCE_ROOT));
   assert_non_null(strstr(out, dest));
   assert_int_equal(sh(out, sizeof out,
-                      "cd '%s' && cc -Wall -Wextra -Werror pushpull.c $(PKG_CONFIG_PATH='%s' pkg-config "
+                      "cd '%s' && cc -std=c99 -pedantic -Wall -Wextra -Werror pushpull.c $(PKG_CONFIG_PATH='%s' pkg-config "
                       "--define-variable=prefix='%s%s' --cflags --libs tessera-client) -o pushpull",
                       dest, pcdir, dest, TS_PREFIX), 0);
+  /* The header is C++ too (extern "C"): a C++ program links against the library. */
+  assert_int_equal(sh(out, sizeof out,
+                      "cd '%s' && printf '#include <tessera/client.h>\\nint main() { ts_client_opts_t o; "
+                      "ts_client_opts_init(&o); return tessera_version()[0] == 0 || o.struct_size == 0; }\\n' "
+                      "> cxx.cc && c++ -std=c++11 -pedantic -Wall -Wextra -Werror cxx.cc $(PKG_CONFIG_PATH='%s' "
+                      "pkg-config --define-variable=prefix='%s%s' --cflags --libs tessera-client) -o cxx && "
+                      "LD_LIBRARY_PATH='%s' ./cxx",
+                      dest, pcdir, dest, TS_PREFIX, libdir), 0);
   /* It loads the installed library. */
   assert_int_equal(sh(out, sizeof out, "LD_LIBRARY_PATH='%s' ldd '%s/pushpull' | grep tessera-client", libdir, dest), 0);
   assert_non_null(strstr(out, libdir));

@@ -11,6 +11,10 @@
 static char log_name[64] = "tessera";
 static ts_log_level_t log_level = TS_LOG_INFO;
 static bool log_journal = false;
+static _Thread_local ts_log_sink_fn tl_sink;
+static _Thread_local void *tl_sink_arg;
+static _Thread_local ts_log_level_t tl_sink_level;
+static _Thread_local bool tl_in_sink;
 
 static const char *const level_names[] = {
     [TS_LOG_CRIT] = "crit", [TS_LOG_ERR] = "error", [TS_LOG_WARN] = "warning",
@@ -42,12 +46,38 @@ void ts_log_init(const char *name, ts_log_level_t level) {
   log_journal = getenv("JOURNAL_STREAM") != NULL;
 }
 
-bool ts_log_enabled(ts_log_level_t level) { return level <= log_level; }
+void ts_log_set_thread_sink(ts_log_sink_fn fn, void *arg, ts_log_level_t max_level) {
+  tl_sink = fn;
+  tl_sink_arg = arg;
+  tl_sink_level = max_level;
+}
+
+void ts_log_forward(void *arg, int level, const char *msg) {
+  (void)arg;
+  if (level < TS_LOG_CRIT) level = TS_LOG_CRIT;
+  if (level > TS_LOG_DEBUG) level = TS_LOG_DEBUG;
+  ts_log((ts_log_level_t)level, "%s", msg);
+}
+
+bool ts_log_enabled(ts_log_level_t level) {
+  if (tl_sink && !tl_in_sink) return level <= tl_sink_level;
+  return level <= log_level;
+}
 
 void ts_log(ts_log_level_t level, const char *fmt, ...) {
   if (!ts_log_enabled(level)) return;
   char line[2048];
   int n;
+  if (tl_sink && !tl_in_sink) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    tl_in_sink = true;
+    tl_sink(tl_sink_arg, level, line);
+    tl_in_sink = false;
+    return;
+  }
   if (log_journal) {
     n = snprintf(line, sizeof line, "<%d>%s %s: ", (int)level, log_name, level_names[level]);
   } else {

@@ -32,6 +32,20 @@ bool ts_log_enabled(ts_log_level_t level);
 
 void ts_log(ts_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Receives a line (no prefix, no newline) logged on a thread that installed it. */
+typedef void (*ts_log_sink_fn)(void *arg, ts_log_level_t level, const char *msg);
+
+/* Send what the calling thread logs to fn instead of stderr, up to max_level (the global
+ * level does not apply); fn NULL restores stderr. Per thread: a library's own thread (the
+ * client's) routes its lines to its user's callback without touching the process's
+ * logging. While fn runs, ts_log on that thread writes to stderr as usual, so a sink may
+ * forward to ts_log. */
+/* Log msg through ts_log at level: the log callback (ts_client_log_fn) with which the
+ * programs of this tree send the client library's diagnostics to their own log. */
+void ts_log_forward(void *arg, int level, const char *msg);
+
+void ts_log_set_thread_sink(ts_log_sink_fn fn, void *arg, ts_log_level_t max_level);
+
 #define ts_log_crit(...) ts_log(TS_LOG_CRIT, __VA_ARGS__)
 #define ts_log_err(...) ts_log(TS_LOG_ERR, __VA_ARGS__)
 #define ts_log_warn(...) ts_log(TS_LOG_WARN, __VA_ARGS__)

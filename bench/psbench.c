@@ -15,7 +15,7 @@
  * trip of every iteration of every worker (p50_us, p99_us). Modes: async (push tagged
  * with the worker's clock, then pull) and sync (push_pulled with the version pulled, then
  * pull_next, which waits for the barrier of every worker); either way the push and the pull
- * travel together (ts_client_push_pull, ts_client_push_pull_next): one round trip, as the
+ * travel together (one TS_CLIENT_PUSH_PULL request): one round trip, as the
  * worker makes them. The clients, and the job file the shards read, poll for replies for
  * --busy-poll-us (job.busy_poll_us; default its configuration default).
  *
@@ -48,7 +48,7 @@
 #include <cjson/cJSON.h>
 
 #include "harness.h"
-#include "ts_client.h"
+#include "tessera/client.h"
 #include "ts_config.h"
 #include "ts_log.h"
 
@@ -347,9 +347,16 @@ static double run_start[MAX_RUNS], run_end[MAX_RUNS];
 static int one_iteration(worker_t *w, uint64_t clock) {
   float *dst[1] = {w->param};
   const float *g[1] = {w->grad};
-  if (opt.sync)
-    return ts_client_push_pull_next(w->cl, g, dst, clock, NULL, NULL, w->errmsg, sizeof w->errmsg);
-  return ts_client_push_pull(w->cl, g, clock, dst, clock, NULL, NULL, w->errmsg, sizeof w->errmsg);
+  ts_client_req_t q;
+  ts_client_req_init(&q, TS_CLIENT_PUSH_PULL);
+  q.grad = g;
+  q.dst = dst;
+  q.step = opt.sync ? TS_CLIENT_STEP_PULLED : clock;
+  q.min_version = opt.sync ? TS_CLIENT_VERSION_NEXT : 0;
+  q.clock = clock;
+  int rc = ts_client_run(w->cl, &q);
+  if (rc < 0) snprintf(w->errmsg, sizeof w->errmsg, "%s", q.errmsg);
+  return rc;
 }
 
 static void *worker_main(void *arg) {
@@ -359,10 +366,14 @@ static void *worker_main(void *arg) {
   /* Warm-up: one pull (sync: the version the first push is tagged with) and one iteration,
    * so pages are touched and buffers grown before anything is timed. */
   if (!w->err) {
-    if (opt.sync) /* nothing pulled yet: takes the current version without waiting */
-      w->err = ts_client_pull_next(w->cl, dst, clock, NULL, w->errmsg, sizeof w->errmsg);
-    else
-      w->err = ts_client_pull(w->cl, dst, 0, clock, NULL, w->errmsg, sizeof w->errmsg);
+    /* sync: nothing pulled yet, so VERSION_NEXT takes the current version without waiting */
+    ts_client_req_t q;
+    ts_client_req_init(&q, TS_CLIENT_PULL);
+    q.dst = dst;
+    q.min_version = opt.sync ? TS_CLIENT_VERSION_NEXT : 0;
+    q.clock = clock;
+    w->err = ts_client_run(w->cl, &q);
+    if (w->err) snprintf(w->errmsg, sizeof w->errmsg, "%s", q.errmsg);
     if (!w->err) w->err = one_iteration(w, clock++);
   }
   /* Calibration (sync mode without --iters): CALIBRATION_ITERS timed by the main thread,
@@ -456,7 +467,7 @@ int main(int argc, char **argv) {
 
   uint64_t elems = opt.size / 4;
   uint64_t shape[1] = {elems};
-  ts_client_tensor_t tensor = {.name = "w", .shape = shape, .rank = 1, .init = TS_INIT_ZEROS};
+  ts_client_tensor_t tensor = {.name = "w", .shape = shape, .rank = 1, .init = TS_CLIENT_INIT_ZEROS};
   worker_t w[MAX_WORKERS];
   memset(w, 0, sizeof w);
   pthread_barrier_t barrier;
@@ -475,15 +486,19 @@ int main(int argc, char **argv) {
     }
     memset(w[i].param, 0, opt.size);
     for (uint64_t k = 0; k < elems; k++) w[i].grad[k] = 1e-3f;
-    ts_client_opts_t o = {.addrs = cluster.addrs,
-                          .num_shards = (size_t)opt.shards,
-                          .task = i,
-                          .identity = "psbench",
-                          .connect_timeout_s = 10,
-                          .request_timeout_s = 60,
-                          .heartbeat_interval_s = 1.0,
-                          .require_all = true,
-                          .busy_poll_us = (uint32_t)opt.busy_poll_us};
+    ts_client_opts_t o;
+    ts_client_opts_init(&o);
+    o.addrs = cluster.addrs;
+    o.num_shards = (size_t)opt.shards;
+    o.task = i;
+    o.identity = "psbench";
+    o.connect_timeout_s = 10;
+    o.request_timeout_s = 60;
+    o.heartbeat_interval_s = 1.0;
+    o.require_all = true;
+    o.busy_poll_us = (uint32_t)opt.busy_poll_us;
+    o.log = ts_log_forward;
+    o.log_level = TS_CLIENT_LOG_DEBUG;
     if (ts_client_open(&w[i].cl, &o, w[i].errmsg, sizeof w[i].errmsg) < 0 ||
         ts_client_declare(w[i].cl, &tensor, 1, 42, w[i].errmsg, sizeof w[i].errmsg) < 0) {
       fprintf(stderr, "psbench: worker %d: %s\n", i, w[i].errmsg);

@@ -10,10 +10,10 @@ void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w) {
   memset(w, 0, nw * sizeof *w);
   for (size_t t = 0; t < nw; t++) w[t].task = (int)t;
   for (size_t s = 0; s < v->num_shards; s++) {
-    const Tessera__ShardStatus *st = v->shards[s].st;
+    const ts_client_shard_status_t *st = v->shards[s].st;
     if (!st) continue;
-    for (size_t i = 0; i < st->n_workers; i++) {
-      const Tessera__WorkerStatus *ws = st->workers[i];
+    for (size_t i = 0; i < st->num_workers_seen; i++) {
+      const ts_client_worker_status_t *ws = &st->workers[i];
       if (ws->task < 0 || (size_t)ws->task >= nw) continue;
       ts_status_worker_t *x = &w[ws->task];
       if (!x->seen || ws->last_seen_s < x->last_seen_s) {
@@ -30,15 +30,15 @@ void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w) {
   }
 }
 
-uint64_t ts_status_job_step(const ts_status_view_t *v, Tessera__Mode *mode) {
+uint64_t ts_status_job_step(const ts_status_view_t *v, ts_client_mode_t *mode) {
   uint64_t step = 0;
   bool first = true;
-  *mode = TESSERA__MODE__MODE_UNSPECIFIED;
+  *mode = TS_CLIENT_MODE_UNSPECIFIED;
   for (size_t s = 0; s < v->num_shards; s++) {
-    const Tessera__ShardStatus *st = v->shards[s].st;
+    const ts_client_shard_status_t *st = v->shards[s].st;
     if (!st) continue;
     *mode = st->mode;
-    if (st->mode == TESSERA__MODE__MODE_SYNC)
+    if (st->mode == TS_CLIENT_MODE_SYNC)
       step = first || st->step < step ? st->step : step;
     else
       step = st->step > step ? st->step : step;
@@ -56,7 +56,7 @@ size_t ts_status_shards_up(const ts_status_view_t *v) {
 cJSON *ts_status_json_shard(const ts_status_shard_t *sh) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
-  const Tessera__ShardStatus *st = sh->st;
+  const ts_client_shard_status_t *st = sh->st;
   cJSON_AddNumberToObject(o, "index", (double)sh->index);
   cJSON_AddStringToObject(o, "address", sh->address ? sh->address : "");
   cJSON_AddBoolToObject(o, "up", st != NULL);
@@ -73,7 +73,7 @@ cJSON *ts_status_json_shard(const ts_status_shard_t *sh) {
     cJSON_AddNumberToObject(o, "connections", (double)st->connections);
     cJSON_AddNumberToObject(o, "uptime_s", st->uptime_s);
     cJSON *wait = cJSON_AddArrayToObject(o, "barrier_waiting_for");
-    for (size_t i = 0; wait && i < st->n_barrier_waiting_for; i++)
+    for (size_t i = 0; wait && i < st->num_barrier_waiting_for; i++)
       cJSON_AddItemToArray(wait, cJSON_CreateNumber(st->barrier_waiting_for[i]));
   } else {
     cJSON_AddNumberToObject(o, "partitions", 0);
@@ -104,11 +104,11 @@ cJSON *ts_status_json_worker(const ts_status_worker_t *w) {
 cJSON *ts_status_json_job(const ts_status_view_t *v, bool with_workers) {
   cJSON *root = cJSON_CreateObject();
   if (!root) return NULL;
-  Tessera__Mode mode;
+  ts_client_mode_t mode;
   uint64_t step = ts_status_job_step(v, &mode);
   size_t up = ts_status_shards_up(v);
   cJSON_AddStringToObject(root, "mode",
-                          up ? ts_msg_mode_name(mode) : v->configured_mode ? v->configured_mode : "unknown");
+                          up ? ts_msg_mode_name((Tessera__Mode)mode) : v->configured_mode ? v->configured_mode : "unknown");
   cJSON_AddNumberToObject(root, "step", (double)step);
   cJSON_AddBoolToObject(root, "healthy", up == v->num_shards);
   cJSON *shards = cJSON_AddArrayToObject(root, "shards");

@@ -1,6 +1,8 @@
 /*
  * The job's status as JSON: one schema for `psctl status --output json` and a shard's
- * /status page (docs/configuration.md), built from the shards' ShardStatus replies.
+ * /status page (docs/configuration.md), built from the shards' status in the client
+ * library's plain-C form (ts_client_shard_status_t; a shard converts its own ShardStatus
+ * with proto/ts_status.h, as the client library does).
  *
  * Glossary: a *view* is what one observer knows: for psctl, every shard of the job (those
  * that did not answer have st == NULL and a reason); for a shard's /status, that shard
@@ -23,12 +25,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tessera.pb-c.h"
+#include "tessera/client.h"
 
 typedef struct {
   size_t index;                  /* shard index in cluster.ps */
   const char *address;
-  const Tessera__ShardStatus *st; /* NULL: the shard did not answer */
+  const ts_client_shard_status_t *st; /* NULL: the shard did not answer */
   const char *error;              /* why it did not answer (may be NULL) */
 } ts_status_shard_t;
 
@@ -52,8 +54,8 @@ void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w);
 
 /* The job's step: in sync mode the lowest shard step (shards move together), otherwise
  * the largest (each shard counts the pushes it applied). *mode gets the shards' mode, or
- * TESSERA__MODE__MODE_UNSPECIFIED when none answered. */
-uint64_t ts_status_job_step(const ts_status_view_t *v, Tessera__Mode *mode);
+ * TS_CLIENT_MODE_UNSPECIFIED when none answered. */
+uint64_t ts_status_job_step(const ts_status_view_t *v, ts_client_mode_t *mode);
 
 /* Shards of the view that answered. */
 size_t ts_status_shards_up(const ts_status_view_t *v);

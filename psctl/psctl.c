@@ -1,6 +1,7 @@
 /* psctl: the admin CLI of a Tessera job (docs/configuration.md). */
 #include <cjson/cJSON.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,11 +10,10 @@
 #include "ts_alloc.h"
 #include "ts_auth.h"
 #include "ts_build_config.h"
-#include "ts_client.h"
+#include "tessera/client.h"
 #include "ts_config.h"
 #include "ts_err.h"
 #include "ts_log.h"
-#include "ts_msg.h"
 #include "ts_status_json.h"
 
 typedef enum { OUT_TABLE, OUT_JSON } output_t;
@@ -21,7 +21,7 @@ typedef enum { OUT_TABLE, OUT_JSON } output_t;
 typedef struct {
   ts_config_t cfg;
   ts_client_t *client;
-  Tessera__ShardStatus **st; /* per shard, NULL when it did not answer */
+  ts_client_shard_status_t **st; /* per shard, NULL when it did not answer */
   char **why;                /* per shard, why it did not answer */
   long only_shard;           /* --shard N, else -1 */
 } cluster_view_t;
@@ -70,14 +70,18 @@ static int gather(cluster_view_t *v, double timeout) {
   }
   char ident[64];
   snprintf(ident, sizeof ident, "psctl pid %d", (int)getpid());
-  ts_client_opts_t o = {.addrs = (const char *const *)cfg->ps,
-                        .num_shards = cfg->num_ps,
-                        .admin = true,
-                        .identity = ident,
-                        .token = token,
-                        .connect_timeout_s = timeout,
-                        .request_timeout_s = timeout,
-                        .require_all = false};
+  ts_client_opts_t o;
+  ts_client_opts_init(&o);
+  o.addrs = (const char *const *)cfg->ps;
+  o.num_shards = cfg->num_ps;
+  o.admin = true;
+  o.identity = ident;
+  o.token = token;
+  o.connect_timeout_s = timeout;
+  o.request_timeout_s = timeout;
+  o.require_all = false;
+  o.log = ts_log_forward;
+  o.log_level = TS_CLIENT_LOG_DEBUG;
   int rc = ts_client_open(&v->client, &o, err, sizeof err);
   ts_auth_free_token(token);
   if (rc < 0) {
@@ -101,7 +105,7 @@ static int gather(cluster_view_t *v, double timeout) {
 
 static void release(cluster_view_t *v) {
   for (size_t s = 0; s < v->cfg.num_ps; s++) {
-    if (v->st) ts_client_free_status(v->st[s]);
+    if (v->st) ts_client_status_free(v->st[s]);
     if (v->why) ts_free(v->why[s]);
   }
   ts_free(v->st);
@@ -157,16 +161,16 @@ static void print_shards_table(const cluster_view_t *v) {
          "BYTES", "VERSION", "STALE", "NOTE");
   for (size_t s = 0; s < v->cfg.num_ps; s++) {
     if (!shard_selected(v, s)) continue;
-    const Tessera__ShardStatus *st = v->st[s];
+    const ts_client_shard_status_t *st = v->st[s];
     printf("%-5zu %-22s ", s, v->cfg.ps[s]);
     cell(st ? "yes" : "NO", 5, st != NULL);
     if (st) {
       char b[32];
       human_bytes(b, sizeof b, (double)st->bytes);
       char note[128] = "";
-      if (st->n_barrier_waiting_for) {
+      if (st->num_barrier_waiting_for) {
         size_t len = (size_t)snprintf(note, sizeof note, "barrier waits for task");
-        for (size_t i = 0; i < st->n_barrier_waiting_for && len < sizeof note; i++)
+        for (size_t i = 0; i < st->num_barrier_waiting_for && len < sizeof note; i++)
           len += (size_t)snprintf(note + len, sizeof note - len, "%s%d", i ? "," : " ",
                                   st->barrier_waiting_for[i]);
       }
@@ -237,10 +241,10 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   ts_status_view_t view = {.shards = sh, .num_shards = n, .num_workers = nw,
                            .configured_mode = ts_mode_name(v->cfg.mode)};
   ts_status_merge_workers(&view, w);
-  Tessera__Mode mode;
+  ts_client_mode_t mode;
   uint64_t step = ts_status_job_step(&view, &mode);
   size_t up = ts_status_shards_up(&view);
-  const char *mname = up ? ts_msg_mode_name(mode) : ts_mode_name(v->cfg.mode);
+  const char *mname = up ? ts_client_mode_name(mode) : ts_mode_name(v->cfg.mode);
   if (out == OUT_JSON) {
     cJSON *root = NULL;
     if (strcmp(cmd, "status") == 0 || strcmp(cmd, "health") == 0) {
@@ -417,6 +421,9 @@ int main(int argc, char **argv) {
   }
   if (!config_path && access("/etc/tessera/job.cfg", R_OK) == 0) config_path = "/etc/tessera/job.cfg";
   ts_log_init("psctl", TS_LOG_ERR);
+  /* A closed stdout (psctl status | head -1) ends the output, not psctl: the exit code
+   * still tells the job's health. */
+  signal(SIGPIPE, SIG_IGN);
 
   cluster_view_t v;
   memset(&v, 0, sizeof v);

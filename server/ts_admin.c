@@ -9,6 +9,7 @@
 #include "ts_err.h"
 #include "ts_http.h"
 #include "ts_log.h"
+#include "ts_status.h"
 #include "ts_status_json.h"
 
 struct ts_admin {
@@ -120,11 +121,18 @@ static void on_request(void *arg, const char *path, ts_http_reply_t *r) {
       ts_metrics_render(&b, &s.metrics, s.st);
       reply_buf(r, 200, TS_PROM_CONTENT_TYPE, &b);
     } else {
-      ts_status_shard_t sh = {.index = a->shard, .address = a->cfg->ps[a->shard], .st = s.st,
-                              .error = s.st ? NULL : "no status published"};
+      ts_client_shard_status_t *pub = NULL;
+      if (s.st && ts_status_from_pb(s.st, &pub) < 0) {
+        ts_http_reply_text(r, 500, NULL, "out of memory\n");
+        drop(&s);
+        return;
+      }
+      ts_status_shard_t sh = {.index = a->shard, .address = a->cfg->ps[a->shard], .st = pub,
+                              .error = pub ? NULL : "no status published"};
       ts_status_view_t v = {.shards = &sh, .num_shards = 1, .num_workers = a->cfg->num_workers,
                             .configured_mode = ts_mode_name(a->cfg->mode)};
       cJSON *j = ts_status_json_job(&v, true);
+      ts_free(pub);
       char *txt = j ? cJSON_Print(j) : NULL;
       cJSON_Delete(j);
       if (txt) {

@@ -8,7 +8,7 @@
 #include "ts_alloc.h"
 #include "ts_auth.h"
 #include "ts_cli.h"
-#include "ts_client.h"
+#include "tessera/client.h"
 #include "ts_config.h"
 #include "ts_backend.h"
 #include "ts_device.h"
@@ -147,17 +147,24 @@ int main(int argc, char **argv) {
   gethostname(host, sizeof host);
   host[sizeof host - 1] = 0;
   snprintf(ident, sizeof ident, "ps-worker task %ld pid %d@%s", task, (int)getpid(), host);
-  ts_client_opts_t o = {.addrs = (const char *const *)cfg.ps,
-                        .num_shards = cfg.num_ps,
-                        .task = (int)task,
-                        .identity = ident,
-                        .token = token,
-                        .connect_timeout_s = 30.0,
-                        .request_timeout_s = cfg.sync_timeout_s * 3.0 > 30.0 ? cfg.sync_timeout_s * 3.0 : 30.0,
-                        .heartbeat_interval_s = cfg.heartbeat_interval_s,
-                        .heartbeat_timeout_s = cfg.heartbeat_timeout_s,
-                        .require_all = true,
-                        .busy_poll_us = (uint32_t)cfg.busy_poll_us};
+  /* SIGPIPE: ignored, as it always was for ps-worker; the client library itself only
+   * blocks it on its own thread. */
+  signal(SIGPIPE, SIG_IGN);
+  ts_client_opts_t o;
+  ts_client_opts_init(&o);
+  o.addrs = (const char *const *)cfg.ps;
+  o.num_shards = cfg.num_ps;
+  o.task = (int)task;
+  o.identity = ident;
+  o.token = token;
+  o.connect_timeout_s = 30.0;
+  o.request_timeout_s = cfg.sync_timeout_s * 3.0 > 30.0 ? cfg.sync_timeout_s * 3.0 : 30.0;
+  o.heartbeat_interval_s = cfg.heartbeat_interval_s;
+  o.heartbeat_timeout_s = cfg.heartbeat_timeout_s;
+  o.require_all = true;
+  o.busy_poll_us = (uint32_t)cfg.busy_poll_us;
+  o.log = ts_log_forward;
+  o.log_level = TS_CLIENT_LOG_DEBUG;
   rc = ts_client_open(&client, &o, err, sizeof err);
   if (rc < 0) {
     ts_log_err("%s", err);
@@ -172,7 +179,7 @@ int main(int argc, char **argv) {
     decl[i].name = model->tensors[i].name;
     decl[i].shape = model->tensors[i].shape;
     decl[i].rank = model->tensors[i].rank;
-    decl[i].init = model->tensors[i].init;
+    decl[i].init = (ts_client_init_t)model->tensors[i].init;
   }
   rc = ts_client_declare(client, decl, model->num_tensors, (uint64_t)cfg.seed, err, sizeof err);
   ts_free(decl);

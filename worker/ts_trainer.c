@@ -45,6 +45,27 @@ static void sleep_s(double s) {
   nanosleep(&ts, NULL);
 }
 
+/* One request of kind over the whole model; errmsg gets its error. */
+static int request(const ts_trainer_t *t, ts_client_req_t *q, char *errmsg, size_t errlen) {
+  int rc = ts_client_run(t->client, q);
+  if (rc < 0) snprintf(errmsg, errlen, "%s", q->errmsg[0] ? q->errmsg : ts_strerror(rc));
+  return rc;
+}
+
+/* One pull of every tensor: min_version as ts_client_req_t's (TS_CLIENT_VERSION_NEXT: each
+ * shard's next version). */
+static int pull_once(const ts_trainer_t *t, float *const *dst, uint64_t min_version,
+                     uint64_t clock, uint64_t *version, char *errmsg, size_t errlen) {
+  ts_client_req_t q;
+  ts_client_req_init(&q, TS_CLIENT_PULL);
+  q.dst = dst;
+  q.min_version = min_version;
+  q.clock = clock;
+  int rc = request(t, &q, errmsg, errlen);
+  if (rc == 0 && version) *version = q.version;
+  return rc;
+}
+
 /* Pull with retries while the shards are unreachable (they reconnect in the background).
  * Sync mode pulls each shard's next version; the other modes take what is there. */
 static int pull(const ts_trainer_t *t, float *const *dst, uint64_t clock, uint64_t *version,
@@ -52,8 +73,7 @@ static int pull(const ts_trainer_t *t, float *const *dst, uint64_t clock, uint64
   double start = now_s();
   bool sync = t->cfg->mode == TS_MODE_SYNC;
   for (int attempt = 0;; attempt++) {
-    int rc = sync ? ts_client_pull_next(t->client, dst, clock, version, errmsg, errlen)
-                  : ts_client_pull(t->client, dst, 0, clock, version, errmsg, errlen);
+    int rc = pull_once(t, dst, sync ? TS_CLIENT_VERSION_NEXT : 0, clock, version, errmsg, errlen);
     if (rc == 0 || !transient(rc) || *t->stop) return rc;
     if (now_s() - start > RETRY_GRACE_S) return rc;
     if (attempt == 0) ts_log_warn("pull failed, retrying: %s", errmsg);
@@ -62,14 +82,19 @@ static int pull(const ts_trainer_t *t, float *const *dst, uint64_t clock, uint64
 }
 
 /* Push with retries while the shards are unreachable. attempt0 > 0: a first attempt
- * already failed and was reported (push_pull below). */
-static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step,
-                ts_client_push_result_t *res, int attempt0, char *errmsg, size_t errlen) {
+ * already failed and was reported (push_pull below). Sync mode tags each shard's push with
+ * the version last pulled from it. *stale gets the partitions dropped as stale. */
+static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step, uint64_t *stale,
+                int attempt0, char *errmsg, size_t errlen) {
   double start = now_s();
   bool sync = t->cfg->mode == TS_MODE_SYNC;
   for (int attempt = attempt0;; attempt++) {
-    int rc = sync ? ts_client_push_pulled(t->client, grad, res, errmsg, errlen)
-                  : ts_client_push(t->client, grad, step, res, errmsg, errlen);
+    ts_client_req_t q;
+    ts_client_req_init(&q, TS_CLIENT_PUSH);
+    q.grad = grad;
+    q.step = sync ? TS_CLIENT_STEP_PULLED : step;
+    int rc = request(t, &q, errmsg, errlen);
+    *stale = q.stale;
     if (rc == 0 || !transient(rc) || *t->stop) return rc;
     if (now_s() - start > RETRY_GRACE_S) return rc;
     if (attempt == 0) ts_log_warn("push failed, retrying: %s", errmsg);
@@ -83,27 +108,35 @@ static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step,
  * transiently. *pulled says whether dst holds the next step's parameters; when the pull
  * part failed, or the push did, it does not, and the next step pulls as usual (with
  * pull()'s retries). The client leaves each shard's last pulled version as it was when
- * the call fails, so a retried push is tagged, and that pull waits, as they would have
+ * the request fails, so a retried push is tagged, and that pull waits, as they would have
  * been without the pipelining. */
 static int push_pull(const ts_trainer_t *t, const float *const *grad, uint64_t step,
-                     float *const *dst, uint64_t *version, ts_client_push_result_t *res,
-                     bool *pulled, char *errmsg, size_t errlen) {
+                     float *const *dst, uint64_t *version, uint64_t *stale, bool *pulled,
+                     char *errmsg, size_t errlen) {
   bool sync = t->cfg->mode == TS_MODE_SYNC;
-  int rc = sync ? ts_client_push_pull_next(t->client, grad, dst, step + 1, version, res, errmsg,
-                                           errlen)
-                : ts_client_push_pull(t->client, grad, step, dst, step + 1, version, res, errmsg,
-                                      errlen);
+  ts_client_req_t q;
+  ts_client_req_init(&q, TS_CLIENT_PUSH_PULL);
+  q.grad = grad;
+  q.dst = dst;
+  q.step = sync ? TS_CLIENT_STEP_PULLED : step;
+  q.min_version = sync ? TS_CLIENT_VERSION_NEXT : 0;
+  q.clock = step + 1;
+  int rc = request(t, &q, errmsg, errlen);
+  *stale = q.stale;
   *pulled = rc == 0;
-  if (rc == 0) return 0;
-  if (res->push_rc == 0) {
+  if (rc == 0) {
+    *version = q.version;
+    return 0;
+  }
+  if (q.push_rc == 0) {
     ts_log_warn("pull failed, pulling again for the next step: %s", errmsg);
     return 0;
   }
-  rc = res->push_rc;
+  rc = q.push_rc;
   if (!transient(rc) || *t->stop) return rc;
   ts_log_warn("push failed, retrying: %s", errmsg);
   sleep_s(0.2);
-  return push(t, grad, step, res, 1, errmsg, errlen);
+  return push(t, grad, step, stale, 1, errmsg, errlen);
 }
 
 int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, size_t errlen) {
@@ -233,14 +266,14 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       rc = TS_ENONFINITE;
       goto out;
     }
-    ts_client_push_result_t pr;
+    uint64_t stale = 0;
     /* The next step's pull travels with this push, one round trip instead of two; not
      * after the last step, whose final pull follows leaving the barriers (below), nor when
      * told to stop. */
     if (k + 1 < total && !*t->stop)
-      rc = push_pull(t, grad, k, dst, &version, &pr, &pulled, errmsg, errlen);
+      rc = push_pull(t, grad, k, dst, &version, &stale, &pulled, errmsg, errlen);
     else
-      rc = push(t, grad, k, &pr, 0, errmsg, errlen);
+      rc = push(t, grad, k, &stale, 0, errmsg, errlen);
     if (rc == TS_EFUTURE) {
       /* A shard restarted behind the others (restored from a checkpoint): this step's
        * gradient is lost there; the next pull takes its current version. */
@@ -260,7 +293,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       const double step_phase[3] = {ts1 - ts0, ts2 - ts1, ts3 - ts2};
       t->on_step(t->progress_arg, k + 1, step_phase);
     }
-    res->stale += pr.stale;
+    res->stale += stale;
     res->steps++;
     res->examples += (uint64_t)B;
     interval_loss += (double)loss;
@@ -309,7 +342,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   if (rc < 0 && cfg->mode == TS_MODE_SYNC && rc == TS_ETIMEDOUT) {
     /* A barrier that can never close (its workers gone) must not keep the result back. */
     ts_log_warn("final sync pull timed out (%s); evaluating the latest parameters", errmsg);
-    rc = ts_client_pull(t->client, dst, 0, res->steps, NULL, errmsg, errlen);
+    rc = pull_once(t, dst, 0, res->steps, NULL, errmsg, errlen);
   }
   if (rc == 0) rc = ts_towers_pulled(tw, errmsg, errlen);
   if (rc < 0 && *t->stop) {

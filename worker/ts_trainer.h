@@ -13,7 +13,7 @@
  * they overlap the pull; the pull lands in the towers' staging (the CPU back end's parameters
  * themselves, pinned host memory for a GPU) and is copied to every tower; the towers compute
  * their micro-batches, their gradients are averaged, and one push leaves from the staging.
- * The pull of the next step travels with that push (ts_client_push_pull: one round trip
+ * The pull of the next step travels with that push (a TS_CLIENT_PUSH_PULL request: one round trip
  * instead of two), except after the last step, so the push phase of a step's timing
  * includes the next step's pull.
  */
@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ts_client.h"
+#include "tessera/client.h"
 #include "ts_config.h"
 #include "ts_idx.h"
 #include "ts_model.h"

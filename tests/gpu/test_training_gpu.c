@@ -27,7 +27,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
-#include "ts_client.h"
+#include "calls.h"
 #include "ts_gpu.h"
 #include "ts_kernels.h"
 #include "ts_model.h"
@@ -118,8 +118,8 @@ static float *final_params(ts_cluster_t *c, size_t *count) {
   ts_client_tensor_t decl[8];
   for (size_t i = 0; i < m.num_tensors; i++)
     decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
-                                   m.tensors[i].init};
-  ts_client_opts_t o = {.addrs = c->addrs,
+                                   (ts_client_init_t)m.tensors[i].init};
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs,
                         .num_shards = (size_t)c->num_shards,
                         .task = 0,
                         .connect_timeout_s = 5,
@@ -131,7 +131,7 @@ static float *final_params(ts_cluster_t *c, size_t *count) {
   float *p = calloc(m.param_count, sizeof *p);
   float *dst[8];
   for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
-  assert_int_equal(ts_client_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
   *count = m.param_count;
   ts_client_close(cl);
   ts_model_destroy(&m);

@@ -15,12 +15,12 @@ void ts_big_init(ts_big_t *b, size_t parts, size_t part_floats) {
   b->shape[0] = parts;
   b->shape[1] = part_floats;
   b->model = (ts_client_tensor_t){.name = "big", .shape = b->shape, .rank = 2,
-                                  .init = TS_INIT_ZEROS};
+                                  .init = TS_CLIENT_INIT_ZEROS};
 }
 
 ts_client_t *ts_big_worker(ts_cluster_t *c, const ts_big_t *b, int task, const char *identity,
                            double request_timeout_s, double heartbeat_interval_s) {
-  ts_client_opts_t o = {.addrs = c->addrs,
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs,
                         .num_shards = (size_t)c->num_shards,
                         .task = task,
                         .identity = identity,
@@ -48,7 +48,7 @@ float *ts_big_filled(const ts_big_t *b, float v) {
 void ts_big_expect_parts(const ts_big_t *b, ts_client_t *cl, const float *want) {
   float *w = ts_big_filled(b, NAN);
   char err[512];
-  int rc = ts_client_pull(cl, &w, 0, 0, NULL, err, sizeof err);
+  int rc = tc_pull(cl, &w, 0, 0, NULL, err, sizeof err);
   if (rc < 0) fprintf(stderr, "pull: %s\n", err);
   assert_int_equal(rc, 0);
   for (size_t i = 0; i < b->n; i++) {

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "harness.h"
-#include "ts_client.h"
+#include "calls.h"
 
 typedef struct {
   size_t parts, part_floats, n;

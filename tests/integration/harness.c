@@ -204,6 +204,10 @@ static int cluster_start_once(ts_cluster_t *c, int num_shards, int num_workers,
 }
 
 int ts_cluster_start(ts_cluster_t *c, int num_shards, int num_workers, const char *extra_cfg) {
+  /* Tests write to shards on raw sockets too (rawconn): a shard that closes one must fail
+   * the write, not kill the test. (The client library blocks SIGPIPE on its own thread
+   * only.) */
+  signal(SIGPIPE, SIG_IGN);
   /* Another program may take a port between our check and the shard's bind: try again
    * with new ports (a configuration error fails every attempt alike). */
   for (int attempt = 1;; attempt++) {

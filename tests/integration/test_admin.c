@@ -18,14 +18,14 @@
 
 #include "harness.h"
 #include "ts_build_config.h"
-#include "ts_client.h"
+#include "calls.h"
 #include "ts_prom.h"
 
 static char body[1 << 20], ctype[256], out[1 << 16], err[1 << 16];
 
 static const uint64_t shape[] = {300, 40};
 static const ts_client_tensor_t model[] = {
-    {.name = "w", .shape = shape, .rank = 2, .init = TS_INIT_GLOROT_UNIFORM}};
+    {.name = "w", .shape = shape, .rank = 2, .init = TS_CLIENT_INIT_GLOROT_UNIFORM}};
 
 static void test_endpoints(void **state) {
   (void)state;
@@ -54,7 +54,7 @@ static void test_endpoints(void **state) {
   if (pt != 77) assert_int_equal(pt, 0);
 
   /* A worker trains a few steps and sends one NaN gradient: the counters move. */
-  ts_client_opts_t o = {.addrs = c.addrs, .num_shards = 2, .task = 0, .connect_timeout_s = 5,
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c.addrs, .num_shards = 2, .task = 0, .connect_timeout_s = 5,
                         .request_timeout_s = 10, .require_all = true};
   ts_client_t *cl = NULL;
   char e[512];
@@ -66,11 +66,11 @@ static void test_endpoints(void **state) {
   for (size_t i = 0; i < 300 * 40; i++) g[i] = 0.01f;
   uint64_t version = 0;
   for (int step = 0; step < 5; step++) {
-    assert_int_equal(ts_client_pull(cl, dst, (uint64_t)step, 0, &version, e, sizeof e), 0);
-    assert_int_equal(ts_client_push(cl, grad, version, NULL, e, sizeof e), 0);
+    assert_int_equal(tc_pull(cl, dst, (uint64_t)step, 0, &version, e, sizeof e), 0);
+    assert_int_equal(tc_push(cl, grad, version, NULL, e, sizeof e), 0);
   }
   g[7] = 0.0f / 0.0f;
-  assert_true(ts_client_push(cl, grad, 5, NULL, e, sizeof e) < 0);
+  assert_true(tc_push(cl, grad, 5, NULL, e, sizeof e) < 0);
   ts_client_set_progress(cl, 5, 0.5, 100.0, 0.1, false);
   assert_int_equal(ts_client_heartbeat(cl, e, sizeof e), 0);
   usleep(400000); /* a publish or two */

@@ -10,11 +10,11 @@
 #include <cmocka.h>
 
 #include "harness.h"
-#include "ts_client.h"
+#include "calls.h"
 #include "ts_err.h"
 
 static int open_with(ts_cluster_t *c, const char *token, char *err, size_t n) {
-  ts_client_opts_t o = {.addrs = c->addrs, .num_shards = (size_t)c->num_shards, .task = 0,
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = (size_t)c->num_shards, .task = 0,
                         .token = token, .connect_timeout_s = 3, .request_timeout_s = 3,
                         .require_all = true};
   ts_client_t *cl = NULL;
@@ -43,15 +43,15 @@ static void test_token(void **state) {
   assert_non_null(strstr(log, "authentication failed for worker role"));
   free(log);
   /* Counted, for psctl and /metrics. */
-  ts_client_opts_t ao = {.addrs = c.addrs, .num_shards = 1, .admin = true, .task = -1,
+  ts_client_opts_t ao = {.struct_size = sizeof(ts_client_opts_t), .addrs = c.addrs, .num_shards = 1, .admin = true, .task = -1,
                          .token = "correct horse battery staple", .connect_timeout_s = 3,
                          .request_timeout_s = 3, .require_all = true};
   ts_client_t *adm = NULL;
   assert_int_equal(ts_client_open(&adm, &ao, err, sizeof err), 0);
-  Tessera__ShardStatus *st = NULL;
+  ts_client_shard_status_t *st = NULL;
   assert_int_equal(ts_client_status(adm, 0, &st, err, sizeof err), 0);
   assert_int_equal(st->auth_failures, 2);
-  ts_client_free_status(st);
+  ts_client_status_free(st);
   ts_client_close(adm);
   assert_int_equal(ts_cluster_stop(&c), 0);
   remove(path);

@@ -17,16 +17,16 @@
 #include <cmocka.h>
 
 #include "harness.h"
-#include "ts_client.h"
+#include "calls.h"
 #include "ts_err.h"
 
 #define N 5000
 static const uint64_t shape[] = {50, 100};
 static const ts_client_tensor_t model[] = {
-    {.name = "w", .shape = shape, .rank = 2, .init = TS_INIT_ZEROS}};
+    {.name = "w", .shape = shape, .rank = 2, .init = TS_CLIENT_INIT_ZEROS}};
 
 static ts_client_t *open_client(ts_cluster_t *c, bool admin) {
-  ts_client_opts_t o = {.addrs = c->addrs, .num_shards = 1, .admin = admin, .task = admin ? -1 : 0,
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = 1, .admin = admin, .task = admin ? -1 : 0,
                         .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
   ts_client_t *cl = NULL;
   char err[512];
@@ -43,7 +43,7 @@ static void push_value(ts_client_t *cl, float v, int times) {
   char err[512];
   for (int i = 0; i < times; i++) {
     const float *gp[] = {g};
-    assert_int_equal(ts_client_push(cl, gp, 0, NULL, err, sizeof err), 0);
+    assert_int_equal(tc_push(cl, gp, 0, NULL, err, sizeof err), 0);
   }
   free(g);
 }
@@ -52,7 +52,7 @@ static float pulled_first(ts_client_t *cl) {
   float *w = malloc(N * sizeof *w);
   float *dst[] = {w};
   char err[512];
-  assert_int_equal(ts_client_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
   float v = w[17];
   free(w);
   return v;
@@ -71,10 +71,10 @@ static void checkpoint(ts_cluster_t *c, char *path, size_t n) {
 static uint64_t restored_step(ts_cluster_t *c) {
   ts_client_t *a = open_client(c, true);
   char err[512];
-  Tessera__ShardStatus *st = NULL;
+  ts_client_shard_status_t *st = NULL;
   assert_int_equal(ts_client_status(a, 0, &st, err, sizeof err), 0);
   uint64_t r = st->restored_step;
-  ts_client_free_status(st);
+  ts_client_status_free(st);
   ts_client_close(a);
   return r;
 }

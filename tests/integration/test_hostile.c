@@ -20,7 +20,7 @@
 
 #include "harness.h"
 #include "rawconn.h"
-#include "ts_client.h"
+#include "calls.h"
 #include "ts_err.h"
 #include "ts_frame.h"
 #include "ts_msg.h"
@@ -28,8 +28,8 @@
 static const uint64_t w_shape[] = {64, 32};
 static const uint64_t b_shape[] = {32};
 static const ts_client_tensor_t model[] = {
-    {.name = "fc1/weights", .shape = w_shape, .rank = 2, .init = TS_INIT_GLOROT_UNIFORM},
-    {.name = "fc1/biases", .shape = b_shape, .rank = 1, .init = TS_INIT_ZEROS},
+    {.name = "fc1/weights", .shape = w_shape, .rank = 2, .init = TS_CLIENT_INIT_GLOROT_UNIFORM},
+    {.name = "fc1/biases", .shape = b_shape, .rank = 1, .init = TS_CLIENT_INIT_ZEROS},
 };
 #define NW (64 * 32)
 #define NB 32
@@ -57,7 +57,7 @@ static int raw_connect(int port) {
 static void good_client_still_served(fixture_t *f) {
   float *dst[2] = {f->w2, f->b2};
   char err[512];
-  int rc = ts_client_pull(f->good, dst, 0, 0, NULL, err, sizeof err);
+  int rc = tc_pull(f->good, dst, 0, 0, NULL, err, sizeof err);
   if (rc < 0) fprintf(stderr, "pull: %s\n", err);
   assert_int_equal(rc, 0);
   assert_memory_equal(f->w, f->w2, NW * sizeof(float));
@@ -78,7 +78,7 @@ static void assert_logged(fixture_t *f, const char *needle) {
 static int setup(void **state) {
   fixture_t *f = calloc(1, sizeof *f);
   if (ts_cluster_start(&f->c, 1, 2, "job = { mode = \"async\"; };") < 0) return -1;
-  ts_client_opts_t o = {.addrs = f->c.addrs, .num_shards = 1, .task = 0, .connect_timeout_s = 5,
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = f->c.addrs, .num_shards = 1, .task = 0, .connect_timeout_s = 5,
                         .request_timeout_s = 10, .require_all = true};
   char err[512];
   if (ts_client_open(&f->good, &o, err, sizeof err) < 0) return -1;
@@ -88,7 +88,7 @@ static int setup(void **state) {
   f->w2 = calloc(NW, sizeof(float));
   f->b2 = calloc(NB, sizeof(float));
   float *dst[2] = {f->w, f->b};
-  if (ts_client_pull(f->good, dst, 0, 0, NULL, err, sizeof err) < 0) return -1;
+  if (tc_pull(f->good, dst, 0, 0, NULL, err, sizeof err) < 0) return -1;
   *state = f;
   return 0;
 }
@@ -260,7 +260,7 @@ static void test_nonfinite_gradient(void **state) {
   float *g[2] = {calloc(NW, sizeof(float)), calloc(NB, sizeof(float))};
   g[1][3] = NAN;
   char err[512];
-  int rc = ts_client_push(f->good, (const float *const *)g, 0, NULL, err, sizeof err);
+  int rc = tc_push(f->good, (const float *const *)g, 0, NULL, err, sizeof err);
   assert_int_equal(rc, TS_ENONFINITE);
   free(g[0]);
   free(g[1]);

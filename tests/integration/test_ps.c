@@ -18,7 +18,7 @@
 #include <uv.h>
 
 #include "harness.h"
-#include "ts_client.h"
+#include "calls.h"
 #include "ts_err.h"
 
 #define BIG 10000   /* elements of the large tensor: 40000 bytes, over partition_bytes */
@@ -27,14 +27,14 @@ static const uint64_t big_shape[] = {100, 100};
 static const uint64_t small_shape[] = {7};
 
 static const ts_client_tensor_t model[] = {
-    {.name = "big", .shape = big_shape, .rank = 2, .init = TS_INIT_ZEROS},
-    {.name = "small", .shape = small_shape, .rank = 1, .init = TS_INIT_ZEROS},
+    {.name = "big", .shape = big_shape, .rank = 2, .init = TS_CLIENT_INIT_ZEROS},
+    {.name = "small", .shape = small_shape, .rank = 1, .init = TS_CLIENT_INIT_ZEROS},
 };
 static const size_t model_elems[] = {BIG, 7};
 
 /* busy_poll_us > 0: the client polls for replies (both of its waiting paths are tested). */
 static ts_client_t *open_worker_polling(ts_cluster_t *c, int task, uint32_t busy_poll_us) {
-  ts_client_opts_t o = {.addrs = c->addrs,
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs,
                         .num_shards = (size_t)c->num_shards,
                         .task = task,
                         .identity = "test",
@@ -75,14 +75,14 @@ static void bufs_free(bufs_t *b) {
 
 static void pull_ok(ts_client_t *cl, bufs_t *b, uint64_t min_version, uint64_t clock, uint64_t *v) {
   char err[512];
-  int rc = ts_client_pull(cl, b->t, min_version, clock, v, err, sizeof err);
+  int rc = tc_pull(cl, b->t, min_version, clock, v, err, sizeof err);
   if (rc < 0) fprintf(stderr, "pull: %s\n", err);
   assert_int_equal(rc, 0);
 }
 
-static void push_ok(ts_client_t *cl, bufs_t *g, uint64_t step, ts_client_push_result_t *res) {
+static void push_ok(ts_client_t *cl, bufs_t *g, uint64_t step, tc_result_t *res) {
   char err[512];
-  int rc = ts_client_push(cl, (const float *const *)g->t, step, res, err, sizeof err);
+  int rc = tc_push(cl, (const float *const *)g->t, step, res, err, sizeof err);
   if (rc < 0) fprintf(stderr, "push: %s\n", err);
   assert_int_equal(rc, 0);
 }
@@ -140,10 +140,9 @@ static void test_async_exact(void **state) {
   /* w = 0 - 0.5 * R * (1 + 2 + 3): all values dyadic, so the float result is exact. */
   assert_all(&b, -0.5 * R * 6.0, 0.0);
   /* The large tensor really is spread over both shards. */
-  const ts_plan_t *plan = ts_client_plan(cl);
-  assert_non_null(plan);
-  assert_true(plan->tensor_parts[0] >= 2);
-  assert_true(plan->shard_parts[0] > 0 && plan->shard_parts[1] > 0);
+  assert_true(ts_client_num_parts(cl) > 0);
+  assert_true(tc_tensor_parts(cl, 0) >= 2);
+  assert_true(tc_shard_parts(cl, 0) > 0 && tc_shard_parts(cl, 1) > 0);
   bufs_free(&b);
   ts_client_close(cl);
   assert_int_equal(ts_cluster_stop(&c), 0);
@@ -176,7 +175,7 @@ static void *sync_worker(void *p) {
   pull_ok(cl, &w, 0, 0, &version);
   for (int i = 0; i < a->rounds; i++) {
     bufs_fill(&g, (float)((a->task + 1) * (i + 1)));
-    ts_client_push_result_t res;
+    tc_result_t res;
     push_ok(cl, &g, version, &res);
     if (res.accumulated + res.applied == 0) a->failures++;
     pull_ok(cl, &w, version + 1, 0, &version);
@@ -240,7 +239,7 @@ static void test_sync_stale_and_backup(void **state) {
   bufs_t b, g;
   bufs_init(&b);
   bufs_init(&g);
-  ts_client_push_result_t res;
+  tc_result_t res;
   bufs_fill(&g, 2.0f);
   push_ok(w0, &g, 0, &res);
   assert_true(res.accumulated > 0);
@@ -254,25 +253,24 @@ static void test_sync_stale_and_backup(void **state) {
   /* The third worker's gradient for step 0 is now stale: dropped, counted, no change. */
   bufs_fill(&g, 100.0f);
   push_ok(w2, &g, 0, &res);
-  const ts_plan_t *plan = ts_client_plan(w2);
-  assert_int_equal(res.stale, plan->num_parts);
+  assert_int_equal(res.stale, ts_client_num_parts(w2));
   assert_int_equal(res.accumulated, 0);
   pull_ok(w0, &b, 0, 0, &v);
   assert_int_equal(v, 1);
   assert_all(&b, -3.0, 0.0);
   /* A push for a step the parameters have not reached is refused. */
   char err[512];
-  int rc = ts_client_push(w0, (const float *const *)g.t, 7, &res, err, sizeof err);
+  int rc = tc_push(w0, (const float *const *)g.t, 7, &res, err, sizeof err);
   assert_int_equal(rc, TS_EFUTURE);
   /* The shards count what they dropped. */
   uint64_t dropped = 0;
   for (uint32_t s = 0; s < 2; s++) {
-    Tessera__ShardStatus *st = NULL;
+    ts_client_shard_status_t *st = NULL;
     assert_int_equal(ts_client_status(w0, s, &st, err, sizeof err), 0);
     dropped += st->stale_dropped;
-    ts_client_free_status(st);
+    ts_client_status_free(st);
   }
-  assert_int_equal(dropped, plan->num_parts);
+  assert_int_equal(dropped, ts_client_num_parts(w2));
   bufs_free(&b);
   bufs_free(&g);
   ts_client_close(w0);
@@ -295,7 +293,7 @@ static void *held_pull(void *p) {
   bufs_t b;
   bufs_init(&b);
   char err[512];
-  h->rc = ts_client_pull(h->cl, b.t, 0, h->clock, NULL, err, sizeof err);
+  h->rc = tc_pull(h->cl, b.t, 0, h->clock, NULL, err, sizeof err);
   if (h->rc < 0) fprintf(stderr, "held pull: %s\n", err);
   bufs_free(&b);
   __atomic_store_n(&h->done, 1, __ATOMIC_SEQ_CST);
@@ -349,9 +347,9 @@ static void test_ssp_bound(void **state) {
 /* --- push_pull: a push and the next pull in one round trip --------------------------- */
 
 static void push_pull_ok(ts_client_t *cl, bufs_t *g, uint64_t step, bufs_t *w, uint64_t clock,
-                         uint64_t *v, ts_client_push_result_t *res) {
+                         uint64_t *v, tc_result_t *res) {
   char err[512];
-  int rc = ts_client_push_pull(cl, (const float *const *)g->t, step, w->t, clock, v, res, err,
+  int rc = tc_push_pull(cl, (const float *const *)g->t, step, w->t, 0, clock, v, res, err,
                                sizeof err);
   if (rc < 0) fprintf(stderr, "push_pull: %s\n", err);
   assert_int_equal(rc, 0);
@@ -390,10 +388,10 @@ static void *push_pull_worker(void *p) {
   bufs_init(&g);
   bufs_fill(&g, (float)(a->task + 1));
   for (int r = 0; r < a->rounds; r++) {
-    ts_client_push_result_t res;
+    tc_result_t res;
     uint64_t v = 0;
     push_pull_ok(cl, &g, (uint64_t)r, &w, (uint64_t)r + 1, &v, &res);
-    if (res.push_rc != 0 || res.pull_rc != 0 || res.applied != ts_client_plan(cl)->num_parts)
+    if (res.push_rc != 0 || res.pull_rc != 0 || res.applied != ts_client_num_parts(cl))
       a->failures++;
     a->failures += count_off(&w, -0.5 * (a->task + 1) * (r + 1), true, a->task, r);
   }
@@ -454,18 +452,18 @@ static void *sync_push_pull_worker(void *p) {
   bufs_init(&g);
   char err[512];
   uint64_t version = 0;
-  int rc = ts_client_pull_next(cl, w.t, 0, &version, err, sizeof err);
+  int rc = tc_pull(cl, w.t, TS_CLIENT_VERSION_NEXT, 0, &version, err, sizeof err);
   if (rc < 0 || version != 0) a->failures++;
   for (int i = 0; i < a->rounds; i++) {
     bufs_fill(&g, (float)((a->task + 1) * (i + 1)));
-    ts_client_push_result_t res;
+    tc_result_t res;
     /* The last round the old way: push_pull_next left the versions to tag and wait by. */
     if (i + 1 < a->rounds) {
-      rc = ts_client_push_pull_next(cl, (const float *const *)g.t, w.t, (uint64_t)i + 1, &version,
+      rc = tc_push_pull(cl, (const float *const *)g.t, TS_CLIENT_STEP_PULLED, w.t, TS_CLIENT_VERSION_NEXT, (uint64_t)i + 1, &version,
                                     &res, err, sizeof err);
     } else {
-      rc = ts_client_push_pulled(cl, (const float *const *)g.t, &res, err, sizeof err);
-      if (rc == 0) rc = ts_client_pull_next(cl, w.t, (uint64_t)i + 1, &version, err, sizeof err);
+      rc = tc_push(cl, (const float *const *)g.t, TS_CLIENT_STEP_PULLED, &res, err, sizeof err);
+      if (rc == 0) rc = tc_pull(cl, w.t, TS_CLIENT_VERSION_NEXT, (uint64_t)i + 1, &version, err, sizeof err);
     }
     if (rc < 0) fprintf(stderr, "task %d round %d: %s\n", a->task, i, err);
     if (rc < 0 || res.accumulated == 0 || version != (uint64_t)i + 1) a->failures++;
@@ -535,9 +533,9 @@ static void test_push_pull_errors(void **state) {
   ts_client_t *cl = f.cl;
   bufs_t w = f.w, g = f.g;
   char err[512];
-  ts_client_push_result_t res;
+  tc_result_t res;
   /* Buffers that overlap are refused before anything is sent. */
-  int rc = ts_client_push_pull(cl, (const float *const *)g.t, 0, g.t, 0, NULL, &res, err,
+  int rc = tc_push_pull(cl, (const float *const *)g.t, 0, g.t, 0, 0, NULL, &res, err,
                                sizeof err);
   assert_int_equal(rc, TS_EINVAL);
   assert_non_null(strstr(err, "overlap"));
@@ -547,24 +545,27 @@ static void test_push_pull_errors(void **state) {
   bufs_fill(&g, 1.0f);
   g.t[0][0] = NAN;
   uint64_t t0 = uv_hrtime();
-  rc = ts_client_push_pull(cl, (const float *const *)g.t, 0, w.t, 1, NULL, &res, err, sizeof err);
+  rc = tc_push_pull(cl, (const float *const *)g.t, 0, w.t, 0, 1, NULL, &res, err, sizeof err);
   assert_true(since(t0) < 5.0);
   assert_int_equal(rc, TS_ENONFINITE);
   assert_non_null(strstr(err, "NaN"));
   assert_int_equal(res.push_rc, TS_ENONFINITE);
   assert_int_equal(res.pull_rc, 0);
   /* The other shard applied its part; the refusing one changed nothing. */
-  const ts_plan_t *plan = ts_client_plan(cl);
-  assert_true(res.applied > 0 && res.applied < plan->num_parts);
+  size_t nparts = ts_client_num_parts(cl);
+  assert_true(res.applied > 0 && res.applied < nparts);
   bufs_fill(&g, 1.0f);
   uint64_t v = 0;
   push_pull_ok(cl, &g, 1, &w, 2, &v, &res);
-  assert_int_equal(res.applied, plan->num_parts);
-  for (size_t k = 0; k < plan->num_parts; k++) {
-    const ts_part_t *pt = &plan->parts[k];
-    double want = pt->shard == plan->parts[0].shard ? -0.5 : -1.0;
-    for (uint64_t e = 0; e < pt->count; e++)
-      assert_true((double)w.t[pt->tensor][pt->offset + e] == want);
+  assert_int_equal(res.applied, nparts);
+  ts_client_part_t p0;
+  assert_int_equal(ts_client_part(cl, 0, &p0), 0);
+  for (size_t k = 0; k < nparts; k++) {
+    ts_client_part_t pt;
+    assert_int_equal(ts_client_part(cl, k, &pt), 0);
+    double want = pt.shard == p0.shard ? -0.5 : -1.0;
+    for (uint64_t e = 0; e < pt.count; e++)
+      assert_true((double)w.t[pt.tensor][pt.offset + e] == want);
   }
   solo_stop(&f);
 }
@@ -581,29 +582,28 @@ static void test_push_pull_next_refused(void **state) {
   bufs_t w = f.w, g = f.g;
   char err[512];
   uint64_t v = 99;
-  assert_int_equal(ts_client_pull_next(cl, w.t, 0, &v, err, sizeof err), 0);
+  assert_int_equal(tc_pull(cl, w.t, TS_CLIENT_VERSION_NEXT, 0, &v, err, sizeof err), 0);
   assert_int_equal(v, 0);
   bufs_fill(&g, NAN);
-  ts_client_push_result_t res;
+  tc_result_t res;
   uint64_t t0 = uv_hrtime();
-  int rc = ts_client_push_pull_next(cl, (const float *const *)g.t, w.t, 1, &v, &res, err,
+  int rc = tc_push_pull(cl, (const float *const *)g.t, TS_CLIENT_STEP_PULLED, w.t, TS_CLIENT_VERSION_NEXT, 1, &v, &res, err,
                                     sizeof err);
   assert_true(since(t0) < 5.0);
   assert_int_equal(rc, TS_ENONFINITE);
   assert_int_equal(res.push_rc, TS_ENONFINITE);
   assert_int_equal(res.pull_rc, 0);
-  const ts_plan_t *plan = ts_client_plan(cl);
   bufs_fill(&g, 2.0f);
-  rc = ts_client_push_pull_next(cl, (const float *const *)g.t, w.t, 1, &v, &res, err, sizeof err);
+  rc = tc_push_pull(cl, (const float *const *)g.t, TS_CLIENT_STEP_PULLED, w.t, TS_CLIENT_VERSION_NEXT, 1, &v, &res, err, sizeof err);
   if (rc < 0) fprintf(stderr, "push_pull_next: %s\n", err);
   assert_int_equal(rc, 0);
-  assert_int_equal(res.stale, plan->num_parts);
+  assert_int_equal(res.stale, ts_client_num_parts(cl));
   assert_int_equal(v, 1); /* the skipped step: nothing changed */
   assert_all(&w, 0.0, 0.0);
-  rc = ts_client_push_pull_next(cl, (const float *const *)g.t, w.t, 2, &v, &res, err, sizeof err);
+  rc = tc_push_pull(cl, (const float *const *)g.t, TS_CLIENT_STEP_PULLED, w.t, TS_CLIENT_VERSION_NEXT, 2, &v, &res, err, sizeof err);
   assert_int_equal(rc, 0);
   /* One worker: each barrier closes with this gradient alone, applied straight away. */
-  assert_int_equal(res.applied, plan->num_parts);
+  assert_int_equal(res.applied, ts_client_num_parts(cl));
   assert_int_equal(v, 2);
   assert_all(&w, -1.0, 0.0);
   solo_stop(&f);
@@ -616,15 +616,15 @@ static void test_redeclare_mismatch(void **state) {
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, 2, "job = { mode = \"async\"; };"), 0);
   ts_client_t *a = open_worker(&c, 0);
-  ts_client_opts_t o = {.addrs = c.addrs, .num_shards = 2, .task = 1, .connect_timeout_s = 5,
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c.addrs, .num_shards = 2, .task = 1, .connect_timeout_s = 5,
                         .request_timeout_s = 10, .require_all = true};
   ts_client_t *b = NULL;
   char err[512];
   assert_int_equal(ts_client_open(&b, &o, err, sizeof err), 0);
   static const uint64_t other[] = {100, 99};
   ts_client_tensor_t wrong[] = {
-      {.name = "big", .shape = other, .rank = 2, .init = TS_INIT_ZEROS},
-      {.name = "small", .shape = small_shape, .rank = 1, .init = TS_INIT_ZEROS},
+      {.name = "big", .shape = other, .rank = 2, .init = TS_CLIENT_INIT_ZEROS},
+      {.name = "small", .shape = small_shape, .rank = 1, .init = TS_CLIENT_INIT_ZEROS},
   };
   int rc = ts_client_declare(b, wrong, 2, 42, err, sizeof err);
   assert_int_equal(rc, TS_ESHAPE);
@@ -651,7 +651,7 @@ static void test_sync_leaver_counts_for_its_last_step(void **state) {
   bufs_t b, g;
   bufs_init(&b);
   bufs_init(&g);
-  ts_client_push_result_t res;
+  tc_result_t res;
   bufs_fill(&g, 2.0f);
   push_ok(w0, &g, 0, &res);
   char err[512];

@@ -11,11 +11,11 @@
 #include <cmocka.h>
 
 #include "harness.h"
-#include "ts_client.h"
+#include "calls.h"
 
 static const uint64_t shape[] = {300, 40};
 static const ts_client_tensor_t model[] = {
-    {.name = "w", .shape = shape, .rank = 2, .init = TS_INIT_GLOROT_UNIFORM}};
+    {.name = "w", .shape = shape, .rank = 2, .init = TS_CLIENT_INIT_GLOROT_UNIFORM}};
 
 static char out[65536], err[65536];
 
@@ -28,7 +28,7 @@ static void test_status_json(void **state) {
   (void)state;
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, 1, "job = { mode = \"sync\"; partition_bytes = 8192; };"), 0);
-  ts_client_opts_t o = {.addrs = c.addrs, .num_shards = 2, .task = 0, .connect_timeout_s = 5,
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c.addrs, .num_shards = 2, .task = 0, .connect_timeout_s = 5,
                         .request_timeout_s = 10, .require_all = true};
   ts_client_t *cl = NULL;
   char e[512];

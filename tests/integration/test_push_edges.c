@@ -26,7 +26,7 @@
 #include "bigtensor.h"
 #include "harness.h"
 #include "rawconn.h"
-#include "ts_client.h"
+#include "calls.h"
 #include "ts_err.h"
 #include "ts_frame.h"
 
@@ -172,7 +172,7 @@ typedef struct {
 
 static void *bg_push_main(void *p) {
   bg_push_t *b = p;
-  b->rc = ts_client_push(b->cl, (const float *const *)&b->g, 0, NULL, b->err, sizeof b->err);
+  b->rc = tc_push(b->cl, (const float *const *)&b->g, 0, NULL, b->err, sizeof b->err);
   b->done = 1;
   return NULL;
 }
@@ -200,7 +200,7 @@ static void *pusher(void *p) {
   float *g = filled((float)(a->task + 1));
   char err[512];
   for (int r = 0; r < ROUNDS; r++)
-    if (ts_client_push(cl, (const float *const *)&g, (uint64_t)r, NULL, err, sizeof err) < 0) {
+    if (tc_push(cl, (const float *const *)&g, (uint64_t)r, NULL, err, sizeof err) < 0) {
       fprintf(stderr, "task %d push: %s\n", a->task, err);
       a->failures++;
     }
@@ -215,7 +215,7 @@ static void *puller(void *p) {
   float *w = filled(0.0f);
   char err[512];
   while (!*a->stop) {
-    if (ts_client_pull(cl, &w, 0, 0, NULL, err, sizeof err) < 0) {
+    if (tc_pull(cl, &w, 0, 0, NULL, err, sizeof err) < 0) {
       fprintf(stderr, "pull: %s\n", err);
       a->failures++;
       break;
@@ -285,7 +285,7 @@ static void test_half_push_close_while_queued(void **state) {
   const float want[PARTS] = {-1.0f, -1.0f};
   expect_parts(cl, want);
   /* The shard still serves pushes that need both buffers in turn. */
-  assert_int_equal(ts_client_push(cl, (const float *const *)&bp.g, 1, NULL, bp.err, sizeof bp.err),
+  assert_int_equal(tc_push(cl, (const float *const *)&bp.g, 1, NULL, bp.err, sizeof bp.err),
                    0);
   const float want2[PARTS] = {-2.0f, -2.0f};
   expect_parts(cl, want2);
@@ -372,7 +372,7 @@ static void test_close_while_held(void **state) {
   const float want[PARTS] = {-11.0f, -1.0f};
   expect_parts(cl, want);
   /* Later pushes work, also through both buffers. */
-  assert_int_equal(ts_client_push(cl, (const float *const *)&bp.g, 1, NULL, bp.err, sizeof bp.err),
+  assert_int_equal(tc_push(cl, (const float *const *)&bp.g, 1, NULL, bp.err, sizeof bp.err),
                    0);
   const float want2[PARTS] = {-12.0f, -2.0f};
   expect_parts(cl, want2);
@@ -402,7 +402,7 @@ static void test_silent_sender_releases_buffer(void **state) {
   float *g = filled(1.0f);
   char err[512];
   double t0 = now_s();
-  int rc = ts_client_push(cl, (const float *const *)&g, 0, NULL, err, sizeof err);
+  int rc = tc_push(cl, (const float *const *)&g, 0, NULL, err, sizeof err);
   if (rc < 0) fprintf(stderr, "push after %.1f s: %s\n", now_s() - t0, err);
   assert_int_equal(rc, 0);
   const float want[PARTS] = {-1.0f, -1.0f};
@@ -502,24 +502,24 @@ static void test_sync_nan_piece(void **state) {
   float *p = filled(0.0f);
   char err[512] = "";
   uint64_t v = 99;
-  assert_int_equal(ts_client_pull_next(w0, &p, 0, &v, err, sizeof err), 0);
+  assert_int_equal(tc_pull(w0, &p, TS_CLIENT_VERSION_NEXT, 0, &v, err, sizeof err), 0);
   assert_int_equal(v, 0);
-  assert_int_equal(ts_client_pull_next(w1, &p, 0, &v, err, sizeof err), 0);
+  assert_int_equal(tc_pull(w1, &p, TS_CLIENT_VERSION_NEXT, 0, &v, err, sizeof err), 0);
   /* Worker 0's gradient of partition 1 holds a NaN: that piece is refused, partition 0's
    * is counted. */
   float *g0 = filled(1.0f), *g1 = filled(3.0f);
   g0[PART_FLOATS + 12345] = NAN;
-  int rc = ts_client_push_pulled(w0, (const float *const *)&g0, NULL, err, sizeof err);
+  int rc = tc_push(w0, (const float *const *)&g0, TS_CLIENT_STEP_PULLED, NULL, err, sizeof err);
   assert_int_equal(rc, TS_ENONFINITE);
   if (!strstr(err, "'big' part 1 contains NaN or Inf") || !strstr(err, "1 of 2 partitions")) {
     fprintf(stderr, "unexpected detail: %s\n", err);
     fail();
   }
-  assert_int_equal(ts_client_push_pulled(w1, (const float *const *)&g1, NULL, err, sizeof err), 0);
+  assert_int_equal(tc_push(w1, (const float *const *)&g1, TS_CLIENT_STEP_PULLED, NULL, err, sizeof err), 0);
   /* Both barriers close now (worker 0 was heard from for partition 1): partition 0 takes
    * the mean of 1 and 3, partition 1 worker 1's gradient alone. */
   double t0 = now_s();
-  assert_int_equal(ts_client_pull_next(w0, &p, 0, &v, err, sizeof err), 0);
+  assert_int_equal(tc_pull(w0, &p, TS_CLIENT_VERSION_NEXT, 0, &v, err, sizeof err), 0);
   assert_int_equal(v, 1);
   assert_true(now_s() - t0 < 5.0);
   const float want[PARTS] = {-2.0f, -3.0f};

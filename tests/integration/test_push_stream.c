@@ -23,7 +23,7 @@
 #include "bigtensor.h"
 #include "harness.h"
 #include "rawconn.h"
-#include "ts_client.h"
+#include "calls.h"
 #include "ts_err.h"
 #include "ts_frame.h"
 
@@ -68,7 +68,7 @@ static void *pusher(void *p) {
   float *g = filled((float)(a->task + 1));
   char err[512];
   for (int r = 0; r < ROUNDS; r++) {
-    if (ts_client_push(cl, (const float *const *)&g, (uint64_t)r, NULL, err, sizeof err) < 0) {
+    if (tc_push(cl, (const float *const *)&g, (uint64_t)r, NULL, err, sizeof err) < 0) {
       fprintf(stderr, "push: %s\n", err);
       a->failures++;
     }
@@ -84,7 +84,7 @@ static void *puller(void *p) {
   float *w = filled(0.0f);
   char err[512];
   while (!*a->stop) {
-    if (ts_client_pull(cl, &w, 0, 0, NULL, err, sizeof err) < 0) {
+    if (tc_pull(cl, &w, 0, 0, NULL, err, sizeof err) < 0) {
       fprintf(stderr, "pull: %s\n", err);
       a->failures++;
       break;
@@ -141,7 +141,7 @@ static void test_nan_refuses_its_piece(void **state) {
   float *g = filled(1.0f);
   g[7 * PART_FLOATS + 300000] = NAN; /* in the fifth 256 KiB chunk of partition 7 */
   char err[512] = "";
-  int rc = ts_client_push(cl, (const float *const *)&g, 0, NULL, err, sizeof err);
+  int rc = tc_push(cl, (const float *const *)&g, 0, NULL, err, sizeof err);
   assert_int_equal(rc, TS_ENONFINITE);
   if (!strstr(err, "'big' part 7 contains NaN or Inf") || !strstr(err, "1 of 10 partitions")) {
     fprintf(stderr, "unexpected detail: %s\n", err);
@@ -170,10 +170,10 @@ static void *sync_worker(void *p) {
   char err[512];
   uint64_t v = 0;
   /* Pull first, as a worker does: push_pulled tags the gradient with the version pulled. */
-  if (ts_client_pull_next(cl, &w, 0, &v, err, sizeof err) < 0) a->failures++;
+  if (tc_pull(cl, &w, TS_CLIENT_VERSION_NEXT, 0, &v, err, sizeof err) < 0) a->failures++;
   for (int r = 0; r < 3; r++) {
-    if (ts_client_push_pulled(cl, (const float *const *)&g, NULL, err, sizeof err) < 0 ||
-        ts_client_pull_next(cl, &w, 0, &v, err, sizeof err) < 0) {
+    if (tc_push(cl, (const float *const *)&g, TS_CLIENT_STEP_PULLED, NULL, err, sizeof err) < 0 ||
+        tc_pull(cl, &w, TS_CLIENT_VERSION_NEXT, 0, &v, err, sizeof err) < 0) {
       fprintf(stderr, "task %d round %d: %s\n", a->task, r, err);
       a->failures++;
     }
@@ -249,7 +249,7 @@ static void test_stalled_reader(void **state) {
 
   float *g = filled(1.0f);
   char err[512];
-  int rc = ts_client_push(cl, (const float *const *)&g, 0, NULL, err, sizeof err);
+  int rc = tc_push(cl, (const float *const *)&g, 0, NULL, err, sizeof err);
   if (rc < 0) fprintf(stderr, "push: %s\n", err);
   assert_int_equal(rc, 0);
   expect_all(cl, -1.0f);

@@ -17,7 +17,7 @@
 
 #include "bigtensor.h"
 #include "harness.h"
-#include "ts_client.h"
+#include "calls.h"
 #include "ts_err.h"
 
 static char body[1 << 18];
@@ -66,7 +66,7 @@ static void test_push_latency_includes_apply(void **state) {
   for (int i = 0; i < PUSHES; i++) {
     double t0 = now_s();
     assert_int_equal(
-        ts_client_push(cl, (const float *const *)&g, (uint64_t)i, NULL, err, sizeof err), 0);
+        tc_push(cl, (const float *const *)&g, (uint64_t)i, NULL, err, sizeof err), 0);
     client_s += now_s() - t0;
   }
   assert_int_equal(
@@ -89,13 +89,13 @@ static void test_push_latency_includes_apply(void **state) {
 /* --- failed checkpoints ---------------------------------------------------------------- */
 
 static ts_client_t *open_admin(ts_cluster_t *c) {
-  ts_client_opts_t o = {.addrs = c->addrs,
-                        .num_shards = 1,
-                        .admin = true,
-                        .task = -1,
-                        .connect_timeout_s = 5,
-                        .request_timeout_s = 10,
-                        .require_all = true};
+  ts_client_opts_t o;
+  tc_opts(&o, c->addrs, 1);
+  o.admin = true;
+  o.task = -1;
+  o.connect_timeout_s = 5;
+  o.request_timeout_s = 10;
+  o.require_all = true;
   ts_client_t *cl = NULL;
   char err[512];
   int rc = ts_client_open(&cl, &o, err, sizeof err);
@@ -126,7 +126,7 @@ static void test_failed_checkpoints_count(void **state) {
   ts_big_init(&big, 2, 1024);
   ts_client_t *w = ts_big_worker(&c, &big, 0, "ckpt", 10, 0);
   float *g = ts_big_filled(&big, 1.0f);
-  assert_int_equal(ts_client_push(w, (const float *const *)&g, 0, NULL, err, sizeof err), 0);
+  assert_int_equal(tc_push(w, (const float *const *)&g, 0, NULL, err, sizeof err), 0);
   assert_true(ts_client_checkpoint(a, 0, path, sizeof path, NULL, err, sizeof err) < 0);
   assert_int_equal(metric_when(&c, errors, 2), 2);
   assert_int_equal(ts_metric_value(body, "tessera_ps_checkpoints_total{result=\"ok\"}"), 0);

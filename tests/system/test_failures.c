@@ -24,7 +24,7 @@
 
 #include "harness.h"
 #include "rawconn.h"
-#include "ts_client.h"
+#include "calls.h"
 #include "ts_frame.h"
 #include "ts_msg.h"
 
@@ -82,7 +82,7 @@ static long long job_field(ts_cluster_t *c, const char *shard_field, long long *
 
 /* Gradient partitions of `task` the shards dropped as stale. */
 static uint64_t task_stale(ts_cluster_t *c, int task) {
-  ts_client_opts_t o = {.addrs = c->addrs, .num_shards = (size_t)c->num_shards, .admin = true,
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = (size_t)c->num_shards, .admin = true,
                         .task = -1, .connect_timeout_s = 5, .request_timeout_s = 5,
                         .require_all = true};
   ts_client_t *cl = NULL;
@@ -90,11 +90,11 @@ static uint64_t task_stale(ts_cluster_t *c, int task) {
   assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
   uint64_t n = 0;
   for (int s = 0; s < c->num_shards; s++) {
-    Tessera__ShardStatus *st = NULL;
+    ts_client_shard_status_t *st = NULL;
     assert_int_equal(ts_client_status(cl, (uint32_t)s, &st, err, sizeof err), 0);
-    for (size_t i = 0; i < st->n_workers; i++)
-      if (st->workers[i]->task == task) n += st->workers[i]->stale_dropped;
-    ts_client_free_status(st);
+    for (size_t i = 0; i < st->num_workers_seen; i++)
+      if (st->workers[i].task == task) n += st->workers[i].stale_dropped;
+    ts_client_status_free(st);
   }
   ts_client_close(cl);
   return n;

@@ -17,7 +17,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
-#include "ts_client.h"
+#include "calls.h"
 #include "ts_config.h"
 #include "ts_kernels.h"
 #include "ts_model.h"
@@ -125,8 +125,8 @@ static float *final_params(ts_cluster_t *c, size_t *count) {
   ts_client_tensor_t decl[8];
   for (size_t i = 0; i < m.num_tensors; i++)
     decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
-                                   m.tensors[i].init};
-  ts_client_opts_t o = {.addrs = c->addrs, .num_shards = (size_t)c->num_shards, .admin = false,
+                                   (ts_client_init_t)m.tensors[i].init};
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = (size_t)c->num_shards, .admin = false,
                         .task = 0, .connect_timeout_s = 5, .request_timeout_s = 10,
                         .require_all = true};
   ts_client_t *cl = NULL;
@@ -135,7 +135,7 @@ static float *final_params(ts_cluster_t *c, size_t *count) {
   float *p = calloc(m.param_count, sizeof *p);
   float *dst[8];
   for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
-  assert_int_equal(ts_client_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
   *count = m.param_count;
   ts_client_close(cl);
   ts_model_destroy(&m);
@@ -278,17 +278,17 @@ static void write_truncated_copy(const char *src, const char *dst, size_t keep) 
 }
 
 static void assert_shard_untouched(ts_cluster_t *c) {
-  ts_client_opts_t o = {.addrs = c->addrs, .num_shards = 1, .admin = true, .task = -1,
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = 1, .admin = true, .task = -1,
                         .connect_timeout_s = 5, .request_timeout_s = 5, .require_all = true};
   ts_client_t *cl = NULL;
   char err[256];
   assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
-  Tessera__ShardStatus *st = NULL;
+  ts_client_shard_status_t *st = NULL;
   assert_int_equal(ts_client_status(cl, 0, &st, err, sizeof err), 0);
   assert_int_equal(st->tensors, 0);
-  assert_int_equal(st->n_workers, 0);
+  assert_int_equal(st->num_workers_seen, 0);
   assert_int_equal(st->pushes, 0);
-  ts_client_free_status(st);
+  ts_client_status_free(st);
   ts_client_close(cl);
 }
 

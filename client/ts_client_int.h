@@ -1,0 +1,216 @@
+/*
+ * Inside the client library (include/tessera/client.h): the types shared by its three
+ * parts and the functions they call across.
+ *
+ *   ts_client_link.c  a shard's connection state machine: connect, hello, handshake,
+ *                     re-declare, backoff, liveness; decoding every reply.
+ *   ts_client_ops.c   operations: a caller's request (an op) split into wire requests per
+ *                     shard, their encoding and completion, deadlines, the client thread.
+ *   ts_client.c       the public API: open/close, declare, submit/wait/run, admin, status.
+ *
+ * Threads: everything in an op, a shard and a wire request belongs to the client thread
+ * once the op is handed over; fields marked "mu" are shared with callers under c->mu.
+ */
+#ifndef TS_CLIENT_INT_H
+#define TS_CLIENT_INT_H
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "tessera.pb-c.h"
+#include "tessera/client.h"
+#include "ts_conn.h"
+#include "ts_plan.h"
+
+#define TS_CL_TICK_MS 20
+#define TS_CL_BACKOFF_MIN_MS 100
+#define TS_CL_BACKOFF_MAX_MS 5000
+/* A reply may carry every partition a shard holds; the largest frame a client accepts. */
+#define TS_CL_MAX_DATA (UINT64_C(1) << 40)
+
+/* ts_client_req_t.priv_state */
+enum { TS_CL_REQ_IDLE = 0, TS_CL_REQ_INFLIGHT = 1, TS_CL_REQ_INFLIGHT_CB = 2, TS_CL_REQ_DONE = 3 };
+
+typedef enum {
+  OP_DECLARE, OP_PULL, OP_PUSH, OP_PUSH_PULL, OP_HEARTBEAT, OP_STATUS, OP_CHECKPOINT, OP_SHUTDOWN
+} ts_cl_op_kind_t;
+
+typedef struct ts_cl_wreq ts_cl_wreq_t;
+typedef struct ts_cl_shard ts_cl_shard_t;
+
+/* What a push_pull's pull part took from one shard, made the shard's pulled_version only
+ * when the whole request succeeds. */
+typedef struct {
+  uint64_t version;
+  uint64_t incarnation;     /* of the shard that answered */
+  bool set;
+} ts_cl_staged_t;
+
+/* One operation: a caller's request (req != NULL: heap-allocated, freed when published) or
+ * an internal blocking call (declare, heartbeat, status, admin: on the caller's stack, its
+ * caller waits for done). */
+typedef struct ts_cl_op {
+  struct ts_cl_op *next;
+  ts_cl_op_kind_t kind;
+  bool wait_ready;          /* queue for shards not ready yet instead of failing */
+  double timeout_s;
+  uint64_t deadline_ms;
+  int remaining;
+  int rc;
+  bool rc_from_push;        /* OP_PUSH_PULL: rc and err are the push part's */
+  char err[256];
+  /* Internal ops: set last by the loop thread (release), read by the caller while it polls
+   * (acquire) or under mu: once it is true the loop thread no longer touches the op. */
+  atomic_bool done;
+  ts_cl_wreq_t *reqs;       /* outstanding wire requests of this op, linked by op_next */
+  /* a caller's request */
+  ts_client_req_t *req;
+  ts_client_done_fn cb;
+  void *cb_arg;
+  /* arguments */
+  float *const *dst;
+  const float *const *grad;
+  size_t *parts;            /* owned: plan indices of a subset; NULL = the whole model */
+  size_t nparts;
+  uint64_t min_version;     /* or TS_CLIENT_VERSION_NEXT */
+  uint64_t step;            /* or TS_CLIENT_STEP_PULLED */
+  uint64_t clock;
+  ts_cl_staged_t *stage;    /* OP_PUSH_PULL: one per shard (owned) */
+  bool checkpoint;          /* shutdown: final checkpoint */
+  uint32_t shard;
+  /* results */
+  uint64_t version_min;
+  uint64_t applied, accumulated, stale, duplicate;
+  int push_rc, pull_rc;
+  Tessera__ShardStatus *status;
+  char path[600];           /* checkpoint, shutdown */
+  uint64_t ckpt_step;
+} ts_cl_op_t;
+
+/* One frame sent to one shard, waiting for its reply. */
+struct ts_cl_wreq {
+  ts_cl_wreq_t *next;       /* in its shard's queued or pending list */
+  ts_cl_wreq_t *op_next;
+  ts_cl_op_t *op;           /* NULL for internal requests and orphans of a finished op */
+  ts_cl_shard_t *sh;
+  uint64_t id;
+  uint16_t type;
+  bool internal;
+  bool staged;              /* a push_pull's pull: its reply never moves pulled_version itself */
+  size_t *parts;            /* plan indices */
+  size_t n;
+  uv_buf_t *iov;            /* payload: pull destinations or push sources */
+};
+
+typedef enum { SH_DOWN, SH_CONNECTING, SH_HELLO, SH_HANDSHAKE, SH_DECLARING, SH_READY } ts_cl_sh_state_t;
+
+typedef struct {
+  ts_conn_t conn;
+  ts_cl_shard_t *sh;
+  uv_connect_t creq;
+} ts_cl_link_t;
+
+struct ts_cl_shard {
+  ts_client_t *cl;
+  uint32_t index;
+  char addr[160];
+  struct sockaddr_storage sa;
+  ts_cl_link_t *link;
+  ts_cl_sh_state_t state;   /* mu for writes */
+  uv_timer_t retry;
+  uint64_t backoff_ms;
+  ts_cl_wreq_t *queued, *pending;
+  uint64_t hs_id;
+  bool tried;               /* mu: at least one attempt finished (for ts_client_open) */
+  uint64_t incarnation;     /* from the shard's Hello; a change means it restarted */
+  uint64_t pulled_version;  /* lowest version of the last pull from this shard */
+  bool have_version;        /* pulled_version is valid for the shard's current incarnation */
+  uint64_t state_ms;        /* loop time of the last state change (handshake timeout) */
+  uint64_t rx_ms;           /* loop time of the last sign of life: a frame received, or
+                               progress inside a large frame in either direction */
+  uint64_t seen_in;         /* conn.bytes_in at the last check_links */
+  size_t seen_wq;           /* write queue bytes at the last check_links */
+  int fatal;                /* mu: a refusal that retrying will not fix (auth, version) */
+  char why[256];            /* mu */
+};
+
+struct ts_client {
+  ts_client_opts_t opts;
+  char *identity, *token;
+  char **addrs;
+  uv_thread_t thread;
+  uv_loop_t loop;
+  uv_async_t wake;
+  uv_timer_t tick, hb;
+  uv_mutex_t mu;
+  uv_cond_t cv;
+  ts_cl_op_t *queue_head, *queue_tail; /* mu */
+  bool stop;                     /* mu */
+  volatile sig_atomic_t interrupted; /* set by ts_client_interrupt, from a signal handler */
+  ts_cl_op_t *inflight;          /* loop thread */
+  uint64_t activity, activity_seen; /* loop thread: frames and hand-overs, for ts_poll */
+  ts_cl_shard_t *shards;
+  uint32_t n;
+  uint64_t next_id;
+  int ready;                     /* mu: shards in SH_READY */
+
+  uint64_t partition_bytes;      /* mu */
+  uint32_t job_workers;          /* mu */
+  Tessera__Mode mode;            /* mu */
+
+  bool declared;                 /* mu (set when the first declare succeeds) */
+  Tessera__Declare decl;
+  Tessera__TensorDecl *decl_t;
+  Tessera__TensorDecl **decl_p;
+  ts_plan_t plan;
+  size_t **shard_parts;
+  size_t *shard_nparts;
+
+  uint64_t p_step;               /* mu: progress for heartbeats */
+  double p_loss, p_eps, p_prog;
+  bool p_done;
+  double timeout_s;
+  uint64_t restarts;             /* mu */
+};
+
+/* ts_client.c */
+/* snprintf into errmsg when it is not NULL. */
+void ts_cl_err(char *errmsg, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void ts_cl_free_model(ts_client_t *c);
+
+/* ts_client_link.c */
+extern const ts_conn_cbs_t ts_cl_link_cbs;
+void ts_cl_start_connect(ts_cl_shard_t *sh);
+void ts_cl_check_links(ts_client_t *c, uint64_t now);
+void ts_cl_set_state(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_sh_state_t st);
+void ts_cl_note_why(ts_cl_shard_t *sh, const char *prefix, const char *detail);
+
+/* ts_client_ops.c */
+/* Queue or send a wire request to shard sh for op (NULL for internal requests); takes
+ * parts (ts_malloc'd), also on failure. */
+int ts_cl_submit_wire(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, uint16_t type,
+                      size_t *parts, size_t n);
+void ts_cl_flush_queued(ts_cl_shard_t *sh);
+/* A wire request is answered (rc 0) or failed; frees it. */
+void ts_cl_complete_req(ts_cl_wreq_t *r, int rc, const char *detail);
+ts_cl_wreq_t *ts_cl_take_pending(ts_cl_shard_t *sh, uint64_t id);
+ts_cl_wreq_t *ts_cl_find_pending(ts_cl_shard_t *sh, uint64_t id);
+void ts_cl_free_wreq(ts_cl_wreq_t *r);
+/* Hand op to the client thread (fails with TS_ESHUTDOWN, op untouched, when stopping). */
+int ts_cl_enqueue(ts_client_t *c, ts_cl_op_t *op);
+/* Run an internal op and wait for it; errmsg gets its error. */
+int ts_cl_run_op(ts_client_t *c, ts_cl_op_t *op, char *errmsg, size_t errlen);
+bool ts_cl_on_client_thread(ts_client_t *c);
+/* Wait (busy-polling first, per the options) until done(arg), which the client thread
+ * makes true under c->mu with a broadcast of c->cv. */
+void ts_cl_wait_flag(ts_client_t *c, bool (*done)(void *), void *arg);
+void ts_cl_free_op(ts_cl_op_t *op);
+void ts_cl_thread_main(void *arg);
+void ts_cl_on_wake(uv_async_t *a);
+void ts_cl_on_tick(uv_timer_t *t);
+void ts_cl_on_heartbeat(uv_timer_t *t);
+
+#endif

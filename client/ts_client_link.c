@@ -1,0 +1,398 @@
+/* A shard's connection on the client thread (ts_client_int.h): connect with backoff, Hello
+ * and handshake, re-declaring the model to a restarted shard, liveness (handshake and
+ * heartbeat timeouts, progress inside large frames), and decoding every reply into the
+ * wire request waiting for it. */
+#include "ts_client_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_auth.h"
+#include "ts_err.h"
+#include "ts_log.h"
+#include "ts_msg.h"
+
+static uint64_t loop_now(ts_client_t *c) { return uv_now(&c->loop); }
+
+
+/* A shard's state, `why`, `tried` and `fatal` are written on the client thread and read by
+ * callers (ts_client_open, ts_client_shard_up) under the mutex: every write takes it. */
+void ts_cl_set_state(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_sh_state_t st) {
+  uv_mutex_lock(&c->mu);
+  if (sh->state == SH_READY && st != SH_READY) c->ready--;
+  if (sh->state != SH_READY && st == SH_READY) c->ready++;
+  sh->state = st;
+  uv_cond_broadcast(&c->cv);
+  uv_mutex_unlock(&c->mu);
+}
+
+/* Record why the shard is not ready: prefix (may be "") followed by detail. */
+static void set_fatal(ts_cl_shard_t *sh, int code) {
+  uv_mutex_lock(&sh->cl->mu);
+  sh->fatal = code;
+  uv_cond_broadcast(&sh->cl->cv);
+  uv_mutex_unlock(&sh->cl->mu);
+}
+
+void ts_cl_note_why(ts_cl_shard_t *sh, const char *prefix, const char *detail) {
+  uv_mutex_lock(&sh->cl->mu);
+  snprintf(sh->why, sizeof sh->why, "%s%.200s", prefix, detail);
+  sh->tried = true;
+  uv_cond_broadcast(&sh->cl->cv);
+  uv_mutex_unlock(&sh->cl->mu);
+}
+
+/* --- connection lifecycle ----------------------------------------------------------- */
+
+static void on_retry(uv_timer_t *t) {
+  ts_cl_shard_t *sh = t->data;
+  ts_cl_start_connect(sh);
+}
+
+static void schedule_retry(ts_cl_shard_t *sh) {
+  ts_client_t *c = sh->cl;
+  uv_mutex_lock(&c->mu);
+  bool stop = c->stop;
+  uv_mutex_unlock(&c->mu);
+  if (stop) return;
+  if (sh->backoff_ms == 0) sh->backoff_ms = TS_CL_BACKOFF_MIN_MS;
+  uv_timer_start(&sh->retry, on_retry, sh->backoff_ms, 0);
+  sh->backoff_ms *= 2;
+  if (sh->backoff_ms > TS_CL_BACKOFF_MAX_MS) sh->backoff_ms = TS_CL_BACKOFF_MAX_MS;
+}
+
+static void on_link_close(ts_conn_t *conn, int err) {
+  ts_cl_link_t *l = conn->data;
+  ts_cl_shard_t *sh = l->sh;
+  if (sh && sh->link == l) {
+    sh->link = NULL;
+    bool was_ready = sh->state == SH_READY;
+    ts_cl_set_state(sh->cl, sh, SH_DOWN);
+    if (!sh->why[0] || was_ready) {
+      ts_cl_note_why(sh, "connection lost: ",
+               conn->errmsg[0] ? conn->errmsg : (err == TS_ECLOSED ? "closed by the server" : ts_strerror(err)));
+    }
+    if (was_ready) ts_log_warn("lost connection to shard %u (%s): %s", sh->index, sh->addr, sh->why);
+    while (sh->pending) {
+      ts_cl_wreq_t *r = sh->pending;
+      sh->pending = r->next;
+      ts_cl_complete_req(r, TS_ECLOSED, sh->why);
+    }
+    schedule_retry(sh);
+  }
+  ts_free(l);
+}
+
+static void on_connect(uv_connect_t *creq, int status) {
+  ts_cl_link_t *l = creq->data;
+  if (!l->sh) return;
+  if (status < 0) {
+    ts_cl_note_why(l->sh, "", uv_strerror(status));
+    ts_conn_close(&l->conn, status);
+    return;
+  }
+  if (ts_conn_start(&l->conn) < 0) {
+    ts_conn_close(&l->conn, TS_ECLOSED);
+    return;
+  }
+  ts_cl_set_state(l->sh->cl, l->sh, SH_HELLO);
+  l->sh->state_ms = loop_now(l->sh->cl);
+}
+
+void ts_cl_start_connect(ts_cl_shard_t *sh) {
+  ts_client_t *c = sh->cl;
+  ts_cl_link_t *l = ts_calloc(1, sizeof *l);
+  if (!l || ts_conn_init(&c->loop, &l->conn, &ts_cl_link_cbs, TS_CL_MAX_DATA, l) < 0) {
+    ts_free(l);
+    ts_cl_note_why(sh, "", "out of memory");
+    schedule_retry(sh);
+    return;
+  }
+  l->sh = sh;
+  l->creq.data = l;
+  sh->link = l;
+  ts_cl_set_state(sh->cl, sh, SH_CONNECTING);
+  sh->state_ms = loop_now(c);
+  sh->why[0] = 0;
+  int rc = uv_tcp_connect(&l->creq, &l->conn.handle, (const struct sockaddr *)&sh->sa, on_connect);
+  if (rc < 0) {
+    ts_cl_note_why(sh, "", uv_strerror(rc));
+    ts_conn_close(&l->conn, rc);
+  }
+}
+
+/* --- receiving ---------------------------------------------------------------------- */
+
+static int on_meta(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                   const uv_buf_t **iov, unsigned *niov) {
+  ts_cl_link_t *l = conn->data;
+  if (h->type != TS_MSG_PULL_REPLY || !l->sh) return 0;
+  const Tessera__PullReply *m = (const Tessera__PullReply *)msg;
+  ts_cl_wreq_t *r = ts_cl_find_pending(l->sh, m->request_id);
+  if (!r || !r->op) return 0; /* nobody waits for it: read and drop */
+  const ts_plan_t *plan = &l->sh->cl->plan;
+  if (m->n_parts != r->n) goto mismatch;
+  for (size_t i = 0; i < r->n; i++) {
+    const ts_part_t *p = &plan->parts[r->parts[i]];
+    if (m->parts[i]->tensor != p->tensor || m->parts[i]->part != p->part ||
+        m->parts[i]->count != p->count)
+      goto mismatch;
+  }
+  *iov = r->iov;
+  *niov = (unsigned)r->n;
+  return 0;
+mismatch:
+  snprintf(conn->errmsg, sizeof conn->errmsg, "pull reply does not match the request");
+  ts_log_err("shard %u (%s): %s", l->sh->index, l->sh->addr, conn->errmsg);
+  return TS_EPROTO;
+}
+
+static void handle_hello(ts_cl_shard_t *sh, const Tessera__Hello *m) {
+  ts_client_t *c = sh->cl;
+  ts_conn_t *conn = &sh->link->conn;
+  if (m->protocol != TS_PROTOCOL_VERSION || m->nonce.len != TS_AUTH_NONCE_LEN) {
+    ts_cl_note_why(sh, "", "the server speaks another protocol version");
+    set_fatal(sh, TS_EVERSION);
+    ts_conn_close(conn, TS_EVERSION);
+    return;
+  }
+  if (m->shard != sh->index) {
+    char why[128];
+    snprintf(why, sizeof why, "the server there is shard %u, not %u", m->shard, sh->index);
+    ts_cl_note_why(sh, "", why);
+    set_fatal(sh, TS_ECONFIG);
+    ts_conn_close(conn, TS_ECONFIG);
+    return;
+  }
+  if (sh->incarnation && m->incarnation != sh->incarnation) {
+    /* A new process: what was pulled from the old one says nothing about this one. */
+    sh->have_version = false;
+    uv_mutex_lock(&c->mu);
+    c->restarts++;
+    uv_mutex_unlock(&c->mu);
+    ts_log_warn("shard %u (%s) restarted", sh->index, sh->addr);
+  }
+  sh->incarnation = m->incarnation;
+  Tessera__Handshake hs = TESSERA__HANDSHAKE__INIT;
+  uint8_t mac[TS_AUTH_MAC_LEN];
+  sh->hs_id = ++c->next_id;
+  hs.request_id = sh->hs_id;
+  hs.protocol = TS_PROTOCOL_VERSION;
+  hs.role = c->opts.admin ? TESSERA__ROLE__ROLE_ADMIN : TESSERA__ROLE__ROLE_WORKER;
+  hs.task = c->opts.admin ? -1 : c->opts.task;
+  hs.identity = c->identity;
+  if (c->token) {
+    ts_auth_mac(c->token, m->nonce.data, m->nonce.len, mac);
+    hs.mac.data = mac;
+    hs.mac.len = sizeof mac;
+  }
+  ts_cl_set_state(sh->cl, sh, SH_HANDSHAKE);
+  sh->state_ms = loop_now(c);
+  if (ts_conn_send(conn, TS_MSG_HANDSHAKE, &hs.base, NULL, 0, NULL, NULL) < 0)
+    ts_conn_close(conn, TS_ECLOSED);
+}
+
+static void became_ready(ts_cl_shard_t *sh) {
+  sh->backoff_ms = 0;
+  sh->rx_ms = loop_now(sh->cl);
+  sh->why[0] = 0;
+  ts_cl_set_state(sh->cl, sh, SH_READY);
+  ts_cl_flush_queued(sh);
+}
+
+static void handle_handshake_reply(ts_cl_shard_t *sh, const Tessera__HandshakeReply *m) {
+  ts_client_t *c = sh->cl;
+  uv_mutex_lock(&c->mu);
+  c->partition_bytes = m->partition_bytes;
+  c->job_workers = m->num_workers;
+  c->mode = m->mode;
+  sh->tried = true;
+  bool declared = c->declared;
+  uv_mutex_unlock(&c->mu);
+  if (declared) {
+    /* A restarted shard has no model: declare it again before anything else. */
+    ts_cl_set_state(c, sh, SH_DECLARING);
+    if (ts_cl_submit_wire(c, sh, NULL, TS_MSG_DECLARE, NULL, 0) < 0) ts_conn_close(&sh->link->conn, TS_ENOMEM);
+    return;
+  }
+  became_ready(sh);
+}
+
+static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                     bool discarded) {
+  ts_cl_link_t *l = conn->data;
+  ts_cl_shard_t *sh = l->sh;
+  if (!sh || sh->link != l) {
+    ts_msg_free(msg);
+    return;
+  }
+  sh->rx_ms = loop_now(sh->cl);
+  sh->cl->activity++;
+  switch (h->type) {
+    case TS_MSG_HELLO:
+      if (sh->state == SH_HELLO) handle_hello(sh, (const Tessera__Hello *)msg);
+      break;
+    case TS_MSG_HANDSHAKE_REPLY:
+      if (sh->state == SH_HANDSHAKE) handle_handshake_reply(sh, (const Tessera__HandshakeReply *)msg);
+      break;
+    case TS_MSG_ERROR: {
+      const Tessera__Error *e = (const Tessera__Error *)msg;
+      if (e->request_id == sh->hs_id || sh->state < SH_DECLARING) {
+        ts_cl_note_why(sh, "", e->detail);
+        if (e->code == TS_EAUTH || e->code == TS_EVERSION || e->code == TS_EINVAL) set_fatal(sh, e->code);
+        break; /* the server closes the connection */
+      }
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, e->request_id);
+      if (r && r->internal && r->type == TS_MSG_DECLARE) {
+        ts_log_err("shard %u (%s) refused the model: %s", sh->index, sh->addr, e->detail);
+        ts_cl_note_why(sh, "model refused: ", e->detail);
+        ts_cl_complete_req(r, e->code, e->detail);
+        ts_conn_close(conn, e->code);
+      } else if (r) {
+        ts_cl_complete_req(r, e->code, e->detail);
+      } else if (e->request_id == 0) {
+        ts_log_warn("shard %u (%s): %s", sh->index, sh->addr, e->detail);
+      }
+      break;
+    }
+    case TS_MSG_DECLARE_REPLY: {
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, ((const Tessera__DeclareReply *)msg)->request_id);
+      if (!r) break;
+      bool internal = r->internal;
+      ts_cl_complete_req(r, 0, NULL);
+      if (internal && sh->state == SH_DECLARING) became_ready(sh);
+      break;
+    }
+    case TS_MSG_PULL_REPLY: {
+      const Tessera__PullReply *m = (const Tessera__PullReply *)msg;
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      if (!r) break;
+      if (!discarded && m->n_parts > 0) {
+        uint64_t v = UINT64_MAX;
+        for (size_t i = 0; i < m->n_parts; i++)
+          if (m->parts[i]->version < v) v = m->parts[i]->version;
+        if (!r->staged) {
+          sh->pulled_version = v;
+          sh->have_version = true;
+        } else if (r->op) {
+          r->op->stage[sh->index] = (ts_cl_staged_t){.version = v, .incarnation = sh->incarnation,
+                                               .set = true};
+        }
+        if (r->op && v < r->op->version_min) r->op->version_min = v;
+      }
+      if (r->op && !discarded) {
+        ts_cl_complete_req(r, 0, NULL);
+      } else {
+        ts_cl_complete_req(r, TS_ENOMEM, "pull reply dropped");
+      }
+      break;
+    }
+    case TS_MSG_PUSH_REPLY: {
+      const Tessera__PushReply *m = (const Tessera__PushReply *)msg;
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      if (!r) break;
+      if (r->op) {
+        for (size_t i = 0; i < m->n_results; i++) {
+          switch (m->results[i]) {
+            case TESSERA__PUSH_RESULT__PUSH_APPLIED:
+              r->op->applied++;
+              break;
+            case TESSERA__PUSH_RESULT__PUSH_ACCUMULATED:
+              r->op->accumulated++;
+              break;
+            case TESSERA__PUSH_RESULT__PUSH_STALE:
+              r->op->stale++;
+              break;
+            case TESSERA__PUSH_RESULT__PUSH_DUPLICATE:
+              r->op->duplicate++;
+              break;
+            default:
+              break;
+          }
+        }
+      }
+      ts_cl_complete_req(r, 0, NULL);
+      break;
+    }
+    case TS_MSG_CHECKPOINT_REPLY: {
+      const Tessera__CheckpointReply *m = (const Tessera__CheckpointReply *)msg;
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      if (!r) break;
+      if (r->op) {
+        snprintf(r->op->path, sizeof r->op->path, "%s", m->path);
+        r->op->ckpt_step = m->step;
+      }
+      ts_cl_complete_req(r, 0, NULL);
+      break;
+    }
+    case TS_MSG_SHUTDOWN_REPLY: {
+      const Tessera__ShutdownReply *m = (const Tessera__ShutdownReply *)msg;
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      if (!r) break;
+      if (r->op) snprintf(r->op->path, sizeof r->op->path, "%s", m->checkpoint_path);
+      ts_cl_complete_req(r, 0, NULL);
+      break;
+    }
+    case TS_MSG_HEARTBEAT_REPLY: {
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, ((const Tessera__HeartbeatReply *)msg)->request_id);
+      if (r) ts_cl_complete_req(r, 0, NULL);
+      break;
+    }
+    case TS_MSG_STATUS_REPLY: {
+      Tessera__ShardStatus *m = (Tessera__ShardStatus *)msg;
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      if (!r) break;
+      if (r->op && !r->op->status) {
+        r->op->status = m;
+        msg = NULL; /* now the op's */
+      }
+      ts_cl_complete_req(r, 0, NULL);
+      break;
+    }
+    default:
+      ts_log_warn("shard %u (%s) sent an unexpected %s frame", sh->index, sh->addr,
+                  ts_frame_type_name(h->type));
+      break;
+  }
+  ts_msg_free(msg);
+}
+
+const ts_conn_cbs_t ts_cl_link_cbs = {
+    .on_meta = on_meta,
+    .on_frame = on_frame,
+    .on_close = on_link_close,
+};
+
+
+/* Connections that never finish their handshake, or go silent while heartbeats are on,
+ * are closed and tried again: the shard may be stopped (SIGSTOP) or its host gone. */
+void ts_cl_check_links(ts_client_t *c, uint64_t now) {
+  uint64_t hs_limit = (uint64_t)((c->opts.connect_timeout_s > 0 ? c->opts.connect_timeout_s : 5.0) * 1000.0);
+  double hb_timeout = c->opts.heartbeat_timeout_s > 0 ? c->opts.heartbeat_timeout_s : 5.0;
+  uint64_t rx_limit = (uint64_t)(hb_timeout * 1000.0);
+  for (uint32_t i = 0; i < c->n; i++) {
+    ts_cl_shard_t *sh = &c->shards[i];
+    if (!sh->link) continue;
+    char why[128];
+    /* A heartbeat's reply queues behind a large frame on the same connection (a 400 MiB
+     * pull takes seconds on a loaded machine): bytes arriving, or our queued bytes being
+     * taken by the peer, show it alive as well as a frame does. A stopped peer does
+     * neither. */
+    uint64_t in = sh->link->conn.bytes_in;
+    size_t wq = ts_conn_write_queue(&sh->link->conn);
+    if (in != sh->seen_in || wq < sh->seen_wq) sh->rx_ms = now;
+    sh->seen_in = in;
+    sh->seen_wq = wq;
+    if (sh->state != SH_READY && sh->state != SH_DOWN && now - sh->state_ms > hs_limit) {
+      snprintf(why, sizeof why, "no handshake within %.1f s", (double)hs_limit / 1000.0);
+    } else if (sh->state == SH_READY && c->opts.heartbeat_interval_s > 0 && now - sh->rx_ms > rx_limit) {
+      snprintf(why, sizeof why, "no answer for %.1f s (heartbeat timeout)", (double)(now - sh->rx_ms) / 1000.0);
+    } else {
+      continue;
+    }
+    ts_cl_note_why(sh, "", why);
+    snprintf(sh->link->conn.errmsg, sizeof sh->link->conn.errmsg, "%s", why);
+    ts_conn_close(&sh->link->conn, TS_ETIMEDOUT);
+  }
+}

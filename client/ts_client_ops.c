@@ -1,0 +1,618 @@
+/* Operations on the client thread (ts_client_int.h): an op split into one wire request per
+ * shard (and, for a push+pull, two back to back), their encoding and sending, their
+ * completion, the op's result and its hand-back to the caller (a waiter or a callback),
+ * deadlines, interrupts, and the thread's own loop. */
+#include "ts_client_int.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_err.h"
+#include "ts_log.h"
+#include "ts_msg.h"
+#include "ts_poll.h"
+
+static uint64_t loop_now(ts_client_t *c) { return uv_now(&c->loop); }
+static void send_req(ts_cl_wreq_t *r);
+
+void ts_cl_free_wreq(ts_cl_wreq_t *r) {
+  ts_free(r->parts);
+  ts_free(r->iov);
+  ts_free(r);
+}
+
+static void list_remove(ts_cl_wreq_t **head, ts_cl_wreq_t *r) {
+  for (ts_cl_wreq_t **pp = head; *pp; pp = &(*pp)->next) {
+    if (*pp == r) {
+      *pp = r->next;
+      r->next = NULL;
+      return;
+    }
+  }
+}
+
+static void op_unlink_req(ts_cl_op_t *op, ts_cl_wreq_t *r) {
+  for (ts_cl_wreq_t **pp = &op->reqs; *pp; pp = &(*pp)->op_next) {
+    if (*pp == r) {
+      *pp = r->op_next;
+      return;
+    }
+  }
+}
+
+/* Note a failed part of op. The op's error is its first failure, except that a push_pull
+ * reports its push part's error over its pull part's: that is the one a caller must act on
+ * (retry the push, or not), while the pull's destination is unspecified whenever the call
+ * fails. msg is the op's errmsg when this failure becomes the op's error. */
+static void op_fail(ts_cl_op_t *op, uint16_t type, int rc, const char *msg) {
+  bool push_part = op->kind == OP_PUSH_PULL && type == TS_MSG_PUSH;
+  if (op->kind == OP_PUSH_PULL) {
+    int *part = push_part ? &op->push_rc : &op->pull_rc;
+    if (*part == 0) *part = rc;
+  }
+  if (op->rc != 0 && (op->rc_from_push || !push_part)) return;
+  op->rc = rc;
+  op->rc_from_push = push_part;
+  snprintf(op->err, sizeof op->err, "%s", msg);
+}
+
+/* Hand op back to its caller. Nothing may touch op after the store of done: the caller may
+ * have seen it while polling and returned. */
+static void publish_op(ts_client_t *c, ts_cl_op_t *op) {
+  if (op->stage && op->rc == 0) {
+    /* The push_pull succeeded: what its pull took is now what was last pulled. */
+    for (uint32_t s = 0; s < c->n; s++) {
+      ts_cl_shard_t *sh = &c->shards[s];
+      if (op->stage[s].set && op->stage[s].incarnation == sh->incarnation) {
+        sh->pulled_version = op->stage[s].version;
+        sh->have_version = true;
+      }
+    }
+  }
+  if (!op->req) {
+    uv_mutex_lock(&c->mu);
+    atomic_store_explicit(&op->done, true, memory_order_release);
+    uv_cond_broadcast(&c->cv);
+    uv_mutex_unlock(&c->mu);
+    return;
+  }
+  /* A caller's request: its results, then the op is gone. */
+  ts_client_req_t *q = op->req;
+  q->rc = op->rc;
+  q->push_rc = op->push_rc;
+  q->pull_rc = op->pull_rc;
+  if (op->kind == OP_PUSH_PULL && op->rc < 0 && op->push_rc == 0 && op->pull_rc == 0)
+    q->push_rc = q->pull_rc = op->rc; /* refused before a part started (closed, interrupted) */
+  q->applied = op->applied;
+  q->accumulated = op->accumulated;
+  q->stale = op->stale;
+  q->duplicate = op->duplicate;
+  q->version = op->rc == 0 && op->version_min != UINT64_MAX ? op->version_min : 0;
+  if (op->rc < 0)
+    snprintf(q->errmsg, sizeof q->errmsg, "%s", op->err[0] ? op->err : ts_strerror(op->rc));
+  else
+    q->errmsg[0] = 0;
+  ts_client_done_fn cb = op->cb;
+  void *arg = op->cb_arg;
+  ts_cl_free_op(op);
+  if (cb) {
+    /* Nobody waits for it (ts_client_wait refuses a request with a callback): the callback
+     * is its completion, and the request is the caller's from its first line on. */
+    __atomic_store_n(&q->priv_state, TS_CL_REQ_DONE, __ATOMIC_RELEASE);
+    cb(q, arg);
+    return;
+  }
+  uv_mutex_lock(&c->mu);
+  __atomic_store_n(&q->priv_state, TS_CL_REQ_DONE, __ATOMIC_RELEASE);
+  uv_cond_broadcast(&c->cv);
+  uv_mutex_unlock(&c->mu);
+}
+
+static void finish_op(ts_client_t *c, ts_cl_op_t *op) {
+  for (ts_cl_op_t **pp = &c->inflight; *pp; pp = &(*pp)->next) {
+    if (*pp == op) {
+      *pp = op->next;
+      break;
+    }
+  }
+  /* Requests still out belong to nobody now: their replies are read and dropped. */
+  while (op->reqs) {
+    ts_cl_wreq_t *r = op->reqs;
+    op->reqs = r->op_next;
+    r->op = NULL;
+    bool queued = false;
+    for (ts_cl_wreq_t *q = r->sh->queued; q; q = q->next) queued |= q == r;
+    if (queued) {
+      list_remove(&r->sh->queued, r);
+      ts_cl_free_wreq(r);
+    }
+  }
+  publish_op(c, op);
+}
+
+/* End op before every request is answered (deadline, interrupt, close): each part still
+ * out fails with rc, and msg says why. */
+static void abort_op(ts_client_t *c, ts_cl_op_t *op, int rc, const char *msg) {
+  if (!op->reqs) {
+    op_fail(op, TS_MSG_PUSH, rc, msg);
+    op_fail(op, TS_MSG_PULL, rc, msg);
+  }
+  for (ts_cl_wreq_t *r = op->reqs; r; r = r->op_next) op_fail(op, r->type, rc, msg);
+  finish_op(c, op);
+}
+
+/* A request is answered (rc 0) or failed. */
+void ts_cl_complete_req(ts_cl_wreq_t *r, int rc, const char *detail) {
+  ts_cl_op_t *op = r->op;
+  if (op) {
+    op_unlink_req(op, r);
+    if (rc < 0 && (op->rc == 0 || op->kind == OP_PUSH_PULL)) {
+      char msg[sizeof op->err];
+      snprintf(msg, sizeof msg, "shard %u (%s): %s", r->sh->index, r->sh->addr,
+               detail ? detail : ts_strerror(rc));
+      op_fail(op, r->type, rc, msg);
+    }
+    if (--op->remaining == 0) finish_op(r->sh->cl, op);
+  }
+  ts_cl_free_wreq(r);
+}
+
+ts_cl_wreq_t *ts_cl_take_pending(ts_cl_shard_t *sh, uint64_t id) {
+  for (ts_cl_wreq_t **pp = &sh->pending; *pp; pp = &(*pp)->next) {
+    if ((*pp)->id == id) {
+      ts_cl_wreq_t *r = *pp;
+      *pp = r->next;
+      r->next = NULL;
+      return r;
+    }
+  }
+  return NULL;
+}
+
+ts_cl_wreq_t *ts_cl_find_pending(ts_cl_shard_t *sh, uint64_t id) {
+  for (ts_cl_wreq_t *r = sh->pending; r; r = r->next)
+    if (r->id == id) return r;
+  return NULL;
+}
+
+/* --- sending ------------------------------------------------------------------------ */
+
+void ts_cl_flush_queued(ts_cl_shard_t *sh) {
+  ts_cl_wreq_t *q = sh->queued;
+  sh->queued = NULL;
+  /* Keep the order in which they were queued (the list is LIFO). */
+  ts_cl_wreq_t *rev = NULL;
+  while (q) {
+    ts_cl_wreq_t *next = q->next;
+    q->next = rev;
+    rev = q;
+    q = next;
+  }
+  while (rev) {
+    ts_cl_wreq_t *next = rev->next;
+    rev->next = NULL;
+    send_req(rev);
+    rev = next;
+  }
+}
+
+static void fail_send(ts_cl_wreq_t *r, int rc) {
+  ts_cl_complete_req(r, rc, "could not send the request");
+}
+
+static void send_req(ts_cl_wreq_t *r) {
+  ts_cl_shard_t *sh = r->sh;
+  ts_client_t *c = sh->cl;
+  ts_conn_t *conn = &sh->link->conn;
+  int rc = 0;
+  const ts_plan_t *plan = &c->plan;
+  Tessera__PartSlice *slices = NULL;
+  Tessera__PartSlice **sp = NULL;
+  if (r->n) {
+    slices = ts_calloc(r->n, sizeof *slices);
+    sp = ts_calloc(r->n, sizeof *sp);
+    if (!slices || !sp) {
+      rc = TS_ENOMEM;
+      goto out;
+    }
+    for (size_t i = 0; i < r->n; i++) {
+      const ts_part_t *p = &plan->parts[r->parts[i]];
+      tessera__part_slice__init(&slices[i]);
+      slices[i].tensor = p->tensor;
+      slices[i].part = p->part;
+      slices[i].count = p->count;
+      sp[i] = &slices[i];
+    }
+  }
+  r->next = sh->pending;
+  sh->pending = r;
+  switch (r->type) {
+    case TS_MSG_DECLARE: {
+      Tessera__Declare d = c->decl;
+      d.request_id = r->id;
+      rc = ts_conn_send(conn, TS_MSG_DECLARE, &d.base, NULL, 0, NULL, NULL);
+      break;
+    }
+    case TS_MSG_PULL: {
+      Tessera__Pull m = TESSERA__PULL__INIT;
+      m.request_id = r->id;
+      m.parts = sp;
+      m.n_parts = r->n;
+      if (r->op && r->op->min_version == TS_CLIENT_VERSION_NEXT)
+        m.min_version = sh->have_version ? sh->pulled_version + 1 : 0;
+      else
+        m.min_version = r->op ? r->op->min_version : 0;
+      m.clock = r->op ? r->op->clock : 0;
+      double t = r->op ? r->op->timeout_s : c->timeout_s;
+      m.timeout_ms = (uint32_t)(t * 1000.0);
+      rc = ts_conn_send(conn, TS_MSG_PULL, &m.base, NULL, 0, NULL, NULL);
+      break;
+    }
+    case TS_MSG_PUSH: {
+      Tessera__Push m = TESSERA__PUSH__INIT;
+      m.request_id = r->id;
+      m.parts = sp;
+      m.n_parts = r->n;
+      m.step = r->op ? (r->op->step == TS_CLIENT_STEP_PULLED ? sh->pulled_version : r->op->step) : 0;
+      rc = ts_conn_send(conn, TS_MSG_PUSH, &m.base, r->iov, (unsigned)r->n, NULL, NULL);
+      break;
+    }
+    case TS_MSG_HEARTBEAT: {
+      Tessera__Heartbeat m = TESSERA__HEARTBEAT__INIT;
+      m.request_id = r->id;
+      m.task = c->opts.task;
+      uv_mutex_lock(&c->mu);
+      m.step = c->p_step;
+      m.loss = c->p_loss;
+      m.examples_per_sec = c->p_eps;
+      m.epoch_progress = c->p_prog;
+      m.done = c->p_done;
+      uv_mutex_unlock(&c->mu);
+      rc = ts_conn_send(conn, TS_MSG_HEARTBEAT, &m.base, NULL, 0, NULL, NULL);
+      break;
+    }
+    case TS_MSG_STATUS: {
+      Tessera__Status m = TESSERA__STATUS__INIT;
+      m.request_id = r->id;
+      rc = ts_conn_send(conn, TS_MSG_STATUS, &m.base, NULL, 0, NULL, NULL);
+      break;
+    }
+    case TS_MSG_CHECKPOINT: {
+      Tessera__Checkpoint m = TESSERA__CHECKPOINT__INIT;
+      m.request_id = r->id;
+      rc = ts_conn_send(conn, TS_MSG_CHECKPOINT, &m.base, NULL, 0, NULL, NULL);
+      break;
+    }
+    case TS_MSG_SHUTDOWN: {
+      Tessera__Shutdown m = TESSERA__SHUTDOWN__INIT;
+      m.request_id = r->id;
+      m.checkpoint = r->op ? r->op->checkpoint : true;
+      rc = ts_conn_send(conn, TS_MSG_SHUTDOWN, &m.base, NULL, 0, NULL, NULL);
+      break;
+    }
+    default:
+      rc = TS_EINTERNAL;
+  }
+out:
+  ts_free(slices);
+  ts_free(sp);
+  if (rc < 0) {
+    list_remove(&sh->pending, r);
+    fail_send(r, rc);
+  }
+}
+
+/* Queue or send a request to shard sh for op (op may be NULL for internal requests). */
+int ts_cl_submit_wire(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, uint16_t type, size_t *parts,
+                      size_t n) {
+  ts_cl_wreq_t *r = ts_calloc(1, sizeof *r);
+  if (!r) {
+    ts_free(parts);
+    return TS_ENOMEM;
+  }
+  r->op = op;
+  r->sh = sh;
+  r->id = ++c->next_id;
+  r->type = type;
+  r->internal = op == NULL;
+  r->staged = op && op->stage && type == TS_MSG_PULL;
+  r->parts = parts;
+  r->n = n;
+  if (n && (type == TS_MSG_PULL || type == TS_MSG_PUSH)) {
+    r->iov = ts_calloc(n, sizeof *r->iov);
+    if (!r->iov) {
+      ts_cl_free_wreq(r);
+      return TS_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+      const ts_part_t *p = &c->plan.parts[parts[i]];
+      char *base = type == TS_MSG_PULL ? (char *)(op->dst[p->tensor] + p->offset)
+                                       : (char *)(uintptr_t)(op->grad[p->tensor] + p->offset);
+      r->iov[i] = uv_buf_init(base, (unsigned)(p->count * sizeof(float)));
+    }
+  }
+  if (op) {
+    r->op_next = op->reqs;
+    op->reqs = r;
+    op->remaining++;
+  }
+  if (sh->state == SH_READY || (type == TS_MSG_DECLARE && op == NULL)) {
+    send_req(r);
+  } else if (op && op->wait_ready) {
+    r->next = sh->queued;
+    sh->queued = r;
+  } else {
+    char why[300];
+    snprintf(why, sizeof why, "not connected: %s", sh->why[0] ? sh->why : "connecting");
+    ts_cl_complete_req(r, TS_EUNAVAIL, why);
+  }
+  return 0;
+}
+
+static size_t *copy_parts(const size_t *src, size_t n) {
+  size_t *p = ts_malloc((n ? n : 1) * sizeof *p);
+  if (p && n) memcpy(p, src, n * sizeof *p);
+  return p;
+}
+
+/* The plan indices of op's partitions held by shard s (a new array), in op's order. */
+static size_t *shard_subset(ts_client_t *c, const ts_cl_op_t *op, uint32_t s, size_t *n) {
+  if (!op->parts) {
+    *n = c->shard_nparts[s];
+    return copy_parts(c->shard_parts[s], c->shard_nparts[s]);
+  }
+  size_t k = 0;
+  size_t *mine = ts_malloc((op->nparts ? op->nparts : 1) * sizeof *mine);
+  if (!mine) return NULL;
+  for (size_t i = 0; i < op->nparts; i++)
+    if (c->plan.parts[op->parts[i]].shard == s) mine[k++] = op->parts[i];
+  *n = k;
+  return mine;
+}
+
+static void start_op(ts_client_t *c, ts_cl_op_t *op) {
+  op->deadline_ms = loop_now(c) + (uint64_t)(op->timeout_s * 1000.0);
+  op->version_min = UINT64_MAX;
+  op->next = c->inflight;
+  c->inflight = op;
+  op->remaining = 1; /* held until every request is submitted */
+  int rc = 0;
+  for (uint32_t s = 0; s < c->n && rc == 0; s++) {
+    ts_cl_shard_t *sh = &c->shards[s];
+    switch (op->kind) {
+      case OP_DECLARE:
+        rc = ts_cl_submit_wire(c, sh, op, TS_MSG_DECLARE, NULL, 0);
+        break;
+      case OP_PULL:
+      case OP_PUSH:
+      case OP_PUSH_PULL: {
+        size_t k = 0;
+        size_t *mine = shard_subset(c, op, s, &k);
+        if (!mine) {
+          rc = TS_ENOMEM;
+        } else if (k == 0 && (op->kind != OP_PUSH || op->parts)) {
+          /* Nothing of it here; a whole-model push still tells every shard. */
+          ts_free(mine);
+        } else if (op->kind == OP_PUSH_PULL) {
+          /* Back to back on one connection: the shard handles a connection's frames in
+           * order, so the pull sees the push applied (or, in sync mode, waits for the
+           * version the push takes part in). */
+          size_t *again = copy_parts(mine, k);
+          rc = ts_cl_submit_wire(c, sh, op, TS_MSG_PUSH, mine, k);
+          if (rc == 0 && again)
+            rc = ts_cl_submit_wire(c, sh, op, TS_MSG_PULL, again, k);
+          else if (!again)
+            rc = TS_ENOMEM;
+          else
+            ts_free(again);
+        } else {
+          rc = ts_cl_submit_wire(c, sh, op, op->kind == OP_PULL ? TS_MSG_PULL : TS_MSG_PUSH, mine,
+                                 k);
+        }
+        break;
+      }
+      case OP_HEARTBEAT:
+        rc = ts_cl_submit_wire(c, sh, op, TS_MSG_HEARTBEAT, NULL, 0);
+        break;
+      case OP_STATUS:
+        if (s == op->shard) rc = ts_cl_submit_wire(c, sh, op, TS_MSG_STATUS, NULL, 0);
+        break;
+      case OP_CHECKPOINT:
+        if (s == op->shard) rc = ts_cl_submit_wire(c, sh, op, TS_MSG_CHECKPOINT, NULL, 0);
+        break;
+      case OP_SHUTDOWN:
+        if (s == op->shard) rc = ts_cl_submit_wire(c, sh, op, TS_MSG_SHUTDOWN, NULL, 0);
+        break;
+    }
+  }
+  if (rc < 0) {
+    /* A request could not be made: a push_pull's shards may have got neither part, or
+     * only the push. */
+    op_fail(op, TS_MSG_PUSH, rc, ts_strerror(rc));
+    op_fail(op, TS_MSG_PULL, rc, ts_strerror(rc));
+  }
+  if (--op->remaining == 0) finish_op(c, op);
+}
+
+void ts_cl_on_tick(uv_timer_t *t) {
+  ts_client_t *c = t->data;
+  uint64_t now = loop_now(c);
+  ts_cl_check_links(c, now);
+  ts_cl_op_t *op = c->inflight;
+  while (op) {
+    ts_cl_op_t *next = op->next;
+    if (now >= op->deadline_ms) {
+      char shards[96] = "", msg[sizeof op->err];
+      size_t len = 0;
+      for (ts_cl_wreq_t *r = op->reqs; r && len < sizeof shards - 8; r = r->op_next)
+        len += (size_t)snprintf(shards + len, sizeof shards - len, "%s%u", len ? "," : "",
+                                r->sh->index);
+      snprintf(msg, sizeof msg, "no answer within %.1f s from shard(s) %s", op->timeout_s, shards);
+      abort_op(c, op, TS_ETIMEDOUT, msg);
+    }
+    op = next;
+  }
+}
+
+void ts_cl_on_heartbeat(uv_timer_t *t) {
+  ts_client_t *c = t->data;
+  for (uint32_t s = 0; s < c->n; s++)
+    if (c->shards[s].state == SH_READY) ts_cl_submit_wire(c, &c->shards[s], NULL, TS_MSG_HEARTBEAT, NULL, 0);
+}
+
+static void close_cb_noop(uv_handle_t *h) { (void)h; }
+
+static void shutdown_loop(ts_client_t *c) {
+  while (c->inflight) abort_op(c, c->inflight, TS_ESHUTDOWN, "client closed");
+  for (uint32_t s = 0; s < c->n; s++) {
+    ts_cl_shard_t *sh = &c->shards[s];
+    uv_close((uv_handle_t *)&sh->retry, close_cb_noop);
+    while (sh->queued) {
+      ts_cl_wreq_t *r = sh->queued;
+      sh->queued = r->next;
+      ts_cl_free_wreq(r);
+    }
+    if (sh->link) {
+      ts_cl_link_t *l = sh->link;
+      sh->link = NULL;
+      l->sh = NULL;
+      while (sh->pending) {
+        ts_cl_wreq_t *r = sh->pending;
+        sh->pending = r->next;
+        ts_cl_free_wreq(r);
+      }
+      ts_conn_close(&l->conn, 0);
+    }
+  }
+  uv_close((uv_handle_t *)&c->tick, close_cb_noop);
+  uv_close((uv_handle_t *)&c->hb, close_cb_noop);
+  uv_close((uv_handle_t *)&c->wake, close_cb_noop);
+}
+
+void ts_cl_on_wake(uv_async_t *a) {
+  ts_client_t *c = a->data;
+  c->activity++;
+  uv_mutex_lock(&c->mu);
+  ts_cl_op_t *ops = c->queue_head;
+  c->queue_head = c->queue_tail = NULL;
+  bool stop = c->stop;
+  uv_mutex_unlock(&c->mu);
+  if (c->interrupted) {
+    while (c->inflight) abort_op(c, c->inflight, TS_ESHUTDOWN, "interrupted");
+  }
+  while (ops) {
+    ts_cl_op_t *next = ops->next;
+    ops->next = NULL;
+    if (stop || c->interrupted) {
+      const char *why = c->interrupted ? "interrupted" : "client closed";
+      op_fail(ops, TS_MSG_PUSH, TS_ESHUTDOWN, why);
+      op_fail(ops, TS_MSG_PULL, TS_ESHUTDOWN, why);
+      publish_op(c, ops);
+    } else {
+      start_op(c, ops);
+    }
+    ops = next;
+  }
+  if (stop) shutdown_loop(c);
+}
+
+/* ts_poll's activity: a frame read or a call handed over since the last look. An op in
+ * flight alone is not activity: a sync pull may wait seconds for the other workers, and on
+ * a small machine a thread polling all that time takes CPU from the workers and shards
+ * that must answer it (train.sh measured async examples/s lower when it did). */
+static bool client_active(void *arg) {
+  ts_client_t *c = arg;
+  bool active = c->activity != c->activity_seen;
+  c->activity_seen = c->activity;
+  return active;
+}
+
+/* The client thread's own log lines (and ts_conn's, on this thread) go to the user's
+ * callback, or nowhere. */
+static void log_sink(void *arg, ts_log_level_t level, const char *msg) {
+  ts_client_t *c = arg;
+  if (c->opts.log) c->opts.log(c->opts.log_arg, (int)level, msg);
+}
+
+void ts_cl_thread_main(void *arg) {
+  ts_client_t *c = arg;
+  /* A write to a socket the peer closed raises SIGPIPE in the writing thread, and only
+   * this thread writes to the shards: blocking it here spares the process a handler. */
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, NULL);
+  ts_log_set_thread_sink(log_sink, c, (ts_log_level_t)c->opts.log_level);
+  for (uint32_t s = 0; s < c->n; s++) ts_cl_start_connect(&c->shards[s]);
+  ts_poll_run(&c->loop, c->opts.busy_poll_us, client_active, c);
+  ts_log_set_thread_sink(NULL, NULL, TS_LOG_INFO);
+}
+
+bool ts_cl_on_client_thread(ts_client_t *c) {
+  uv_thread_t self = uv_thread_self();
+  return uv_thread_equal(&self, &c->thread) != 0;
+}
+
+void ts_cl_free_op(ts_cl_op_t *op) {
+  if (!op) return;
+  ts_free(op->parts);
+  ts_free(op->stage);
+  ts_free(op);
+}
+
+int ts_cl_enqueue(ts_client_t *c, ts_cl_op_t *op) {
+  uv_mutex_lock(&c->mu);
+  if (c->stop || c->interrupted) {
+    uv_mutex_unlock(&c->mu);
+    return TS_ESHUTDOWN;
+  }
+  op->next = NULL;
+  if (c->queue_tail)
+    c->queue_tail->next = op;
+  else
+    c->queue_head = op;
+  c->queue_tail = op;
+  uv_mutex_unlock(&c->mu);
+  uv_async_send(&c->wake);
+  return 0;
+}
+
+/* Poll for a quick answer before sleeping: a wake-up from the condition variable costs more
+ * than a loopback round trip on a virtual machine. Yielding on every turn keeps a poller
+ * from holding a CPU that the client thread (or a shard) needs. */
+void ts_cl_wait_flag(ts_client_t *c, bool (*done)(void *), void *arg) {
+  if (c->opts.busy_poll_us > 0) {
+    uint64_t until = uv_hrtime() + (uint64_t)c->opts.busy_poll_us * 1000u;
+    while (!done(arg) && uv_hrtime() < until) sched_yield();
+  }
+  if (!done(arg)) {
+    uv_mutex_lock(&c->mu);
+    while (!done(arg)) uv_cond_wait(&c->cv, &c->mu);
+    uv_mutex_unlock(&c->mu);
+  }
+}
+
+static bool op_done(void *arg) {
+  ts_cl_op_t *op = arg;
+  return atomic_load_explicit(&op->done, memory_order_acquire);
+}
+
+/* Run an internal op on the client thread and wait for it. */
+int ts_cl_run_op(ts_client_t *c, ts_cl_op_t *op, char *errmsg, size_t errlen) {
+  if (ts_cl_on_client_thread(c)) {
+    if (errmsg) snprintf(errmsg, errlen, "a blocking call cannot be made on the client thread");
+    return TS_EINVAL;
+  }
+  op->timeout_s = op->timeout_s > 0 ? op->timeout_s : c->timeout_s;
+  if (ts_cl_enqueue(c, op) < 0) {
+    if (errmsg) snprintf(errmsg, errlen, "%s", c->interrupted ? "interrupted" : "client closed");
+    return TS_ESHUTDOWN;
+  }
+  ts_cl_wait_flag(c, op_done, op);
+  if (op->rc < 0 && errmsg) snprintf(errmsg, errlen, "%s", op->err[0] ? op->err : ts_strerror(op->rc));
+  return op->rc;
+}

@@ -1,0 +1,226 @@
+/* Requests (include/tessera/client.h): ts_client_req_init, ts_client_submit, ts_client_wait
+ * and ts_client_run. A request is checked and turned into an op here, on the caller's
+ * thread; the client thread (ts_client_ops.c) runs it and fills in the results. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_client_int.h"
+#include "ts_err.h"
+
+void ts_client_req_init(ts_client_req_t *req, ts_client_req_kind_t kind) {
+  if (!req) return;
+  memset(req, 0, sizeof *req);
+  req->struct_size = (uint32_t)sizeof *req;
+  req->kind = kind;
+}
+
+static int req_state(const ts_client_req_t *req) {
+  return __atomic_load_n(&req->priv_state, __ATOMIC_ACQUIRE);
+}
+
+/* Refuse req: nothing was sent. */
+static int refuse(ts_client_req_t *req, int rc, const char *why) {
+  req->rc = rc;
+  req->push_rc = req->pull_rc = req->kind == TS_CLIENT_PUSH_PULL ? rc : 0;
+  req->applied = req->accumulated = req->stale = req->duplicate = req->version = 0;
+  snprintf(req->errmsg, sizeof req->errmsg, "%s", why);
+  __atomic_store_n(&req->priv_state, TS_CL_REQ_IDLE, __ATOMIC_RELEASE);
+  return rc;
+}
+
+/* The elements [first, last) byte range of tensor t's buffer. */
+static void tensor_range(const ts_plan_t *plan, uint32_t t, const void *base, uintptr_t *b0,
+                         uintptr_t *b1) {
+  uint64_t elems = 0;
+  if (plan->tensor_parts[t]) {
+    const ts_part_t *last = &plan->parts[plan->tensor_first[t] + plan->tensor_parts[t] - 1];
+    elems = last->offset + last->count;
+  }
+  *b0 = (uintptr_t)base;
+  *b1 = *b0 + elems * sizeof(float);
+}
+
+/* Whether any covered tensor's grad range overlaps any covered tensor's dst range.
+ * Compared as integers: the buffers are distinct objects. */
+static bool buffers_overlap(const ts_plan_t *plan, const bool *covered, const float *const *grad,
+                            float *const *dst) {
+  for (uint32_t t = 0; t < plan->num_tensors; t++) {
+    if (!covered[t]) continue;
+    uintptr_t g0, g1;
+    tensor_range(plan, t, grad[t], &g0, &g1);
+    for (uint32_t u = 0; u < plan->num_tensors; u++) {
+      if (!covered[u]) continue;
+      uintptr_t d0, d1;
+      tensor_range(plan, u, dst[u], &d0, &d1);
+      if (g0 < d1 && d0 < g1) return true;
+    }
+  }
+  return false;
+}
+
+/* The op's subset (plan indices) from req's tensors or parts, and which tensors it covers.
+ * Returns 0, or TS_EINVAL with why (a static string) set. */
+static int make_subset(const ts_plan_t *plan, const ts_client_req_t *req, ts_cl_op_t *op,
+                       bool *covered, const char **why) {
+  bool whole = !req->tensors && !req->parts;
+  if (whole) {
+    for (uint32_t t = 0; t < plan->num_tensors; t++) covered[t] = true;
+    return 0;
+  }
+  if (req->tensors && req->parts) {
+    *why = "give tensors or parts, not both";
+    return TS_EINVAL;
+  }
+  size_t n = 0;
+  if (req->tensors) {
+    if (req->num_tensors == 0) {
+      *why = "an empty tensor list";
+      return TS_EINVAL;
+    }
+    for (size_t i = 0; i < req->num_tensors; i++) {
+      if (req->tensors[i] >= plan->num_tensors) {
+        *why = "a tensor index out of range";
+        return TS_EINVAL;
+      }
+      if (covered[req->tensors[i]]) {
+        *why = "a tensor listed twice";
+        return TS_EINVAL;
+      }
+      covered[req->tensors[i]] = true;
+      n += plan->tensor_parts[req->tensors[i]];
+    }
+  } else {
+    if (req->num_parts == 0) {
+      *why = "an empty partition list";
+      return TS_EINVAL;
+    }
+    n = req->num_parts;
+  }
+  op->parts = ts_malloc((n ? n : 1) * sizeof *op->parts);
+  bool *seen = ts_calloc(plan->num_parts ? plan->num_parts : 1, sizeof *seen);
+  if (!op->parts || !seen) {
+    ts_free(seen);
+    *why = "out of memory";
+    return TS_ENOMEM;
+  }
+  op->nparts = 0;
+  if (req->tensors) {
+    for (size_t i = 0; i < req->num_tensors; i++) {
+      uint32_t t = req->tensors[i];
+      for (uint32_t k = 0; k < plan->tensor_parts[t]; k++)
+        op->parts[op->nparts++] = plan->tensor_first[t] + k;
+    }
+  } else {
+    for (size_t i = 0; i < req->num_parts; i++) {
+      size_t k = req->parts[i];
+      if (k >= plan->num_parts || seen[k]) {
+        ts_free(seen);
+        *why = k >= plan->num_parts ? "a partition index out of range" : "a partition listed twice";
+        return TS_EINVAL;
+      }
+      seen[k] = true;
+      covered[plan->parts[k].tensor] = true;
+      op->parts[op->nparts++] = k;
+    }
+  }
+  ts_free(seen);
+  return 0;
+}
+
+static int check_buffers(const ts_plan_t *plan, const ts_client_req_t *req, const bool *covered,
+                         const char **why) {
+  bool pull = req->kind != TS_CLIENT_PUSH, push = req->kind != TS_CLIENT_PULL;
+  if ((pull && !req->dst) || (push && !req->grad)) {
+    *why = pull && !req->dst ? "no dst for the pull" : "no grad for the push";
+    return TS_EINVAL;
+  }
+  for (uint32_t t = 0; t < plan->num_tensors; t++) {
+    if (!covered[t]) continue;
+    if ((pull && !req->dst[t]) || (push && !req->grad[t])) {
+      *why = "a covered tensor has no buffer";
+      return TS_EINVAL;
+    }
+  }
+  if (req->kind == TS_CLIENT_PUSH_PULL && buffers_overlap(plan, covered, req->grad, req->dst)) {
+    *why = "the gradients and the pull's destination overlap";
+    return TS_EINVAL;
+  }
+  return 0;
+}
+
+int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb, void *arg) {
+  if (!req) return TS_EINVAL;
+  if (req->struct_size != sizeof *req) {
+    /* Not ours to write into: its layout is unknown. */
+    return TS_EINVAL;
+  }
+  int state = req_state(req);
+  if (state == TS_CL_REQ_INFLIGHT || state == TS_CL_REQ_INFLIGHT_CB) return TS_EBUSY;
+  if (!c) return refuse(req, TS_EINVAL, "no client");
+  if (req->kind != TS_CLIENT_PULL && req->kind != TS_CLIENT_PUSH && req->kind != TS_CLIENT_PUSH_PULL)
+    return refuse(req, TS_EINVAL, "unknown request kind");
+  const ts_plan_t *plan = &c->plan;
+  if (!plan->parts) return refuse(req, TS_ENOTDECLARED, "declare the model first");
+  ts_cl_op_t *op = ts_calloc(1, sizeof *op);
+  bool *covered = ts_calloc(plan->num_tensors, sizeof *covered);
+  const char *why = "out of memory";
+  int rc = op && covered ? 0 : TS_ENOMEM;
+  if (rc == 0) rc = make_subset(plan, req, op, covered, &why);
+  if (rc == 0) rc = check_buffers(plan, req, covered, &why);
+  ts_free(covered);
+  if (rc == 0 && req->kind == TS_CLIENT_PUSH_PULL &&
+      !(op->stage = ts_calloc(c->n, sizeof *op->stage))) {
+    rc = TS_ENOMEM;
+    why = "out of memory";
+  }
+  if (rc < 0) {
+    ts_cl_free_op(op);
+    return refuse(req, rc, why);
+  }
+  op->kind = req->kind == TS_CLIENT_PULL ? OP_PULL : req->kind == TS_CLIENT_PUSH ? OP_PUSH : OP_PUSH_PULL;
+  op->wait_ready = true;
+  op->timeout_s = req->timeout_s > 0 ? req->timeout_s : c->timeout_s;
+  op->req = req;
+  op->cb = cb;
+  op->cb_arg = arg;
+  op->dst = req->dst;
+  op->grad = req->grad;
+  op->step = req->step;
+  op->min_version = req->min_version;
+  op->clock = req->clock;
+  req->rc = 0;
+  req->push_rc = req->pull_rc = 0;
+  req->applied = req->accumulated = req->stale = req->duplicate = req->version = 0;
+  req->errmsg[0] = 0;
+  __atomic_store_n(&req->priv_state, cb ? TS_CL_REQ_INFLIGHT_CB : TS_CL_REQ_INFLIGHT,
+                   __ATOMIC_RELEASE);
+  if (ts_cl_enqueue(c, op) < 0) {
+    ts_cl_free_op(op);
+    return refuse(req, TS_ESHUTDOWN, c->interrupted ? "interrupted" : "client closed");
+  }
+  return 0;
+}
+
+static bool req_done(void *arg) { return req_state(arg) == TS_CL_REQ_DONE; }
+
+int ts_client_wait(ts_client_t *c, ts_client_req_t *req) {
+  if (!c || !req || req->struct_size != sizeof *req) return TS_EINVAL;
+  int state = req_state(req);
+  if (state == TS_CL_REQ_DONE) return req->rc;
+  if (state != TS_CL_REQ_INFLIGHT) return TS_EINVAL; /* never submitted, or has a callback */
+  if (ts_cl_on_client_thread(c)) return TS_EINVAL;
+  ts_cl_wait_flag(c, req_done, req);
+  return req->rc;
+}
+
+int ts_client_run(ts_client_t *c, ts_client_req_t *req) {
+  if (c && req && req->struct_size == sizeof *req && ts_cl_on_client_thread(c)) {
+    int state = req_state(req);
+    if (state == TS_CL_REQ_INFLIGHT || state == TS_CL_REQ_INFLIGHT_CB) return TS_EBUSY;
+    return refuse(req, TS_EINVAL, "a blocking call cannot be made on the client thread");
+  }
+  int rc = ts_client_submit(c, req, NULL, NULL);
+  if (rc < 0) return rc;
+  return ts_client_wait(c, req);
+}

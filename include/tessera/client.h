@@ -1,0 +1,449 @@
+/*
+ * libtessera-client: a worker's (or an admin tool's) connections to every shard of a Tessera
+ * parameter-server job, in C.
+ *
+ * Build against the installed library with
+ *   cc prog.c $(pkg-config --cflags --libs tessera-client)
+ * Only names starting with ts_client_, tessera_, TS_CLIENT_ and TESSERA_ are part of it.
+ *
+ * Model. A client (ts_client_t) holds one connection per shard and runs its own thread with
+ * its own event loop (the "client thread"). The model is declared once (ts_client_declare);
+ * the library splits every tensor into partitions spread over the shards (the "plan",
+ * ts_client_num_parts / ts_client_part). A request (ts_client_req_t) pulls parameters into
+ * the caller's buffers, pushes gradients from them, or both in one round trip; it fans out
+ * to every shard concurrently and the replies are read straight into the caller's memory.
+ * Several requests may be in flight on one client at once: each shard handles the frames
+ * of a connection in order, so requests submitted one after the other (for example one
+ * push per tensor as backpropagation produces its gradient) pipeline on the wire and are
+ * applied in submission order on every shard.
+ *
+ * A lost connection is re-established in the background with exponential backoff (100 ms
+ * doubling to 5 s); after a reconnect the client handshakes again and re-declares the
+ * model, so a restarted shard is usable without the caller noticing. Requests that were in
+ * flight on a lost connection fail with TS_CLIENT_ECLOSED; the caller decides whether to
+ * retry (pulls are always safe to retry; a sync push is recognised as a duplicate).
+ *
+ * Threading contract.
+ *  - Every function here may be called from any thread, concurrently, except:
+ *    ts_client_close (once, from a thread that is not the client thread, after every other
+ *    call on that client has returned), and ts_client_declare (not concurrently with a
+ *    request in flight or another declare on the same client).
+ *  - Blocking calls on a client (ts_client_declare, ts_client_wait, ts_client_run,
+ *    ts_client_heartbeat, ts_client_status, ts_client_checkpoint, ts_client_shutdown) must
+ *    not be made on that client's thread, that is from its completion or log callbacks:
+ *    they fail with TS_CLIENT_EINVAL there instead of deadlocking (ts_client_close is
+ *    ignored there).
+ *  - Completion callbacks (ts_client_submit) and the log callback run on the client thread.
+ *    They must return quickly (the thread serves every shard); they may call the
+ *    non-blocking functions: ts_client_submit, ts_client_interrupt, ts_client_set_progress,
+ *    ts_client_set_timeout, ts_client_shard_up, ts_client_num_shards, the job and plan
+ *    queries, ts_client_strerror, tessera_version.
+ *  - ts_client_interrupt is also async-signal-safe.
+ *
+ * Process-wide effects: none. The library installs no signal handler; SIGPIPE is blocked
+ * in the client thread only (pthread_sigmask), which suffices because a socket write
+ * raises SIGPIPE in the writing thread, and only the client thread writes. It calls
+ * sodium_init(), which is idempotent and thread-safe. It writes nothing to stdout or
+ * stderr: diagnostics go to the log callback of the options, and are dropped without one.
+ *
+ * Errors. Functions return 0 or a negative TS_CLIENT_E* code (stable: they are the wire
+ * protocol's); ts_client_strerror names any of them. Functions that take an errmsg buffer
+ * write a person-readable explanation there on failure (errmsg may be NULL).
+ *
+ * Latency: with busy_poll_us > 0 the client thread keeps polling its sockets for
+ * busy_poll_us after each frame it reads and each request handed to it, and a thread in
+ * ts_client_wait polls for its answer for up to busy_poll_us before it sleeps; both yield
+ * the CPU on every turn, and neither polls longer, so a long wait (a sync barrier) sleeps.
+ */
+#ifndef TESSERA_CLIENT_H
+#define TESSERA_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define TS_CLIENT_API __attribute__((visibility("default")))
+#else
+#define TS_CLIENT_API
+#endif
+
+#define TESSERA_VERSION_MAJOR 0
+#define TESSERA_VERSION_MINOR 1
+#define TESSERA_VERSION_PATCH 0
+
+/* The library's version, "MAJOR.MINOR.PATCH" (of the library loaded at run time, which may
+ * be newer than the header compiled against). Never NULL; static storage. */
+TS_CLIENT_API const char *tessera_version(void);
+
+/* --- errors ------------------------------------------------------------------------- */
+
+/* Error codes: the server's, which travel on the wire, plus the client's own. Negative
+ * errno values (a failed connect: -ECONNREFUSED) may also be returned. */
+enum {
+  TS_CLIENT_OK = 0,
+  TS_CLIENT_EINCOMPLETE = -30001,
+  TS_CLIENT_EPROTO = -30002,       /* protocol violation */
+  TS_CLIENT_EVERSION = -30003,     /* the shard speaks another protocol version */
+  TS_CLIENT_ETOOBIG = -30004,
+  TS_CLIENT_ESIZE = -30005,
+  TS_CLIENT_ENOTENSOR = -30006,    /* unknown tensor or partition */
+  TS_CLIENT_ESHAPE = -30007,       /* the model differs from the one the job declared */
+  TS_CLIENT_ESTALE = -30008,
+  TS_CLIENT_EFUTURE = -30009,      /* a push's step is ahead of the shard's parameters */
+  TS_CLIENT_ENONFINITE = -30010,   /* a gradient holds NaN or Inf */
+  TS_CLIENT_EAUTH = -30011,        /* the handshake's token was refused */
+  TS_CLIENT_EPERM = -30012,        /* the request needs an admin client */
+  TS_CLIENT_ECONFIG = -30013,
+  TS_CLIENT_EINVAL = -30014,       /* invalid argument */
+  TS_CLIENT_ENOMEM = -30015,
+  TS_CLIENT_ETIMEDOUT = -30016,    /* the request's deadline passed */
+  TS_CLIENT_EUNAVAIL = -30017,     /* a shard has no ready connection */
+  TS_CLIENT_ECLOSED = -30018,      /* the connection was lost with the request in flight */
+  TS_CLIENT_ESHUTDOWN = -30019,    /* the client was interrupted or is closing */
+  TS_CLIENT_EINTERNAL = -30020,
+  TS_CLIENT_EDATA = -30021,
+  TS_CLIENT_EDEVICE = -30022,
+  TS_CLIENT_ENOTDECLARED = -30023, /* no model declared (or the shard lost it) */
+  TS_CLIENT_EROLE = -30024,
+  TS_CLIENT_EBUSY = -30025,        /* the request is already in flight */
+};
+
+/* A person-readable message for any code the library returns. Never NULL; static. */
+TS_CLIENT_API const char *ts_client_strerror(int err);
+
+/* --- options and lifetime ----------------------------------------------------------- */
+
+/* Log levels (syslog's numbers). */
+enum {
+  TS_CLIENT_LOG_ERR = 3,
+  TS_CLIENT_LOG_WARN = 4,
+  TS_CLIENT_LOG_NOTICE = 5,
+  TS_CLIENT_LOG_INFO = 6,
+  TS_CLIENT_LOG_DEBUG = 7,
+};
+
+/* Receives one diagnostic line (no newline) at `level`: a lost connection, a restarted
+ * shard. Runs on the client thread (or, rarely, in ts_client_close); msg is valid during
+ * the call only. */
+typedef void (*ts_client_log_fn)(void *arg, int level, const char *msg);
+
+typedef struct {
+  /* sizeof(ts_client_opts_t) of the header the caller compiled against, set by
+   * ts_client_opts_init: fields added in later versions go at the end, and a library reading
+   * an older, shorter struct uses their defaults. */
+  uint32_t struct_size;
+  const char *const *addrs;      /* "host:port" of each shard, in shard order (copied) */
+  size_t num_shards;
+  bool admin;                    /* admin role (psctl) instead of worker (default false) */
+  int task;                      /* worker index (ignored for admin; default 0) */
+  const char *identity;          /* free text for the servers' logs (copied; may be NULL) */
+  const char *token;             /* shared secret for the handshake MAC; NULL = none */
+  double connect_timeout_s;      /* ts_client_open waits this long for the shards (5) */
+  double request_timeout_s;      /* default deadline of a request (60) */
+  double heartbeat_interval_s;   /* 0 = no heartbeats (default 0) */
+  double heartbeat_timeout_s;    /* with heartbeats: a shard silent this long is presumed dead
+                                    and its connection re-established (5); bytes of a large
+                                    frame moving either way count as not silent */
+  bool require_all;              /* open fails unless every shard answered (default false) */
+  uint32_t busy_poll_us;         /* poll this long for an answer before sleeping; 0 = always
+                                    sleep (default 0) */
+  ts_client_log_fn log;          /* NULL (default): diagnostics are dropped */
+  void *log_arg;
+  int log_level;                 /* the most verbose level passed to log (0 or default:
+                                    TS_CLIENT_LOG_INFO) */
+} ts_client_opts_t;
+
+/* Fill *opts with the defaults above and set struct_size. Call it before setting fields.
+ * (A zeroed struct with only struct_size set means the same defaults: every 0 above stands
+ * for its default.) */
+TS_CLIENT_API void ts_client_opts_init(ts_client_opts_t *opts);
+
+typedef struct ts_client ts_client_t;
+
+/* Start the client thread and connect to every shard. Waits up to connect_timeout_s for
+ * the shards to answer the handshake. With require_all, fails (TS_CLIENT_EUNAVAIL, errmsg
+ * naming each unreachable shard and why) unless all did; otherwise succeeds with whatever
+ * answered and keeps trying the rest in the background. Also fails for bad addresses or
+ * options (TS_CLIENT_EINVAL; also when opts->struct_size is 0 or larger than this library
+ * knows) or a refused handshake (TS_CLIENT_EAUTH, TS_CLIENT_EVERSION ...). *out is NULL on
+ * failure. */
+TS_CLIENT_API int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg,
+                                 size_t errlen);
+
+/* Make every request in flight, and every later one, fail at once with TS_CLIENT_ESHUTDOWN
+ * ("interrupted"): for a signal handler (async-signal-safe), so a worker told to stop does
+ * not sit out a pull that waits for an unreachable shard. Irreversible. */
+TS_CLIENT_API void ts_client_interrupt(ts_client_t *c);
+
+/* Fail every request still in flight with TS_CLIENT_ESHUTDOWN (their callbacks run, on the
+ * client thread, before this returns), close every connection, stop the thread and free
+ * the client. NULL is ignored. */
+TS_CLIENT_API void ts_client_close(ts_client_t *c);
+
+/* Set the default deadline of later requests (seconds; > 0). */
+TS_CLIENT_API void ts_client_set_timeout(ts_client_t *c, double seconds);
+
+/* --- the job ------------------------------------------------------------------------ */
+
+typedef enum {
+  TS_CLIENT_MODE_UNSPECIFIED = 0, /* no shard has answered yet */
+  TS_CLIENT_MODE_ASYNC = 1,
+  TS_CLIENT_MODE_SYNC = 2,
+  TS_CLIENT_MODE_SSP = 3,
+} ts_client_mode_t;
+
+/* "async", "sync", "ssp", or "unspecified". Never NULL; static. */
+TS_CLIENT_API const char *ts_client_mode_name(ts_client_mode_t mode);
+
+TS_CLIENT_API uint32_t ts_client_num_shards(const ts_client_t *c);
+
+/* Whether shard i currently has a ready connection; when not, *why (optional) gets the last
+ * error seen ("connection refused"). */
+TS_CLIENT_API bool ts_client_shard_up(ts_client_t *c, uint32_t shard, char *why, size_t whylen);
+
+/* The job's settings as the shards announced them in the handshake (0 / UNSPECIFIED before
+ * any shard answered, or for a NULL client). */
+TS_CLIENT_API uint64_t ts_client_partition_bytes(ts_client_t *c);
+TS_CLIENT_API uint32_t ts_client_job_workers(ts_client_t *c);
+TS_CLIENT_API ts_client_mode_t ts_client_job_mode(ts_client_t *c);
+
+/* How many times a shard was seen to restart (a new incarnation in its handshake). */
+TS_CLIENT_API uint64_t ts_client_restarts(ts_client_t *c);
+
+/* --- the model ---------------------------------------------------------------------- */
+
+/* How a shard initialises a tensor it has not seen (deterministic in the declare's seed
+ * and the tensor's name, identical on every shard). */
+typedef enum {
+  TS_CLIENT_INIT_ZEROS = 0,
+  TS_CLIENT_INIT_GLOROT_UNIFORM = 1,
+  TS_CLIENT_INIT_ONES = 2,
+} ts_client_init_t;
+
+typedef struct {
+  const char *name;
+  const uint64_t *shape;
+  size_t rank;
+  ts_client_init_t init;
+} ts_client_tensor_t;
+
+/* Declare the model (the same tensor list, in the same order, on every worker) and compute
+ * the partition plan. The list is copied. Needs a shard to have answered (else
+ * TS_CLIENT_EUNAVAIL); waits for every shard to be connected, up to the request timeout.
+ * Returns 0, or the first shard's error (TS_CLIENT_ESHAPE for a mismatching redeclaration,
+ * with the server's detail in errmsg). Not concurrently with requests in flight. */
+TS_CLIENT_API int ts_client_declare(ts_client_t *c, const ts_client_tensor_t *tensors, size_t n,
+                                    uint64_t seed, char *errmsg, size_t errlen);
+
+/* One partition of the plan: elements [offset, offset + count) of tensor `tensor`, held by
+ * shard `shard`; `part` is its index among the tensor's partitions. */
+typedef struct {
+  uint32_t tensor;
+  uint32_t part;
+  uint32_t shard;
+  uint64_t offset;
+  uint64_t count;
+} ts_client_part_t;
+
+/* The plan of the declared model (0 before a declare succeeded). Partitions are numbered
+ * 0..num_parts-1 tensor by tensor, in order. */
+TS_CLIENT_API size_t ts_client_num_tensors(const ts_client_t *c);
+TS_CLIENT_API size_t ts_client_num_parts(const ts_client_t *c);
+/* Elements of tensor t (0 when out of range). */
+TS_CLIENT_API uint64_t ts_client_tensor_elems(const ts_client_t *c, size_t t);
+/* Partition k into *out; TS_CLIENT_EINVAL when out of range. */
+TS_CLIENT_API int ts_client_part(const ts_client_t *c, size_t k, ts_client_part_t *out);
+
+/* --- requests ----------------------------------------------------------------------- */
+
+typedef enum {
+  TS_CLIENT_PULL = 1,      /* read parameters into dst */
+  TS_CLIENT_PUSH = 2,      /* send gradients from grad */
+  TS_CLIENT_PUSH_PULL = 3, /* push then pull, in one round trip (see below) */
+} ts_client_req_kind_t;
+
+/* step: tag each shard's push with the version last pulled from that shard (sync mode:
+ * each shard's barrier counts the gradients for the step they were computed at). */
+#define TS_CLIENT_STEP_PULLED UINT64_MAX
+/* min_version: from each shard, wait for the version after the one last pulled from it
+ * (sync mode's next step), or take whatever it has when nothing was pulled from it yet or
+ * it restarted since (restored from a checkpoint, it may be behind the others). */
+#define TS_CLIENT_VERSION_NEXT UINT64_MAX
+
+typedef struct ts_client_req ts_client_req_t;
+
+/* Called once on the client thread when a submitted request is done, with its results
+ * filled in. The request (and its buffers) belong to the caller again from the callback's
+ * first line on: it may free, reuse or resubmit it. */
+typedef void (*ts_client_done_fn)(ts_client_req_t *req, void *arg);
+
+struct ts_client_req {
+  /* Set by ts_client_req_init: sizeof(ts_client_req_t) of the caller's header. */
+  uint32_t struct_size;
+
+  /* --- in: read at submit; the buffers are used until the request is done --- */
+  ts_client_req_kind_t kind;
+  /* Per declared tensor t, its gradient (push) and its destination (pull): arrays of
+   * ts_client_num_tensors() pointers, each to tensor t's element count of floats. Only the
+   * entries of the tensors the request covers are read; others may be NULL. The memory
+   * must not be touched (pull) or changed (push) until the request is done; for a
+   * PUSH_PULL, no grad range may overlap a dst range (TS_CLIENT_EINVAL), since the pull's
+   * replies are read into dst while the push is still being written from grad. */
+  const float *const *grad;
+  float *const *dst;
+  /* Optional subset, at most one of the two (NULL = the whole model):
+   * tensors[0..num_tensors) — indices of declared tensors, every partition of each;
+   * parts[0..num_parts) — plan partition indices (ts_client_part). Both arrays are read at
+   * submit only. */
+  const uint32_t *tensors;
+  size_t num_tensors;
+  const size_t *parts;
+  size_t num_parts;
+  /* push: the step the gradients are tagged with (sync mode: the version pulled; the
+   * worker's clock otherwise), or TS_CLIENT_STEP_PULLED. */
+  uint64_t step;
+  /* pull: wait until every partition pulled is at least this version (sync long poll), or
+   * TS_CLIENT_VERSION_NEXT. 0 = take what is there. */
+  uint64_t min_version;
+  /* pull: the caller's clock, for the ssp staleness bound. */
+  uint64_t clock;
+  /* Deadline in seconds; 0 = the client's (request_timeout_s, ts_client_set_timeout). */
+  double timeout_s;
+
+  /* --- out: valid once the request is done --- */
+  int rc;                 /* 0, or the request's error (as returned by wait and run) */
+  /* PUSH_PULL: each part's own outcome (0 or an error), since rc tells only one: a caller
+   * that must know whether the push went through (to retry it or not) looks here. rc is
+   * the push part's error when it failed anywhere, else the pull part's. Both 0 for the
+   * other kinds. */
+  int push_rc, pull_rc;
+  /* push: partitions, summed over the shards, by outcome */
+  uint64_t applied, accumulated, stale, duplicate;
+  /* pull: the lowest version pulled (0 when the request failed or pulled nothing) */
+  uint64_t version;
+  char errmsg[256];       /* on failure: why, naming the shard */
+
+  /* --- private to the library (and room to grow without changing the layout) --- */
+  int priv_state;
+  void *priv_reserved[2];
+};
+
+/* Zero *req, set its kind and struct_size. */
+TS_CLIENT_API void ts_client_req_init(ts_client_req_t *req, ts_client_req_kind_t kind);
+
+/* Hand req to the client thread and return at once. Requests submitted one after the other
+ * (from one thread, or ordered by the caller) reach every shard in that order; requests
+ * submitted concurrently from several threads are ordered arbitrarily. On 0 the request
+ * is in flight: cb
+ * (optional) is called exactly once on the client thread when it is done, whatever its
+ * outcome; without cb, ts_client_wait waits for it. On an error nothing was sent, cb is never
+ * called, and req->rc / req->errmsg say why:
+ *   TS_CLIENT_EINVAL     req NULL or its struct_size wrong (then req is not written); c
+ *                        NULL, a bad kind, a buffer missing, a subset index out of range
+ *                        or listed twice, both subsets given, grad and dst overlapping
+ *                        (PUSH_PULL: then push_rc and pull_rc are EINVAL too);
+ *   TS_CLIENT_EBUSY      req is already in flight (then req is left untouched);
+ *   TS_CLIENT_ENOTDECLARED  no model declared;
+ *   TS_CLIENT_ESHUTDOWN  the client was interrupted or is closing;
+ *   TS_CLIENT_ENOMEM.
+ * A request in flight waits for shards that are not connected yet (reconnecting), up to
+ * its deadline; it fails with TS_CLIENT_ETIMEDOUT when the deadline passes, and with
+ * TS_CLIENT_ECLOSED when a connection is lost under it.
+ *
+ * PUSH_PULL: each shard is sent its push and its pull back to back, without waiting for
+ * the push's reply, and handles them in order, so the pull sees the push applied (sync:
+ * waits for the version the push takes part in). When it fails, dst's content is
+ * unspecified and the shards' last pulled versions are left as they were, so the
+ * STEP_PULLED push / VERSION_NEXT pull a caller retries with are tagged and wait as the
+ * first attempt's were. A PULL that fails leaves dst unspecified too. */
+TS_CLIENT_API int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
+                                   void *arg);
+
+/* Wait until req (submitted on c without a callback) is done and return req->rc. Returns
+ * at once for a request already done. TS_CLIENT_EINVAL (and req untouched) when c or req is
+ * NULL, req was never submitted (or its submit failed), req is in flight with a callback
+ * (the callback is its completion: it may free req), or when called on the client thread.
+ * Any number of threads may wait for the same request. */
+TS_CLIENT_API int ts_client_wait(ts_client_t *c, ts_client_req_t *req);
+
+/* ts_client_submit then ts_client_wait: returns req->rc (the submit's error when it failed).
+ * Not on the client thread. */
+TS_CLIENT_API int ts_client_run(ts_client_t *c, ts_client_req_t *req);
+
+/* --- heartbeats and progress -------------------------------------------------------- */
+
+/* Progress carried by the next heartbeats (sent every heartbeat_interval_s from the client
+ * thread, so a worker busy computing stays alive). done = the worker leaves the job's
+ * barriers. */
+TS_CLIENT_API void ts_client_set_progress(ts_client_t *c, uint64_t step, double loss,
+                                          double examples_per_sec, double epoch_progress,
+                                          bool done);
+
+/* Send a heartbeat to every ready shard now and wait for the replies. */
+TS_CLIENT_API int ts_client_heartbeat(ts_client_t *c, char *errmsg, size_t errlen);
+
+/* --- status and admin --------------------------------------------------------------- */
+
+typedef struct {
+  int32_t task;
+  uint64_t step;
+  double loss;
+  double examples_per_sec;
+  double last_seen_s;          /* seconds since the shard last heard from the worker */
+  bool alive, done;
+  double epoch_progress;
+  const char *identity;
+  uint64_t clock;
+  uint64_t stale_dropped;      /* this worker's gradient partitions dropped as stale */
+} ts_client_worker_status_t;
+
+/* One shard's view of itself and of the workers it has seen. */
+typedef struct {
+  uint32_t shard, num_shards;
+  ts_client_mode_t mode;
+  uint64_t step;               /* sync: the lowest partition version; else pushes applied */
+  uint32_t partitions;
+  uint64_t bytes;
+  uint64_t version;            /* lowest partition version */
+  uint32_t tensors;
+  const ts_client_worker_status_t *workers;
+  size_t num_workers_seen;
+  uint64_t pushes, pulls, stale_dropped, rejected_frames, errors;
+  double uptime_s;
+  uint32_t num_workers;        /* configured workers */
+  const int32_t *barrier_waiting_for; /* sync: tasks the open barrier waits for */
+  size_t num_barrier_waiting_for;
+  uint64_t connections, auth_failures, nonfinite_refused, incarnation;
+  const char *last_checkpoint; /* newest checkpoint written or restored ("" when none) */
+  double last_checkpoint_age_s; /* -1 when none */
+  uint64_t checkpoints_written;
+  uint64_t restored_step;      /* step restored at start (0 when none) */
+} ts_client_shard_status_t;
+
+/* Ask shard i for its status; *out (one allocation, strings and arrays included) is freed
+ * with ts_client_status_free. Fails with TS_CLIENT_EUNAVAIL at once when the shard has no
+ * ready connection, TS_CLIENT_EINVAL for a shard out of range. */
+TS_CLIENT_API int ts_client_status(ts_client_t *c, uint32_t shard, ts_client_shard_status_t **out,
+                                   char *errmsg, size_t errlen);
+TS_CLIENT_API void ts_client_status_free(ts_client_shard_status_t *st);
+
+/* Admin: ask shard i to write a checkpoint now; path (may be NULL) gets the file, *step
+ * (may be NULL) the step it holds. Needs an admin client (TS_CLIENT_EPERM). */
+TS_CLIENT_API int ts_client_checkpoint(ts_client_t *c, uint32_t shard, char *path, size_t pathlen,
+                                       uint64_t *step, char *errmsg, size_t errlen);
+
+/* Admin: ask shard i to stop (after a final checkpoint when `checkpoint` and the job keeps
+ * checkpoints); path (may be NULL) gets the final checkpoint ("" when none). */
+TS_CLIENT_API int ts_client_shutdown(ts_client_t *c, uint32_t shard, bool checkpoint, char *path,
+                                     size_t pathlen, char *errmsg, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,74 @@
+#include "ts_status.h"
+
+#include <stdalign.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_err.h"
+
+ts_client_mode_t ts_status_mode(Tessera__Mode mode) {
+  switch (mode) {
+    case TESSERA__MODE__MODE_ASYNC:
+      return TS_CLIENT_MODE_ASYNC;
+    case TESSERA__MODE__MODE_SYNC:
+      return TS_CLIENT_MODE_SYNC;
+    case TESSERA__MODE__MODE_SSP:
+      return TS_CLIENT_MODE_SSP;
+    default:
+      return TS_CLIENT_MODE_UNSPECIFIED;
+  }
+}
+
+static size_t align_up(size_t n) {
+  const size_t a = alignof(max_align_t);
+  return (n + a - 1) / a * a;
+}
+
+/* The block: the struct, the workers, the barrier list, then the strings. */
+int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t **out) {
+  *out = NULL;
+  size_t nw = pb->n_workers, nb = pb->n_barrier_waiting_for;
+  const char *ckpt = pb->last_checkpoint ? pb->last_checkpoint : "";
+  size_t off_w = align_up(sizeof(ts_client_shard_status_t));
+  size_t off_b = align_up(off_w + nw * sizeof(ts_client_worker_status_t));
+  size_t off_s = off_b + nb * sizeof(int32_t);
+  size_t total = off_s + strlen(ckpt) + 1;
+  for (size_t i = 0; i < nw; i++)
+    total += strlen(pb->workers[i]->identity ? pb->workers[i]->identity : "") + 1;
+  char *block = ts_calloc(1, total);
+  if (!block) return TS_ENOMEM;
+  ts_client_shard_status_t *st = (ts_client_shard_status_t *)(void *)block;
+  ts_client_worker_status_t *w = (ts_client_worker_status_t *)(void *)(block + off_w);
+  int32_t *barrier = (int32_t *)(void *)(block + off_b);
+  char *str = block + off_s;
+  *st = (ts_client_shard_status_t){
+      .shard = pb->shard, .num_shards = pb->num_shards, .mode = ts_status_mode(pb->mode),
+      .step = pb->step, .partitions = pb->partitions, .bytes = pb->bytes,
+      .version = pb->version, .tensors = pb->tensors, .workers = w, .num_workers_seen = nw,
+      .pushes = pb->pushes, .pulls = pb->pulls, .stale_dropped = pb->stale_dropped,
+      .rejected_frames = pb->rejected_frames, .errors = pb->errors, .uptime_s = pb->uptime_s,
+      .num_workers = pb->num_workers, .barrier_waiting_for = barrier,
+      .num_barrier_waiting_for = nb, .connections = pb->connections,
+      .auth_failures = pb->auth_failures, .nonfinite_refused = pb->nonfinite_refused,
+      .incarnation = pb->incarnation, .last_checkpoint_age_s = pb->last_checkpoint_age_s,
+      .checkpoints_written = pb->checkpoints_written, .restored_step = pb->restored_step};
+  for (size_t i = 0; i < nb; i++) barrier[i] = pb->barrier_waiting_for[i];
+  size_t len = strlen(ckpt) + 1;
+  memcpy(str, ckpt, len);
+  st->last_checkpoint = str;
+  str += len;
+  for (size_t i = 0; i < nw; i++) {
+    const Tessera__WorkerStatus *ws = pb->workers[i];
+    const char *id = ws->identity ? ws->identity : "";
+    len = strlen(id) + 1;
+    memcpy(str, id, len);
+    w[i] = (ts_client_worker_status_t){
+        .task = ws->task, .step = ws->step, .loss = ws->loss,
+        .examples_per_sec = ws->examples_per_sec, .last_seen_s = ws->last_seen_s,
+        .alive = ws->alive, .done = ws->done, .epoch_progress = ws->epoch_progress,
+        .identity = str, .clock = ws->clock, .stale_dropped = ws->stale_dropped};
+    str += len;
+  }
+  *out = st;
+  return 0;
+}

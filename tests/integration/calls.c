@@ -1,0 +1,85 @@
+#include "calls.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "ts_log.h"
+
+static int finish(ts_client_t *c, ts_client_req_t *q, uint64_t *version, tc_result_t *res,
+                  char *errmsg, size_t errlen) {
+  int rc = ts_client_run(c, q);
+  if (rc < 0 && errmsg && errlen) snprintf(errmsg, errlen, "%s", q->errmsg);
+  if (rc == 0 && version) *version = q->version;
+  if (res)
+    *res = (tc_result_t){.applied = q->applied, .accumulated = q->accumulated,
+                         .stale = q->stale, .duplicate = q->duplicate, .push_rc = q->push_rc,
+                         .pull_rc = q->pull_rc};
+  return rc;
+}
+
+int tc_pull(ts_client_t *c, float *const *dst, uint64_t min_version, uint64_t clock,
+            uint64_t *version, char *errmsg, size_t errlen) {
+  ts_client_req_t q;
+  ts_client_req_init(&q, TS_CLIENT_PULL);
+  q.dst = dst;
+  q.min_version = min_version;
+  q.clock = clock;
+  return finish(c, &q, version, NULL, errmsg, errlen);
+}
+
+int tc_push(ts_client_t *c, const float *const *grad, uint64_t step, tc_result_t *res,
+            char *errmsg, size_t errlen) {
+  ts_client_req_t q;
+  ts_client_req_init(&q, TS_CLIENT_PUSH);
+  q.grad = grad;
+  q.step = step;
+  return finish(c, &q, NULL, res, errmsg, errlen);
+}
+
+int tc_push_parts(ts_client_t *c, const float *const *grad, const size_t *parts, size_t n,
+                  uint64_t step, tc_result_t *res, char *errmsg, size_t errlen) {
+  ts_client_req_t q;
+  ts_client_req_init(&q, TS_CLIENT_PUSH);
+  q.grad = grad;
+  q.parts = parts;
+  q.num_parts = n;
+  q.step = step;
+  return finish(c, &q, NULL, res, errmsg, errlen);
+}
+
+int tc_push_pull(ts_client_t *c, const float *const *grad, uint64_t step, float *const *dst,
+                 uint64_t min_version, uint64_t clock, uint64_t *version, tc_result_t *res,
+                 char *errmsg, size_t errlen) {
+  ts_client_req_t q;
+  ts_client_req_init(&q, TS_CLIENT_PUSH_PULL);
+  q.grad = grad;
+  q.dst = dst;
+  q.step = step;
+  q.min_version = min_version;
+  q.clock = clock;
+  return finish(c, &q, version, res, errmsg, errlen);
+}
+
+size_t tc_tensor_parts(const ts_client_t *c, uint32_t t) {
+  size_t n = 0;
+  ts_client_part_t p;
+  for (size_t k = 0; k < ts_client_num_parts(c); k++)
+    if (ts_client_part(c, k, &p) == 0 && p.tensor == t) n++;
+  return n;
+}
+
+size_t tc_shard_parts(const ts_client_t *c, uint32_t s) {
+  size_t n = 0;
+  ts_client_part_t p;
+  for (size_t k = 0; k < ts_client_num_parts(c); k++)
+    if (ts_client_part(c, k, &p) == 0 && p.shard == s) n++;
+  return n;
+}
+
+void tc_opts(ts_client_opts_t *o, const char *const *addrs, size_t num_shards) {
+  ts_client_opts_init(o);
+  o->addrs = addrs;
+  o->num_shards = num_shards;
+  o->log = ts_log_forward;
+  o->log_level = TS_CLIENT_LOG_DEBUG;
+}

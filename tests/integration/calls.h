@@ -1,0 +1,46 @@
+/*
+ * Blocking one-call requests for the tests, on the public request API of
+ * include/tessera/client.h (ts_client_run), so that the tests written against the old
+ * per-variant calls assert the same things: each builds one ts_client_req_t over the whole
+ * model (or a list of partitions) and copies its results out.
+ */
+#ifndef TS_TEST_CALLS_H
+#define TS_TEST_CALLS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tessera/client.h"
+
+/* A push's outcome: the request's counts and, for a push+pull, each part's rc. */
+typedef struct {
+  uint64_t applied, accumulated, stale, duplicate;
+  int push_rc, pull_rc;
+} tc_result_t;
+
+/* Pull every tensor into dst (min_version may be TS_CLIENT_VERSION_NEXT); *version
+ * (optional) gets the lowest version pulled, on success. */
+int tc_pull(ts_client_t *c, float *const *dst, uint64_t min_version, uint64_t clock,
+            uint64_t *version, char *errmsg, size_t errlen);
+
+/* Push every tensor's gradient tagged with step (may be TS_CLIENT_STEP_PULLED). */
+int tc_push(ts_client_t *c, const float *const *grad, uint64_t step, tc_result_t *res,
+            char *errmsg, size_t errlen);
+
+/* Push only the listed plan partitions. */
+int tc_push_parts(ts_client_t *c, const float *const *grad, const size_t *parts, size_t n,
+                  uint64_t step, tc_result_t *res, char *errmsg, size_t errlen);
+
+/* Push then pull in one round trip. */
+int tc_push_pull(ts_client_t *c, const float *const *grad, uint64_t step, float *const *dst,
+                 uint64_t min_version, uint64_t clock, uint64_t *version, tc_result_t *res,
+                 char *errmsg, size_t errlen);
+
+/* Partitions of tensor t, and partitions held by shard s, in the declared plan. */
+size_t tc_tensor_parts(const ts_client_t *c, uint32_t t);
+size_t tc_shard_parts(const ts_client_t *c, uint32_t s);
+
+/* Shard options with struct_size set and the client's logs sent to ts_log. */
+void tc_opts(ts_client_opts_t *o, const char *const *addrs, size_t num_shards);
+
+#endif

@@ -12,45 +12,11 @@
 
 #include "ts_addr.h"
 #include "ts_alloc.h"
+#include "ts_config_int.h"
 #include "ts_err.h"
 #include "ts_log.h"
 
 /* ---- The key table ---------------------------------------------------------------------- */
-
-typedef enum {
-  TS_CT_BOOL,    /* bool */
-  TS_CT_INT,     /* int, bounds imin..imax */
-  TS_CT_INT64,   /* int64_t, bounds imin..imax */
-  TS_CT_FLOAT,   /* double, bounds fmin..fmax (open ends by flag); ints accepted */
-  TS_CT_STRING,  /* char *, length min_len..max_len, optional choices and check */
-  TS_CT_ENUM,    /* an int-sized enum: one of choices, stored as choice_values[i] */
-  TS_CT_STRINGS, /* char ** plus a size_t count at count_offset */
-  TS_CT_INTS,    /* int[max_len] inline plus a size_t count at count_offset */
-} ts_config_type_t;
-
-#define TS_CF_OPEN_MIN 0x1u /* float: the minimum itself is not allowed */
-#define TS_CF_OPEN_MAX 0x2u /* float: the maximum itself is not allowed */
-
-/* A syntax check for one string value; fills why (one phrase) and returns false when bad. */
-typedef bool (*ts_config_check_fn)(const char *value, char *why, size_t whylen);
-
-typedef struct {
-  const char *name; /* dotted key, "section.key" */
-  ts_config_type_t type;
-  size_t offset;              /* target field in ts_config_t */
-  size_t count_offset;        /* TS_CT_STRINGS, TS_CT_INTS: the size_t element count */
-  int64_t imin, imax;         /* TS_CT_INT, TS_CT_INT64, TS_CT_INTS (each element) */
-  int64_t multiple;           /* integers: the value must be a multiple of this (0 = any) */
-  double fmin, fmax;          /* TS_CT_FLOAT */
-  unsigned flags;             /* TS_CF_* */
-  size_t min_len, max_len;    /* TS_CT_STRING: bytes; TS_CT_STRINGS, TS_CT_INTS: entries */
-  const char *const *choices; /* TS_CT_STRING, TS_CT_ENUM: allowed values, NULL-terminated */
-  const int *choice_values;   /* TS_CT_ENUM: what is stored for choices[i] */
-  ts_config_check_fn check;   /* TS_CT_STRING, TS_CT_STRINGS: per-value syntax */
-  const char *check_doc;      /* what check accepts, for the reference */
-  const char *def;            /* the default, in libconfig syntax */
-  const char *doc;            /* meaning, and the reason for the limits */
-} ts_config_def_t;
 
 static bool check_address(const char *value, char *why, size_t whylen) {
   if (ts_addr_split(value, NULL, 0, NULL) == 0) return true;
@@ -118,7 +84,7 @@ _Static_assert(sizeof(ts_activation_t) == sizeof(int), "enum fields must be int-
   }
 
 /* Every key of a job file. Sections appear in this order in docs/configuration.md. */
-static const ts_config_def_t ts_config_defs[] = {
+const ts_config_def_t ts_config_defs[] = {
     HOSTS("cluster.ps", ps, num_ps, 1, "[\"127.0.0.1:7100\"]",
           "Address shard N listens on, one entry per shard. At most 256 shards, the size the "
           "partition plan and status pages are built for."),
@@ -290,6 +256,7 @@ static const ts_config_def_t ts_config_defs[] = {
 };
 
 #define TS_CONFIG_NDEFS (sizeof ts_config_defs / sizeof ts_config_defs[0])
+const size_t ts_config_ndefs = TS_CONFIG_NDEFS;
 
 /* ---- Loader state and errors ------------------------------------------------------------ */
 
@@ -435,11 +402,11 @@ static int fail_unknown(loader_t *ld, const char *name) {
 
 /* ---- Typed setters: the table's bounds are checked here, whatever the source ------------- */
 
-static void describe_bounds_int(const ts_config_def_t *d, char *buf, size_t n) {
+void ts_config_describe_int_bounds(const ts_config_def_t *d, char *buf, size_t n) {
   snprintf(buf, n, "[%lld, %lld]", (long long)d->imin, (long long)d->imax);
 }
 
-static void describe_bounds_float(const ts_config_def_t *d, char *buf, size_t n) {
+void ts_config_describe_float_bounds(const ts_config_def_t *d, char *buf, size_t n) {
   snprintf(buf, n, "%c%g, %g%c", (d->flags & TS_CF_OPEN_MIN) ? '(' : '[', d->fmin, d->fmax,
            (d->flags & TS_CF_OPEN_MAX) ? ')' : ']');
 }
@@ -453,7 +420,7 @@ static void describe_choices(const ts_config_def_t *d, char *buf, size_t n) {
 
 static int check_int(loader_t *ld, const ts_config_def_t *d, const char *name, int64_t v) {
   char range[96];
-  describe_bounds_int(d, range, sizeof range);
+  ts_config_describe_int_bounds(d, range, sizeof range);
   if (v < d->imin || v > d->imax)
     return fail(ld, name, "must be an integer in %s, not %lld", range, (long long)v);
   if (d->multiple && v % d->multiple != 0)
@@ -477,7 +444,7 @@ static int set_float(loader_t *ld, const ts_config_def_t *d, double v) {
   bool high = (d->flags & TS_CF_OPEN_MAX) ? v >= d->fmax : v > d->fmax;
   if (!isfinite(v) || low || high) {
     char range[96];
-    describe_bounds_float(d, range, sizeof range);
+    ts_config_describe_float_bounds(d, range, sizeof range);
     return fail(ld, d->name, "must be a number in %s, not %g", range, v);
   }
   *(double *)field_of(ld->cfg, d->offset) = v;
@@ -1249,132 +1216,4 @@ const char *ts_mode_name(ts_mode_t mode) {
 
 const char *ts_optimizer_name(ts_optimizer_t opt) {
   return choice_name(def_named("optimizer.name"), (int)opt);
-}
-
-/* ---- Reference -------------------------------------------------------------------------- */
-
-static const char *type_label(const ts_config_def_t *d) {
-  switch (d->type) {
-    case TS_CT_BOOL:
-      return "bool";
-    case TS_CT_INT:
-      return "int";
-    case TS_CT_INT64:
-      return "int64";
-    case TS_CT_FLOAT:
-      return "float";
-    case TS_CT_STRING:
-    case TS_CT_ENUM:
-      return "string";
-    case TS_CT_STRINGS:
-      return "string array";
-    case TS_CT_INTS:
-      return "int array";
-  }
-  return "?";
-}
-
-/* Table cells must not contain '|'. */
-static void put_cell(FILE *f, const char *s) {
-  for (; *s; s++) {
-    if (*s == '|') fputc('\\', f);
-    fputc(*s, f);
-  }
-}
-
-static void write_bounds(FILE *f, const ts_config_def_t *d) {
-  char buf[256];
-  switch (d->type) {
-    case TS_CT_BOOL:
-      fputs("true, false", f);
-      break;
-    case TS_CT_INT:
-    case TS_CT_INT64:
-      describe_bounds_int(d, buf, sizeof buf);
-      fputs(buf, f);
-      if (d->multiple) fprintf(f, ", a multiple of %lld", (long long)d->multiple);
-      break;
-    case TS_CT_FLOAT:
-      describe_bounds_float(d, buf, sizeof buf);
-      fputs(buf, f);
-      break;
-    case TS_CT_STRING:
-    case TS_CT_ENUM:
-      if (d->choices) {
-        for (size_t i = 0; d->choices[i]; i++)
-          fprintf(f, "%s`\"%s\"`", i ? ", " : "", d->choices[i]);
-      } else {
-        if (d->min_len == 0)
-          fprintf(f, "at most %zu bytes", d->max_len);
-        else
-          fprintf(f, "%zu to %zu bytes", d->min_len, d->max_len);
-        if (d->check_doc) fprintf(f, "; %s", d->check_doc);
-      }
-      break;
-    case TS_CT_STRINGS:
-      fprintf(f, "%zu to %zu entries", d->min_len, d->max_len);
-      if (d->check_doc) fprintf(f, ", each %s", d->check_doc);
-      break;
-    case TS_CT_INTS:
-      describe_bounds_int(d, buf, sizeof buf);
-      fprintf(f, "%zu to %zu entries, each in %s", d->min_len, d->max_len, buf);
-      break;
-  }
-}
-
-void ts_config_write_reference(FILE *f) {
-  fputs(
-      "# Configuration reference\n"
-      "\n"
-      "<!-- Generated by build/config/ts-config-reference from the key table in\n"
-      "     config/ts_config.c; do not edit by hand. A unit test checks it is current. -->\n"
-      "\n"
-      "Every Tessera binary reads one libconfig job file (`-c FILE`); the keys below are all\n"
-      "there is, and any other key is an error that names its file and line. Values are\n"
-      "applied in this order, later ones winning: the defaults below, the file, the\n"
-      "`TF_CONFIG` environment variable (TensorFlow's JSON: `cluster.ps` and `cluster.worker`\n"
-      "set `cluster.ps` and `cluster.workers`, `task` sets the process's identity), then each\n"
-      "`--set KEY=VALUE` in the order given. A `--set` value is in libconfig syntax\n"
-      "(`--set train.max_steps=200`, `--set 'model.layers=[784, 10]'`), except that a string\n"
-      "key also takes an unquoted value as it stands (`--set job.mode=async`). A float key\n"
-      "also takes an integer (`60` for `60.0`), and an integer beyond 32 bits needs no `L`\n"
-      "suffix. Errors exit with code 78.\n"
-      "\n",
-      f);
-  const char *section = NULL;
-  size_t section_len = 0;
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++) {
-    const ts_config_def_t *d = &ts_config_defs[i];
-    size_t len = (size_t)(strchr(d->name, '.') - d->name);
-    if (!section || len != section_len || strncmp(section, d->name, len) != 0) {
-      section = d->name;
-      section_len = len;
-      fprintf(f, "## %.*s\n\n", (int)len, d->name);
-      fputs("| key | type | default | allowed | meaning |\n", f);
-      fputs("|---|---|---|---|---|\n", f);
-    }
-    fprintf(f, "| `%s` | %s | `", d->name, type_label(d));
-    put_cell(f, d->def);
-    fputs("` | ", f);
-    write_bounds(f, d);
-    fputs(" | ", f);
-    put_cell(f, d->doc);
-    fputs(" |\n", f);
-    if (i + 1 == TS_CONFIG_NDEFS || strncmp(ts_config_defs[i + 1].name, d->name, len + 1) != 0)
-      fputc('\n', f);
-  }
-  fputs(
-      "## Rules across keys\n"
-      "\n"
-      "Checked after everything is applied; an error names where the offending value came\n"
-      "from.\n"
-      "\n"
-      "- `cluster.ps_http` is empty or has one entry per entry of `cluster.ps`.\n"
-      "- No address appears twice across `cluster.ps`, `cluster.ps_http` and `cluster.workers`.\n"
-      "- `job.replicas_to_aggregate` is at most the number of workers.\n"
-      "- `job.heartbeat_interval_s` is less than `job.heartbeat_timeout_s`.\n"
-      "- `job.partition_bytes` is at most `server.max_message_bytes`.\n"
-      "- The task index from `TF_CONFIG` names an entry of `cluster.ps` or\n"
-      "  `cluster.workers`.\n",
-      f);
 }

@@ -1,6 +1,5 @@
 #include "ts_config.h"
 
-#include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
 #include <libconfig.h>
@@ -255,29 +254,13 @@ const ts_config_def_t ts_config_defs[] = {
            "File holding the admin token psctl needs for admin requests; empty = none."),
 };
 
-#define TS_CONFIG_NDEFS (sizeof ts_config_defs / sizeof ts_config_defs[0])
-const size_t ts_config_ndefs = TS_CONFIG_NDEFS;
+const size_t ts_config_ndefs = sizeof ts_config_defs / sizeof ts_config_defs[0];
 
 /* ---- Loader state and errors ------------------------------------------------------------ */
 
-#define WHERE_LEN 160
-#define KEY_LEN 128
-
-typedef struct {
-  ts_config_t *cfg;
-  char *errmsg;
-  size_t errlen;
-  char where[WHERE_LEN];                   /* the source of what is applied now */
-  char origin[TS_CONFIG_NDEFS][WHERE_LEN]; /* where each key was last set */
-  char task_origin[WHERE_LEN];
-} loader_t;
-
 static const char default_origin[] = "(default)";
 
-/* "<where>: <name>: <message>", returning TS_ECONFIG. */
-static int fail(loader_t *ld, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(loader_t *ld, const char *name, const char *fmt, ...) {
+int ts_config_fail(ts_config_loader_t *ld, const char *name, const char *fmt, ...) {
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
@@ -290,42 +273,34 @@ static int fail(loader_t *ld, const char *name, const char *fmt, ...) {
   return TS_ECONFIG;
 }
 
-static int oom(loader_t *ld, const char *name) {
+int ts_config_oom(ts_config_loader_t *ld, const char *name) {
   snprintf(ld->errmsg, ld->errlen, "%s: %s: out of memory", ld->where, name);
   return TS_ENOMEM;
 }
 
-static void *field_of(ts_config_t *cfg, size_t offset) {
-  return (char *)cfg + offset;
-}
-
-static size_t *count_of(ts_config_t *cfg, const ts_config_def_t *d) {
-  return (size_t *)field_of(cfg, d->count_offset);
-}
-
-static const ts_config_def_t *find_def(const char *name) {
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++)
+const ts_config_def_t *ts_config_find_def(const char *name) {
+  for (size_t i = 0; i < ts_config_ndefs; i++)
     if (strcmp(ts_config_defs[i].name, name) == 0) return &ts_config_defs[i];
   return NULL;
 }
 
-static const ts_config_def_t *def_named(const char *name) {
-  const ts_config_def_t *d = find_def(name);
+const ts_config_def_t *ts_config_def_named(const char *name) {
+  const ts_config_def_t *d = ts_config_find_def(name);
   ts_require(d != NULL);
   return d;
 }
 
 /* True when name is a section ("job"): some key starts with "name.". */
-static bool is_section(const char *name) {
+bool ts_config_is_section(const char *name) {
   size_t n = strlen(name);
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++)
+  for (size_t i = 0; i < ts_config_ndefs; i++)
     if (strncmp(ts_config_defs[i].name, name, n) == 0 && ts_config_defs[i].name[n] == '.')
       return true;
   return false;
 }
 
-static void note_origin(loader_t *ld, const ts_config_def_t *d) {
-  snprintf(ld->origin[d - ts_config_defs], WHERE_LEN, "%s", ld->where);
+void ts_config_note_origin(ts_config_loader_t *ld, const ts_config_def_t *d) {
+  snprintf(ld->origin[d - ts_config_defs], TS_CONFIG_WHERE_LEN, "%s", ld->where);
 }
 
 /* ---- Did you mean ----------------------------------------------------------------------- */
@@ -334,8 +309,8 @@ static void note_origin(loader_t *ld, const ts_config_def_t *d) {
  * string alignment distance, over three rows. */
 static size_t edit_distance(const char *a, const char *b) {
   size_t la = strlen(a), lb = strlen(b);
-  if (la >= KEY_LEN || lb >= KEY_LEN) return SIZE_MAX;
-  size_t rows[3][KEY_LEN + 1];
+  if (la >= TS_CONFIG_KEY_LEN || lb >= TS_CONFIG_KEY_LEN) return SIZE_MAX;
+  size_t rows[3][TS_CONFIG_KEY_LEN + 1];
   size_t *prev2 = rows[0], *prev = rows[1], *cur = rows[2];
   for (size_t j = 0; j <= lb; j++) prev[j] = j;
   for (size_t i = 1; i <= la; i++) {
@@ -367,13 +342,13 @@ static void copy_str(char *out, size_t outlen, const char *s) {
 /* The key closest to an unknown dotted name, or the section closest to an unknown top-level
  * one ("jbo" -> "job"); empty when none is close. A key with the same last part in another
  * section ("job.batch_size" -> "train.batch_size") is the fallback. */
-static void suggest(const char *name, char *out, size_t outlen) {
+void ts_config_suggest(const char *name, char *out, size_t outlen) {
   size_t best = SIZE_MAX;
   bool dotted = strchr(name, '.') != NULL;
   out[0] = '\0';
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++) {
+  for (size_t i = 0; i < ts_config_ndefs; i++) {
     const char *key = ts_config_defs[i].name;
-    char section[KEY_LEN];
+    char section[TS_CONFIG_KEY_LEN];
     snprintf(section, sizeof section, "%.*s", (int)(strchr(key, '.') - key), key);
     const char *cand = dotted ? key : section;
     size_t dist = edit_distance(name, cand);
@@ -386,18 +361,18 @@ static void suggest(const char *name, char *out, size_t outlen) {
   out[0] = '\0';
   const char *last = strrchr(name, '.');
   if (!last) return;
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++)
+  for (size_t i = 0; i < ts_config_ndefs; i++)
     if (strcmp(strrchr(ts_config_defs[i].name, '.'), last) == 0) {
       copy_str(out, outlen, ts_config_defs[i].name);
       return;
     }
 }
 
-static int fail_unknown(loader_t *ld, const char *name) {
-  char hint[KEY_LEN];
-  suggest(name, hint, sizeof hint);
-  if (hint[0]) return fail(ld, name, "unknown key (did you mean %s?)", hint);
-  return fail(ld, name, "unknown key (see docs/configuration.md)");
+int ts_config_fail_unknown(ts_config_loader_t *ld, const char *name) {
+  char hint[TS_CONFIG_KEY_LEN];
+  ts_config_suggest(name, hint, sizeof hint);
+  if (hint[0]) return ts_config_fail(ld, name, "unknown key (did you mean %s?)", hint);
+  return ts_config_fail(ld, name, "unknown key (see docs/configuration.md)");
 }
 
 /* ---- Typed setters: the table's bounds are checked here, whatever the source ------------- */
@@ -418,87 +393,91 @@ static void describe_choices(const ts_config_def_t *d, char *buf, size_t n) {
     used += (size_t)snprintf(buf + used, n - used, "%s\"%s\"", i ? ", " : "", d->choices[i]);
 }
 
-static int check_int(loader_t *ld, const ts_config_def_t *d, const char *name, int64_t v) {
+static int check_int(ts_config_loader_t *ld, const ts_config_def_t *d, const char *name,
+                     int64_t v) {
   char range[96];
   ts_config_describe_int_bounds(d, range, sizeof range);
   if (v < d->imin || v > d->imax)
-    return fail(ld, name, "must be an integer in %s, not %lld", range, (long long)v);
+    return ts_config_fail(ld, name, "must be an integer in %s, not %lld", range, (long long)v);
   if (d->multiple && v % d->multiple != 0)
-    return fail(ld, name, "must be a multiple of %lld, not %lld", (long long)d->multiple,
-                (long long)v);
+    return ts_config_fail(ld, name, "must be a multiple of %lld, not %lld", (long long)d->multiple,
+                          (long long)v);
   return 0;
 }
 
-static int set_int(loader_t *ld, const ts_config_def_t *d, int64_t v) {
+static int set_int(ts_config_loader_t *ld, const ts_config_def_t *d, int64_t v) {
   int rc = check_int(ld, d, d->name, v);
   if (rc < 0) return rc;
   if (d->type == TS_CT_INT)
-    *(int *)field_of(ld->cfg, d->offset) = (int)v;
+    *(int *)ts_config_field(ld->cfg, d->offset) = (int)v;
   else
-    *(int64_t *)field_of(ld->cfg, d->offset) = v;
+    *(int64_t *)ts_config_field(ld->cfg, d->offset) = v;
   return 0;
 }
 
-static int set_float(loader_t *ld, const ts_config_def_t *d, double v) {
+static int set_float(ts_config_loader_t *ld, const ts_config_def_t *d, double v) {
   bool low = (d->flags & TS_CF_OPEN_MIN) ? v <= d->fmin : v < d->fmin;
   bool high = (d->flags & TS_CF_OPEN_MAX) ? v >= d->fmax : v > d->fmax;
   if (!isfinite(v) || low || high) {
     char range[96];
     ts_config_describe_float_bounds(d, range, sizeof range);
-    return fail(ld, d->name, "must be a number in %s, not %g", range, v);
+    return ts_config_fail(ld, d->name, "must be a number in %s, not %g", range, v);
   }
-  *(double *)field_of(ld->cfg, d->offset) = v;
+  *(double *)ts_config_field(ld->cfg, d->offset) = v;
   return 0;
 }
 
-static int set_bool(loader_t *ld, const ts_config_def_t *d, bool v) {
-  *(bool *)field_of(ld->cfg, d->offset) = v;
+static int set_bool(ts_config_loader_t *ld, const ts_config_def_t *d, bool v) {
+  *(bool *)ts_config_field(ld->cfg, d->offset) = v;
   return 0;
 }
 
 /* Checks one string against choices, length and the syntax check. */
-static int check_string(loader_t *ld, const ts_config_def_t *d, const char *name, const char *s) {
+static int check_string(ts_config_loader_t *ld, const ts_config_def_t *d, const char *name,
+                        const char *s) {
   size_t len = strlen(s);
   if (d->choices) {
     for (size_t i = 0; d->choices[i]; i++)
       if (strcmp(d->choices[i], s) == 0) return (int)i;
     char list[256];
     describe_choices(d, list, sizeof list);
-    return fail(ld, name, "must be one of %s, not \"%.64s\"", list, s);
+    return ts_config_fail(ld, name, "must be one of %s, not \"%.64s\"", list, s);
   }
   if (len < d->min_len || len > d->max_len) {
     if (d->min_len == 0)
-      return fail(ld, name, "must be at most %zu bytes long, not %zu", d->max_len, len);
-    return fail(ld, name, "must be %zu to %zu bytes long, not %zu", d->min_len, d->max_len, len);
+      return ts_config_fail(ld, name, "must be at most %zu bytes long, not %zu", d->max_len, len);
+    return ts_config_fail(ld, name, "must be %zu to %zu bytes long, not %zu", d->min_len,
+                          d->max_len, len);
   }
   if (d->check) {
     char why[192];
-    if (!d->check(s, why, sizeof why)) return fail(ld, name, "%s", why);
+    if (!d->check(s, why, sizeof why)) return ts_config_fail(ld, name, "%s", why);
   }
   return 0;
 }
 
-static int set_string(loader_t *ld, const ts_config_def_t *d, const char *s) {
+int ts_config_set_string(ts_config_loader_t *ld, const ts_config_def_t *d, const char *s) {
   int rc = check_string(ld, d, d->name, s);
   if (rc < 0) return rc;
   if (d->type == TS_CT_ENUM) {
-    *(int *)field_of(ld->cfg, d->offset) = d->choice_values[rc];
+    *(int *)ts_config_field(ld->cfg, d->offset) = d->choice_values[rc];
     return 0;
   }
   char *copy = ts_strdup(s);
-  if (!copy) return oom(ld, d->name);
-  char **slot = (char **)field_of(ld->cfg, d->offset);
+  if (!copy) return ts_config_oom(ld, d->name);
+  char **slot = (char **)ts_config_field(ld->cfg, d->offset);
   ts_free(*slot);
   *slot = copy;
   return 0;
 }
 
-static int check_count(loader_t *ld, const ts_config_def_t *d, size_t n) {
+int ts_config_check_count(ts_config_loader_t *ld, const ts_config_def_t *d, size_t n) {
   if (n >= d->min_len && n <= d->max_len) return 0;
-  return fail(ld, d->name, "must have %zu to %zu entries, not %zu", d->min_len, d->max_len, n);
+  return ts_config_fail(ld, d->name, "must have %zu to %zu entries, not %zu", d->min_len,
+                        d->max_len, n);
 }
 
-static void free_strings(char **v, size_t n) {
+void ts_config_free_strings(char **v, size_t n) {
   if (!v) return;
   for (size_t i = 0; i < n; i++) ts_free(v[i]);
   ts_free(v);
@@ -506,45 +485,46 @@ static void free_strings(char **v, size_t n) {
 
 /* Replaces the list only once every entry is checked and copied, so a failure leaves the
  * old value in place. */
-static int set_strings(loader_t *ld, const ts_config_def_t *d, const char *const *items, size_t n) {
-  int rc = check_count(ld, d, n);
+int ts_config_set_strings(ts_config_loader_t *ld, const ts_config_def_t *d,
+                          const char *const *items, size_t n) {
+  int rc = ts_config_check_count(ld, d, n);
   if (rc < 0) return rc;
   for (size_t i = 0; i < n; i++) {
-    char name[KEY_LEN + 16];
+    char name[TS_CONFIG_KEY_LEN + 16];
     snprintf(name, sizeof name, "%s[%zu]", d->name, i);
     rc = check_string(ld, d, name, items[i]);
     if (rc < 0) return rc;
   }
   char **copy = ts_calloc(n ? n : 1, sizeof *copy);
-  if (!copy) return oom(ld, d->name);
+  if (!copy) return ts_config_oom(ld, d->name);
   for (size_t i = 0; i < n; i++) {
     copy[i] = ts_strdup(items[i]);
     if (!copy[i]) {
-      free_strings(copy, i);
-      return oom(ld, d->name);
+      ts_config_free_strings(copy, i);
+      return ts_config_oom(ld, d->name);
     }
   }
-  char ***slot = (char ***)field_of(ld->cfg, d->offset);
-  size_t *count = count_of(ld->cfg, d);
-  free_strings(*slot, *count);
+  char ***slot = (char ***)ts_config_field(ld->cfg, d->offset);
+  size_t *count = ts_config_count(ld->cfg, d);
+  ts_config_free_strings(*slot, *count);
   *slot = copy;
   *count = n;
   return 0;
 }
 
-static int set_ints(loader_t *ld, const ts_config_def_t *d, const int64_t *v, size_t n) {
-  int rc = check_count(ld, d, n);
+static int set_ints(ts_config_loader_t *ld, const ts_config_def_t *d, const int64_t *v, size_t n) {
+  int rc = ts_config_check_count(ld, d, n);
   if (rc < 0) return rc;
   ts_require(d->max_len <= TS_CONFIG_MAX_LAYERS);
   for (size_t i = 0; i < n; i++) {
-    char name[KEY_LEN + 16];
+    char name[TS_CONFIG_KEY_LEN + 16];
     snprintf(name, sizeof name, "%s[%zu]", d->name, i);
     rc = check_int(ld, d, name, v[i]);
     if (rc < 0) return rc;
   }
-  int *dst = (int *)field_of(ld->cfg, d->offset);
+  int *dst = (int *)ts_config_field(ld->cfg, d->offset);
   for (size_t i = 0; i < n; i++) dst[i] = (int)v[i];
-  *count_of(ld->cfg, d) = n;
+  *ts_config_count(ld->cfg, d) = n;
   return 0;
 }
 
@@ -577,23 +557,26 @@ static bool is_int(const config_setting_t *s) {
   return t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64;
 }
 
-static int wrong_type(loader_t *ld, const char *name, const char *want, const config_setting_t *s) {
+static int wrong_type(ts_config_loader_t *ld, const char *name, const char *want,
+                      const config_setting_t *s) {
   switch (config_setting_type(s)) {
     case CONFIG_TYPE_STRING:
-      return fail(ld, name, "must be %s, not a string (\"%.64s\")", want,
-                  config_setting_get_string(s));
+      return ts_config_fail(ld, name, "must be %s, not a string (\"%.64s\")", want,
+                            config_setting_get_string(s));
     case CONFIG_TYPE_FLOAT:
-      return fail(ld, name, "must be %s, not a float (%g)", want, config_setting_get_float(s));
+      return ts_config_fail(ld, name, "must be %s, not a float (%g)", want,
+                            config_setting_get_float(s));
     case CONFIG_TYPE_INT:
     case CONFIG_TYPE_INT64:
-      return fail(ld, name, "must be %s, not an integer (%lld)", want,
-                  (long long)config_setting_get_int64(s));
+      return ts_config_fail(ld, name, "must be %s, not an integer (%lld)", want,
+                            (long long)config_setting_get_int64(s));
     default:
-      return fail(ld, name, "must be %s, not %s", want, type_name(s));
+      return ts_config_fail(ld, name, "must be %s, not %s", want, type_name(s));
   }
 }
 
-static int apply_setting(loader_t *ld, const ts_config_def_t *d, const config_setting_t *s) {
+int ts_config_apply_setting(ts_config_loader_t *ld, const ts_config_def_t *d,
+                            const config_setting_t *s) {
   int rc = 0;
   switch (d->type) {
     case TS_CT_BOOL:
@@ -619,7 +602,7 @@ static int apply_setting(loader_t *ld, const ts_config_def_t *d, const config_se
     case TS_CT_ENUM:
       if (config_setting_type(s) != CONFIG_TYPE_STRING)
         return wrong_type(ld, d->name, "a string", s);
-      rc = set_string(ld, d, config_setting_get_string(s));
+      rc = ts_config_set_string(ld, d, config_setting_get_string(s));
       break;
     case TS_CT_STRINGS:
     case TS_CT_INTS: {
@@ -628,13 +611,13 @@ static int apply_setting(loader_t *ld, const ts_config_def_t *d, const config_se
       if (!config_setting_is_array(s) && !config_setting_is_list(s))
         return wrong_type(ld, d->name, want, s);
       size_t n = (size_t)config_setting_length(s);
-      rc = check_count(ld, d, n); /* before allocating anything sized by the file */
+      rc = ts_config_check_count(ld, d, n); /* before allocating anything sized by the file */
       if (rc < 0) return rc;
       void *tmp = ts_calloc(n ? n : 1, strings ? sizeof(const char *) : sizeof(int64_t));
-      if (!tmp) return oom(ld, d->name);
+      if (!tmp) return ts_config_oom(ld, d->name);
       for (size_t i = 0; i < n && rc == 0; i++) {
         const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
-        char name[KEY_LEN + 16];
+        char name[TS_CONFIG_KEY_LEN + 16];
         snprintf(name, sizeof name, "%s[%zu]", d->name, i);
         if (strings && config_setting_type(e) == CONFIG_TYPE_STRING)
           ((const char **)tmp)[i] = config_setting_get_string(e);
@@ -644,13 +627,13 @@ static int apply_setting(loader_t *ld, const ts_config_def_t *d, const config_se
           rc = wrong_type(ld, name, strings ? "a string" : "an integer", e);
       }
       if (rc == 0)
-        rc = strings ? set_strings(ld, d, (const char *const *)tmp, n)
+        rc = strings ? ts_config_set_strings(ld, d, (const char *const *)tmp, n)
                      : set_ints(ld, d, (const int64_t *)tmp, n);
       ts_free(tmp);
       break;
     }
   }
-  if (rc == 0) note_origin(ld, d);
+  if (rc == 0) ts_config_note_origin(ld, d);
   return rc;
 }
 
@@ -762,8 +745,8 @@ static long widen_ints(const char *s, char *out, int *bad_line) {
 
 /* Parses libconfig text (after widen_ints) into c. Errors read "label:line: message", or just
  * the message when label is NULL (a --set value has one line). */
-static int parse_text(loader_t *ld, config_t *c, const char *text, const char *label,
-                      const char *include_dir) {
+int ts_config_parse_text(ts_config_loader_t *ld, config_t *c, const char *text, const char *label,
+                         const char *include_dir) {
   int bad_line = 0;
   long added = widen_ints(text, NULL, &bad_line);
   if (added < 0) {
@@ -796,26 +779,27 @@ static int parse_text(loader_t *ld, config_t *c, const char *text, const char *l
 
 /* ---- The file --------------------------------------------------------------------------- */
 
-static int walk(loader_t *ld, const config_setting_t *group, const char *prefix, const char *path) {
+static int walk(ts_config_loader_t *ld, const config_setting_t *group, const char *prefix,
+                const char *path) {
   int n = config_setting_length(group);
   for (int i = 0; i < n; i++) {
     const config_setting_t *s = config_setting_get_elem(group, (unsigned)i);
     const char *file = config_setting_source_file(s) ? config_setting_source_file(s) : path;
     snprintf(ld->where, sizeof ld->where, "%s:%d", file, (int)config_setting_source_line(s));
-    char name[KEY_LEN];
+    char name[TS_CONFIG_KEY_LEN];
     int len = snprintf(name, sizeof name, "%s%s%s", prefix ? prefix : "", prefix ? "." : "",
                        config_setting_name(s));
-    if (len < 0 || (size_t)len >= sizeof name) return fail(ld, NULL, "key name too long");
-    const ts_config_def_t *d = find_def(name);
+    if (len < 0 || (size_t)len >= sizeof name) return ts_config_fail(ld, NULL, "key name too long");
+    const ts_config_def_t *d = ts_config_find_def(name);
     int rc;
     if (d)
-      rc = apply_setting(ld, d, s);
-    else if (is_section(name) && config_setting_is_group(s))
+      rc = ts_config_apply_setting(ld, d, s);
+    else if (ts_config_is_section(name) && config_setting_is_group(s))
       rc = walk(ld, s, name, path);
-    else if (is_section(name))
-      rc = fail(ld, name, "must be a group: %s = { ... };", name);
+    else if (ts_config_is_section(name))
+      rc = ts_config_fail(ld, name, "must be a group: %s = { ... };", name);
     else
-      rc = fail_unknown(ld, name);
+      rc = ts_config_fail_unknown(ld, name);
     if (rc < 0) return rc;
   }
   return 0;
@@ -825,24 +809,24 @@ static int walk(loader_t *ld, const config_setting_t *group, const char *prefix,
  * are prefixed with ld->where, which holds the path. */
 #define MAX_FILE_BYTES (16u << 20)
 
-static int read_text(loader_t *ld, const char *path, char **out) {
+static int read_text(ts_config_loader_t *ld, const char *path, char **out) {
   *out = NULL;
   FILE *f = fopen(path, "rb");
-  if (!f) return fail(ld, NULL, "%s", strerror(errno));
+  if (!f) return ts_config_fail(ld, NULL, "%s", strerror(errno));
   int rc = 0;
   struct stat st;
   char *buf = NULL;
   size_t len = 0, cap = 0;
   if (fstat(fileno(f), &st) != 0) {
-    rc = fail(ld, NULL, "%s", strerror(errno));
+    rc = ts_config_fail(ld, NULL, "%s", strerror(errno));
   } else if (S_ISDIR(st.st_mode)) {
-    rc = fail(ld, NULL, "%s", strerror(EISDIR));
+    rc = ts_config_fail(ld, NULL, "%s", strerror(EISDIR));
   } else {
     /* Read to EOF rather than trusting st_size: -c <(...) and -c /dev/stdin are pipes. */
     for (;;) {
       if (len + 1 >= cap) {
         if (cap >= MAX_FILE_BYTES) {
-          rc = fail(ld, NULL, "larger than %u bytes; not a job file", MAX_FILE_BYTES);
+          rc = ts_config_fail(ld, NULL, "larger than %u bytes; not a job file", MAX_FILE_BYTES);
           break;
         }
         size_t ncap = cap ? cap * 2 : 4096;
@@ -858,13 +842,14 @@ static int read_text(loader_t *ld, const char *path, char **out) {
       size_t got = fread(buf + len, 1, cap - 1 - len, f);
       len += got;
       if (got == 0) {
-        if (ferror(f)) rc = fail(ld, NULL, "%s", strerror(errno));
+        if (ferror(f)) rc = ts_config_fail(ld, NULL, "%s", strerror(errno));
         break;
       }
     }
     if (rc == 0) {
       buf[len] = '\0';
-      if (memchr(buf, '\0', len)) rc = fail(ld, NULL, "contains a NUL byte; not a job file");
+      if (memchr(buf, '\0', len))
+        rc = ts_config_fail(ld, NULL, "contains a NUL byte; not a job file");
     }
   }
   fclose(f);
@@ -875,10 +860,10 @@ static int read_text(loader_t *ld, const char *path, char **out) {
   return rc;
 }
 
-static int load_file(loader_t *ld, const char *path) {
+static int load_file(ts_config_loader_t *ld, const char *path) {
   snprintf(ld->where, sizeof ld->where, "%s", path);
   char *source = ts_strdup(path);
-  if (!source) return oom(ld, "source");
+  if (!source) return ts_config_oom(ld, "source");
   ts_free(ld->cfg->source);
   ld->cfg->source = source;
 
@@ -889,13 +874,13 @@ static int load_file(loader_t *ld, const char *path) {
   char *dir = ts_strdup(path);
   if (!dir) {
     ts_free(text);
-    return oom(ld, "source");
+    return ts_config_oom(ld, "source");
   }
   char *slash = strrchr(dir, '/');
   if (slash) slash[slash == dir ? 1 : 0] = '\0';
   config_t c;
   config_init(&c);
-  rc = parse_text(ld, &c, text, path, slash ? dir : NULL);
+  rc = ts_config_parse_text(ld, &c, text, path, slash ? dir : NULL);
   if (rc == 0) rc = walk(ld, config_root_setting(&c), NULL, path);
   config_destroy(&c);
   ts_free(dir);
@@ -903,140 +888,55 @@ static int load_file(loader_t *ld, const char *path) {
   return rc;
 }
 
-/* ---- TF_CONFIG -------------------------------------------------------------------------- */
-
-static int tf_hosts(loader_t *ld, const cJSON *list, const char *json_name, const char *key) {
-  if (!cJSON_IsArray(list)) return fail(ld, json_name, "must be an array of \"host:port\" strings");
-  size_t n = (size_t)cJSON_GetArraySize(list);
-  const ts_config_def_t *d = def_named(key);
-  int rc = check_count(ld, d, n);
-  if (rc < 0) return rc;
-  const char **items = ts_calloc(n ? n : 1, sizeof *items);
-  if (!items) return oom(ld, key);
-  size_t i = 0;
-  const cJSON *e;
-  cJSON_ArrayForEach(e, list) {
-    if (!cJSON_IsString(e)) {
-      ts_free(items);
-      return fail(ld, json_name, "entry %zu must be a \"host:port\" string", i);
-    }
-    items[i++] = e->valuestring;
-  }
-  rc = set_strings(ld, d, items, n);
-  ts_free(items);
-  if (rc == 0) note_origin(ld, d);
-  return rc;
-}
-
-static int tf_task(loader_t *ld, const cJSON *task) {
-  if (!cJSON_IsObject(task))
-    return fail(ld, "task", "must be an object {\"type\":..., \"index\":...}");
-  const cJSON *type = cJSON_GetObjectItemCaseSensitive(task, "type");
-  const cJSON *index = cJSON_GetObjectItemCaseSensitive(task, "index");
-  ts_task_role_t role;
-  if (cJSON_IsString(type) && strcmp(type->valuestring, "ps") == 0)
-    role = TS_ROLE_PS;
-  else if (cJSON_IsString(type) && strcmp(type->valuestring, "worker") == 0)
-    role = TS_ROLE_WORKER;
-  else if (cJSON_IsString(type))
-    return fail(ld, "task.type", "must be \"ps\" or \"worker\", not \"%.64s\"", type->valuestring);
-  else
-    return fail(ld, "task.type", "must be \"ps\" or \"worker\"");
-  if (!cJSON_IsNumber(index) || index->valuedouble != floor(index->valuedouble) ||
-      index->valuedouble < 0 || index->valuedouble >= TS_CONFIG_MAX_HOSTS)
-    return fail(ld, "task.index", "must be an integer in [0, %d]", TS_CONFIG_MAX_HOSTS - 1);
-  ld->cfg->task_role = role;
-  ld->cfg->task_index = (int)index->valuedouble;
-  snprintf(ld->task_origin, sizeof ld->task_origin, "%s", ld->where);
-  return 0;
-}
-
-static int apply_tf_config(loader_t *ld, const char *tf) {
-  snprintf(ld->where, sizeof ld->where, "TF_CONFIG");
-  const char *p = tf;
-  while (isspace((unsigned char)*p)) p++;
-  if (*p == '\0') return 0; /* TF_CONFIG= in a shell: as good as unset */
-  const char *end = NULL;
-  cJSON *root = cJSON_ParseWithOpts(tf, &end, 1);
-  if (!root) return fail(ld, NULL, "not valid JSON (at byte %td)", end ? end - tf : (ptrdiff_t)0);
-  int rc = 0;
-  if (!cJSON_IsObject(root)) {
-    rc = fail(ld, NULL, "must be a JSON object {\"cluster\":{...},\"task\":{...}}");
-    goto done;
-  }
-  /* Other top-level members (environment, rpc_layer) are TensorFlow's own; ignored. */
-  const cJSON *cluster = cJSON_GetObjectItemCaseSensitive(root, "cluster");
-  if (cluster) {
-    if (!cJSON_IsObject(cluster)) {
-      rc = fail(ld, "cluster", "must be an object {\"ps\":[...],\"worker\":[...]}");
-      goto done;
-    }
-    const cJSON *job;
-    cJSON_ArrayForEach(job, cluster) {
-      if (strcmp(job->string, "ps") == 0)
-        rc = tf_hosts(ld, job, "cluster.ps", "cluster.ps");
-      else if (strcmp(job->string, "worker") == 0)
-        rc = tf_hosts(ld, job, "cluster.worker", "cluster.workers");
-      else /* a chief or evaluator would silently never be started */
-        rc = fail(ld, NULL, "cluster.%.64s: Tessera runs only \"ps\" and \"worker\" tasks",
-                  job->string);
-      if (rc < 0) goto done;
-    }
-  }
-  const cJSON *task = cJSON_GetObjectItemCaseSensitive(root, "task");
-  if (task) rc = tf_task(ld, task);
-done:
-  cJSON_Delete(root);
-  return rc;
-}
-
 /* ---- Overrides -------------------------------------------------------------------------- */
 
-static int apply_override(loader_t *ld, const char *ov) {
+static int apply_override(ts_config_loader_t *ld, const char *ov) {
   snprintf(ld->where, sizeof ld->where, "--set %s", ov);
   const char *eq = strchr(ov, '=');
   const char *k = ov;
   while (isspace((unsigned char)*k)) k++;
   size_t klen = eq ? (size_t)(eq - k) : 0;
   while (klen && isspace((unsigned char)k[klen - 1])) klen--;
-  if (!eq || klen == 0) return fail(ld, NULL, "expected KEY=VALUE, such as train.max_steps=200");
-  char key[KEY_LEN];
+  if (!eq || klen == 0)
+    return ts_config_fail(ld, NULL, "expected KEY=VALUE, such as train.max_steps=200");
+  char key[TS_CONFIG_KEY_LEN];
   snprintf(key, sizeof key, "%.*s", (int)klen, k);
-  const ts_config_def_t *d = klen < sizeof key ? find_def(key) : NULL;
+  const ts_config_def_t *d = klen < sizeof key ? ts_config_find_def(key) : NULL;
   if (!d) {
-    if (is_section(key)) return fail(ld, key, "is a section; set its keys one by one");
-    return fail_unknown(ld, key);
+    if (ts_config_is_section(key))
+      return ts_config_fail(ld, key, "is a section; set its keys one by one");
+    return ts_config_fail_unknown(ld, key);
   }
   const char *value = eq + 1;
   while (isspace((unsigned char)*value)) value++;
   /* The shell eats the quotes of --set job.mode="async", so a string key takes an unquoted
    * value as it stands. */
   if ((d->type == TS_CT_STRING || d->type == TS_CT_ENUM) && *value != '"') {
-    int rc = set_string(ld, d, value);
-    if (rc == 0) note_origin(ld, d);
+    int rc = ts_config_set_string(ld, d, value);
+    if (rc == 0) ts_config_note_origin(ld, d);
     return rc;
   }
   size_t vlen = strlen(value);
   char *text = ts_malloc(vlen + 8);
-  if (!text) return oom(ld, d->name);
+  if (!text) return ts_config_oom(ld, d->name);
   snprintf(text, vlen + 8, "v = %s;", value);
   config_t c;
   config_init(&c);
-  int rc = parse_text(ld, &c, text, NULL, NULL);
+  int rc = ts_config_parse_text(ld, &c, text, NULL, NULL);
   ts_free(text);
   if (rc == TS_ECONFIG) {
     char why[256];
     snprintf(why, sizeof why, "%s", ld->errmsg);
-    rc = fail(ld, d->name,
-              "cannot parse the value (%s; write it in libconfig syntax: "
-              "\"text\", 12, 0.5, true, [1, 2])",
-              why);
+    rc = ts_config_fail(ld, d->name,
+                        "cannot parse the value (%s; write it in libconfig syntax: "
+                        "\"text\", 12, 0.5, true, [1, 2])",
+                        why);
   } else if (rc == 0) {
     const config_setting_t *root = config_root_setting(&c);
     if (config_setting_length(root) != 1)
-      rc = fail(ld, d->name, "the value must be one setting's value");
+      rc = ts_config_fail(ld, d->name, "the value must be one setting's value");
     else
-      rc = apply_setting(ld, d, config_setting_get_elem(root, 0));
+      rc = ts_config_apply_setting(ld, d, config_setting_get_elem(root, 0));
   }
   config_destroy(&c);
   return rc;
@@ -1045,14 +945,14 @@ static int apply_override(loader_t *ld, const char *ov) {
 /* ---- Cross-key rules -------------------------------------------------------------------- */
 
 /* Names the source of the first key unless it is a default and the second key's is not. */
-static void where_for(loader_t *ld, const char *a, const char *b) {
-  const char *oa = ld->origin[def_named(a) - ts_config_defs];
-  const char *ob = b ? ld->origin[def_named(b) - ts_config_defs] : oa;
+static void where_for(ts_config_loader_t *ld, const char *a, const char *b) {
+  const char *oa = ld->origin[ts_config_def_named(a) - ts_config_defs];
+  const char *ob = b ? ld->origin[ts_config_def_named(b) - ts_config_defs] : oa;
   const char *pick = (strcmp(oa, default_origin) == 0 && strcmp(ob, default_origin) != 0) ? ob : oa;
   snprintf(ld->where, sizeof ld->where, "%s", pick);
 }
 
-static int check_distinct(loader_t *ld) {
+static int check_distinct(ts_config_loader_t *ld) {
   static const char *const keys[] = {"cluster.ps", "cluster.ps_http", "cluster.workers"};
   ts_config_t *cfg = ld->cfg;
   char **lists[3] = {cfg->ps, cfg->ps_http, cfg->workers};
@@ -1063,51 +963,55 @@ static int check_distinct(loader_t *ld) {
         for (size_t j = 0; j < (b == a ? i : counts[b]); j++)
           if (strcmp(lists[a][i], lists[b][j]) == 0) {
             where_for(ld, keys[a], NULL);
-            char name[KEY_LEN + 16];
+            char name[TS_CONFIG_KEY_LEN + 16];
             snprintf(name, sizeof name, "%s[%zu]", keys[a], i);
-            return fail(ld, name, "address %s is also %s[%zu]; each process needs its own",
-                        lists[a][i], keys[b], j);
+            return ts_config_fail(ld, name,
+                                  "address %s is also %s[%zu]; each process needs its own",
+                                  lists[a][i], keys[b], j);
           }
   return 0;
 }
 
-static int validate(loader_t *ld) {
+static int validate(ts_config_loader_t *ld) {
   ts_config_t *cfg = ld->cfg;
   if (cfg->num_ps_http != 0 && cfg->num_ps_http != cfg->num_ps) {
     where_for(ld, "cluster.ps_http", "cluster.ps");
-    return fail(ld, "cluster.ps_http",
-                "has %zu entries but cluster.ps has %zu; give one per shard or set "
-                "cluster.ps_http = []",
-                cfg->num_ps_http, cfg->num_ps);
+    return ts_config_fail(ld, "cluster.ps_http",
+                          "has %zu entries but cluster.ps has %zu; give one per shard or set "
+                          "cluster.ps_http = []",
+                          cfg->num_ps_http, cfg->num_ps);
   }
   int rc = check_distinct(ld);
   if (rc < 0) return rc;
   if ((size_t)cfg->replicas_to_aggregate > cfg->num_workers) {
     where_for(ld, "job.replicas_to_aggregate", "cluster.workers");
-    return fail(ld, "job.replicas_to_aggregate",
-                "%d is more than the %zu workers of cluster.workers; it would never be reached",
-                cfg->replicas_to_aggregate, cfg->num_workers);
+    return ts_config_fail(
+        ld, "job.replicas_to_aggregate",
+        "%d is more than the %zu workers of cluster.workers; it would never be reached",
+        cfg->replicas_to_aggregate, cfg->num_workers);
   }
   if (cfg->heartbeat_interval_s >= cfg->heartbeat_timeout_s) {
     where_for(ld, "job.heartbeat_interval_s", "job.heartbeat_timeout_s");
-    return fail(ld, "job.heartbeat_interval_s",
-                "%g must be less than job.heartbeat_timeout_s (%g), else live workers are "
-                "taken for dead",
-                cfg->heartbeat_interval_s, cfg->heartbeat_timeout_s);
+    return ts_config_fail(
+        ld, "job.heartbeat_interval_s",
+        "%g must be less than job.heartbeat_timeout_s (%g), else live workers are "
+        "taken for dead",
+        cfg->heartbeat_interval_s, cfg->heartbeat_timeout_s);
   }
   if (cfg->partition_bytes > cfg->max_message_bytes) {
     where_for(ld, "job.partition_bytes", "server.max_message_bytes");
-    return fail(ld, "job.partition_bytes",
-                "%lld exceeds server.max_message_bytes (%lld); a partition must fit one frame",
-                (long long)cfg->partition_bytes, (long long)cfg->max_message_bytes);
+    return ts_config_fail(
+        ld, "job.partition_bytes",
+        "%lld exceeds server.max_message_bytes (%lld); a partition must fit one frame",
+        (long long)cfg->partition_bytes, (long long)cfg->max_message_bytes);
   }
   if (cfg->task_role != TS_ROLE_NONE) {
     bool ps = cfg->task_role == TS_ROLE_PS;
     size_t n = ps ? cfg->num_ps : cfg->num_workers;
     if (cfg->task_index < 0 || (size_t)cfg->task_index >= n) {
       snprintf(ld->where, sizeof ld->where, "%s", ld->task_origin);
-      return fail(ld, "task.index", "%d is out of range: %s has %zu entries", cfg->task_index,
-                  ps ? "cluster.ps" : "cluster.workers", n);
+      return ts_config_fail(ld, "task.index", "%d is out of range: %s has %zu entries",
+                            cfg->task_index, ps ? "cluster.ps" : "cluster.workers", n);
     }
   }
   return 0;
@@ -1115,36 +1019,43 @@ static int validate(loader_t *ld) {
 
 /* ---- Public API ------------------------------------------------------------------------- */
 
-static int apply_defaults(loader_t *ld) {
+/* The loader ends in one origin per key, a flexible array: the table's length is a constant
+ * only where the table is defined. One allocation, as before the table had its own file. */
+static size_t loader_size(void) {
+  return sizeof(ts_config_loader_t) + ts_config_ndefs * TS_CONFIG_WHERE_LEN;
+}
+
+static int apply_defaults(ts_config_loader_t *ld) {
   ts_config_t *cfg = ld->cfg;
   memset(cfg, 0, sizeof *cfg);
   cfg->task_role = TS_ROLE_NONE;
   cfg->task_index = -1;
   cfg->source = ts_strdup("-");
   if (!cfg->source) return TS_ENOMEM;
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++) {
+  for (size_t i = 0; i < ts_config_ndefs; i++) {
     const ts_config_def_t *d = &ts_config_defs[i];
     snprintf(ld->where, sizeof ld->where, "default of %s", d->name);
     config_t c;
     config_init(&c);
-    char text[KEY_LEN + 128];
+    char text[TS_CONFIG_KEY_LEN + 128];
     snprintf(text, sizeof text, "v = %s;", d->def);
-    int rc = parse_text(ld, &c, text, ld->where, NULL);
-    if (rc == 0) rc = apply_setting(ld, d, config_setting_get_elem(config_root_setting(&c), 0));
+    int rc = ts_config_parse_text(ld, &c, text, ld->where, NULL);
+    if (rc == 0)
+      rc = ts_config_apply_setting(ld, d, config_setting_get_elem(config_root_setting(&c), 0));
     config_destroy(&c);
     if (rc == TS_ECONFIG) { /* the table contradicts itself: a bug, not a bad job */
       ts_log_crit("%s", ld->errmsg);
       ts_require(rc != TS_ECONFIG);
     }
     if (rc < 0) return rc;
-    snprintf(ld->origin[i], WHERE_LEN, "%s", default_origin);
+    snprintf(ld->origin[i], TS_CONFIG_WHERE_LEN, "%s", default_origin);
   }
   return 0;
 }
 
 int ts_config_defaults(ts_config_t *cfg) {
   char errmsg[256];
-  loader_t *ld = ts_calloc(1, sizeof *ld);
+  ts_config_loader_t *ld = ts_calloc(1, loader_size());
   if (!ld) {
     memset(cfg, 0, sizeof *cfg);
     cfg->task_index = -1;
@@ -1168,7 +1079,7 @@ int ts_config_load(ts_config_t *cfg, const char *path, const char *tf_config,
   }
   errmsg[0] = '\0';
   /* The loader carries one origin per key: too big for a daemon's stack to take lightly. */
-  loader_t *ld = ts_calloc(1, sizeof *ld);
+  ts_config_loader_t *ld = ts_calloc(1, loader_size());
   if (!ld) {
     memset(cfg, 0, sizeof *cfg);
     cfg->task_index = -1;
@@ -1181,7 +1092,7 @@ int ts_config_load(ts_config_t *cfg, const char *path, const char *tf_config,
   int rc = apply_defaults(ld);
   if (rc < 0) snprintf(errmsg, errlen, "applying the defaults: out of memory");
   if (rc == 0 && path) rc = load_file(ld, path);
-  if (rc == 0 && tf_config) rc = apply_tf_config(ld, tf_config);
+  if (rc == 0 && tf_config) rc = ts_tfconfig_apply(ld, tf_config);
   for (size_t i = 0; rc == 0 && i < n; i++) rc = apply_override(ld, overrides[i]);
   if (rc == 0) rc = validate(ld);
   ts_free(ld);
@@ -1191,12 +1102,12 @@ int ts_config_load(ts_config_t *cfg, const char *path, const char *tf_config,
 
 void ts_config_free(ts_config_t *cfg) {
   if (!cfg) return;
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++) {
+  for (size_t i = 0; i < ts_config_ndefs; i++) {
     const ts_config_def_t *d = &ts_config_defs[i];
     if (d->type == TS_CT_STRING) {
-      ts_free(*(char **)field_of(cfg, d->offset));
+      ts_free(*(char **)ts_config_field(cfg, d->offset));
     } else if (d->type == TS_CT_STRINGS) {
-      free_strings(*(char ***)field_of(cfg, d->offset), *count_of(cfg, d));
+      ts_config_free_strings(*(char ***)ts_config_field(cfg, d->offset), *ts_config_count(cfg, d));
     }
   }
   ts_free(cfg->source);
@@ -1211,9 +1122,9 @@ static const char *choice_name(const ts_config_def_t *d, int value) {
 }
 
 const char *ts_mode_name(ts_mode_t mode) {
-  return choice_name(def_named("job.mode"), (int)mode);
+  return choice_name(ts_config_def_named("job.mode"), (int)mode);
 }
 
 const char *ts_optimizer_name(ts_optimizer_t opt) {
-  return choice_name(def_named("optimizer.name"), (int)opt);
+  return choice_name(ts_config_def_named("optimizer.name"), (int)opt);
 }

@@ -1,17 +1,20 @@
 /*
- * Inside the configuration loader (config/ts_config.h): the key table and what its files
- * share. Nothing outside config/ includes this header.
+ * Inside the configuration loader (config/ts_config.h): the key table and what the files of
+ * config/ share. Nothing outside config/ includes this header.
  *
  *   ts_config.c      the key table ts_config_defs (every key's type, bounds, default and
- *                    meaning), its syntax checks, lookups by name, and the enum names.
+ *                    meaning), its syntax checks, lookups by name, and the enum names; the
+ *                    loader: setters, libconfig parsing, the file, --set, cross-key rules.
+ *   ts_tfconfig.c    TF_CONFIG (cJSON), applied through the loader's setters.
  *   ts_config_ref.c  the reference writer: docs/configuration.md, generated from the table.
  *
- * The table is constant and the lookups keep no state, so every function here may be called
- * from any thread.
+ * The table is constant and the lookups keep no state, so they may be called from any
+ * thread. A ts_config_loader_t belongs to the one call that made it.
  */
 #ifndef TS_CONFIG_INT_H
 #define TS_CONFIG_INT_H
 
+#include <libconfig.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -61,9 +64,87 @@ typedef struct {
 extern const ts_config_def_t ts_config_defs[];
 extern const size_t ts_config_ndefs;
 
+/* The key called name ("job.mode"), or NULL when there is none. */
+const ts_config_def_t *ts_config_find_def(const char *name);
+/* The key called name, which must exist (a typo in the code is fatal, not an error). */
+const ts_config_def_t *ts_config_def_named(const char *name);
+/* True when name is a section ("job"): some key starts with "name.". */
+bool ts_config_is_section(const char *name);
+/* Fills out[outlen] (outlen > 0) with the key or section most like an unknown name ("jbo" ->
+ * "job", "job.batch_size" -> "train.batch_size"), or with "" when none is close. */
+void ts_config_suggest(const char *name, char *out, size_t outlen);
+
+/* The field at offset in *cfg, and the element count of a TS_CT_STRINGS or TS_CT_INTS key. */
+static inline void *ts_config_field(ts_config_t *cfg, size_t offset) {
+  return (char *)cfg + offset;
+}
+static inline size_t *ts_config_count(ts_config_t *cfg, const ts_config_def_t *d) {
+  return (size_t *)ts_config_field(cfg, d->count_offset);
+}
+
 /* Writes "[imin, imax]" (integers) or "[fmin, fmax]" with "(" or ")" for an open end (floats)
  * into buf[n]: the same words in error messages and in the reference. */
 void ts_config_describe_int_bounds(const ts_config_def_t *d, char *buf, size_t n);
 void ts_config_describe_float_bounds(const ts_config_def_t *d, char *buf, size_t n);
+
+/* ---- The loader ------------------------------------------------------------------------- */
+
+#define TS_CONFIG_WHERE_LEN 160 /* a source: "job.cfg:12", "--set KEY=VALUE", "TF_CONFIG" */
+#define TS_CONFIG_KEY_LEN 128   /* a dotted key name */
+
+/* One ts_config_load (or ts_config_defaults) in progress. It belongs to that call and lives
+ * only as long as it; allocate sizeof(ts_config_loader_t) + ts_config_ndefs *
+ * TS_CONFIG_WHERE_LEN bytes for the origins. */
+typedef struct {
+  ts_config_t *cfg; /* the configuration being filled (the caller's) */
+  char *errmsg;     /* the caller's buffer for the one error line, errlen bytes */
+  size_t errlen;
+  char where[TS_CONFIG_WHERE_LEN]; /* the source of what is applied now */
+  char task_origin[TS_CONFIG_WHERE_LEN];
+  char origin[][TS_CONFIG_WHERE_LEN]; /* where each key was last set, by table index */
+} ts_config_loader_t;
+
+/* Writes "<where>: <name>: <message>" (or "<where>: <message>" when name is NULL) to
+ * ld->errmsg and returns TS_ECONFIG. */
+int ts_config_fail(ts_config_loader_t *ld, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Writes "<where>: <name>: out of memory" and returns TS_ENOMEM. */
+int ts_config_oom(ts_config_loader_t *ld, const char *name);
+/* Fails with "unknown key", naming the closest key when one is close. */
+int ts_config_fail_unknown(ts_config_loader_t *ld, const char *name);
+/* Records ld->where as where d was last set, for cross-key errors. */
+void ts_config_note_origin(ts_config_loader_t *ld, const ts_config_def_t *d);
+
+/* Setters: each checks the value against d's bounds, then stores it in ld->cfg; on error the
+ * field keeps its old value. The value is copied; the caller keeps what it passed. They do
+ * not note the origin (the caller does, once a whole value is in). Return 0, TS_ECONFIG or
+ * TS_ENOMEM, with ld->errmsg filled. */
+int ts_config_set_string(ts_config_loader_t *ld, const ts_config_def_t *d, const char *s);
+int ts_config_set_strings(ts_config_loader_t *ld, const ts_config_def_t *d,
+                          const char *const *items, size_t n);
+/* Fails unless n is within d's min_len..max_len entries (before anything sized by n is
+ * allocated). */
+int ts_config_check_count(ts_config_loader_t *ld, const ts_config_def_t *d, size_t n);
+/* Applies one parsed libconfig setting to d, converting and checking its type, and notes the
+ * origin on success. */
+int ts_config_apply_setting(ts_config_loader_t *ld, const ts_config_def_t *d,
+                            const config_setting_t *s);
+/* Frees v[0..n) and v; v may be NULL. */
+void ts_config_free_strings(char **v, size_t n);
+
+/* Parses libconfig text into c (initialised by the caller, who destroys it), widening integer
+ * literals beyond 32 bits first (see ts_config.h). include_dir (may be NULL) is where
+ * @include looks. Errors read "label:line: message", or just the message when label is NULL
+ * (a --set value has one line). Returns 0, TS_ECONFIG or TS_ENOMEM. */
+int ts_config_parse_text(ts_config_loader_t *ld, config_t *c, const char *text, const char *label,
+                         const char *include_dir);
+
+/* ---- TF_CONFIG -------------------------------------------------------------------------- */
+
+/* Applies the TF_CONFIG value tf (ts_config.h describes it) to ld->cfg: cluster.ps and
+ * cluster.workers through the table's checks, and the task's role and index (noting
+ * ld->task_origin; the index is checked against the lists later, with the cross-key rules).
+ * An empty or blank tf does nothing. Returns 0, TS_ECONFIG or TS_ENOMEM. */
+int ts_tfconfig_apply(ts_config_loader_t *ld, const char *tf);
 
 #endif

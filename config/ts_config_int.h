@@ -2,11 +2,14 @@
  * Inside the configuration loader (config/ts_config.h): the key table and what the files of
  * config/ share. Nothing outside config/ includes this header.
  *
- *   ts_config.c      the key table ts_config_defs (every key's type, bounds, default and
- *                    meaning), its syntax checks, lookups by name, and the enum names; the
- *                    loader: setters, libconfig parsing, the file, --set, cross-key rules.
- *   ts_tfconfig.c    TF_CONFIG (cJSON), applied through the loader's setters.
- *   ts_config_ref.c  the reference writer: docs/configuration.md, generated from the table.
+ *   ts_config.c        the key table ts_config_defs (every key's type, bounds, default and
+ *                      meaning), its syntax checks, lookups by name, and the enum names; the
+ *                      loader: the file, --set, cross-key rules, the public API.
+ *   ts_config_set.c    the setters, where every value meets the table's bounds, and the
+ *                      loader's error helpers.
+ *   ts_config_parse.c  libconfig text to a setting tree, with the 64-bit integer fix.
+ *   ts_tfconfig.c      TF_CONFIG (cJSON), applied through the setters.
+ *   ts_config_ref.c    the reference writer: docs/configuration.md, generated from the table.
  *
  * The table is constant and the lookups keep no state, so they may be called from any
  * thread. A ts_config_loader_t belongs to the one call that made it.

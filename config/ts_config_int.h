@@ -3,8 +3,9 @@
  * config/ share. Nothing outside config/ includes this header.
  *
  *   ts_config.c        the key table ts_config_defs (every key's type, bounds, default and
- *                      meaning), its syntax checks, lookups by name, and the enum names; the
- *                      loader: the file, --set, cross-key rules, the public API.
+ *                      meaning), its syntax checks, lookups by name, and the enum names.
+ *   ts_config_load.c   the loader and the public API: defaults, the file, --set, the rules
+ *                      across keys, ts_config_free.
  *   ts_config_set.c    the setters, where every value meets the table's bounds, and the
  *                      loader's error helpers.
  *   ts_config_parse.c  libconfig text to a setting tree, with the 64-bit integer fix.

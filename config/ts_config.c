@@ -1,56 +1,22 @@
+/*
+ * The key table: the one description of every key of a job file. The loader validates
+ * against it, the reference (docs/configuration.md) is printed from it, and ts_config_free
+ * walks it, so a key is added here and nowhere else (CONTRIBUTING.md). Each bound carries its
+ * reason in the entry's doc, because the reference shows it to the people who hit it.
+ */
 #include "ts_config.h"
 
-#include <cjson/cJSON.h>
-#include <ctype.h>
-#include <errno.h>
-#include <libconfig.h>
-#include <limits.h>
-#include <math.h>
-#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "ts_addr.h"
-#include "ts_alloc.h"
+#include "ts_config_int.h"
 #include "ts_err.h"
-#include "ts_log.h"
 
 /* ---- The key table ---------------------------------------------------------------------- */
-
-typedef enum {
-  TS_CT_BOOL,    /* bool */
-  TS_CT_INT,     /* int, bounds imin..imax */
-  TS_CT_INT64,   /* int64_t, bounds imin..imax */
-  TS_CT_FLOAT,   /* double, bounds fmin..fmax (open ends by flag); ints accepted */
-  TS_CT_STRING,  /* char *, length min_len..max_len, optional choices and check */
-  TS_CT_ENUM,    /* an int-sized enum: one of choices, stored as choice_values[i] */
-  TS_CT_STRINGS, /* char ** plus a size_t count at count_offset */
-  TS_CT_INTS,    /* int[max_len] inline plus a size_t count at count_offset */
-} ts_config_type_t;
-
-#define TS_CF_OPEN_MIN 0x1u /* float: the minimum itself is not allowed */
-#define TS_CF_OPEN_MAX 0x2u /* float: the maximum itself is not allowed */
-
-/* A syntax check for one string value; fills why (one phrase) and returns false when bad. */
-typedef bool (*ts_config_check_fn)(const char *value, char *why, size_t whylen);
-
-typedef struct {
-  const char *name; /* dotted key, "section.key" */
-  ts_config_type_t type;
-  size_t offset;              /* target field in ts_config_t */
-  size_t count_offset;        /* TS_CT_STRINGS, TS_CT_INTS: the size_t element count */
-  int64_t imin, imax;         /* TS_CT_INT, TS_CT_INT64, TS_CT_INTS (each element) */
-  int64_t multiple;           /* integers: the value must be a multiple of this (0 = any) */
-  double fmin, fmax;          /* TS_CT_FLOAT */
-  unsigned flags;             /* TS_CF_* */
-  size_t min_len, max_len;    /* TS_CT_STRING: bytes; TS_CT_STRINGS, TS_CT_INTS: entries */
-  const char *const *choices; /* TS_CT_STRING, TS_CT_ENUM: allowed values, NULL-terminated */
-  const int *choice_values;   /* TS_CT_ENUM: what is stored for choices[i] */
-  ts_config_check_fn check;   /* TS_CT_STRING, TS_CT_STRINGS: per-value syntax */
-  const char *check_doc;      /* what check accepts, for the reference */
-  const char *def;            /* the default, in libconfig syntax */
-  const char *doc;            /* meaning, and the reason for the limits */
-} ts_config_def_t;
 
 static bool check_address(const char *value, char *why, size_t whylen) {
   if (ts_addr_split(value, NULL, 0, NULL) == 0) return true;
@@ -118,7 +84,7 @@ _Static_assert(sizeof(ts_activation_t) == sizeof(int), "enum fields must be int-
   }
 
 /* Every key of a job file. Sections appear in this order in docs/configuration.md. */
-static const ts_config_def_t ts_config_defs[] = {
+const ts_config_def_t ts_config_defs[] = {
     HOSTS("cluster.ps", ps, num_ps, 1, "[\"127.0.0.1:7100\"]",
           "Address shard N listens on, one entry per shard. At most 256 shards, the size the "
           "partition plan and status pages are built for."),
@@ -289,76 +255,28 @@ static const ts_config_def_t ts_config_defs[] = {
            "File holding the admin token psctl needs for admin requests; empty = none."),
 };
 
-#define TS_CONFIG_NDEFS (sizeof ts_config_defs / sizeof ts_config_defs[0])
+const size_t ts_config_ndefs = sizeof ts_config_defs / sizeof ts_config_defs[0];
 
-/* ---- Loader state and errors ------------------------------------------------------------ */
+/* ---- Lookups --------------------------------------------------------------------------- */
 
-#define WHERE_LEN 160
-#define KEY_LEN 128
-
-typedef struct {
-  ts_config_t *cfg;
-  char *errmsg;
-  size_t errlen;
-  char where[WHERE_LEN];                   /* the source of what is applied now */
-  char origin[TS_CONFIG_NDEFS][WHERE_LEN]; /* where each key was last set */
-  char task_origin[WHERE_LEN];
-} loader_t;
-
-static const char default_origin[] = "(default)";
-
-/* "<where>: <name>: <message>", returning TS_ECONFIG. */
-static int fail(loader_t *ld, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(loader_t *ld, const char *name, const char *fmt, ...) {
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  if (name)
-    snprintf(ld->errmsg, ld->errlen, "%s: %s: %s", ld->where, name, msg);
-  else
-    snprintf(ld->errmsg, ld->errlen, "%s: %s", ld->where, msg);
-  return TS_ECONFIG;
-}
-
-static int oom(loader_t *ld, const char *name) {
-  snprintf(ld->errmsg, ld->errlen, "%s: %s: out of memory", ld->where, name);
-  return TS_ENOMEM;
-}
-
-static void *field_of(ts_config_t *cfg, size_t offset) {
-  return (char *)cfg + offset;
-}
-
-static size_t *count_of(ts_config_t *cfg, const ts_config_def_t *d) {
-  return (size_t *)field_of(cfg, d->count_offset);
-}
-
-static const ts_config_def_t *find_def(const char *name) {
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++)
+const ts_config_def_t *ts_config_find_def(const char *name) {
+  for (size_t i = 0; i < ts_config_ndefs; i++)
     if (strcmp(ts_config_defs[i].name, name) == 0) return &ts_config_defs[i];
   return NULL;
 }
 
-static const ts_config_def_t *def_named(const char *name) {
-  const ts_config_def_t *d = find_def(name);
+const ts_config_def_t *ts_config_def_named(const char *name) {
+  const ts_config_def_t *d = ts_config_find_def(name);
   ts_require(d != NULL);
   return d;
 }
 
-/* True when name is a section ("job"): some key starts with "name.". */
-static bool is_section(const char *name) {
+bool ts_config_is_section(const char *name) {
   size_t n = strlen(name);
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++)
+  for (size_t i = 0; i < ts_config_ndefs; i++)
     if (strncmp(ts_config_defs[i].name, name, n) == 0 && ts_config_defs[i].name[n] == '.')
       return true;
   return false;
-}
-
-static void note_origin(loader_t *ld, const ts_config_def_t *d) {
-  snprintf(ld->origin[d - ts_config_defs], WHERE_LEN, "%s", ld->where);
 }
 
 /* ---- Did you mean ----------------------------------------------------------------------- */
@@ -367,8 +285,8 @@ static void note_origin(loader_t *ld, const ts_config_def_t *d) {
  * string alignment distance, over three rows. */
 static size_t edit_distance(const char *a, const char *b) {
   size_t la = strlen(a), lb = strlen(b);
-  if (la >= KEY_LEN || lb >= KEY_LEN) return SIZE_MAX;
-  size_t rows[3][KEY_LEN + 1];
+  if (la >= TS_CONFIG_KEY_LEN || lb >= TS_CONFIG_KEY_LEN) return SIZE_MAX;
+  size_t rows[3][TS_CONFIG_KEY_LEN + 1];
   size_t *prev2 = rows[0], *prev = rows[1], *cur = rows[2];
   for (size_t j = 0; j <= lb; j++) prev[j] = j;
   for (size_t i = 1; i <= la; i++) {
@@ -400,13 +318,13 @@ static void copy_str(char *out, size_t outlen, const char *s) {
 /* The key closest to an unknown dotted name, or the section closest to an unknown top-level
  * one ("jbo" -> "job"); empty when none is close. A key with the same last part in another
  * section ("job.batch_size" -> "train.batch_size") is the fallback. */
-static void suggest(const char *name, char *out, size_t outlen) {
+void ts_config_suggest(const char *name, char *out, size_t outlen) {
   size_t best = SIZE_MAX;
   bool dotted = strchr(name, '.') != NULL;
   out[0] = '\0';
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++) {
+  for (size_t i = 0; i < ts_config_ndefs; i++) {
     const char *key = ts_config_defs[i].name;
-    char section[KEY_LEN];
+    char section[TS_CONFIG_KEY_LEN];
     snprintf(section, sizeof section, "%.*s", (int)(strchr(key, '.') - key), key);
     const char *cand = dotted ? key : section;
     size_t dist = edit_distance(name, cand);
@@ -419,824 +337,27 @@ static void suggest(const char *name, char *out, size_t outlen) {
   out[0] = '\0';
   const char *last = strrchr(name, '.');
   if (!last) return;
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++)
+  for (size_t i = 0; i < ts_config_ndefs; i++)
     if (strcmp(strrchr(ts_config_defs[i].name, '.'), last) == 0) {
       copy_str(out, outlen, ts_config_defs[i].name);
       return;
     }
 }
 
-static int fail_unknown(loader_t *ld, const char *name) {
-  char hint[KEY_LEN];
-  suggest(name, hint, sizeof hint);
-  if (hint[0]) return fail(ld, name, "unknown key (did you mean %s?)", hint);
-  return fail(ld, name, "unknown key (see docs/configuration.md)");
-}
+/* ---- Bounds, in words ------------------------------------------------------------------- */
 
-/* ---- Typed setters: the table's bounds are checked here, whatever the source ------------- */
-
-static void describe_bounds_int(const ts_config_def_t *d, char *buf, size_t n) {
+void ts_config_describe_int_bounds(const ts_config_def_t *d, char *buf, size_t n) {
   snprintf(buf, n, "[%lld, %lld]", (long long)d->imin, (long long)d->imax);
 }
 
-static void describe_bounds_float(const ts_config_def_t *d, char *buf, size_t n) {
+void ts_config_describe_float_bounds(const ts_config_def_t *d, char *buf, size_t n) {
   snprintf(buf, n, "%c%g, %g%c", (d->flags & TS_CF_OPEN_MIN) ? '(' : '[', d->fmin, d->fmax,
            (d->flags & TS_CF_OPEN_MAX) ? ')' : ']');
 }
 
-static void describe_choices(const ts_config_def_t *d, char *buf, size_t n) {
-  size_t used = 0;
-  buf[0] = '\0';
-  for (size_t i = 0; d->choices[i] && used < n; i++)
-    used += (size_t)snprintf(buf + used, n - used, "%s\"%s\"", i ? ", " : "", d->choices[i]);
-}
+/* ---- Enum names ------------------------------------------------------------------------ */
 
-static int check_int(loader_t *ld, const ts_config_def_t *d, const char *name, int64_t v) {
-  char range[96];
-  describe_bounds_int(d, range, sizeof range);
-  if (v < d->imin || v > d->imax)
-    return fail(ld, name, "must be an integer in %s, not %lld", range, (long long)v);
-  if (d->multiple && v % d->multiple != 0)
-    return fail(ld, name, "must be a multiple of %lld, not %lld", (long long)d->multiple,
-                (long long)v);
-  return 0;
-}
-
-static int set_int(loader_t *ld, const ts_config_def_t *d, int64_t v) {
-  int rc = check_int(ld, d, d->name, v);
-  if (rc < 0) return rc;
-  if (d->type == TS_CT_INT)
-    *(int *)field_of(ld->cfg, d->offset) = (int)v;
-  else
-    *(int64_t *)field_of(ld->cfg, d->offset) = v;
-  return 0;
-}
-
-static int set_float(loader_t *ld, const ts_config_def_t *d, double v) {
-  bool low = (d->flags & TS_CF_OPEN_MIN) ? v <= d->fmin : v < d->fmin;
-  bool high = (d->flags & TS_CF_OPEN_MAX) ? v >= d->fmax : v > d->fmax;
-  if (!isfinite(v) || low || high) {
-    char range[96];
-    describe_bounds_float(d, range, sizeof range);
-    return fail(ld, d->name, "must be a number in %s, not %g", range, v);
-  }
-  *(double *)field_of(ld->cfg, d->offset) = v;
-  return 0;
-}
-
-static int set_bool(loader_t *ld, const ts_config_def_t *d, bool v) {
-  *(bool *)field_of(ld->cfg, d->offset) = v;
-  return 0;
-}
-
-/* Checks one string against choices, length and the syntax check. */
-static int check_string(loader_t *ld, const ts_config_def_t *d, const char *name, const char *s) {
-  size_t len = strlen(s);
-  if (d->choices) {
-    for (size_t i = 0; d->choices[i]; i++)
-      if (strcmp(d->choices[i], s) == 0) return (int)i;
-    char list[256];
-    describe_choices(d, list, sizeof list);
-    return fail(ld, name, "must be one of %s, not \"%.64s\"", list, s);
-  }
-  if (len < d->min_len || len > d->max_len) {
-    if (d->min_len == 0)
-      return fail(ld, name, "must be at most %zu bytes long, not %zu", d->max_len, len);
-    return fail(ld, name, "must be %zu to %zu bytes long, not %zu", d->min_len, d->max_len, len);
-  }
-  if (d->check) {
-    char why[192];
-    if (!d->check(s, why, sizeof why)) return fail(ld, name, "%s", why);
-  }
-  return 0;
-}
-
-static int set_string(loader_t *ld, const ts_config_def_t *d, const char *s) {
-  int rc = check_string(ld, d, d->name, s);
-  if (rc < 0) return rc;
-  if (d->type == TS_CT_ENUM) {
-    *(int *)field_of(ld->cfg, d->offset) = d->choice_values[rc];
-    return 0;
-  }
-  char *copy = ts_strdup(s);
-  if (!copy) return oom(ld, d->name);
-  char **slot = (char **)field_of(ld->cfg, d->offset);
-  ts_free(*slot);
-  *slot = copy;
-  return 0;
-}
-
-static int check_count(loader_t *ld, const ts_config_def_t *d, size_t n) {
-  if (n >= d->min_len && n <= d->max_len) return 0;
-  return fail(ld, d->name, "must have %zu to %zu entries, not %zu", d->min_len, d->max_len, n);
-}
-
-static void free_strings(char **v, size_t n) {
-  if (!v) return;
-  for (size_t i = 0; i < n; i++) ts_free(v[i]);
-  ts_free(v);
-}
-
-/* Replaces the list only once every entry is checked and copied, so a failure leaves the
- * old value in place. */
-static int set_strings(loader_t *ld, const ts_config_def_t *d, const char *const *items, size_t n) {
-  int rc = check_count(ld, d, n);
-  if (rc < 0) return rc;
-  for (size_t i = 0; i < n; i++) {
-    char name[KEY_LEN + 16];
-    snprintf(name, sizeof name, "%s[%zu]", d->name, i);
-    rc = check_string(ld, d, name, items[i]);
-    if (rc < 0) return rc;
-  }
-  char **copy = ts_calloc(n ? n : 1, sizeof *copy);
-  if (!copy) return oom(ld, d->name);
-  for (size_t i = 0; i < n; i++) {
-    copy[i] = ts_strdup(items[i]);
-    if (!copy[i]) {
-      free_strings(copy, i);
-      return oom(ld, d->name);
-    }
-  }
-  char ***slot = (char ***)field_of(ld->cfg, d->offset);
-  size_t *count = count_of(ld->cfg, d);
-  free_strings(*slot, *count);
-  *slot = copy;
-  *count = n;
-  return 0;
-}
-
-static int set_ints(loader_t *ld, const ts_config_def_t *d, const int64_t *v, size_t n) {
-  int rc = check_count(ld, d, n);
-  if (rc < 0) return rc;
-  ts_require(d->max_len <= TS_CONFIG_MAX_LAYERS);
-  for (size_t i = 0; i < n; i++) {
-    char name[KEY_LEN + 16];
-    snprintf(name, sizeof name, "%s[%zu]", d->name, i);
-    rc = check_int(ld, d, name, v[i]);
-    if (rc < 0) return rc;
-  }
-  int *dst = (int *)field_of(ld->cfg, d->offset);
-  for (size_t i = 0; i < n; i++) dst[i] = (int)v[i];
-  *count_of(ld->cfg, d) = n;
-  return 0;
-}
-
-/* ---- From libconfig settings ------------------------------------------------------------ */
-
-static const char *type_name(const config_setting_t *s) {
-  switch (config_setting_type(s)) {
-    case CONFIG_TYPE_GROUP:
-      return "a group";
-    case CONFIG_TYPE_INT:
-    case CONFIG_TYPE_INT64:
-      return "an integer";
-    case CONFIG_TYPE_FLOAT:
-      return "a float";
-    case CONFIG_TYPE_STRING:
-      return "a string";
-    case CONFIG_TYPE_BOOL:
-      return "a boolean";
-    case CONFIG_TYPE_ARRAY:
-      return "an array";
-    case CONFIG_TYPE_LIST:
-      return "a list";
-    default:
-      return "nothing";
-  }
-}
-
-static bool is_int(const config_setting_t *s) {
-  int t = config_setting_type(s);
-  return t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64;
-}
-
-static int wrong_type(loader_t *ld, const char *name, const char *want, const config_setting_t *s) {
-  switch (config_setting_type(s)) {
-    case CONFIG_TYPE_STRING:
-      return fail(ld, name, "must be %s, not a string (\"%.64s\")", want,
-                  config_setting_get_string(s));
-    case CONFIG_TYPE_FLOAT:
-      return fail(ld, name, "must be %s, not a float (%g)", want, config_setting_get_float(s));
-    case CONFIG_TYPE_INT:
-    case CONFIG_TYPE_INT64:
-      return fail(ld, name, "must be %s, not an integer (%lld)", want,
-                  (long long)config_setting_get_int64(s));
-    default:
-      return fail(ld, name, "must be %s, not %s", want, type_name(s));
-  }
-}
-
-static int apply_setting(loader_t *ld, const ts_config_def_t *d, const config_setting_t *s) {
-  int rc = 0;
-  switch (d->type) {
-    case TS_CT_BOOL:
-      if (config_setting_type(s) != CONFIG_TYPE_BOOL)
-        return wrong_type(ld, d->name, "true or false", s);
-      rc = set_bool(ld, d, config_setting_get_bool(s) != 0);
-      break;
-    case TS_CT_INT:
-    case TS_CT_INT64:
-      if (!is_int(s)) return wrong_type(ld, d->name, "an integer", s);
-      rc = set_int(ld, d, config_setting_get_int64(s));
-      break;
-    case TS_CT_FLOAT:
-      /* libconfig tells 1 from 1.0; a float key takes both. */
-      if (is_int(s))
-        rc = set_float(ld, d, (double)config_setting_get_int64(s));
-      else if (config_setting_type(s) == CONFIG_TYPE_FLOAT)
-        rc = set_float(ld, d, config_setting_get_float(s));
-      else
-        return wrong_type(ld, d->name, "a number", s);
-      break;
-    case TS_CT_STRING:
-    case TS_CT_ENUM:
-      if (config_setting_type(s) != CONFIG_TYPE_STRING)
-        return wrong_type(ld, d->name, "a string", s);
-      rc = set_string(ld, d, config_setting_get_string(s));
-      break;
-    case TS_CT_STRINGS:
-    case TS_CT_INTS: {
-      bool strings = d->type == TS_CT_STRINGS;
-      const char *want = strings ? "an array of strings" : "an array of integers";
-      if (!config_setting_is_array(s) && !config_setting_is_list(s))
-        return wrong_type(ld, d->name, want, s);
-      size_t n = (size_t)config_setting_length(s);
-      rc = check_count(ld, d, n); /* before allocating anything sized by the file */
-      if (rc < 0) return rc;
-      void *tmp = ts_calloc(n ? n : 1, strings ? sizeof(const char *) : sizeof(int64_t));
-      if (!tmp) return oom(ld, d->name);
-      for (size_t i = 0; i < n && rc == 0; i++) {
-        const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
-        char name[KEY_LEN + 16];
-        snprintf(name, sizeof name, "%s[%zu]", d->name, i);
-        if (strings && config_setting_type(e) == CONFIG_TYPE_STRING)
-          ((const char **)tmp)[i] = config_setting_get_string(e);
-        else if (!strings && is_int(e))
-          ((int64_t *)tmp)[i] = config_setting_get_int64(e);
-        else
-          rc = wrong_type(ld, name, strings ? "a string" : "an integer", e);
-      }
-      if (rc == 0)
-        rc = strings ? set_strings(ld, d, (const char *const *)tmp, n)
-                     : set_ints(ld, d, (const int64_t *)tmp, n);
-      ts_free(tmp);
-      break;
-    }
-  }
-  if (rc == 0) note_origin(ld, d);
-  return rc;
-}
-
-/* libconfig 1.5 reads an integer literal beyond 32 bits without an L suffix by silently
- * wrapping it (4294968320 becomes 1024). Before parsing, this adds the L such a literal needs,
- * so "max_message_bytes = 2147483648;" means what it says; lines stay where they were.
- * out == NULL only counts. Returns the number of L's added, or -1 with *bad_line set for a
- * literal beyond 64 bits. Files pulled in by @include are not rewritten. */
-static long widen_ints(const char *s, char *out, int *bad_line) {
-  size_t i = 0, o = 0;
-  long added = 0;
-  int line = 1;
-#define EMIT(c)            \
-  do {                     \
-    if (out) out[o] = (c); \
-    o++;                   \
-  } while (0)
-#define COPY_WHILE(cond)      \
-  while (s[i] && (cond)) {    \
-    if (s[i] == '\n') line++; \
-    EMIT(s[i]);               \
-    i++;                      \
-  }
-  while (s[i]) {
-    char c = s[i];
-    unsigned char uc = (unsigned char)c;
-    if (c == '"') {
-      EMIT(c);
-      i++;
-      while (s[i] && s[i] != '"') {
-        if (s[i] == '\\' && s[i + 1]) {
-          EMIT(s[i]);
-          i++;
-        }
-        if (s[i] == '\n') line++;
-        EMIT(s[i]);
-        i++;
-      }
-      if (s[i]) {
-        EMIT(s[i]);
-        i++;
-      }
-    } else if (c == '#' || (c == '/' && s[i + 1] == '/')) {
-      COPY_WHILE(s[i] != '\n');
-    } else if (c == '/' && s[i + 1] == '*') {
-      EMIT(s[i]);
-      EMIT(s[i + 1]);
-      i += 2;
-      COPY_WHILE(!(s[i] == '*' && s[i + 1] == '/'));
-      if (s[i]) {
-        EMIT(s[i]);
-        EMIT(s[i + 1]);
-        i += 2;
-      }
-    } else if (isalpha(uc) || c == '*' || c == '_') {
-      COPY_WHILE(isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == '-' || s[i] == '*');
-    } else if (isdigit(uc) || ((c == '-' || c == '+') && isdigit((unsigned char)s[i + 1]))) {
-      bool neg = c == '-';
-      size_t start = i;
-      if (c == '-' || c == '+') i++;
-      uint64_t v = 0;
-      bool big = false, hex = false;
-      if (s[i] == '0' && (s[i + 1] == 'x' || s[i + 1] == 'X')) {
-        hex = true;
-        i += 2;
-        for (; isxdigit((unsigned char)s[i]); i++) {
-          int dv =
-              isdigit((unsigned char)s[i]) ? s[i] - '0' : (tolower((unsigned char)s[i]) - 'a' + 10);
-          if (v > (UINT64_MAX >> 4)) big = true;
-          v = (v << 4) | (uint64_t)dv;
-        }
-      } else {
-        for (; isdigit((unsigned char)s[i]); i++) {
-          uint64_t dv = (uint64_t)(s[i] - '0');
-          if (v > (UINT64_MAX - dv) / 10) big = true;
-          v = v * 10 + dv;
-        }
-      }
-      bool is_float = !hex && (s[i] == '.' || s[i] == 'e' || s[i] == 'E');
-      if (is_float) {
-        while (isdigit((unsigned char)s[i]) || s[i] == '.' || s[i] == 'e' || s[i] == 'E' ||
-               ((s[i] == '-' || s[i] == '+') && (s[i - 1] == 'e' || s[i - 1] == 'E')))
-          i++;
-      }
-      for (size_t k = start; k < i; k++) EMIT(s[k]);
-      if (!is_float && s[i] != 'L') {
-        uint64_t lim32 = neg ? 2147483648u : 2147483647u;
-        uint64_t lim64 = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
-        if (big || v > lim64) {
-          *bad_line = line;
-          return -1;
-        }
-        if (v > lim32) {
-          EMIT('L');
-          added++;
-        }
-      }
-    } else {
-      if (c == '\n') line++;
-      EMIT(c);
-      i++;
-    }
-  }
-  if (out) out[o] = '\0';
-  return added;
-#undef EMIT
-#undef COPY_WHILE
-}
-
-/* Parses libconfig text (after widen_ints) into c. Errors read "label:line: message", or just
- * the message when label is NULL (a --set value has one line). */
-static int parse_text(loader_t *ld, config_t *c, const char *text, const char *label,
-                      const char *include_dir) {
-  int bad_line = 0;
-  long added = widen_ints(text, NULL, &bad_line);
-  if (added < 0) {
-    if (label)
-      snprintf(ld->errmsg, ld->errlen, "%s:%d: integer out of the 64-bit range", label, bad_line);
-    else
-      snprintf(ld->errmsg, ld->errlen, "integer out of the 64-bit range");
-    return TS_ECONFIG;
-  }
-  char *wide = ts_malloc(strlen(text) + (size_t)added + 1);
-  if (!wide) {
-    snprintf(ld->errmsg, ld->errlen, "%s: out of memory", label ? label : ld->where);
-    return TS_ENOMEM;
-  }
-  widen_ints(text, wide, &bad_line);
-  if (include_dir) config_set_include_dir(c, include_dir); /* 1.5 strdup()s even NULL */
-  int ok = config_read_string(c, wide);
-  ts_free(wide);
-  if (!ok) {
-    const char *file = config_error_file(c) ? config_error_file(c) : label;
-    if (file)
-      snprintf(ld->errmsg, ld->errlen, "%s:%d: %s", file, config_error_line(c),
-               config_error_text(c));
-    else
-      snprintf(ld->errmsg, ld->errlen, "%s", config_error_text(c));
-    return TS_ECONFIG;
-  }
-  return 0;
-}
-
-/* ---- The file --------------------------------------------------------------------------- */
-
-static int walk(loader_t *ld, const config_setting_t *group, const char *prefix, const char *path) {
-  int n = config_setting_length(group);
-  for (int i = 0; i < n; i++) {
-    const config_setting_t *s = config_setting_get_elem(group, (unsigned)i);
-    const char *file = config_setting_source_file(s) ? config_setting_source_file(s) : path;
-    snprintf(ld->where, sizeof ld->where, "%s:%d", file, (int)config_setting_source_line(s));
-    char name[KEY_LEN];
-    int len = snprintf(name, sizeof name, "%s%s%s", prefix ? prefix : "", prefix ? "." : "",
-                       config_setting_name(s));
-    if (len < 0 || (size_t)len >= sizeof name) return fail(ld, NULL, "key name too long");
-    const ts_config_def_t *d = find_def(name);
-    int rc;
-    if (d)
-      rc = apply_setting(ld, d, s);
-    else if (is_section(name) && config_setting_is_group(s))
-      rc = walk(ld, s, name, path);
-    else if (is_section(name))
-      rc = fail(ld, name, "must be a group: %s = { ... };", name);
-    else
-      rc = fail_unknown(ld, name);
-    if (rc < 0) return rc;
-  }
-  return 0;
-}
-
-/* The job file is read whole (it is small) so the integer widening above can see it. Errors
- * are prefixed with ld->where, which holds the path. */
-#define MAX_FILE_BYTES (16u << 20)
-
-static int read_text(loader_t *ld, const char *path, char **out) {
-  *out = NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f) return fail(ld, NULL, "%s", strerror(errno));
-  int rc = 0;
-  struct stat st;
-  char *buf = NULL;
-  size_t len = 0, cap = 0;
-  if (fstat(fileno(f), &st) != 0) {
-    rc = fail(ld, NULL, "%s", strerror(errno));
-  } else if (S_ISDIR(st.st_mode)) {
-    rc = fail(ld, NULL, "%s", strerror(EISDIR));
-  } else {
-    /* Read to EOF rather than trusting st_size: -c <(...) and -c /dev/stdin are pipes. */
-    for (;;) {
-      if (len + 1 >= cap) {
-        if (cap >= MAX_FILE_BYTES) {
-          rc = fail(ld, NULL, "larger than %u bytes; not a job file", MAX_FILE_BYTES);
-          break;
-        }
-        size_t ncap = cap ? cap * 2 : 4096;
-        char *nbuf = ts_realloc(buf, ncap);
-        if (!nbuf) {
-          snprintf(ld->errmsg, ld->errlen, "%s: out of memory", path);
-          rc = TS_ENOMEM;
-          break;
-        }
-        buf = nbuf;
-        cap = ncap;
-      }
-      size_t got = fread(buf + len, 1, cap - 1 - len, f);
-      len += got;
-      if (got == 0) {
-        if (ferror(f)) rc = fail(ld, NULL, "%s", strerror(errno));
-        break;
-      }
-    }
-    if (rc == 0) {
-      buf[len] = '\0';
-      if (memchr(buf, '\0', len)) rc = fail(ld, NULL, "contains a NUL byte; not a job file");
-    }
-  }
-  fclose(f);
-  if (rc < 0)
-    ts_free(buf);
-  else
-    *out = buf;
-  return rc;
-}
-
-static int load_file(loader_t *ld, const char *path) {
-  snprintf(ld->where, sizeof ld->where, "%s", path);
-  char *source = ts_strdup(path);
-  if (!source) return oom(ld, "source");
-  ts_free(ld->cfg->source);
-  ld->cfg->source = source;
-
-  char *text = NULL;
-  int rc = read_text(ld, path, &text);
-  if (rc < 0) return rc;
-  /* @include paths are relative to the job file's folder. */
-  char *dir = ts_strdup(path);
-  if (!dir) {
-    ts_free(text);
-    return oom(ld, "source");
-  }
-  char *slash = strrchr(dir, '/');
-  if (slash) slash[slash == dir ? 1 : 0] = '\0';
-  config_t c;
-  config_init(&c);
-  rc = parse_text(ld, &c, text, path, slash ? dir : NULL);
-  if (rc == 0) rc = walk(ld, config_root_setting(&c), NULL, path);
-  config_destroy(&c);
-  ts_free(dir);
-  ts_free(text);
-  return rc;
-}
-
-/* ---- TF_CONFIG -------------------------------------------------------------------------- */
-
-static int tf_hosts(loader_t *ld, const cJSON *list, const char *json_name, const char *key) {
-  if (!cJSON_IsArray(list)) return fail(ld, json_name, "must be an array of \"host:port\" strings");
-  size_t n = (size_t)cJSON_GetArraySize(list);
-  const ts_config_def_t *d = def_named(key);
-  int rc = check_count(ld, d, n);
-  if (rc < 0) return rc;
-  const char **items = ts_calloc(n ? n : 1, sizeof *items);
-  if (!items) return oom(ld, key);
-  size_t i = 0;
-  const cJSON *e;
-  cJSON_ArrayForEach(e, list) {
-    if (!cJSON_IsString(e)) {
-      ts_free(items);
-      return fail(ld, json_name, "entry %zu must be a \"host:port\" string", i);
-    }
-    items[i++] = e->valuestring;
-  }
-  rc = set_strings(ld, d, items, n);
-  ts_free(items);
-  if (rc == 0) note_origin(ld, d);
-  return rc;
-}
-
-static int tf_task(loader_t *ld, const cJSON *task) {
-  if (!cJSON_IsObject(task))
-    return fail(ld, "task", "must be an object {\"type\":..., \"index\":...}");
-  const cJSON *type = cJSON_GetObjectItemCaseSensitive(task, "type");
-  const cJSON *index = cJSON_GetObjectItemCaseSensitive(task, "index");
-  ts_task_role_t role;
-  if (cJSON_IsString(type) && strcmp(type->valuestring, "ps") == 0)
-    role = TS_ROLE_PS;
-  else if (cJSON_IsString(type) && strcmp(type->valuestring, "worker") == 0)
-    role = TS_ROLE_WORKER;
-  else if (cJSON_IsString(type))
-    return fail(ld, "task.type", "must be \"ps\" or \"worker\", not \"%.64s\"", type->valuestring);
-  else
-    return fail(ld, "task.type", "must be \"ps\" or \"worker\"");
-  if (!cJSON_IsNumber(index) || index->valuedouble != floor(index->valuedouble) ||
-      index->valuedouble < 0 || index->valuedouble >= TS_CONFIG_MAX_HOSTS)
-    return fail(ld, "task.index", "must be an integer in [0, %d]", TS_CONFIG_MAX_HOSTS - 1);
-  ld->cfg->task_role = role;
-  ld->cfg->task_index = (int)index->valuedouble;
-  snprintf(ld->task_origin, sizeof ld->task_origin, "%s", ld->where);
-  return 0;
-}
-
-static int apply_tf_config(loader_t *ld, const char *tf) {
-  snprintf(ld->where, sizeof ld->where, "TF_CONFIG");
-  const char *p = tf;
-  while (isspace((unsigned char)*p)) p++;
-  if (*p == '\0') return 0; /* TF_CONFIG= in a shell: as good as unset */
-  const char *end = NULL;
-  cJSON *root = cJSON_ParseWithOpts(tf, &end, 1);
-  if (!root) return fail(ld, NULL, "not valid JSON (at byte %td)", end ? end - tf : (ptrdiff_t)0);
-  int rc = 0;
-  if (!cJSON_IsObject(root)) {
-    rc = fail(ld, NULL, "must be a JSON object {\"cluster\":{...},\"task\":{...}}");
-    goto done;
-  }
-  /* Other top-level members (environment, rpc_layer) are TensorFlow's own; ignored. */
-  const cJSON *cluster = cJSON_GetObjectItemCaseSensitive(root, "cluster");
-  if (cluster) {
-    if (!cJSON_IsObject(cluster)) {
-      rc = fail(ld, "cluster", "must be an object {\"ps\":[...],\"worker\":[...]}");
-      goto done;
-    }
-    const cJSON *job;
-    cJSON_ArrayForEach(job, cluster) {
-      if (strcmp(job->string, "ps") == 0)
-        rc = tf_hosts(ld, job, "cluster.ps", "cluster.ps");
-      else if (strcmp(job->string, "worker") == 0)
-        rc = tf_hosts(ld, job, "cluster.worker", "cluster.workers");
-      else /* a chief or evaluator would silently never be started */
-        rc = fail(ld, NULL, "cluster.%.64s: Tessera runs only \"ps\" and \"worker\" tasks",
-                  job->string);
-      if (rc < 0) goto done;
-    }
-  }
-  const cJSON *task = cJSON_GetObjectItemCaseSensitive(root, "task");
-  if (task) rc = tf_task(ld, task);
-done:
-  cJSON_Delete(root);
-  return rc;
-}
-
-/* ---- Overrides -------------------------------------------------------------------------- */
-
-static int apply_override(loader_t *ld, const char *ov) {
-  snprintf(ld->where, sizeof ld->where, "--set %s", ov);
-  const char *eq = strchr(ov, '=');
-  const char *k = ov;
-  while (isspace((unsigned char)*k)) k++;
-  size_t klen = eq ? (size_t)(eq - k) : 0;
-  while (klen && isspace((unsigned char)k[klen - 1])) klen--;
-  if (!eq || klen == 0) return fail(ld, NULL, "expected KEY=VALUE, such as train.max_steps=200");
-  char key[KEY_LEN];
-  snprintf(key, sizeof key, "%.*s", (int)klen, k);
-  const ts_config_def_t *d = klen < sizeof key ? find_def(key) : NULL;
-  if (!d) {
-    if (is_section(key)) return fail(ld, key, "is a section; set its keys one by one");
-    return fail_unknown(ld, key);
-  }
-  const char *value = eq + 1;
-  while (isspace((unsigned char)*value)) value++;
-  /* The shell eats the quotes of --set job.mode="async", so a string key takes an unquoted
-   * value as it stands. */
-  if ((d->type == TS_CT_STRING || d->type == TS_CT_ENUM) && *value != '"') {
-    int rc = set_string(ld, d, value);
-    if (rc == 0) note_origin(ld, d);
-    return rc;
-  }
-  size_t vlen = strlen(value);
-  char *text = ts_malloc(vlen + 8);
-  if (!text) return oom(ld, d->name);
-  snprintf(text, vlen + 8, "v = %s;", value);
-  config_t c;
-  config_init(&c);
-  int rc = parse_text(ld, &c, text, NULL, NULL);
-  ts_free(text);
-  if (rc == TS_ECONFIG) {
-    char why[256];
-    snprintf(why, sizeof why, "%s", ld->errmsg);
-    rc = fail(ld, d->name,
-              "cannot parse the value (%s; write it in libconfig syntax: "
-              "\"text\", 12, 0.5, true, [1, 2])",
-              why);
-  } else if (rc == 0) {
-    const config_setting_t *root = config_root_setting(&c);
-    if (config_setting_length(root) != 1)
-      rc = fail(ld, d->name, "the value must be one setting's value");
-    else
-      rc = apply_setting(ld, d, config_setting_get_elem(root, 0));
-  }
-  config_destroy(&c);
-  return rc;
-}
-
-/* ---- Cross-key rules -------------------------------------------------------------------- */
-
-/* Names the source of the first key unless it is a default and the second key's is not. */
-static void where_for(loader_t *ld, const char *a, const char *b) {
-  const char *oa = ld->origin[def_named(a) - ts_config_defs];
-  const char *ob = b ? ld->origin[def_named(b) - ts_config_defs] : oa;
-  const char *pick = (strcmp(oa, default_origin) == 0 && strcmp(ob, default_origin) != 0) ? ob : oa;
-  snprintf(ld->where, sizeof ld->where, "%s", pick);
-}
-
-static int check_distinct(loader_t *ld) {
-  static const char *const keys[] = {"cluster.ps", "cluster.ps_http", "cluster.workers"};
-  ts_config_t *cfg = ld->cfg;
-  char **lists[3] = {cfg->ps, cfg->ps_http, cfg->workers};
-  size_t counts[3] = {cfg->num_ps, cfg->num_ps_http, cfg->num_workers};
-  for (int a = 0; a < 3; a++)
-    for (size_t i = 0; i < counts[a]; i++)
-      for (int b = 0; b <= a; b++)
-        for (size_t j = 0; j < (b == a ? i : counts[b]); j++)
-          if (strcmp(lists[a][i], lists[b][j]) == 0) {
-            where_for(ld, keys[a], NULL);
-            char name[KEY_LEN + 16];
-            snprintf(name, sizeof name, "%s[%zu]", keys[a], i);
-            return fail(ld, name, "address %s is also %s[%zu]; each process needs its own",
-                        lists[a][i], keys[b], j);
-          }
-  return 0;
-}
-
-static int validate(loader_t *ld) {
-  ts_config_t *cfg = ld->cfg;
-  if (cfg->num_ps_http != 0 && cfg->num_ps_http != cfg->num_ps) {
-    where_for(ld, "cluster.ps_http", "cluster.ps");
-    return fail(ld, "cluster.ps_http",
-                "has %zu entries but cluster.ps has %zu; give one per shard or set "
-                "cluster.ps_http = []",
-                cfg->num_ps_http, cfg->num_ps);
-  }
-  int rc = check_distinct(ld);
-  if (rc < 0) return rc;
-  if ((size_t)cfg->replicas_to_aggregate > cfg->num_workers) {
-    where_for(ld, "job.replicas_to_aggregate", "cluster.workers");
-    return fail(ld, "job.replicas_to_aggregate",
-                "%d is more than the %zu workers of cluster.workers; it would never be reached",
-                cfg->replicas_to_aggregate, cfg->num_workers);
-  }
-  if (cfg->heartbeat_interval_s >= cfg->heartbeat_timeout_s) {
-    where_for(ld, "job.heartbeat_interval_s", "job.heartbeat_timeout_s");
-    return fail(ld, "job.heartbeat_interval_s",
-                "%g must be less than job.heartbeat_timeout_s (%g), else live workers are "
-                "taken for dead",
-                cfg->heartbeat_interval_s, cfg->heartbeat_timeout_s);
-  }
-  if (cfg->partition_bytes > cfg->max_message_bytes) {
-    where_for(ld, "job.partition_bytes", "server.max_message_bytes");
-    return fail(ld, "job.partition_bytes",
-                "%lld exceeds server.max_message_bytes (%lld); a partition must fit one frame",
-                (long long)cfg->partition_bytes, (long long)cfg->max_message_bytes);
-  }
-  if (cfg->task_role != TS_ROLE_NONE) {
-    bool ps = cfg->task_role == TS_ROLE_PS;
-    size_t n = ps ? cfg->num_ps : cfg->num_workers;
-    if (cfg->task_index < 0 || (size_t)cfg->task_index >= n) {
-      snprintf(ld->where, sizeof ld->where, "%s", ld->task_origin);
-      return fail(ld, "task.index", "%d is out of range: %s has %zu entries", cfg->task_index,
-                  ps ? "cluster.ps" : "cluster.workers", n);
-    }
-  }
-  return 0;
-}
-
-/* ---- Public API ------------------------------------------------------------------------- */
-
-static int apply_defaults(loader_t *ld) {
-  ts_config_t *cfg = ld->cfg;
-  memset(cfg, 0, sizeof *cfg);
-  cfg->task_role = TS_ROLE_NONE;
-  cfg->task_index = -1;
-  cfg->source = ts_strdup("-");
-  if (!cfg->source) return TS_ENOMEM;
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++) {
-    const ts_config_def_t *d = &ts_config_defs[i];
-    snprintf(ld->where, sizeof ld->where, "default of %s", d->name);
-    config_t c;
-    config_init(&c);
-    char text[KEY_LEN + 128];
-    snprintf(text, sizeof text, "v = %s;", d->def);
-    int rc = parse_text(ld, &c, text, ld->where, NULL);
-    if (rc == 0) rc = apply_setting(ld, d, config_setting_get_elem(config_root_setting(&c), 0));
-    config_destroy(&c);
-    if (rc == TS_ECONFIG) { /* the table contradicts itself: a bug, not a bad job */
-      ts_log_crit("%s", ld->errmsg);
-      ts_require(rc != TS_ECONFIG);
-    }
-    if (rc < 0) return rc;
-    snprintf(ld->origin[i], WHERE_LEN, "%s", default_origin);
-  }
-  return 0;
-}
-
-int ts_config_defaults(ts_config_t *cfg) {
-  char errmsg[256];
-  loader_t *ld = ts_calloc(1, sizeof *ld);
-  if (!ld) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->task_index = -1;
-    return TS_ENOMEM;
-  }
-  ld->cfg = cfg;
-  ld->errmsg = errmsg;
-  ld->errlen = sizeof errmsg;
-  int rc = apply_defaults(ld);
-  ts_free(ld);
-  if (rc < 0) ts_config_free(cfg);
-  return rc;
-}
-
-int ts_config_load(ts_config_t *cfg, const char *path, const char *tf_config,
-                   const char *const *overrides, size_t n, char *errmsg, size_t errlen) {
-  char scratch[8];
-  if (!errmsg || errlen == 0) {
-    errmsg = scratch;
-    errlen = sizeof scratch;
-  }
-  errmsg[0] = '\0';
-  /* The loader carries one origin per key: too big for a daemon's stack to take lightly. */
-  loader_t *ld = ts_calloc(1, sizeof *ld);
-  if (!ld) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->task_index = -1;
-    snprintf(errmsg, errlen, "loading the configuration: out of memory");
-    return TS_ENOMEM;
-  }
-  ld->cfg = cfg;
-  ld->errmsg = errmsg;
-  ld->errlen = errlen;
-  int rc = apply_defaults(ld);
-  if (rc < 0) snprintf(errmsg, errlen, "applying the defaults: out of memory");
-  if (rc == 0 && path) rc = load_file(ld, path);
-  if (rc == 0 && tf_config) rc = apply_tf_config(ld, tf_config);
-  for (size_t i = 0; rc == 0 && i < n; i++) rc = apply_override(ld, overrides[i]);
-  if (rc == 0) rc = validate(ld);
-  ts_free(ld);
-  if (rc < 0) ts_config_free(cfg);
-  return rc;
-}
-
-void ts_config_free(ts_config_t *cfg) {
-  if (!cfg) return;
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++) {
-    const ts_config_def_t *d = &ts_config_defs[i];
-    if (d->type == TS_CT_STRING) {
-      ts_free(*(char **)field_of(cfg, d->offset));
-    } else if (d->type == TS_CT_STRINGS) {
-      free_strings(*(char ***)field_of(cfg, d->offset), *count_of(cfg, d));
-    }
-  }
-  ts_free(cfg->source);
-  memset(cfg, 0, sizeof *cfg);
-  cfg->task_index = -1;
-}
-
+/* Read from the table, so the spelling logs and /status print is the one a job file takes. */
 static const char *choice_name(const ts_config_def_t *d, int value) {
   for (size_t i = 0; d->choices[i]; i++)
     if (d->choice_values[i] == value) return d->choices[i];
@@ -1244,137 +365,9 @@ static const char *choice_name(const ts_config_def_t *d, int value) {
 }
 
 const char *ts_mode_name(ts_mode_t mode) {
-  return choice_name(def_named("job.mode"), (int)mode);
+  return choice_name(ts_config_def_named("job.mode"), (int)mode);
 }
 
 const char *ts_optimizer_name(ts_optimizer_t opt) {
-  return choice_name(def_named("optimizer.name"), (int)opt);
-}
-
-/* ---- Reference -------------------------------------------------------------------------- */
-
-static const char *type_label(const ts_config_def_t *d) {
-  switch (d->type) {
-    case TS_CT_BOOL:
-      return "bool";
-    case TS_CT_INT:
-      return "int";
-    case TS_CT_INT64:
-      return "int64";
-    case TS_CT_FLOAT:
-      return "float";
-    case TS_CT_STRING:
-    case TS_CT_ENUM:
-      return "string";
-    case TS_CT_STRINGS:
-      return "string array";
-    case TS_CT_INTS:
-      return "int array";
-  }
-  return "?";
-}
-
-/* Table cells must not contain '|'. */
-static void put_cell(FILE *f, const char *s) {
-  for (; *s; s++) {
-    if (*s == '|') fputc('\\', f);
-    fputc(*s, f);
-  }
-}
-
-static void write_bounds(FILE *f, const ts_config_def_t *d) {
-  char buf[256];
-  switch (d->type) {
-    case TS_CT_BOOL:
-      fputs("true, false", f);
-      break;
-    case TS_CT_INT:
-    case TS_CT_INT64:
-      describe_bounds_int(d, buf, sizeof buf);
-      fputs(buf, f);
-      if (d->multiple) fprintf(f, ", a multiple of %lld", (long long)d->multiple);
-      break;
-    case TS_CT_FLOAT:
-      describe_bounds_float(d, buf, sizeof buf);
-      fputs(buf, f);
-      break;
-    case TS_CT_STRING:
-    case TS_CT_ENUM:
-      if (d->choices) {
-        for (size_t i = 0; d->choices[i]; i++)
-          fprintf(f, "%s`\"%s\"`", i ? ", " : "", d->choices[i]);
-      } else {
-        if (d->min_len == 0)
-          fprintf(f, "at most %zu bytes", d->max_len);
-        else
-          fprintf(f, "%zu to %zu bytes", d->min_len, d->max_len);
-        if (d->check_doc) fprintf(f, "; %s", d->check_doc);
-      }
-      break;
-    case TS_CT_STRINGS:
-      fprintf(f, "%zu to %zu entries", d->min_len, d->max_len);
-      if (d->check_doc) fprintf(f, ", each %s", d->check_doc);
-      break;
-    case TS_CT_INTS:
-      describe_bounds_int(d, buf, sizeof buf);
-      fprintf(f, "%zu to %zu entries, each in %s", d->min_len, d->max_len, buf);
-      break;
-  }
-}
-
-void ts_config_write_reference(FILE *f) {
-  fputs(
-      "# Configuration reference\n"
-      "\n"
-      "<!-- Generated by build/config/ts-config-reference from the key table in\n"
-      "     config/ts_config.c; do not edit by hand. A unit test checks it is current. -->\n"
-      "\n"
-      "Every Tessera binary reads one libconfig job file (`-c FILE`); the keys below are all\n"
-      "there is, and any other key is an error that names its file and line. Values are\n"
-      "applied in this order, later ones winning: the defaults below, the file, the\n"
-      "`TF_CONFIG` environment variable (TensorFlow's JSON: `cluster.ps` and `cluster.worker`\n"
-      "set `cluster.ps` and `cluster.workers`, `task` sets the process's identity), then each\n"
-      "`--set KEY=VALUE` in the order given. A `--set` value is in libconfig syntax\n"
-      "(`--set train.max_steps=200`, `--set 'model.layers=[784, 10]'`), except that a string\n"
-      "key also takes an unquoted value as it stands (`--set job.mode=async`). A float key\n"
-      "also takes an integer (`60` for `60.0`), and an integer beyond 32 bits needs no `L`\n"
-      "suffix. Errors exit with code 78.\n"
-      "\n",
-      f);
-  const char *section = NULL;
-  size_t section_len = 0;
-  for (size_t i = 0; i < TS_CONFIG_NDEFS; i++) {
-    const ts_config_def_t *d = &ts_config_defs[i];
-    size_t len = (size_t)(strchr(d->name, '.') - d->name);
-    if (!section || len != section_len || strncmp(section, d->name, len) != 0) {
-      section = d->name;
-      section_len = len;
-      fprintf(f, "## %.*s\n\n", (int)len, d->name);
-      fputs("| key | type | default | allowed | meaning |\n", f);
-      fputs("|---|---|---|---|---|\n", f);
-    }
-    fprintf(f, "| `%s` | %s | `", d->name, type_label(d));
-    put_cell(f, d->def);
-    fputs("` | ", f);
-    write_bounds(f, d);
-    fputs(" | ", f);
-    put_cell(f, d->doc);
-    fputs(" |\n", f);
-    if (i + 1 == TS_CONFIG_NDEFS || strncmp(ts_config_defs[i + 1].name, d->name, len + 1) != 0)
-      fputc('\n', f);
-  }
-  fputs(
-      "## Rules across keys\n"
-      "\n"
-      "Checked after everything is applied; an error names where the offending value came\n"
-      "from.\n"
-      "\n"
-      "- `cluster.ps_http` is empty or has one entry per entry of `cluster.ps`.\n"
-      "- No address appears twice across `cluster.ps`, `cluster.ps_http` and `cluster.workers`.\n"
-      "- `job.replicas_to_aggregate` is at most the number of workers.\n"
-      "- `job.heartbeat_interval_s` is less than `job.heartbeat_timeout_s`.\n"
-      "- `job.partition_bytes` is at most `server.max_message_bytes`.\n"
-      "- The task index from `TF_CONFIG` names an entry of `cluster.ps` or\n"
-      "  `cluster.workers`.\n",
-      f);
+  return choice_name(ts_config_def_named("optimizer.name"), (int)opt);
 }

@@ -439,9 +439,12 @@ static void test_barrier_waits_for_and_uneven_workers(void **state) {
                                     "train = { batch_size = 32; epochs = 5; max_steps = 3000; log_interval_s = 0.5; };"),
                    0);
   ts_proc_t w0, w1;
-  /* Worker 0 stops after 300 steps, worker 1 goes on to 3000: the barrier must not wait
-   * for the one that is done. */
-  const char *short_run[] = {"--set", "train.max_steps=300", NULL};
+  /* Worker 0 stops after 2000 steps, worker 1 goes on to 3000: the barrier must not wait
+   * for the one that is done. Worker 1 is stopped (below) while worker 0 still trains, so
+   * a barrier is open with worker 0's gradient and waits for worker 1's: 2000 steps leave
+   * room however far past step 100 the job is when the test looks (at 300, a fast machine
+   * sometimes had worker 0 done already, and then no barrier was open to wait). */
+  const char *short_run[] = {"--set", "train.max_steps=2000", NULL};
   assert_int_equal(ts_worker_start(&c, 0, short_run, &w0), 0);
   assert_int_equal(ts_worker_start(&c, 1, NULL, &w1), 0);
   wait_for_step(&c, 100, 30);
@@ -471,7 +474,7 @@ static void test_barrier_waits_for_and_uneven_workers(void **state) {
   if (rc1 != 0) dump(&w1);
   assert_int_equal(rc0, 0);
   assert_int_equal(rc1, 0);
-  assert_true(file_has(w0.out, "done: task=0 steps=300"));
+  assert_true(file_has(w0.out, "done: task=0 steps=2000"));
   assert_true(file_has(w1.out, "done: task=1 steps=3000"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }

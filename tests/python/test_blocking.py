@@ -65,6 +65,7 @@ def test_ctrl_c_interrupts_a_blocking_pull(cluster):
         # The pull goes on in the background, holding p["w"], until close fails it.
         assert c.in_flight() == 1
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # untouched
+    assert c.in_flight() == 0          # close failed it (Interrupted) and released p["w"]
 
 
 def test_ctrl_c_interrupts_a_blocking_declare(cluster):

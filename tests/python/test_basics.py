@@ -97,3 +97,22 @@ def test_connect_refused_is_unavailable():
     from conftest import free_port
     with pytest.raises(tessera.Unavailable):
         tessera.Client(cluster=[f"127.0.0.1:{free_port()}"], connect_timeout=0.5)
+
+
+def test_token_from_the_job_file(cluster, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("correct horse battery staple\n")
+    wrong = tmp_path / "wrong"
+    wrong.write_text("incorrect horse battery staple\n")
+    short = tmp_path / "short"
+    short.write_text("short\n")
+    cl = cluster(1, 1, f'auth = {{ token_file = "{token}"; }};\n')
+    with tessera.Client(cl.config, timeout=5) as c:       # auth.token_file of the job
+        c.declare({"w": 4})
+    with pytest.raises(tessera.AuthError) as ei:
+        tessera.Client(cluster=cl.addrs, token_file=str(wrong), connect_timeout=3)
+    assert ei.value.name == "EAUTH"
+    with pytest.raises(tessera.AuthError):
+        tessera.Client(cluster=cl.addrs, connect_timeout=3)  # no token at all
+    with pytest.raises(tessera.ConfigError, match="at least 16"):
+        tessera.Client(cluster=cl.addrs, token_file=str(short))

@@ -232,3 +232,35 @@ def test_library_logs_go_to_the_tessera_logger(cluster, caplog):
     recs = [r for r in caplog.records if r.name == "tessera"]
     assert recs, "no library log line reached logging"
     assert any(r.levelname in ("WARNING", "INFO", "ERROR") for r in recs)
+
+
+def test_ssp_clock_and_status(cluster):
+    cl = cluster(2, 2, 'job = { mode = "ssp"; staleness = 2; partition_bytes = 16; };\n' + SGD1)
+    with tessera.Client(cluster=cl.addrs, timeout=10) as c:
+        p = c.declare(MODEL, init="zeros")
+        assert c.mode == "ssp"
+        g = grads_for(0, 0)
+        for k in range(2):                    # within the staleness bound of the idle worker
+            c.pull(p)
+            for n in MODEL:                   # one push per tensor: the clock moves once
+                c.push({n: g[n]})
+            assert c.clock == k + 1
+        c.pull(p)
+        for n in MODEL:
+            np.testing.assert_array_equal(p[n], -2 * g[n])
+        st = c.status()
+        assert len(st) == 2 and all(s.mode == "ssp" for s in st)
+        assert st[0].workers[0].clock >= 1
+
+
+def test_admin_checkpoint(cluster, tmp_path):
+    cl = cluster(1, 1, 'job = { mode = "async"; };\n' + SGD1 +
+                 f'checkpoint = {{ dir = "{tmp_path}"; interval_s = 3600; }};\n')
+    with tessera.Client(cluster=cl.addrs, timeout=10) as w:
+        w.declare({"w": 4})
+        w.push({"w": np.ones(4, np.float32)})
+        with pytest.raises(tessera.PermissionDenied):
+            w.checkpoint(0)
+    with tessera.Client(cluster=cl.addrs, admin=True, timeout=10) as a:
+        path, step = a.checkpoint(0)
+        assert path.startswith(str(tmp_path)) and step == 1

@@ -122,3 +122,18 @@ def test_400mib_push_and_pull_do_not_copy(cluster):
     assert r["before"] > 400 * 1024                # KiB: the array is in the peak
     assert r["after_push"] <= r["before"] * 1.10, r
     assert r["after_pull"] <= r["before"] * 1.10, r
+
+
+def test_ctrl_c_interrupts_opening(cluster):
+    cl = cluster(2, 1, 'job = { mode = "async"; };\n' + SGD1)
+    cl.signal(1, signal.SIGSTOP)              # accepts (the kernel does), never handshakes
+    sent: list = []
+    timer = _sigint_in(0.3, sent)
+    with pytest.raises(KeyboardInterrupt):
+        tessera.Client(cluster=cl.addrs, connect_timeout=30)
+    took = time.monotonic() - sent[0]
+    timer.join()
+    assert took < 0.5, took
+    cl.signal(1, signal.SIGCONT)
+    with tessera.Client(cluster=cl.addrs, timeout=10) as c:   # the shards are fine
+        c.declare({"w": 2})

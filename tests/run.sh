@@ -79,7 +79,7 @@ run_pass "main" "$build" "unit integration system fuzz" -Dwerror=true -Dbuildtyp
 if [ "${TS_SKIP_PYTHON:-0}" != 1 ] && [ "$built" = 1 ]; then
   echo "== python: tests/python/run.sh"
   pylog=$(mktemp /tmp/tessera-python-XXXXXX.log)
-  TESSERA_BUILD_DIR="$root/$build" bash tests/python/run.sh 2>&1 | tee "$pylog"
+  TESSERA_BUILD_DIR="$build" bash tests/python/run.sh 2>&1 | tee "$pylog"
   line=$(grep -E '^python: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$pylog" | tail -1)
   rm -f "$pylog"
   if [ -n "$line" ]; then

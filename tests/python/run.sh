@@ -31,7 +31,7 @@ py=${PYTHON:-python3}
 reqs="meson-python>=0.15 meson>=0.63.3 ninja numpy pytest"
 key=$( { cat python/pyproject.toml tests/python/run.sh; "$py" -c 'import sys; print(sys.version)'; echo "$reqs"; } |
   sha256sum | cut -c1-16)
-venv=${TESSERA_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/venv-$key}
+venv=${TESSERA_VENV:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/tessera/venv-$key}
 
 t0=$(date +%s)
 if [ ! -f "$venv/.tessera-ready" ]; then
@@ -47,6 +47,12 @@ if [ ! -f "$venv/.tessera-ready" ]; then
     exit 1
   fi
   touch "$venv/.tessera-ready"
+fi
+touch "$venv/.tessera-ready"
+# Default venvs of other requirements unused for a week go.
+if [ -z "${TESSERA_VENV:-}" ]; then
+  find "$(dirname "$venv")" -mindepth 2 -maxdepth 2 -name .tessera-ready -mtime +7 2>/dev/null |
+    while read -r old; do [ "$(dirname "$old")" != "$venv" ] && rm -rf "$(dirname "$old")"; done
 fi
 
 # Rebuild and reinstall the package only when its sources changed: python/ and the C layers

@@ -184,6 +184,8 @@ def test_shape_errors_and_unknown_tensors(cluster):
             c.pull([p["w"]])                          # a list must cover every tensor
         with pytest.raises(tessera.UnknownTensor, match="nope"):
             c.push({"nope": np.ones(3, np.float32)})
+        with pytest.raises(tessera.UnknownTensor, match="nope"):
+            c.declare({"w": (4, 3), "b": (3,)}, init={"nope": "zeros"})
         with pytest.raises(ValueError, match="float32"):
             c.push({"b": np.ones(3, np.float64)})
         with pytest.raises(ValueError, match="C-contiguous"):

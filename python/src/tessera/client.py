@@ -358,6 +358,9 @@ class Client:
         ShapeError when the job already holds a tensor of that name with another shape.
         """
         specs: List[Tuple[str, Tensor]] = []
+        if isinstance(init, Mapping) and set(init) - set(model):
+            raise UnknownTensor(f"init names tensors not in the model: "
+                                f"{sorted(set(init) - set(model))}", _client.ENOTENSOR)
         for name, v in model.items():
             if isinstance(v, Tensor):
                 spec = v

@@ -16,6 +16,10 @@ bash deploy/install-deps.sh || { echo "tests: 0 passed, 1 failed"; exit 1; }
 # into .tools/ rather than installed, so no Prometheus server gets enabled on this machine.
 # Tests whose tool is missing skip.
 bash deploy/install-deps.sh python3-yaml docker-compose || echo "tests: no PyYAML/docker-compose; those checks skip"
+# The Python package (tests/python/run.sh) builds its extension in a venv: venv, pip and the
+# interpreter's headers.
+bash deploy/install-deps.sh python3-dev python3-venv python3-pip ||
+  echo "tests: no python3-dev/python3-venv/python3-pip; the Python pass will fail"
 if ! command -v promtool >/dev/null; then
   if [ ! -x .tools/usr/bin/promtool ]; then
     ( mkdir -p .tools && cd .tools && apt-get download prometheus >/dev/null 2>&1 &&
@@ -58,6 +62,7 @@ run_pass() { # name, dir, suites, meson args...
     failed=$((failed + 1))
     return
   fi
+  built=1
   echo "== $name: test (suites: $suites)"
   local args=()
   for s in $suites; do args+=(--suite "$s"); done
@@ -66,7 +71,24 @@ run_pass() { # name, dir, suites, meson args...
   count "$dir"
 }
 
+built=0
 run_pass "main" "$build" "unit integration system fuzz" -Dwerror=true -Dbuildtype=debugoptimized
+
+# The Python package against the main build's ps-server; its closing line
+# `python: N passed, N failed, N skipped` adds to the count.
+if [ "${TS_SKIP_PYTHON:-0}" != 1 ] && [ "$built" = 1 ]; then
+  echo "== python: tests/python/run.sh"
+  pylog=$(mktemp /tmp/tessera-python-XXXXXX.log)
+  TESSERA_BUILD_DIR="$build" bash tests/python/run.sh 2>&1 | tee "$pylog"
+  line=$(grep -E '^python: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$pylog" | tail -1)
+  rm -f "$pylog"
+  if [ -n "$line" ]; then
+    read -r p f s <<<"$(echo "$line" | sed -E 's/^python: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped$/\1 \2 \3/')"
+    passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+  else
+    failed=$((failed + 1))
+  fi
+fi
 if [ "${TS_SKIP_SANITIZE:-0}" != 1 ]; then
   # CUDA objects are not instrumented: the sanitizer pass builds the CPU back end only.
   run_pass "sanitize" "$san" "unit integration" -Dwerror=true -Dbuildtype=debug \

@@ -1,0 +1,1292 @@
+/*
+ * tessera._client: the CPython binding of libtessera-client (include/tessera/client.h).
+ *
+ * The Python layer (tessera/client.py) is the documented API; this module is its engine:
+ *
+ *  - Client: one ts_client_t. Blocking library calls that have no asynchronous form (open,
+ *    declare, status, heartbeat, checkpoint, shutdown) run on a short-lived helper thread
+ *    while the calling thread waits for it in slices of at most 100 ms with the GIL released,
+ *    checking for signals (PyErr_CheckSignals) between slices with the GIL held. On Ctrl-C
+ *    the call raises KeyboardInterrupt at once and the helper is left to finish alone: it
+ *    owns copies of everything it reads, and frees what it produced (an opened client is
+ *    closed). A client whose declare was abandoned so refuses requests until it is done.
+ *
+ *  - Request: one ts_client_req_t, embedded in the Python object, submitted with a
+ *    completion callback. The callback (client thread) touches no Python object: under the
+ *    request's mutex it marks the request done and signals its condition variable. wait()
+ *    waits on it in slices like above. Buffers: the request holds a Py_buffer of every
+ *    array it reads or writes (so the arrays stay alive and numpy refuses to resize them)
+ *    and the client holds a strong reference to every request in flight (so its memory,
+ *    where the client thread writes the results, stays alive), both until the request is
+ *    done and a Python thread noticed it ("reaped": wait(), done, or any later call on the
+ *    client). A request abandoned by Ctrl-C thus keeps running, and keeps its buffers,
+ *    until the library completes it.
+ *
+ *  - Logs: the library's log callback runs on the client thread; it only appends the line
+ *    to a bounded queue (mutex, no GIL). Python threads hand the queued lines to the log
+ *    function given to Client (tessera's logging.Logger) whenever they are in the module:
+ *    every call, and every wait slice. No GIL is ever taken on a thread Python did not
+ *    start, so nothing here can deadlock at interpreter shutdown.
+ *
+ * Nothing process-wide is changed: no signal handler, no logging configuration.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <tessera/client.h>
+
+#include "ts_auth.h"
+#include "ts_config.h"
+
+#define SLICE_S 0.1 /* longest wait between two signal checks */
+#define LOGQ_MAX 512
+#define LOGQ_LINE 512
+
+/* --- errors ----------------------------------------------------------------------------- */
+
+static PyObject *error_factory; /* tessera._errors.from_code(code, message) -> exception */
+
+/* Raise the exception of code with message (the library's errmsg, or its strerror). */
+static PyObject *raise_code(int code, const char *msg) {
+  if (!msg || !*msg) msg = ts_client_strerror(code);
+  if (error_factory) {
+    PyObject *exc = PyObject_CallFunction(error_factory, "is", code, msg);
+    if (!exc) return NULL;
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+    return NULL;
+  }
+  PyErr_Format(PyExc_RuntimeError, "tessera error %d: %s", code, msg);
+  return NULL;
+}
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void deadline_in(struct timespec *ts, double s) {
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  long ns = ts->tv_nsec + (long)(s * 1e9);
+  ts->tv_sec += ns / 1000000000L;
+  ts->tv_nsec = ns % 1000000000L;
+}
+
+static void cond_init_mono(pthread_cond_t *cv) {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(cv, &a);
+  pthread_condattr_destroy(&a);
+}
+
+/* --- the log queue ------------------------------------------------------------------------ */
+
+typedef struct {
+  pthread_mutex_t mu;
+  size_t head, n;
+  uint64_t dropped;
+  struct {
+    int level;
+    char msg[LOGQ_LINE];
+  } line[LOGQ_MAX];
+} logq_t;
+
+static logq_t *logq_new(void) {
+  logq_t *q = calloc(1, sizeof *q);
+  if (q) pthread_mutex_init(&q->mu, NULL);
+  return q;
+}
+
+static void logq_free(logq_t *q) {
+  if (!q) return;
+  pthread_mutex_destroy(&q->mu);
+  free(q);
+}
+
+/* The library's log callback: client thread (or ts_client_close). No Python here. */
+static void logq_push(void *arg, int level, const char *msg) {
+  logq_t *q = arg;
+  pthread_mutex_lock(&q->mu);
+  if (q->n == LOGQ_MAX) { /* full: drop the oldest */
+    q->head = (q->head + 1) % LOGQ_MAX;
+    q->n--;
+    q->dropped++;
+  }
+  size_t i = (q->head + q->n) % LOGQ_MAX;
+  q->line[i].level = level;
+  snprintf(q->line[i].msg, LOGQ_LINE, "%s", msg);
+  q->n++;
+  pthread_mutex_unlock(&q->mu);
+}
+
+/* Hand the queued lines to fn(level, msg) (None: drop them). GIL held. Never fails: an
+ * exception of fn is reported as unraisable. */
+static void logq_drain(logq_t *q, PyObject *fn) {
+  if (!q) return;
+  PyObject *saved_type, *saved_value, *saved_tb;
+  PyErr_Fetch(&saved_type, &saved_value, &saved_tb);
+  for (;;) {
+    int level;
+    char msg[LOGQ_LINE + 64];
+    uint64_t dropped;
+    pthread_mutex_lock(&q->mu);
+    dropped = q->dropped;
+    q->dropped = 0;
+    bool have = q->n > 0;
+    if (have) {
+      level = q->line[q->head].level;
+      memcpy(msg, q->line[q->head].msg, LOGQ_LINE);
+      q->head = (q->head + 1) % LOGQ_MAX;
+      q->n--;
+    }
+    pthread_mutex_unlock(&q->mu);
+    if (dropped && fn && fn != Py_None) {
+      char d[96];
+      snprintf(d, sizeof d, "%llu log line(s) dropped (queue full)", (unsigned long long)dropped);
+      PyObject *r = PyObject_CallFunction(fn, "is", TS_CLIENT_LOG_WARN, d);
+      if (!r) PyErr_WriteUnraisable(fn);
+      Py_XDECREF(r);
+    }
+    if (!have) break;
+    if (fn && fn != Py_None) {
+      PyObject *r = PyObject_CallFunction(fn, "is", level, msg);
+      if (!r) PyErr_WriteUnraisable(fn);
+      Py_XDECREF(r);
+    }
+  }
+  PyErr_Restore(saved_type, saved_value, saved_tb);
+}
+
+/* --- helper-thread jobs for the blocking calls ------------------------------------------- */
+
+typedef enum { JOB_OPEN, JOB_DECLARE, JOB_STATUS, JOB_HEARTBEAT, JOB_CHECKPOINT, JOB_SHUTDOWN } job_kind_t;
+
+/* State shared by a Client and its helper threads; freed by the Client once bg is 0. */
+typedef struct {
+  ts_client_t *c;
+  logq_t *logq;
+  atomic_int bg;          /* helper jobs still running on this client */
+  atomic_int declaring;   /* an abandoned declare is still running */
+} shared_t;
+
+typedef struct job {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done, abandoned;
+  job_kind_t kind;
+  shared_t *sh;           /* NULL for JOB_OPEN */
+  int rc;
+  char errmsg[1024];
+  /* JOB_OPEN */
+  ts_client_opts_t opts;
+  char **addrs;
+  size_t naddrs;
+  char *identity;
+  char *token;
+  logq_t *logq;
+  ts_client_t *opened;
+  /* JOB_DECLARE */
+  ts_client_tensor_t *tensors;
+  uint64_t **shapes;
+  char **names;
+  size_t ntensors;
+  uint64_t seed;
+  /* JOB_STATUS, JOB_CHECKPOINT, JOB_SHUTDOWN */
+  uint32_t shard;
+  bool checkpoint;
+  ts_client_shard_status_t *status;
+  char path[4096];
+  uint64_t step;
+} job_t;
+
+static void job_free(job_t *j) {
+  if (!j) return;
+  if (j->opened) ts_client_close(j->opened); /* an open nobody waited for */
+  if (j->kind == JOB_OPEN && j->logq) logq_free(j->logq);
+  for (size_t i = 0; i < j->naddrs; i++) free(j->addrs[i]);
+  free(j->addrs);
+  free(j->identity);
+  if (j->token) ts_auth_free_token(j->token);
+  for (size_t i = 0; i < j->ntensors; i++) {
+    free(j->names ? j->names[i] : NULL);
+    free(j->shapes ? j->shapes[i] : NULL);
+  }
+  free(j->names);
+  free(j->shapes);
+  free(j->tensors);
+  if (j->status) ts_client_status_free(j->status);
+  pthread_mutex_destroy(&j->mu);
+  pthread_cond_destroy(&j->cv);
+  free(j);
+}
+
+static job_t *job_new(job_kind_t kind, shared_t *sh) {
+  job_t *j = calloc(1, sizeof *j);
+  if (!j) return NULL;
+  pthread_mutex_init(&j->mu, NULL);
+  cond_init_mono(&j->cv);
+  j->kind = kind;
+  j->sh = sh;
+  return j;
+}
+
+static void *job_main(void *arg) {
+  job_t *j = arg;
+  ts_client_t *c = j->sh ? j->sh->c : NULL;
+  switch (j->kind) {
+  case JOB_OPEN:
+    j->rc = ts_client_open(&j->opened, &j->opts, j->errmsg, sizeof j->errmsg);
+    break;
+  case JOB_DECLARE:
+    j->rc = ts_client_declare(c, j->tensors, j->ntensors, j->seed, j->errmsg, sizeof j->errmsg);
+    break;
+  case JOB_STATUS:
+    j->rc = ts_client_status(c, j->shard, &j->status, j->errmsg, sizeof j->errmsg);
+    break;
+  case JOB_HEARTBEAT:
+    j->rc = ts_client_heartbeat(c, j->errmsg, sizeof j->errmsg);
+    break;
+  case JOB_CHECKPOINT:
+    j->rc = ts_client_checkpoint(c, j->shard, j->path, sizeof j->path, &j->step, j->errmsg,
+                                 sizeof j->errmsg);
+    break;
+  case JOB_SHUTDOWN:
+    j->rc = ts_client_shutdown(c, j->shard, j->checkpoint, j->path, sizeof j->path, j->errmsg,
+                               sizeof j->errmsg);
+    break;
+  }
+  shared_t *sh = j->sh;
+  bool declare = j->kind == JOB_DECLARE;
+  pthread_mutex_lock(&j->mu);
+  j->done = true;
+  bool abandoned = j->abandoned;
+  pthread_cond_broadcast(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+  if (abandoned) {
+    if (declare && sh) atomic_store(&sh->declaring, 0);
+    job_free(j);
+  }
+  /* Last: once bg drops, the Client may free sh. */
+  if (sh) atomic_fetch_sub(&sh->bg, 1);
+  return NULL;
+}
+
+/* Run j on a helper thread and wait for it, interruptibly. Returns 0 when it finished (its
+ * result in j; the caller frees j), or -1 with a Python exception set: then j was
+ * abandoned (frees itself), or never started (freed here). GIL held on entry and exit. */
+static int job_run(job_t *j, logq_t *logq, PyObject *logfn) {
+  pthread_t th;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  if (j->sh) atomic_fetch_add(&j->sh->bg, 1);
+  int e = pthread_create(&th, &a, job_main, j);
+  pthread_attr_destroy(&a);
+  if (e != 0) {
+    if (j->sh) atomic_fetch_sub(&j->sh->bg, 1);
+    job_free(j);
+    errno = e;
+    PyErr_SetFromErrno(PyExc_OSError);
+    return -1;
+  }
+  for (;;) {
+    bool done;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec dl;
+    deadline_in(&dl, SLICE_S);
+    pthread_mutex_lock(&j->mu);
+    while (!j->done && pthread_cond_timedwait(&j->cv, &j->mu, &dl) != ETIMEDOUT) {
+    }
+    done = j->done;
+    pthread_mutex_unlock(&j->mu);
+    Py_END_ALLOW_THREADS
+    logq_drain(logq, logfn);
+    if (done) return 0;
+    if (PyErr_CheckSignals() < 0) {
+      pthread_mutex_lock(&j->mu);
+      done = j->done;
+      if (!done) {
+        j->abandoned = true;
+        if (j->kind == JOB_DECLARE && j->sh) atomic_store(&j->sh->declaring, 1);
+      }
+      pthread_mutex_unlock(&j->mu);
+      if (done) job_free(j);
+      return -1;
+    }
+  }
+}
+
+/* --- Client ------------------------------------------------------------------------------ */
+
+typedef struct {
+  PyObject_HEAD
+  shared_t *sh;
+  PyObject *logfn;     /* callable(level, msg) or None */
+  PyObject *inflight;  /* list of Request objects submitted and not yet reaped */
+  uint32_t busy_poll_us;
+  bool closed;
+} ClientObject;
+
+typedef struct {
+  PyObject_HEAD
+  ClientObject *client;
+  ts_client_req_t req;
+  const float **grad;  /* per declared tensor */
+  float **dst;
+  uint32_t *tensors;
+  size_t ntensors;
+  Py_buffer *views;
+  size_t nviews;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int state; /* under mu: 0 new, 1 in flight, 2 done (callback ran), 3 reaped */
+  atomic_int done_hint;
+} RequestObject;
+
+static PyTypeObject ClientType;
+static PyTypeObject RequestType;
+
+static void client_reap(ClientObject *self);
+
+static int check_open(ClientObject *self) {
+  if (!self->sh || !self->sh->c || self->closed) {
+    raise_code(TS_CLIENT_ESHUTDOWN, "the client is closed");
+    return -1;
+  }
+  client_reap(self);
+  logq_drain(self->sh->logq, self->logfn);
+  return 0;
+}
+
+static int check_no_declare(ClientObject *self) {
+  if (atomic_load(&self->sh->declaring)) {
+    raise_code(TS_CLIENT_EBUSY,
+               "a declare interrupted earlier is still running; retry once it finished");
+    return -1;
+  }
+  return 0;
+}
+
+static char *dup_utf8(PyObject *o) {
+  const char *s = PyUnicode_AsUTF8(o);
+  if (!s) return NULL;
+  char *d = strdup(s);
+  if (!d) PyErr_NoMemory();
+  return d;
+}
+
+static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"addrs", "task", "admin", "token_file", "identity",
+                           "connect_timeout", "request_timeout", "heartbeat_interval",
+                           "heartbeat_timeout", "require_all", "busy_poll_us", "log",
+                           "log_level", NULL};
+  PyObject *addrs, *logfn = Py_None, *token_file = Py_None, *identity = Py_None;
+  int task = 0, admin = 0, require_all = 1, log_level = TS_CLIENT_LOG_INFO;
+  double connect_timeout = 5.0, request_timeout = 60.0, hb_interval = 0.0, hb_timeout = 5.0;
+  unsigned int busy = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ipOOddddpIOi", kwlist, &addrs, &task, &admin,
+                                   &token_file, &identity, &connect_timeout, &request_timeout,
+                                   &hb_interval, &hb_timeout, &require_all, &busy, &logfn,
+                                   &log_level))
+    return -1;
+  if (self->sh) {
+    PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
+    return -1;
+  }
+  PyObject *seq = PySequence_Fast(addrs, "addrs must be a sequence of \"host:port\" strings");
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  if (n == 0) {
+    Py_DECREF(seq);
+    PyErr_SetString(PyExc_ValueError, "no shard addresses");
+    return -1;
+  }
+  job_t *j = job_new(JOB_OPEN, NULL);
+  if (!j) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return -1;
+  }
+  j->addrs = calloc((size_t)n, sizeof *j->addrs);
+  j->logq = logq_new();
+  if (!j->addrs || !j->logq) goto nomem;
+  j->naddrs = (size_t)n;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
+    if (!PyUnicode_Check(o)) {
+      PyErr_SetString(PyExc_TypeError, "addrs must be strings \"host:port\"");
+      goto fail;
+    }
+    if (!(j->addrs[i] = dup_utf8(o))) goto fail;
+  }
+  if (identity != Py_None && !(j->identity = dup_utf8(identity))) goto fail;
+  if (token_file != Py_None) {
+    PyObject *b = PyUnicode_EncodeFSDefault(token_file);
+    if (!b) goto fail;
+    j->token = ts_auth_read_token(PyBytes_AS_STRING(b), j->errmsg, sizeof j->errmsg);
+    Py_DECREF(b);
+    if (!j->token) {
+      raise_code(TS_CLIENT_ECONFIG, j->errmsg);
+      goto fail;
+    }
+  }
+  ts_client_opts_init(&j->opts);
+  j->opts.addrs = (const char *const *)j->addrs;
+  j->opts.num_shards = j->naddrs;
+  j->opts.admin = admin;
+  j->opts.task = task;
+  j->opts.identity = j->identity;
+  j->opts.token = j->token;
+  j->opts.connect_timeout_s = connect_timeout;
+  j->opts.request_timeout_s = request_timeout;
+  j->opts.heartbeat_interval_s = hb_interval;
+  j->opts.heartbeat_timeout_s = hb_timeout;
+  j->opts.require_all = require_all;
+  j->opts.busy_poll_us = busy;
+  j->opts.log = logq_push;
+  j->opts.log_arg = j->logq;
+  j->opts.log_level = log_level;
+  Py_DECREF(seq);
+  seq = NULL;
+  logq_t *q = j->logq;
+  if (job_run(j, NULL, NULL) < 0) return -1; /* (abandoned: frees q, closes the client) */
+  logq_drain(q, logfn);
+  if (j->rc < 0) {
+    raise_code(j->rc, j->errmsg);
+    job_free(j);
+    return -1;
+  }
+  self->sh = calloc(1, sizeof *self->sh);
+  if (!self->sh) goto nomem;
+  self->sh->c = j->opened;
+  self->sh->logq = j->logq;
+  j->opened = NULL;
+  j->logq = NULL;
+  job_free(j);
+  self->busy_poll_us = busy;
+  Py_INCREF(logfn);
+  self->logfn = logfn;
+  self->inflight = PyList_New(0);
+  if (!self->inflight) return -1;
+  return 0;
+nomem:
+  PyErr_NoMemory();
+fail:
+  Py_XDECREF(seq);
+  job_free(j);
+  return -1;
+}
+
+/* Close: fails every request in flight (their callbacks run before ts_client_close
+ * returns), then reaps them. Waits for abandoned helper jobs first: they use the client. */
+static void client_close(ClientObject *self) {
+  if (!self->sh || self->closed) return;
+  self->closed = true;
+  shared_t *sh = self->sh;
+  Py_BEGIN_ALLOW_THREADS
+  ts_client_interrupt(sh->c); /* an abandoned declare returns at once */
+  while (atomic_load(&sh->bg) > 0) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  ts_client_close(sh->c);
+  Py_END_ALLOW_THREADS
+  sh->c = NULL;
+  client_reap(self);
+  logq_drain(sh->logq, self->logfn);
+}
+
+static PyObject *Client_close(ClientObject *self, PyObject *Py_UNUSED(a)) {
+  client_close(self);
+  Py_RETURN_NONE;
+}
+
+static void Client_dealloc(ClientObject *self) {
+  PyObject_GC_UnTrack(self);
+  client_close(self);
+  if (self->sh) {
+    logq_free(self->sh->logq);
+    free(self->sh);
+    self->sh = NULL;
+  }
+  Py_CLEAR(self->logfn);
+  Py_CLEAR(self->inflight);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Client_traverse(ClientObject *self, visitproc visit, void *arg) {
+  Py_VISIT(self->logfn);
+  /* inflight is deliberately not visited: a request in flight must never be collected. */
+  return 0;
+}
+
+static int Client_clear(ClientObject *self) {
+  Py_CLEAR(self->logfn);
+  return 0;
+}
+
+static PyObject *Client_interrupt(ClientObject *self, PyObject *Py_UNUSED(a)) {
+  if (self->sh && self->sh->c && !self->closed) ts_client_interrupt(self->sh->c);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Client_drain_logs(ClientObject *self, PyObject *Py_UNUSED(a)) {
+  if (self->sh) {
+    client_reap(self);
+    logq_drain(self->sh->logq, self->logfn);
+  }
+  Py_RETURN_NONE;
+}
+
+/* declare([(name, shape, init), ...], seed) */
+static PyObject *Client_declare(ClientObject *self, PyObject *args) {
+  PyObject *list;
+  unsigned long long seed;
+  if (!PyArg_ParseTuple(args, "OK", &list, &seed)) return NULL;
+  if (check_open(self) < 0 || check_no_declare(self) < 0) return NULL;
+  if (PyList_GET_SIZE(self->inflight) > 0) {
+    return raise_code(TS_CLIENT_EBUSY, "declare with requests in flight: wait for them first");
+  }
+  PyObject *seq = PySequence_Fast(list, "tensors must be a sequence of (name, shape, init)");
+  if (!seq) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  job_t *j = job_new(JOB_DECLARE, self->sh);
+  if (!j) {
+    Py_DECREF(seq);
+    return PyErr_NoMemory();
+  }
+  j->seed = seed;
+  j->tensors = calloc((size_t)n + 1, sizeof *j->tensors);
+  j->names = calloc((size_t)n + 1, sizeof *j->names);
+  j->shapes = calloc((size_t)n + 1, sizeof *j->shapes);
+  if (!j->tensors || !j->names || !j->shapes) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  j->ntensors = (size_t)n;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *name, *shape;
+    int init;
+    PyObject *t = PySequence_Fast_GET_ITEM(seq, i);
+    if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "UOi", &name, &shape, &init)) {
+      if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "each tensor must be a tuple (name, shape, init)");
+      goto fail;
+    }
+    if (!(j->names[i] = dup_utf8(name))) goto fail;
+    PyObject *sh = PySequence_Fast(shape, "a shape must be a sequence of ints");
+    if (!sh) goto fail;
+    Py_ssize_t r = PySequence_Fast_GET_SIZE(sh);
+    j->shapes[i] = calloc((size_t)r + 1, sizeof(uint64_t));
+    if (!j->shapes[i]) {
+      Py_DECREF(sh);
+      PyErr_NoMemory();
+      goto fail;
+    }
+    for (Py_ssize_t k = 0; k < r; k++) {
+      unsigned long long d = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(sh, k));
+      if (PyErr_Occurred()) {
+        Py_DECREF(sh);
+        goto fail;
+      }
+      j->shapes[i][k] = d;
+    }
+    Py_DECREF(sh);
+    j->tensors[i].name = j->names[i];
+    j->tensors[i].shape = j->shapes[i];
+    j->tensors[i].rank = (size_t)r;
+    j->tensors[i].init = (ts_client_init_t)init;
+  }
+  Py_DECREF(seq);
+  if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
+  int rc = j->rc;
+  if (rc < 0) raise_code(rc, j->errmsg);
+  job_free(j);
+  if (rc < 0) return NULL;
+  Py_RETURN_NONE;
+fail:
+  Py_DECREF(seq);
+  job_free(j);
+  return NULL;
+}
+
+static PyObject *status_dict(const ts_client_shard_status_t *s) {
+  PyObject *workers = PyList_New(0);
+  if (!workers) return NULL;
+  for (size_t i = 0; i < s->num_workers_seen; i++) {
+    const ts_client_worker_status_t *w = &s->workers[i];
+    PyObject *d = Py_BuildValue(
+        "{s:i,s:K,s:d,s:d,s:d,s:O,s:O,s:d,s:s,s:K,s:K}", "task", (int)w->task, "step",
+        (unsigned long long)w->step, "loss", w->loss, "examples_per_sec", w->examples_per_sec,
+        "last_seen_s", w->last_seen_s, "alive", w->alive ? Py_True : Py_False, "done",
+        w->done ? Py_True : Py_False, "epoch_progress", w->epoch_progress, "identity",
+        w->identity ? w->identity : "", "clock", (unsigned long long)w->clock, "stale_dropped",
+        (unsigned long long)w->stale_dropped);
+    if (!d || PyList_Append(workers, d) < 0) {
+      Py_XDECREF(d);
+      Py_DECREF(workers);
+      return NULL;
+    }
+    Py_DECREF(d);
+  }
+  PyObject *waiting = PyList_New((Py_ssize_t)s->num_barrier_waiting_for);
+  if (!waiting) {
+    Py_DECREF(workers);
+    return NULL;
+  }
+  for (size_t i = 0; i < s->num_barrier_waiting_for; i++)
+    PyList_SET_ITEM(waiting, (Py_ssize_t)i, PyLong_FromLong(s->barrier_waiting_for[i]));
+  PyObject *d = Py_BuildValue(
+      "{s:I,s:I,s:s,s:K,s:I,s:K,s:K,s:I,s:N,s:K,s:K,s:K,s:K,s:K,s:d,s:I,s:N,s:K,s:K,s:K,s:K,"
+      "s:s,s:d,s:K,s:K}",
+      "shard", s->shard, "num_shards", s->num_shards, "mode", ts_client_mode_name(s->mode),
+      "step", (unsigned long long)s->step, "partitions", s->partitions, "bytes",
+      (unsigned long long)s->bytes, "version", (unsigned long long)s->version, "tensors",
+      s->tensors, "workers", workers, "pushes", (unsigned long long)s->pushes, "pulls",
+      (unsigned long long)s->pulls, "stale_dropped", (unsigned long long)s->stale_dropped,
+      "rejected_frames", (unsigned long long)s->rejected_frames, "errors",
+      (unsigned long long)s->errors, "uptime_s", s->uptime_s, "num_workers", s->num_workers,
+      "barrier_waiting_for", waiting, "connections", (unsigned long long)s->connections,
+      "auth_failures", (unsigned long long)s->auth_failures, "nonfinite_refused",
+      (unsigned long long)s->nonfinite_refused, "incarnation",
+      (unsigned long long)s->incarnation, "last_checkpoint",
+      s->last_checkpoint ? s->last_checkpoint : "", "last_checkpoint_age_s",
+      s->last_checkpoint_age_s, "checkpoints_written", (unsigned long long)s->checkpoints_written,
+      "restored_step", (unsigned long long)s->restored_step);
+  return d;
+}
+
+static PyObject *Client_status(ClientObject *self, PyObject *args) {
+  unsigned int shard;
+  if (!PyArg_ParseTuple(args, "I", &shard)) return NULL;
+  if (check_open(self) < 0) return NULL;
+  job_t *j = job_new(JOB_STATUS, self->sh);
+  if (!j) return PyErr_NoMemory();
+  j->shard = shard;
+  if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
+  PyObject *r = j->rc < 0 ? raise_code(j->rc, j->errmsg) : status_dict(j->status);
+  job_free(j);
+  return r;
+}
+
+static PyObject *Client_heartbeat(ClientObject *self, PyObject *Py_UNUSED(a)) {
+  if (check_open(self) < 0) return NULL;
+  job_t *j = job_new(JOB_HEARTBEAT, self->sh);
+  if (!j) return PyErr_NoMemory();
+  if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
+  int rc = j->rc;
+  if (rc < 0) raise_code(rc, j->errmsg);
+  job_free(j);
+  if (rc < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *Client_checkpoint(ClientObject *self, PyObject *args) {
+  unsigned int shard;
+  if (!PyArg_ParseTuple(args, "I", &shard)) return NULL;
+  if (check_open(self) < 0) return NULL;
+  job_t *j = job_new(JOB_CHECKPOINT, self->sh);
+  if (!j) return PyErr_NoMemory();
+  j->shard = shard;
+  if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
+  PyObject *r = j->rc < 0 ? raise_code(j->rc, j->errmsg)
+                          : Py_BuildValue("(sK)", j->path, (unsigned long long)j->step);
+  job_free(j);
+  return r;
+}
+
+static PyObject *Client_shutdown(ClientObject *self, PyObject *args) {
+  unsigned int shard;
+  int checkpoint = 1;
+  if (!PyArg_ParseTuple(args, "I|p", &shard, &checkpoint)) return NULL;
+  if (check_open(self) < 0) return NULL;
+  job_t *j = job_new(JOB_SHUTDOWN, self->sh);
+  if (!j) return PyErr_NoMemory();
+  j->shard = shard;
+  j->checkpoint = checkpoint;
+  if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
+  PyObject *r = j->rc < 0 ? raise_code(j->rc, j->errmsg) : PyUnicode_FromString(j->path);
+  job_free(j);
+  return r;
+}
+
+static PyObject *Client_set_timeout(ClientObject *self, PyObject *args) {
+  double s;
+  if (!PyArg_ParseTuple(args, "d", &s)) return NULL;
+  if (check_open(self) < 0) return NULL;
+  if (!(s > 0)) {
+    PyErr_SetString(PyExc_ValueError, "timeout must be > 0");
+    return NULL;
+  }
+  ts_client_set_timeout(self->sh->c, s);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Client_set_progress(ClientObject *self, PyObject *args) {
+  unsigned long long step;
+  double loss, eps, progress;
+  int done;
+  if (!PyArg_ParseTuple(args, "Kdddp", &step, &loss, &eps, &progress, &done)) return NULL;
+  if (check_open(self) < 0) return NULL;
+  ts_client_set_progress(self->sh->c, step, loss, eps, progress, done);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Client_shard_up(ClientObject *self, PyObject *args) {
+  unsigned int shard;
+  if (!PyArg_ParseTuple(args, "I", &shard)) return NULL;
+  if (check_open(self) < 0) return NULL;
+  char why[256] = "";
+  bool up = ts_client_shard_up(self->sh->c, shard, why, sizeof why);
+  return Py_BuildValue("(Os)", up ? Py_True : Py_False, why);
+}
+
+static PyObject *Client_info(ClientObject *self, PyObject *Py_UNUSED(a)) {
+  if (check_open(self) < 0) return NULL;
+  ts_client_t *c = self->sh->c;
+  return Py_BuildValue("{s:I,s:s,s:I,s:K,s:K,s:n,s:n}", "num_shards", ts_client_num_shards(c),
+                       "mode", ts_client_mode_name(ts_client_job_mode(c)), "job_workers",
+                       ts_client_job_workers(c), "partition_bytes",
+                       (unsigned long long)ts_client_partition_bytes(c), "restarts",
+                       (unsigned long long)ts_client_restarts(c), "num_tensors",
+                       (Py_ssize_t)ts_client_num_tensors(c), "num_parts",
+                       (Py_ssize_t)ts_client_num_parts(c));
+}
+
+static PyObject *Client_parts(ClientObject *self, PyObject *Py_UNUSED(a)) {
+  if (check_open(self) < 0) return NULL;
+  size_t n = ts_client_num_parts(self->sh->c);
+  PyObject *l = PyList_New((Py_ssize_t)n);
+  if (!l) return NULL;
+  for (size_t k = 0; k < n; k++) {
+    ts_client_part_t p;
+    ts_client_part(self->sh->c, k, &p);
+    PyObject *t = Py_BuildValue("(IIIKK)", p.tensor, p.part, p.shard,
+                                (unsigned long long)p.offset, (unsigned long long)p.count);
+    if (!t) {
+      Py_DECREF(l);
+      return NULL;
+    }
+    PyList_SET_ITEM(l, (Py_ssize_t)k, t);
+  }
+  return l;
+}
+
+static PyObject *Client_inflight(ClientObject *self, PyObject *Py_UNUSED(a)) {
+  if (!self->inflight) return PyLong_FromLong(0);
+  client_reap(self);
+  return PyLong_FromSsize_t(PyList_GET_SIZE(self->inflight));
+}
+
+/* --- Request ------------------------------------------------------------------------------ */
+
+static void on_done(ts_client_req_t *req, void *arg) {
+  RequestObject *r = arg;
+  (void)req;
+  pthread_mutex_lock(&r->mu);
+  r->state = 2;
+  atomic_store(&r->done_hint, 1);
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+static void request_release_buffers(RequestObject *r) {
+  for (size_t i = 0; i < r->nviews; i++) PyBuffer_Release(&r->views[i]);
+  r->nviews = 0;
+}
+
+/* If r's callback ran: release its buffers and drop it from its client's inflight list.
+ * Returns whether r is done. GIL held. */
+static bool request_reap(RequestObject *r) {
+  pthread_mutex_lock(&r->mu);
+  int st = r->state;
+  if (st == 2) r->state = 3;
+  pthread_mutex_unlock(&r->mu);
+  if (st != 2) return st == 3;
+  request_release_buffers(r);
+  ClientObject *c = r->client;
+  if (c && c->inflight) {
+    Py_ssize_t n = PyList_GET_SIZE(c->inflight);
+    for (Py_ssize_t i = 0; i < n; i++) {
+      if (PyList_GET_ITEM(c->inflight, i) == (PyObject *)r) {
+        PySequence_DelItem(c->inflight, i); /* may drop the last reference to r: done last */
+        break;
+      }
+    }
+  }
+  return true;
+}
+
+static void client_reap(ClientObject *self) {
+  if (!self->inflight) return;
+  PyObject *l = PyList_GetSlice(self->inflight, 0, PyList_GET_SIZE(self->inflight));
+  if (!l) {
+    PyErr_Clear();
+    return;
+  }
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(l); i++)
+    if (atomic_load(&((RequestObject *)PyList_GET_ITEM(l, i))->done_hint))
+      request_reap((RequestObject *)PyList_GET_ITEM(l, i));
+  Py_DECREF(l);
+}
+
+static void Request_dealloc(RequestObject *self) {
+  /* Never in flight here: the client's inflight list holds a reference until reaped. */
+  request_release_buffers(self);
+  free(self->views);
+  free(self->grad);
+  free(self->dst);
+  free(self->tensors);
+  pthread_mutex_destroy(&self->mu);
+  pthread_cond_destroy(&self->cv);
+  Py_CLEAR(self->client);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Get a float32 C-contiguous buffer of exactly elems floats from o. */
+static int get_floats(PyObject *o, bool writable, uint64_t elems, const char *what,
+                      const char *role, Py_buffer *v) {
+  int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(o, v, flags) < 0) {
+    PyObject *t, *val, *tb;
+    PyErr_Fetch(&t, &val, &tb);
+    PyObject *s = val ? PyObject_Str(val) : NULL;
+    PyErr_Format(PyExc_ValueError, "%s %s: need a %sC-contiguous float32 array (%s)", role, what,
+                 writable ? "writable " : "", s ? PyUnicode_AsUTF8(s) : "no buffer");
+    Py_XDECREF(s);
+    Py_XDECREF(t);
+    Py_XDECREF(val);
+    Py_XDECREF(tb);
+    return -1;
+  }
+  const char *f = v->format ? v->format : "B";
+  bool f32 = v->itemsize == 4 && (!strcmp(f, "f") || !strcmp(f, "=f") || !strcmp(f, "@f") ||
+#if PY_LITTLE_ENDIAN
+                                  !strcmp(f, "<f")
+#else
+                                  !strcmp(f, ">f")
+#endif
+                                  );
+  if (!f32) {
+    PyErr_Format(PyExc_ValueError, "%s %s: need float32 elements, not format '%s'", role, what, f);
+    PyBuffer_Release(v);
+    return -1;
+  }
+  if ((uint64_t)v->len != elems * 4u) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s %s: holds %lld float32 elements, the declared tensor %llu",
+             role, what, (long long)(v->len / 4), (unsigned long long)elems);
+    PyBuffer_Release(v);
+    raise_code(TS_CLIENT_ESHAPE, msg);
+    return -1;
+  }
+  return 0;
+}
+
+/* submit(kind, tensors, grads, dsts, step, min_version, clock, timeout) -> Request
+ * tensors: sequence of declared tensor indices; grads / dsts: None or sequences of arrays
+ * aligned with tensors. */
+static PyObject *Client_submit(ClientObject *self, PyObject *args) {
+  int kind;
+  PyObject *tensors, *grads, *dsts;
+  unsigned long long step, min_version, clock;
+  double timeout;
+  if (!PyArg_ParseTuple(args, "iOOOKKKd", &kind, &tensors, &grads, &dsts, &step, &min_version,
+                        &clock, &timeout))
+    return NULL;
+  if (check_open(self) < 0 || check_no_declare(self) < 0) return NULL;
+  ts_client_t *c = self->sh->c;
+  size_t nt = ts_client_num_tensors(c);
+  if (nt == 0) return raise_code(TS_CLIENT_ENOTDECLARED, "no model declared");
+  bool push = kind == TS_CLIENT_PUSH || kind == TS_CLIENT_PUSH_PULL;
+  bool pull = kind == TS_CLIENT_PULL || kind == TS_CLIENT_PUSH_PULL;
+  if (!push && !pull) {
+    PyErr_SetString(PyExc_ValueError, "bad request kind");
+    return NULL;
+  }
+  PyObject *ts = PySequence_Fast(tensors, "tensors must be a sequence of indices");
+  if (!ts) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(ts);
+  PyObject *gs = NULL, *ds = NULL;
+  RequestObject *r = NULL;
+  if (push) {
+    gs = PySequence_Fast(grads, "grads must be a sequence of arrays");
+    if (!gs) goto fail;
+    if (PySequence_Fast_GET_SIZE(gs) != n) {
+      PyErr_SetString(PyExc_ValueError, "one gradient per tensor");
+      goto fail;
+    }
+  }
+  if (pull) {
+    ds = PySequence_Fast(dsts, "into must be a sequence of arrays");
+    if (!ds) goto fail;
+    if (PySequence_Fast_GET_SIZE(ds) != n) {
+      PyErr_SetString(PyExc_ValueError, "one destination per tensor");
+      goto fail;
+    }
+  }
+  r = PyObject_New(RequestObject, &RequestType);
+  if (!r) goto fail;
+  memset((char *)r + offsetof(RequestObject, client), 0,
+         sizeof *r - offsetof(RequestObject, client));
+  pthread_mutex_init(&r->mu, NULL);
+  cond_init_mono(&r->cv);
+  Py_INCREF(self);
+  r->client = self;
+  r->grad = calloc(nt, sizeof *r->grad);
+  r->dst = calloc(nt, sizeof *r->dst);
+  r->tensors = calloc((size_t)n + 1, sizeof *r->tensors);
+  r->views = calloc(2 * (size_t)n + 1, sizeof *r->views);
+  if (!r->grad || !r->dst || !r->tensors || !r->views) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    long t = PyLong_AsLong(PySequence_Fast_GET_ITEM(ts, i));
+    if (t == -1 && PyErr_Occurred()) goto fail;
+    if (t < 0 || (size_t)t >= nt) {
+      PyErr_Format(PyExc_IndexError, "tensor index %ld out of range (%zu declared)", t, nt);
+      goto fail;
+    }
+    r->tensors[i] = (uint32_t)t;
+    uint64_t elems = ts_client_tensor_elems(c, (size_t)t);
+    char what[32];
+    snprintf(what, sizeof what, "of tensor %ld", t);
+    if (push) {
+      if (get_floats(PySequence_Fast_GET_ITEM(gs, i), false, elems, what, "gradient",
+                     &r->views[r->nviews]) < 0)
+        goto fail;
+      r->grad[t] = r->views[r->nviews++].buf;
+    }
+    if (pull) {
+      if (get_floats(PySequence_Fast_GET_ITEM(ds, i), true, elems, what, "destination",
+                     &r->views[r->nviews]) < 0)
+        goto fail;
+      r->dst[t] = r->views[r->nviews++].buf;
+    }
+  }
+  r->ntensors = (size_t)n;
+  ts_client_req_init(&r->req, (ts_client_req_kind_t)kind);
+  r->req.grad = push ? r->grad : NULL;
+  r->req.dst = pull ? r->dst : NULL;
+  if ((size_t)n < nt) { /* a subset; the whole model otherwise */
+    r->req.tensors = r->tensors;
+    r->req.num_tensors = (size_t)n;
+  }
+  r->req.step = step;
+  r->req.min_version = min_version;
+  r->req.clock = clock;
+  r->req.timeout_s = timeout;
+  /* In the list before submit: the callback may run before submit returns. */
+  if (PyList_Append(self->inflight, (PyObject *)r) < 0) goto fail;
+  r->state = 1;
+  int rc = ts_client_submit(c, &r->req, on_done, r);
+  if (rc < 0) {
+    r->state = 0;
+    PySequence_DelItem(self->inflight, PyList_GET_SIZE(self->inflight) - 1);
+    raise_code(rc, r->req.errmsg);
+    goto fail;
+  }
+  Py_XDECREF(gs);
+  Py_XDECREF(ds);
+  Py_DECREF(ts);
+  return (PyObject *)r;
+fail:
+  Py_XDECREF(gs);
+  Py_XDECREF(ds);
+  Py_DECREF(ts);
+  Py_XDECREF(r);
+  return NULL;
+}
+
+/* wait(timeout=-1) -> bool: True once done (the results readable), False when timeout (s,
+ * >= 0) passed first. Interruptible: a signal handler's exception is raised while the
+ * request stays in flight. */
+static PyObject *Request_wait(RequestObject *self, PyObject *args) {
+  double timeout = -1;
+  if (!PyArg_ParseTuple(args, "|d", &timeout)) return NULL;
+  double start = mono_s();
+  ClientObject *c = self->client;
+  uint32_t busy = c ? c->busy_poll_us : 0;
+  for (int turn = 0;; turn++) {
+    pthread_mutex_lock(&self->mu);
+    int st = self->state;
+    pthread_mutex_unlock(&self->mu);
+    if (st == 0) {
+      PyErr_SetString(PyExc_RuntimeError, "request was never submitted");
+      return NULL;
+    }
+    if (st >= 2) {
+      request_reap(self);
+      if (c && c->sh) logq_drain(c->sh->logq, c->logfn);
+      Py_RETURN_TRUE;
+    }
+    double left = timeout < 0 ? SLICE_S : timeout - (mono_s() - start);
+    if (timeout >= 0 && left <= 0) Py_RETURN_FALSE;
+    double slice = left < SLICE_S ? left : SLICE_S;
+    Py_BEGIN_ALLOW_THREADS
+    if (turn == 0 && busy > 0) { /* the job's busy_poll_us: spin a little before sleeping */
+      double until = mono_s() + busy * 1e-6;
+      while (!atomic_load(&self->done_hint) && mono_s() < until) sched_yield();
+    }
+    struct timespec dl;
+    deadline_in(&dl, slice);
+    pthread_mutex_lock(&self->mu);
+    while (self->state == 1 && pthread_cond_timedwait(&self->cv, &self->mu, &dl) != ETIMEDOUT) {
+    }
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    if (c && c->sh) logq_drain(c->sh->logq, c->logfn);
+    if (PyErr_CheckSignals() < 0) return NULL;
+  }
+}
+
+static PyObject *Request_get_done(RequestObject *self, void *Py_UNUSED(x)) {
+  return PyBool_FromLong(request_reap(self));
+}
+
+/* The results, once done: a dict (rc, push_rc, pull_rc, applied, accumulated, stale,
+ * duplicate, version, errmsg). */
+static PyObject *Request_result(RequestObject *self, PyObject *Py_UNUSED(a)) {
+  if (!request_reap(self)) {
+    PyErr_SetString(PyExc_RuntimeError, "request still in flight");
+    return NULL;
+  }
+  ts_client_req_t *q = &self->req;
+  return Py_BuildValue("{s:i,s:i,s:i,s:K,s:K,s:K,s:K,s:K,s:s}", "rc", q->rc, "push_rc", q->push_rc,
+                       "pull_rc", q->pull_rc, "applied", (unsigned long long)q->applied,
+                       "accumulated", (unsigned long long)q->accumulated, "stale",
+                       (unsigned long long)q->stale, "duplicate",
+                       (unsigned long long)q->duplicate, "version",
+                       (unsigned long long)q->version, "errmsg", q->errmsg);
+}
+
+/* Raise the request's error, if it failed; None otherwise. */
+static PyObject *Request_check(RequestObject *self, PyObject *Py_UNUSED(a)) {
+  if (!request_reap(self)) {
+    PyErr_SetString(PyExc_RuntimeError, "request still in flight");
+    return NULL;
+  }
+  if (self->req.rc < 0) return raise_code(self->req.rc, self->req.errmsg);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef Request_methods[] = {
+    {"wait", (PyCFunction)Request_wait, METH_VARARGS,
+     "wait(timeout=-1) -> bool: wait until done (True) or timeout seconds passed (False)."},
+    {"result", (PyCFunction)Request_result, METH_NOARGS, "The results of a done request."},
+    {"check", (PyCFunction)Request_check, METH_NOARGS, "Raise the error of a failed request."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Request_getset[] = {
+    {"done", (getter)Request_get_done, NULL, "Whether the request is done.", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject RequestType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tessera._client.Request",
+    .tp_basicsize = sizeof(RequestObject),
+    .tp_dealloc = (destructor)Request_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One request in flight (made by Client.submit).",
+    .tp_methods = Request_methods,
+    .tp_getset = Request_getset,
+};
+
+static PyMethodDef Client_methods[] = {
+    {"close", (PyCFunction)Client_close, METH_NOARGS, "Close the client."},
+    {"interrupt", (PyCFunction)Client_interrupt, METH_NOARGS,
+     "Fail every request in flight and every later one (irreversible)."},
+    {"declare", (PyCFunction)Client_declare, METH_VARARGS, "declare([(name, shape, init)], seed)"},
+    {"submit", (PyCFunction)Client_submit, METH_VARARGS,
+     "submit(kind, tensors, grads, dsts, step, min_version, clock, timeout) -> Request"},
+    {"status", (PyCFunction)Client_status, METH_VARARGS, "status(shard) -> dict"},
+    {"heartbeat", (PyCFunction)Client_heartbeat, METH_NOARGS, "Heartbeat every shard now."},
+    {"checkpoint", (PyCFunction)Client_checkpoint, METH_VARARGS, "checkpoint(shard) -> (path, step)"},
+    {"shutdown", (PyCFunction)Client_shutdown, METH_VARARGS, "shutdown(shard, checkpoint) -> path"},
+    {"set_timeout", (PyCFunction)Client_set_timeout, METH_VARARGS, "set_timeout(seconds)"},
+    {"set_progress", (PyCFunction)Client_set_progress, METH_VARARGS,
+     "set_progress(step, loss, examples_per_sec, epoch_progress, done)"},
+    {"shard_up", (PyCFunction)Client_shard_up, METH_VARARGS, "shard_up(i) -> (bool, why)"},
+    {"info", (PyCFunction)Client_info, METH_NOARGS, "The job and plan as a dict."},
+    {"parts", (PyCFunction)Client_parts, METH_NOARGS,
+     "The plan: [(tensor, part, shard, offset, count)]."},
+    {"inflight", (PyCFunction)Client_inflight, METH_NOARGS, "Requests not yet reaped."},
+    {"drain_logs", (PyCFunction)Client_drain_logs, METH_NOARGS, "Emit the queued log lines."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject ClientType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tessera._client.Client",
+    .tp_basicsize = sizeof(ClientObject),
+    .tp_dealloc = (destructor)Client_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Connections to every shard of a job (see tessera.Client).",
+    .tp_traverse = (traverseproc)Client_traverse,
+    .tp_clear = (inquiry)Client_clear,
+    .tp_methods = Client_methods,
+    .tp_init = (initproc)Client_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* --- module functions -------------------------------------------------------------------- */
+
+static PyObject *str_list(char **v, size_t n) {
+  PyObject *l = PyList_New((Py_ssize_t)n);
+  if (!l) return NULL;
+  for (size_t i = 0; i < n; i++) {
+    PyObject *s = PyUnicode_FromString(v[i] ? v[i] : "");
+    if (!s) {
+      Py_DECREF(l);
+      return NULL;
+    }
+    PyList_SET_ITEM(l, (Py_ssize_t)i, s);
+  }
+  return l;
+}
+
+static const char *role_name(ts_task_role_t r) {
+  return r == TS_ROLE_PS ? "ps" : r == TS_ROLE_WORKER ? "worker" : "";
+}
+
+/* load_config(path or None, tf_config or None, overrides) -> dict: the job as ps-server
+ * and ps-worker see it (config/ts_config.c: defaults, file, TF_CONFIG, --set overrides). */
+static PyObject *mod_load_config(PyObject *Py_UNUSED(m), PyObject *args) {
+  PyObject *path_o, *tf_o, *over_o;
+  if (!PyArg_ParseTuple(args, "OOO", &path_o, &tf_o, &over_o)) return NULL;
+  PyObject *path_b = NULL, *over = NULL;
+  const char **ov = NULL;
+  const char *tf = NULL;
+  if (path_o != Py_None && !(path_b = PyUnicode_EncodeFSDefault(path_o))) return NULL;
+  if (tf_o != Py_None && !(tf = PyUnicode_AsUTF8(tf_o))) goto fail;
+  if (!(over = PySequence_Fast(over_o, "overrides must be a sequence of \"KEY=VALUE\""))) goto fail;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(over);
+  ov = calloc((size_t)n + 1, sizeof *ov);
+  if (!ov) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (!(ov[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(over, i)))) goto fail;
+  ts_config_t cfg;
+  char err[1024] = "";
+  int rc;
+  const char *path = path_b ? PyBytes_AS_STRING(path_b) : NULL;
+  Py_BEGIN_ALLOW_THREADS
+  rc = ts_config_load(&cfg, path, tf, ov, (size_t)n, err, sizeof err);
+  Py_END_ALLOW_THREADS
+  if (rc < 0) {
+    raise_code(rc, err);
+    goto fail;
+  }
+  PyObject *layers = PyList_New((Py_ssize_t)cfg.num_layers);
+  for (size_t i = 0; layers && i < cfg.num_layers; i++)
+    PyList_SET_ITEM(layers, (Py_ssize_t)i, PyLong_FromLong(cfg.layers[i]));
+#define S(x) ((x) ? (x) : "")
+  PyObject *d = layers ? Py_BuildValue(
+      "{s:N,s:N,s:N,s:s,s:i,s:i,s:d,s:d,s:d,s:i,s:L,s:L,s:i,s:s,s:d,s:d,s:d,s:d,s:d,s:N,s:L,"
+      "s:i,s:i,s:L,s:s,s:d,s:s,s:d,s:i,s:s,s:s,s:s,s:i,s:s}",
+      "ps", str_list(cfg.ps, cfg.num_ps), "ps_http", str_list(cfg.ps_http, cfg.num_ps_http),
+      "workers", str_list(cfg.workers, cfg.num_workers), "mode", ts_mode_name(cfg.mode),
+      "replicas_to_aggregate", cfg.replicas_to_aggregate, "staleness", cfg.staleness,
+      "sync_timeout_s", cfg.sync_timeout_s, "heartbeat_timeout_s", cfg.heartbeat_timeout_s,
+      "heartbeat_interval_s", cfg.heartbeat_interval_s, "busy_poll_us", cfg.busy_poll_us,
+      "partition_bytes", (long long)cfg.partition_bytes, "max_message_bytes",
+      (long long)cfg.max_message_bytes, "max_connections", cfg.max_connections, "optimizer",
+      ts_optimizer_name(cfg.optimizer), "learning_rate", cfg.learning_rate, "momentum",
+      cfg.momentum, "beta1", cfg.beta1, "beta2", cfg.beta2, "epsilon", cfg.epsilon, "layers",
+      layers, "seed", (long long)cfg.seed, "batch_size", cfg.batch_size, "epochs", cfg.epochs,
+      "max_steps", (long long)cfg.max_steps, "logdir", S(cfg.logdir), "log_interval_s",
+      cfg.log_interval_s, "checkpoint_dir", S(cfg.checkpoint_dir), "checkpoint_interval_s",
+      cfg.checkpoint_interval_s, "checkpoint_keep", cfg.checkpoint_keep, "token_file",
+      S(cfg.token_file), "admin_token_file", S(cfg.admin_token_file), "task_role",
+      role_name(cfg.task_role), "task_index", cfg.task_index, "source", S(cfg.source))
+                          : NULL;
+#undef S
+  ts_config_free(&cfg);
+  free(ov);
+  Py_XDECREF(over);
+  Py_XDECREF(path_b);
+  return d;
+fail:
+  free(ov);
+  Py_XDECREF(over);
+  Py_XDECREF(path_b);
+  return NULL;
+}
+
+static PyObject *mod_strerror(PyObject *Py_UNUSED(m), PyObject *args) {
+  int code;
+  if (!PyArg_ParseTuple(args, "i", &code)) return NULL;
+  return PyUnicode_FromString(ts_client_strerror(code));
+}
+
+static PyObject *mod_set_error_factory(PyObject *Py_UNUSED(m), PyObject *fn) {
+  Py_INCREF(fn);
+  Py_XSETREF(error_factory, fn);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef mod_methods[] = {
+    {"load_config", mod_load_config, METH_VARARGS,
+     "load_config(path, tf_config, overrides) -> dict (config/ts_config.c's rules)"},
+    {"strerror", mod_strerror, METH_VARARGS, "strerror(code) -> str"},
+    {"set_error_factory", mod_set_error_factory, METH_O,
+     "set_error_factory(fn): fn(code, message) -> exception, raised for library errors"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "tessera._client",
+                                    "CPython binding of libtessera-client (see tessera).", -1,
+                                    mod_methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__client(void);
+PyMODINIT_FUNC PyInit__client(void) {
+  if (PyType_Ready(&ClientType) < 0 || PyType_Ready(&RequestType) < 0) return NULL;
+  PyObject *m = PyModule_Create(&moddef);
+  if (!m) return NULL;
+  Py_INCREF(&ClientType);
+  Py_INCREF(&RequestType);
+  if (PyModule_AddObject(m, "Client", (PyObject *)&ClientType) < 0 ||
+      PyModule_AddObject(m, "Request", (PyObject *)&RequestType) < 0 ||
+      PyModule_AddStringConstant(m, "version", tessera_version()) < 0)
+    goto fail;
+  static const struct {
+    const char *name;
+    long long value;
+  } consts[] = {
+#define C(x) {#x, x}
+      C(TS_CLIENT_PULL), C(TS_CLIENT_PUSH), C(TS_CLIENT_PUSH_PULL),
+      C(TS_CLIENT_INIT_ZEROS), C(TS_CLIENT_INIT_GLOROT_UNIFORM), C(TS_CLIENT_INIT_ONES),
+      C(TS_CLIENT_LOG_ERR), C(TS_CLIENT_LOG_WARN), C(TS_CLIENT_LOG_NOTICE), C(TS_CLIENT_LOG_INFO),
+      C(TS_CLIENT_LOG_DEBUG),
+      C(TS_CLIENT_EINCOMPLETE), C(TS_CLIENT_EPROTO), C(TS_CLIENT_EVERSION), C(TS_CLIENT_ETOOBIG),
+      C(TS_CLIENT_ESIZE), C(TS_CLIENT_ENOTENSOR), C(TS_CLIENT_ESHAPE), C(TS_CLIENT_ESTALE),
+      C(TS_CLIENT_EFUTURE), C(TS_CLIENT_ENONFINITE), C(TS_CLIENT_EAUTH), C(TS_CLIENT_EPERM),
+      C(TS_CLIENT_ECONFIG), C(TS_CLIENT_EINVAL), C(TS_CLIENT_ENOMEM), C(TS_CLIENT_ETIMEDOUT),
+      C(TS_CLIENT_EUNAVAIL), C(TS_CLIENT_ECLOSED), C(TS_CLIENT_ESHUTDOWN),
+      C(TS_CLIENT_EINTERNAL), C(TS_CLIENT_EDATA), C(TS_CLIENT_EDEVICE),
+      C(TS_CLIENT_ENOTDECLARED), C(TS_CLIENT_EROLE), C(TS_CLIENT_EBUSY),
+#undef C
+  };
+  for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
+    if (PyModule_AddIntConstant(m, consts[i].name + strlen("TS_CLIENT_"), (long)consts[i].value) < 0)
+      goto fail;
+  if (PyModule_AddObject(m, "STEP_PULLED", PyLong_FromUnsignedLongLong(TS_CLIENT_STEP_PULLED)) < 0 ||
+      PyModule_AddObject(m, "VERSION_NEXT", PyLong_FromUnsignedLongLong(TS_CLIENT_VERSION_NEXT)) < 0)
+    goto fail;
+  return m;
+fail:
+  Py_DECREF(m);
+  return NULL;
+}

@@ -1,0 +1,555 @@
+"""tessera.Client: a worker's connections to every shard of a job, over numpy arrays.
+
+Every request reads gradients from, and writes parameters into, the caller's own numpy
+float32 arrays (C-contiguous, of the declared tensor's element count): the C request points
+straight at their memory, nothing is copied. The arrays are referenced until the request
+is done, so they cannot be freed or resized under the client thread; the caller must not
+change a gradient, nor read a destination, before then.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _client
+from ._errors import ShapeError, TesseraError, UnknownTensor
+from ._job import Job, load_job
+
+__all__ = ["Client", "PushResult", "Request", "ShardStatus", "Tensor", "WorkerStatus"]
+
+logger = logging.getLogger("tessera")
+
+_INITS = {
+    "zeros": _client.INIT_ZEROS,
+    "glorot": _client.INIT_GLOROT_UNIFORM,
+    "glorot_uniform": _client.INIT_GLOROT_UNIFORM,
+    "ones": _client.INIT_ONES,
+}
+
+# syslog levels of the library -> logging's
+_LEVELS = {
+    _client.LOG_ERR: logging.ERROR,
+    _client.LOG_WARN: logging.WARNING,
+    _client.LOG_NOTICE: logging.INFO,
+    _client.LOG_INFO: logging.INFO,
+    _client.LOG_DEBUG: logging.DEBUG,
+}
+
+Shape = Tuple[int, ...]
+Arrays = Union[Mapping[str, np.ndarray], Sequence[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One tensor of a model to declare: its shape and how the shards initialise it.
+
+    init: "glorot" (Glorot/Xavier uniform), "zeros" or "ones"; None = "glorot" for rank >= 2,
+    "zeros" otherwise (biases). The values are deterministic in the declare's seed and the
+    tensor's name, identical on every shard and every worker.
+    """
+
+    shape: Shape
+    init: Optional[str] = None
+
+    def init_code(self) -> int:
+        init = self.init or ("glorot" if len(self.shape) >= 2 else "zeros")
+        try:
+            return _INITS[init]
+        except KeyError:
+            raise ValueError(f"unknown init {init!r}: one of {sorted(_INITS)}") from None
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """The outcome of a push (or push_pull): partitions summed over the shards."""
+
+    applied: int      #: applied to the parameters at once (async, ssp; sync: the last one)
+    accumulated: int  #: added to an open sync barrier
+    stale: int        #: dropped as too stale (ssp, sync)
+    duplicate: int    #: recognised as a retry already counted (sync)
+    version: int = 0  #: push_pull: the lowest version pulled
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    task: int
+    step: int
+    loss: float
+    examples_per_sec: float
+    last_seen_s: float
+    alive: bool
+    done: bool
+    epoch_progress: float
+    identity: str
+    clock: int
+    stale_dropped: int
+
+
+@dataclass(frozen=True)
+class ShardStatus:
+    """One shard's view of itself and of the workers it has seen (ts_client_status)."""
+
+    shard: int
+    num_shards: int
+    mode: str
+    step: int
+    partitions: int
+    bytes: int
+    version: int
+    tensors: int
+    workers: List[WorkerStatus]
+    pushes: int
+    pulls: int
+    stale_dropped: int
+    rejected_frames: int
+    errors: int
+    uptime_s: float
+    num_workers: int
+    barrier_waiting_for: List[int]
+    connections: int
+    auth_failures: int
+    nonfinite_refused: int
+    incarnation: int
+    last_checkpoint: str
+    last_checkpoint_age_s: float
+    checkpoints_written: int
+    restored_step: int
+
+    @classmethod
+    def _from_dict(cls, d: Dict[str, Any]) -> "ShardStatus":
+        d = dict(d)
+        d["workers"] = [WorkerStatus(**w) for w in d["workers"]]
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class Request:
+    """A request in flight (``pull``/``push``/``push_pull`` with ``wait=False``).
+
+    The arrays it reads or writes stay referenced until it is done. ``wait()`` blocks (GIL
+    released, Ctrl-C honoured within 0.1 s) and returns what the blocking call would have
+    returned, or raises its error. Interrupting a wait leaves the request running: it keeps
+    its arrays until the shards answer or its deadline passes.
+    """
+
+    __slots__ = ("_req", "_kind", "_value", "_client", "__weakref__")
+
+    def __init__(self, req: Any, kind: int, value: Any, client: "Client"):
+        self._req = req
+        self._kind = kind
+        self._value = value
+        self._client = client
+
+    @property
+    def done(self) -> bool:
+        """Whether the request is done (succeeded or failed); never blocks."""
+        return bool(self._req.done)
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Wait until the request is done and return its result: the destination (dict or
+        list, as given) for a pull, a PushResult for a push or push_pull. Raises its error
+        (a TesseraError), or TimeoutError when ``timeout`` seconds pass first (the request
+        then stays in flight)."""
+        if not self._req.wait(-1.0 if timeout is None else max(0.0, float(timeout))):
+            raise TimeoutError(f"request not done within {timeout} s")
+        self._req.check()
+        r = self._req.result()
+        if self._kind == _client.PULL:
+            self._client.last_version = r["version"]
+            return self._value
+        if self._kind == _client.PUSH_PULL:
+            self._client.last_version = r["version"]
+        return PushResult(r["applied"], r["accumulated"], r["stale"], r["duplicate"],
+                          r["version"])
+
+    result = wait
+
+    def __repr__(self) -> str:
+        kind = {_client.PULL: "pull", _client.PUSH: "push", _client.PUSH_PULL: "push_pull"}
+        return f"<tessera.Request {kind[self._kind]} {'done' if self.done else 'in flight'}>"
+
+
+class Client:
+    """Connections to every shard of a Tessera job, and the declared model.
+
+    Args:
+        config: a job file (libconfig, docs/configuration.md). Its ``cluster.ps`` names the
+            shards; ``auth.token_file``, ``job.busy_poll_us``, ``job.heartbeat_*`` and
+            ``model.seed`` apply unless given here. TF_CONFIG, when set, applies on top of
+            it as it does for ps-worker.
+        cluster: the shards' "host:port" addresses, in shard order (instead of a file).
+            With neither, the cluster comes from TF_CONFIG (the ``ps`` list; ``task.index``
+            of a ``worker`` task gives ``task``).
+        task: this worker's index (default: TF_CONFIG's, else 0).
+        token_file: the shared token (default: the job's ``auth.token_file``, or
+            ``auth.admin_token_file`` for an admin client).
+        admin: connect in the admin role (status of every worker, checkpoint, shutdown).
+        timeout: default deadline of every request, in seconds: a request that a shard does
+            not answer in time raises DeadlineExceeded (an Unavailable).
+        connect_timeout: how long opening waits for the shards (default min(timeout, 30)).
+        overrides: ``"KEY=VALUE"`` overrides of the job file, as ps-worker's ``--set``.
+        require_all: fail unless every shard answers the handshake (default True).
+        busy_poll_us, heartbeat_interval, heartbeat_timeout: the job's by default.
+        identity: free text for the shards' logs (default "python task T pid P@host").
+
+    The library's diagnostics go to the ``logging`` logger "tessera". Use the client as a
+    context manager, or call ``close()``.
+    """
+
+    def __init__(self, config: Optional[Union[str, os.PathLike]] = None, *,
+                 cluster: Optional[Sequence[str]] = None, task: Optional[int] = None,
+                 token_file: Optional[str] = None, admin: bool = False,
+                 timeout: float = 60.0, connect_timeout: Optional[float] = None,
+                 overrides: Sequence[str] = (), require_all: bool = True,
+                 busy_poll_us: Optional[int] = None,
+                 heartbeat_interval: Optional[float] = None,
+                 heartbeat_timeout: Optional[float] = None,
+                 identity: Optional[str] = None):
+        self._c: Any = None
+        self.job: Optional[Job] = None
+        if config is not None:
+            self.job = load_job(config, overrides)
+        elif cluster is None:
+            tf = os.environ.get("TF_CONFIG", "")
+            if not tf.strip():
+                raise ValueError("no cluster: give config=JOBFILE, cluster=[\"host:port\", ...] "
+                                 "or set TF_CONFIG")
+            self.job = load_job(None, overrides, tf)
+        elif overrides:
+            raise ValueError("overrides apply to a job file: give config= as well")
+        job = self.job
+        addrs = [str(a) for a in cluster] if cluster is not None else list(job.ps)
+        if task is None:
+            task = job.task_index if job and job.task_index >= 0 and job.task_role != "ps" else 0
+        if token_file is None and job is not None:
+            token_file = (job.admin_token_file if admin else job.token_file) or None
+        if busy_poll_us is None:
+            busy_poll_us = job.busy_poll_us if job else 0
+        if heartbeat_interval is None:
+            heartbeat_interval = job.heartbeat_interval_s if job else 0.0
+        if heartbeat_timeout is None:
+            heartbeat_timeout = job.heartbeat_timeout_s if job else 5.0
+        if connect_timeout is None:
+            connect_timeout = min(float(timeout), 30.0)
+        if identity is None:
+            identity = f"python task {task} pid {os.getpid()}@{socket.gethostname()}"
+        self.task: int = int(task)
+        self.timeout: float = float(timeout)
+        self.last_version: int = 0
+        self._lock = threading.Lock()
+        self._names: List[str] = []
+        self._index: Dict[str, int] = {}
+        self._shapes: List[Shape] = []
+        self._elems: List[int] = []
+        self._clock = 0
+        self._pushed: set = set()
+        self._mode = ""
+        self._c = _client.Client(
+            addrs, task=self.task, admin=admin, token_file=token_file, identity=identity,
+            connect_timeout=float(connect_timeout), request_timeout=float(timeout),
+            heartbeat_interval=float(heartbeat_interval),
+            heartbeat_timeout=float(heartbeat_timeout), require_all=require_all,
+            busy_poll_us=int(busy_poll_us), log=_log,
+            log_level=_client.LOG_DEBUG if logger.isEnabledFor(logging.DEBUG)
+            else _client.LOG_INFO)
+
+    # --- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Fail every request still in flight (Interrupted), close the connections and stop
+        the client thread. Idempotent."""
+        if self._c is not None:
+            self._c.close()
+
+    def interrupt(self) -> None:
+        """Make every request in flight, and every later one, fail at once with Interrupted
+        (irreversible; for a worker told to stop)."""
+        self._live().interrupt()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _live(self) -> Any:
+        if self._c is None:
+            raise TesseraError("the client is not open", _client.ESHUTDOWN)
+        return self._c
+
+    # --- the job -------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        """The job's mode as the shards announced it: "sync", "async" or "ssp"."""
+        if not self._mode or self._mode == "unspecified":
+            self._mode = self._live().info()["mode"]
+        return self._mode
+
+    @property
+    def num_shards(self) -> int:
+        return self._live().info()["num_shards"]
+
+    @property
+    def num_workers(self) -> int:
+        """The job's worker count, as the shards announced it."""
+        return self._live().info()["job_workers"]
+
+    @property
+    def tensors(self) -> List[str]:
+        """The declared tensors' names, in declaration order."""
+        return list(self._names)
+
+    @property
+    def shapes(self) -> Dict[str, Shape]:
+        return dict(zip(self._names, self._shapes))
+
+    @property
+    def clock(self) -> int:
+        """This worker's step count: pushes are tagged with it (async, ssp) and pulls carry
+        it (ssp's staleness bound). It advances once every declared tensor was pushed since
+        the last advance (one whole-model push, or one push per tensor)."""
+        return self._clock
+
+    @clock.setter
+    def clock(self, value: int) -> None:
+        with self._lock:
+            self._clock = int(value)
+            self._pushed.clear()
+
+    def info(self) -> Dict[str, Any]:
+        """The job and plan: num_shards, mode, job_workers, partition_bytes, restarts,
+        num_tensors, num_parts."""
+        return self._live().info()
+
+    def plan(self) -> List[Tuple[int, int, int, int, int]]:
+        """The partition plan: (tensor, part, shard, offset, count) per partition."""
+        return self._live().parts()
+
+    def shard_up(self, shard: int) -> Tuple[bool, str]:
+        """Whether shard has a ready connection, and else the last error seen."""
+        return self._live().shard_up(shard)
+
+    def set_timeout(self, seconds: float) -> None:
+        """Set the default deadline of later requests."""
+        self._live().set_timeout(float(seconds))
+        self.timeout = float(seconds)
+
+    # --- the model -----------------------------------------------------------------------
+
+    def declare(self, model: Mapping[str, Union[np.ndarray, Sequence[int], int, Tensor]], *,
+                seed: Optional[int] = None,
+                init: Union[None, str, Mapping[str, str]] = None) -> Dict[str, np.ndarray]:
+        """Declare the model: the same tensors, in the same (dict) order, on every worker.
+
+        Each value is an array (its shape is taken), a shape, or a Tensor(shape, init).
+        ``init`` sets the initialisation of every tensor ("glorot", "zeros", "ones") or,
+        as a dict, of some; by default glorot for rank >= 2 and zeros for rank 1. ``seed``
+        defaults to the job's model.seed (0 without a job file).
+
+        Returns a dict name -> float32 array to pull into: the given array itself where it
+        is a writable C-contiguous float32 ndarray, else a new zero-filled one. Raises
+        ShapeError when the job already holds a tensor of that name with another shape.
+        """
+        specs: List[Tuple[str, Tensor]] = []
+        if isinstance(init, Mapping) and set(init) - set(model):
+            raise UnknownTensor(f"init names tensors not in the model: "
+                                f"{sorted(set(init) - set(model))}", _client.ENOTENSOR)
+        for name, v in model.items():
+            if isinstance(v, Tensor):
+                spec = v
+            elif isinstance(v, np.ndarray):
+                spec = Tensor(tuple(int(d) for d in v.shape))
+            elif isinstance(v, (int, np.integer)):
+                spec = Tensor((int(v),))
+            else:
+                spec = Tensor(tuple(int(d) for d in v))
+            if isinstance(init, str):
+                spec = Tensor(spec.shape, init)
+            elif init is not None and name in init:
+                spec = Tensor(spec.shape, init[name])
+            if any(d <= 0 for d in spec.shape) or not spec.shape:
+                raise ShapeError(f"tensor {name!r}: shape {spec.shape} must have dimensions > 0")
+            specs.append((str(name), spec))
+        if seed is None:
+            seed = self.job.seed if self.job is not None else 0
+        self._live().declare([(n, s.shape, s.init_code()) for n, s in specs], int(seed))
+        with self._lock:
+            self._names = [n for n, _ in specs]
+            self._index = {n: i for i, n in enumerate(self._names)}
+            self._shapes = [s.shape for _, s in specs]
+            self._elems = [int(np.prod(s.shape)) for _, s in specs]
+            self._pushed.clear()
+        self._mode = self._c.info()["mode"]
+        out: Dict[str, np.ndarray] = {}
+        for name, spec in specs:
+            v = model[name]
+            if (isinstance(v, np.ndarray) and v.dtype == np.float32 and v.flags.c_contiguous
+                    and v.flags.writeable):
+                out[name] = v
+            else:
+                out[name] = np.zeros(spec.shape, dtype=np.float32)
+        return out
+
+    def zeros(self) -> Dict[str, np.ndarray]:
+        """New zero-filled float32 arrays of the declared shapes (name -> array)."""
+        return {n: np.zeros(s, dtype=np.float32) for n, s in zip(self._names, self._shapes)}
+
+    # --- requests ------------------------------------------------------------------------
+
+    def _select(self, arrays: Arrays, role: str, writable: bool) -> Tuple[List[int], List[np.ndarray]]:
+        if not self._names:
+            raise TesseraError("no model declared: call declare() first", _client.ENOTDECLARED)
+        if isinstance(arrays, Mapping):
+            idx = []
+            for name in arrays:
+                if name not in self._index:
+                    raise UnknownTensor(f"unknown tensor {name!r}: declared are {self._names}",
+                                        _client.ENOTENSOR)
+                idx.append(self._index[name])
+            pairs = sorted(zip(idx, arrays.values()), key=lambda p: p[0])
+            idx = [i for i, _ in pairs]
+            arrs = [a for _, a in pairs]
+        else:
+            arrs = list(arrays)
+            if len(arrs) != len(self._names):
+                raise ShapeError(f"{len(arrs)} {role} array(s) for {len(self._names)} declared "
+                                 f"tensor(s); pass a dict for a subset", _client.ESHAPE)
+            idx = list(range(len(arrs)))
+        for i, a in zip(idx, arrs):
+            name = self._names[i]
+            if not isinstance(a, np.ndarray):
+                raise ValueError(f"{role} of {name!r}: need a numpy float32 array, not "
+                                 f"{type(a).__name__}")
+            if a.dtype != np.float32:
+                raise ValueError(f"{role} of {name!r}: need dtype float32, not {a.dtype} "
+                                 f"(convert once with np.asarray(a, np.float32))")
+            if not a.flags.c_contiguous:
+                raise ValueError(f"{role} of {name!r}: need a C-contiguous array (the request "
+                                 f"reads its memory directly; use np.ascontiguousarray)")
+            if writable and not a.flags.writeable:
+                raise ValueError(f"{role} of {name!r}: the array is read-only")
+            if a.size != self._elems[i]:
+                raise ShapeError(f"{role} of {name!r}: shape {a.shape} ({a.size} elements), "
+                                 f"declared {self._shapes[i]} ({self._elems[i]} elements)",
+                                 _client.ESHAPE)
+        return idx, arrs
+
+    def _advance(self, idx: List[int]) -> None:
+        # under self._lock
+        self._pushed.update(idx)
+        if len(self._pushed) >= len(self._names):
+            self._clock += 1
+            self._pushed.clear()
+
+    def _timeout(self, timeout: Optional[float]) -> float:
+        return 0.0 if timeout is None else float(timeout)
+
+    def pull(self, into: Optional[Arrays] = None, *, wait: bool = True,
+             min_version: Optional[int] = None, timeout: Optional[float] = None) -> Any:
+        """Read parameters into the arrays of ``into``: a dict name -> array (those
+        tensors), or a list of one array per declared tensor, in order; None: new arrays
+        of every tensor (returned as a dict). Sync mode waits for the next version of each
+        shard (the step after the one last pulled); async and ssp take what is there.
+
+        Returns ``into`` (filled), or with ``wait=False`` a Request whose ``wait()`` does.
+        ``min_version``: wait until every partition pulled is at least this version
+        (overrides the mode's rule; 0 = take what is there). ``timeout``: this request's
+        deadline (default: the client's).
+        """
+        if into is None:
+            into = self.zeros()
+        idx, arrs = self._select(into, "destination", True)
+        sync = self.mode == "sync"
+        mv = (_client.VERSION_NEXT if sync else 0) if min_version is None else int(min_version)
+        req = self._live().submit(_client.PULL, idx, None, arrs, 0, mv, self._clock,
+                                  self._timeout(timeout))
+        r = Request(req, _client.PULL, into, self)
+        return r.wait() if wait else r
+
+    def push(self, grads: Arrays, *, wait: bool = True, step: Optional[int] = None,
+             timeout: Optional[float] = None) -> Any:
+        """Send gradients from the arrays of ``grads`` (dict name -> array, or a list of
+        one per declared tensor). Sync mode tags each shard's push with the version last
+        pulled from it (the barrier of that step counts it); async and ssp tag it with
+        ``clock`` (or ``step``). Returns a PushResult, or with ``wait=False`` a Request; do
+        not change the arrays until it is done. Several pushes in flight (one per tensor,
+        as backpropagation produces them) are applied in submission order on every shard.
+        """
+        idx, arrs = self._select(grads, "gradient", False)
+        with self._lock:
+            st = (_client.STEP_PULLED if self.mode == "sync" else self._clock) \
+                if step is None else int(step)
+            req = self._live().submit(_client.PUSH, idx, arrs, None, st, 0, self._clock,
+                                      self._timeout(timeout))
+            self._advance(idx)
+        r = Request(req, _client.PUSH, None, self)
+        return r.wait() if wait else r
+
+    def push_pull(self, grads: Arrays, into: Arrays, *, wait: bool = True,
+                  step: Optional[int] = None, timeout: Optional[float] = None) -> Any:
+        """Push ``grads`` and pull the next parameters into ``into`` in one round trip
+        (each shard applies the push before it answers the pull; sync: waits for the
+        version the push takes part in). ``grads`` and ``into`` must cover the same
+        tensors and must not share memory. Returns a PushResult (its ``version`` is the
+        pulled one), or with ``wait=False`` a Request."""
+        gidx, garrs = self._select(grads, "gradient", False)
+        didx, darrs = self._select(into, "destination", True)
+        if gidx != didx:
+            raise ValueError("push_pull: grads and into must name the same tensors")
+        sync = self.mode == "sync"
+        with self._lock:
+            st = (_client.STEP_PULLED if sync else self._clock) if step is None else int(step)
+            req = self._live().submit(_client.PUSH_PULL, gidx, garrs, darrs, st,
+                                      _client.VERSION_NEXT if sync else 0, self._clock + 1,
+                                      self._timeout(timeout))
+            self._advance(gidx)
+        r = Request(req, _client.PUSH_PULL, into, self)
+        return r.wait() if wait else r
+
+    def in_flight(self) -> int:
+        """Requests submitted whose completion was not yet seen."""
+        return self._live().inflight()
+
+    # --- progress, status, admin ---------------------------------------------------------
+
+    def set_progress(self, step: int, loss: float = 0.0, examples_per_sec: float = 0.0,
+                     epoch_progress: float = 0.0, done: bool = False) -> None:
+        """Progress carried by the next heartbeats (psctl status shows it); ``done=True``
+        makes the worker leave the job's sync barriers."""
+        self._live().set_progress(int(step), float(loss), float(examples_per_sec),
+                                  float(epoch_progress), bool(done))
+
+    def heartbeat(self) -> None:
+        """Send a heartbeat to every ready shard now and wait for the replies."""
+        self._live().heartbeat()
+
+    def status(self, shard: Optional[int] = None) -> Union[ShardStatus, List[ShardStatus]]:
+        """One shard's status, or (shard None) every shard's, in shard order."""
+        c = self._live()
+        if shard is not None:
+            return ShardStatus._from_dict(c.status(int(shard)))
+        return [ShardStatus._from_dict(c.status(i)) for i in range(c.info()["num_shards"])]
+
+    def checkpoint(self, shard: int) -> Tuple[str, int]:
+        """Admin: have shard write a checkpoint now; returns (path, step)."""
+        return self._live().checkpoint(int(shard))
+
+    def shutdown(self, shard: int, checkpoint: bool = True) -> str:
+        """Admin: stop shard (after a final checkpoint when asked and the job keeps them);
+        returns the final checkpoint's path ("" when none)."""
+        return self._live().shutdown(int(shard), bool(checkpoint))
+
+    def __repr__(self) -> str:
+        state = "closed" if self._c is None else f"{len(self._names)} tensor(s)"
+        return f"<tessera.Client task={self.task} {state}>"
+
+
+def _log(level: int, msg: str) -> None:
+    logger.log(_LEVELS.get(level, logging.INFO), "%s", msg)

@@ -363,10 +363,12 @@ int ts_client_declare(ts_client_t *c, const ts_client_tensor_t *tensors, size_t 
     ts_cl_err(errmsg, errlen, "no shard has answered yet, so the partition size is unknown");
     return TS_EUNAVAIL;
   }
+  /* No re-declare on reconnect while the model changes: the client thread reads `declared`
+   * and encodes the model under the mutex (ts_client_link.c), so it never sees it freed. */
   uv_mutex_lock(&c->mu);
-  c->declared = false; /* no re-declare on reconnect while the model changes */
-  uv_mutex_unlock(&c->mu);
+  c->declared = false;
   ts_cl_free_model(c);
+  uv_mutex_unlock(&c->mu);
   int rc = TS_ENOMEM;
   uint64_t *elems = ts_calloc(n, sizeof *elems);
   c->decl_t = ts_calloc(n, sizeof *c->decl_t);
@@ -412,12 +414,12 @@ int ts_client_declare(ts_client_t *c, const ts_client_tensor_t *tensors, size_t 
   elems = NULL;
   ts_cl_op_t op = {.kind = OP_DECLARE, .wait_ready = true};
   rc = ts_cl_run_op(c, &op, errmsg, errlen);
-  if (rc == 0) {
-    /* From now on a reconnect re-declares (the loop thread reads this after the op). */
-    uv_mutex_lock(&c->mu);
-    c->declared = true;
-    uv_mutex_unlock(&c->mu);
-  }
+  uv_mutex_lock(&c->mu);
+  if (rc == 0)
+    c->declared = true; /* from now on a reconnect re-declares */
+  else
+    ts_cl_free_model(c); /* refused: no plan, so requests fail with ENOTDECLARED */
+  uv_mutex_unlock(&c->mu);
   return rc;
 fail:
   if (rc == TS_ENOMEM) ts_cl_err(errmsg, errlen, "out of memory");

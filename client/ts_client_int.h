@@ -32,7 +32,13 @@
 #define TS_CL_MAX_DATA (UINT64_C(1) << 40)
 
 /* ts_client_req_t.priv_state */
-enum { TS_CL_REQ_IDLE = 0, TS_CL_REQ_INFLIGHT = 1, TS_CL_REQ_INFLIGHT_CB = 2, TS_CL_REQ_DONE = 3 };
+enum {
+  TS_CL_REQ_IDLE = 0,        /* never submitted, or its submit was refused */
+  TS_CL_REQ_INFLIGHT = 1,    /* submitted, no callback: ts_client_wait may wait */
+  TS_CL_REQ_INFLIGHT_CB = 2, /* submitted with a callback */
+  TS_CL_REQ_DONE = 3,
+  TS_CL_REQ_SUBMITTING = 4,  /* claimed by a ts_client_submit still checking it */
+};
 
 typedef enum {
   OP_DECLARE, OP_PULL, OP_PUSH, OP_PUSH_PULL, OP_HEARTBEAT, OP_STATUS, OP_CHECKPOINT, OP_SHUTDOWN

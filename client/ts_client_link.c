@@ -211,10 +211,16 @@ static void handle_handshake_reply(ts_cl_shard_t *sh, const Tessera__HandshakeRe
   bool declared = c->declared;
   uv_mutex_unlock(&c->mu);
   if (declared) {
-    /* A restarted shard has no model: declare it again before anything else. */
+    /* A restarted shard has no model: declare it again before anything else. The model is
+     * encoded (send_req) under the mutex, so a ts_client_declare replacing it meanwhile
+     * waits, or has cleared `declared` first and nothing is sent. */
     ts_cl_set_state(c, sh, SH_DECLARING);
-    if (ts_cl_submit_wire(c, sh, NULL, TS_MSG_DECLARE, NULL, 0) < 0) ts_conn_close(&sh->link->conn, TS_ENOMEM);
-    return;
+    uv_mutex_lock(&c->mu);
+    int rc = c->declared ? ts_cl_submit_wire(c, sh, NULL, TS_MSG_DECLARE, NULL, 0) : 0;
+    bool still = c->declared;
+    uv_mutex_unlock(&c->mu);
+    if (rc < 0) ts_conn_close(&sh->link->conn, TS_ENOMEM);
+    if (rc < 0 || still) return;
   }
   became_ready(sh);
 }

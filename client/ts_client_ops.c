@@ -134,9 +134,39 @@ static void finish_op(ts_client_t *c, ts_cl_op_t *op) {
   publish_op(c, op);
 }
 
+static bool on_list(const ts_cl_wreq_t *head, const ts_cl_wreq_t *r) {
+  for (; head; head = head->next)
+    if (head == r) return true;
+  return false;
+}
+
+/* The caller owns its buffers again once op is published, but a request that ends early
+ * may still have the connection using them: a push's payload not yet all handed to the
+ * kernel (ts_conn_send writes straight from the caller's memory), or a pull reply being
+ * read into the caller's dst. Such a connection is closed now: uv_close stops every read
+ * into, and write from, that memory before this loop turn ends. The shard is reconnected in
+ * the background; requests in flight on it fail with ECLOSED. (Any bytes still queued count
+ * as the push's: closing one connection too many only costs a reconnect.) */
+static void release_caller_memory(ts_cl_op_t *op, const char *msg) {
+  for (ts_cl_wreq_t *r = op->reqs; r; r = r->op_next) {
+    ts_cl_shard_t *sh = r->sh;
+    if (!sh->link || !on_list(sh->pending, r)) continue;
+    ts_conn_t *conn = &sh->link->conn;
+    if (conn->closing) continue;
+    bool writing = r->type == TS_MSG_PUSH && ts_conn_write_queue(conn) > 0;
+    bool reading = r->type == TS_MSG_PULL && conn->state == TS_CONN_READ_DATA && r->iov &&
+                   conn->dst == r->iov;
+    if (!writing && !reading) continue;
+    snprintf(conn->errmsg, sizeof conn->errmsg, "%.150s; closed: the request's %s",
+             msg, writing ? "push was still being sent" : "pull reply was still arriving");
+    ts_conn_close(conn, TS_ETIMEDOUT);
+  }
+}
+
 /* End op before every request is answered (deadline, interrupt, close): each part still
  * out fails with rc, and msg says why. */
 static void abort_op(ts_client_t *c, ts_cl_op_t *op, int rc, const char *msg) {
+  release_caller_memory(op, msg);
   if (!op->reqs) {
     op_fail(op, TS_MSG_PUSH, rc, msg);
     op_fail(op, TS_MSG_PULL, rc, msg);
@@ -416,7 +446,8 @@ static void start_op(ts_client_t *c, ts_cl_op_t *op) {
         break;
       }
       case OP_HEARTBEAT:
-        rc = ts_cl_submit_wire(c, sh, op, TS_MSG_HEARTBEAT, NULL, 0);
+        /* To the ready shards only: one reconnecting does not make the call fail. */
+        if (sh->state == SH_READY) rc = ts_cl_submit_wire(c, sh, op, TS_MSG_HEARTBEAT, NULL, 0);
         break;
       case OP_STATUS:
         if (s == op->shard) rc = ts_cl_submit_wire(c, sh, op, TS_MSG_STATUS, NULL, 0);

@@ -155,8 +155,12 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
     /* Not ours to write into: its layout is unknown. */
     return TS_EINVAL;
   }
+  /* Claim the request first: of two threads submitting it at once, one gets EBUSY. */
   int state = req_state(req);
-  if (state == TS_CL_REQ_INFLIGHT || state == TS_CL_REQ_INFLIGHT_CB) return TS_EBUSY;
+  if ((state != TS_CL_REQ_IDLE && state != TS_CL_REQ_DONE) ||
+      !__atomic_compare_exchange_n(&req->priv_state, &state, TS_CL_REQ_SUBMITTING, false,
+                                   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return TS_EBUSY;
   if (!c) return refuse(req, TS_EINVAL, "no client");
   if (req->kind != TS_CLIENT_PULL && req->kind != TS_CLIENT_PUSH && req->kind != TS_CLIENT_PUSH_PULL)
     return refuse(req, TS_EINVAL, "unknown request kind");
@@ -197,12 +201,22 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
                    __ATOMIC_RELEASE);
   if (ts_cl_enqueue(c, op) < 0) {
     ts_cl_free_op(op);
-    return refuse(req, TS_ESHUTDOWN, c->interrupted ? "interrupted" : "client closed");
+    /* A thread may already wait for it (it saw INFLIGHT): wake it, under the mutex its
+     * wait sleeps on, to find the refusal. */
+    uv_mutex_lock(&c->mu);
+    rc = refuse(req, TS_ESHUTDOWN, c->interrupted ? "interrupted" : "client closed");
+    uv_cond_broadcast(&c->cv);
+    uv_mutex_unlock(&c->mu);
+    return rc;
   }
   return 0;
 }
 
-static bool req_done(void *arg) { return req_state(arg) == TS_CL_REQ_DONE; }
+/* Done, or refused after a waiter saw it in flight (its submit found the client closing). */
+static bool req_done(void *arg) {
+  int state = req_state(arg);
+  return state == TS_CL_REQ_DONE || state == TS_CL_REQ_IDLE;
+}
 
 int ts_client_wait(ts_client_t *c, ts_client_req_t *req) {
   if (!c || !req || req->struct_size != sizeof *req) return TS_EINVAL;
@@ -217,7 +231,7 @@ int ts_client_wait(ts_client_t *c, ts_client_req_t *req) {
 int ts_client_run(ts_client_t *c, ts_client_req_t *req) {
   if (c && req && req->struct_size == sizeof *req && ts_cl_on_client_thread(c)) {
     int state = req_state(req);
-    if (state == TS_CL_REQ_INFLIGHT || state == TS_CL_REQ_INFLIGHT_CB) return TS_EBUSY;
+    if (state != TS_CL_REQ_IDLE && state != TS_CL_REQ_DONE) return TS_EBUSY;
     return refuse(req, TS_EINVAL, "a blocking call cannot be made on the client thread");
   }
   int rc = ts_client_submit(c, req, NULL, NULL);

@@ -353,7 +353,11 @@ TS_CLIENT_API void ts_client_req_init(ts_client_req_t *req, ts_client_req_kind_t
  *   TS_CLIENT_ENOMEM.
  * A request in flight waits for shards that are not connected yet (reconnecting), up to
  * its deadline; it fails with TS_CLIENT_ETIMEDOUT when the deadline passes, and with
- * TS_CLIENT_ECLOSED when a connection is lost under it.
+ * TS_CLIENT_ECLOSED when a connection is lost under it. Once it is done (callback or wait),
+ * the library no longer touches its buffers, also when it ended early: a shard connection
+ * still sending a push's payload from grad, or reading a pull reply into dst, is closed
+ * first (and re-established in the background; other requests in flight on it fail with
+ * TS_CLIENT_ECLOSED).
  *
  * PUSH_PULL: each shard is sent its push and its pull back to back, without waiting for
  * the push's reply, and handles them in order, so the pull sees the push applied (sync:

@@ -7,6 +7,7 @@
  */
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -371,11 +372,80 @@ static void test_invalid_arguments(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* --- a request that ends early gives its memory back ----------------------------------- */
+
+/* A large push to a stopped shard times out with most of its payload still queued; the
+ * caller, told it is done, reuses the gradient buffer at once. The shard, resumed, must
+ * never see those new values: the client closes the connection before handing the buffer
+ * back, so the shard gets half a push and a close (and applies nothing of it). Without
+ * that, the rest of the push would go out of the reused buffer and be applied. */
+typedef struct {
+  atomic_int done;
+  float *buf;
+  size_t n;
+  float refill;
+} reuse_t;
+
+static void on_done_reuse(ts_client_req_t *req, void *arg) {
+  (void)req;
+  reuse_t *u = arg;
+  for (size_t i = 0; i < u->n; i++) u->buf[i] = u->refill;
+  atomic_store(&u->done, 1);
+}
+
+static void test_abandoned_push_releases_buffer(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1,
+                                    "job = { mode = \"async\"; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 1.0; };"),
+                   0);
+  ts_client_t *cl = open_client(&c, false);
+  static const uint64_t big_shape[] = {UINT64_C(16) << 20}; /* 64 MiB of floats */
+  const ts_client_tensor_t big = {.name = "big", .shape = big_shape, .rank = 1,
+                                  .init = TS_CLIENT_INIT_ONES};
+  char err[512];
+  assert_int_equal(ts_client_declare(cl, &big, 1, 7, err, sizeof err), 0);
+  size_t n = (size_t)big_shape[0];
+  float *g = calloc(n, sizeof *g); /* zeros: pushing them changes nothing */
+  assert_non_null(g);
+  ts_cluster_signal(&c, 0, SIGSTOP);
+  reuse_t u = {.buf = g, .n = n, .refill = 1000.0f};
+  const float *const grads[1] = {g};
+  ts_client_req_t q;
+  ts_client_req_init(&q, TS_CLIENT_PUSH);
+  q.grad = grads;
+  q.timeout_s = 0.3;
+  assert_int_equal(ts_client_submit(cl, &q, on_done_reuse, &u), 0);
+  while (!atomic_load(&u.done)) usleep(1000);
+  assert_int_equal(q.rc, TS_CLIENT_ETIMEDOUT);
+  ts_cluster_signal(&c, 0, SIGCONT);
+  /* The client reconnects; every parameter is still its initial 1. */
+  float *w = malloc(n * sizeof *w);
+  assert_non_null(w);
+  float *const dst[1] = {w};
+  int rc = -1;
+  for (int i = 0; i < 100 && rc != 0; i++) {
+    rc = tc_pull(cl, dst, 0, 0, NULL, err, sizeof err);
+    if (rc != 0) usleep(50 * 1000);
+  }
+  assert_int_equal(rc, 0);
+  size_t changed = 0;
+  for (size_t i = 0; i < n; i++) changed += w[i] != 1.0f;
+  if (changed) fprintf(stderr, "%zu of %zu parameters changed by a push of zeros\n", changed, n);
+  assert_int_equal(changed, 0);
+  free(w);
+  free(g);
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_per_tensor_pushes_in_flight),
       cmocka_unit_test(test_pull_pipelined_behind_push),
       cmocka_unit_test(test_invalid_arguments),
+      cmocka_unit_test(test_abandoned_push_releases_buffer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

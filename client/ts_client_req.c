@@ -173,7 +173,9 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
   if (rc == 0) rc = make_subset(plan, req, op, covered, &why);
   if (rc == 0) rc = check_buffers(plan, req, covered, &why);
   ts_free(covered);
-  if (rc == 0 && req->kind == TS_CLIENT_PUSH_PULL &&
+  /* What a pull takes becomes each shard's last pulled version only when the whole request
+   * succeeds, so a retry after a failure asks for the same versions (client.h). */
+  if (rc == 0 && req->kind != TS_CLIENT_PUSH &&
       !(op->stage = ts_calloc(c->n, sizeof *op->stage))) {
     rc = TS_ENOMEM;
     why = "out of memory";

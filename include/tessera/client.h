@@ -364,7 +364,9 @@ TS_CLIENT_API void ts_client_req_init(ts_client_req_t *req, ts_client_req_kind_t
  * waits for the version the push takes part in). When it fails, dst's content is
  * unspecified and the shards' last pulled versions are left as they were, so the
  * STEP_PULLED push / VERSION_NEXT pull a caller retries with are tagged and wait as the
- * first attempt's were. A PULL that fails leaves dst unspecified too. */
+ * first attempt's were. A PULL that fails likewise leaves dst unspecified and the last
+ * pulled versions as they were (some shards may have answered: a VERSION_NEXT retry still
+ * asks every shard for the version after the last successful pull). */
 TS_CLIENT_API int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
                                    void *arg);
 

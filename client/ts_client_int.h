@@ -155,7 +155,8 @@ struct ts_client {
   uv_cond_t cv;
   ts_cl_op_t *queue_head, *queue_tail; /* mu */
   bool stop;                     /* mu */
-  volatile sig_atomic_t interrupted; /* set by ts_client_interrupt, from a signal handler */
+  atomic_int interrupted;         /* set by ts_client_interrupt, from a signal handler (a
+                                    lock-free atomic: safe there, and across threads) */
   ts_cl_op_t *inflight;          /* loop thread */
   uint64_t activity, activity_seen; /* loop thread: frames and hand-overs, for ts_poll */
   ts_cl_shard_t *shards;
@@ -178,7 +179,7 @@ struct ts_client {
   uint64_t p_step;               /* mu: progress for heartbeats */
   double p_loss, p_eps, p_prog;
   bool p_done;
-  double timeout_s;
+  _Atomic double timeout_s;      /* ts_client_set_timeout may change it from any thread */
   uint64_t restarts;             /* mu */
 };
 

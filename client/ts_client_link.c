@@ -43,6 +43,12 @@ void ts_cl_note_why(ts_cl_shard_t *sh, const char *prefix, const char *detail) {
   uv_mutex_unlock(&sh->cl->mu);
 }
 
+static void clear_why(ts_cl_shard_t *sh) {
+  uv_mutex_lock(&sh->cl->mu);
+  sh->why[0] = 0;
+  uv_mutex_unlock(&sh->cl->mu);
+}
+
 /* --- connection lifecycle ----------------------------------------------------------- */
 
 static void on_retry(uv_timer_t *t) {
@@ -114,7 +120,7 @@ void ts_cl_start_connect(ts_cl_shard_t *sh) {
   sh->link = l;
   ts_cl_set_state(sh->cl, sh, SH_CONNECTING);
   sh->state_ms = loop_now(c);
-  sh->why[0] = 0;
+  clear_why(sh);
   int rc = uv_tcp_connect(&l->creq, &l->conn.handle, (const struct sockaddr *)&sh->sa, on_connect);
   if (rc < 0) {
     ts_cl_note_why(sh, "", uv_strerror(rc));
@@ -196,7 +202,7 @@ static void handle_hello(ts_cl_shard_t *sh, const Tessera__Hello *m) {
 static void became_ready(ts_cl_shard_t *sh) {
   sh->backoff_ms = 0;
   sh->rx_ms = loop_now(sh->cl);
-  sh->why[0] = 0;
+  clear_why(sh);
   ts_cl_set_state(sh->cl, sh, SH_READY);
   ts_cl_flush_queued(sh);
 }

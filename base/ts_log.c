@@ -1,6 +1,7 @@
 #include "ts_log.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,56 @@ static const char *const level_names[] = {
     [TS_LOG_CRIT] = "crit", [TS_LOG_ERR] = "error", [TS_LOG_WARN] = "warning",
     [TS_LOG_NOTICE] = "notice", [TS_LOG_INFO] = "info", [TS_LOG_DEBUG] = "debug",
 };
+
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 when s does not start one (a stray
+ * continuation byte, an overlong form, a surrogate, a value past U+10FFFF, a cut sequence). */
+static size_t utf8_len(const unsigned char *s) {
+  unsigned char c = s[0];
+  size_t n;
+  uint32_t min, v;
+  if (c < 0x80) return 1;
+  if (c >= 0xc2 && c <= 0xdf) n = 2, min = 0x80, v = c & 0x1f;
+  else if (c >= 0xe0 && c <= 0xef) n = 3, min = 0x800, v = c & 0x0f;
+  else if (c >= 0xf0 && c <= 0xf4) n = 4, min = 0x10000, v = c & 0x07;
+  else return 0;
+  for (size_t i = 1; i < n; i++) {
+    if ((s[i] & 0xc0) != 0x80) return 0; /* also stops at the NUL */
+    v = (v << 6) | (s[i] & 0x3f);
+  }
+  if (v < min || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff)) return 0;
+  return n;
+}
+
+size_t ts_log_escape(const char *in, char *out, size_t outlen) {
+  if (outlen == 0) return 0;
+  static const char hex[] = "0123456789abcdef";
+  const unsigned char *s = (const unsigned char *)in;
+  size_t o = 0;
+  while (*s) {
+    size_t n = utf8_len(s);
+    char esc[4];
+    const char *piece = (const char *)s;
+    size_t plen = n;
+    if (n == 1 && (*s < 0x20 || *s == 0x7f || *s == '\\')) n = 0;
+    if (n == 0) {
+      if (*s == '\\') {
+        esc[0] = esc[1] = '\\';
+        plen = 2;
+      } else {
+        esc[0] = '\\', esc[1] = 'x', esc[2] = hex[*s >> 4], esc[3] = hex[*s & 15];
+        plen = 4;
+      }
+      piece = esc;
+      n = 1;
+    }
+    if (o + plen >= outlen) break;
+    memcpy(out + o, piece, plen);
+    o += plen;
+    s += n;
+  }
+  out[o] = '\0';
+  return o;
+}
 
 bool ts_log_parse_level(const char *s, ts_log_level_t *out) {
   static const struct {
@@ -66,13 +117,14 @@ bool ts_log_enabled(ts_log_level_t level) {
 
 void ts_log(ts_log_level_t level, const char *fmt, ...) {
   if (!ts_log_enabled(level)) return;
-  char line[2048];
+  char raw[2048], line[2048 + 64];
   int n;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(raw, sizeof raw, fmt, ap);
+  va_end(ap);
   if (tl_sink && !tl_in_sink) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
+    ts_log_escape(raw, line, sizeof line);
     tl_in_sink = true;
     tl_sink(tl_sink_arg, level, line);
     tl_in_sink = false;
@@ -89,13 +141,8 @@ void ts_log(ts_log_level_t level, const char *fmt, ...) {
                  tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                  ts.tv_nsec / 1000000, log_name, level_names[level]);
   }
-  if (n < 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
-  va_end(ap);
-  size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
-  if (len > sizeof line - 2) len = sizeof line - 2;
+  if (n < 0 || (size_t)n >= sizeof line - 1) return;
+  size_t len = (size_t)n + ts_log_escape(raw, line + n, sizeof line - (size_t)n - 1);
   line[len++] = '\n';
   ssize_t w = write(STDERR_FILENO, line, len);
   (void)w;

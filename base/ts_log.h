@@ -5,11 +5,16 @@
  * When JOURNAL_STREAM is set (the process runs under systemd with stderr on the journal) the
  * timestamp is left out and the line starts with journald's `<N>` priority prefix instead.
  * Thread-safe: each line is formatted into a buffer and written with one write(2).
+ *
+ * Every message is escaped before it is written (ts_log_escape): many carry strings a peer
+ * chose (a worker's identity, a tensor's name, a detail from an error reply), and a newline
+ * in one must not forge a line (or, under journald, a priority) of its own.
  */
 #ifndef TS_LOG_H
 #define TS_LOG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 typedef enum {
   TS_LOG_CRIT = 2,
@@ -24,6 +29,13 @@ typedef enum {
  * Reads JOURNAL_STREAM and TS_LOG_LEVEL (crit|err|warn|notice|info|debug) from the
  * environment. May be called again, for example once the shard index is known. */
 void ts_log_init(const char *name, ts_log_level_t level);
+
+/* Copy in to out (outlen bytes, always NUL-terminated when outlen > 0) with every byte that
+ * could break a log line written as \xNN: control characters (newline, carriage return,
+ * ESC ...), DEL, and bytes that are not part of valid UTF-8; a backslash becomes \\.
+ * Valid UTF-8 text passes unchanged. Returns the length written (truncated at a whole
+ * escape). */
+size_t ts_log_escape(const char *in, char *out, size_t outlen);
 
 /* Parse a level name; returns false for an unknown one. */
 bool ts_log_parse_level(const char *s, ts_log_level_t *out);

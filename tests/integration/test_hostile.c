@@ -283,6 +283,26 @@ static void test_frame_before_handshake(void **state) {
   good_client_still_served(f);
 }
 
+/* A worker identity (a string the peer chooses, logged when it joins) with a newline, a
+ * journald priority, ESC and invalid UTF-8 forges no log line: it is written escaped. */
+static void test_identity_cannot_forge_log_lines(void **state) {
+  fixture_t *f = *state;
+  int fd = ts_raw_worker(f->c.port[0], 1, "evil\n<2>ps-server[0] crit: forged\x1b[2J\xff");
+  assert_true(fd >= 0);
+  close(fd);
+  good_client_still_served(f);
+  assert_logged(f, "(evil\\x0a<2>ps-server[0] crit: forged\\x1b[2J\\xff)");
+  char *log = ts_cluster_log(&f->c, 0);
+  assert_non_null(log);
+  for (const char *line = log; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+    if (strncmp(line, "<2>", 3) == 0 || strncmp(line, "ps-server[0] crit", 17) == 0) {
+      fprintf(stderr, "a forged line:\n%s\n", log);
+      fail();
+    }
+  assert_null(strchr(log, 0x1b));
+  free(log);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_random_bytes),
@@ -294,6 +314,7 @@ int main(void) {
       cmocka_unit_test(test_push_undeclared_tensor),
       cmocka_unit_test(test_nonfinite_gradient),
       cmocka_unit_test(test_frame_before_handshake),
+      cmocka_unit_test(test_identity_cannot_forge_log_lines),
   };
   return cmocka_run_group_tests_name("hostile", tests, setup, teardown);
 }

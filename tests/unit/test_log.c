@@ -55,7 +55,44 @@ static void test_thread_sink(void **state) {
   assert_int_equal(cap.lines, 1);
 }
 
+/* Peer-chosen strings cannot forge a line: control bytes, DEL, backslashes and invalid
+ * UTF-8 come out as escapes; valid UTF-8 passes. */
+static void test_escape(void **state) {
+  (void)state;
+  char out[256];
+  assert_int_equal(ts_log_escape("plain text", out, sizeof out), 10);
+  assert_string_equal(out, "plain text");
+  ts_log_escape("w1\n2026-11-30T00:00:00.000Z ps-server[0] crit: forged", out, sizeof out);
+  assert_string_equal(out, "w1\\x0a2026-11-30T00:00:00.000Z ps-server[0] crit: forged");
+  ts_log_escape("\x1b[31mred\r\t\x7f", out, sizeof out);
+  assert_string_equal(out, "\\x1b[31mred\\x0d\\x09\\x7f");
+  ts_log_escape("a\\b", out, sizeof out);
+  assert_string_equal(out, "a\\\\b");
+  /* UTF-8: kept when valid (é, €, 😀); a stray continuation byte, an overlong '/', a
+   * surrogate and a cut sequence are escaped byte by byte. */
+  ts_log_escape("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", out, sizeof out);
+  assert_string_equal(out, "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  ts_log_escape("\x80|\xc0\xaf|\xed\xa0\x80|\xe2\x82", out, sizeof out);
+  assert_string_equal(out, "\\x80|\\xc0\\xaf|\\xed\\xa0\\x80|\\xe2\\x82");
+  /* Truncation keeps whole escapes and always terminates. */
+  assert_int_equal(ts_log_escape("\n\n\n", out, 9), 8);
+  assert_string_equal(out, "\\x0a\\x0a");
+  assert_int_equal(ts_log_escape("abc", out, 1), 0);
+  assert_string_equal(out, "");
+}
+
+/* The sink gets the escaped line too. */
+static void test_sink_escaped(void **state) {
+  (void)state;
+  capture_t cap = {0};
+  ts_log_set_thread_sink(sink, &cap, TS_LOG_INFO);
+  ts_log_warn("identity '%s'", "evil\n<2>forged");
+  ts_log_set_thread_sink(NULL, NULL, TS_LOG_INFO);
+  assert_string_equal(cap.last, "identity 'evil\\x0a<2>forged'");
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_thread_sink)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_thread_sink), cmocka_unit_test(test_escape),
+                                     cmocka_unit_test(test_sink_escaped)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

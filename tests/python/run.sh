@@ -27,8 +27,9 @@ if [ ! -x "$build/server/ps-server" ]; then
 fi
 
 py=${PYTHON:-python3}
-# The packages the tests need besides the build requirements of python/pyproject.toml.
-reqs="meson-python>=0.15 meson>=0.63.3 ninja numpy pytest"
+# The packages the tests need besides the build requirements of python/pyproject.toml;
+# tensorflow-cpu for tessera.keras (tests/python/test_keras*.py skip without it).
+reqs="meson-python>=0.15 meson>=0.63.3 ninja numpy pytest tensorflow-cpu>=2.16"
 key=$( { cat python/pyproject.toml tests/python/run.sh; "$py" -c 'import sys; print(sys.version)'; echo "$reqs"; } |
   sha256sum | cut -c1-16)
 venv=${TESSERA_VENV:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/tessera/venv-$key}

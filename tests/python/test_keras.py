@@ -1,27 +1,18 @@
 """tessera.keras: Keras 3 models trained on real shards.
 
 Skipped (with the reason printed by run.sh's -rs) where TensorFlow cannot be imported.
-The CNN runs (examples/python/keras_fashion_mnist.py, 2 shards x 2 worker processes) take
-about a minute each on 2 cores; they need Debian's dataset-fashion-mnist.
+The example CNN's runs are in test_keras_cnn.py.
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-import re
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tessera
-from conftest import ROOT
 
-EXAMPLE = ROOT / "examples" / "python" / "keras_fashion_mnist.py"
-DATA = Path("/usr/share/datasets/fashion-mnist")
 
 
 def _tf_importable() -> str:
@@ -38,50 +29,8 @@ def _tf_importable() -> str:
 _why = _tf_importable()
 pytestmark = pytest.mark.skipif(bool(_why), reason=_why or "-")
 
-needs_data = pytest.mark.skipif(not (DATA / "t10k-labels-idx1-ubyte.gz").exists(),
-                                reason=f"{DATA} missing (Debian's dataset-fashion-mnist)")
-
-ADAM = 'optimizer = { name = "adam"; learning_rate = 0.001; epsilon = 1e-7; };\n'
-
-
-def _job(mode: str, batch: int, epochs: int = 1, max_steps: int = 0) -> str:
-    return (f'job = {{ mode = "{mode}"; partition_bytes = 131072; sync_timeout_s = 60.0; '
-            f'heartbeat_timeout_s = 60.0; }};\n' + ADAM +
-            f'model = {{ seed = 42; }};\n'
-            f'train = {{ batch_size = {batch}; epochs = {epochs}; max_steps = {max_steps}; }};\n')
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location("keras_fashion_mnist", EXAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _run_workers(config: Path, workers: int, extra=(), timeout: float = 600):
-    env = dict(os.environ, OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
-               TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    procs = [subprocess.Popen([sys.executable, str(EXAMPLE), "-c", str(config), "--task",
-                               str(t), "--threads", "1", *extra], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
-             for t in range(workers)]
-    res = []
-    for t, p in enumerate(procs):
-        out, err = p.communicate(timeout=timeout)
-        assert p.returncode == 0, f"worker {t}: rc {p.returncode}\n{err[-4000:]}"
-        m = re.search(r"^done: task=(\d+) steps=(\d+) examples=(\d+) loss=([0-9.nan]+) "
-                      r"test_accuracy=([0-9.]+) examples_per_sec=([0-9.]+)$", out, re.M)
-        assert m, out + err[-2000:]
-        assert int(m.group(1)) == t
-        res.append({"steps": int(m.group(2)), "examples": int(m.group(3)),
-                    "loss": float(m.group(4)), "acc": float(m.group(5)),
-                    "eps": float(m.group(6))})
-    return res
-
-
 # --- the package without TensorFlow ------------------------------------------------------
 
-@pytest.mark.skipif(False, reason="")
 def test_import_tessera_does_not_import_tensorflow():
     code = ("import sys, tessera; assert 'tensorflow' not in sys.modules; "
             "sys.modules['tensorflow'] = None\n"

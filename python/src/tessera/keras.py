@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from . import client as _client_mod
-from ._errors import ShapeError, TesseraError
+from ._errors import ShapeError
 
 try:  # lazily: tessera itself does not need TensorFlow
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")

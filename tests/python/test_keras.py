@@ -149,3 +149,26 @@ def test_optimizer_from_job_file_and_bad_arguments(cluster):
     with tessera.Client(str(cl.config), task=0) as c:
         with pytest.raises(TypeError):
             tk.Optimizer(c, task=1)
+
+
+def test_worker_identity_from_tf_config(cluster, monkeypatch):
+    """No task given: the optimizer's client takes the worker index (and the cluster) from
+    TF_CONFIG, as TensorFlow's distributed training reads it."""
+    import json
+    import keras
+    import tessera.keras as tk
+    cl = cluster(2, 2, 'job = { mode = "async"; };\n')
+    tf_config = {"cluster": {"ps": cl.addrs, "worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                 "task": {"type": "worker", "index": 1}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    opt = tk.optimizer(str(cl.config))
+    try:
+        assert opt.client.task == 1 and opt.client.num_workers == 2
+        m = _mlp(keras)
+        m.compile(optimizer=opt, loss="mse")
+        m.fit(np.ones((4, 4), np.float32), np.ones((4, 2), np.float32), verbose=0)
+        assert opt.tessera_steps == 1
+        st = opt.client.status(0)
+        assert any(w.task == 1 for w in st.workers), st.workers
+    finally:
+        opt.close()

@@ -6,9 +6,12 @@
 #
 #   deploy/local/demo.sh [--mode sync|async|ssp] [--workers N] [--shards N] [--epochs N]
 #                        [--keep]   (keep the logs directory)
+#                        [--keras]  (Keras workers: a CNN, examples/python/keras_fashion_mnist.py,
+#                                    job deploy/local/keras.cfg, 3 epochs unless --epochs;
+#                                    makes or reuses python/venv.sh's venv with TensorFlow)
 set -euo pipefail
 
-mode=sync workers=2 shards=2 epochs=1 keep=0
+mode=sync workers=2 shards=2 epochs= keep=0 keras=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --mode) mode=$2; shift 2 ;;
@@ -16,10 +19,12 @@ while [ $# -gt 0 ]; do
     --shards) shards=$2; shift 2 ;;
     --epochs) epochs=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --keras) keras=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+if [ -z "$epochs" ]; then if [ "$keras" = 1 ]; then epochs=3; else epochs=1; fi; fi
 case "$mode" in sync|async|ssp) ;; *) echo "demo: --mode is sync, async or ssp" >&2; exit 2 ;; esac
 for n in "$workers" "$shards" "$epochs"; do
   [[ "$n" =~ ^[1-9][0-9]?$ ]] || { echo "demo: counts are whole numbers from 1 to 99" >&2; exit 2; }
@@ -36,6 +41,10 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 echo "demo: building"
 meson compile -C "$build" >/dev/null
+if [ "$keras" = 1 ]; then
+  echo "demo: making or reusing the Python venv (tessera + TensorFlow; minutes the first time)"
+  venv=$(python/venv.sh) || { echo "demo: python/venv.sh failed" >&2; exit 1; }
+fi
 
 run=$(mktemp -d /tmp/tessera-demo-XXXXXX)
 pids=()
@@ -75,9 +84,11 @@ sets=(--set "cluster.ps=$(list "${ps_ports[@]}")"
       --set "cluster.workers=$(list "${worker_ports[@]}")"
       --set "job.mode=\"$mode\"" --set "train.epochs=$epochs" --set "train.log_interval_s=0.5")
 cfg="$root/deploy/local/cluster.cfg"
+[ "$keras" = 1 ] && cfg="$root/deploy/local/keras.cfg"
 psctl() { "$build/psctl/psctl" -c "$cfg" "${sets[@]}" "$@"; }
 
-echo "demo: $shards shard(s) + $workers worker(s), $mode mode, $epochs epoch(s) of Fashion-MNIST; logs in $run"
+what=MLP; [ "$keras" = 1 ] && what="Keras CNN"
+echo "demo: $shards shard(s) + $workers $what worker(s), $mode mode, $epochs epoch(s) of Fashion-MNIST; logs in $run"
 for i in $(seq 0 $((shards - 1))); do
   "$build/server/ps-server" -c "$cfg" "${sets[@]}" --shard "$i" 2>"$run/ps-$i.log" &
   pids+=($!)
@@ -85,8 +96,17 @@ done
 for _ in $(seq 100); do psctl health >/dev/null 2>&1 && break; sleep 0.1; done
 psctl health >/dev/null || { echo "demo: the shards did not come up:"; cat "$run"/ps-*.log; exit 1; }
 
+# Keras workers: one TensorFlow thread each when they share the cores.
+threads=$(( $(nproc) / workers )); [ "$threads" -ge 1 ] || threads=1
 for t in $(seq 0 $((workers - 1))); do
-  "$build/worker/ps-worker" -c "$cfg" "${sets[@]}" --task "$t" >"$run/worker-$t.out" 2>"$run/worker-$t.log" &
+  if [ "$keras" = 1 ]; then
+    TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" -u examples/python/keras_fashion_mnist.py \
+      -c "$cfg" "${sets[@]}" --task "$t" --threads "$threads" --verbose 2 \
+      >"$run/worker-$t.out" 2>&1 &
+    ln -sf "worker-$t.out" "$run/worker-$t.log"   # Keras prints its progress on stdout
+  else
+    "$build/worker/ps-worker" -c "$cfg" "${sets[@]}" --task "$t" >"$run/worker-$t.out" 2>"$run/worker-$t.log" &
+  fi
   pids+=($!)
 done
 worker_pids=("${pids[@]:$shards}")
@@ -101,7 +121,8 @@ while :; do
     n=$(wc -l <"$run/worker-$t.log")
     if [ "$n" -gt "${shown[$t]}" ]; then
       tail -n +"$((shown[t] + 1))" "$run/worker-$t.log" | head -n "$((n - shown[t]))" |
-        grep -E ' (step|error|warning|finished)' | sed -E 's/^[0-9T:.-]+Z //; s/^/  /' || true
+        grep -E ' (step|error|warning|finished)|Error|ms/step' | grep -v oneDNN |
+        sed -E 's/^[0-9T:.-]+Z //; s/^/  /' | sed "$([ "$keras" = 1 ] && echo "s/^/  worker $t:/")" || true
       shown[$t]=$n
     fi
   done

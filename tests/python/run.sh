@@ -6,11 +6,9 @@
 #
 # Environment:
 #   TESSERA_BUILD_DIR  the C build with server/ps-server (default: build-test, as tests/run.sh)
-#   TESSERA_VENV       the virtual environment (default: one per set of requirements under
-#                      ~/.cache/tessera/, reused while python/pyproject.toml, this script and
-#                      the Python version are unchanged)
-#   PYTHON             the interpreter to make it with (default python3; needs venv, pip
-#                      and its headers: Debian's python3-venv, python3-pip, python3-dev)
+#   TESSERA_VENV       the virtual environment (default: python/venv.sh's, one per set of
+#                      requirements under ~/.cache/tessera/, with tensorflow-cpu)
+#   PYTHON             the interpreter to make it with (default python3; see python/venv.sh)
 #   PYTEST_ARGS        extra pytest arguments (-k sync, -x ...)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,53 +24,11 @@ if [ ! -x "$build/server/ps-server" ]; then
   exit 1
 fi
 
-py=${PYTHON:-python3}
-# The packages the tests need besides the build requirements of python/pyproject.toml.
-reqs="meson-python>=0.15 meson>=0.63.3 ninja numpy pytest"
-key=$( { cat python/pyproject.toml tests/python/run.sh; "$py" -c 'import sys; print(sys.version)'; echo "$reqs"; } |
-  sha256sum | cut -c1-16)
-venv=${TESSERA_VENV:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/tessera/venv-$key}
-
 t0=$(date +%s)
-if [ ! -f "$venv/.tessera-ready" ]; then
-  echo "== python: making $venv"
-  rm -rf "$venv"
-  mkdir -p "$(dirname "$venv")"
-  if ! "$py" -m venv "$venv" ||
-     ! "$venv/bin/python" -m pip install -q --upgrade pip ||
-     ! "$venv/bin/python" -m pip install -q $reqs; then
-    echo "python: could not make the virtual environment $venv"
-    rm -rf "$venv"
-    done_line 0 1 0
-    exit 1
-  fi
-  touch "$venv/.tessera-ready"
-fi
-touch "$venv/.tessera-ready"
-# Default venvs of other requirements unused for a week go.
-if [ -z "${TESSERA_VENV:-}" ]; then
-  find "$(dirname "$venv")" -mindepth 2 -maxdepth 2 -name .tessera-ready -mtime +7 2>/dev/null |
-    while read -r old; do [ "$(dirname "$old")" != "$venv" ] && rm -rf "$(dirname "$old")"; done
-fi
-
-# Rebuild and reinstall the package only when its sources changed: python/ and the C layers
-# compiled into the extension. The build directory (build-python/, ignored by git) stays,
-# so a rebuild recompiles only what changed. Without build isolation: the build
-# requirements are in the venv already, and nothing is fetched.
-src_key=$( { find python client net proto base config include -type f \
-               ! -path 'python/.mesonpy-*' ! -path '*/__pycache__/*' -print0 | sort -z |
-             xargs -0 sha256sum; echo "$venv"; } | sha256sum | cut -c1-16)
-stamp="$venv/.tessera-src"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$src_key" ]; then
-  echo "== python: building and installing python/ into $venv"
-  rm -f "$stamp"
-  if ! PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps --force-reinstall \
-       -Cbuild-dir="$root/build-python/$key" ./python; then
-    echo "python: pip install ./python failed"
-    done_line 0 1 0
-    exit 1
-  fi
-  echo "$src_key" >"$stamp"
+# The venv (made or reused) with the package installed: python/venv.sh.
+if ! venv=$(python/venv.sh); then
+  done_line 0 1 0
+  exit 1
 fi
 t1=$(date +%s)
 echo "== python: environment ready in $((t1 - t0)) s; pytest tests/python"

@@ -41,7 +41,7 @@ static void usage(FILE *f) {
           "  shutdown    every shard writes a final checkpoint and stops (admin);\n"
           "              --no-checkpoint stops without one\n"
           "\n"
-          "Options:\n"
+          "Options (anywhere on the line: psctl status -o json = psctl -o json status):\n"
           "  -c, --config FILE        the job file (default /etc/tessera/job.cfg)\n"
           "      --set KEY=VALUE      override a key of the job file\n"
           "  -o, -w, --output FORMAT  table (default) or json (a stable schema, see\n"
@@ -344,8 +344,9 @@ int main(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
   int opt, rc = TS_EXIT_USAGE;
-  /* '+': stop at the command, so options may only come before it. */
-  while ((opt = getopt_long(argc, argv, "+c:o:w:hV", longopts, NULL)) != -1) {
+  /* Options anywhere on the line, as kubectl's and etcdctl's: `psctl status -o json` is
+   * `psctl -o json status` (GNU getopt moves the command behind the options). */
+  while ((opt = getopt_long(argc, argv, "c:o:w:hV", longopts, NULL)) != -1) {
     switch (opt) {
       case 'c':
         config_path = optarg;

@@ -67,6 +67,21 @@ static void test_status_json(void **state) {
   assert_true(cJSON_GetObjectItem(w, "last_seen_s")->valuedouble < 5.0);
   cJSON_Delete(j);
 
+  /* Options anywhere on the line, as kubectl's: the same JSON object from every spelling. */
+  const char *const forms[][3] = {{"status", "--output", "json"}, {"-o", "json", "status"},
+                                  {"status", "-o", "json"}};
+  for (size_t f = 0; f < 3; f++) {
+    rc = psctl(&c, forms[f][0], forms[f][1], forms[f][2]);
+    if (rc != 0) fprintf(stderr, "psctl %s %s %s: %s\n", forms[f][0], forms[f][1], forms[f][2], err);
+    assert_int_equal(rc, 0);
+    j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItem(j, "mode")->valuestring, "sync");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "shards")), 2);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "workers")), 1);
+    cJSON_Delete(j);
+  }
+
   /* The table form names every shard and the worker. */
   assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
   assert_non_null(strstr(out, c.addr[0]));

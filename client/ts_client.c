@@ -129,7 +129,12 @@ static int wait_connected(ts_client_t *c, char *errmsg, size_t errlen) {
     int fatal = 0;
     for (uint32_t s = 0; s < c->n; s++) {
       ts_cl_shard_t *sh = &c->shards[s];
-      if (sh->state != SH_READY && !sh->tried) settled = false;
+      /* A shard whose handshake is under way is about to be ready: its handshake reply
+       * marks it tried a moment before it turns ready, and without this an open could
+       * return in between and report a healthy shard as down. */
+      bool midway = sh->state == SH_HELLO || sh->state == SH_HANDSHAKE ||
+                    sh->state == SH_DECLARING;
+      if (sh->state != SH_READY && (!sh->tried || midway)) settled = false;
       if (sh->state != SH_READY && sh->fatal) fatal = sh->fatal;
     }
     if (all_ready || (!opts->require_all && settled)) break;

@@ -156,7 +156,9 @@ static void test_psctl_health(void **state) {
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, 1, NULL), 0);
   const char *argv[] = {ts_psctl_path, "-c", c.config, "health", NULL};
-  assert_int_equal(ts_run_capture(argv, out, sizeof out, err, sizeof err), 0);
+  int rc = ts_run_capture(argv, out, sizeof out, err, sizeof err);
+  if (rc != 0) fprintf(stderr, "psctl health: %s%s", out, err);
+  assert_int_equal(rc, 0);
   assert_non_null(strstr(out, "healthy: 2 of 2 shard(s) up"));
   assert_null(strstr(out, "\033[")); /* not a terminal: no colour */
   ts_cluster_signal(&c, 1, SIGKILL);

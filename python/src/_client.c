@@ -30,338 +30,11 @@
  *
  * Nothing process-wide is changed: no signal handler, no logging configuration.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-
-#include <errno.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-#include <tessera/client.h>
-
-#include "ts_auth.h"
-#include "ts_config.h"
-
-#define SLICE_S 0.1 /* longest wait between two signal checks */
-#define LOGQ_MAX 512
-#define LOGQ_LINE 512
-
-/* --- errors ----------------------------------------------------------------------------- */
-
-static PyObject *error_factory; /* tessera._errors.from_code(code, message) -> exception */
-
-/* Raise the exception of code with message (the library's errmsg, or its strerror). */
-static PyObject *raise_code(int code, const char *msg) {
-  if (!msg || !*msg) msg = ts_client_strerror(code);
-  if (error_factory) {
-    PyObject *exc = PyObject_CallFunction(error_factory, "is", code, msg);
-    if (!exc) return NULL;
-    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-    Py_DECREF(exc);
-    return NULL;
-  }
-  PyErr_Format(PyExc_RuntimeError, "tessera error %d: %s", code, msg);
-  return NULL;
-}
-
-static double mono_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void deadline_in(struct timespec *ts, double s) {
-  clock_gettime(CLOCK_MONOTONIC, ts);
-  long ns = ts->tv_nsec + (long)(s * 1e9);
-  ts->tv_sec += ns / 1000000000L;
-  ts->tv_nsec = ns % 1000000000L;
-}
-
-static void cond_init_mono(pthread_cond_t *cv) {
-  pthread_condattr_t a;
-  pthread_condattr_init(&a);
-  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-  pthread_cond_init(cv, &a);
-  pthread_condattr_destroy(&a);
-}
-
-/* --- the log queue ------------------------------------------------------------------------ */
-
-typedef struct {
-  pthread_mutex_t mu;
-  size_t head, n;
-  uint64_t dropped;
-  struct {
-    int level;
-    char msg[LOGQ_LINE];
-  } line[LOGQ_MAX];
-} logq_t;
-
-static logq_t *logq_new(void) {
-  logq_t *q = calloc(1, sizeof *q);
-  if (q) pthread_mutex_init(&q->mu, NULL);
-  return q;
-}
-
-static void logq_free(logq_t *q) {
-  if (!q) return;
-  pthread_mutex_destroy(&q->mu);
-  free(q);
-}
-
-/* The library's log callback: client thread (or ts_client_close). No Python here. */
-static void logq_push(void *arg, int level, const char *msg) {
-  logq_t *q = arg;
-  pthread_mutex_lock(&q->mu);
-  if (q->n == LOGQ_MAX) { /* full: drop the oldest */
-    q->head = (q->head + 1) % LOGQ_MAX;
-    q->n--;
-    q->dropped++;
-  }
-  size_t i = (q->head + q->n) % LOGQ_MAX;
-  q->line[i].level = level;
-  snprintf(q->line[i].msg, LOGQ_LINE, "%s", msg);
-  q->n++;
-  pthread_mutex_unlock(&q->mu);
-}
-
-/* Hand the queued lines to fn(level, msg) (None: drop them). GIL held. Never fails: an
- * exception of fn is reported as unraisable. */
-static void logq_drain(logq_t *q, PyObject *fn) {
-  if (!q) return;
-  PyObject *saved_type, *saved_value, *saved_tb;
-  PyErr_Fetch(&saved_type, &saved_value, &saved_tb);
-  for (;;) {
-    int level;
-    char msg[LOGQ_LINE + 64];
-    uint64_t dropped;
-    pthread_mutex_lock(&q->mu);
-    dropped = q->dropped;
-    q->dropped = 0;
-    bool have = q->n > 0;
-    if (have) {
-      level = q->line[q->head].level;
-      memcpy(msg, q->line[q->head].msg, LOGQ_LINE);
-      q->head = (q->head + 1) % LOGQ_MAX;
-      q->n--;
-    }
-    pthread_mutex_unlock(&q->mu);
-    if (dropped && fn && fn != Py_None) {
-      char d[96];
-      snprintf(d, sizeof d, "%llu log line(s) dropped (queue full)", (unsigned long long)dropped);
-      PyObject *r = PyObject_CallFunction(fn, "is", TS_CLIENT_LOG_WARN, d);
-      if (!r) PyErr_WriteUnraisable(fn);
-      Py_XDECREF(r);
-    }
-    if (!have) break;
-    if (fn && fn != Py_None) {
-      PyObject *r = PyObject_CallFunction(fn, "is", level, msg);
-      if (!r) PyErr_WriteUnraisable(fn);
-      Py_XDECREF(r);
-    }
-  }
-  PyErr_Restore(saved_type, saved_value, saved_tb);
-}
-
-/* --- helper-thread jobs for the blocking calls ------------------------------------------- */
-
-typedef enum { JOB_OPEN, JOB_DECLARE, JOB_STATUS, JOB_HEARTBEAT, JOB_CHECKPOINT, JOB_SHUTDOWN } job_kind_t;
-
-/* State shared by a Client and its helper threads; freed by the Client once bg is 0. */
-typedef struct {
-  ts_client_t *c;
-  logq_t *logq;
-  atomic_int bg;          /* helper jobs still running on this client */
-  atomic_int declaring;   /* an abandoned declare is still running */
-} shared_t;
-
-typedef struct job {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool done, abandoned;
-  job_kind_t kind;
-  shared_t *sh;           /* NULL for JOB_OPEN */
-  int rc;
-  char errmsg[1024];
-  /* JOB_OPEN */
-  ts_client_opts_t opts;
-  char **addrs;
-  size_t naddrs;
-  char *identity;
-  char *token;
-  logq_t *logq;
-  ts_client_t *opened;
-  /* JOB_DECLARE */
-  ts_client_tensor_t *tensors;
-  uint64_t **shapes;
-  char **names;
-  size_t ntensors;
-  uint64_t seed;
-  /* JOB_STATUS, JOB_CHECKPOINT, JOB_SHUTDOWN */
-  uint32_t shard;
-  bool checkpoint;
-  ts_client_shard_status_t *status;
-  char path[4096];
-  uint64_t step;
-} job_t;
-
-static void job_free(job_t *j) {
-  if (!j) return;
-  if (j->opened) ts_client_close(j->opened); /* an open nobody waited for */
-  if (j->kind == JOB_OPEN && j->logq) logq_free(j->logq);
-  for (size_t i = 0; i < j->naddrs; i++) free(j->addrs[i]);
-  free(j->addrs);
-  free(j->identity);
-  if (j->token) ts_auth_free_token(j->token);
-  for (size_t i = 0; i < j->ntensors; i++) {
-    free(j->names ? j->names[i] : NULL);
-    free(j->shapes ? j->shapes[i] : NULL);
-  }
-  free(j->names);
-  free(j->shapes);
-  free(j->tensors);
-  if (j->status) ts_client_status_free(j->status);
-  pthread_mutex_destroy(&j->mu);
-  pthread_cond_destroy(&j->cv);
-  free(j);
-}
-
-static job_t *job_new(job_kind_t kind, shared_t *sh) {
-  job_t *j = calloc(1, sizeof *j);
-  if (!j) return NULL;
-  pthread_mutex_init(&j->mu, NULL);
-  cond_init_mono(&j->cv);
-  j->kind = kind;
-  j->sh = sh;
-  return j;
-}
-
-static void *job_main(void *arg) {
-  job_t *j = arg;
-  ts_client_t *c = j->sh ? j->sh->c : NULL;
-  switch (j->kind) {
-  case JOB_OPEN:
-    j->rc = ts_client_open(&j->opened, &j->opts, j->errmsg, sizeof j->errmsg);
-    break;
-  case JOB_DECLARE:
-    j->rc = ts_client_declare(c, j->tensors, j->ntensors, j->seed, j->errmsg, sizeof j->errmsg);
-    break;
-  case JOB_STATUS:
-    j->rc = ts_client_status(c, j->shard, &j->status, j->errmsg, sizeof j->errmsg);
-    break;
-  case JOB_HEARTBEAT:
-    j->rc = ts_client_heartbeat(c, j->errmsg, sizeof j->errmsg);
-    break;
-  case JOB_CHECKPOINT:
-    j->rc = ts_client_checkpoint(c, j->shard, j->path, sizeof j->path, &j->step, j->errmsg,
-                                 sizeof j->errmsg);
-    break;
-  case JOB_SHUTDOWN:
-    j->rc = ts_client_shutdown(c, j->shard, j->checkpoint, j->path, sizeof j->path, j->errmsg,
-                               sizeof j->errmsg);
-    break;
-  }
-  shared_t *sh = j->sh;
-  bool declare = j->kind == JOB_DECLARE;
-  pthread_mutex_lock(&j->mu);
-  j->done = true;
-  bool abandoned = j->abandoned;
-  pthread_cond_broadcast(&j->cv);
-  pthread_mutex_unlock(&j->mu);
-  if (abandoned) {
-    if (declare && sh) atomic_store(&sh->declaring, 0);
-    job_free(j);
-  }
-  /* Last: once bg drops, the Client may free sh. */
-  if (sh) atomic_fetch_sub(&sh->bg, 1);
-  return NULL;
-}
-
-/* Run j on a helper thread and wait for it, interruptibly. Returns 0 when it finished (its
- * result in j; the caller frees j), or -1 with a Python exception set: then j was
- * abandoned (frees itself), or never started (freed here). GIL held on entry and exit. */
-static int job_run(job_t *j, logq_t *logq, PyObject *logfn) {
-  pthread_t th;
-  pthread_attr_t a;
-  pthread_attr_init(&a);
-  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  if (j->sh) atomic_fetch_add(&j->sh->bg, 1);
-  int e = pthread_create(&th, &a, job_main, j);
-  pthread_attr_destroy(&a);
-  if (e != 0) {
-    if (j->sh) atomic_fetch_sub(&j->sh->bg, 1);
-    job_free(j);
-    errno = e;
-    PyErr_SetFromErrno(PyExc_OSError);
-    return -1;
-  }
-  for (;;) {
-    bool done;
-    Py_BEGIN_ALLOW_THREADS
-    struct timespec dl;
-    deadline_in(&dl, SLICE_S);
-    pthread_mutex_lock(&j->mu);
-    while (!j->done && pthread_cond_timedwait(&j->cv, &j->mu, &dl) != ETIMEDOUT) {
-    }
-    done = j->done;
-    pthread_mutex_unlock(&j->mu);
-    Py_END_ALLOW_THREADS
-    logq_drain(logq, logfn);
-    if (done) return 0;
-    if (PyErr_CheckSignals() < 0) {
-      pthread_mutex_lock(&j->mu);
-      done = j->done;
-      if (!done) {
-        j->abandoned = true;
-        if (j->kind == JOB_DECLARE && j->sh) atomic_store(&j->sh->declaring, 1);
-      }
-      pthread_mutex_unlock(&j->mu);
-      if (done) job_free(j);
-      return -1;
-    }
-  }
-}
+#include "_client_int.h"
 
 /* --- Client ------------------------------------------------------------------------------ */
 
-typedef struct {
-  PyObject_HEAD
-  shared_t *sh;
-  PyObject *logfn;     /* callable(level, msg) or None */
-  PyObject *inflight;  /* list of Request objects submitted and not yet reaped */
-  uint32_t busy_poll_us;
-  bool closed;
-} ClientObject;
-
-typedef struct {
-  PyObject_HEAD
-  ClientObject *client;
-  ts_client_req_t req;
-  const float **grad;  /* per declared tensor */
-  float **dst;
-  uint32_t *tensors;
-  size_t ntensors;
-  Py_buffer *views;
-  size_t nviews;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int state; /* under mu: 0 new, 1 in flight, 2 done (callback ran), 3 reaped */
-  atomic_int done_hint;
-} RequestObject;
-
-static PyTypeObject ClientType;
-static PyTypeObject RequestType;
-
-static void client_reap(ClientObject *self);
-
-static int check_open(ClientObject *self) {
+int check_open(ClientObject *self) {
   if (!self->sh || !self->sh->c || self->closed) {
     raise_code(TS_CLIENT_ESHUTDOWN, "the client is closed");
     return -1;
@@ -371,7 +44,7 @@ static int check_open(ClientObject *self) {
   return 0;
 }
 
-static int check_no_declare(ClientObject *self) {
+int check_no_declare(ClientObject *self) {
   if (atomic_load(&self->sh->declaring)) {
     raise_code(TS_CLIENT_EBUSY,
                "a declare interrupted earlier is still running; retry once it finished");
@@ -509,7 +182,7 @@ static void client_close(ClientObject *self) {
   logq_drain(sh->logq, self->logfn);
 }
 
-static PyObject *Client_close(ClientObject *self, PyObject *Py_UNUSED(a)) {
+PyObject *Client_close(ClientObject *self, PyObject *Py_UNUSED(a)) {
   client_close(self);
   Py_RETURN_NONE;
 }
@@ -538,12 +211,12 @@ static int Client_clear(ClientObject *self) {
   return 0;
 }
 
-static PyObject *Client_interrupt(ClientObject *self, PyObject *Py_UNUSED(a)) {
+PyObject *Client_interrupt(ClientObject *self, PyObject *Py_UNUSED(a)) {
   if (self->sh && self->sh->c && !self->closed) ts_client_interrupt(self->sh->c);
   Py_RETURN_NONE;
 }
 
-static PyObject *Client_drain_logs(ClientObject *self, PyObject *Py_UNUSED(a)) {
+PyObject *Client_drain_logs(ClientObject *self, PyObject *Py_UNUSED(a)) {
   if (self->sh) {
     client_reap(self);
     logq_drain(self->sh->logq, self->logfn);
@@ -682,7 +355,7 @@ static PyObject *Client_status(ClientObject *self, PyObject *args) {
   return r;
 }
 
-static PyObject *Client_heartbeat(ClientObject *self, PyObject *Py_UNUSED(a)) {
+PyObject *Client_heartbeat(ClientObject *self, PyObject *Py_UNUSED(a)) {
   if (check_open(self) < 0) return NULL;
   job_t *j = job_new(JOB_HEARTBEAT, self->sh);
   if (!j) return PyErr_NoMemory();
@@ -754,7 +427,7 @@ static PyObject *Client_shard_up(ClientObject *self, PyObject *args) {
   return Py_BuildValue("(Os)", up ? Py_True : Py_False, why);
 }
 
-static PyObject *Client_info(ClientObject *self, PyObject *Py_UNUSED(a)) {
+PyObject *Client_info(ClientObject *self, PyObject *Py_UNUSED(a)) {
   if (check_open(self) < 0) return NULL;
   ts_client_t *c = self->sh->c;
   return Py_BuildValue("{s:I,s:s,s:I,s:K,s:K,s:n,s:n}", "num_shards", ts_client_num_shards(c),
@@ -766,7 +439,7 @@ static PyObject *Client_info(ClientObject *self, PyObject *Py_UNUSED(a)) {
                        (Py_ssize_t)ts_client_num_parts(c));
 }
 
-static PyObject *Client_parts(ClientObject *self, PyObject *Py_UNUSED(a)) {
+PyObject *Client_parts(ClientObject *self, PyObject *Py_UNUSED(a)) {
   if (check_open(self) < 0) return NULL;
   size_t n = ts_client_num_parts(self->sh->c);
   PyObject *l = PyList_New((Py_ssize_t)n);
@@ -785,325 +458,11 @@ static PyObject *Client_parts(ClientObject *self, PyObject *Py_UNUSED(a)) {
   return l;
 }
 
-static PyObject *Client_inflight(ClientObject *self, PyObject *Py_UNUSED(a)) {
+PyObject *Client_inflight(ClientObject *self, PyObject *Py_UNUSED(a)) {
   if (!self->inflight) return PyLong_FromLong(0);
   client_reap(self);
   return PyLong_FromSsize_t(PyList_GET_SIZE(self->inflight));
 }
-
-/* --- Request ------------------------------------------------------------------------------ */
-
-static void on_done(ts_client_req_t *req, void *arg) {
-  RequestObject *r = arg;
-  (void)req;
-  pthread_mutex_lock(&r->mu);
-  r->state = 2;
-  atomic_store(&r->done_hint, 1);
-  pthread_cond_broadcast(&r->cv);
-  pthread_mutex_unlock(&r->mu);
-}
-
-static void request_release_buffers(RequestObject *r) {
-  for (size_t i = 0; i < r->nviews; i++) PyBuffer_Release(&r->views[i]);
-  r->nviews = 0;
-}
-
-/* If r's callback ran: release its buffers and drop it from its client's inflight list.
- * Returns whether r is done. GIL held. */
-static bool request_reap(RequestObject *r) {
-  pthread_mutex_lock(&r->mu);
-  int st = r->state;
-  if (st == 2) r->state = 3;
-  pthread_mutex_unlock(&r->mu);
-  if (st != 2) return st == 3;
-  request_release_buffers(r);
-  ClientObject *c = r->client;
-  if (c && c->inflight) {
-    Py_ssize_t n = PyList_GET_SIZE(c->inflight);
-    for (Py_ssize_t i = 0; i < n; i++) {
-      if (PyList_GET_ITEM(c->inflight, i) == (PyObject *)r) {
-        PySequence_DelItem(c->inflight, i); /* may drop the last reference to r: done last */
-        break;
-      }
-    }
-  }
-  return true;
-}
-
-static void client_reap(ClientObject *self) {
-  if (!self->inflight) return;
-  PyObject *l = PyList_GetSlice(self->inflight, 0, PyList_GET_SIZE(self->inflight));
-  if (!l) {
-    PyErr_Clear();
-    return;
-  }
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(l); i++)
-    if (atomic_load(&((RequestObject *)PyList_GET_ITEM(l, i))->done_hint))
-      request_reap((RequestObject *)PyList_GET_ITEM(l, i));
-  Py_DECREF(l);
-}
-
-static void Request_dealloc(RequestObject *self) {
-  /* Never in flight here: the client's inflight list holds a reference until reaped. */
-  request_release_buffers(self);
-  free(self->views);
-  free(self->grad);
-  free(self->dst);
-  free(self->tensors);
-  pthread_mutex_destroy(&self->mu);
-  pthread_cond_destroy(&self->cv);
-  Py_CLEAR(self->client);
-  Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-/* Get a float32 C-contiguous buffer of exactly elems floats from o. */
-static int get_floats(PyObject *o, bool writable, uint64_t elems, const char *what,
-                      const char *role, Py_buffer *v) {
-  int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-  if (PyObject_GetBuffer(o, v, flags) < 0) {
-    PyObject *t, *val, *tb;
-    PyErr_Fetch(&t, &val, &tb);
-    PyObject *s = val ? PyObject_Str(val) : NULL;
-    PyErr_Format(PyExc_ValueError, "%s %s: need a %sC-contiguous float32 array (%s)", role, what,
-                 writable ? "writable " : "", s ? PyUnicode_AsUTF8(s) : "no buffer");
-    Py_XDECREF(s);
-    Py_XDECREF(t);
-    Py_XDECREF(val);
-    Py_XDECREF(tb);
-    return -1;
-  }
-  const char *f = v->format ? v->format : "B";
-  bool f32 = v->itemsize == 4 && (!strcmp(f, "f") || !strcmp(f, "=f") || !strcmp(f, "@f") ||
-#if PY_LITTLE_ENDIAN
-                                  !strcmp(f, "<f")
-#else
-                                  !strcmp(f, ">f")
-#endif
-                                  );
-  if (!f32) {
-    PyErr_Format(PyExc_ValueError, "%s %s: need float32 elements, not format '%s'", role, what, f);
-    PyBuffer_Release(v);
-    return -1;
-  }
-  if ((uint64_t)v->len != elems * 4u) {
-    char msg[256];
-    snprintf(msg, sizeof msg, "%s %s: holds %lld float32 elements, the declared tensor %llu",
-             role, what, (long long)(v->len / 4), (unsigned long long)elems);
-    PyBuffer_Release(v);
-    raise_code(TS_CLIENT_ESHAPE, msg);
-    return -1;
-  }
-  return 0;
-}
-
-/* submit(kind, tensors, grads, dsts, step, min_version, clock, timeout) -> Request
- * tensors: sequence of declared tensor indices; grads / dsts: None or sequences of arrays
- * aligned with tensors. */
-static PyObject *Client_submit(ClientObject *self, PyObject *args) {
-  int kind;
-  PyObject *tensors, *grads, *dsts;
-  unsigned long long step, min_version, clock;
-  double timeout;
-  if (!PyArg_ParseTuple(args, "iOOOKKKd", &kind, &tensors, &grads, &dsts, &step, &min_version,
-                        &clock, &timeout))
-    return NULL;
-  if (check_open(self) < 0 || check_no_declare(self) < 0) return NULL;
-  ts_client_t *c = self->sh->c;
-  size_t nt = ts_client_num_tensors(c);
-  if (nt == 0) return raise_code(TS_CLIENT_ENOTDECLARED, "no model declared");
-  bool push = kind == TS_CLIENT_PUSH || kind == TS_CLIENT_PUSH_PULL;
-  bool pull = kind == TS_CLIENT_PULL || kind == TS_CLIENT_PUSH_PULL;
-  if (!push && !pull) {
-    PyErr_SetString(PyExc_ValueError, "bad request kind");
-    return NULL;
-  }
-  PyObject *ts = PySequence_Fast(tensors, "tensors must be a sequence of indices");
-  if (!ts) return NULL;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(ts);
-  PyObject *gs = NULL, *ds = NULL;
-  RequestObject *r = NULL;
-  if (push) {
-    gs = PySequence_Fast(grads, "grads must be a sequence of arrays");
-    if (!gs) goto fail;
-    if (PySequence_Fast_GET_SIZE(gs) != n) {
-      PyErr_SetString(PyExc_ValueError, "one gradient per tensor");
-      goto fail;
-    }
-  }
-  if (pull) {
-    ds = PySequence_Fast(dsts, "into must be a sequence of arrays");
-    if (!ds) goto fail;
-    if (PySequence_Fast_GET_SIZE(ds) != n) {
-      PyErr_SetString(PyExc_ValueError, "one destination per tensor");
-      goto fail;
-    }
-  }
-  r = PyObject_New(RequestObject, &RequestType);
-  if (!r) goto fail;
-  memset((char *)r + offsetof(RequestObject, client), 0,
-         sizeof *r - offsetof(RequestObject, client));
-  pthread_mutex_init(&r->mu, NULL);
-  cond_init_mono(&r->cv);
-  Py_INCREF(self);
-  r->client = self;
-  r->grad = calloc(nt, sizeof *r->grad);
-  r->dst = calloc(nt, sizeof *r->dst);
-  r->tensors = calloc((size_t)n + 1, sizeof *r->tensors);
-  r->views = calloc(2 * (size_t)n + 1, sizeof *r->views);
-  if (!r->grad || !r->dst || !r->tensors || !r->views) {
-    PyErr_NoMemory();
-    goto fail;
-  }
-  for (Py_ssize_t i = 0; i < n; i++) {
-    long t = PyLong_AsLong(PySequence_Fast_GET_ITEM(ts, i));
-    if (t == -1 && PyErr_Occurred()) goto fail;
-    if (t < 0 || (size_t)t >= nt) {
-      PyErr_Format(PyExc_IndexError, "tensor index %ld out of range (%zu declared)", t, nt);
-      goto fail;
-    }
-    r->tensors[i] = (uint32_t)t;
-    uint64_t elems = ts_client_tensor_elems(c, (size_t)t);
-    char what[32];
-    snprintf(what, sizeof what, "of tensor %ld", t);
-    if (push) {
-      if (get_floats(PySequence_Fast_GET_ITEM(gs, i), false, elems, what, "gradient",
-                     &r->views[r->nviews]) < 0)
-        goto fail;
-      r->grad[t] = r->views[r->nviews++].buf;
-    }
-    if (pull) {
-      if (get_floats(PySequence_Fast_GET_ITEM(ds, i), true, elems, what, "destination",
-                     &r->views[r->nviews]) < 0)
-        goto fail;
-      r->dst[t] = r->views[r->nviews++].buf;
-    }
-  }
-  r->ntensors = (size_t)n;
-  ts_client_req_init(&r->req, (ts_client_req_kind_t)kind);
-  r->req.grad = push ? r->grad : NULL;
-  r->req.dst = pull ? r->dst : NULL;
-  if ((size_t)n < nt) { /* a subset; the whole model otherwise */
-    r->req.tensors = r->tensors;
-    r->req.num_tensors = (size_t)n;
-  }
-  r->req.step = step;
-  r->req.min_version = min_version;
-  r->req.clock = clock;
-  r->req.timeout_s = timeout;
-  /* In the list before submit: the callback may run before submit returns. */
-  if (PyList_Append(self->inflight, (PyObject *)r) < 0) goto fail;
-  r->state = 1;
-  int rc = ts_client_submit(c, &r->req, on_done, r);
-  if (rc < 0) {
-    r->state = 0;
-    PySequence_DelItem(self->inflight, PyList_GET_SIZE(self->inflight) - 1);
-    raise_code(rc, r->req.errmsg);
-    goto fail;
-  }
-  Py_XDECREF(gs);
-  Py_XDECREF(ds);
-  Py_DECREF(ts);
-  return (PyObject *)r;
-fail:
-  Py_XDECREF(gs);
-  Py_XDECREF(ds);
-  Py_DECREF(ts);
-  Py_XDECREF(r);
-  return NULL;
-}
-
-/* wait(timeout=-1) -> bool: True once done (the results readable), False when timeout (s,
- * >= 0) passed first. Interruptible: a signal handler's exception is raised while the
- * request stays in flight. */
-static PyObject *Request_wait(RequestObject *self, PyObject *args) {
-  double timeout = -1;
-  if (!PyArg_ParseTuple(args, "|d", &timeout)) return NULL;
-  double start = mono_s();
-  ClientObject *c = self->client;
-  uint32_t busy = c ? c->busy_poll_us : 0;
-  for (int turn = 0;; turn++) {
-    pthread_mutex_lock(&self->mu);
-    int st = self->state;
-    pthread_mutex_unlock(&self->mu);
-    if (st == 0) {
-      PyErr_SetString(PyExc_RuntimeError, "request was never submitted");
-      return NULL;
-    }
-    if (st >= 2) {
-      request_reap(self);
-      if (c && c->sh) logq_drain(c->sh->logq, c->logfn);
-      Py_RETURN_TRUE;
-    }
-    double left = timeout < 0 ? SLICE_S : timeout - (mono_s() - start);
-    if (timeout >= 0 && left <= 0) Py_RETURN_FALSE;
-    double slice = left < SLICE_S ? left : SLICE_S;
-    Py_BEGIN_ALLOW_THREADS
-    if (turn == 0 && busy > 0) { /* the job's busy_poll_us: spin a little before sleeping */
-      double until = mono_s() + busy * 1e-6;
-      while (!atomic_load(&self->done_hint) && mono_s() < until) sched_yield();
-    }
-    struct timespec dl;
-    deadline_in(&dl, slice);
-    pthread_mutex_lock(&self->mu);
-    while (self->state == 1 && pthread_cond_timedwait(&self->cv, &self->mu, &dl) != ETIMEDOUT) {
-    }
-    pthread_mutex_unlock(&self->mu);
-    Py_END_ALLOW_THREADS
-    if (c && c->sh) logq_drain(c->sh->logq, c->logfn);
-    if (PyErr_CheckSignals() < 0) return NULL;
-  }
-}
-
-static PyObject *Request_get_done(RequestObject *self, void *Py_UNUSED(x)) {
-  return PyBool_FromLong(request_reap(self));
-}
-
-/* The results, once done: a dict (rc, push_rc, pull_rc, applied, accumulated, stale,
- * duplicate, version, errmsg). */
-static PyObject *Request_result(RequestObject *self, PyObject *Py_UNUSED(a)) {
-  if (!request_reap(self)) {
-    PyErr_SetString(PyExc_RuntimeError, "request still in flight");
-    return NULL;
-  }
-  ts_client_req_t *q = &self->req;
-  return Py_BuildValue("{s:i,s:i,s:i,s:K,s:K,s:K,s:K,s:K,s:s}", "rc", q->rc, "push_rc", q->push_rc,
-                       "pull_rc", q->pull_rc, "applied", (unsigned long long)q->applied,
-                       "accumulated", (unsigned long long)q->accumulated, "stale",
-                       (unsigned long long)q->stale, "duplicate",
-                       (unsigned long long)q->duplicate, "version",
-                       (unsigned long long)q->version, "errmsg", q->errmsg);
-}
-
-/* Raise the request's error, if it failed; None otherwise. */
-static PyObject *Request_check(RequestObject *self, PyObject *Py_UNUSED(a)) {
-  if (!request_reap(self)) {
-    PyErr_SetString(PyExc_RuntimeError, "request still in flight");
-    return NULL;
-  }
-  if (self->req.rc < 0) return raise_code(self->req.rc, self->req.errmsg);
-  Py_RETURN_NONE;
-}
-
-static PyMethodDef Request_methods[] = {
-    {"wait", (PyCFunction)Request_wait, METH_VARARGS,
-     "wait(timeout=-1) -> bool: wait until done (True) or timeout seconds passed (False)."},
-    {"result", (PyCFunction)Request_result, METH_NOARGS, "The results of a done request."},
-    {"check", (PyCFunction)Request_check, METH_NOARGS, "Raise the error of a failed request."},
-    {NULL, NULL, 0, NULL}};
-
-static PyGetSetDef Request_getset[] = {
-    {"done", (getter)Request_get_done, NULL, "Whether the request is done.", NULL},
-    {NULL, NULL, NULL, NULL, NULL}};
-
-static PyTypeObject RequestType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tessera._client.Request",
-    .tp_basicsize = sizeof(RequestObject),
-    .tp_dealloc = (destructor)Request_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One request in flight (made by Client.submit).",
-    .tp_methods = Request_methods,
-    .tp_getset = Request_getset,
-};
 
 static PyMethodDef Client_methods[] = {
     {"close", (PyCFunction)Client_close, METH_NOARGS, "Close the client."},
@@ -1127,7 +486,7 @@ static PyMethodDef Client_methods[] = {
     {"drain_logs", (PyCFunction)Client_drain_logs, METH_NOARGS, "Emit the queued log lines."},
     {NULL, NULL, 0, NULL}};
 
-static PyTypeObject ClientType = {
+PyTypeObject ClientType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tessera._client.Client",
     .tp_basicsize = sizeof(ClientObject),
     .tp_dealloc = (destructor)Client_dealloc,

@@ -1,0 +1,134 @@
+/*
+ * Inside tessera._client (see _client.c for how the module works): the types its three files
+ * share and the functions they call on each other.
+ *
+ *   _client.c   the Client type, the module's functions, PyInit__client
+ *   _request.c  the Request type: submit, completion, wait, buffers
+ *   _jobs.c     errors, clocks, the log queue, helper-thread jobs for the blocking calls
+ */
+#ifndef TESSERA_PY_CLIENT_INT_H
+#define TESSERA_PY_CLIENT_INT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <tessera/client.h>
+
+#include "ts_auth.h"
+#include "ts_config.h"
+
+#define SLICE_S 0.1 /* longest wait between two signal checks */
+#define LOGQ_MAX 512
+#define LOGQ_LINE 512
+
+typedef struct {
+  pthread_mutex_t mu;
+  size_t head, n;
+  uint64_t dropped;
+  struct {
+    int level;
+    char msg[LOGQ_LINE];
+  } line[LOGQ_MAX];
+} logq_t;
+
+typedef enum { JOB_OPEN, JOB_DECLARE, JOB_STATUS, JOB_HEARTBEAT, JOB_CHECKPOINT, JOB_SHUTDOWN } job_kind_t;
+
+/* State shared by a Client and its helper threads; freed by the Client once bg is 0. */
+typedef struct {
+  ts_client_t *c;
+  logq_t *logq;
+  atomic_int bg;          /* helper jobs still running on this client */
+  atomic_int declaring;   /* an abandoned declare is still running */
+} shared_t;
+
+typedef struct job {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done, abandoned;
+  job_kind_t kind;
+  shared_t *sh;           /* NULL for JOB_OPEN */
+  int rc;
+  char errmsg[1024];
+  /* JOB_OPEN */
+  ts_client_opts_t opts;
+  char **addrs;
+  size_t naddrs;
+  char *identity;
+  char *token;
+  logq_t *logq;
+  ts_client_t *opened;
+  /* JOB_DECLARE */
+  ts_client_tensor_t *tensors;
+  uint64_t **shapes;
+  char **names;
+  size_t ntensors;
+  uint64_t seed;
+  /* JOB_STATUS, JOB_CHECKPOINT, JOB_SHUTDOWN */
+  uint32_t shard;
+  bool checkpoint;
+  ts_client_shard_status_t *status;
+  char path[4096];
+  uint64_t step;
+} job_t;
+
+typedef struct {
+  PyObject_HEAD
+  shared_t *sh;
+  PyObject *logfn;     /* callable(level, msg) or None */
+  PyObject *inflight;  /* list of Request objects submitted and not yet reaped */
+  uint32_t busy_poll_us;
+  bool closed;
+} ClientObject;
+
+typedef struct {
+  PyObject_HEAD
+  ClientObject *client;
+  ts_client_req_t req;
+  const float **grad;  /* per declared tensor */
+  float **dst;
+  uint32_t *tensors;
+  size_t ntensors;
+  Py_buffer *views;
+  size_t nviews;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int state; /* under mu: 0 new, 1 in flight, 2 done (callback ran), 3 reaped */
+  atomic_int done_hint;
+} RequestObject;
+
+/* _jobs.c: errors raised from library codes (error_factory: tessera._errors.from_code),
+ * monotonic clocks and condition variables, the bounded log queue, helper-thread jobs. */
+extern PyObject *error_factory;
+extern PyTypeObject ClientType;
+extern PyTypeObject RequestType;
+
+PyObject *raise_code(int code, const char *msg);
+double mono_s(void);
+void deadline_in(struct timespec *ts, double s);
+void cond_init_mono(pthread_cond_t *cv);
+logq_t *logq_new(void);
+void logq_free(logq_t *q);
+void logq_push(void *arg, int level, const char *msg);
+void logq_drain(logq_t *q, PyObject *fn);
+void job_free(job_t *j);
+job_t *job_new(job_kind_t kind, shared_t *sh);
+int job_run(job_t *j, logq_t *logq, PyObject *logfn);
+/* _request.c: reap the client's finished requests (GIL held); Client.submit. */
+void client_reap(ClientObject *self);
+PyObject *Client_submit(ClientObject *self, PyObject *args);
+/* _client.c: raise (and return -1) unless the client is open / has no declare running. */
+int check_open(ClientObject *self);
+int check_no_declare(ClientObject *self);
+
+#endif

@@ -493,12 +493,20 @@ class Client:
         return r.wait() if wait else r
 
     def push_pull(self, grads: Arrays, into: Arrays, *, wait: bool = True,
-                  step: Optional[int] = None, timeout: Optional[float] = None) -> Any:
+                  step: Optional[int] = None, min_version: Optional[int] = None,
+                  timeout: Optional[float] = None) -> Any:
         """Push ``grads`` and pull the next parameters into ``into`` in one round trip
         (each shard applies the push before it answers the pull; sync: waits for the
         version the push takes part in). ``grads`` and ``into`` must cover the same
         tensors and must not share memory. Returns a PushResult (its ``version`` is the
-        pulled one), or with ``wait=False`` a Request."""
+        pulled one), or with ``wait=False`` a Request.
+
+        ``step`` and ``min_version`` as in ``push`` and ``pull``. By default sync mode tags
+        the push with the version last pulled from each shard and waits for the next one;
+        a caller with several push_pulls of one step in flight (one per bucket of
+        tensors) passes both itself (``step=v, min_version=v + 1``, ``v`` the version its
+        parameters of those tensors came from), since an earlier bucket's reply may move
+        what was last pulled before a later bucket is sent."""
         gidx, garrs = self._select(grads, "gradient", False)
         didx, darrs = self._select(into, "destination", True)
         if gidx != didx:
@@ -506,8 +514,10 @@ class Client:
         sync = self.mode == "sync"
         with self._lock:
             st = (_client.STEP_PULLED if sync else self._clock) if step is None else int(step)
+            mv = (_client.VERSION_NEXT if sync else 0) if min_version is None \
+                else int(min_version)
             req = self._live().submit(_client.PUSH_PULL, gidx, garrs, darrs, st,
-                                      _client.VERSION_NEXT if sync else 0, self._clock + 1,
+                                      mv, self._clock + 1,
                                       self._timeout(timeout))
             self._advance(gidx)
         r = Request(req, _client.PUSH_PULL, into, self)

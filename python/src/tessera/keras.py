@@ -13,7 +13,9 @@ Keras paths (``variable.path``, e.g. ``conv2d/kernel``), in the model's order, a
 their initial values (initialised on the shards: glorot for rank >= 2, zeros for rank 1,
 deterministic in the job's ``model.seed``) into the variables before step 1, so every
 worker starts from the same parameters. Each step it pushes the gradients and assigns the
-parameters pulled back (one round trip); the update itself runs on the shards with the
+parameters pulled back: one round trip per bucket of variables, each bucket sent as soon
+as backpropagation has produced its gradients (the last layers' first), while the earlier
+layers' gradients are still being computed; the update itself runs on the shards with the
 job's ``optimizer`` section, in the job's mode (sync: the shards average the workers'
 gradients of a step and drop stale ones, as TensorFlow's SyncReplicasOptimizer; async:
 each push is applied as it comes). The Keras-side optimizer does no arithmetic: its
@@ -23,6 +25,7 @@ TensorFlow and Keras are imported when this module is, not by ``import tessera``
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -47,7 +50,7 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover
     raise ImportError(f"tessera.keras needs the TensorFlow backend of Keras, not "
                       f"{keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)")
 
-__all__ = ["Optimizer", "optimizer", "ProgressCallback"]
+__all__ = ["Optimizer", "optimizer", "buckets", "ProgressCallback"]
 
 
 class Optimizer(keras.optimizers.Optimizer):
@@ -57,18 +60,26 @@ class Optimizer(keras.optimizers.Optimizer):
     file path (then ``task``, ``overrides`` and the other keyword arguments go to
     ``tessera.Client``, and the optimizer owns and closes the client: ``close()``).
 
+    ``bucket_bytes``: the variables' gradients go in buckets of consecutive variables of
+    at least this many bytes, one ``push_pull`` each (default: see ``buckets``).
+
     On ``build`` (Keras calls it once, eagerly, before the first step of ``fit``) the
     model's trainable variables are declared on the shards under their paths and their
     values pulled from the shards. ``apply``/``apply_gradients`` push the gradients and
-    assign the pulled parameters, through ``tf.py_function`` (numpy on the host), so the
-    train step must not be XLA-compiled: ``compile(jit_compile=False)`` where Keras would
-    choose XLA (on a GPU); the optimizer raises a clear error otherwise.
+    assign the pulled parameters, through ``tf.numpy_function`` (numpy on the host), so
+    the train step must not be XLA-compiled: the optimizer turns XLA off on its model
+    (Keras chooses it by itself where a GPU is present) and raises a clear error where
+    it cannot.
     """
 
     def __init__(self, client: Union["_client_mod.Client", str, os.PathLike], *,
                  task: Optional[int] = None, overrides: Sequence[str] = (),
-                 name: str = "tessera", **client_kwargs: Any):
+                 bucket_bytes: Optional[int] = None, name: str = "tessera",
+                 **client_kwargs: Any):
         super().__init__(learning_rate=0.0, name=name)
+        if bucket_bytes is not None and int(bucket_bytes) <= 0:
+            raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
+        self.bucket_bytes = None if bucket_bytes is None else int(bucket_bytes)
         if isinstance(client, _client_mod.Client):
             if task is not None or overrides or client_kwargs:
                 raise TypeError("task, overrides and client keyword arguments go with a job "
@@ -82,6 +93,10 @@ class Optimizer(keras.optimizers.Optimizer):
         self._tessera_names: List[str] = []
         self._params: List[np.ndarray] = []
         self._grads: List[np.ndarray] = []
+        self._buckets: List[List[int]] = []          # variable indices, backprop order
+        self._bucket_args: List[tuple] = []          # (grads dict, into dict) per bucket
+        self._versions: List[int] = []               # sync: version of each bucket's params
+        self._inflight: List[Optional[_client_mod.Request]] = []
         self.tessera_steps = 0        #: steps pushed by this optimizer
         self.last_push = None         #: the PushResult of the last step
 
@@ -117,18 +132,56 @@ class Optimizer(keras.optimizers.Optimizer):
         self._tessera_names = names
         self._params = [params[n] for n in names]
         self._grads = [np.zeros(p.shape, np.float32) for p in self._params]
+        self._buckets = buckets([p.nbytes for p in self._params], self.bucket_bytes)
+        self._bucket_args = [({names[i]: self._grads[i] for i in b},
+                              {names[i]: self._params[i] for i in b}) for b in self._buckets]
+        self._inflight = [None] * len(self._buckets)
         # Keras builds the optimizer while it traces the first train step (tf.function):
         # the initial values are assigned eagerly, before that step runs, not as ops of
         # the traced step.
         with tf.init_scope():
             self.client.pull(self._params)      # the shards' initial values
+            self._versions = [self.client.last_version] * len(self._buckets)
             for v, p in zip(variables, self._params):
                 v.assign(p)
 
-    def _tessera_step(self, *grads):
-        for g, buf in zip(grads, self._grads):
-            np.copyto(buf, np.asarray(g).reshape(buf.shape))
-        self.last_push = self.client.push_pull(self._grads, self._params)
+    def _submit(self, b: int, *grads) -> np.int64:
+        """Bucket b's gradients are computed: copy them out of TensorFlow's tensors and
+        send them (push_pull, not waited for) while backpropagation goes on."""
+        if self._inflight[b] is not None:        # left by a step that failed half-way
+            r, self._inflight[b] = self._inflight[b], None
+            try:
+                r.wait()
+            except Exception:                    # noqa: BLE001 - reported by that step
+                pass
+        for i, g in zip(self._buckets[b], grads):
+            np.copyto(self._grads[i], np.asarray(g).reshape(self._grads[i].shape))
+        g, into = self._bucket_args[b]
+        if self.client.mode == "sync":
+            # Tagged with the version these parameters came from; the pull waits for the
+            # next one of the same tensors, whatever the other buckets' replies did.
+            v = self._versions[b]
+            self._inflight[b] = self.client.push_pull(g, into, wait=False, step=v,
+                                                      min_version=v + 1)
+        else:
+            self._inflight[b] = self.client.push_pull(g, into, wait=False)
+        return np.int64(b)
+
+    def _collect(self, *_order) -> List[np.ndarray]:
+        """Every bucket sent: wait for the pulled parameters and hand them to TensorFlow."""
+        applied = accumulated = stale = duplicate = 0
+        version = None
+        for b, r in enumerate(self._inflight):
+            self._inflight[b] = None
+            res = r.wait()
+            self._versions[b] = res.version
+            applied += res.applied
+            accumulated += res.accumulated
+            stale += res.stale
+            duplicate += res.duplicate
+            version = res.version if version is None else min(version, res.version)
+        self.last_push = _client_mod.PushResult(applied, accumulated, stale, duplicate,
+                                                version or 0)
         self.tessera_steps += 1
         return [p.copy() for p in self._params]
 
@@ -150,10 +203,19 @@ class Optimizer(keras.optimizers.Optimizer):
             missing = [v.path for g, v in zip(grads, trainable_variables) if g is None]
             raise ValueError(f"tessera.keras.Optimizer: no gradient for {missing}")
         try:
-            new = tf.py_function(self._tessera_step,
-                                 [tf.convert_to_tensor(g, tf.float32) for g in grads],
-                                 Tout=[tf.float32] * len(grads), name="tessera_push_pull")
-        except Exception as e:  # XLA cannot compile py_function
+            # One push_pull per bucket, sent as soon as backpropagation has produced its
+            # gradients (buckets are in backprop order: the last layers' first). The calls
+            # are stateful, so tf.function keeps them in this order, and each depends only
+            # on its own gradients: TensorFlow runs it while the earlier layers' gradients
+            # are still being computed.
+            order = [tf.numpy_function(functools.partial(self._submit, b),
+                                       [tf.convert_to_tensor(grads[i], tf.float32)
+                                        for i in bucket],
+                                       Tout=tf.int64, name=f"tessera_push_{b}")
+                     for b, bucket in enumerate(self._buckets)]
+            new = tf.numpy_function(self._collect, order, Tout=[tf.float32] * len(grads),
+                                    name="tessera_pull")
+        except Exception as e:  # XLA cannot compile numpy_function
             if "XLA" in str(e) or "jit" in str(e).lower():
                 raise RuntimeError("tessera.keras.Optimizer cannot run inside an XLA-"
                                    "compiled step: model.compile(..., jit_compile=False)") from e
@@ -214,6 +276,29 @@ def _no_xla(opt: Optimizer) -> None:
                 m.jit_compile = False
             return
         f = f.f_back
+
+
+def buckets(sizes: Sequence[int], bucket_bytes: Optional[int] = None) -> List[List[int]]:
+    """Group variables (their sizes in bytes, in model order) into buckets of consecutive
+    variables in backpropagation order (the last variable first), each closed once it
+    holds at least ``bucket_bytes``: one push_pull each per step. Default: a quarter of the
+    model, at least 64 KiB and at most 32 MiB (few requests for a small model, transfers
+    of the last layers overlapping the backpropagation of the first for a large one)."""
+    total = sum(int(s) for s in sizes)
+    cap = bucket_bytes if bucket_bytes is not None else \
+        min(32 << 20, max(64 << 10, total // 4))
+    out: List[List[int]] = []
+    cur: List[int] = []
+    held = 0
+    for i in reversed(range(len(sizes))):
+        cur.append(i)
+        held += int(sizes[i])
+        if held >= cap:
+            out.append(cur)
+            cur, held = [], 0
+    if cur:
+        out.append(cur)
+    return out
 
 
 def optimizer(config: Union[str, os.PathLike], task: Optional[int] = None, *,

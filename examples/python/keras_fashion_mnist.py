@@ -74,9 +74,9 @@ def worker_indices(seed: int, epoch: int, n: int, workers: int, task: int, batch
 def build_model(keras):
     return keras.Sequential([
         keras.Input((28, 28, 1)),
-        keras.layers.Conv2D(32, 3, activation="relu", name="conv1"),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv1"),
         keras.layers.MaxPooling2D(2),
-        keras.layers.Conv2D(64, 3, activation="relu", name="conv2"),
+        keras.layers.Conv2D(64, 3, padding="same", activation="relu", name="conv2"),
         keras.layers.MaxPooling2D(2),
         keras.layers.Flatten(),
         keras.layers.Dense(128, activation="relu", name="fc1"),

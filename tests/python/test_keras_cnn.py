@@ -30,11 +30,12 @@ needs_data = pytest.mark.skipif(not (DATA / "t10k-labels-idx1-ubyte.gz").exists(
                                 reason=f"{DATA} missing (Debian's dataset-fashion-mnist)")
 
 ADAM = 'optimizer = { name = "adam"; learning_rate = 0.001; epsilon = 1e-7; };\n'
+SGD = 'optimizer = { name = "sgd"; learning_rate = 0.05; };\n'
 
 
-def _job(mode: str, batch: int, epochs: int = 1, max_steps: int = 0) -> str:
+def _job(mode: str, batch: int, epochs: int = 1, max_steps: int = 0, opt: str = ADAM) -> str:
     return (f'job = {{ mode = "{mode}"; partition_bytes = 131072; sync_timeout_s = 60.0; '
-            f'heartbeat_timeout_s = 60.0; }};\n' + ADAM +
+            f'heartbeat_timeout_s = 60.0; }};\n' + opt +
             f'model = {{ seed = 42; }};\n'
             f'train = {{ batch_size = {batch}; epochs = {epochs}; max_steps = {max_steps}; }};\n')
 
@@ -71,11 +72,8 @@ def _run_workers(config: Path, workers: int, extra=(), timeout: float = 600):
 # --- the example CNN, 2 shards x 2 Keras workers -----------------------------------------
 
 @needs_data
-# The issue asks for 0.90 (sync) and 0.89 (async) within 3 epochs. This CNN does not reach
-# 0.90 in 3 epochs even in plain Keras on one process (Adam 0.001, global batch 64: 0.895;
-# other batches and learning rates 0.891-0.898, bench/RESULTS.md section 10), so the floors
-# are what it reaches through the shards with margin for run-to-run noise.
-@pytest.mark.parametrize("mode,epochs,floor", [("sync", 3, 0.89), ("async", 3, 0.885)])
+# The issue's floors: 0.90 (sync) and 0.89 (async) within 3 epochs.
+@pytest.mark.parametrize("mode,epochs,floor", [("sync", 3, 0.90), ("async", 3, 0.89)])
 def test_keras_cnn_fashion_mnist(cluster, mode, epochs, floor):
     cl = cluster(2, 2, _job(mode, 32, epochs))
     t0 = time.monotonic()
@@ -92,6 +90,16 @@ def test_keras_cnn_fashion_mnist(cluster, mode, epochs, floor):
 
 
 @needs_data
+# SGD, so that what is compared is what Tessera does (average the workers' gradients of a
+# step, apply once, every worker continue from the result): every element matches to
+# float32 rounding (about 1e-6 of the tensor's largest value after 20 steps), where a wrong
+# average, a dropped or a stale gradient shows as a difference of the order of the
+# learning rate. Adam is not a fair judge of this: it divides each gradient by the root of
+# its own second moment, so where a gradient is a sum that cancels (a bias: a sum over
+# every position of the batch) the different rounding of 2 x mean-of-32 and mean-of-64
+# becomes a relative change of the update itself, and the zero-initialised biases are
+# still small after 20 steps (measured with this CNN and Adam: conv1/bias differs by
+# 1.2e-4 of its norm, every kernel within 1.6e-5; bench/RESULTS.md section 10).
 def test_keras_sync_two_workers_equal_one_with_twice_the_batch(cluster):
     """20 sync steps of 2 workers x batch B give the parameters of 1 worker x batch 2B."""
     import keras
@@ -101,16 +109,16 @@ def test_keras_sync_two_workers_equal_one_with_twice_the_batch(cluster):
     shapes = {v.path: tuple(v.shape) for v in model.trainable_variables}
     final = []
     for workers, batch in ((2, B), (1, 2 * B)):
-        cl = cluster(2, workers, _job("sync", batch, 1, steps))
+        cl = cluster(2, workers, _job("sync", batch, 1, steps, SGD))
         res = _run_workers(cl.config, workers, ["--deterministic"])
         assert all(r["steps"] == steps for r in res)
         with tessera.Client(str(cl.config)) as c:
             c.declare(shapes)
             final.append(c.pull(min_version=0))
     worst = 0.0
-    for name in shapes:
-        a, b = final[0][name], final[1][name]
+    for var in shapes:
+        a, b = final[0][var].astype(np.float64), final[1][var].astype(np.float64)
         rel = float(np.max(np.abs(a - b)) / max(1e-30, float(np.max(np.abs(b)))))
         worst = max(worst, rel)
-        assert rel <= 1e-5, (name, rel)
-    print(f"keras sync exactness: max relative difference {worst:.2e}")
+        assert rel <= 1e-5, (var, rel)
+    print(f"keras sync exactness (sgd): max relative difference {worst:.2e}")

@@ -5,13 +5,18 @@
 #       both workers over the cluster's wall-clock window (first worker started to last
 #       worker exited, TensorFlow start-up and the test-set evaluation included);
 #   (b) local: one Keras process, no shards, Keras's own Adam, global batch 2B, 2 threads,
-#       the same number of examples, over its own wall-clock window.
+#       the same number of examples, over its own wall-clock window;
+#   (c) pss: TensorFlow's ParameterServerStrategy on the same model and cluster shape
+#       (bench/keras_pss.py: 2 ps tasks, 2 workers, 1 thread each, and the coordinator
+#       process it needs; Keras 2 from PyPI's tf-keras, as Keras 3 has no parameter-server
+#       training; asynchronous like Tessera's async mode), batch B per worker step, the
+#       same number of examples, over the coordinator's wall-clock window.
 # Also the training-only rate (fit's window, from the "done:" lines: summed over the
 # workers), without TensorFlow's start-up, the tracing and the evaluation.
-# Rounds alternate local, sync, async; the summary gives median and min-max of each.
+# Rounds alternate local, sync, async, pss; the summary gives median and min-max of each.
 #
 # usage: bench/keras.sh [BUILD_DIR]   env: RUNS (3), STEPS (300 global steps), BATCH (32),
-#                                         VENV (default: python/venv.sh's)
+#                                         VENV (default: python/venv.sh's), PSS=0 to skip (c)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -22,11 +27,31 @@ venv=${VENV:-$(python/venv.sh)} || { echo "keras.sh: python/venv.sh failed" >&2;
 py="$venv/bin/python"
 ex=examples/python/keras_fashion_mnist.py
 cfg=deploy/local/keras.cfg
-bench_start keras
 export TF_CPP_MIN_LOG_LEVEL=2
 
+# tf-keras of the venv's TensorFlow version, unpacked beside the venv (not into it).
+pss=${PSS:-1}
+if [ "$pss" = 1 ]; then
+  tfv=$("$py" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
+  tfk="$(dirname "$venv")/tf-keras-$tfv"
+  if [ ! -d "$tfk/tf_keras" ] &&
+     ! "$py" -m pip install -q --no-deps --target "$tfk" "tf-keras==$tfv" >&2; then
+    echo "keras.sh: could not install tf-keras==$tfv: the ParameterServerStrategy rounds skip" >&2
+    pss=0
+  fi
+fi
+bench_start keras
+
 now() { date +%s.%N; }
+field() { sed -n "s/.*$1=\\([0-9.]*\\).*/\\1/p" "${@:2}"; }
 results=()
+report() { # what, examples, seconds, fit rate, accuracy
+  local eps
+  eps=$(echo "$2 / $3" | bc -l)
+  printf 'what=%s run=%d examples=%d wall_s=%.1f examples_per_sec=%.0f fit_examples_per_sec=%.0f test_accuracy=%s load=%s\n' \
+    "$1" "$r" "$2" "$3" "$eps" "$4" "$5" "$(cut -d' ' -f1 /proc/loadavg)"
+  results+=("$1 $eps" "fit-$1 $4")
+}
 for r in $(seq 1 "$runs"); do
   # (b) one process, global batch 2B.
   t0=$(now)
@@ -34,51 +59,47 @@ for r in $(seq 1 "$runs"); do
     --set train.max_steps=$steps --set train.epochs=100 >"$dir/local.out" 2>"$dir/local.log" ||
     { echo "keras.sh: local run failed:"; tail -5 "$dir/local.log"; exit 1; }
   t1=$(now)
-  ex_local=$(sed -n 's/^done: .* examples=\([0-9]*\) .*/\1/p' "$dir/local.out")
-  eps=$(echo "$ex_local / ($t1 - $t0)" | bc -l)
-  acc=$(sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p' "$dir/local.out")
-  fit=$(sed -n 's/.*examples_per_sec=\([0-9.]*\).*/\1/p' "$dir/local.out")
-  printf 'what=local run=%d examples=%d wall_s=%.1f examples_per_sec=%.0f fit_examples_per_sec=%.0f test_accuracy=%s load=%s\n' \
-    "$r" "$ex_local" "$(echo "$t1 - $t0" | bc -l)" "$eps" "$fit" "$acc" "$(cut -d' ' -f1 /proc/loadavg)"
-  results+=("local $eps" "fit-local $fit")
+  report local "$(field examples "$dir/local.out")" "$(echo "$t1 - $t0" | bc -l)" \
+    "$(field examples_per_sec "$dir/local.out")" "$(field test_accuracy "$dir/local.out")"
+
+  # (a) the cluster, sync then async.
   for mode in sync async; do
     free_port p0; free_port p1; free_port h0; free_port h1; free_port w0; free_port w1
     psp=("$p0" "$p1")
     sets=(--set "cluster.ps=$(list "$p0" "$p1")" --set "cluster.ps_http=$(list "$h0" "$h1")"
           --set "cluster.workers=$(list "$w0" "$w1")" --set "job.mode=\"$mode\""
           --set "train.batch_size=$B" --set "train.max_steps=$steps" --set "train.epochs=100")
-    for s in 0 1; do
-      timeout 900 "$build/server/ps-server" -c "$cfg" "${sets[@]}" --shard $s --log-level warn \
-        2>"$dir/ps$s.log" </dev/null >/dev/null &
+    worker_cmd=("$py" "$ex" --threads 1)
+    run_cluster 2 "${sets[@]}" ||
+      { echo "keras.sh: a $mode worker failed:"; tail -5 "$dir"/w*.log; exit 1; }
+    total=$(cat "$dir"/w*.out | field examples | paste -sd+ | bc)
+    report "$mode" "$total" "$workers_s" "$(cat "$dir"/w*.out | field examples_per_sec | paste -sd+ | bc)" \
+      "$(field test_accuracy "$dir/w0.out")"
+  done
+
+  # (c) TensorFlow's ParameterServerStrategy: as many worker steps as (a)'s two workers make.
+  if [ "$pss" = 1 ]; then
+    free_port q0; free_port q1; free_port q2; free_port q3; free_port q4
+    targs=(--ps "$q0,$q1" --workers "$q2,$q3" --chief "$q4" --batch "$B" --threads 1)
+    for task in "ps 0" "ps 1" "worker 0" "worker 1"; do
+      set -- $task
+      PYTHONPATH="$tfk" timeout 900 "$py" bench/keras_pss.py --role "$1" --index "$2" "${targs[@]}" \
+        >/dev/null 2>"$dir/pss-$1$2.log" </dev/null &
       pids+=($!)
     done
-    for port in "${psp[@]}"; do
-      for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
-    done
     t0=$(now)
-    wpids=()
-    for t in 0 1; do
-      timeout 600 "$py" $ex -c "$cfg" "${sets[@]}" --task $t --threads 1 \
-        >"$dir/w$t.out" 2>"$dir/w$t.log" </dev/null &
-      wpids+=($!) pids+=($!)
-    done
-    fail=0
-    for w in "${wpids[@]}"; do wait "$w" || fail=1; done
+    PYTHONPATH="$tfk" timeout 900 "$py" bench/keras_pss.py --role chief "${targs[@]}" \
+      --steps $((2 * steps)) >"$dir/pss.out" 2>"$dir/pss.log" </dev/null ||
+      { echo "keras.sh: the ParameterServerStrategy run failed:"; tail -5 "$dir/pss.log"; exit 1; }
     t1=$(now)
     stop_all
-    [ $fail = 0 ] || { echo "keras.sh: a $mode worker failed:"; tail -5 "$dir"/w*.log; exit 1; }
-    total=$(cat "$dir"/w*.out | sed -n 's/^done: .* examples=\([0-9]*\) .*/\1/p' | paste -sd+ | bc)
-    eps=$(echo "$total / ($t1 - $t0)" | bc -l)
-    acc=$(sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p' "$dir/w0.out")
-    fit=$(cat "$dir"/w*.out | sed -n 's/.*examples_per_sec=\([0-9.]*\).*/\1/p' | paste -sd+ | bc)
-    printf 'what=cluster mode=%s run=%d examples=%d wall_s=%.1f examples_per_sec=%.0f fit_examples_per_sec=%.0f test_accuracy=%s load=%s\n' \
-      "$mode" "$r" "$total" "$(echo "$t1 - $t0" | bc -l)" "$eps" "$fit" "$acc" "$(cut -d' ' -f1 /proc/loadavg)"
-    results+=("$mode $eps" "fit-$mode $fit")
-  done
+    report pss "$(field examples "$dir/pss.out")" "$(echo "$t1 - $t0" | bc -l)" \
+      "$(field examples_per_sec "$dir/pss.out")" "$(field test_accuracy "$dir/pss.out")"
+  fi
 done
 echo "# summary (examples/s over the wall-clock window: median, min-max of $runs rounds)"
-for w in local sync async fit-local fit-sync fit-async; do
+for w in local sync async pss fit-local fit-sync fit-async fit-pss; do
   printf '%s\n' "${results[@]}" | awk -v w=$w '$1 == w {print $2}' | sort -g |
-    awk -v w=$w '{a[NR]=$1} END {m = (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2;
+    awk -v w=$w 'NR > 0 {a[NR]=$1} END {if (!NR) exit; m = (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2;
                    printf "# %s: median %.0f, min %.0f, max %.0f\n", w, m, a[1], a[NR]}'
 done

@@ -7,10 +7,14 @@
 #                      twice (it sets VAR rather than printing: in a $(...) subshell the
 #                      record of ports already handed out would be lost)
 #   list PORT...       ["127.0.0.1:P1", ...] for a --set value
-#   run_cluster N ARG...  2 ps-server shards (listening on the ports in $psp) and N ps-worker
+#   run_cluster N ARG...  2 ps-server shards (listening on the ports in $psp) and N worker
 #                      processes of the job file $cfg with ARG... (--set ...), built in $build;
-#                      logs in $dir/psS.log and $dir/wT.log, worker stdout in $dir/wT.out;
-#                      waits for the workers, stops everything, returns 1 if a worker failed
+#                      the workers are ps-worker, or the command in the array $worker_cmd
+#                      when set (called as `CMD -c $cfg ARG... --task T`); logs in
+#                      $dir/psS.log and $dir/wT.log, worker stdout in $dir/wT.out; waits for
+#                      the workers, stops everything, returns 1 if a worker failed; sets
+#                      $workers_s to the seconds from starting the first worker to the last
+#                      one's exit
 
 stop_all() {
   local p
@@ -47,7 +51,7 @@ free_port() {
 list() { local o="" i; for i in "$@"; do o="$o${o:+, }\"127.0.0.1:$i\""; done; echo "[$o]"; }
 
 run_cluster() {
-  local n=$1 s t port w fail=0
+  local n=$1 s t port w fail=0 t0
   shift
   for s in 0 1; do
     timeout 900 "$build/server/ps-server" -c "$cfg" "$@" --shard $s --log-level warn \
@@ -57,13 +61,17 @@ run_cluster() {
   for port in "${psp[@]}"; do
     for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
   done
+  local cmd=("$build/worker/ps-worker")
+  [ -n "${worker_cmd+set}" ] && cmd=("${worker_cmd[@]}")
   local wpids=()
+  t0=$(date +%s.%N)
   for t in $(seq 0 $((n - 1))); do
-    timeout 600 "$build/worker/ps-worker" -c "$cfg" "$@" --task "$t" \
+    timeout 600 "${cmd[@]}" -c "$cfg" "$@" --task "$t" \
       >"$dir/w$t.out" 2>"$dir/w$t.log" </dev/null &
     wpids+=($!) pids+=($!)
   done
   for w in "${wpids[@]}"; do wait "$w" || fail=1; done
+  workers_s=$(echo "$(date +%s.%N) - $t0" | bc -l)
   stop_all
   return $fail
 }

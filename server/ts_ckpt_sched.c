@@ -242,6 +242,7 @@ void ts_ckpt_sched_restore(ts_server_t *srv) {
     srv->have_ckpt = true;
     srv->last_ckpt_ms = ts_server_now_ms(srv);
     srv->ckpt_applied = srv->store.applied;
+    srv->metrics.model_bytes = srv->store.bytes + srv->store.state_bytes;
     snprintf(srv->last_ckpt, sizeof srv->last_ckpt, "%s", path);
     ts_log_notice("restored checkpoint %s: %zu partition(s) at step %llu in %.0f ms", path,
                   srv->store.num_parts, (unsigned long long)srv->restored_step,

@@ -1,0 +1,188 @@
+/*
+ * The model's lifecycle on a shard: who may define it, how much memory that may take, and
+ * how it is built without holding up the loop.
+ *
+ * A Declare is checked against server.max_model_bytes before anything is allocated
+ * (ts_store_prepare). Its partitions are then allocated and initialised in libuv's thread
+ * pool on a model that is not yet the store's (ts_store_build), and installed on the loop
+ * when done: a large model does not stop the shard serving its other connections. Declares
+ * that arrive meanwhile are matched against the model being built: the same model waits
+ * for it, another is refused as it would be once the model is there (TS_ESHAPE).
+ *
+ * The first Declare on a fresh shard defines the model; a later Declare never replaces it
+ * (docs/security.md).
+ */
+#include "ts_server_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_err.h"
+#include "ts_log.h"
+
+typedef struct waiter {
+  struct waiter *next;
+  uint64_t session_id, request_id;
+  bool first; /* its Declare started the build: its reply says created */
+} waiter_t;
+
+struct ts_model_build {
+  uv_work_t req;
+  ts_server_t *srv;
+  ts_store_model_t m;
+  waiter_t *waiters; /* the Declares answered when the build is done (the first included) */
+  size_t nwaiters;
+  int task;
+  char peer[64];
+  int rc;
+  char err[256];
+  uint64_t start_ns;
+};
+
+static void publish_bytes(ts_server_t *srv) {
+  srv->metrics.model_bytes = srv->store.declared ? srv->store.bytes + srv->store.state_bytes : 0;
+}
+
+static void reply_declared(ts_session_t *s, uint64_t request_id, bool created) {
+  ts_server_t *srv = s->srv;
+  Tessera__DeclareReply r = TESSERA__DECLARE_REPLY__INIT;
+  r.request_id = request_id;
+  r.created = created;
+  r.partitions = (uint32_t)srv->store.num_parts;
+  r.bytes = srv->store.bytes;
+  r.version = ts_store_min_version(&srv->store);
+  ts_session_reply(s, TS_MSG_DECLARE_REPLY, &r.base);
+}
+
+static void free_build(ts_model_build_t *b) {
+  while (b->waiters) {
+    waiter_t *w = b->waiters;
+    b->waiters = w->next;
+    ts_free(w);
+  }
+  ts_store_model_free(&b->m);
+  ts_free(b);
+}
+
+static int add_waiter(ts_model_build_t *b, ts_session_t *s, uint64_t request_id, bool first) {
+  waiter_t *w = ts_calloc(1, sizeof *w);
+  if (!w) return TS_ENOMEM;
+  w->session_id = s->id;
+  w->request_id = request_id;
+  w->first = first;
+  w->next = b->waiters;
+  b->waiters = w;
+  b->nwaiters++;
+  return 0;
+}
+
+static void build_work(uv_work_t *req) {
+  ts_model_build_t *b = req->data;
+  b->rc = ts_store_build(&b->m, b->err, sizeof b->err);
+}
+
+static void build_done(uv_work_t *req, int status) {
+  ts_model_build_t *b = req->data;
+  ts_server_t *srv = b->srv;
+  ts_require(srv->model.build == b);
+  srv->model.build = NULL;
+  if (status < 0 && b->rc == 0) {
+    b->rc = status;
+    snprintf(b->err, sizeof b->err, "building the model was cancelled: %s", uv_strerror(status));
+  }
+  if (srv->stopping) {
+    free_build(b);
+    return;
+  }
+  double ms = (double)(uv_hrtime() - b->start_ns) / 1e6;
+  if (b->rc == 0) {
+    ts_store_install(&srv->store, &b->m);
+    publish_bytes(srv);
+    ts_log_info(
+        "model declared by task %d (%s): %u tensors, %zu partitions here (%.1f MiB, "
+        "%.1f MiB with optimizer state), built in %.0f ms",
+        b->task, b->peer, srv->store.num_tensors, srv->store.num_parts,
+        (double)srv->store.bytes / (1024.0 * 1024.0),
+        (double)(srv->store.bytes + srv->store.state_bytes) / (1024.0 * 1024.0), ms);
+  } else {
+    ts_log_err("declare by task %d (%s) failed: %s", b->task, b->peer, b->err);
+  }
+  for (waiter_t *w = b->waiters; w; w = w->next) {
+    ts_session_t *s = ts_session_find(srv, w->session_id);
+    if (!s || s->conn.closing) continue;
+    if (b->rc == 0)
+      reply_declared(s, w->request_id, w->first);
+    else
+      ts_session_reply_error(s, TS_MSG_DECLARE, w->request_id,
+                             ts_err_is_ts(b->rc) ? b->rc : TS_EINTERNAL, b->err);
+  }
+  free_build(b);
+}
+
+/* No model and none being built: check d, then build it in the thread pool. */
+static void start_build(ts_session_t *s, Tessera__Declare *d) {
+  ts_server_t *srv = s->srv;
+  char err[256];
+  ts_model_build_t *b = ts_calloc(1, sizeof *b);
+  if (!b) {
+    ts_session_reply_error(s, TS_MSG_DECLARE, d->request_id, TS_ENOMEM, "out of memory");
+    return;
+  }
+  int rc = ts_store_prepare(&srv->store, d, &b->m, err, sizeof err);
+  if (rc < 0) {
+    if (rc == TS_ETOOBIG)
+      ts_log_warn("%s: declare by task %d refused: server.max_model_bytes (%s)", s->conn.peer,
+                  s->task, err);
+    ts_session_reply_error(s, TS_MSG_DECLARE, d->request_id, rc, err);
+    free_build(b);
+    return;
+  }
+  b->req.data = b;
+  b->srv = srv;
+  b->task = s->task;
+  snprintf(b->peer, sizeof b->peer, "%s", s->conn.peer);
+  b->start_ns = uv_hrtime();
+  if ((rc = add_waiter(b, s, d->request_id, true)) < 0 ||
+      (rc = uv_queue_work(srv->loop, &b->req, build_work, build_done)) < 0) {
+    snprintf(err, sizeof err, "cannot start building the model: %s", ts_strerror(rc));
+    ts_session_reply_error(s, TS_MSG_DECLARE, d->request_id, ts_err_is_ts(rc) ? rc : TS_EINTERNAL,
+                           err);
+    free_build(b);
+    return;
+  }
+  srv->model.build = b;
+  ts_log_debug("%s: building the model of task %d: %.1f MiB here", s->conn.peer, s->task,
+               (double)b->m.need_bytes / (1024.0 * 1024.0));
+}
+
+void ts_model_declare(ts_session_t *s, Tessera__Declare *m) {
+  ts_server_t *srv = s->srv;
+  char err[256];
+  ts_model_build_t *b = srv->model.build;
+  if (s->role != TESSERA__ROLE__ROLE_WORKER) {
+    ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, TS_EROLE,
+                           "only workers declare tensors");
+  } else if (srv->store.declared) {
+    int rc = ts_store_same_model(&srv->store, NULL, m, err, sizeof err);
+    if (rc < 0)
+      ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, rc, err);
+    else
+      reply_declared(s, m->request_id, false);
+  } else if (b) {
+    int rc = ts_store_same_model(&srv->store, &b->m, m, err, sizeof err);
+    bool waiting = false;
+    for (waiter_t *w = b->waiters; w && rc == 0; w = w->next) waiting |= w->session_id == s->id;
+    if (rc == 0 && waiting) {
+      rc = TS_EBUSY;
+      snprintf(err, sizeof err, "this connection's declare of the model is still being built");
+    }
+    if (rc == 0) rc = add_waiter(b, s, m->request_id, false);
+    if (rc < 0)
+      ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, rc,
+                             rc == TS_ENOMEM ? "out of memory" : err);
+  } else {
+    start_build(s, m);
+  }
+  ts_msg_free(&m->base);
+}

@@ -157,6 +157,8 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
   ts_prom_family(b, "tessera_ps_model_bytes_limit", "gauge",
                  "Most a declared model may hold on this shard (server.max_model_bytes).");
   ts_prom_sample(b, "tessera_ps_model_bytes_limit", NULL, (double)m->model_bytes_limit);
+  counter1(b, "tessera_ps_model_resets_total",
+           "Declared models dropped by an admin (psctl model reset).", (double)m->model_resets);
 
   ts_prom_family(b, "tessera_ps_refused_requests_total", "counter",
                  "Requests answered with an error, by request and reason; request=\"push\" are "

@@ -9,17 +9,22 @@
  * that arrive meanwhile are matched against the model being built: the same model waits
  * for it, another is refused as it would be once the model is there (TS_ESHAPE).
  *
- * The first Declare on a fresh shard defines the model; a later Declare never replaces it
- * (docs/security.md).
+ * The first Declare on a fresh shard defines the model, and it is replaced only by an admin
+ * (psctl model reset), never by a later Declare (docs/security.md).
  */
 #include "ts_server_int.h"
 
+#include <sodium.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "ts_alloc.h"
 #include "ts_err.h"
 #include "ts_log.h"
+
+/* A reset waits at most this long for pull replies being written from the partitions. */
+#define RESET_WAIT_MS 5000
+#define RESET_POLL_MS 10
 
 typedef struct waiter {
   struct waiter *next;
@@ -163,6 +168,9 @@ void ts_model_declare(ts_session_t *s, Tessera__Declare *m) {
   if (s->role != TESSERA__ROLE__ROLE_WORKER) {
     ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, TS_EROLE,
                            "only workers declare tensors");
+  } else if (srv->model.reset_pending) {
+    ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, TS_EBUSY,
+                           "the model is being reset (psctl model reset); declare again");
   } else if (srv->store.declared) {
     int rc = ts_store_same_model(&srv->store, NULL, m, err, sizeof err);
     if (rc < 0)
@@ -184,5 +192,131 @@ void ts_model_declare(ts_session_t *s, Tessera__Declare *m) {
   } else {
     start_build(s, m);
   }
+  ts_msg_free(&m->base);
+}
+
+/* --- reset ------------------------------------------------------------------------- */
+
+static bool is_worker(const ts_session_t *s) {
+  return s->handshaken && s->role == TESSERA__ROLE__ROLE_WORKER;
+}
+
+/* Nothing points into the partitions: no worker connection is left (they push and hold
+ * parked pulls), no pull reply is being written from them, no push waits on them. */
+static bool partitions_free(ts_server_t *srv) {
+  for (ts_session_t *s = srv->sessions; s; s = s->next)
+    if (is_worker(s) || s->rx.active) return false;
+  if (srv->held || srv->waiting) return false;
+  for (size_t i = 0; i < srv->store.num_parts; i++)
+    if (srv->store.parts[i].writers > 0 || srv->store.parts[i].held_pushes > 0) return false;
+  return true;
+}
+
+static void on_reset_timer_closed(uv_handle_t *h) {
+  ts_server_t *srv = h->data;
+  srv->open_handles--;
+  ts_free(h);
+}
+
+static void finish_reset(ts_server_t *srv, int rc, const char *why) {
+  ts_model_state_t *ms = &srv->model;
+  ms->reset_pending = false;
+  if (ms->reset_timer) {
+    uv_close((uv_handle_t *)ms->reset_timer, on_reset_timer_closed);
+    ms->reset_timer = NULL;
+  }
+  ts_session_t *s = ts_session_find(srv, ms->reset_session);
+  if (rc < 0) {
+    ts_log_warn("model reset abandoned: %s", why);
+    if (s) ts_session_reply_error(s, TS_MSG_MODEL_RESET, ms->reset_request, rc, why);
+    return;
+  }
+  Tessera__ModelResetReply r = TESSERA__MODEL_RESET_REPLY__INIT;
+  r.request_id = ms->reset_request;
+  r.dropped = srv->store.declared;
+  r.tensors = srv->store.num_tensors;
+  r.bytes = srv->store.bytes + srv->store.state_bytes;
+  r.workers_closed = ms->reset_closed;
+  if (srv->store.declared) {
+    ts_log_notice(
+        "model reset: dropped %u tensors, %.1f MiB of parameters and optimizer state "
+        "at step %llu; the next declare defines the model",
+        r.tensors, (double)r.bytes / (1024.0 * 1024.0),
+        (unsigned long long)ts_store_min_version(&srv->store));
+    ts_store_reset(&srv->store);
+    srv->ckpt_applied = 0; /* the new model's first update is worth a checkpoint */
+    /* To clients the shard is now a new one, as after a restart without a checkpoint: what
+     * they pulled before says nothing about the versions of the next model. */
+    randombytes_buf(&srv->incarnation, sizeof srv->incarnation);
+    srv->metrics.model_resets++;
+    publish_bytes(srv);
+  } else {
+    ts_log_notice("model reset: no model was declared; nothing to drop");
+  }
+  if (s) ts_session_reply(s, TS_MSG_MODEL_RESET_REPLY, &r.base);
+}
+
+static void try_reset(ts_server_t *srv) {
+  if (srv->stopping) {
+    finish_reset(srv, TS_ESHUTDOWN, "the shard is shutting down");
+  } else if (partitions_free(srv)) {
+    finish_reset(srv, 0, NULL);
+  } else if (ts_server_now_ms(srv) >= srv->model.reset_deadline_ms) {
+    finish_reset(srv, TS_EBUSY,
+                 "pull replies or pushes still use the partitions after 5 s; try again");
+  }
+}
+
+static void on_reset_timer(uv_timer_t *t) {
+  try_reset(t->data);
+}
+
+void ts_model_reset(ts_session_t *s, Tessera__ModelReset *m) {
+  ts_server_t *srv = s->srv;
+  ts_model_state_t *ms = &srv->model;
+  char err[256];
+  if (!ts_session_admin_allowed(s, TS_MSG_MODEL_RESET, m->request_id, "model reset")) goto out;
+  if (ms->build || ms->reset_pending) {
+    ts_session_reply_error(s, TS_MSG_MODEL_RESET, m->request_id, TS_EBUSY,
+                           ms->build ? "a declared model is being built; try again when it is"
+                                     : "a model reset is already under way");
+    goto out;
+  }
+  uint32_t workers = 0;
+  for (ts_session_t *w = srv->sessions; w; w = w->next) workers += is_worker(w) && !w->conn.closing;
+  if (workers > 0 && !m->force) {
+    snprintf(err, sizeof err,
+             "%u worker connection(s) are open: stop the workers first, or pass --force to "
+             "close them (their clients reconnect and declare again)",
+             workers);
+    ts_session_reply_error(s, TS_MSG_MODEL_RESET, m->request_id, TS_EBUSY, err);
+    goto out;
+  }
+  ts_log_notice("model reset requested by %s%s", s->conn.peer,
+                workers ? " (--force: closing the worker connections)" : "");
+  ms->reset_pending = true;
+  ms->reset_session = s->id;
+  ms->reset_request = m->request_id;
+  ms->reset_closed = workers;
+  ms->reset_deadline_ms = ts_server_now_ms(srv) + RESET_WAIT_MS;
+  for (ts_session_t *w = srv->sessions; w; w = w->next) {
+    if (!is_worker(w) || w->conn.closing) continue;
+    ts_log_info("%s: closing worker %d's connection for the model reset", w->conn.peer, w->task);
+    ts_conn_close(&w->conn, TS_ESHUTDOWN);
+  }
+  if (partitions_free(srv)) {
+    finish_reset(srv, 0, NULL);
+    goto out;
+  }
+  ms->reset_timer = ts_calloc(1, sizeof *ms->reset_timer);
+  if (!ms->reset_timer) {
+    finish_reset(srv, TS_ENOMEM, "out of memory");
+    goto out;
+  }
+  uv_timer_init(srv->loop, ms->reset_timer);
+  ms->reset_timer->data = srv;
+  srv->open_handles++;
+  uv_timer_start(ms->reset_timer, on_reset_timer, RESET_POLL_MS, RESET_POLL_MS);
+out:
   ts_msg_free(&m->base);
 }

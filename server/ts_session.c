@@ -42,6 +42,25 @@ void ts_session_reply_error(ts_session_t *s, uint16_t req_type, uint64_t request
   if (rc < 0) ts_session_reply_failed(s, TS_MSG_ERROR, rc);
 }
 
+bool ts_session_admin_allowed(ts_session_t *s, uint16_t type, uint64_t request_id,
+                              const char *what) {
+  ts_server_t *srv = s->srv;
+  char err[200];
+  if (s->role != TESSERA__ROLE__ROLE_ADMIN) {
+    snprintf(err, sizeof err, "%s needs the admin role (psctl)", what);
+    ts_session_reply_error(s, type, request_id, TS_EPERM, err);
+    return false;
+  }
+  if (srv->token && !srv->admin_token) {
+    snprintf(err, sizeof err,
+             "%s needs an admin token: set auth.admin_token_file (the worker token is not enough)",
+             what);
+    ts_session_reply_error(s, type, request_id, TS_EPERM, err);
+    return false;
+  }
+  return true;
+}
+
 /* Counted as a rejected frame when the connection closes (on_session_close). */
 static void protocol_error(ts_session_t *s, uint64_t request_id, int code, const char *detail) {
   ts_log_warn("%s: protocol violation, closing connection: %s", s->conn.peer, detail);
@@ -187,6 +206,9 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
       return;
     case TS_MSG_SHUTDOWN:
       ts_ckpt_sched_shutdown(s, (Tessera__Shutdown *)msg);
+      return;
+    case TS_MSG_MODEL_RESET:
+      ts_model_reset(s, (Tessera__ModelReset *)msg);
       return;
     default: {
       char err[128];

@@ -3,7 +3,8 @@
  * a tiny Declare asking for hundreds of MiB is refused before anything is allocated
  * (server.max_model_bytes); a large legitimate one is built off the loop, so other
  * connections are served meanwhile, and declares that arrive during the build wait for it
- * or are refused.
+ * or are refused; the model of a running job is replaced only by psctl model reset, with
+ * the admin token, and only with --force while workers are connected.
  */
 #include <poll.h>
 #include <setjmp.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -287,11 +289,132 @@ static void test_stop_while_building(void **state) {
   close(a);
 }
 
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static int psctl(const ts_cluster_t *c, const char *extra_set, bool force, char *out, size_t n,
+                 char *err, size_t en) {
+  const char *argv[12];
+  int k = 0;
+  argv[k++] = ts_psctl_path;
+  argv[k++] = "-c";
+  argv[k++] = c->config;
+  if (extra_set) {
+    argv[k++] = "--set";
+    argv[k++] = extra_set;
+  }
+  argv[k++] = "model";
+  argv[k++] = "reset";
+  if (force) argv[k++] = "--force";
+  argv[k] = NULL;
+  int rc = ts_run_capture(argv, out, n, err, en);
+  fprintf(stderr, "psctl model reset%s -> %d: %s%s", force ? " --force" : "", rc, out, err);
+  return rc;
+}
+
+/* psctl model reset: needs the admin token, refuses while workers are connected unless
+ * --force; after it the next declare defines the model anew. */
+static void test_model_reset(void **state) {
+  (void)state;
+  static const char worker_token[] = "correct horse battery staple, worker";
+  static const char admin_token[] = "correct horse battery staple, admin!";
+  char dir[] = "/tmp/tessera-reset-XXXXXX", wpath[300], apath[300], cfgtext[1200];
+  assert_non_null(mkdtemp(dir));
+  snprintf(wpath, sizeof wpath, "%s/token", dir);
+  snprintf(apath, sizeof apath, "%s/admin-token", dir);
+  write_file(wpath, worker_token);
+  write_file(apath, admin_token);
+  snprintf(cfgtext, sizeof cfgtext,
+           "job = { mode = \"async\"; };\n"
+           "optimizer = { name = \"sgd\"; learning_rate = 0.5; };\n"
+           "auth = { token_file = \"%s\"; admin_token_file = \"%s\"; };",
+           wpath, apath);
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 2, cfgtext), 0);
+  ts_client_t *good = open_client(&c, false, 0, worker_token);
+  char err[512], out[4096], perr[4096];
+  assert_int_equal(ts_client_declare(good, model, 2, 7, err, sizeof err), 0);
+  float *w0 = calloc(NW, sizeof(float)), *b0 = calloc(NB, sizeof(float));
+  float *w = calloc(NW, sizeof(float)), *b = calloc(NB, sizeof(float));
+  float *gw = calloc(NW, sizeof(float)), *gb = calloc(NB, sizeof(float));
+  for (int i = 0; i < NW; i++) gw[i] = 1.0f;
+  for (int i = 0; i < NB; i++) gb[i] = 1.0f;
+  timed_pull(good, w0, b0);
+  const float *grad[2] = {gw, gb};
+  tc_result_t res;
+  assert_int_equal(tc_push(good, grad, TS_CLIENT_STEP_PULLED, &res, err, sizeof err), 0);
+  timed_pull(good, w, b);
+  for (int i = 0; i < NW; i++) assert_true(w[i] == w0[i] - 0.5f);
+
+  /* Usage: model takes reset; --force belongs to it alone. */
+  const char *bare[] = {ts_psctl_path, "-c", c.config, "model", NULL};
+  assert_int_equal(ts_run_capture(bare, out, sizeof out, perr, sizeof perr), 2);
+  const char *forced[] = {ts_psctl_path, "-c", c.config, "--force", "status", NULL};
+  assert_int_equal(ts_run_capture(forced, out, sizeof out, perr, sizeof perr), 2);
+  /* Without the admin token: the handshake itself is refused. */
+  assert_int_equal(
+      psctl(&c, "auth.admin_token_file=\"\"", true, out, sizeof out, perr, sizeof perr), 1);
+  /* With it, but a worker is connected and no --force. */
+  assert_int_equal(psctl(&c, NULL, false, out, sizeof out, perr, sizeof perr), 1);
+  assert_non_null(strstr(perr, "--force"));
+  timed_pull(good, w, b); /* nothing changed */
+  for (int i = 0; i < NW; i++) assert_true(w[i] == w0[i] - 0.5f);
+  /* --force: the worker's connection is closed, its client reconnects and declares the
+   * same model again, which starts afresh from its seed. */
+  assert_int_equal(psctl(&c, NULL, true, out, sizeof out, perr, sizeof perr), 0);
+  assert_non_null(strstr(out, "model dropped"));
+  assert_logged(&c, "model reset: dropped 2 tensors");
+  int rc = -1;
+  double t0 = now_s();
+  float *dst[2] = {w, b};
+  while (rc < 0 && now_s() - t0 < 10) {
+    rc = tc_pull(good, dst, 0, 0, NULL, err, sizeof err);
+    if (rc < 0) usleep(50 * 1000);
+  }
+  assert_int_equal(rc, 0);
+  assert_memory_equal(w, w0, NW * sizeof(float));
+  assert_memory_equal(b, b0, NB * sizeof(float));
+
+  /* No worker left: no --force needed, and the next declare defines another model. */
+  ts_client_close(good);
+  usleep(100 * 1000);
+  assert_int_equal(psctl(&c, NULL, false, out, sizeof out, perr, sizeof perr), 0);
+  assert_non_null(strstr(out, "model dropped"));
+  static const uint64_t v_shape[] = {10};
+  static const ts_client_tensor_t model2[] = {
+      {.name = "v", .shape = v_shape, .rank = 1, .init = TS_CLIENT_INIT_ONES}};
+  ts_client_t *next = open_client(&c, false, 1, worker_token);
+  assert_int_equal(ts_client_declare(next, model2, 1, 9, err, sizeof err), 0);
+  float v[10];
+  float *vd[1] = {v};
+  assert_int_equal(tc_pull(next, vd, 0, 0, NULL, err, sizeof err), 0);
+  for (int i = 0; i < 10; i++) assert_true(v[i] == 1.0f);
+  assert_int_equal(wait_metric(&c, "tessera_ps_model_resets_total", 2), 2);
+  assert_int_equal(wait_metric(&c, "tessera_ps_model_bytes", 40), 40);
+  /* With nothing declared, a reset is a no-op that says so. */
+  ts_client_close(next);
+  usleep(100 * 1000);
+  assert_int_equal(psctl(&c, NULL, false, out, sizeof out, perr, sizeof perr), 0);
+  assert_int_equal(psctl(&c, NULL, false, out, sizeof out, perr, sizeof perr), 0);
+  assert_non_null(strstr(out, "no model declared"));
+
+  free(w0), free(b0), free(w), free(b), free(gw), free(gb);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+  remove(wpath);
+  remove(apath);
+  rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_oversized_declare_refused),
       cmocka_unit_test(test_large_declare_off_the_loop),
       cmocka_unit_test(test_stop_while_building),
+      cmocka_unit_test(test_model_reset),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

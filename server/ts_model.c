@@ -136,9 +136,8 @@ static void start_build(ts_session_t *s, Tessera__Declare *d) {
   }
   int rc = ts_store_prepare(&srv->store, d, &b->m, err, sizeof err);
   if (rc < 0) {
-    if (rc == TS_ETOOBIG)
-      ts_log_warn("%s: declare by task %d refused: server.max_model_bytes (%s)", s->conn.peer,
-                  s->task, err);
+    /* One log line (peer, request, code and the detail naming server.max_model_bytes) and
+     * one count (request="declare", reason="toobig"), from ts_session_reply_error. */
     ts_session_reply_error(s, TS_MSG_DECLARE, d->request_id, rc, err);
     free_build(b);
     return;

@@ -168,7 +168,8 @@ static void test_oversized_declare_refused(void **state) {
   fprintf(stderr, "RSS %ld -> %ld KiB after %d refused declares of 256 MiB (x3 with Adam)\n", rss0,
           rss1, ATTEMPTS);
   assert_true(rss1 - rss0 <= 64 * 1024);
-  assert_logged(&c, "refused: server.max_model_bytes");
+  assert_logged(&c, "refused: ETOOBIG: the model needs");
+  assert_logged(&c, "more than server.max_model_bytes = 64.0 MiB");
   assert_int_equal(
       wait_metric(&c, "tessera_ps_refused_requests_total{request=\"declare\",reason=\"toobig\"}",
                   ATTEMPTS),

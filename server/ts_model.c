@@ -36,8 +36,9 @@ struct ts_model_build {
   uv_work_t req;
   ts_server_t *srv;
   ts_store_model_t m;
-  waiter_t *waiters; /* the Declares answered when the build is done (the first included) */
-  size_t nwaiters;
+  /* The Declares answered when the build is done, the first included: at most one per
+   * connection (a second one is refused), so the list is bounded by server.max_connections. */
+  waiter_t *waiters;
   int task;
   char peer[64];
   int rc;
@@ -78,7 +79,6 @@ static int add_waiter(ts_model_build_t *b, ts_session_t *s, uint64_t request_id,
   w->first = first;
   w->next = b->waiters;
   b->waiters = w;
-  b->nwaiters++;
   return 0;
 }
 

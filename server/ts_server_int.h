@@ -288,7 +288,9 @@ void ts_status_publish(ts_server_t *srv);
  * (role, server.max_model_bytes: TS_ETOOBIG, before anything is allocated); else the model
  * is built in the thread pool and the reply follows. A Declare that arrives while one is
  * being built waits for it when it declares the same model, else is refused (TS_ESHAPE).
- * Takes m. */
+ * Frames that follow a Declare on its connection are handled meanwhile (a pull finds no
+ * model yet: TS_ENOTDECLARED); the client library sends nothing else to a shard before
+ * its Declare is answered. Takes m. */
 void ts_model_declare(ts_session_t *s, Tessera__Declare *m);
 
 /* psctl model reset (admin role): drop the model and its optimizer state. Refused

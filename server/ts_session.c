@@ -1,7 +1,8 @@
 /*
  * Sessions: accept, the Hello and the handshake (authentication), frame dispatch, the
- * small requests (heartbeat; declare is ts_model.c's) and the close of a connection, which lets go of
- * everything the session held (parked pulls, a push, its worker's place in the barrier).
+ * small requests (heartbeat; declares are ts_model.c's), the admin check, and the close of
+ * a connection, which lets go of everything the session held (parked pulls, a push, its
+ * worker's place in the barrier).
  */
 #include "ts_server_int.h"
 

@@ -499,6 +499,22 @@ int ts_client_checkpoint(ts_client_t *c, uint32_t shard, char *path, size_t path
   return rc;
 }
 
+int ts_client_model_reset(ts_client_t *c, uint32_t shard, bool force, bool *dropped,
+                          uint64_t *bytes, uint32_t *workers_closed, char *errmsg, size_t errlen) {
+  int rc = check_shard(c, shard, errmsg, errlen);
+  if (rc < 0) return rc;
+  /* The shard may wait up to 5 s for pull replies to finish before it drops the model. */
+  ts_cl_op_t op = {.kind = OP_MODEL_RESET, .wait_ready = false, .shard = shard, .force = force,
+                   .timeout_s = c->timeout_s > 30.0 ? c->timeout_s : 30.0};
+  rc = ts_cl_run_op(c, &op, errmsg, errlen);
+  if (rc == 0) {
+    if (dropped) *dropped = op.dropped;
+    if (bytes) *bytes = op.reset_bytes;
+    if (workers_closed) *workers_closed = op.workers_closed;
+  }
+  return rc;
+}
+
 int ts_client_shutdown(ts_client_t *c, uint32_t shard, bool checkpoint, char *path,
                        size_t pathlen, char *errmsg, size_t errlen) {
   int rc = check_shard(c, shard, errmsg, errlen);

@@ -41,7 +41,8 @@ enum {
 };
 
 typedef enum {
-  OP_DECLARE, OP_PULL, OP_PUSH, OP_PUSH_PULL, OP_HEARTBEAT, OP_STATUS, OP_CHECKPOINT, OP_SHUTDOWN
+  OP_DECLARE, OP_PULL, OP_PUSH, OP_PUSH_PULL, OP_HEARTBEAT, OP_STATUS, OP_CHECKPOINT, OP_SHUTDOWN,
+  OP_MODEL_RESET
 } ts_cl_op_kind_t;
 
 typedef struct ts_cl_wreq ts_cl_wreq_t;
@@ -86,6 +87,7 @@ typedef struct ts_cl_op {
   uint64_t clock;
   ts_cl_staged_t *stage;    /* OP_PUSH_PULL: one per shard (owned) */
   bool checkpoint;          /* shutdown: final checkpoint */
+  bool force;               /* model reset: close the worker connections first */
   uint32_t shard;
   /* results */
   uint64_t version_min;
@@ -94,6 +96,9 @@ typedef struct ts_cl_op {
   Tessera__ShardStatus *status;
   char path[600];           /* checkpoint, shutdown */
   uint64_t ckpt_step;
+  bool dropped;             /* model reset: the reply */
+  uint64_t reset_bytes;
+  uint32_t workers_closed;
 } ts_cl_op_t;
 
 /* One frame sent to one shard, waiting for its reply. */

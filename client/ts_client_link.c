@@ -346,6 +346,18 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       ts_cl_complete_req(r, 0, NULL);
       break;
     }
+    case TS_MSG_MODEL_RESET_REPLY: {
+      const Tessera__ModelResetReply *m = (const Tessera__ModelResetReply *)msg;
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      if (!r) break;
+      if (r->op) {
+        r->op->dropped = m->dropped;
+        r->op->reset_bytes = m->bytes;
+        r->op->workers_closed = m->workers_closed;
+      }
+      ts_cl_complete_req(r, 0, NULL);
+      break;
+    }
     case TS_MSG_HEARTBEAT_REPLY: {
       ts_cl_wreq_t *r = ts_cl_take_pending(sh, ((const Tessera__HeartbeatReply *)msg)->request_id);
       if (r) ts_cl_complete_req(r, 0, NULL);

@@ -324,6 +324,13 @@ static void send_req(ts_cl_wreq_t *r) {
       rc = ts_conn_send(conn, TS_MSG_SHUTDOWN, &m.base, NULL, 0, NULL, NULL);
       break;
     }
+    case TS_MSG_MODEL_RESET: {
+      Tessera__ModelReset m = TESSERA__MODEL_RESET__INIT;
+      m.request_id = r->id;
+      m.force = r->op ? r->op->force : false;
+      rc = ts_conn_send(conn, TS_MSG_MODEL_RESET, &m.base, NULL, 0, NULL, NULL);
+      break;
+    }
     default:
       rc = TS_EINTERNAL;
   }
@@ -457,6 +464,9 @@ static void start_op(ts_client_t *c, ts_cl_op_t *op) {
         break;
       case OP_SHUTDOWN:
         if (s == op->shard) rc = ts_cl_submit_wire(c, sh, op, TS_MSG_SHUTDOWN, NULL, 0);
+        break;
+      case OP_MODEL_RESET:
+        if (s == op->shard) rc = ts_cl_submit_wire(c, sh, op, TS_MSG_MODEL_RESET, NULL, 0);
         break;
     }
   }

@@ -137,6 +137,13 @@ const ts_config_def_t ts_config_defs[] = {
         "Connections a shard holds at once; more are refused. Beyond 65536 the file-descriptor "
         "limit would refuse them anyway."),
 
+    INT64("server.max_model_bytes", max_model_bytes, 1048576, 4096 * GIB, "17179869184",
+          "Most memory a declared model may make one shard allocate: its share of the "
+          "parameters, their optimizer state (momentum's velocity, Adam's two moments), sync "
+          "accumulators and the partition tables. A Declare beyond it is refused before "
+          "anything is allocated. 16 GiB holds a share of about a billion parameters with "
+          "Adam; set it below the shard machine's free memory. At least 1 MiB, at most 4 TiB."),
+
     ENUM("optimizer.name", optimizer, optimizer_names, optimizer_values, "\"sgd\"",
          "Update rule applied on the shards. Its state (velocity, Adam moments) lives beside "
          "each partition."),

@@ -69,6 +69,7 @@ typedef struct {
   /* server */
   int64_t max_message_bytes;  /* largest frame payload a shard accepts */
   int max_connections;
+  int64_t max_model_bytes;    /* most a declared model may make one shard allocate */
 
   /* optimizer */
   ts_optimizer_t optimizer;

@@ -59,7 +59,9 @@ typedef enum { TS_FRAME_C2S = 1, TS_FRAME_S2C = 2 } ts_frame_dir_t;
   X(CHECKPOINT, 15, tessera__checkpoint__descriptor, OTHER, TS_FRAME_C2S, 0)               \
   X(CHECKPOINT_REPLY, 16, tessera__checkpoint_reply__descriptor, OTHER, TS_FRAME_S2C, 0)   \
   X(SHUTDOWN, 17, tessera__shutdown__descriptor, OTHER, TS_FRAME_C2S, 0)                   \
-  X(SHUTDOWN_REPLY, 18, tessera__shutdown_reply__descriptor, OTHER, TS_FRAME_S2C, 0)
+  X(SHUTDOWN_REPLY, 18, tessera__shutdown_reply__descriptor, OTHER, TS_FRAME_S2C, 0)     \
+  X(MODEL_RESET, 19, tessera__model_reset__descriptor, OTHER, TS_FRAME_C2S, 0)             \
+  X(MODEL_RESET_REPLY, 20, tessera__model_reset_reply__descriptor, OTHER, TS_FRAME_S2C, 0)
 
 #define TS_FRAME_ENUM_(name, value, desc, metrics, dir, data) TS_MSG_##name = value,
 typedef enum {

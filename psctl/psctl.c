@@ -40,6 +40,10 @@ static void usage(FILE *f) {
           "  checkpoint  every shard writes a checkpoint now (admin)\n"
           "  shutdown    every shard writes a final checkpoint and stops (admin);\n"
           "              --no-checkpoint stops without one\n"
+          "  model reset every shard drops its declared model and the model's optimizer\n"
+          "              state, so the next declare defines it anew (admin); refused\n"
+          "              while workers are connected unless --force, which closes\n"
+          "              their connections (they reconnect and declare again)\n"
           "\n"
           "Options (anywhere on the line: psctl status -o json = psctl -o json status):\n"
           "  -c, --config FILE        the job file (default /etc/tessera/job.cfg)\n"
@@ -281,18 +285,25 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   return up == n ? TS_EXIT_OK : TS_EXIT_FAILURE;
 }
 
-/* checkpoint / shutdown: one request per shard that answered; every shard must succeed. */
-static int cmd_admin(cluster_view_t *v, const char *cmd, bool checkpoint, output_t out) {
+/* checkpoint / shutdown / model reset: one request per shard that answered; every shard
+ * must succeed. */
+static int cmd_admin(cluster_view_t *v, const char *cmd, bool checkpoint, bool force,
+                     output_t out) {
   int failures = 0;
+  bool reset = strcmp(cmd, "model") == 0;
   cJSON *arr = out == OUT_JSON ? cJSON_CreateArray() : NULL;
   for (uint32_t s = 0; s < v->cfg.num_ps; s++) {
     char err[512] = "", path[600] = "";
-    uint64_t step = 0;
+    uint64_t step = 0, bytes = 0;
+    uint32_t closed = 0;
+    bool dropped = false;
     int rc;
     if (!shard_selected(v, s)) continue;
     if (!v->st[s]) {
       rc = TS_EUNAVAIL;
       snprintf(err, sizeof err, "%s", v->why[s] ? v->why[s] : "no answer");
+    } else if (reset) {
+      rc = ts_client_model_reset(v->client, s, force, &dropped, &bytes, &closed, err, sizeof err);
     } else if (strcmp(cmd, "checkpoint") == 0) {
       rc = ts_client_checkpoint(v->client, s, path, sizeof path, &step, err, sizeof err);
     } else {
@@ -304,13 +315,26 @@ static int cmd_admin(cluster_view_t *v, const char *cmd, bool checkpoint, output
       cJSON_AddNumberToObject(o, "index", s);
       cJSON_AddStringToObject(o, "address", v->cfg.ps[s]);
       cJSON_AddBoolToObject(o, "ok", rc == 0);
-      if (rc == 0) {
+      if (rc == 0 && reset) {
+        cJSON_AddBoolToObject(o, "dropped", dropped);
+        cJSON_AddNumberToObject(o, "bytes", (double)bytes);
+        cJSON_AddNumberToObject(o, "workers_closed", closed);
+      } else if (rc == 0) {
         cJSON_AddStringToObject(o, "checkpoint", path);
         if (strcmp(cmd, "checkpoint") == 0) cJSON_AddNumberToObject(o, "step", (double)step);
       } else {
         cJSON_AddStringToObject(o, "error", err);
       }
       cJSON_AddItemToArray(arr, o);
+    } else if (rc == 0 && reset) {
+      if (dropped && closed)
+        printf("shard %u (%s): model dropped (%.1f MiB freed, %u worker connection(s) closed)\n",
+               s, v->cfg.ps[s], (double)bytes / (1024.0 * 1024.0), closed);
+      else if (dropped)
+        printf("shard %u (%s): model dropped (%.1f MiB freed)\n", s, v->cfg.ps[s],
+               (double)bytes / (1024.0 * 1024.0));
+      else
+        printf("shard %u (%s): no model declared\n", s, v->cfg.ps[s]);
     } else if (rc == 0) {
       if (strcmp(cmd, "checkpoint") == 0)
         printf("shard %u (%s): checkpoint at step %llu: %s\n", s, v->cfg.ps[s],
@@ -319,7 +343,9 @@ static int cmd_admin(cluster_view_t *v, const char *cmd, bool checkpoint, output
         printf("shard %u (%s): stopped%s%s\n", s, v->cfg.ps[s], *path ? " after checkpoint " : "",
                path);
     }
-    if (rc < 0) fprintf(stderr, "psctl: shard %u (%s): %s failed: %s\n", s, v->cfg.ps[s], cmd, err);
+    if (rc < 0)
+      fprintf(stderr, "psctl: shard %u (%s): %s failed: %s\n", s, v->cfg.ps[s],
+              reset ? "model reset" : cmd, err);
   }
   if (arr) print_json(arr);
   return failures ? TS_EXIT_FAILURE : TS_EXIT_OK;
@@ -333,13 +359,14 @@ int main(int argc, char **argv) {
   const char **sets = calloc((size_t)argc, sizeof *sets);
   size_t nsets = 0;
   if (!sets) return TS_EXIT_FAILURE;
-  enum { OPT_SET = 256, OPT_TIMEOUT, OPT_SHARD, OPT_NO_CHECKPOINT };
-  bool final_checkpoint = true;
+  enum { OPT_SET = 256, OPT_TIMEOUT, OPT_SHARD, OPT_NO_CHECKPOINT, OPT_FORCE };
+  bool final_checkpoint = true, force = false;
   static const struct option longopts[] = {
       {"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, OPT_SET},
       {"output", required_argument, NULL, 'o'}, {"write-out", required_argument, NULL, 'w'},
       {"timeout", required_argument, NULL, OPT_TIMEOUT},
       {"no-checkpoint", no_argument, NULL, OPT_NO_CHECKPOINT},
+      {"force", no_argument, NULL, OPT_FORCE},
       {"shard", required_argument, NULL, OPT_SHARD},
       {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
@@ -377,6 +404,9 @@ int main(int argc, char **argv) {
       case OPT_NO_CHECKPOINT:
         final_checkpoint = false;
         break;
+      case OPT_FORCE:
+        force = true;
+        break;
       case OPT_SHARD: {
         char *end;
         only_shard = strtol(optarg, &end, 10);
@@ -405,19 +435,30 @@ int main(int argc, char **argv) {
     goto done;
   }
   const char *cmd = argv[optind];
-  static const char *const commands[] = {"status", "shards", "workers", "health",
-                                         "checkpoint", "shutdown"};
+  static const char *const commands[] = {"status",     "shards",   "workers", "health",
+                                         "checkpoint", "shutdown", "model"};
   bool known = false;
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) known |= strcmp(cmd, commands[i]) == 0;
   if (!known) {
     fprintf(stderr,
-            "psctl: unknown command '%s' (status, shards, workers, health, checkpoint, shutdown)\n",
+            "psctl: unknown command '%s' (status, shards, workers, health, checkpoint, "
+            "shutdown, model reset)\n",
             cmd);
     goto done;
   }
-  bool admin_cmd = strcmp(cmd, "checkpoint") == 0 || strcmp(cmd, "shutdown") == 0;
-  if (optind + 1 < argc) {
-    fprintf(stderr, "psctl: unexpected argument '%s' after %s\n", argv[optind + 1], cmd);
+  bool model_cmd = strcmp(cmd, "model") == 0;
+  bool admin_cmd = strcmp(cmd, "checkpoint") == 0 || strcmp(cmd, "shutdown") == 0 || model_cmd;
+  if (model_cmd && (optind + 1 >= argc || strcmp(argv[optind + 1], "reset") != 0)) {
+    fprintf(stderr, "psctl: model takes one subcommand: reset\n");
+    goto done;
+  }
+  if (optind + 1 + model_cmd < argc) {
+    fprintf(stderr, "psctl: unexpected argument '%s' after %s\n", argv[optind + 1 + model_cmd],
+            model_cmd ? "model reset" : cmd);
+    goto done;
+  }
+  if (force && !model_cmd) {
+    fprintf(stderr, "psctl: --force is an option of model reset only\n");
     goto done;
   }
   if (!config_path && access("/etc/tessera/job.cfg", R_OK) == 0) config_path = "/etc/tessera/job.cfg";
@@ -445,7 +486,7 @@ int main(int argc, char **argv) {
   v.only_shard = only_shard;
   colour = out == OUT_TABLE && use_colour();
   rc = gather(&v, timeout);
-  if (rc == 0) rc = admin_cmd ? cmd_admin(&v, cmd, final_checkpoint, out) : cmd_report(&v, cmd, out);
+  if (rc == 0) rc = admin_cmd ? cmd_admin(&v, cmd, final_checkpoint, force, out) : cmd_report(&v, cmd, out);
   release(&v);
 done:
   free(sets);

@@ -155,29 +155,9 @@ static void on_ckpt_timer(uv_timer_t *t) {
   if (rc < 0) ts_log_err("periodic checkpoint skipped: %s", err);
 }
 
-/* Admin requests that change the shard need the admin role, and when authentication is on,
- * an admin token. */
-static bool admin_allowed(ts_session_t *s, uint16_t type, uint64_t request_id, const char *what) {
-  ts_server_t *srv = s->srv;
-  char err[200];
-  if (s->role != TESSERA__ROLE__ROLE_ADMIN) {
-    snprintf(err, sizeof err, "%s needs the admin role (psctl)", what);
-    ts_session_reply_error(s, type, request_id, TS_EPERM, err);
-    return false;
-  }
-  if (srv->token && !srv->admin_token) {
-    snprintf(err, sizeof err,
-             "%s needs an admin token: set auth.admin_token_file (the worker token is not enough)",
-             what);
-    ts_session_reply_error(s, type, request_id, TS_EPERM, err);
-    return false;
-  }
-  return true;
-}
-
 void ts_ckpt_sched_checkpoint(ts_session_t *s, Tessera__Checkpoint *m) {
   char err[512];
-  if (admin_allowed(s, TS_MSG_CHECKPOINT, m->request_id, "checkpoint")) {
+  if (ts_session_admin_allowed(s, TS_MSG_CHECKPOINT, m->request_id, "checkpoint")) {
     int rc = start_checkpoint(s->srv, CKPT_ADMIN, s->id, m->request_id, err, sizeof err);
     if (rc < 0)
       ts_session_reply_error(s, TS_MSG_CHECKPOINT, m->request_id,
@@ -189,7 +169,7 @@ void ts_ckpt_sched_checkpoint(ts_session_t *s, Tessera__Checkpoint *m) {
 void ts_ckpt_sched_shutdown(ts_session_t *s, Tessera__Shutdown *m) {
   ts_server_t *srv = s->srv;
   char err[512];
-  if (!admin_allowed(s, TS_MSG_SHUTDOWN, m->request_id, "shutdown")) goto out;
+  if (!ts_session_admin_allowed(s, TS_MSG_SHUTDOWN, m->request_id, "shutdown")) goto out;
   ts_log_notice("shutdown requested by %s", s->conn.peer);
   if (m->checkpoint && srv->cfg->checkpoint_dir && *srv->cfg->checkpoint_dir &&
       srv->store.declared) {
@@ -242,6 +222,7 @@ void ts_ckpt_sched_restore(ts_server_t *srv) {
     srv->have_ckpt = true;
     srv->last_ckpt_ms = ts_server_now_ms(srv);
     srv->ckpt_applied = srv->store.applied;
+    srv->metrics.model_bytes = srv->store.bytes + srv->store.state_bytes;
     snprintf(srv->last_ckpt, sizeof srv->last_ckpt, "%s", path);
     ts_log_notice("restored checkpoint %s: %zu partition(s) at step %llu in %.0f ms", path,
                   srv->store.num_parts, (unsigned long long)srv->restored_step,

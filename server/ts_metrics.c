@@ -149,6 +149,17 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
 
   /* The refusals every operator looks for always have a series, even at zero. */
   static const int push_reasons[] = {TS_ENONFINITE, TS_ESHAPE, TS_ENOTENSOR, TS_EFUTURE};
+  static const int declare_reasons[] = {TS_ETOOBIG, TS_ESHAPE};
+  ts_prom_family(b, "tessera_ps_model_bytes", "gauge",
+                 "Bytes the declared model holds on this shard: parameters, optimizer state "
+                 "and sync accumulators.");
+  ts_prom_sample(b, "tessera_ps_model_bytes", NULL, (double)m->model_bytes);
+  ts_prom_family(b, "tessera_ps_model_bytes_limit", "gauge",
+                 "Most a declared model may hold on this shard (server.max_model_bytes).");
+  ts_prom_sample(b, "tessera_ps_model_bytes_limit", NULL, (double)m->model_bytes_limit);
+  counter1(b, "tessera_ps_model_resets_total",
+           "Declared models dropped by an admin (psctl model reset).", (double)m->model_resets);
+
   ts_prom_family(b, "tessera_ps_refused_requests_total", "counter",
                  "Requests answered with an error, by request and reason; request=\"push\" are "
                  "refused gradients.");
@@ -158,6 +169,9 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
       if (k == TS_METRICS_REQ_PUSH)
         for (size_t i = 0; i < sizeof push_reasons / sizeof *push_reasons; i++)
           always |= code_index(push_reasons[i]) == c;
+      if (k == TS_METRICS_REQ_DECLARE)
+        for (size_t i = 0; i < sizeof declare_reasons / sizeof *declare_reasons; i++)
+          always |= code_index(declare_reasons[i]) == c;
       if (!m->refused[k][c] && !always) continue;
       reason_of(c, reason, sizeof reason);
       snprintf(lab, sizeof lab, "request=\"%s\",reason=\"%s\"", req_names[k], reason);

@@ -60,6 +60,11 @@ typedef struct {
   uint64_t checkpoints_ok, checkpoints_failed;
   ts_prom_hist_t checkpoint_duration;
   double checkpoint_last_success_unix; /* 0 = none yet */
+  /* The model (server/ts_model.c): bytes its declare made this shard allocate (parameters,
+   * optimizer state, sync accumulators), the budget (server.max_model_bytes), and how many
+   * times an admin dropped it (psctl model reset). Refused declares are counted in refused[]
+   * (request="declare"). */
+  uint64_t model_bytes, model_bytes_limit, model_resets;
 } ts_metrics_t;
 
 /* Zero *m and set the histograms' bounds. */

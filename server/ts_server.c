@@ -224,6 +224,7 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   /* The admin endpoint runs on its own thread and needs nothing from the loop: start it
    * first, so a taken admin port fails the start before anything is on the loop. */
   ts_metrics_init(&srv->metrics);
+  srv->metrics.model_bytes_limit = srv->store.max_model_bytes;
   if (cfg->num_ps_http > opts->shard &&
       (rc = ts_admin_start(&srv->admin, cfg, opts->shard, errmsg, errlen)) < 0) {
     freeaddrinfo(ai);

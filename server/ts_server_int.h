@@ -14,9 +14,12 @@
  *   ts_barrier.c     the pure rules of who is waited for (ts_barrier.h)
  *   ts_status.c      the ShardStatus for STATUS requests, /status, /metrics and systemd
  *   ts_ckpt_sched.c  when checkpoints are written: the timer, psctl, shutdown, signals
+ *   ts_model.c       the model's lifecycle: a Declare checked against the budget, built in
+ *                    the thread pool, concurrent declares; psctl model reset
  *
  * Everything runs on the shard's one loop thread (CONTRIBUTING.md); only a checkpoint's
- * write runs in the thread pool, on a snapshot.
+ * write (on a snapshot) and a declared model's allocation and initialisation (on a model
+ * not yet the store's) run in the thread pool.
  *
  * Message ownership: a request handler (ts_*_handle, ts_session.c's handlers) takes the
  * decoded message and frees it (ts_msg_free) before it returns, unless it parks it: then
@@ -42,6 +45,18 @@
 #define TS_SERVER_TICK_MS 100
 
 typedef struct ts_session ts_session_t;
+
+/* The model's lifecycle (ts_model.c). */
+typedef struct ts_model_build ts_model_build_t;
+typedef struct {
+  ts_model_build_t *build; /* the declare being built in the thread pool, or NULL */
+  /* psctl model reset waiting for the partitions to be free (pull replies written, worker
+   * connections closed) */
+  bool reset_pending;
+  uv_timer_t *reset_timer; /* polls while a reset waits (owned; freed when closed) */
+  uint64_t reset_session, reset_request, reset_deadline_ms;
+  uint32_t reset_closed;
+} ts_model_state_t;
 
 /* A pull parked until it can be answered (ts_waitq.c). */
 typedef struct ts_pull_wait {
@@ -114,6 +129,7 @@ struct ts_server {
   bool stopping;
 
   ts_store_t store;
+  ts_model_state_t model; /* a declare being built, a reset waiting (ts_model.c) */
   ts_stage_t stage;   /* staging buffers for push payloads (ts_stage.h) */
   ts_session_t *held; /* sessions whose push waits for pull replies to be written */
   ts_session_t *sessions;
@@ -185,6 +201,12 @@ ts_session_t *ts_session_find(ts_server_t *srv, uint64_t id);
  * otherwise wait for an answer that never comes. */
 void ts_session_reply_error(ts_session_t *s, uint16_t req_type, uint64_t request_id, int code,
                             const char *detail);
+
+/* Admin requests that change the shard need the admin role and, when authentication is on,
+ * an admin token. False: refused with an EPERM reply naming `what` (the caller frees its
+ * message as usual). */
+bool ts_session_admin_allowed(ts_session_t *s, uint16_t type, uint64_t request_id,
+                              const char *what);
 
 /* A reply could not be queued (rc from ts_conn_send): log it and close the connection. */
 void ts_session_reply_failed(ts_session_t *s, uint16_t type, int rc);
@@ -259,6 +281,23 @@ void ts_status_handle(ts_session_t *s, Tessera__Status *m);
 /* From the tick (and at start and stop): publish the admin endpoint's snapshot, tell
  * systemd how the shard is doing, pet its watchdog. */
 void ts_status_publish(ts_server_t *srv);
+
+/* --- ts_model.c ----------------------------------------------------------------------- */
+
+/* A Declare: answered at once when a model is there (same model or TS_ESHAPE) or refused
+ * (role, server.max_model_bytes: TS_ETOOBIG, before anything is allocated); else the model
+ * is built in the thread pool and the reply follows. A Declare that arrives while one is
+ * being built waits for it when it declares the same model, else is refused (TS_ESHAPE).
+ * Frames that follow a Declare on its connection are handled meanwhile (a pull finds no
+ * model yet: TS_ENOTDECLARED); the client library sends nothing else to a shard before
+ * its Declare is answered. Takes m. */
+void ts_model_declare(ts_session_t *s, Tessera__Declare *m);
+
+/* psctl model reset (admin role): drop the model and its optimizer state. Refused
+ * (TS_EBUSY) while worker connections are open unless m->force, which closes them first,
+ * and while a declare is being built. The reply follows once nothing points into the
+ * partitions. Takes m. */
+void ts_model_reset(ts_session_t *s, Tessera__ModelReset *m);
 
 /* --- ts_ckpt_sched.c ------------------------------------------------------------------- */
 

@@ -1,7 +1,8 @@
 /*
  * Sessions: accept, the Hello and the handshake (authentication), frame dispatch, the
- * small requests (declare, heartbeat) and the close of a connection, which lets go of
- * everything the session held (parked pulls, a push, its worker's place in the barrier).
+ * small requests (heartbeat; declares are ts_model.c's), the admin check, and the close of
+ * a connection, which lets go of everything the session held (parked pulls, a push, its
+ * worker's place in the barrier).
  */
 #include "ts_server_int.h"
 
@@ -42,6 +43,25 @@ void ts_session_reply_error(ts_session_t *s, uint16_t req_type, uint64_t request
   if (rc < 0) ts_session_reply_failed(s, TS_MSG_ERROR, rc);
 }
 
+bool ts_session_admin_allowed(ts_session_t *s, uint16_t type, uint64_t request_id,
+                              const char *what) {
+  ts_server_t *srv = s->srv;
+  char err[200];
+  if (s->role != TESSERA__ROLE__ROLE_ADMIN) {
+    snprintf(err, sizeof err, "%s needs the admin role (psctl)", what);
+    ts_session_reply_error(s, type, request_id, TS_EPERM, err);
+    return false;
+  }
+  if (srv->token && !srv->admin_token) {
+    snprintf(err, sizeof err,
+             "%s needs an admin token: set auth.admin_token_file (the worker token is not enough)",
+             what);
+    ts_session_reply_error(s, type, request_id, TS_EPERM, err);
+    return false;
+  }
+  return true;
+}
+
 /* Counted as a rejected frame when the connection closes (on_session_close). */
 static void protocol_error(ts_session_t *s, uint64_t request_id, int code, const char *detail) {
   ts_log_warn("%s: protocol violation, closing connection: %s", s->conn.peer, detail);
@@ -51,36 +71,6 @@ static void protocol_error(ts_session_t *s, uint64_t request_id, int code, const
 /* --- requests ---------------------------------------------------------------------- */
 
 /* Every handler below takes the decoded message and frees it before it returns. */
-
-static void handle_declare(ts_session_t *s, Tessera__Declare *m) {
-  ts_server_t *srv = s->srv;
-  char err[256];
-  bool created = false;
-  if (s->role != TESSERA__ROLE__ROLE_WORKER) {
-    ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, TS_EROLE,
-                           "only workers declare tensors");
-    ts_msg_free(&m->base);
-    return;
-  }
-  int rc = ts_store_declare(&srv->store, m, &created, err, sizeof err);
-  if (rc < 0) {
-    ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, rc, err);
-    ts_msg_free(&m->base);
-    return;
-  }
-  if (created)
-    ts_log_info("model declared by task %d: %u tensors, %zu partitions here (%.1f MiB)", s->task,
-                srv->store.num_tensors, srv->store.num_parts,
-                (double)srv->store.bytes / (1024.0 * 1024.0));
-  Tessera__DeclareReply r = TESSERA__DECLARE_REPLY__INIT;
-  r.request_id = m->request_id;
-  r.created = created;
-  r.partitions = (uint32_t)srv->store.num_parts;
-  r.bytes = srv->store.bytes;
-  r.version = ts_store_min_version(&srv->store);
-  ts_session_reply(s, TS_MSG_DECLARE_REPLY, &r.base);
-  ts_msg_free(&m->base);
-}
 
 static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   ts_server_t *srv = s->srv;
@@ -198,7 +188,7 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
   ts_server_worker_seen(srv, s->task);
   switch (h->type) {
     case TS_MSG_DECLARE:
-      handle_declare(s, (Tessera__Declare *)msg);
+      ts_model_declare(s, (Tessera__Declare *)msg);
       return;
     case TS_MSG_PULL:
       ts_pull_handle(s, (Tessera__Pull *)msg);
@@ -217,6 +207,9 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
       return;
     case TS_MSG_SHUTDOWN:
       ts_ckpt_sched_shutdown(s, (Tessera__Shutdown *)msg);
+      return;
+    case TS_MSG_MODEL_RESET:
+      ts_model_reset(s, (Tessera__ModelReset *)msg);
       return;
     default: {
       char err[128];

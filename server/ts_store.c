@@ -6,6 +6,7 @@
 #include "ts_alloc.h"
 #include "ts_err.h"
 #include "ts_log.h"
+#include "ts_msg.h"
 
 void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard) {
   memset(s, 0, sizeof *s);
@@ -14,33 +15,54 @@ void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard) {
   s->num_workers = (uint32_t)cfg->num_workers;
   s->mode = cfg->mode;
   s->partition_bytes = (uint64_t)cfg->partition_bytes;
+  s->max_model_bytes = cfg->max_model_bytes > 0 ? (uint64_t)cfg->max_model_bytes : UINT64_MAX;
   ts_optim_from_config(&s->optim, cfg);
 }
 
-static void free_parts(ts_store_t *s) {
-  for (size_t i = 0; i < s->num_parts; i++) {
-    ts_spart_t *p = &s->parts[i];
+void ts_store_model_free(ts_store_model_t *m) {
+  for (size_t i = 0; i < m->num_parts; i++) {
+    ts_spart_t *p = &m->parts[i];
     ts_free(p->w);
     ts_free(p->s0);
     ts_free(p->s1);
     ts_free(p->accum);
     ts_free(p->contributed);
   }
-  ts_free(s->parts);
-  s->parts = NULL;
-  s->num_parts = 0;
-  ts_free(s->local);
-  s->local = NULL;
-  for (uint32_t t = 0; t < s->num_tensors; t++) ts_free(s->tensors[t].name);
-  ts_free(s->tensors);
+  ts_free(m->parts);
+  ts_free(m->local);
+  for (uint32_t t = 0; t < m->num_tensors; t++) ts_free(m->tensors[t].name);
+  ts_free(m->tensors);
+  ts_plan_free(&m->plan);
+  memset(m, 0, sizeof *m);
+}
+
+/* The store's model fields as a model, to free them the one way. */
+static void free_parts(ts_store_t *s) {
+  ts_store_model_t m = {.tensors = s->tensors,
+                        .num_tensors = s->num_tensors,
+                        .plan = s->plan,
+                        .parts = s->parts,
+                        .num_parts = s->num_parts,
+                        .local = s->local};
+  ts_store_model_free(&m);
   s->tensors = NULL;
   s->num_tensors = 0;
-  ts_plan_free(&s->plan);
+  memset(&s->plan, 0, sizeof s->plan);
+  s->parts = NULL;
+  s->num_parts = 0;
+  s->local = NULL;
   s->declared = false;
   s->bytes = s->state_bytes = 0;
 }
 
 void ts_store_free(ts_store_t *s) { free_parts(s); }
+
+void ts_store_reset(ts_store_t *s) {
+  free_parts(s);
+  s->seed = 0;
+  s->applied = 0;
+  s->stale_dropped = 0;
+}
 
 static const char *init_name(ts_init_kind_t k) {
   switch (k) {
@@ -54,20 +76,21 @@ static const char *init_name(ts_init_kind_t k) {
   return "unknown";
 }
 
-static int same_model(const ts_store_t *s, const Tessera__Declare *d, char *errmsg, size_t errlen) {
-  if (d->seed != s->seed) {
+static int same_model(uint64_t seed, const ts_tensor_t *tensors, uint32_t num_tensors,
+                      const Tessera__Declare *d, char *errmsg, size_t errlen) {
+  if (d->seed != seed) {
     snprintf(errmsg, errlen, "model already declared with seed %llu, not %llu",
-             (unsigned long long)s->seed, (unsigned long long)d->seed);
+             (unsigned long long)seed, (unsigned long long)d->seed);
     return TS_ESHAPE;
   }
   for (size_t i = 0; i < d->n_tensors; i++) {
     const Tessera__TensorDecl *t = d->tensors[i];
     const ts_tensor_t *have = NULL;
-    for (uint32_t k = 0; k < s->num_tensors; k++)
-      if (strcmp(s->tensors[k].name, t->name) == 0) have = &s->tensors[k];
+    for (uint32_t k = 0; k < num_tensors; k++)
+      if (strcmp(tensors[k].name, t->name) == 0) have = &tensors[k];
     if (!have) {
       snprintf(errmsg, errlen, "tensor '%s' is not part of the declared model (%u tensors)",
-               t->name, s->num_tensors);
+               t->name, num_tensors);
       return TS_ESHAPE;
     }
     bool same = have->rank == t->n_shape;
@@ -91,32 +114,82 @@ static int same_model(const ts_store_t *s, const Tessera__Declare *d, char *errm
                have->init != (ts_init_kind_t)t->init ? " (and another initializer)" : "");
       return TS_ESHAPE;
     }
-    if (&s->tensors[i] != have) {
+    if (&tensors[i] != have) {
       snprintf(errmsg, errlen, "tensor '%s' is declared at position %zu, not %zu", t->name,
-               (size_t)(have - s->tensors), i);
+               (size_t)(have - tensors), i);
       return TS_ESHAPE;
     }
   }
-  if (d->n_tensors != s->num_tensors) {
+  if (d->n_tensors != num_tensors) {
     /* Every listed tensor matched its position, so the first unlisted one is missing. */
     snprintf(errmsg, errlen,
              "model already declared with %u tensors, not %zu (tensor '%s' is missing)",
-             s->num_tensors, d->n_tensors, s->tensors[d->n_tensors].name);
+             num_tensors, d->n_tensors, tensors[d->n_tensors].name);
     return TS_ESHAPE;
   }
   return 0;
 }
 
-int ts_store_declare(ts_store_t *s, const Tessera__Declare *d, bool *created, char *errmsg,
-                     size_t errlen) {
-  *created = false;
-  if (s->declared) return same_model(s, d, errmsg, errlen);
+int ts_store_same_model(const ts_store_t *s, const ts_store_model_t *m,
+                        const Tessera__Declare *d, char *errmsg, size_t errlen) {
+  if (m) return same_model(m->seed, m->tensors, m->num_tensors, d, errmsg, errlen);
+  return same_model(s->seed, s->tensors, s->num_tensors, d, errmsg, errlen);
+}
+
+/* a + b and a * b, stuck at UINT64_MAX instead of wrapping. */
+static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+static uint64_t sat_mul(uint64_t a, uint64_t b) {
+  return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+uint64_t ts_store_model_bytes(uint64_t param_bytes, size_t parts, size_t total_parts,
+                              uint32_t num_tensors, int nstate, bool sync, uint32_t num_workers) {
+  uint64_t copies = 1 + (uint64_t)(nstate > 0 ? nstate : 0) + (sync ? 1 : 0);
+  uint64_t per_part = sizeof(ts_spart_t) + (sync ? (num_workers ? num_workers : 1) : 0);
+  uint64_t per_tensor = sizeof(ts_tensor_t) + TS_MSG_MAX_NAME + 1 + 8 + 4; /* + plan index */
+  uint64_t n = sat_mul(param_bytes, copies);
+  n = sat_add(n, sat_mul(parts, per_part));
+  n = sat_add(n, sat_mul(total_parts, sizeof(ts_part_t) + sizeof(ts_part_t *) + sizeof(int32_t)));
+  return sat_add(n, sat_mul(num_tensors, per_tensor));
+}
+
+static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_model_t *m,
+                     char *errmsg, size_t errlen) {
+  memset(m, 0, sizeof *m);
+  int nstate = ts_optim_state_buffers(&s->optim);
+  bool sync = s->mode == TS_MODE_SYNC;
+  /* Before anything is allocated: the whole model's parameters, spread as evenly as the
+   * shards could, and its partition table. A model that cannot fit that way cannot fit any
+   * way, and the plan below is then bounded by the budget too. */
+  uint64_t total = 0, max_elems = s->partition_bytes / 4, total_parts = 0;
+  for (size_t i = 0; i < d->n_tensors; i++) {
+    const Tessera__TensorDecl *t = d->tensors[i];
+    uint64_t e = 1;
+    for (size_t k = 0; k < t->n_shape; k++) e = sat_mul(e, t->shape[k]);
+    total = sat_add(total, sat_mul(e, 4));
+    total_parts = sat_add(total_parts, e / max_elems + (e % max_elems ? 1 : 0));
+  }
+  uint32_t shards = s->num_shards ? s->num_shards : 1;
+  uint64_t share = total / shards + (total % shards ? 1 : 0);
+  uint64_t need = ts_store_model_bytes(share, 0, total_parts, (uint32_t)d->n_tensors, nstate,
+                                       sync, s->num_workers);
+  if (total == UINT64_MAX || need > s->max_model_bytes) {
+    snprintf(errmsg, errlen,
+             "the model needs %.1f MiB per shard on average over %u shard(s) (%.1f MiB of "
+             "parameters in all, x%d with optimizer state%s), more than "
+             "server.max_model_bytes = %.1f MiB",
+             mib(need), shards, mib(total), 1 + nstate + (sync ? 1 : 0),
+             sync ? " and sync accumulators" : "", mib(s->max_model_bytes));
+    return TS_ETOOBIG;
+  }
 
   int rc = TS_ENOMEM;
   uint64_t *elems = ts_calloc(d->n_tensors, sizeof *elems);
-  s->tensors = ts_calloc(d->n_tensors, sizeof *s->tensors);
-  if (!elems || !s->tensors) goto fail;
-  s->num_tensors = (uint32_t)d->n_tensors;
+  m->tensors = ts_calloc(d->n_tensors, sizeof *m->tensors);
+  if (!elems || !m->tensors) goto fail;
+  m->num_tensors = (uint32_t)d->n_tensors;
   for (size_t i = 0; i < d->n_tensors; i++) {
     const Tessera__TensorDecl *t = d->tensors[i];
     for (size_t k = 0; k < i; k++) {
@@ -126,7 +199,7 @@ int ts_store_declare(ts_store_t *s, const Tessera__Declare *d, bool *created, ch
         goto fail;
       }
     }
-    ts_tensor_t *dst = &s->tensors[i];
+    ts_tensor_t *dst = &m->tensors[i];
     dst->name = ts_strdup(t->name);
     if (!dst->name) goto fail;
     dst->rank = t->n_shape;
@@ -138,54 +211,109 @@ int ts_store_declare(ts_store_t *s, const Tessera__Declare *d, bool *created, ch
     dst->init = (ts_init_kind_t)t->init;
     elems[i] = dst->elems;
   }
-  rc = ts_plan_build(elems, s->num_tensors, s->num_shards, s->partition_bytes, &s->plan);
+  rc = ts_plan_build(elems, m->num_tensors, s->num_shards, s->partition_bytes, &m->plan);
   if (rc < 0) {
     snprintf(errmsg, errlen, "cannot plan partitions: %s", ts_strerror(rc));
     goto fail;
   }
+  /* The exact figure: this shard's own share of the plan. */
+  size_t mine = m->plan.shard_parts[s->shard];
+  m->need_bytes = ts_store_model_bytes(m->plan.shard_bytes[s->shard], mine, m->plan.num_parts,
+                                       m->num_tensors, nstate, sync, s->num_workers);
+  if (m->need_bytes > s->max_model_bytes) {
+    snprintf(errmsg, errlen,
+             "the model needs %.1f MiB on shard %u (%.1f MiB of parameters, x%d with optimizer "
+             "state%s), more than server.max_model_bytes = %.1f MiB",
+             mib(m->need_bytes), s->shard, mib(m->plan.shard_bytes[s->shard]),
+             1 + nstate + (sync ? 1 : 0), sync ? " and sync accumulators" : "",
+             mib(s->max_model_bytes));
+    rc = TS_ETOOBIG;
+    goto fail;
+  }
   rc = TS_ENOMEM;
-  s->local = ts_malloc(s->plan.num_parts * sizeof *s->local);
-  s->parts = ts_calloc(s->plan.shard_parts[s->shard] ? s->plan.shard_parts[s->shard] : 1,
-                       sizeof *s->parts);
-  if (!s->local || !s->parts) goto fail;
-  int nstate = ts_optim_state_buffers(&s->optim);
-  for (size_t i = 0; i < s->plan.num_parts; i++) {
-    const ts_part_t *pp = &s->plan.parts[i];
+  m->local = ts_malloc(m->plan.num_parts * sizeof *m->local);
+  m->parts = ts_calloc(mine ? mine : 1, sizeof *m->parts);
+  if (!m->local || !m->parts) goto fail;
+  for (size_t i = 0; i < m->plan.num_parts; i++) {
+    const ts_part_t *pp = &m->plan.parts[i];
     if (pp->shard != s->shard) {
-      s->local[i] = -1;
+      m->local[i] = -1;
       continue;
     }
-    s->local[i] = (int32_t)s->num_parts;
-    ts_spart_t *p = &s->parts[s->num_parts++];
-    size_t bytes = pp->count * sizeof(float);
-    p->plan = pp;
-    p->w = ts_aligned_alloc(bytes);
-    if (!p->w) goto fail;
-    const ts_tensor_t *t = &s->tensors[pp->tensor];
-    ts_init_fill(p->w, t->init, d->seed, t->name, t->shape, t->rank, pp->offset, pp->count);
-    s->bytes += bytes;
-    if (nstate >= 1 && !(p->s0 = ts_aligned_alloc(bytes))) goto fail;
-    if (nstate >= 2 && !(p->s1 = ts_aligned_alloc(bytes))) goto fail;
-    if (p->s0) memset(p->s0, 0, bytes);
-    if (p->s1) memset(p->s1, 0, bytes);
-    s->state_bytes += (size_t)nstate * bytes;
-    if (s->mode == TS_MODE_SYNC) {
-      if (!(p->accum = ts_aligned_alloc(bytes))) goto fail;
-      if (!(p->contributed = ts_calloc(s->num_workers ? s->num_workers : 1, 1))) goto fail;
-      s->state_bytes += bytes;
-    }
+    m->local[i] = (int32_t)m->num_parts;
+    m->parts[m->num_parts++].plan = pp;
   }
-  s->seed = d->seed;
-  s->declared = true;
-  *created = true;
+  m->seed = d->seed;
+  m->num_workers = s->num_workers;
+  m->mode = s->mode;
+  m->nstate = nstate;
   ts_free(elems);
   return 0;
 
 fail:
-  if (rc == TS_ENOMEM) snprintf(errmsg, errlen, "out of memory while creating the model's partitions");
+  if (rc == TS_ENOMEM) snprintf(errmsg, errlen, "out of memory while planning the model");
   ts_free(elems);
-  free_parts(s);
+  ts_store_model_free(m);
   return rc;
+}
+
+int ts_store_build(ts_store_model_t *m, char *errmsg, size_t errlen) {
+  for (size_t i = 0; i < m->num_parts; i++) {
+    ts_spart_t *p = &m->parts[i];
+    const ts_part_t *pp = p->plan;
+    size_t bytes = pp->count * sizeof(float);
+    if (!(p->w = ts_aligned_alloc(bytes))) goto nomem;
+    const ts_tensor_t *t = &m->tensors[pp->tensor];
+    ts_init_fill(p->w, t->init, m->seed, t->name, t->shape, t->rank, pp->offset, pp->count);
+    m->bytes += bytes;
+    if (m->nstate >= 1 && !(p->s0 = ts_aligned_alloc(bytes))) goto nomem;
+    if (m->nstate >= 2 && !(p->s1 = ts_aligned_alloc(bytes))) goto nomem;
+    if (p->s0) memset(p->s0, 0, bytes);
+    if (p->s1) memset(p->s1, 0, bytes);
+    m->state_bytes += (size_t)m->nstate * bytes;
+    if (m->mode == TS_MODE_SYNC) {
+      if (!(p->accum = ts_aligned_alloc(bytes))) goto nomem;
+      if (!(p->contributed = ts_calloc(m->num_workers ? m->num_workers : 1, 1))) goto nomem;
+      m->state_bytes += bytes;
+    }
+  }
+  return 0;
+nomem:
+  snprintf(errmsg, errlen, "out of memory while creating the model's partitions (%.1f MiB)",
+           mib(m->need_bytes));
+  return TS_ENOMEM;
+}
+
+void ts_store_install(ts_store_t *s, ts_store_model_t *m) {
+  ts_require(!s->declared);
+  s->seed = m->seed;
+  s->tensors = m->tensors;
+  s->num_tensors = m->num_tensors;
+  s->plan = m->plan;
+  s->parts = m->parts;
+  s->num_parts = m->num_parts;
+  s->local = m->local;
+  s->bytes = m->bytes;
+  s->state_bytes = m->state_bytes;
+  s->declared = true;
+  memset(m, 0, sizeof *m);
+}
+
+int ts_store_declare(ts_store_t *s, const Tessera__Declare *d, bool *created, char *errmsg,
+                     size_t errlen) {
+  *created = false;
+  if (s->declared) return ts_store_same_model(s, NULL, d, errmsg, errlen);
+  ts_store_model_t m;
+  int rc = ts_store_prepare(s, d, &m, errmsg, errlen);
+  if (rc < 0) return rc;
+  rc = ts_store_build(&m, errmsg, errlen);
+  if (rc < 0) {
+    ts_store_model_free(&m);
+    return rc;
+  }
+  ts_store_install(s, &m);
+  *created = true;
+  return 0;
 }
 
 ts_spart_t *ts_store_find(ts_store_t *s, uint32_t tensor, uint32_t part) {

@@ -54,6 +54,7 @@ typedef struct {
   uint32_t shard, num_shards, num_workers;
   ts_mode_t mode;
   uint64_t partition_bytes;
+  uint64_t max_model_bytes; /* server.max_model_bytes: the budget of ts_store_prepare */
   ts_optim_t optim;
 
   bool declared;
@@ -74,10 +75,72 @@ typedef struct {
 void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard);
 void ts_store_free(ts_store_t *s);
 
-/* Declare the model. The first call creates and initialises this shard's partitions
- * (*created = true); later calls must list the same tensors with the same shapes, seed and
- * initializers (else TS_ESHAPE with the difference in errmsg). TS_ENOMEM when the
- * partitions do not fit. */
+/* A model on its way into the store. Declaring is three steps, so that the allocation and
+ * initialisation, the slow part, can leave the loop (server/ts_model.c):
+ *   ts_store_prepare  (loop)        check the Declare and the budget, plan; no partition
+ *                                   memory yet
+ *   ts_store_build    (any thread)  allocate and initialise this shard's partitions; touches
+ *                                   nothing but the model
+ *   ts_store_install  (loop)        the model becomes the store's
+ * ts_store_model_free releases a model at any step (and is safe on a zeroed one). */
+typedef struct {
+  uint64_t seed;
+  ts_tensor_t *tensors;
+  uint32_t num_tensors;
+  ts_plan_t plan;
+  ts_spart_t *parts; /* this shard's partitions, in plan order; memory from ts_store_build */
+  size_t num_parts;
+  int32_t *local;
+  uint64_t bytes, state_bytes; /* as in ts_store_t, once built */
+  uint64_t need_bytes;         /* what ts_store_prepare counted against the budget */
+  /* what the build needs from the store, copied so it runs off the loop */
+  uint32_t num_workers;
+  ts_mode_t mode;
+  int nstate;
+} ts_store_model_t;
+
+/* What declaring d would make this shard allocate, in bytes: its partitions' parameters,
+ * optimizer state (ts_optim_state_buffers per partition), sync accumulators and
+ * per-partition bookkeeping, plus the tensor list and partition table every shard keeps.
+ * `parts` is this shard's share of the plan's partitions and `param_bytes` their
+ * parameter bytes. Pure; saturates at UINT64_MAX instead of wrapping. */
+uint64_t ts_store_model_bytes(uint64_t param_bytes, size_t parts, size_t total_parts,
+                              uint32_t num_tensors, int nstate, bool sync, uint32_t num_workers);
+
+/* Check Declare d against the store (which must have no model), the budget
+ * (s->max_model_bytes) and plan it into *m. Returns 0, TS_ESHAPE (a tensor listed twice),
+ * TS_ETOOBIG (over the budget: errmsg names server.max_model_bytes and both sizes; nothing
+ * was allocated beyond the tensor list), TS_EINVAL (no plan) or TS_ENOMEM, with errmsg. On
+ * failure *m is empty. */
+int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_model_t *m,
+                     char *errmsg, size_t errlen);
+
+/* Allocate and initialise the partitions of a prepared model. Thread-safe: it reads and
+ * writes only *m. Returns 0 or TS_ENOMEM (with errmsg; the partitions allocated so far stay
+ * in *m for ts_store_model_free). */
+int ts_store_build(ts_store_model_t *m, char *errmsg, size_t errlen);
+
+/* Make a built model the store's (which must have none); *m is left empty. */
+void ts_store_install(ts_store_t *s, ts_store_model_t *m);
+
+/* Free whatever *m holds and empty it. */
+void ts_store_model_free(ts_store_model_t *m);
+
+/* When the store has a model: 0 when d declares the same one, else TS_ESHAPE with the
+ * difference in errmsg. m may be a prepared model instead (m != NULL: compare with it). */
+int ts_store_same_model(const ts_store_t *s, const ts_store_model_t *m,
+                        const Tessera__Declare *d, char *errmsg, size_t errlen);
+
+/* Drop the model and its optimizer state: the next declare defines it anew. The caller
+ * makes sure nothing points into the partitions (no pull reply being written, no push held
+ * or parked pull). */
+void ts_store_reset(ts_store_t *s);
+
+/* Declare the model, all three steps at once on the calling thread (checkpoint restore,
+ * tests). The first call creates and initialises this shard's partitions (*created =
+ * true); later calls must list the same tensors with the same shapes, seed and
+ * initializers (else TS_ESHAPE with the difference in errmsg). TS_ETOOBIG over the
+ * budget, TS_ENOMEM when the partitions do not fit. */
 int ts_store_declare(ts_store_t *s, const Tessera__Declare *d, bool *created, char *errmsg,
                      size_t errlen);
 

@@ -448,6 +448,17 @@ TS_CLIENT_API int ts_client_checkpoint(ts_client_t *c, uint32_t shard, char *pat
 TS_CLIENT_API int ts_client_shutdown(ts_client_t *c, uint32_t shard, bool checkpoint, char *path,
                                      size_t pathlen, char *errmsg, size_t errlen);
 
+/* Admin: ask shard i to drop its declared model and the model's optimizer state, so the
+ * next declare defines the model anew (psctl model reset; docs/security.md). The shard
+ * refuses with TS_CLIENT_EBUSY while worker connections are open, unless `force`: then it
+ * closes them first (their clients reconnect and declare again). *dropped (may be NULL) is
+ * false when no model was declared; *bytes (may be NULL) gets the bytes freed and
+ * *workers_closed (may be NULL) the worker connections closed. Needs an admin client
+ * (TS_CLIENT_EPERM). */
+TS_CLIENT_API int ts_client_model_reset(ts_client_t *c, uint32_t shard, bool force, bool *dropped,
+                                        uint64_t *bytes, uint32_t *workers_closed, char *errmsg,
+                                        size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -259,6 +259,19 @@ static void valid_frames(void) {
   sdr.checkpoint_path = "/var/lib/tessera/ckpt/shard-0/ckpt-000000000011.tsckpt";
   write_frame("18-shutdown-reply", TS_MSG_SHUTDOWN_REPLY, &sdr.base, 0, 0, 0);
 
+  Tessera__ModelReset mr = TESSERA__MODEL_RESET__INIT;
+  mr.request_id = 11;
+  mr.force = 1;
+  write_frame("19-model-reset", TS_MSG_MODEL_RESET, &mr.base, 0, 0, 0);
+
+  Tessera__ModelResetReply mrr = TESSERA__MODEL_RESET_REPLY__INIT;
+  mrr.request_id = 11;
+  mrr.dropped = 1;
+  mrr.tensors = 4;
+  mrr.bytes = 803872;
+  mrr.workers_closed = 2;
+  write_frame("19-model-reset-reply", TS_MSG_MODEL_RESET_REPLY, &mrr.base, 0, 0, 0);
+
   /* Truncated: a header only, and half a meta. */
   write_frame("20-declare-header-only", TS_MSG_DECLARE, &decl.base, 0, 0, TS_FRAME_HEADER_SIZE);
   write_frame("21-declare-half-meta", TS_MSG_DECLARE, &decl.base, 0, 0,

@@ -88,6 +88,7 @@ static void check_defaults(const ts_config_t *c) {
   assert_int_equal(c->partition_bytes, 4194304);
   assert_int_equal(c->max_message_bytes, 1073741824);
   assert_int_equal(c->max_connections, 1024);
+  assert_int_equal(c->max_model_bytes, 17179869184LL);
   assert_int_equal(c->optimizer, TS_OPT_SGD);
   assert_true(c->learning_rate == 0.1);
   assert_true(c->momentum == 0.9);
@@ -310,6 +311,8 @@ static void test_bounds(void **state) {
       {"job = { partition_bytes = 0; };", 1, "must be an integer in [4, 1073741824], not 0"},
       {"server = { max_message_bytes = 17179869185; };", 1,
        "server.max_message_bytes: must be an integer in [1048576, 17179869184], not 17179869185"},
+      {"server = { max_model_bytes = 1048575; };", 1,
+       "server.max_model_bytes: must be an integer in [1048576, 4398046511104], not 1048575"},
       {"optimizer = { learning_rate = 0.0; };", 1,
        "optimizer.learning_rate: must be a number in (0, 1000], not 0"},
       {"optimizer = { momentum = 1.0; };", 1,

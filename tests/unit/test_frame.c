@@ -169,6 +169,7 @@ static void test_frame_map_rows(void **state) {
   assert_int_equal(TS_MSG_PUSH, 8);
   assert_int_equal(TS_MSG_ERROR, 14);
   assert_int_equal(TS_MSG_SHUTDOWN_REPLY, 18);
+  assert_int_equal(TS_MSG_MODEL_RESET_REPLY, 20);
 }
 
 static void test_meta_limit(void **state) {

@@ -153,6 +153,10 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
   gauge1(b, "tessera_ps_reply_queue_memory_bytes",
          "Memory of the replies queued to all connections (server.max_reply_bytes).",
          (double)m->reply_memory);
+  gauge1(b, "tessera_ps_pull_replies_writing",
+         "Pull replies still being written, each holding its partitions' updates "
+         "(server.pull_hold_timeout_s).",
+         (double)m->pull_replies_writing);
   gauge1(b, "tessera_ps_parked_pulls",
          "Pulls waiting for a version or clock (server.max_parked_pulls per connection).",
          (double)m->parked_pulls);

@@ -64,7 +64,7 @@ typedef struct {
   uint64_t limit_drops[TS_METRICS_LIMIT__COUNT];
   uint64_t limit_refusals[TS_METRICS_LIMIT__COUNT];
   /* Gauges of the budgets' use, set when publishing. */
-  uint64_t staging_in_use, reply_memory, parked_pulls;
+  uint64_t staging_in_use, reply_memory, parked_pulls, pull_replies_writing;
   uint64_t auth_failures;
   /* Bytes of connections already closed; the live ones are added when publishing. */
   uint64_t bytes_in_closed, bytes_out_closed;

@@ -44,6 +44,7 @@ static void unlink_write(ts_pull_write_t *pw) {
   if (pw->next) pw->next->prev = pw->prev;
   /* Its bookkeeping counted as reply memory while queued (server.max_reply_bytes). */
   ts_conn_charge(&s->conn, -(int64_t)pw->charged);
+  s->srv->pull_writes--;
 }
 
 /* Partitions [first, first + n) of a pull reply are out (or cancelled): updates waiting for
@@ -134,6 +135,7 @@ void ts_pull_send(ts_session_t *s, const ts_pull_req_t *q) {
     }
     pw->prev = prev;
     *tail = pw;
+    srv->pull_writes++;
     pw->charged = ts_alloc_cost(pw_bytes);
     ts_conn_charge(&s->conn, (int64_t)pw->charged);
     ts_replyq_enforce(srv);

@@ -141,6 +141,7 @@ struct ts_server {
   size_t num_sessions;
   ts_pull_req_t *waiting;
   size_t num_parked;        /* pulls in waiting */
+  size_t pull_writes;       /* pull replies being written (ts_pull_write_t) */
   uint64_t reply_mem;       /* memory of the replies queued to all connections (ts_conn.h) */
   uint64_t rate_tick_ms;    /* the last look at the pushes' rates (ts_push_rx_drop_slow) */
   ts_worker_info_t *workers;

@@ -324,7 +324,7 @@ static void test_slow_reader_loses_its_hold(void **state) {
   ts_raw_send_msg(r.fd, TS_MSG_PULL, &p.base, 0);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, slow_read, &r), 0);
-  sleep_ms(300); /* the reply is queued and holds every partition */
+  metric_reaches(&f, "tessera_ps_pull_replies_writing", 1); /* it holds every partition */
   good_step(&f); /* its push waits for the reader, which loses its hold */
   atomic_store(&r.stop, true);
   pthread_join(th, NULL);

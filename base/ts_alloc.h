@@ -18,6 +18,14 @@ char *ts_strdup(const char *s);
  * Freed with ts_free. */
 void *ts_aligned_alloc(size_t n);
 
+/* What an allocation of n bytes costs the heap, approximately: glibc's malloc rounds a
+ * request plus its 8-byte header up to 16 bytes, and never hands out less than 32. For
+ * budgets of memory a peer makes us hold (server.max_reply_bytes). */
+static inline size_t ts_alloc_cost(size_t n) {
+  size_t c = (n + 8 + 15) & ~(size_t)15;
+  return c < 32 ? 32 : c;
+}
+
 /* Test hook: the n-th allocation from now (1 = the next) and every one after it fail,
  * until called again with 0. */
 void ts_alloc_fail_after(long n);

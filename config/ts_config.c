@@ -136,6 +136,37 @@ const ts_config_def_t ts_config_defs[] = {
     INT("server.max_connections", max_connections, 1, 65536, "1024",
         "Connections a shard holds at once; more are refused. Beyond 65536 the file-descriptor "
         "limit would refuse them anyway."),
+    INT64("server.push_min_bytes_per_s", push_min_bytes_per_s, 0, GIB, "65536",
+          "Slowest a push may arrive while it holds one of the shard's staging buffers, in bytes "
+          "a second over each server.push_rate_window_s; a slower push is dropped (its "
+          "connection closed), so a peer trickling bytes cannot keep the pool from the others. "
+          "0 turns the floor off; at most 1 GiB/s, since faster than loopback drops everyone."),
+    FLOAT("server.push_rate_window_s", push_rate_window_s, 0.1, 600.0, 0, "5.0",
+          "Window over which server.push_min_bytes_per_s is measured. At least 0.1 s (the "
+          "shard's tick); at most 600 s, beyond which a trickler holds the pool for ten minutes."),
+    FLOAT("server.pull_hold_timeout_s", pull_hold_timeout_s, 0.1, 3600.0, 0, "10.0",
+          "Longest a pull reply still being written may keep an update of its partitions "
+          "waiting; past it the reader's connection is closed, so a slow reader holds no "
+          "partition hostage. At least 0.1 s (the shard's tick), at most an hour."),
+    INT64("server.max_reply_bytes_per_connection", max_reply_bytes_per_connection, 65536,
+          16 * GIB, "16777216",
+          "Memory the replies queued to one connection may take (their structs, encoded "
+          "frames and allocator overhead; a pull reply's values are parameter memory and not "
+          "counted). Over it the shard stops reading that connection until half is written. "
+          "At least 64 KiB (a few status replies), at most 16 GiB."),
+    INT64("server.max_reply_bytes", max_reply_bytes, 65536, 64 * GIB, "268435456",
+          "Memory the replies queued to all connections together may take; over it the "
+          "connection with the most queued is closed first. At least 64 KiB, at most 64 GiB."),
+    FLOAT("server.reply_full_timeout_s", reply_full_timeout_s, 0.1, 3600.0, 0, "10.0",
+          "A connection whose queued replies stay above half of "
+          "server.max_reply_bytes_per_connection this long (it asks faster than it reads) is "
+          "closed. At least 0.1 s (the shard's tick), at most an hour."),
+    INT("server.max_parked_pulls", max_parked_pulls, 1, 65536, "64",
+        "Pulls one connection may have waiting for a version or clock at once; more are "
+        "answered EBUSY. A worker parks one per shard and step; at most 65536."),
+    FLOAT("server.max_pull_wait_s", max_pull_wait_s, 1.0, 86400.0, 0, "300.0",
+          "Longest a pull waits for its version; a longer client timeout is clamped to it (the "
+          "pull is then answered ETIMEDOUT). At least 1 s (the shortest wait), at most a day."),
 
     INT64("server.max_model_bytes", max_model_bytes, 1048576, 4096 * GIB, "17179869184",
           "Most memory a declared model may make one shard allocate: its share of the "

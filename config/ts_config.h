@@ -70,6 +70,15 @@ typedef struct {
   int64_t max_message_bytes;  /* largest frame payload a shard accepts */
   int max_connections;
   int64_t max_model_bytes;    /* most a declared model may make one shard allocate */
+  /* what one authenticated peer may hold (docs/architecture.md) */
+  int64_t push_min_bytes_per_s; /* a push holding a staging buffer slower than this loses it */
+  double push_rate_window_s;    /* over windows of this long */
+  double pull_hold_timeout_s;   /* a pull reply may keep an update waiting this long */
+  int64_t max_reply_bytes_per_connection; /* memory of the replies queued to one peer */
+  int64_t max_reply_bytes;                /* ... and to all peers together */
+  double reply_full_timeout_s;  /* a peer whose queue stays this full this long is dropped */
+  int max_parked_pulls;         /* pulls one connection may have waiting for a version */
+  double max_pull_wait_s;       /* longest a pull waits (a longer client timeout is clamped) */
 
   /* optimizer */
   ts_optimizer_t optimizer;

@@ -19,6 +19,7 @@ typedef struct {
   void *arg;
   unsigned first, count;    /* pcb: the payload buffers this request carries */
   bool last;                /* the frame's final request */
+  size_t mem;               /* charged to write_mem while queued */
   unsigned nbufs;
   uv_buf_t bufs[];
 } write_req_t;
@@ -70,6 +71,22 @@ int ts_conn_start(ts_conn_t *c) {
   if (rc == 0) c->reading = true;
   c->read_progress_ms = uv_now(c->handle.loop);
   return rc;
+}
+
+void ts_conn_charge(ts_conn_t *c, int64_t delta) {
+  c->write_mem += (uint64_t)delta;
+  if (c->write_mem_total) *c->write_mem_total += (uint64_t)delta;
+}
+
+/* Reads pause while either the bytes or the memory of the write queue is over its limit. */
+static bool write_queue_full(const ts_conn_t *c) {
+  return ts_conn_write_queue(c) > c->max_write_queue ||
+         (c->max_write_mem && c->write_mem > c->max_write_mem);
+}
+
+static bool write_queue_drained(const ts_conn_t *c) {
+  return ts_conn_write_queue(c) <= c->max_write_queue / 2 &&
+         (!c->max_write_mem || c->write_mem <= c->max_write_mem / 2);
 }
 
 size_t ts_conn_write_queue(const ts_conn_t *c) {
@@ -156,9 +173,9 @@ static void deliver(ts_conn_t *c, bool discarded) {
   reset_frame(c);
   c->frames_in++;
   c->cbs->on_frame(c, &h, msg, discarded);
-  if (!c->closing && !c->paused && ts_conn_write_queue(c) > c->max_write_queue) {
+  if (!c->closing && !c->paused && write_queue_full(c)) {
     /* The peer sends faster than it reads our replies: stop reading until it catches up,
-     * so a flood cannot grow our write queue without bound. */
+     * so a flood cannot grow our write queue (its bytes or its memory) without bound. */
     c->paused = true;
     update_reading(c);
   }
@@ -316,6 +333,7 @@ static void on_write(uv_write_t *req, int status) {
   if (status == 0 && w->last) c->frames_out++;
   if (w->cb) w->cb(c, w->arg, status);
   if (w->pcb) w->pcb(c, w->arg, w->first, w->count, w->last, status);
+  ts_conn_charge(c, -(int64_t)w->mem);
   ts_free(w);
   if (c->closing) return;
   if (status < 0 && status != UV_ECANCELED) {
@@ -326,7 +344,7 @@ static void on_write(uv_write_t *req, int status) {
     ts_conn_close(c, c->close_err);
     return;
   }
-  if (c->paused && ts_conn_write_queue(c) <= c->max_write_queue / 2) {
+  if (c->paused && write_queue_drained(c)) {
     c->paused = false;
     update_reading(c);
   }
@@ -354,20 +372,27 @@ uint64_t ts_conn_read_stall_ms(const ts_conn_t *c, uint64_t now_ms) {
 }
 
 /* Queue one write request; the stall clock starts when the queue goes from empty to not. */
-static int queue_write(ts_conn_t *c, write_req_t *w) {
+static int queue_write(ts_conn_t *c, write_req_t *w, size_t alloc_bytes) {
   if (ts_conn_write_queue(c) == 0) c->write_progress_ms = uv_now(c->handle.loop);
-  return uv_write(&w->req, (uv_stream_t *)&c->handle, w->bufs, w->nbufs, on_write);
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->handle, w->bufs, w->nbufs, on_write);
+  if (rc < 0) return rc;
+  /* Our allocation, and libuv's copy of a buffer list longer than the 4 a request holds. */
+  w->mem = ts_alloc_cost(alloc_bytes);
+  if (w->nbufs > 4) w->mem += ts_alloc_cost(w->nbufs * sizeof(uv_buf_t));
+  ts_conn_charge(c, (int64_t)w->mem);
+  return 0;
 }
 
 /* A write request for a frame's header and meta (of a frame whose payload is payload[0..n))
  * followed by its first `first` payload buffers; NULL when out of memory. */
 static write_req_t *frame_req(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg,
                               const uv_buf_t *payload, unsigned n, unsigned first,
-                              uint64_t *frame_bytes) {
+                              uint64_t *frame_bytes, size_t *alloc_bytes) {
   size_t frame = ts_msg_frame_size(msg);
   size_t head = sizeof(write_req_t) + (first + 1) * sizeof(uv_buf_t);
   write_req_t *w = ts_malloc(head + frame);
   if (!w) return NULL;
+  *alloc_bytes = head + frame;
   uint8_t *bytes = (uint8_t *)w + head;
   uint64_t data_len = 0;
   for (unsigned i = 0; i < n; i++) data_len += payload[i].len;
@@ -383,8 +408,8 @@ static write_req_t *frame_req(ts_conn_t *c, uint16_t type, const ProtobufCMessag
   return w;
 }
 
-static int queue_frame(ts_conn_t *c, write_req_t *w, uint64_t frame_bytes) {
-  int rc = queue_write(c, w);
+static int queue_frame(ts_conn_t *c, write_req_t *w, uint64_t frame_bytes, size_t alloc_bytes) {
+  int rc = queue_write(c, w, alloc_bytes);
   if (rc < 0) {
     ts_free(w);
     return rc;
@@ -397,11 +422,12 @@ int ts_conn_send(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg, const
                  unsigned n, ts_conn_write_cb cb, void *arg) {
   if (c->closing) return TS_ECLOSED;
   uint64_t bytes;
-  write_req_t *w = frame_req(c, type, msg, payload, n, n, &bytes);
+  size_t alloc;
+  write_req_t *w = frame_req(c, type, msg, payload, n, n, &bytes, &alloc);
   if (!w) return TS_ENOMEM;
   w->cb = cb;
   w->arg = arg;
-  return queue_frame(c, w, bytes);
+  return queue_frame(c, w, bytes, alloc);
 }
 
 /* Payload buffers [first, end) making up the group that starts at first. */
@@ -421,16 +447,18 @@ int ts_conn_send_parts(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg,
   /* The first request carries the header and meta, and the first group of buffers. */
   unsigned end = n ? group_end(payload, n, 0) : 0;
   uint64_t bytes;
-  write_req_t *w = frame_req(c, type, msg, payload, n, end, &bytes);
+  size_t alloc;
+  write_req_t *w = frame_req(c, type, msg, payload, n, end, &bytes, &alloc);
   if (!w) return TS_ENOMEM;
   w->pcb = cb;
   w->arg = arg;
-  int rc = queue_frame(c, w, bytes);
+  int rc = queue_frame(c, w, bytes, alloc);
   if (rc < 0) return rc;
   write_req_t *prev = w; /* the last request queued */
   for (unsigned first = end; first < n; first = end) {
     end = group_end(payload, n, first);
-    w = ts_malloc(sizeof(write_req_t) + (end - first) * sizeof(uv_buf_t));
+    alloc = sizeof(write_req_t) + (end - first) * sizeof(uv_buf_t);
+    w = ts_malloc(alloc);
     rc = w ? 0 : TS_ENOMEM;
     if (w) {
       memset(w, 0, sizeof *w);
@@ -442,7 +470,7 @@ int ts_conn_send_parts(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg,
       w->last = end == n;
       w->nbufs = end - first;
       for (unsigned i = first; i < end; i++) w->bufs[i - first] = payload[i];
-      rc = queue_write(c, w);
+      rc = queue_write(c, w, alloc);
       if (rc < 0) ts_free(w);
     }
     if (rc < 0) {

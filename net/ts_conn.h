@@ -100,6 +100,13 @@ struct ts_conn {
 
   uint64_t max_data;          /* largest payload accepted */
   size_t max_write_queue;     /* reads pause while more bytes than this wait to be written */
+  /* Memory the queued writes take (write requests, encoded frames, libuv's copy of a long
+   * buffer list, allocator overhead, and what the owner charges; not the caller's payload
+   * memory). Reads also pause while it is over max_write_mem (0: no limit), until it is
+   * back to half. write_mem_total (owner's, may be NULL) sums it over connections. */
+  uint64_t write_mem;
+  uint64_t max_write_mem;
+  uint64_t *write_mem_total;
   bool reading;
   bool paused;                /* reading stopped: too much waits to be written */
   bool held;                  /* reading stopped: the owner returned TS_CONN_HOLD */
@@ -168,6 +175,11 @@ void ts_conn_close_graceful(ts_conn_t *c, int err);
 /* Close: stop reading, cancel pending writes (their callbacks see UV_ECANCELED), and call
  * on_close from the close callback. Safe to call more than once. */
 void ts_conn_close(ts_conn_t *c, int err);
+
+/* Add delta (negative to give back) to c->write_mem and *c->write_mem_total: memory the
+ * owner keeps for a queued reply (bookkeeping freed with it), so it counts in the same
+ * budget. The owner gives back what it charged, at the latest from on_close. */
+void ts_conn_charge(ts_conn_t *c, int64_t delta);
 
 /* Bytes waiting in the write queue. */
 size_t ts_conn_write_queue(const ts_conn_t *c);

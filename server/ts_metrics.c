@@ -147,6 +147,41 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
                  "Bytes of the buffers pushes are read into (a pool shared by all connections).");
   ts_prom_sample(b, "tessera_ps_staging_bytes", NULL, (double)m->staging_bytes);
 
+  gauge1(b, "tessera_ps_staging_buffers_in_use",
+         "Staging buffers held by pushes being read (server.push_min_bytes_per_s).",
+         (double)m->staging_in_use);
+  gauge1(b, "tessera_ps_reply_queue_memory_bytes",
+         "Memory of the replies queued to all connections (server.max_reply_bytes).",
+         (double)m->reply_memory);
+  gauge1(b, "tessera_ps_pull_replies_writing",
+         "Pull replies still being written, each holding its partitions' updates "
+         "(server.pull_hold_timeout_s).",
+         (double)m->pull_replies_writing);
+  gauge1(b, "tessera_ps_parked_pulls",
+         "Pulls waiting for a version or clock (server.max_parked_pulls per connection).",
+         (double)m->parked_pulls);
+  static const char *const limit_names[TS_METRICS_LIMIT__COUNT] = {
+      [TS_METRICS_LIMIT_PUSH_RATE] = "push_min_bytes_per_s",
+      [TS_METRICS_LIMIT_PULL_HOLD] = "pull_hold_timeout_s",
+      [TS_METRICS_LIMIT_REPLY_FULL] = "reply_full_timeout_s",
+      [TS_METRICS_LIMIT_REPLY_TOTAL] = "max_reply_bytes",
+      [TS_METRICS_LIMIT_PULL_REPEATS] = "pull_repeats",
+      [TS_METRICS_LIMIT_PARKED_PULLS] = "max_parked_pulls",
+  };
+  ts_prom_family(b, "tessera_ps_limit_drops_total", "counter",
+                 "Connections closed for holding more than a per-peer limit allows, by limit.");
+  for (int i = 0; i <= TS_METRICS_LIMIT_REPLY_TOTAL; i++) {
+    snprintf(lab, sizeof lab, "limit=\"%s\"", limit_names[i]);
+    ts_prom_sample(b, "tessera_ps_limit_drops_total", lab, (double)m->limit_drops[i]);
+  }
+  ts_prom_family(b, "tessera_ps_limit_refusals_total", "counter",
+                 "Requests refused by a per-peer limit, by limit (also counted in "
+                 "tessera_ps_refused_requests_total).");
+  for (int i = TS_METRICS_LIMIT_PULL_REPEATS; i < TS_METRICS_LIMIT__COUNT; i++) {
+    snprintf(lab, sizeof lab, "limit=\"%s\"", limit_names[i]);
+    ts_prom_sample(b, "tessera_ps_limit_refusals_total", lab, (double)m->limit_refusals[i]);
+  }
+
   /* The refusals every operator looks for always have a series, even at zero. */
   static const int push_reasons[] = {TS_ENONFINITE, TS_ESHAPE, TS_ENOTENSOR, TS_EFUTURE};
   static const int declare_reasons[] = {TS_ETOOBIG, TS_ESHAPE};

@@ -29,6 +29,19 @@ typedef enum {
   TS_METRICS_REQ__COUNT
 } ts_metrics_req_t;
 
+/* The limits on what one peer may make the shard hold (docs/architecture.md, "What one
+ * peer may hold"): each has a counter, of the connections it closed or of the requests it
+ * refused. */
+typedef enum {
+  TS_METRICS_LIMIT_PUSH_RATE = 0, /* dropped: server.push_min_bytes_per_s */
+  TS_METRICS_LIMIT_PULL_HOLD,     /* dropped: server.pull_hold_timeout_s */
+  TS_METRICS_LIMIT_REPLY_FULL,    /* dropped: server.reply_full_timeout_s */
+  TS_METRICS_LIMIT_REPLY_TOTAL,   /* dropped: server.max_reply_bytes */
+  TS_METRICS_LIMIT_PULL_REPEATS,  /* refused: a pull naming a partition twice */
+  TS_METRICS_LIMIT_PARKED_PULLS,  /* refused: server.max_parked_pulls */
+  TS_METRICS_LIMIT__COUNT
+} ts_metrics_limit_t;
+
 /* Error codes are counted by Tessera code (TS_E*, ts_err.h); index 0 holds everything else
  * (errno values). */
 #define TS_METRICS_NUM_CODES 32
@@ -46,6 +59,12 @@ typedef struct {
    * a staging buffer (docs/architecture.md, "Pushes, piece by piece"). */
   uint64_t push_waits_reply, push_waits_staging;
   uint64_t staging_bytes; /* staging buffers allocated, set when publishing */
+  /* Per-peer limits: connections closed and requests refused, by limit (only the drop
+   * kinds are used in limit_drops, the refusal kinds in limit_refusals). */
+  uint64_t limit_drops[TS_METRICS_LIMIT__COUNT];
+  uint64_t limit_refusals[TS_METRICS_LIMIT__COUNT];
+  /* Gauges of the budgets' use, set when publishing. */
+  uint64_t staging_in_use, reply_memory, parked_pulls, pull_replies_writing;
   uint64_t auth_failures;
   /* Bytes of connections already closed; the live ones are added when publishing. */
   uint64_t bytes_in_closed, bytes_out_closed;

@@ -4,6 +4,12 @@
  * pool, checked chunk by chunk as it lands and applied, and the buffer is reused for the
  * next piece. Concurrent pushes take turns on the pool piece by piece, and an async
  * update that would land on a partition being written to a puller waits (is "held").
+ *
+ * Turns are fair (docs/architecture.md, "What one peer may hold"): the pool hands buffers
+ * out in arrival order, a push gives its buffer up after each piece when others wait, and
+ * a push that holds a buffer while its bytes arrive slower than server.push_min_bytes_per_s
+ * loses its connection, so a peer sending a byte a second cannot keep the pool from
+ * everybody else.
  */
 #include "ts_server_int.h"
 
@@ -33,8 +39,12 @@ static int stage_ready(ts_server_t *srv) {
   return ts_stage_init(&srv->stage, largest, STAGE_BUDGET_BYTES);
 }
 
-static void rx_point(ts_push_rx_t *rx, float *buf) {
+/* The push gets staging buffer buf: its rate is measured from now (ts_push_rx_drop_slow). */
+static void rx_point(ts_session_t *s, float *buf) {
+  ts_push_rx_t *rx = &s->rx;
   rx->buf = buf;
+  rx->rate_ms = ts_server_now_ms(s->srv);
+  rx->rate_bytes = s->conn.bytes_in;
   for (size_t k = 0; k < rx->nchunks; k++) rx->iov[k].base = (char *)(buf + rx->chunk_off[k]);
 }
 
@@ -48,7 +58,7 @@ static void stage_give_back(ts_server_t *srv, ts_push_rx_t *rx) {
   ts_stage_waiter_t *w = ts_stage_release(&srv->stage, buf);
   if (w) {
     ts_session_t *next = (ts_session_t *)(void *)((char *)w - offsetof(ts_session_t, rx.wait));
-    rx_point(&next->rx, w->buf);
+    rx_point(next, w->buf);
     ts_conn_resume(&next->conn);
   }
 }
@@ -168,7 +178,7 @@ int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__
     srv->metrics.push_waits_staging++;
     return TS_CONN_HOLD;
   }
-  rx_point(rx, buf);
+  rx_point(s, buf);
   return 0;
 }
 
@@ -254,7 +264,7 @@ static int take_turns(ts_session_t *s) {
     srv->metrics.push_waits_staging++;
     return TS_CONN_HOLD; /* stage_give_back points the rest of the push and resumes */
   }
-  rx_point(rx, buf);
+  rx_point(s, buf);
   return 0;
 }
 
@@ -396,4 +406,40 @@ void ts_push_rx_close(ts_session_t *s) {
   s->rx.active = false;
   stage_give_back(srv, &s->rx);
   rx_free(&s->rx);
+}
+
+void ts_push_rx_drop_slow(ts_server_t *srv, uint64_t now_ms) {
+  const ts_config_t *cfg = srv->cfg;
+  if (cfg->push_min_bytes_per_s <= 0) return;
+  uint64_t window_ms = (uint64_t)(cfg->push_rate_window_s * 1000.0);
+  /* A loop that was busy elsewhere for a second did not read: that time is not the peers'
+   * either (the tick runs before the reads that were waiting). */
+  bool lagged = srv->rate_tick_ms && now_ms - srv->rate_tick_ms > 1000;
+  srv->rate_tick_ms = now_ms;
+  for (ts_session_t *s = srv->sessions; s; s = s->next) {
+    ts_push_rx_t *rx = &s->rx;
+    if (!rx->buf || s->conn.closing) continue;
+    if (!s->conn.reading || lagged) {
+      /* Held back by the shard (a pull reply being written, its own replies unread): the
+       * time is not the peer's. The write stall and reply budgets see to the latter. */
+      rx->rate_ms = now_ms;
+      rx->rate_bytes = s->conn.bytes_in;
+      continue;
+    }
+    uint64_t span = now_ms - rx->rate_ms;
+    if (span < window_ms) continue;
+    uint64_t got = s->conn.bytes_in - rx->rate_bytes;
+    double floor = (double)cfg->push_min_bytes_per_s * (double)span / 1000.0;
+    if ((double)got >= floor) {
+      rx->rate_ms = now_ms;
+      rx->rate_bytes = s->conn.bytes_in;
+      continue;
+    }
+    ts_log_warn("%s: its push holds a staging buffer but sent %llu bytes in %.1f s, slower "
+                "than server.push_min_bytes_per_s (%lld): closing",
+                s->conn.peer, (unsigned long long)got, (double)span / 1000.0,
+                (long long)cfg->push_min_bytes_per_s);
+    srv->metrics.limit_drops[TS_METRICS_LIMIT_PUSH_RATE]++;
+    ts_conn_close(&s->conn, TS_ETIMEDOUT);
+  }
 }

@@ -105,6 +105,10 @@ static void on_tick(uv_timer_t *t) {
   /* Half the heartbeat timeout, so the pushers a stalled peer holds up, who cannot be read
    * meanwhile, are not themselves taken for dead by their clients. */
   drop_stalled_peers(srv, now, hb / 2);
+  /* What one peer may hold (docs/architecture.md): a staging buffer, a partition, memory. */
+  ts_push_rx_drop_slow(srv, now);
+  ts_pull_drop_slow_readers(srv, now);
+  ts_replyq_tick(srv, now);
   ts_server_check_barriers(srv, true);
   ts_waitq_serve(srv);
   ts_status_publish(srv);

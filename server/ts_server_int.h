@@ -11,6 +11,7 @@
  *   ts_push_rx.c     a push received piece by piece into staging buffers, applied as it lands
  *   ts_pull.c        pull replies written straight from parameter memory
  *   ts_waitq.c       pulls parked until their version (or ssp clock) is there
+ *   ts_replyq.c      the memory budgets of the replies queued to peers
  *   ts_barrier.c     the pure rules of who is waited for (ts_barrier.h)
  *   ts_status.c      the ShardStatus for STATUS requests, /status, /metrics and systemd
  *   ts_ckpt_sched.c  when checkpoints are written: the timer, psctl, shutdown, signals
@@ -22,8 +23,9 @@
  * not yet the store's) run in the thread pool.
  *
  * Message ownership: a request handler (ts_*_handle, ts_session.c's handlers) takes the
- * decoded message and frees it (ts_msg_free) before it returns, unless it parks it: then
- * the wait queue owns it until the pull is answered, times out or its session closes.
+ * decoded message and frees it (ts_msg_free) before it returns. A pull that must wait is
+ * parked as a compact copy (ts_pull_req_t), which the wait queue owns until the pull is
+ * answered, times out or its session closes.
  */
 #ifndef TS_SERVER_INT_H
 #define TS_SERVER_INT_H
@@ -58,14 +60,28 @@ typedef struct {
   uint32_t reset_closed;
 } ts_model_state_t;
 
-/* A pull parked until it can be answered (ts_waitq.c). */
-typedef struct ts_pull_wait {
-  struct ts_pull_wait *next;
+/* One partition a pull asks for. */
+typedef struct {
+  uint32_t tensor, part;
+} ts_pull_slice_t;
+
+/* A pull, as much of it as answering needs: the decoded protobuf (with whatever unknown
+ * fields its peer added) is freed as soon as this is made (ts_pull_handle). Parked, it
+ * waits in srv->waiting (ts_waitq.c) until it can be answered. One allocation. */
+typedef struct ts_pull_req {
+  struct ts_pull_req *next;
   ts_session_t *sess;
-  Tessera__Pull *msg;
+  uint64_t request_id, min_version, clock;
   uint64_t deadline_ms;
   uint64_t start_ns; /* when the request arrived, for the latency histogram */
-} ts_pull_wait_t;
+  size_t n;
+  ts_pull_slice_t slices[];
+} ts_pull_req_t;
+
+/* A pull reply being written (ts_pull.c): its partitions hold a writer each until their
+ * bytes are out. Listed in its session so the tick can find a reader that keeps an update
+ * waiting too long (server.pull_hold_timeout_s). */
+typedef struct ts_pull_write ts_pull_write_t;
 
 /* What a worker last told us, for status; its liveness is srv->barrier's. */
 typedef struct {
@@ -94,6 +110,8 @@ typedef struct {
   size_t piece;                 /* the piece being applied */
   size_t next;                  /* next slice of it to apply (a piece is checked whole first) */
   size_t next_off;              /* its offset in buf, in floats */
+  uint64_t rate_ms;             /* holding a buffer: the start of the rate window */
+  uint64_t rate_bytes;          /* and conn.bytes_in then */
   ts_spart_t *held_on;          /* async: partition whose pull replies it waits for */
   ts_session_t *held_next;      /* srv->held list */
   Tessera__PushResult *results; /* one per slice */
@@ -116,6 +134,9 @@ struct ts_session {
   uint8_t nonce[TS_AUTH_NONCE_LEN];
   uint64_t frame_ns; /* when its last frame was read (uv_hrtime), for the latencies */
   ts_push_rx_t rx;   /* the push being received */
+  uint32_t parked;   /* its pulls in srv->waiting (server.max_parked_pulls) */
+  ts_pull_write_t *writes; /* its pull replies being written, oldest first */
+  uint64_t reply_full_ms;  /* since when its queued replies are over half their budget (0: not) */
 };
 
 struct ts_server {
@@ -134,7 +155,11 @@ struct ts_server {
   ts_session_t *held; /* sessions whose push waits for pull replies to be written */
   ts_session_t *sessions;
   size_t num_sessions;
-  ts_pull_wait_t *waiting;
+  ts_pull_req_t *waiting;
+  size_t num_parked;        /* pulls in waiting */
+  size_t pull_writes;       /* pull replies being written (ts_pull_write_t) */
+  uint64_t reply_mem;       /* memory of the replies queued to all connections (ts_conn.h) */
+  uint64_t rate_tick_ms;    /* the last look at the pushes' rates (ts_push_rx_drop_slow) */
   ts_worker_info_t *workers;
   uint32_t num_workers;
   ts_barrier_t barrier; /* membership, liveness and the rules of who is waited for */
@@ -234,23 +259,39 @@ void ts_push_rx_wake_held(ts_server_t *srv);
 /* The session closes: drop its push (held or being read) and give its buffers back. */
 void ts_push_rx_close(ts_session_t *s);
 
+/* From the tick: close the connections whose push holds a staging buffer while its bytes
+ * arrive slower than server.push_min_bytes_per_s (a trickler keeps the pool from the
+ * others). Time the shard itself holds the connection back does not count. */
+void ts_push_rx_drop_slow(ts_server_t *srv, uint64_t now_ms);
+
 /* --- ts_pull.c ------------------------------------------------------------------------- */
 
-/* True when pull m can be answered now (versions there, no update pending or held on its
+/* True when pull q can be answered now (versions there, no update pending or held on its
  * partitions, the ssp bound met). */
-bool ts_pull_ready(ts_server_t *srv, const Tessera__Pull *m);
+bool ts_pull_ready(ts_server_t *srv, const ts_pull_req_t *q);
 
-/* Answer pull m now (it must be ready). Does not take m. start_ns: when it arrived, for
- * the latency histogram. */
-void ts_pull_send(ts_session_t *s, const Tessera__Pull *m, uint64_t start_ns);
+/* Answer pull q now (it must be ready). Does not take q. */
+void ts_pull_send(ts_session_t *s, const ts_pull_req_t *q);
 
-/* A Pull request: answer it or park it. Takes m. */
+/* A Pull request: refuse it (unknown or repeated partitions), answer it or park it. Takes
+ * m and frees it before it returns. */
 void ts_pull_handle(ts_session_t *s, Tessera__Pull *m);
+
+/* From the tick: close the connections whose pull replies have kept an update of one of
+ * their partitions waiting longer than server.pull_hold_timeout_s (a slow reader). */
+void ts_pull_drop_slow_readers(ts_server_t *srv, uint64_t now_ms);
+
+/* The session closes: its replies' writes are cancelled by then (ts_conn reports them
+ * before on_close); forget any left. */
+void ts_pull_close(ts_session_t *s);
 
 /* --- ts_waitq.c ------------------------------------------------------------------------ */
 
-/* Park pull m until it is ready or its deadline passes. Takes m. */
-void ts_waitq_park(ts_session_t *s, Tessera__Pull *m, uint64_t start_ns);
+/* Park pull q until it is ready or its deadline passes (timeout_ms: the client's, 0 for
+ * the default, clamped to server.max_pull_wait_s). Takes q: the queue frees it, or, when
+ * the session already has server.max_parked_pulls waiting, it is refused (EBUSY) and
+ * freed here. */
+void ts_waitq_park(ts_session_t *s, ts_pull_req_t *q, uint64_t timeout_ms);
 
 /* Answer every parked pull that can be answered; time out those past their deadline. */
 void ts_waitq_serve(ts_server_t *srv);
@@ -260,6 +301,16 @@ void ts_waitq_drop_session(ts_server_t *srv, ts_session_t *s);
 
 /* Free every parked pull (the server is being freed). */
 void ts_waitq_free(ts_server_t *srv);
+
+/* --- ts_replyq.c ----------------------------------------------------------------------- */
+
+/* After queuing replies: while the replies queued to all connections take more than
+ * server.max_reply_bytes, close the connection holding the most (log line, counter). */
+void ts_replyq_enforce(ts_server_t *srv);
+
+/* From the tick: close the connections whose queued replies stayed over half their budget
+ * for server.reply_full_timeout_s, then ts_replyq_enforce. */
+void ts_replyq_tick(ts_server_t *srv, uint64_t now_ms);
 
 /* --- ts_status.c ----------------------------------------------------------------------- */
 

@@ -30,6 +30,7 @@ void ts_session_reply_failed(ts_session_t *s, uint16_t type, int rc) {
 int ts_session_reply(ts_session_t *s, uint16_t type, const ProtobufCMessage *msg) {
   int rc = ts_conn_send(&s->conn, type, msg, NULL, 0, NULL, NULL);
   if (rc < 0) ts_session_reply_failed(s, type, rc);
+  ts_replyq_enforce(s->srv);
   return rc;
 }
 
@@ -41,6 +42,7 @@ void ts_session_reply_error(ts_session_t *s, uint16_t req_type, uint64_t request
               ts_err_name(code), detail);
   int rc = ts_conn_send_error(&s->conn, request_id, code, detail);
   if (rc < 0) ts_session_reply_failed(s, TS_MSG_ERROR, rc);
+  ts_replyq_enforce(s->srv);
 }
 
 bool ts_session_admin_allowed(ts_session_t *s, uint16_t type, uint64_t request_id,
@@ -254,6 +256,7 @@ static void on_session_close(ts_conn_t *c, int err) {
     ts_log_debug("%s: connection closed: %s", c->peer, ts_strerror(err));
   }
   ts_push_rx_close(s);
+  ts_pull_close(s);
   ts_free(s);
   ts_server_stop_tick_when_idle(srv);
 }
@@ -286,6 +289,8 @@ void ts_session_accept(uv_stream_t *listener, int status) {
     ts_free(s);
     return;
   }
+  s->conn.max_write_mem = (uint64_t)srv->cfg->max_reply_bytes_per_connection;
+  s->conn.write_mem_total = &srv->reply_mem;
   s->next = srv->sessions;
   if (s->next) s->next->prev = s;
   srv->sessions = s;

@@ -116,6 +116,10 @@ void ts_status_publish(ts_server_t *srv) {
         m->bytes_in = m->bytes_in_closed;
         m->bytes_out = m->bytes_out_closed;
         m->staging_bytes = ts_stage_bytes(&srv->stage);
+        m->staging_in_use = srv->stage.in_use;
+        m->reply_memory = srv->reply_mem;
+        m->parked_pulls = srv->num_parked;
+        m->pull_replies_writing = srv->pull_writes;
         for (ts_session_t *x = srv->sessions; x; x = x->next) {
           m->bytes_in += x->conn.bytes_in;
           m->bytes_out += x->conn.bytes_out;

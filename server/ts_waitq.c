@@ -2,6 +2,11 @@
  * The wait queue: pulls that cannot be answered yet (a sync long poll for the next
  * version, an ssp clock bound, an update pending on a partition) wait here, and are
  * answered when the store moves (ts_waitq_serve after every change) or time out.
+ *
+ * What a peer can make it hold is bounded (docs/architecture.md, "What one peer may
+ * hold"): server.max_parked_pulls per connection, each for at most server.max_pull_wait_s,
+ * and each as a compact copy of its partition list (ts_pull_req_t), never the decoded
+ * protobuf.
  */
 #include "ts_server_int.h"
 
@@ -9,72 +14,87 @@
 
 #include "ts_alloc.h"
 #include "ts_err.h"
+#include "ts_log.h"
 
-void ts_waitq_park(ts_session_t *s, Tessera__Pull *m, uint64_t start_ns) {
+static void unpark(ts_server_t *srv, ts_pull_req_t *q) {
+  ts_require(q->sess->parked > 0 && srv->num_parked > 0);
+  q->sess->parked--;
+  srv->num_parked--;
+  ts_free(q);
+}
+
+void ts_waitq_park(ts_session_t *s, ts_pull_req_t *q, uint64_t timeout_ms) {
   ts_server_t *srv = s->srv;
-  ts_pull_wait_t *w = ts_malloc(sizeof *w);
-  if (!w) {
-    ts_session_reply_error(s, TS_MSG_PULL, m->request_id, TS_ENOMEM,
-                           "out of memory for a waiting pull");
-    ts_msg_free(&m->base);
+  const ts_config_t *cfg = srv->cfg;
+  if (s->parked >= (uint32_t)cfg->max_parked_pulls) {
+    char detail[200];
+    snprintf(detail, sizeof detail,
+             "%u pulls of this connection already wait for a version "
+             "(server.max_parked_pulls)",
+             s->parked);
+    ts_log_warn("%s: pull %llu refused: %u parked pulls is the limit (server.max_parked_pulls)",
+                s->conn.peer, (unsigned long long)q->request_id, s->parked);
+    srv->metrics.limit_refusals[TS_METRICS_LIMIT_PARKED_PULLS]++;
+    ts_session_reply_error(s, TS_MSG_PULL, q->request_id, TS_EBUSY, detail);
+    ts_free(q);
     return;
   }
-  uint64_t timeout = m->timeout_ms ? m->timeout_ms : (uint64_t)(srv->cfg->sync_timeout_s * 3000.0);
+  uint64_t timeout = timeout_ms ? timeout_ms : (uint64_t)(cfg->sync_timeout_s * 3000.0);
+  uint64_t most = (uint64_t)(cfg->max_pull_wait_s * 1000.0);
+  if (timeout > most) timeout = most; /* documented: the shard's limit wins */
   if (timeout < 1000) timeout = 1000;
-  w->sess = s;
-  w->msg = m;
-  w->deadline_ms = ts_server_now_ms(srv) + timeout;
-  w->start_ns = start_ns;
-  w->next = srv->waiting;
-  srv->waiting = w;
+  q->sess = s;
+  q->deadline_ms = ts_server_now_ms(srv) + timeout;
+  q->next = srv->waiting;
+  srv->waiting = q;
+  s->parked++;
+  srv->num_parked++;
 }
 
 void ts_waitq_serve(ts_server_t *srv) {
   uint64_t now = ts_server_now_ms(srv);
-  ts_pull_wait_t **pp = &srv->waiting;
+  ts_pull_req_t **pp = &srv->waiting;
   while (*pp) {
-    ts_pull_wait_t *w = *pp;
-    if (ts_pull_ready(srv, w->msg)) {
-      *pp = w->next;
-      ts_pull_send(w->sess, w->msg, w->start_ns);
-      ts_msg_free(&w->msg->base);
-      ts_free(w);
-    } else if (now >= w->deadline_ms) {
-      *pp = w->next;
+    ts_pull_req_t *q = *pp;
+    if (ts_pull_ready(srv, q)) {
+      *pp = q->next;
+      ts_pull_send(q->sess, q);
+      unpark(srv, q);
+    } else if (now >= q->deadline_ms) {
+      *pp = q->next;
       char detail[256];
       snprintf(
           detail, sizeof detail,
           "pull waited too long: wanted version %llu (clock %llu), shard %u is at version %llu",
-          (unsigned long long)w->msg->min_version, (unsigned long long)w->msg->clock, srv->shard,
+          (unsigned long long)q->min_version, (unsigned long long)q->clock, srv->shard,
           (unsigned long long)ts_store_min_version(&srv->store));
-      ts_session_reply_error(w->sess, TS_MSG_PULL, w->msg->request_id, TS_ETIMEDOUT, detail);
-      ts_msg_free(&w->msg->base);
-      ts_free(w);
+      ts_session_reply_error(q->sess, TS_MSG_PULL, q->request_id, TS_ETIMEDOUT, detail);
+      unpark(srv, q);
     } else {
-      pp = &w->next;
+      pp = &q->next;
     }
   }
 }
 
 void ts_waitq_drop_session(ts_server_t *srv, ts_session_t *s) {
-  ts_pull_wait_t **pp = &srv->waiting;
-  while (*pp) {
-    ts_pull_wait_t *w = *pp;
-    if (w->sess == s) {
-      *pp = w->next;
-      ts_msg_free(&w->msg->base);
-      ts_free(w);
+  ts_pull_req_t **pp = &srv->waiting;
+  while (*pp && s->parked > 0) {
+    ts_pull_req_t *q = *pp;
+    if (q->sess == s) {
+      *pp = q->next;
+      unpark(srv, q);
     } else {
-      pp = &w->next;
+      pp = &q->next;
     }
   }
 }
 
+/* The sessions are gone by now (every handle has closed): free without touching them. */
 void ts_waitq_free(ts_server_t *srv) {
   while (srv->waiting) {
-    ts_pull_wait_t *w = srv->waiting;
-    srv->waiting = w->next;
-    ts_msg_free(&w->msg->base);
-    ts_free(w);
+    ts_pull_req_t *q = srv->waiting;
+    srv->waiting = q->next;
+    ts_free(q);
   }
+  srv->num_parked = 0;
 }

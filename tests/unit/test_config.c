@@ -89,6 +89,14 @@ static void check_defaults(const ts_config_t *c) {
   assert_int_equal(c->max_message_bytes, 1073741824);
   assert_int_equal(c->max_connections, 1024);
   assert_int_equal(c->max_model_bytes, 17179869184LL);
+  assert_int_equal(c->push_min_bytes_per_s, 65536);
+  assert_true(c->push_rate_window_s == 5.0);
+  assert_true(c->pull_hold_timeout_s == 10.0);
+  assert_int_equal(c->max_reply_bytes_per_connection, 16777216);
+  assert_int_equal(c->max_reply_bytes, 268435456);
+  assert_true(c->reply_full_timeout_s == 10.0);
+  assert_int_equal(c->max_parked_pulls, 64);
+  assert_true(c->max_pull_wait_s == 300.0);
   assert_int_equal(c->optimizer, TS_OPT_SGD);
   assert_true(c->learning_rate == 0.1);
   assert_true(c->momentum == 0.9);
@@ -337,6 +345,16 @@ static void test_bounds(void **state) {
       {"device = { placement = \"gpu:0\"; };", 1,
        "device.placement: \"gpu:0\" is not a device name"},
       {"checkpoint = { keep = 0; };", 1, "checkpoint.keep: must be an integer in [1, 1000], not 0"},
+      {"server = { max_parked_pulls = 0; };", 1,
+       "server.max_parked_pulls: must be an integer in [1, 65536], not 0"},
+      {"server = { max_pull_wait_s = 0.5; };", 1,
+       "server.max_pull_wait_s: must be a number in [1, 86400], not 0.5"},
+      {"server = { max_reply_bytes_per_connection = 1024; };", 1,
+       "server.max_reply_bytes_per_connection: must be an integer in [65536, 17179869184]"},
+      {"server = { push_min_bytes_per_s = -1; };", 1,
+       "server.push_min_bytes_per_s: must be an integer in [0, 1073741824], not -1"},
+      {"server = { push_rate_window_s = 0.01; };", 1,
+       "server.push_rate_window_s: must be a number in [0.1, 600]"},
   };
   expect_all(cases, sizeof cases / sizeof cases[0]);
 
@@ -729,6 +747,14 @@ static void test_reference(void **state) {
       "job.partition_bytes",
       "server.max_message_bytes",
       "server.max_connections",
+      "server.push_min_bytes_per_s",
+      "server.push_rate_window_s",
+      "server.pull_hold_timeout_s",
+      "server.max_reply_bytes_per_connection",
+      "server.max_reply_bytes",
+      "server.reply_full_timeout_s",
+      "server.max_parked_pulls",
+      "server.max_pull_wait_s",
       "optimizer.name",
       "optimizer.learning_rate",
       "optimizer.momentum",

@@ -1,7 +1,8 @@
 /* A framed connection (net/ts_conn.h) on a loopback socket pair: a frame sent in groups
  * reports every payload buffer once, never from inside the sending call, and its final
  * call last, also when queuing a group fails half way (the owner frees its state on the
- * final call); the write stall counts bytes moving, not whole requests completing. */
+ * final call); the write stall counts bytes moving, not whole requests completing; the
+ * memory of queued writes is counted and given back. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -200,11 +201,42 @@ static void test_write_stall_counts_bytes(void **state) {
   free(mem);
 }
 
+/* Every queued request is charged to write_mem (and the owner's total) with at least its
+ * struct and frame, and gives it back once written, or cancelled by a close. */
+static void test_write_memory_is_counted(void **state) {
+  fixture_t *f = *state;
+  uint64_t total = 0;
+  f->conn.write_mem_total = &total;
+  Tessera__Heartbeat hb = TESSERA__HEARTBEAT__INIT;
+  for (int i = 0; i < 10; i++)
+    assert_int_equal(ts_conn_send(&f->conn, TS_MSG_HEARTBEAT, &hb.base, NULL, 0, NULL, NULL), 0);
+  assert_true(f->conn.write_mem >= 10 * (sizeof(uv_write_t) + TS_FRAME_HEADER_SIZE));
+  assert_int_equal(total, f->conn.write_mem);
+  ts_conn_charge(&f->conn, 1000);
+  assert_int_equal(total, f->conn.write_mem);
+  ts_conn_charge(&f->conn, -1000);
+  /* A few bytes the kernel takes at once: each request gives its memory back. */
+  for (int i = 0; i < 100 && f->conn.write_mem; i++) uv_run(&f->loop, UV_RUN_NOWAIT);
+  assert_int_equal(f->conn.write_mem, 0);
+  assert_int_equal(total, 0);
+  /* A large frame the peer does not read stays charged until the close cancels it. */
+  char *mem;
+  const uv_buf_t *bufs = payload(&mem);
+  assert_int_equal(send_parts(f, bufs), 0);
+  assert_true(f->conn.write_mem > 0);
+  ts_conn_close(&f->conn, 0);
+  while (!f->closed) uv_run(&f->loop, UV_RUN_ONCE);
+  assert_int_equal(f->conn.write_mem, 0);
+  assert_int_equal(total, 0);
+  free(mem);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_send_parts_fails_first, setup, teardown),
       cmocka_unit_test_setup_teardown(test_send_parts_fails_half_way, setup, teardown),
       cmocka_unit_test_setup_teardown(test_write_stall_counts_bytes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_write_memory_is_counted, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -68,7 +68,17 @@ typedef struct {
 
   /* server */
   int64_t max_message_bytes;  /* largest frame payload a shard accepts */
-  int max_connections;
+  int max_connections;        /* authenticated connections */
+  int max_preauth_connections;
+  double handshake_timeout_s;
+  int max_handshake_bytes;
+  double frame_grace_s;
+  int64_t min_recv_bytes_per_s; /* 0 = no rate floor */
+
+  /* http: the admin endpoints of shards and workers */
+  int http_max_connections;
+  int http_max_connections_per_ip;
+  double http_request_timeout_s;
 
   /* optimizer */
   ts_optimizer_t optimizer;

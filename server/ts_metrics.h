@@ -29,6 +29,23 @@ typedef enum {
   TS_METRICS_REQ__COUNT
 } ts_metrics_req_t;
 
+/* Connections the shard closed or refused to protect itself (the label reason="..."),
+ * each with a log line naming the peer and the limit (docs/operations.md, "Hostile or
+ * broken peers"). */
+typedef enum {
+  TS_METRICS_DROP_HANDSHAKE_TIMEOUT = 0, /* no handshake within server.handshake_timeout_s */
+  TS_METRICS_DROP_PREAUTH_QUOTA,         /* oldest of server.max_preauth_connections */
+  TS_METRICS_DROP_SLOW_FRAME,            /* below server.min_recv_bytes_per_s */
+  TS_METRICS_DROP_MAX_CONNECTIONS,       /* authenticated past server.max_connections */
+  TS_METRICS_DROP__COUNT
+} ts_metrics_drop_t;
+
+/* The admin endpoint's own connections closed early, by reason (ts_http.h). */
+typedef struct {
+  uint64_t connections;                 /* open now */
+  uint64_t deadline, per_ip, max_conns; /* closed: request deadline, per-address, total */
+} ts_metrics_http_t;
+
 /* Error codes are counted by Tessera code (TS_E*, ts_err.h); index 0 holds everything else
  * (errno values). */
 #define TS_METRICS_NUM_CODES 32
@@ -47,6 +64,8 @@ typedef struct {
   uint64_t push_waits_reply, push_waits_staging;
   uint64_t staging_bytes; /* staging buffers allocated, set when publishing */
   uint64_t auth_failures;
+  uint64_t dropped[TS_METRICS_DROP__COUNT]; /* connections closed or refused, by reason */
+  uint64_t preauth_connections;             /* waiting for their handshake, set when publishing */
   /* Bytes of connections already closed; the live ones are added when publishing. */
   uint64_t bytes_in_closed, bytes_out_closed;
   uint64_t bytes_in, bytes_out; /* totals, set when publishing */
@@ -76,5 +95,8 @@ void ts_metrics_rejected(ts_metrics_t *m, int code);
  * st is the shard's status at the same moment (NULL before the first one: its gauges are
  * then left out). */
 void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardStatus *st);
+
+/* Render the admin endpoint's connection figures (tessera_ps_admin_*) into b. */
+void ts_metrics_render_http(ts_buf_t *b, const ts_metrics_http_t *h);
 
 #endif

@@ -116,6 +116,7 @@ void ts_status_publish(ts_server_t *srv) {
         m->bytes_in = m->bytes_in_closed;
         m->bytes_out = m->bytes_out_closed;
         m->staging_bytes = ts_stage_bytes(&srv->stage);
+        m->preauth_connections = srv->num_preauth;
         for (ts_session_t *x = srv->sessions; x; x = x->next) {
           m->bytes_in += x->conn.bytes_in;
           m->bytes_out += x->conn.bytes_out;

@@ -197,7 +197,10 @@ int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char 
     }
     ts_log_info("TensorBoard event file: %s", ts_events_path(o->events));
   }
-  rc = ts_http_start(&o->http, cfg->workers[task], on_request, o, errmsg, errlen);
+  ts_http_limits_t lim = {.max_connections = (unsigned)cfg->http_max_connections,
+                          .max_connections_per_ip = (unsigned)cfg->http_max_connections_per_ip,
+                          .request_timeout_s = cfg->http_request_timeout_s};
+  rc = ts_http_start(&o->http, cfg->workers[task], &lim, on_request, o, errmsg, errlen);
   if (rc < 0) {
     ts_errmsg_wrapf(errmsg, errlen, "cluster.workers[%d]", task);
     goto fail;

@@ -66,6 +66,22 @@ void ts_http_stats(const ts_http_t *h, ts_http_stats_t *out) {
   out->closed_max = __atomic_load_n(&h->closed_max, __ATOMIC_RELAXED);
 }
 
+void ts_http_render_metrics(const ts_http_t *h, const char *prefix, ts_buf_t *b) {
+  if (!h) return;
+  ts_http_stats_t st;
+  ts_http_stats(h, &st);
+  char name[128];
+  snprintf(name, sizeof name, "%s_connections", prefix);
+  ts_prom_family(b, name, "gauge", "Open connections to this admin endpoint.");
+  ts_prom_sample(b, name, NULL, (double)st.connections);
+  snprintf(name, sizeof name, "%s_connections_closed_total", prefix);
+  ts_prom_family(b, name, "counter",
+                 "Admin endpoint connections closed early, by the limit (http.*) that did it.");
+  ts_prom_sample(b, name, "reason=\"deadline\"", (double)st.closed_deadline);
+  ts_prom_sample(b, name, "reason=\"per_ip\"", (double)st.closed_per_ip);
+  ts_prom_sample(b, name, "reason=\"max_connections\"", (double)st.closed_max);
+}
+
 static void list_remove(ts_http_t *h, http_conn_t *c) {
   if (c->prev)
     c->prev->next = c->next;

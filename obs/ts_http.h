@@ -25,6 +25,8 @@
 
 #include <stddef.h>
 
+#include "ts_prom.h"
+
 typedef struct ts_http ts_http_t;
 
 /* Limits of an endpoint (config keys http.*); a 0 field takes the default in brackets. */
@@ -63,6 +65,12 @@ int ts_http_start(ts_http_t **out, const char *addr, const ts_http_limits_t *lim
 
 /* The endpoint's connection figures now. Any thread (a handler included). */
 void ts_http_stats(const ts_http_t *h, ts_http_stats_t *out);
+
+/* Render those figures into b as Prometheus families named after prefix
+ * ("tessera_ps_admin" gives tessera_ps_admin_connections and
+ * tessera_ps_admin_connections_closed_total{reason="deadline|per_ip|max_connections"}).
+ * NULL h renders nothing. */
+void ts_http_render_metrics(const ts_http_t *h, const char *prefix, ts_buf_t *b);
 
 /* Stop the thread (waits for requests in progress), close the socket and free. NULL is
  * ignored. The handler is not called after this returns. */

@@ -119,11 +119,7 @@ static void on_request(void *arg, const char *path, ts_http_reply_t *r) {
     if (strcmp(path, "/metrics") == 0) {
       ts_buf_t b = {0};
       ts_metrics_render(&b, &s.metrics, s.st);
-      ts_http_stats_t hs;
-      ts_http_stats(a->http, &hs);
-      ts_metrics_http_t mh = {.connections = hs.connections, .deadline = hs.closed_deadline,
-                              .per_ip = hs.closed_per_ip, .max_conns = hs.closed_max};
-      ts_metrics_render_http(&b, &mh);
+      ts_http_render_metrics(a->http, "tessera_ps_admin", &b);
       reply_buf(r, 200, TS_PROM_CONTENT_TYPE, &b);
     } else {
       ts_client_shard_status_t *pub = NULL;

@@ -210,16 +210,3 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
            m->checkpoint_last_success_unix);
   ts_prom_process(b);
 }
-
-void ts_metrics_render_http(ts_buf_t *b, const ts_metrics_http_t *h) {
-  gauge1(b, "tessera_ps_admin_connections", "Open connections to this admin endpoint.",
-         (double)h->connections);
-  ts_prom_family(b, "tessera_ps_admin_connections_closed_total", "counter",
-                 "Admin endpoint connections closed early, by the limit that did it.");
-  ts_prom_sample(b, "tessera_ps_admin_connections_closed_total", "reason=\"deadline\"",
-                 (double)h->deadline);
-  ts_prom_sample(b, "tessera_ps_admin_connections_closed_total", "reason=\"per_ip\"",
-                 (double)h->per_ip);
-  ts_prom_sample(b, "tessera_ps_admin_connections_closed_total", "reason=\"max_connections\"",
-                 (double)h->max_conns);
-}

@@ -40,12 +40,6 @@ typedef enum {
   TS_METRICS_DROP__COUNT
 } ts_metrics_drop_t;
 
-/* The admin endpoint's own connections closed early, by reason (ts_http.h). */
-typedef struct {
-  uint64_t connections;                 /* open now */
-  uint64_t deadline, per_ip, max_conns; /* closed: request deadline, per-address, total */
-} ts_metrics_http_t;
-
 /* Error codes are counted by Tessera code (TS_E*, ts_err.h); index 0 holds everything else
  * (errno values). */
 #define TS_METRICS_NUM_CODES 32
@@ -95,8 +89,5 @@ void ts_metrics_rejected(ts_metrics_t *m, int code);
  * st is the shard's status at the same moment (NULL before the first one: its gauges are
  * then left out). */
 void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardStatus *st);
-
-/* Render the admin endpoint's connection figures (tessera_ps_admin_*) into b. */
-void ts_metrics_render_http(ts_buf_t *b, const ts_metrics_http_t *h);
 
 #endif

@@ -139,6 +139,7 @@ static void on_request(void *arg, const char *path, ts_http_reply_t *r) {
   } else if (strcmp(path, "/metrics") == 0) {
     ts_buf_t b = {0};
     render_metrics(o, &s, &b);
+    ts_http_render_metrics(o->http, "tessera_worker_admin", &b);
     if (b.failed) {
       ts_buf_free(&b);
       ts_http_reply_text(r, 500, NULL, "out of memory\n");

@@ -199,7 +199,8 @@ static int setup(void **state) {
            "auth = { token_file = \"%s\"; };\n"
            "job = { mode = \"async\"; };\n"
            "optimizer = { name = \"sgd\"; learning_rate = 1.0; };\n"
-           "server = { max_preauth_connections = %d; handshake_timeout_s = 1.0;\n"
+           "server = { max_connections = 256; max_preauth_connections = %d;\n"
+           "           handshake_timeout_s = 1.0;\n"
            "           frame_grace_s = 1.0; min_recv_bytes_per_s = 1024; };\n"
            "http = { request_timeout_s = 2.0; max_connections_per_ip = 32; };\n",
            f->token_path, PREAUTH_QUOTA);
@@ -234,9 +235,10 @@ static int teardown(void **state) {
   return bad == 0 ? 0 : -1;
 }
 
-/* (a) Hundreds of sockets that never handshake: they take only the pre-auth quota (its
- * oldest closed as new ones come), a new authenticated client gets in at once, psctl calls
- * the shard healthy, and each attacker is closed by its handshake deadline at the latest. */
+/* (a) Hundreds of sockets that never handshake, more than server.max_connections (256
+ * here): they take only the pre-auth quota (its oldest closed as new ones come), a new
+ * authenticated client gets in at once, psctl calls the shard healthy, and each attacker
+ * is closed by its handshake deadline at the latest. */
 static void test_idle_sockets(void **state) {
   fixture_t *f = *state;
   pid_t pid = f->c.pid[0];
@@ -279,8 +281,8 @@ static void test_idle_sockets(void **state) {
   good_round(f, f->good);
 }
 
-/* (b) Connections announcing a 1 MiB meta before any handshake, then trickling: refused at
- * the header, nothing allocated for them. */
+/* (b) Connections announcing a 1 MiB meta before any handshake, sending nearly all of it,
+ * then trickling: refused at the header, nothing allocated for them. */
 static void test_huge_meta_before_handshake(void **state) {
   fixture_t *f = *state;
   pid_t pid = f->c.pid[0];
@@ -292,11 +294,19 @@ static void test_huge_meta_before_handshake(void **state) {
   static int fds[META_SOCKETS];
   uint8_t h[TS_FRAME_HEADER_SIZE];
   ts_frame_encode_header(h, TS_MSG_HANDSHAKE, TS_FRAME_MAX_META, 0);
+  /* The whole meta but its last 16 bytes (the trickle below sends 5 of them): a shard that
+   * buffered it would hold it all. */
+  size_t body = TS_FRAME_MAX_META - 16;
+  uint8_t *junk = malloc(body);
+  assert_non_null(junk);
+  memset(junk, 0x5a, body);
   for (int i = 0; i < META_SOCKETS; i++) {
     fds[i] = ts_raw_connect(f->c.port[0]);
     assert_true(fds[i] >= 0);
     ts_raw_send_all(fds[i], h, sizeof h);
+    ts_raw_send_all(fds[i], junk, body); /* stops when the shard closes */
   }
+  free(junk);
   for (int round = 0; round < 5; round++) {
     for (int i = 0; i < META_SOCKETS; i++) send(fds[i], "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     good_round(f, f->good);

@@ -15,6 +15,9 @@
 #include "ts_msg.h"
 #include "ts_status.h"
 
+/* The longest identity sent in a handshake, in bytes. */
+#define TS_CLIENT_IDENTITY_MAX 127
+
 /* The public codes are the wire's (base/ts_err.h). */
 #define SAME_CODE(name, value, msg) _Static_assert((int)TS_CLIENT_##name == (int)TS_##name, #name);
 TS_ERR_MAP(SAME_CODE)
@@ -180,6 +183,13 @@ int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg
   c->n = (uint32_t)o.num_shards;
   c->timeout_s = o.request_timeout_s > 0 ? o.request_timeout_s : 60.0;
   c->identity = ts_strdup(o.identity ? o.identity : "");
+  /* Shards keep 127 bytes of it, and refuse a handshake over server.max_handshake_bytes
+   * (256 at the least): cut it at a character boundary below that. */
+  if (c->identity && strlen(c->identity) > TS_CLIENT_IDENTITY_MAX) {
+    size_t n = TS_CLIENT_IDENTITY_MAX;
+    while (n > 0 && ((unsigned char)c->identity[n] & 0xc0) == 0x80) n--;
+    c->identity[n] = 0;
+  }
   c->token = o.token ? ts_strdup(o.token) : NULL;
   c->opts.identity = c->identity;
   c->opts.token = NULL;

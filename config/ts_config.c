@@ -134,8 +134,37 @@ const ts_config_def_t ts_config_defs[] = {
           "Largest frame payload a shard accepts; a larger frame closes its connection before "
           "anything is allocated. At least 1 MiB (the largest meta), at most 16 GiB."),
     INT("server.max_connections", max_connections, 1, 65536, "1024",
-        "Connections a shard holds at once; more are refused. Beyond 65536 the file-descriptor "
-        "limit would refuse them anyway."),
+        "Authenticated connections a shard holds at once (counted once the handshake "
+        "succeeds: connections still in their handshake have their own quota, "
+        "server.max_preauth_connections, and never take these). More are refused with "
+        "EBUSY. Beyond 65536 the file-descriptor limit would refuse them anyway."),
+    INT("server.max_preauth_connections", max_preauth_connections, 1, 65536, "128",
+        "Connections still in their handshake (not yet authenticated) a shard holds at once. "
+        "When a new one arrives and the quota is full, the oldest one waiting is closed: a "
+        "real client handshakes within a round trip, so the oldest is the likeliest idle "
+        "attacker, and refusing the newest instead would let idle sockets lock clients out. "
+        "At least 1, at most 65536 (the file-descriptor limit)."),
+    FLOAT("server.handshake_timeout_s", handshake_timeout_s, 0.05, 600.0, 0, "5.0",
+          "Longest a connection may take from its accept to a successful handshake; then it "
+          "is closed. A client answers the Hello within a round trip; 5 s covers slow "
+          "networks and loaded hosts. At least 50 ms (a few ticks), at most 10 minutes."),
+    INT("server.max_handshake_bytes", max_handshake_bytes, 256, 1048576, "4096",
+        "Largest frame meta accepted before the handshake succeeds (the handshake itself: a "
+        "MAC and the worker's identity text); a larger one closes the connection before "
+        "anything is allocated, so an unauthenticated peer holds a few KiB at most. At least "
+        "256 bytes (a handshake with a short identity), at most 1 MiB (any meta)."),
+    FLOAT("server.frame_grace_s", frame_grace_s, 0.05, 86400.0, 0, "10.0",
+          "Time a frame in progress may take, whatever its rate; after it the frame must "
+          "have arrived at server.min_recv_bytes_per_s on average (time the shard itself "
+          "held reading back is not counted) or its connection is closed. At least 50 ms, "
+          "at most a day."),
+    INT64("server.min_recv_bytes_per_s", min_recv_bytes_per_s, 0, GIB, "4096",
+          "Slowest average rate a frame past server.frame_grace_s may arrive at, in bytes per "
+          "second; slower (a peer trickling a frame to hold the connection and its buffers) "
+          "closes it. 4 KiB/s is a thirtieth of a 1 Mbit/s link, so a real transfer is never "
+          "hit (a 400 MiB push on loopback runs at GiB/s). 0 turns the rate check off (not "
+          "the handshake deadline); at most 1 GiB/s."),
+
     INT64("server.push_min_bytes_per_s", push_min_bytes_per_s, 0, GIB, "65536",
           "Slowest a push may arrive while it holds one of the shard's staging buffers, in bytes "
           "a second over each server.push_rate_window_s; a slower push is dropped (its "
@@ -174,6 +203,20 @@ const ts_config_def_t ts_config_defs[] = {
           "accumulators and the partition tables. A Declare beyond it is refused before "
           "anything is allocated. 16 GiB holds a share of about a billion parameters with "
           "Adam; set it below the shard machine's free memory. At least 1 MiB, at most 4 TiB."),
+
+    INT("http.max_connections", http_max_connections, 4, 4096, "256",
+        "Connections an admin HTTP endpoint (/metrics, /livez, /readyz, /status of shards and "
+        "workers) serves at once. A new one past this closes the oldest, so a probe always "
+        "gets in. At least 4, at most 4096 (file descriptors)."),
+    INT("http.max_connections_per_ip", http_max_connections_per_ip, 1, 4096, "32",
+        "Connections one client address may hold on an admin endpoint; a new one past this "
+        "closes that address's oldest, so one address cannot take every slot. At least 1, "
+        "at most 4096."),
+    FLOAT("http.request_timeout_s", http_request_timeout_s, 0.1, 3600.0, 0, "5.0",
+          "Longest an admin HTTP request may take, from the connection's start (or the end "
+          "of its previous request) to its reply: a client sending a byte now and then "
+          "(slowloris) is closed after this whatever its rate. A scrape takes milliseconds; "
+          "at least 0.1 s, at most an hour."),
 
     ENUM("optimizer.name", optimizer, optimizer_names, optimizer_values, "\"sgd\"",
          "Update rule applied on the shards. Its state (velocity, Adam moments) lives beside "

@@ -68,7 +68,13 @@ typedef struct {
 
   /* server */
   int64_t max_message_bytes;  /* largest frame payload a shard accepts */
-  int max_connections;
+  int max_connections;        /* authenticated connections */
+  int max_preauth_connections;
+  double handshake_timeout_s;
+  int max_handshake_bytes;
+  double frame_grace_s;
+  int64_t min_recv_bytes_per_s; /* 0 = no rate floor */
+
   int64_t max_model_bytes;    /* most a declared model may make one shard allocate */
   /* what one authenticated peer may hold (docs/architecture.md) */
   int64_t push_min_bytes_per_s; /* a push holding a staging buffer slower than this loses it */
@@ -79,6 +85,11 @@ typedef struct {
   double reply_full_timeout_s;  /* a peer whose queue stays this full this long is dropped */
   int max_parked_pulls;         /* pulls one connection may have waiting for a version */
   double max_pull_wait_s;       /* longest a pull waits (a longer client timeout is clamped) */
+
+  /* http: the admin endpoints of shards and workers */
+  int http_max_connections;
+  int http_max_connections_per_ip;
+  double http_request_timeout_s;
 
   /* optimizer */
   ts_optimizer_t optimizer;

@@ -35,6 +35,7 @@ int ts_conn_init(uv_loop_t *loop, ts_conn_t *c, const ts_conn_cbs_t *cbs, uint64
   c->data = data;
   c->max_data = max_data;
   c->max_write_queue = 256u << 20;
+  c->max_meta = TS_FRAME_MAX_META;
   c->state = TS_CONN_READ_HEADER;
   snprintf(c->peer, sizeof c->peer, "?");
   int rc = uv_tcp_init(loop, &c->handle);
@@ -117,15 +118,29 @@ static void on_close(uv_handle_t *h) {
 
 /* Read unless something holds reading back: a close, the owner (held), or our own write
  * queue (paused). */
+static bool mid_frame(const ts_conn_t *c) {
+  return c->state != TS_CONN_READ_HEADER || c->got > 0;
+}
+
 static void update_reading(ts_conn_t *c) {
   bool want = !c->closing && !c->close_after_write && !c->held && !c->paused;
+  uint64_t now = uv_now(c->handle.loop);
   if (want && !c->reading) {
     if (uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read) == 0) c->reading = true;
-    c->read_progress_ms = uv_now(c->handle.loop); /* the time held back is not the peer's */
+    c->read_progress_ms = now; /* the time held back is not the peer's */
+    c->frame_mark_ms = now;
   } else if (!want && c->reading) {
     uv_read_stop((uv_stream_t *)&c->handle);
     c->reading = false;
+    if (mid_frame(c) && now > c->frame_mark_ms) c->frame_active_ms += now - c->frame_mark_ms;
   }
+}
+
+uint64_t ts_conn_frame_age_ms(const ts_conn_t *c, uint64_t now_ms) {
+  if (!mid_frame(c)) return 0;
+  uint64_t age = c->frame_active_ms;
+  if (c->reading && now_ms > c->frame_mark_ms) age += now_ms - c->frame_mark_ms;
+  return age;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -294,7 +309,15 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   if (nread == 0) return;
-  c->read_progress_ms = uv_now(c->handle.loop);
+  uint64_t now = uv_now(c->handle.loop);
+  c->read_progress_ms = now;
+  /* on_alloc never hands out more than the current piece, so a read belongs to one frame. */
+  if (!mid_frame(c)) {
+    c->frame_bytes = 0;
+    c->frame_active_ms = 0;
+    c->frame_mark_ms = now;
+  }
+  c->frame_bytes += (uint64_t)nread;
   c->got += (size_t)nread;
   c->bytes_in += (uint64_t)nread;
   switch (c->state) {
@@ -306,6 +329,15 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
         ts_log_warn("%s: closing connection: %s (%s)", c->peer, desc ? desc : "bad header",
                     ts_err_name(rc));
         ts_conn_fail(c, 0, rc, desc ? desc : "bad frame header");
+        return;
+      }
+      if (c->hdr.meta_len > c->max_meta) {
+        char why[160];
+        snprintf(why, sizeof why, "frame meta of %u bytes is larger than the %u accepted now%s",
+                 c->hdr.meta_len, c->max_meta,
+                 c->max_meta < TS_FRAME_MAX_META ? " (before the handshake)" : "");
+        ts_log_warn("%s: closing connection: %s", c->peer, why);
+        ts_conn_fail(c, 0, TS_ETOOBIG, why);
         return;
       }
       header_done(c);
@@ -366,8 +398,7 @@ uint64_t ts_conn_write_stall_ms(ts_conn_t *c, uint64_t now_ms) {
 }
 
 uint64_t ts_conn_read_stall_ms(const ts_conn_t *c, uint64_t now_ms) {
-  bool mid_frame = c->state != TS_CONN_READ_HEADER || c->got > 0;
-  if (!c->reading || !mid_frame || now_ms < c->read_progress_ms) return 0;
+  if (!c->reading || !mid_frame(c) || now_ms < c->read_progress_ms) return 0;
   return now_ms - c->read_progress_ms;
 }
 

@@ -99,6 +99,7 @@ struct ts_conn {
   uint8_t *scratch;           /* 64 KiB for discarded payload */
 
   uint64_t max_data;          /* largest payload accepted */
+  uint32_t max_meta;          /* largest meta accepted (TS_FRAME_MAX_META unless lowered) */
   size_t max_write_queue;     /* reads pause while more bytes than this wait to be written */
   /* Memory the queued writes take (write requests, encoded frames, libuv's copy of a long
    * buffer list, allocator overhead, and what the owner charges; not the caller's payload
@@ -117,13 +118,20 @@ struct ts_conn {
   uint64_t write_progress_ms; /* loop time bytes were last seen written, or the queue filled */
   uint64_t written_seen;      /* bytes written at the last look (ts_conn_write_stall_ms) */
   uint64_t read_progress_ms;  /* loop time bytes last arrived, or reading last (re)started */
+  /* The frame in progress (ts_conn_frame_age_ms): its bytes so far, the reading time it
+   * took before the last stop, and when that time last started counting. */
+  uint64_t frame_bytes, frame_active_ms, frame_mark_ms;
 
   char peer[64];
   char errmsg[256];
   uint64_t frames_in, frames_out, bytes_in, bytes_out;
 };
 
-/* Initialise c on loop (uv_tcp_init); the caller then accepts or connects on &c->handle. */
+/* Initialise c on loop (uv_tcp_init); the caller then accepts or connects on &c->handle.
+ * max_data bounds a frame's payload and max_meta (set to TS_FRAME_MAX_META here) its meta;
+ * the owner may change either between frames (a server lowers both until a peer has
+ * authenticated). A frame over either closes the connection after an Error frame, before
+ * anything is allocated for it. */
 int ts_conn_init(uv_loop_t *loop, ts_conn_t *c, const ts_conn_cbs_t *cbs, uint64_t max_data,
                  void *data);
 
@@ -161,6 +169,13 @@ uint64_t ts_conn_write_stall_ms(ts_conn_t *c, uint64_t now_ms);
  * arriving (ms; 0 between frames and while reading is held back or paused): a peer that
  * stopped sending half way through a frame shows a growing stall. */
 uint64_t ts_conn_read_stall_ms(const ts_conn_t *c, uint64_t now_ms);
+
+/* How long the frame in progress has been read (ms; 0 between frames): the time since its
+ * first byte, less the time reading was held back (by the owner) or paused (our write
+ * queue), which is not the peer's. With c->frame_bytes, the bytes of it that arrived, this
+ * gives the frame's average rate, so a peer trickling a frame is told from one sending a
+ * large frame slowly but steadily. */
+uint64_t ts_conn_frame_age_ms(const ts_conn_t *c, uint64_t now_ms);
 
 /* Send an Error frame for request_id. */
 int ts_conn_send_error(ts_conn_t *c, uint64_t request_id, int code, const char *detail);

@@ -1,12 +1,16 @@
 #include "ts_http.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ts_addr.h"
@@ -14,17 +18,207 @@
 #include "ts_err.h"
 #include "ts_log.h"
 
-/* A scrape is one small request: 32 connections and 10 s per connection are plenty, and
- * bound what a misbehaving client can hold. */
-#define HTTP_MAX_CONNECTIONS 32
-#define HTTP_TIMEOUT_S 10
+#define DEFAULT_MAX_CONNECTIONS 256
+#define DEFAULT_PER_IP 32
+#define DEFAULT_TIMEOUT_S 5.0
+/* libmicrohttpd's own limit sits above ours: the connections we close are only gone once
+ * its loop has seen their socket shut, and a burst of accepts comes before that. */
+#define MHD_LIMIT_MARGIN 64
+
+/* A connection as we track it (its libmicrohttpd socket context). Only the daemon's one
+ * polling thread touches these: the accept policy, the notifications and the handler all
+ * run there (MHD_USE_INTERNAL_POLLING_THREAD without a thread pool). libmicrohttpd
+ * notifies a close before it closes the socket, so the fd of a tracked connection is
+ * always its own. */
+typedef struct http_conn {
+  struct http_conn *prev, *next; /* ts_http's list, oldest `since` first */
+  int fd;
+  struct sockaddr_storage addr;
+  double since; /* CLOCK_MONOTONIC s: the start, or the end of the previous request */
+  bool shut;    /* closed by us, waiting for libmicrohttpd to notice */
+} http_conn_t;
 
 struct ts_http {
   struct MHD_Daemon *mhd;
   ts_http_handler_cb handler;
   void *arg;
   char addr[128];
+  ts_http_limits_t lim;
+  http_conn_t *head, *tail; /* polling thread only */
+  /* Read by any thread (ts_http_stats), written by the polling thread. */
+  unsigned long long open, closed_deadline, closed_per_ip, closed_max;
 };
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void bump(unsigned long long *v, long long by) {
+  __atomic_add_fetch(v, (unsigned long long)by, __ATOMIC_RELAXED);
+}
+
+void ts_http_stats(const ts_http_t *h, ts_http_stats_t *out) {
+  out->connections = __atomic_load_n(&h->open, __ATOMIC_RELAXED);
+  out->closed_deadline = __atomic_load_n(&h->closed_deadline, __ATOMIC_RELAXED);
+  out->closed_per_ip = __atomic_load_n(&h->closed_per_ip, __ATOMIC_RELAXED);
+  out->closed_max = __atomic_load_n(&h->closed_max, __ATOMIC_RELAXED);
+}
+
+void ts_http_render_metrics(const ts_http_t *h, const char *prefix, ts_buf_t *b) {
+  if (!h) return;
+  ts_http_stats_t st;
+  ts_http_stats(h, &st);
+  char name[128];
+  snprintf(name, sizeof name, "%s_connections", prefix);
+  ts_prom_family(b, name, "gauge", "Open connections to this admin endpoint.");
+  ts_prom_sample(b, name, NULL, (double)st.connections);
+  snprintf(name, sizeof name, "%s_connections_closed_total", prefix);
+  ts_prom_family(b, name, "counter",
+                 "Admin endpoint connections closed early, by the limit (http.*) that did it.");
+  ts_prom_sample(b, name, "reason=\"deadline\"", (double)st.closed_deadline);
+  ts_prom_sample(b, name, "reason=\"per_ip\"", (double)st.closed_per_ip);
+  ts_prom_sample(b, name, "reason=\"max_connections\"", (double)st.closed_max);
+}
+
+static void list_remove(ts_http_t *h, http_conn_t *c) {
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    h->head = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  else
+    h->tail = c->prev;
+  c->prev = c->next = NULL;
+}
+
+static void list_append(ts_http_t *h, http_conn_t *c) {
+  c->prev = h->tail;
+  c->next = NULL;
+  if (h->tail)
+    h->tail->next = c;
+  else
+    h->head = c;
+  h->tail = c;
+}
+
+static bool same_ip(const struct sockaddr_storage *a, const struct sockaddr *b) {
+  if (a->ss_family != b->sa_family) return false;
+  if (b->sa_family == AF_INET)
+    return ((const struct sockaddr_in *)(const void *)a)->sin_addr.s_addr ==
+           ((const struct sockaddr_in *)(const void *)b)->sin_addr.s_addr;
+  if (b->sa_family == AF_INET6)
+    return memcmp(&((const struct sockaddr_in6 *)(const void *)a)->sin6_addr,
+                  &((const struct sockaddr_in6 *)(const void *)b)->sin6_addr,
+                  sizeof(struct in6_addr)) == 0;
+  return false;
+}
+
+static void ip_name(const struct sockaddr *a, char *out, size_t n) {
+  snprintf(out, n, "?");
+  if (a->sa_family == AF_INET)
+    inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)a)->sin_addr, out, (socklen_t)n);
+  else if (a->sa_family == AF_INET6)
+    inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)a)->sin6_addr, out,
+              (socklen_t)n);
+}
+
+/* Close c: libmicrohttpd sees the shut socket on its next poll and cleans up. */
+static void shut(ts_http_t *h, http_conn_t *c, unsigned long long *counter, const char *why) {
+  char ip[INET6_ADDRSTRLEN];
+  ip_name((const struct sockaddr *)&c->addr, ip, sizeof ip);
+  ts_log_warn("admin http %s: closing a connection from %s: %s", h->addr, ip, why);
+  shutdown(c->fd, SHUT_RDWR);
+  c->shut = true;
+  bump(counter, 1);
+}
+
+/* The accept policy, called for each new connection before it is set up: make room for
+ * it (it is always let in). */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+  (void)addrlen;
+  ts_http_t *h = cls;
+  double now = mono_s();
+  char why[160];
+  unsigned live = 0, from_ip = 0;
+  http_conn_t *oldest = NULL, *oldest_ip = NULL;
+  for (http_conn_t *c = h->head; c; c = c->next) {
+    if (c->shut) continue;
+    if (now - c->since > h->lim.request_timeout_s) {
+      snprintf(why, sizeof why, "no complete request within %.1f s (http.request_timeout_s)",
+               h->lim.request_timeout_s);
+      shut(h, c, &h->closed_deadline, why);
+      continue;
+    }
+    live++;
+    if (!oldest) oldest = c;
+    if (same_ip(&c->addr, addr)) {
+      from_ip++;
+      if (!oldest_ip) oldest_ip = c;
+    }
+  }
+  if (oldest_ip && from_ip >= h->lim.max_connections_per_ip) {
+    snprintf(why, sizeof why,
+             "its address holds %u connections, the limit (http.max_connections_per_ip); "
+             "the oldest is closed",
+             from_ip);
+    shut(h, oldest_ip, &h->closed_per_ip, why);
+  } else if (oldest && live >= h->lim.max_connections) {
+    snprintf(why, sizeof why,
+             "%u connections are open, the limit (http.max_connections); the oldest is "
+             "closed",
+             live);
+    shut(h, oldest, &h->closed_max, why);
+  }
+  return MHD_YES;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+  ts_http_t *h = cls;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *fd = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ad = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    http_conn_t *c = ts_calloc(1, sizeof *c);
+    if (!c || !fd) {
+      ts_free(c); /* untracked: only libmicrohttpd's own limits apply to it */
+      return;
+    }
+    c->fd = fd->connect_fd;
+    if (ad && ad->client_addr) {
+      socklen_t len = ad->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                             : sizeof(struct sockaddr_in);
+      memcpy(&c->addr, ad->client_addr, len);
+    }
+    c->since = mono_s();
+    list_append(h, c);
+    *socket_context = c;
+    bump(&h->open, 1);
+  } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+    http_conn_t *c = *socket_context;
+    if (!c) return;
+    list_remove(h, c);
+    ts_free(c);
+    *socket_context = NULL;
+    bump(&h->open, -1);
+  }
+}
+
+/* A request is answered: the deadline of the next one on this connection starts now. */
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+  (void)con_cls;
+  (void)toe;
+  ts_http_t *h = cls;
+  const union MHD_ConnectionInfo *sc = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  http_conn_t *c = sc ? sc->socket_context : NULL;
+  if (!c || c->shut) return;
+  c->since = mono_s();
+  list_remove(h, c);
+  list_append(h, c);
+}
 
 void ts_http_reply_text(ts_http_reply_t *reply, int status, const char *content_type,
                         const char *text) {
@@ -120,11 +314,19 @@ static int listen_on(const char *addr, char *errmsg, size_t errlen, int *fd_out)
   return -err;
 }
 
-int ts_http_start(ts_http_t **out, const char *addr, ts_http_handler_cb handler, void *arg,
-                  char *errmsg, size_t errlen) {
+int ts_http_start(ts_http_t **out, const char *addr, const ts_http_limits_t *limits,
+                  ts_http_handler_cb handler, void *arg, char *errmsg, size_t errlen) {
   *out = NULL;
   ts_http_t *h = ts_calloc(1, sizeof *h);
   if (!h) return TS_ENOMEM;
+  if (limits) h->lim = *limits;
+  if (!h->lim.max_connections) h->lim.max_connections = DEFAULT_MAX_CONNECTIONS;
+  if (!h->lim.max_connections_per_ip) h->lim.max_connections_per_ip = DEFAULT_PER_IP;
+  if (!(h->lim.request_timeout_s > 0)) h->lim.request_timeout_s = DEFAULT_TIMEOUT_S;
+  /* libmicrohttpd's idle timeout, in whole seconds, backs ours up while no new connection
+   * comes to trigger our check. */
+  unsigned idle_s = (unsigned)h->lim.request_timeout_s;
+  if ((double)idle_s < h->lim.request_timeout_s) idle_s++;
   h->handler = handler;
   h->arg = arg;
   snprintf(h->addr, sizeof h->addr, "%s", addr);
@@ -134,14 +336,20 @@ int ts_http_start(ts_http_t **out, const char *addr, ts_http_handler_cb handler,
     ts_free(h);
     return rc;
   }
+  /* Published before the thread starts, so a handler may already use *out (ts_http_stats). */
+  *out = h;
   h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
-                            0, NULL, NULL, on_request, h,
+                            0, on_accept, h, on_request, h,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
                             MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_TIMEOUT_S,
+                            MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)(h->lim.max_connections + MHD_LIMIT_MARGIN),
+                            MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                             MHD_OPTION_END);
   if (!h->mhd) {
+    *out = NULL;
     close(fd);
     ts_free(h);
     snprintf(errmsg, errlen, "admin address %s: libmicrohttpd failed to start", addr);

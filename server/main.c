@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include "ts_alloc.h"
@@ -30,6 +31,30 @@ static void usage(FILE *f) {
           "Exit codes: 0 clean shutdown, 1 runtime failure, 2 usage, 78 bad configuration.\n");
 }
 
+/* Every connection the limits allow is a file descriptor: authenticated ones, those in
+ * their handshake, and the admin endpoint's (with libmicrohttpd's margin of 64), plus a
+ * few dozen for the process itself. Raise the soft limit towards the hard one (as redis
+ * does), and say so when even that is short: connections past it would be refused by
+ * accept(2), whatever the keys say. */
+static void raise_fd_limit(const ts_config_t *cfg) {
+  rlim_t want = (rlim_t)cfg->max_connections + (rlim_t)cfg->max_preauth_connections +
+                (rlim_t)cfg->http_max_connections + 64 + 64;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want) return;
+  rlim_t to = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+  if (to > rl.rlim_cur) {
+    rl.rlim_cur = to;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  if (rl.rlim_cur < want)
+    ts_log_warn(
+        "open files limit is %llu, below the %llu that server.max_connections, "
+        "server.max_preauth_connections and http.max_connections need: raise LimitNOFILE / "
+        "ulimit -n",
+        (unsigned long long)rl.rlim_cur, (unsigned long long)want);
+}
+
 int main(int argc, char **argv) {
   static const ts_cli_spec_t spec = {.prog = "ps-server", .id_name = "shard",
                                      .id_role = TS_ROLE_PS, .allow_insecure = true,
@@ -44,6 +69,7 @@ int main(int argc, char **argv) {
     ts_cli_free(&cli);
     return rc;
   }
+  raise_fd_limit(&cfg);
   char err[512];
   uv_loop_t loop;
   uv_loop_init(&loop);

@@ -119,6 +119,7 @@ static void on_request(void *arg, const char *path, ts_http_reply_t *r) {
     if (strcmp(path, "/metrics") == 0) {
       ts_buf_t b = {0};
       ts_metrics_render(&b, &s.metrics, s.st);
+      ts_http_render_metrics(a->http, "tessera_ps_admin", &b);
       reply_buf(r, 200, TS_PROM_CONTENT_TYPE, &b);
     } else {
       ts_client_shard_status_t *pub = NULL;
@@ -163,7 +164,10 @@ int ts_admin_start(ts_admin_t **out, const ts_config_t *cfg, uint32_t shard, cha
   a->cfg = cfg;
   a->shard = shard;
   pthread_mutex_init(&a->mu, NULL);
-  int rc = ts_http_start(&a->http, cfg->ps_http[shard], on_request, a, errmsg, errlen);
+  ts_http_limits_t lim = {.max_connections = (unsigned)cfg->http_max_connections,
+                          .max_connections_per_ip = (unsigned)cfg->http_max_connections_per_ip,
+                          .request_timeout_s = cfg->http_request_timeout_s};
+  int rc = ts_http_start(&a->http, cfg->ps_http[shard], &lim, on_request, a, errmsg, errlen);
   if (rc < 0) {
     ts_errmsg_wrapf(errmsg, errlen, "cluster.ps_http[%u]", shard);
     pthread_mutex_destroy(&a->mu);

@@ -223,6 +223,17 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
   }
   counter1(b, "tessera_ps_auth_failures_total", "Handshakes refused for a wrong token.",
            (double)m->auth_failures);
+  gauge1(b, "tessera_ps_preauth_connections",
+         "Connections waiting for their handshake (server.max_preauth_connections).",
+         (double)m->preauth_connections);
+  static const char *const drop_reasons[TS_METRICS_DROP__COUNT] = {
+      "handshake_timeout", "preauth_quota", "slow_frame", "max_connections"};
+  ts_prom_family(b, "tessera_ps_connections_dropped_total", "counter",
+                 "Connections closed or refused to protect the shard, by the limit that did it.");
+  for (int r = 0; r < TS_METRICS_DROP__COUNT; r++) {
+    snprintf(lab, sizeof lab, "reason=\"%s\"", drop_reasons[r]);
+    ts_prom_sample(b, "tessera_ps_connections_dropped_total", lab, (double)m->dropped[r]);
+  }
   counter1(b, "tessera_ps_received_bytes_total", "Bytes received from clients.", (double)m->bytes_in);
   counter1(b, "tessera_ps_sent_bytes_total", "Bytes sent to clients.", (double)m->bytes_out);
 

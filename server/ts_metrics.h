@@ -42,6 +42,17 @@ typedef enum {
   TS_METRICS_LIMIT__COUNT
 } ts_metrics_limit_t;
 
+/* Connections the shard closed or refused to protect itself (the label reason="..."),
+ * each with a log line naming the peer and the limit (docs/operations.md, "Hostile or
+ * broken peers"). */
+typedef enum {
+  TS_METRICS_DROP_HANDSHAKE_TIMEOUT = 0, /* no handshake within server.handshake_timeout_s */
+  TS_METRICS_DROP_PREAUTH_QUOTA,         /* oldest of server.max_preauth_connections */
+  TS_METRICS_DROP_SLOW_FRAME,            /* below server.min_recv_bytes_per_s */
+  TS_METRICS_DROP_MAX_CONNECTIONS,       /* authenticated past server.max_connections */
+  TS_METRICS_DROP__COUNT
+} ts_metrics_drop_t;
+
 /* Error codes are counted by Tessera code (TS_E*, ts_err.h); index 0 holds everything else
  * (errno values). */
 #define TS_METRICS_NUM_CODES 32
@@ -66,6 +77,8 @@ typedef struct {
   /* Gauges of the budgets' use, set when publishing. */
   uint64_t staging_in_use, reply_memory, parked_pulls, pull_replies_writing;
   uint64_t auth_failures;
+  uint64_t dropped[TS_METRICS_DROP__COUNT]; /* connections closed or refused, by reason */
+  uint64_t preauth_connections;             /* waiting for their handshake, set when publishing */
   /* Bytes of connections already closed; the live ones are added when publishing. */
   uint64_t bytes_in_closed, bytes_out_closed;
   uint64_t bytes_in, bytes_out; /* totals, set when publishing */

@@ -60,10 +60,29 @@ void ts_server_worker_seen(ts_server_t *srv, int task) {
  * most: the connection would otherwise keep the shard from ever exiting. */
 #define STOP_STALL_MS 1000
 
+/* A frame past server.frame_grace_s that arrived slower than server.min_recv_bytes_per_s
+ * on average (a peer trickling bytes to hold a connection and its buffers: any byte
+ * resetting an idle clock would let it live forever): log and count it; true to close. */
+static bool too_slow(ts_server_t *srv, ts_session_t *s, uint64_t now) {
+  uint64_t floor = (uint64_t)srv->cfg->min_recv_bytes_per_s;
+  uint64_t age = ts_conn_frame_age_ms(&s->conn, now);
+  if (floor == 0 || age <= (uint64_t)(srv->cfg->frame_grace_s * 1000.0)) return false;
+  uint64_t bytes = s->conn.frame_bytes;
+  if (bytes >= floor * age / 1000) return false;
+  srv->metrics.dropped[TS_METRICS_DROP_SLOW_FRAME]++;
+  ts_log_warn(
+      "%s: a frame has come in at %.0f bytes/s for %.1f s (%llu bytes), below "
+      "server.min_recv_bytes_per_s = %llu: closing",
+      s->conn.peer, (double)bytes * 1000.0 / (double)age, (double)age / 1000.0,
+      (unsigned long long)bytes, (unsigned long long)floor);
+  return true;
+}
+
 /* Close the peers that hold others up: one that has not read its replies for limit_ms (its
  * pull replies never finish, so pushes to their partitions wait; and it holds our memory),
- * and one that stopped sending half way through a push for as long while holding a
- * staging buffer (the pushes queued for a buffer would wait for it forever). */
+ * one that stopped sending half way through a push for as long while holding a staging
+ * buffer (the pushes queued for a buffer would wait for it forever), and one trickling a
+ * frame (too_slow). */
 static void drop_stalled_peers(ts_server_t *srv, uint64_t now, uint64_t limit_ms) {
   for (ts_session_t *s = srv->sessions; s; s = s->next) {
     if (s->conn.closing) continue;
@@ -81,7 +100,9 @@ static void drop_stalled_peers(ts_server_t *srv, uint64_t now, uint64_t limit_ms
           "buffer: closing",
           s->conn.peer, (double)stall / 1000.0);
       ts_conn_close(&s->conn, TS_ETIMEDOUT);
+      continue;
     }
+    if (too_slow(srv, s, now)) ts_conn_close(&s->conn, TS_ETIMEDOUT);
   }
 }
 
@@ -105,6 +126,7 @@ static void on_tick(uv_timer_t *t) {
   /* Half the heartbeat timeout, so the pushers a stalled peer holds up, who cannot be read
    * meanwhile, are not themselves taken for dead by their clients. */
   drop_stalled_peers(srv, now, hb / 2);
+  ts_session_preauth_expire(srv, now);
   /* What one peer may hold (docs/architecture.md): a staging buffer, a partition, memory. */
   ts_push_rx_drop_slow(srv, now);
   ts_pull_drop_slow_readers(srv, now);

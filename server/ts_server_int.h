@@ -128,6 +128,12 @@ struct ts_session {
   ts_server_t *srv;
   uint64_t id; /* unique per server: replies after background work find it by id */
   ts_session_t *prev, *next;
+  /* Until its handshake succeeds a session is also on srv's pre-authentication FIFO
+   * (oldest first): it has its own quota and deadline (ts_session_preauth_expire). */
+  ts_session_t *pa_prev, *pa_next;
+  bool preauth;       /* on that FIFO */
+  bool counted;       /* authenticated: counts against server.max_connections */
+  uint64_t accepted_ms;
   bool handshaken;
   Tessera__Role role;
   int task;
@@ -154,7 +160,10 @@ struct ts_server {
   ts_stage_t stage;   /* staging buffers for push payloads (ts_stage.h) */
   ts_session_t *held; /* sessions whose push waits for pull replies to be written */
   ts_session_t *sessions;
-  size_t num_sessions;
+  size_t num_sessions;             /* every open connection */
+  ts_session_t *preauth_head, *preauth_tail; /* waiting for their handshake, oldest first */
+  size_t num_preauth;
+  size_t num_authed;               /* authenticated: against server.max_connections */
   ts_pull_req_t *waiting;
   size_t num_parked;        /* pulls in waiting */
   size_t pull_writes;       /* pull replies being written (ts_pull_write_t) */
@@ -214,6 +223,10 @@ void ts_server_stop_tick_when_idle(ts_server_t *srv);
 
 /* The listener's connection callback: a new session, greeted with a Hello. */
 void ts_session_accept(uv_stream_t *listener, int status);
+
+/* From the tick: close the connections whose handshake is past server.handshake_timeout_s
+ * (oldest first, each with an Error frame, a log line and a count). */
+void ts_session_preauth_expire(ts_server_t *srv, uint64_t now_ms);
 
 /* The session of id, or NULL when it has closed (replies after background work). */
 ts_session_t *ts_session_find(ts_server_t *srv, uint64_t id);

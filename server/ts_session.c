@@ -96,6 +96,81 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   ts_msg_free(&m->base);
 }
 
+/* --- before authentication --------------------------------------------------------- */
+
+/* An unauthenticated peer may hold little: a slot of its own quota, for a few seconds, and
+ * a frame meta of server.max_handshake_bytes (no payload). */
+static void preauth_push(ts_server_t *srv, ts_session_t *s) {
+  s->preauth = true;
+  s->pa_next = NULL;
+  s->pa_prev = srv->preauth_tail;
+  if (srv->preauth_tail)
+    srv->preauth_tail->pa_next = s;
+  else
+    srv->preauth_head = s;
+  srv->preauth_tail = s;
+  srv->num_preauth++;
+}
+
+static void preauth_remove(ts_server_t *srv, ts_session_t *s) {
+  if (!s->preauth) return;
+  s->preauth = false;
+  if (s->pa_prev)
+    s->pa_prev->pa_next = s->pa_next;
+  else
+    srv->preauth_head = s->pa_next;
+  if (s->pa_next)
+    s->pa_next->pa_prev = s->pa_prev;
+  else
+    srv->preauth_tail = s->pa_prev;
+  s->pa_prev = s->pa_next = NULL;
+  srv->num_preauth--;
+}
+
+/* Close an unauthenticated session for a limit: it leaves the FIFO at once (its slot is
+ * free now), is told why in an Error frame, and is counted. One closing already is only
+ * taken off the FIFO. */
+static void preauth_drop(ts_server_t *srv, ts_session_t *s, ts_metrics_drop_t why, int code,
+                         const char *detail) {
+  preauth_remove(srv, s);
+  if (s->conn.closing || s->conn.close_after_write) return;
+  srv->metrics.dropped[why]++;
+  ts_log_warn("%s: closing connection: %s", s->conn.peer, detail);
+  ts_conn_fail(&s->conn, 0, code, detail);
+}
+
+void ts_session_preauth_expire(ts_server_t *srv, uint64_t now_ms) {
+  uint64_t limit = (uint64_t)(srv->cfg->handshake_timeout_s * 1000.0);
+  char why[160];
+  while (srv->preauth_head && now_ms - srv->preauth_head->accepted_ms >= limit) {
+    snprintf(why, sizeof why, "no handshake within %.2f s (server.handshake_timeout_s)",
+             srv->cfg->handshake_timeout_s);
+    preauth_drop(srv, srv->preauth_head, TS_METRICS_DROP_HANDSHAKE_TIMEOUT, TS_ETIMEDOUT, why);
+  }
+}
+
+/* The handshake succeeded: the session leaves the pre-authentication quota for
+ * server.max_connections, and may send frames of any size. False (and the session is
+ * closing) when that limit is reached. */
+static bool authenticate(ts_server_t *srv, ts_session_t *s, uint64_t request_id) {
+  preauth_remove(srv, s);
+  if (srv->num_authed >= (size_t)srv->cfg->max_connections) {
+    char why[160];
+    snprintf(why, sizeof why,
+             "too many connections: %d authenticated is the limit (server.max_connections)",
+             srv->cfg->max_connections);
+    srv->metrics.dropped[TS_METRICS_DROP_MAX_CONNECTIONS]++;
+    ts_log_warn("%s: refused: %s", s->conn.peer, why);
+    ts_conn_fail(&s->conn, request_id, TS_EBUSY, why);
+    return false;
+  }
+  s->counted = true;
+  srv->num_authed++;
+  s->conn.max_meta = TS_FRAME_MAX_META;
+  s->conn.max_data = (uint64_t)srv->cfg->max_message_bytes;
+  return true;
+}
+
 static int check_mac(const char *token, const uint8_t *nonce, const ProtobufCBinaryData *mac) {
   if (!token) return 0;
   return ts_auth_verify(token, nonce, TS_AUTH_NONCE_LEN, mac->data, mac->len);
@@ -131,6 +206,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
     protocol_error(s, m->request_id, TS_EAUTH, err);
     goto out;
   }
+  if (!authenticate(srv, s, m->request_id)) goto out;
   s->handshaken = true;
   s->role = m->role;
   s->task = m->role == TESSERA__ROLE__ROLE_WORKER ? m->task : -1;
@@ -236,6 +312,8 @@ static void on_session_close(ts_conn_t *c, int err) {
     ts_metrics_rejected(&srv->metrics, err);
   }
   ts_waitq_drop_session(srv, s);
+  preauth_remove(srv, s);
+  if (s->counted) srv->num_authed--;
   if (s->prev)
     s->prev->next = s->next;
   else
@@ -284,8 +362,7 @@ void ts_session_accept(uv_stream_t *listener, int status) {
   s->srv = srv;
   s->task = -1;
   s->id = ++srv->next_session_id;
-  uint64_t max_data = (uint64_t)srv->cfg->max_message_bytes;
-  if (ts_conn_init(srv->loop, &s->conn, &session_cbs, max_data, s) < 0) {
+  if (ts_conn_init(srv->loop, &s->conn, &session_cbs, 0, s) < 0) {
     ts_free(s);
     return;
   }
@@ -299,11 +376,22 @@ void ts_session_accept(uv_stream_t *listener, int status) {
     ts_conn_close(&s->conn, TS_ECLOSED);
     return;
   }
-  if (srv->num_sessions > (size_t)srv->cfg->max_connections) {
-    ts_log_warn("%s: refused: %zu connections is the limit (server.max_connections)", s->conn.peer,
-                (size_t)srv->cfg->max_connections);
-    ts_conn_fail(&s->conn, 0, TS_EBUSY, "too many connections");
-    return;
+  /* Until it authenticates: the handshake frame only (a small meta, no payload), within
+   * the handshake deadline, in the pre-authentication quota. A full quota closes its
+   * oldest: a real client handshakes within a round trip, so the oldest is the likeliest
+   * to be an idle attacker, while refusing the newest would let idle sockets keep clients
+   * out for as long as they are renewed. */
+  s->conn.max_meta = (uint32_t)srv->cfg->max_handshake_bytes;
+  s->conn.max_data = 0;
+  s->accepted_ms = ts_server_now_ms(srv);
+  preauth_push(srv, s);
+  while (srv->num_preauth > (size_t)srv->cfg->max_preauth_connections) {
+    char why[160];
+    snprintf(why, sizeof why,
+             "%d connections waiting for their handshake is the limit "
+             "(server.max_preauth_connections); the oldest is closed",
+             srv->cfg->max_preauth_connections);
+    preauth_drop(srv, srv->preauth_head, TS_METRICS_DROP_PREAUTH_QUOTA, TS_EBUSY, why);
   }
   randombytes_buf(s->nonce, TS_AUTH_NONCE_LEN);
   char id[96];

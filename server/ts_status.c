@@ -120,6 +120,7 @@ void ts_status_publish(ts_server_t *srv) {
         m->reply_memory = srv->reply_mem;
         m->parked_pulls = srv->num_parked;
         m->pull_replies_writing = srv->pull_writes;
+        m->preauth_connections = srv->num_preauth;
         for (ts_session_t *x = srv->sessions; x; x = x->next) {
           m->bytes_in += x->conn.bytes_in;
           m->bytes_out += x->conn.bytes_out;

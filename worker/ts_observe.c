@@ -139,6 +139,7 @@ static void on_request(void *arg, const char *path, ts_http_reply_t *r) {
   } else if (strcmp(path, "/metrics") == 0) {
     ts_buf_t b = {0};
     render_metrics(o, &s, &b);
+    ts_http_render_metrics(o->http, "tessera_worker_admin", &b);
     if (b.failed) {
       ts_buf_free(&b);
       ts_http_reply_text(r, 500, NULL, "out of memory\n");
@@ -197,7 +198,10 @@ int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char 
     }
     ts_log_info("TensorBoard event file: %s", ts_events_path(o->events));
   }
-  rc = ts_http_start(&o->http, cfg->workers[task], on_request, o, errmsg, errlen);
+  ts_http_limits_t lim = {.max_connections = (unsigned)cfg->http_max_connections,
+                          .max_connections_per_ip = (unsigned)cfg->http_max_connections_per_ip,
+                          .request_timeout_s = cfg->http_request_timeout_s};
+  rc = ts_http_start(&o->http, cfg->workers[task], &lim, on_request, o, errmsg, errlen);
   if (rc < 0) {
     ts_errmsg_wrapf(errmsg, errlen, "cluster.workers[%d]", task);
     goto fail;

@@ -141,7 +141,7 @@ typedef struct {
   size_t num_shards;
   bool admin;                    /* admin role (psctl) instead of worker (default false) */
   int task;                      /* worker index (ignored for admin; default 0) */
-  const char *identity;          /* free text for the servers' logs (copied; may be NULL) */
+  const char *identity;          /* free text for logs (copied, cut to 127 bytes; may be NULL) */
   const char *token;             /* shared secret for the handshake MAC; NULL = none */
   double connect_timeout_s;      /* ts_client_open waits this long for the shards (5) */
   double request_timeout_s;      /* default deadline of a request (60) */

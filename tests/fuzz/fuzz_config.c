@@ -109,6 +109,18 @@ static void check_loaded(const ts_config_t *c) {
   check(c->max_message_bytes >= (1 << 20) && c->max_message_bytes <= (16LL << 30),
         "max_message_bytes");
   check(c->max_connections >= 1 && c->max_connections <= 65536, "max_connections");
+  check(c->max_preauth_connections >= 1 && c->max_preauth_connections <= 65536,
+        "max_preauth_connections");
+  check(in_range(c->handshake_timeout_s, 0.05, 600.0), "handshake_timeout_s");
+  check(c->max_handshake_bytes >= 256 && c->max_handshake_bytes <= (1 << 20),
+        "max_handshake_bytes");
+  check(in_range(c->frame_grace_s, 0.05, 86400.0), "frame_grace_s");
+  check(c->min_recv_bytes_per_s >= 0 && c->min_recv_bytes_per_s <= (1LL << 30),
+        "min_recv_bytes_per_s");
+  check(c->http_max_connections >= 4 && c->http_max_connections <= 4096, "http_max_connections");
+  check(c->http_max_connections_per_ip >= 1 && c->http_max_connections_per_ip <= 4096,
+        "http_max_connections_per_ip");
+  check(in_range(c->http_request_timeout_s, 0.1, 3600.0), "http_request_timeout_s");
   check(in_range(c->learning_rate, 0.0, 1000.0) && c->learning_rate > 0.0, "learning_rate");
   check(in_range(c->momentum, 0.0, 1.0) && c->momentum < 1.0, "momentum");
   check(in_range(c->beta1, 0.0, 1.0) && c->beta1 < 1.0, "beta1");

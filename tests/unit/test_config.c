@@ -97,6 +97,14 @@ static void check_defaults(const ts_config_t *c) {
   assert_true(c->reply_full_timeout_s == 10.0);
   assert_int_equal(c->max_parked_pulls, 64);
   assert_true(c->max_pull_wait_s == 300.0);
+  assert_int_equal(c->max_preauth_connections, 128);
+  assert_true(c->handshake_timeout_s == 5.0);
+  assert_int_equal(c->max_handshake_bytes, 4096);
+  assert_true(c->frame_grace_s == 10.0);
+  assert_int_equal(c->min_recv_bytes_per_s, 4096);
+  assert_int_equal(c->http_max_connections, 256);
+  assert_int_equal(c->http_max_connections_per_ip, 32);
+  assert_true(c->http_request_timeout_s == 5.0);
   assert_int_equal(c->optimizer, TS_OPT_SGD);
   assert_true(c->learning_rate == 0.1);
   assert_true(c->momentum == 0.9);
@@ -355,6 +363,21 @@ static void test_bounds(void **state) {
        "server.push_min_bytes_per_s: must be an integer in [0, 1073741824], not -1"},
       {"server = { push_rate_window_s = 0.01; };", 1,
        "server.push_rate_window_s: must be a number in [0.1, 600]"},
+      {"server = { max_preauth_connections = 0; };", 1,
+       "server.max_preauth_connections: must be an integer in [1, 65536], not 0"},
+      {"server = { handshake_timeout_s = 0.01; };", 1,
+       "server.handshake_timeout_s: must be a number in [0.05, 600]"},
+      {"server = { max_handshake_bytes = 255; };", 1,
+       "server.max_handshake_bytes: must be an integer in [256, 1048576], not 255"},
+      {"server = { frame_grace_s = 0; };", 1, "server.frame_grace_s: must be a number in [0.05, 86400]"},
+      {"server = { min_recv_bytes_per_s = -1; };", 1,
+       "server.min_recv_bytes_per_s: must be an integer in [0, 1073741824], not -1"},
+      {"http = { max_connections = 3; };", 1,
+       "http.max_connections: must be an integer in [4, 4096], not 3"},
+      {"http = { max_connections_per_ip = 0; };", 1,
+       "http.max_connections_per_ip: must be an integer in [1, 4096], not 0"},
+      {"http = { request_timeout_s = 0.05; };", 1,
+       "http.request_timeout_s: must be a number in [0.1, 3600]"},
   };
   expect_all(cases, sizeof cases / sizeof cases[0]);
 
@@ -755,6 +778,14 @@ static void test_reference(void **state) {
       "server.reply_full_timeout_s",
       "server.max_parked_pulls",
       "server.max_pull_wait_s",
+      "server.max_preauth_connections",
+      "server.handshake_timeout_s",
+      "server.max_handshake_bytes",
+      "server.frame_grace_s",
+      "server.min_recv_bytes_per_s",
+      "http.max_connections",
+      "http.max_connections_per_ip",
+      "http.request_timeout_s",
       "optimizer.name",
       "optimizer.learning_rate",
       "optimizer.momentum",

@@ -2,7 +2,9 @@
  * reports every payload buffer once, never from inside the sending call, and its final
  * call last, also when queuing a group fails half way (the owner frees its state on the
  * final call); the write stall counts bytes moving, not whole requests completing; the
- * memory of queued writes is counted and given back. */
+ * memory of queued writes is counted and given back; a frame's age and bytes are
+ * measured from its first byte; a meta over max_meta is refused before anything is
+ * allocated for it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -231,12 +233,55 @@ static void test_write_memory_is_counted(void **state) {
   free(mem);
 }
 
+/* Write n bytes to the conn from the peer's side and let the loop read them. */
+static void peer_sends(fixture_t *f, const void *buf, size_t n) {
+  int fd;
+  assert_int_equal(uv_fileno((uv_handle_t *)&f->peer, &fd), 0);
+  assert_int_equal(write(fd, buf, n), (ssize_t)n);
+  uint64_t before = f->conn.bytes_in;
+  for (int i = 0; i < 1000 && f->conn.bytes_in < before + n && !f->closed; i++)
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+}
+
+static void test_frame_age(void **state) {
+  fixture_t *f = *state;
+  Tessera__Status st = TESSERA__STATUS__INIT;
+  st.request_id = 77;
+  uint8_t frame[64];
+  size_t n = ts_msg_encode(TS_MSG_STATUS, &st.base, 0, frame);
+  assert_true(n > TS_FRAME_HEADER_SIZE + 1);
+  uv_update_time(&f->loop);
+  uint64_t t0 = uv_now(&f->loop);
+  assert_int_equal(ts_conn_frame_age_ms(&f->conn, t0 + 5000), 0); /* between frames */
+  peer_sends(f, frame, TS_FRAME_HEADER_SIZE + 1);
+  assert_int_equal(f->conn.frame_bytes, TS_FRAME_HEADER_SIZE + 1);
+  uint64_t mark = f->conn.frame_mark_ms;
+  assert_int_equal(ts_conn_frame_age_ms(&f->conn, mark + 1500), 1500);
+  peer_sends(f, frame + TS_FRAME_HEADER_SIZE + 1, n - TS_FRAME_HEADER_SIZE - 1);
+  assert_int_equal(f->conn.frames_in, 1);
+  assert_int_equal(ts_conn_frame_age_ms(&f->conn, mark + 1500), 0); /* done */
+}
+
+static void test_meta_over_limit(void **state) {
+  fixture_t *f = *state;
+  f->conn.max_meta = 64;
+  uint8_t h[TS_FRAME_HEADER_SIZE];
+  ts_frame_encode_header(h, TS_MSG_HANDSHAKE, TS_FRAME_MAX_META, 0);
+  peer_sends(f, h, sizeof h);
+  for (int i = 0; i < 1000 && !f->closed; i++) uv_run(&f->loop, UV_RUN_NOWAIT);
+  assert_true(f->closed);
+  assert_int_equal(f->conn.close_err, TS_ETOOBIG);
+  assert_int_equal(f->conn.meta_cap, 0); /* nothing was allocated for it */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_send_parts_fails_first, setup, teardown),
       cmocka_unit_test_setup_teardown(test_send_parts_fails_half_way, setup, teardown),
       cmocka_unit_test_setup_teardown(test_write_stall_counts_bytes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_write_memory_is_counted, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_frame_age, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_meta_over_limit, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

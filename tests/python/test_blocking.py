@@ -35,6 +35,21 @@ def test_stopped_shard_raises_unavailable_after_the_timeout(cluster):
         cl.signal(1, signal.SIGCONT)
 
 
+@pytest.fixture(autouse=True)
+def _python_sigint():
+    """Python's own SIGINT handler during these tests, also where pytest started with
+    SIGINT ignored (as a background job of a non-interactive shell is: Python then leaves
+    it ignored, and no Ctrl-C could reach a call)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def _sigint_in(delay: float, sent: list) -> threading.Timer:
     def fire() -> None:
         sent.append(time.monotonic())

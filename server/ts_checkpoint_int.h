@@ -48,7 +48,9 @@ bool ts_ckpt_same_layout(const ts_store_t *s, const Tessera__CheckpointMeta *m);
  * one-line description of what was restored. Returns 1 when restored; 0 when the
  * directories hold no file of another layout, or newer_than >= 0 and no newer set could be
  * used; TS_EDATA when newer_than < 0 and files of another layout exist but no set of them
- * can be used (errmsg says what was found and why; s stays undeclared); TS_ENOMEM. */
+ * can be used (no complete set: errmsg lists the steps of the shards found; complete sets
+ * that failed to load: each was logged, errmsg says why the last failed; s stays
+ * undeclared); TS_ENOMEM. */
 int ts_ckpt_reshard(ts_store_t *s, char *const *dirs, size_t ndirs, double newer_than,
                     char *desc, size_t desclen, char *errmsg, size_t errlen);
 

@@ -397,10 +397,12 @@ int ts_ckpt_reshard(ts_store_t *s, char *const *dirs, size_t ndirs, double newer
     found_free(&f);
     return rc;
   }
+  char why[700] = "";
+  int tried = 0;
   for (size_t k = 0; k < f.ngroups; k++) {
     const group_t *g = &f.groups[k];
     if (g->have != g->num_shards || g->newest <= newer_than) continue;
-    char why[700];
+    tried++;
     if (load_set(s, g, why, sizeof why) < 0) {
       ts_log_err("checkpoint set of %u shard(s) at step %llu rejected, trying an older one: %s",
                  g->num_shards, (unsigned long long)g->step, why);
@@ -421,6 +423,14 @@ int ts_ckpt_reshard(ts_store_t *s, char *const *dirs, size_t ndirs, double newer
     found_free(&f);
     snprintf(errmsg, errlen, "no newer checkpoint set of another layout could be used");
     return 0;
+  }
+  if (tried > 0) {
+    snprintf(errmsg, errlen,
+             "every complete checkpoint set of another layout was rejected (%d of them, "
+             "each logged above); the last: %s",
+             tried, why);
+    found_free(&f);
+    return TS_EDATA;
   }
   char what[600];
   describe(&f, what, sizeof what);

@@ -236,7 +236,8 @@ static int start_alone(const char *cfg, char *err, size_t errn) {
   return rc;
 }
 
-/* A set missing one old shard's file is refused: the shard does not start fresh. */
+/* A set with a corrupt file, or missing one old shard's file, is refused: the shard does
+ * not start fresh. */
 static void test_incomplete_set_refused(void **state) {
   (void)state;
   char root[] = "/tmp/tessera-reshard-XXXXXX", dir[300], cfg[1500], path[3][600];
@@ -249,10 +250,24 @@ static void test_incomplete_set_refused(void **state) {
   ts_client_close(w);
   checkpoint_all(&c, path, 1);
   assert_int_equal(ts_cluster_stop(&c), 0);
-  assert_int_equal(unlink(path[1]), 0);
-
   char err[8192];
+  /* One file of the only set corrupt: the set is rejected, so is the start. */
+  FILE *f = fopen(path[1], "r+b");
+  assert_non_null(f);
+  fseek(f, -100, SEEK_END);
+  int ch = fgetc(f);
+  fseek(f, -100, SEEK_END);
+  fputc(ch ^ 0x10, f);
+  fclose(f);
   int rc = start_alone(job(cfg, sizeof cfg, dir, 4096, NULL), err, sizeof err);
+  if (rc != 78 || !strstr(err, "was rejected")) fprintf(stderr, "exit %d:\n%s\n", rc, err);
+  assert_int_equal(rc, 78);
+  assert_non_null(strstr(err, "checksum mismatch"));
+  assert_non_null(strstr(err, "every complete checkpoint set of another layout was rejected"));
+
+  /* One file missing: no complete set. */
+  assert_int_equal(unlink(path[1]), 0);
+  rc = start_alone(job(cfg, sizeof cfg, dir, 4096, NULL), err, sizeof err);
   if (rc != 78 || !strstr(err, "no complete checkpoint set"))
     fprintf(stderr, "exit %d:\n%s\n", rc, err);
   assert_int_equal(rc, 78);

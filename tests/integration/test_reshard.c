@@ -1,7 +1,8 @@
 /*
  * Restoring checkpoints into another shard count (docs/operations.md, "Changing the number
  * of shards"): a sync job with Adam trains on 2 shards, checkpoints and stops; 3 shards
- * restore that set (from the shared checkpoint.dir) and go on; their set is copied into one
+ * restore that set (from the shared checkpoint.dir) and go on; 2 shards again restore the
+ * newer 3-shard set rather than their own older files; the 3-shard set is copied into one
  * directory per old shard and a single shard with a larger job.partition_bytes restores it
  * through checkpoint.restore_from. Every pull is compared bit for bit with an uninterrupted
  * run on one shard, so parameters, Adam's moments and update counts and the versions must
@@ -195,6 +196,15 @@ static void test_reshard(void **state) {
   expect_state(w, 4);
   ts_client_close(w);
   checkpoint_all(&c, path, 4);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+
+  /* Back to 2 shards: their own files (step 3) are older than the 3-shard set (step 4),
+   * which wins. */
+  assert_int_equal(ts_cluster_start(&c, 2, 1, job(cfg, sizeof cfg, shared, 4096, NULL)), 0);
+  expect_restored(&c, 4, "is newer than");
+  w = open_client(&c, false);
+  expect_state(w, 4);
+  ts_client_close(w);
   assert_int_equal(ts_cluster_stop(&c), 0);
 
   /* Each old shard's file in a directory of its own (a state directory per shard), and one

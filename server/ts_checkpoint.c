@@ -266,9 +266,8 @@ int ts_ckpt_list(const char *dir, int shard, char ***names, uint32_t **shards) {
   /* Sort by shard, then by sequence: fixed-width sequence numbers make lexical order age
    * order within a shard. */
   for (size_t i = 1; i < n; i++)
-    for (size_t j = i; j > 0 && (sv[j - 1] > sv[j] ||
-                                 (sv[j - 1] == sv[j] && strcmp(v[j - 1], v[j]) > 0));
-         j--) {
+    for (size_t j = i;
+         j > 0 && (sv[j - 1] > sv[j] || (sv[j - 1] == sv[j] && strcmp(v[j - 1], v[j]) > 0)); j--) {
       char *t = v[j];
       v[j] = v[j - 1];
       v[j - 1] = t;
@@ -320,9 +319,10 @@ int ts_checkpoint_clean_tmp(const char *dir, uint32_t shard) {
     char full[600];
     snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
     if (unlink(full) == 0) {
-      ts_log_warn("removed %s: a checkpoint whose write was interrupted (the shard stopped "
-                  "before it was complete)",
-                  full);
+      ts_log_warn(
+          "removed %s: a checkpoint whose write was interrupted (the shard stopped "
+          "before it was complete)",
+          full);
       removed++;
     }
   }
@@ -451,8 +451,8 @@ int ts_ckpt_read_meta(const char *path, Tessera__CheckpointMeta **meta, char *er
   return 0;
 }
 
-int ts_ckpt_open_checked(const char *path, FILE **fp, Tessera__CheckpointMeta **meta,
-                         char *errmsg, size_t errlen) {
+int ts_ckpt_open_checked(const char *path, FILE **fp, Tessera__CheckpointMeta **meta, char *errmsg,
+                         size_t errlen) {
   *fp = NULL;
   *meta = NULL;
   FILE *f = fopen(path, "rb");
@@ -659,8 +659,7 @@ int ts_checkpoint_restore(ts_store_t *s, const char *dir, char *const *from, siz
   double set = 0;
   if (rc == 1 && ts_ckpt_newest_set(s, dirs, nfrom + 1, &set) == 1 && set > own) {
     /* The shard count changed back: the newest state is the other layout's set. */
-    ts_log_notice("a checkpoint set of another layout is newer than %s: re-sharding from it",
-                  path);
+    ts_log_notice("a checkpoint set of another layout is newer than %s: re-sharding from it", path);
     ts_store_free(s);
     char desc[600];
     int r = ts_ckpt_reshard(s, dirs, nfrom + 1, own, desc, sizeof desc, errmsg, errlen);

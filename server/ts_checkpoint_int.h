@@ -35,8 +35,8 @@ int ts_ckpt_read_meta(const char *path, Tessera__CheckpointMeta **meta, char *er
 /* Open path and check magic, sizes and the BLAKE2b hash of the whole file. Returns 0 with
  * the decoded meta (free with ts_msg_free) and the file (fclose) positioned at the first
  * partition's data, or TS_EDATA / TS_ENOMEM / a negative errno with errmsg naming path. */
-int ts_ckpt_open_checked(const char *path, FILE **fp, Tessera__CheckpointMeta **meta,
-                         char *errmsg, size_t errlen);
+int ts_ckpt_open_checked(const char *path, FILE **fp, Tessera__CheckpointMeta **meta, char *errmsg,
+                         size_t errlen);
 
 /* Whether a file's layout is the store's: the same shard count and partition size. */
 bool ts_ckpt_same_layout(const ts_store_t *s, const Tessera__CheckpointMeta *m);
@@ -51,8 +51,8 @@ bool ts_ckpt_same_layout(const ts_store_t *s, const Tessera__CheckpointMeta *m);
  * can be used (no complete set: errmsg lists the steps of the shards found; complete sets
  * that failed to load: each was logged, errmsg says why the last failed; s stays
  * undeclared); TS_ENOMEM. */
-int ts_ckpt_reshard(ts_store_t *s, char *const *dirs, size_t ndirs, double newer_than,
-                    char *desc, size_t desclen, char *errmsg, size_t errlen);
+int ts_ckpt_reshard(ts_store_t *s, char *const *dirs, size_t ndirs, double newer_than, char *desc,
+                    size_t desclen, char *errmsg, size_t errlen);
 
 /* Whether dirs hold a complete set of another layout (headers only, nothing verified):
  * 1 with *wall the time its newest file was written, else 0. */

@@ -130,8 +130,11 @@ static int group(found_t *f) {
         g = &f->groups[k];
     if (!g) {
       g = &f->groups[f->ngroups];
-      *g = (group_t){.num_shards = m->num_shards, .partition_bytes = m->partition_bytes,
-                     .step = m->step, .seed = m->seed, .newest = m->wall_time};
+      *g = (group_t){.num_shards = m->num_shards,
+                     .partition_bytes = m->partition_bytes,
+                     .step = m->step,
+                     .seed = m->seed,
+                     .newest = m->wall_time};
       if (!(g->files = ts_calloc(m->num_shards, sizeof *g->files))) return TS_ENOMEM;
       f->ngroups++;
     }
@@ -329,9 +332,10 @@ static int load_set(ts_store_t *s, const group_t *g, char *why, size_t whylen) {
     p->updates = c.dst[i].updates;
   }
   if (c.state_dropped)
-    ts_log_warn("the checkpoint set was written with optimizer %s: its optimizer state is not "
-                "used",
-                ref->optimizer);
+    ts_log_warn(
+        "the checkpoint set was written with optimizer %s: its optimizer state is not "
+        "used",
+        ref->optimizer);
   rc = 0;
 out:
   if (rc == TS_ENOMEM) snprintf(why, whylen, "out of memory");
@@ -389,8 +393,8 @@ int ts_ckpt_newest_set(const ts_store_t *s, char *const *dirs, size_t ndirs, dou
   return found;
 }
 
-int ts_ckpt_reshard(ts_store_t *s, char *const *dirs, size_t ndirs, double newer_than,
-                    char *desc, size_t desclen, char *errmsg, size_t errlen) {
+int ts_ckpt_reshard(ts_store_t *s, char *const *dirs, size_t ndirs, double newer_than, char *desc,
+                    size_t desclen, char *errmsg, size_t errlen) {
   found_t f = {0};
   int rc = find(s, dirs, ndirs, &f, errmsg, errlen);
   if (rc < 0 || f.ncands == 0) {

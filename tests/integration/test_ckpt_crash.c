@@ -56,8 +56,10 @@ static void count_files(const char *dir, int *tmp, int *done) {
   struct dirent *e;
   while ((e = readdir(d))) {
     size_t n = strlen(e->d_name);
-    if (n > 9 && strcmp(e->d_name + n - 9, ".ckpt.tmp") == 0) (*tmp)++;
-    else if (n > 5 && strcmp(e->d_name + n - 5, ".ckpt") == 0) (*done)++;
+    if (n > 9 && strcmp(e->d_name + n - 9, ".ckpt.tmp") == 0)
+      (*tmp)++;
+    else if (n > 5 && strcmp(e->d_name + n - 5, ".ckpt") == 0)
+      (*done)++;
   }
   closedir(d);
 }
@@ -155,8 +157,10 @@ static void test_kill_while_writing(void **state) {
     assert_int_equal(ts_cluster_start_shard(&c, 0), 0);
     count_files(dir, &tmp, &done);
     if (tmp != 0 || done < 1)
-      fprintf(stderr, "kill %d: after the restart %s holds %d temporary and %d complete "
-              "checkpoint file(s)\n", kills, dir, tmp, done);
+      fprintf(stderr,
+              "kill %d: after the restart %s holds %d temporary and %d complete "
+              "checkpoint file(s)\n",
+              kills, dir, tmp, done);
     assert_int_equal(tmp, 0); /* the interrupted write's file is gone */
     /* At least one complete checkpoint; more than keep = 2 while kills keep landing between
      * a rename and the pruning after it (checked below once a write completes). */
@@ -164,9 +168,8 @@ static void test_kill_while_writing(void **state) {
     cl = open_worker(&c);
     uint64_t k = check_state(cl);
     if (k < durable || k > pushed) {
-      fprintf(stderr, "kill %d: restored version %llu; written before: %llu, pushed: %llu\n",
-              kills, (unsigned long long)k, (unsigned long long)durable,
-              (unsigned long long)pushed);
+      fprintf(stderr, "kill %d: restored version %llu; written before: %llu, pushed: %llu\n", kills,
+              (unsigned long long)k, (unsigned long long)durable, (unsigned long long)pushed);
       fail();
     }
     durable = pushed = k;

@@ -87,8 +87,8 @@ static void push_step(ts_client_t *cl, int step) {
   /* Applied at once, or held while a pull reply is still being written from the partition
    * (then applied as that write completes): either way the partition was at `step`. */
   if (r.applied + r.accumulated != parts)
-    fprintf(stderr, "step %d: applied %llu accumulated %llu stale %llu duplicate %llu of %zu\n", step,
-            (unsigned long long)r.applied, (unsigned long long)r.accumulated,
+    fprintf(stderr, "step %d: applied %llu accumulated %llu stale %llu duplicate %llu of %zu\n",
+            step, (unsigned long long)r.applied, (unsigned long long)r.accumulated,
             (unsigned long long)r.stale, (unsigned long long)r.duplicate, parts);
   assert_int_equal(r.applied + r.accumulated, parts);
   assert_int_equal(r.stale + r.duplicate, 0);
@@ -213,7 +213,8 @@ static void test_reshard(void **state) {
   size_t len = (size_t)snprintf(from, sizeof from, "restore_from = [");
   for (int i = 0; i < 3; i++) {
     run("mkdir -p '%s/old%d' && cp '%s' '%s/old%d/'", root, i, path[i], root, i);
-    len += (size_t)snprintf(from + len, sizeof from - len, "%s\"%s/old%d\"", i ? ", " : "", root, i);
+    len +=
+        (size_t)snprintf(from + len, sizeof from - len, "%s\"%s/old%d\"", i ? ", " : "", root, i);
   }
   snprintf(from + len, sizeof from - len, "];");
   char fresh[300];

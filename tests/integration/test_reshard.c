@@ -4,9 +4,10 @@
  * restore that set (from the shared checkpoint.dir) and go on; 2 shards again restore the
  * newer 3-shard set rather than their own older files; the 3-shard set is copied into one
  * directory per old shard and a single shard with a larger job.partition_bytes restores it
- * through checkpoint.restore_from. Every pull is compared bit for bit with an uninterrupted
- * run on one shard, so parameters, Adam's moments and update counts and the versions must
- * all have come through exactly (a sync push tagged with step t is applied only by a
+ * through checkpoint.restore_from; its final checkpoint (SIGTERM) is restored by 2 shards
+ * with partitions that straddle the old ones. Every pull is compared bit for bit with an
+ * uninterrupted run on one shard, so parameters, Adam's moments and update counts and the
+ * versions must all have come through exactly (a sync push tagged with step t is applied only by a
  * partition at version t). An incomplete set is refused: the shard does not start.
  */
 #include <setjmp.h>
@@ -27,7 +28,7 @@
 
 #define NA (37 * 100)
 #define NB 1000
-#define STEPS 5 /* 3 on 2 shards, 1 on 3 shards, 1 on 1 shard */
+#define STEPS 6 /* 3 on 2 shards, 1 on 3 shards, 1 on 1 shard, 1 on 2 shards */
 
 static const uint64_t shape_a[] = {37, 100}, shape_b[] = {NB};
 static const ts_client_tensor_t model[] = {
@@ -226,6 +227,18 @@ static void test_reshard(void **state) {
   expect_state(w, 4);
   push_step(w, 4);
   expect_state(w, 5);
+  ts_client_close(w);
+  assert_int_equal(ts_cluster_stop(&c), 0); /* SIGTERM writes a final checkpoint */
+
+  /* 2 shards with partitions of 750 values out of that one of 1850: boundaries that do
+   * not line up with the old ones. */
+  assert_int_equal(ts_cluster_start(&c, 2, 1, job(cfg, sizeof cfg, fresh, 3000, NULL)), 0);
+  expect_restored(&c, 5, "re-sharded from");
+  w = open_client(&c, false);
+  assert_int_equal(tc_tensor_parts(w, 0), 5);
+  expect_state(w, 5);
+  push_step(w, 5);
+  expect_state(w, 6);
   ts_client_close(w);
   assert_int_equal(ts_cluster_stop(&c), 0);
   run("rm -rf '%s'", root);

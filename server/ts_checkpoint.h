@@ -26,9 +26,12 @@ typedef struct ts_ckpt_snapshot ts_ckpt_snapshot_t;
 int ts_checkpoint_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t **out,
                            char *errmsg, size_t errlen);
 
-/* Write a snapshot into dir (created if missing) and delete this shard's checkpoints beyond
- * the newest `keep`. path (may be NULL) gets the file written, *bytes its size. Returns 0 or
- * a negative errno / TS_E* with errmsg. Thread-safe for distinct snapshots. */
+/* Write a snapshot into dir (created if missing): a temporary file, fsync, rename, fsync of
+ * the directory; only then delete this shard's checkpoints of its own layout beyond the
+ * newest `keep` (files of another layout stay: they may be a set to re-shard from). path
+ * (may be NULL) gets the file written, *bytes its size. Returns 0 or a negative errno /
+ * TS_E* with errmsg (a failed fsync of the directory too: then nothing is deleted).
+ * Thread-safe for distinct snapshots. */
 int ts_checkpoint_write(const ts_ckpt_snapshot_t *snap, const char *dir, int keep, char *path,
                         size_t pathlen, uint64_t *bytes, char *errmsg, size_t errlen);
 

@@ -13,10 +13,10 @@
  * Checks before anything is trusted: every file of the set is verified whole (BLAKE2b), all
  * agree on the model (tensors, shapes, initializers, seed), and each holds exactly the
  * partitions the old plan (proto/ts_plan.h, recomputed from the old shard count and
- * partition size) gives its shard, so the set covers every element once. A new partition
- * that gathers several old ones (a larger job.partition_bytes) must find them at one
- * version and update count, else the set is refused: merging them would invent a state no
- * shard ever had.
+ * partition size) gives its shard, once, so the set covers every element once. A new
+ * partition made of pieces of several old ones (another job.partition_bytes) must find them
+ * at one version and update count, else the set is refused: merging them would invent a
+ * state no shard ever had.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,7 +176,8 @@ typedef struct {
   ts_store_t *s;
   const ts_plan_t *old;
   dst_t *dst;
-  float *tmp; /* one old partition's buffer */
+  float *tmp;        /* one old partition's buffer */
+  uint8_t *old_seen; /* per partition of the old plan: read already */
   int nstate;
   bool state_dropped;
 } copy_t;
@@ -223,8 +224,9 @@ static int copy_part(copy_t *c, FILE *f, const Tessera__CheckpointPart *cp, char
       uint64_t updates = keep_state ? cp->updates : 0;
       if (d->seen && (d->version != cp->version || d->updates != updates)) {
         snprintf(why, whylen,
-                 "tensor '%s' partition %u gathers old partitions at version %llu and %llu "
-                 "(updates %llu and %llu): a larger partition_bytes needs them equal",
+                 "tensor '%s' partition %u would gather old partitions at version %llu and "
+                 "%llu (updates %llu and %llu): a partition made of several old ones needs "
+                 "them equal",
                  s->tensors[cp->tensor].name, q, (unsigned long long)d->version,
                  (unsigned long long)cp->version, (unsigned long long)d->updates,
                  (unsigned long long)updates);
@@ -265,11 +267,12 @@ static int copy_file(copy_t *c, const group_t *g, uint32_t shard, char *why, siz
     const Tessera__CheckpointPart *cp = m->parts[i];
     const ts_part_t *pp = ts_plan_part(c->old, cp->tensor, cp->part);
     if (!pp || pp->shard != shard || pp->offset != cp->offset || pp->count != cp->count ||
-        cp->state_buffers > 2) {
-      snprintf(why, whylen, "%s: tensor %u part %u is not the old plan's", path, cp->tensor,
-               cp->part);
+        cp->state_buffers > 2 || c->old_seen[pp - c->old->parts]) {
+      snprintf(why, whylen, "%s: tensor %u part %u is not the old plan's, or listed twice", path,
+               cp->tensor, cp->part);
       goto out;
     }
+    c->old_seen[pp - c->old->parts] = 1;
     char w[300];
     if (copy_part(c, f, cp, w, sizeof w) < 0) {
       snprintf(why, whylen, "%s: %s", path, w);
@@ -317,7 +320,9 @@ static int load_set(ts_store_t *s, const group_t *g, char *why, size_t whylen) {
   for (size_t i = 0; i < old.num_parts; i++)
     if (old.parts[i].count > max) max = old.parts[i].count;
   rc = TS_ENOMEM;
-  if (!(c.tmp = ts_aligned_alloc(max * sizeof(float)))) goto out;
+  if (!(c.tmp = ts_aligned_alloc(max * sizeof(float))) ||
+      !(c.old_seen = ts_calloc(old.num_parts, 1)))
+    goto out;
   for (uint32_t i = 0; i < g->num_shards; i++)
     if ((rc = copy_file(&c, g, i, why, whylen)) < 0) goto out;
   for (size_t i = 0; i < s->num_parts; i++) {
@@ -341,6 +346,7 @@ out:
   if (rc == TS_ENOMEM) snprintf(why, whylen, "out of memory");
   if (rc < 0) ts_store_free(s);
   ts_free(c.tmp);
+  ts_free(c.old_seen);
   ts_free(c.dst);
   ts_free(elems);
   ts_plan_free(&old);

@@ -273,11 +273,11 @@ const ts_config_def_t ts_config_defs[] = {
      .def = "[]",
      .doc = "More directories to re-shard from: where the shards of a job with another shard "
             "count or job.partition_bytes wrote their checkpoints (e.g. each old shard's own "
-            "state directory). Read only when checkpoint.dir holds no checkpoint of this "
-            "shard's own layout; then the newest complete set (a file of every old shard at "
-            "one step) in checkpoint.dir and these is restored, each shard taking its "
-            "partitions under the new plan (docs/operations.md). At most 256, one per old "
-            "shard."},
+            "state directory), only ever read, at start. When checkpoint.dir holds no "
+            "checkpoint of this shard's own layout (or an older one), the newest complete set "
+            "(a file of every old shard at one step) in checkpoint.dir and these is restored, "
+            "each shard taking its partitions under the new plan (docs/operations.md). At "
+            "most 256, one per old shard."},
 
     STRING("auth.token_file", token_file, 0, PATH_BYTES, "\"\"",
            "File holding the shared token workers authenticate with; empty = no "

@@ -217,7 +217,7 @@ int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen) {
   int r = ts_checkpoint_restore(&srv->store, cfg->checkpoint_dir, cfg->checkpoint_restore_from,
                                 cfg->num_checkpoint_restore_from, path, sizeof path, &seq, err,
                                 sizeof err);
-  if (r == TS_EDATA) {
+  if (r == TS_EDATA || r == TS_ENOMEM) {
     /* Old checkpoints exist but none can be used: starting fresh would quietly throw the
      * training away, so the operator decides (docs/operations.md). */
     snprintf(errmsg, errlen, "%s", err);

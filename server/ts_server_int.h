@@ -306,7 +306,7 @@ void ts_model_reset(ts_session_t *s, Tessera__ModelReset *m);
  * (or re-shard one of another layout, also from checkpoint.restore_from: ts_checkpoint.h),
  * and learn the sequence to go on from. Returns 0, also when nothing could be read (logged;
  * the shard starts fresh), or TS_ECONFIG with errmsg when checkpoints of another layout
- * exist but hold no usable set: the shard must not start. */
+ * exist but hold no usable set (or no memory to look at them): the shard must not start. */
 int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen);
 
 /* Once listening: initialise srv->ckpt_timer (the caller closes it) and start it when

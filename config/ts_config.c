@@ -31,6 +31,14 @@ static bool check_device(const char *value, char *why, size_t whylen) {
   return false;
 }
 
+/* Checkpoint file paths are built as DIR/shard-N-SEQUENCE.ckpt in buffers of 600 bytes. */
+static bool check_ckpt_dir(const char *value, char *why, size_t whylen) {
+  size_t n = strlen(value);
+  if (n >= 1 && n <= 512) return true;
+  snprintf(why, whylen, "a directory of %zu bytes: 1 to 512 are allowed", n);
+  return false;
+}
+
 static const char *const mode_names[] = {"sync", "async", "ssp", NULL};
 static const int mode_values[] = {TS_MODE_SYNC, TS_MODE_ASYNC, TS_MODE_SSP};
 static const char *const optimizer_names[] = {"sgd", "momentum", "adam", NULL};
@@ -328,6 +336,22 @@ const ts_config_def_t ts_config_defs[] = {
     INT("checkpoint.keep", checkpoint_keep, 1, 1000, "3",
         "Checkpoints kept per shard. At least 1 so a restart has one to restore; at most 1000 "
         "to bound disk use."),
+    {.name = "checkpoint.restore_from",
+     .type = TS_CT_STRINGS,
+     .offset = FIELD(checkpoint_restore_from),
+     .count_offset = FIELD(num_checkpoint_restore_from),
+     .min_len = 0,
+     .max_len = TS_CONFIG_MAX_HOSTS,
+     .check = check_ckpt_dir,
+     .check_doc = "a directory of 1 to 512 bytes",
+     .def = "[]",
+     .doc = "More directories to re-shard from: where the shards of a job with another shard "
+            "count or job.partition_bytes wrote their checkpoints (e.g. each old shard's own "
+            "state directory), only ever read, at start. When checkpoint.dir holds no "
+            "checkpoint of this shard's own layout (or an older one), the newest complete set "
+            "(a file of every old shard at one step) in checkpoint.dir and these is restored, "
+            "each shard taking its partitions under the new plan (docs/operations.md). At "
+            "most 256, one per old shard."},
 
     STRING("auth.token_file", token_file, 0, PATH_BYTES, "\"\"",
            "File holding the shared token workers authenticate with; empty = no "

@@ -127,6 +127,8 @@ typedef struct {
   char *checkpoint_dir;
   double checkpoint_interval_s;
   int checkpoint_keep;
+  char **checkpoint_restore_from; /* old shards' checkpoint directories, to re-shard from */
+  size_t num_checkpoint_restore_from;
 
   /* auth */
   char *token_file;

@@ -1,5 +1,7 @@
 #include "ts_checkpoint.h"
 
+#include "ts_checkpoint_int.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +25,8 @@
 #define FORMAT 1
 
 struct ts_ckpt_snapshot {
-  uint32_t shard;
+  uint32_t shard, num_shards;
+  uint64_t partition_bytes;
   uint64_t step, sequence;
   uint8_t *meta;       /* packed CheckpointMeta */
   size_t meta_len;
@@ -87,7 +90,9 @@ int ts_checkpoint_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snaps
   m.seed = s->seed;
   m.partition_bytes = s->partition_bytes;
   m.step = ts_store_min_version(s);
-  m.wall_time = (double)time(NULL);
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  m.wall_time = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
   m.optimizer = (char *)optimizer_name(s->optim.kind);
   m.sequence = sequence;
   for (uint32_t t = 0; t < s->num_tensors; t++) {
@@ -127,6 +132,8 @@ int ts_checkpoint_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snaps
   if (!snap->meta) goto fail;
   protobuf_c_message_pack(&m.base, snap->meta);
   snap->shard = s->shard;
+  snap->num_shards = s->num_shards;
+  snap->partition_bytes = s->partition_bytes;
   snap->step = m.step;
   snap->sequence = sequence;
   rc = 0;
@@ -175,71 +182,175 @@ static int fsync_dir(const char *dir) {
   return rc;
 }
 
+/* Create dir and its missing parents; each new directory's parent is fsynced so that the
+ * directory, and later the files in it, survive a crash. */
 static int mkdir_p(const char *dir) {
-  char buf[512];
+  char buf[600];
   snprintf(buf, sizeof buf, "%s", dir);
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/') continue;
+  size_t len = strlen(buf);
+  for (char *p = buf + 1; p <= buf + len; p++) {
+    if (*p != '/' && *p != 0) continue;
+    char c = *p;
     *p = 0;
-    if (mkdir(buf, 0750) < 0 && errno != EEXIST) return -errno;
-    *p = '/';
+    if (mkdir(buf, 0750) == 0) {
+      char *slash = strrchr(buf, '/');
+      if (slash && slash != buf) {
+        *slash = 0;
+        fsync_dir(buf);
+        *slash = '/';
+      }
+    } else if (errno != EEXIST) {
+      return -errno;
+    }
+    *p = c;
   }
-  if (mkdir(buf, 0750) < 0 && errno != EEXIST) return -errno;
   return 0;
 }
 
-/* This shard's checkpoint names in dir, sorted oldest first. Returns the count, or a
- * negative errno; *names is freed with free_names. */
-static int list_checkpoints(const char *dir, uint32_t shard, char ***names) {
+/* "shard-<N>-<20 digits>.ckpt": *shard gets N. */
+static bool parse_name(const char *name, uint32_t *shard) {
+  size_t len = strlen(name);
+  if (strncmp(name, "shard-", 6) != 0 || len < 6 + 2 + 20 + 5 ||
+      strcmp(name + len - 5, ".ckpt") != 0 || name[len - 5 - 20 - 1] != '-')
+    return false;
+  const char *p = name + 6, *dash = name + len - 5 - 20 - 1;
+  if (p == dash || dash - p > 10) return false;
+  uint64_t n = 0;
+  for (; p < dash; p++) {
+    if (*p < '0' || *p > '9') return false;
+    n = n * 10 + (uint64_t)(*p - '0');
+  }
+  for (p = dash + 1; p < name + len - 5; p++)
+    if (*p < '0' || *p > '9') return false;
+  if (n > UINT32_MAX) return false;
+  *shard = (uint32_t)n;
+  return true;
+}
+
+int ts_ckpt_list(const char *dir, int shard, char ***names, uint32_t **shards) {
   *names = NULL;
+  if (shards) *shards = NULL;
   DIR *d = opendir(dir);
   if (!d) return errno == ENOENT ? 0 : -errno;
-  char prefix[32];
-  int plen = snprintf(prefix, sizeof prefix, "shard-%u-", shard);
   size_t n = 0, cap = 0;
   char **v = NULL;
+  uint32_t *sv = NULL;
   struct dirent *e;
+  int rc = 0;
   while ((e = readdir(d))) {
-    size_t len = strlen(e->d_name);
-    if (strncmp(e->d_name, prefix, (size_t)plen) != 0 || len != (size_t)plen + 20 + 5 ||
-        strcmp(e->d_name + len - 5, ".ckpt") != 0)
-      continue;
+    uint32_t idx;
+    if (!parse_name(e->d_name, &idx) || (shard >= 0 && idx != (uint32_t)shard)) continue;
     if (n == cap) {
       cap = cap ? cap * 2 : 8;
       char **nv = ts_realloc(v, cap * sizeof *v);
-      if (!nv) break;
-      v = nv;
+      if (nv) v = nv;
+      uint32_t *ns = ts_realloc(sv, cap * sizeof *sv);
+      if (ns) sv = ns;
+      if (!nv || !ns) {
+        rc = TS_ENOMEM;
+        break;
+      }
     }
-    v[n] = ts_strdup(e->d_name);
-    if (v[n]) n++;
+    if (!(v[n] = ts_strdup(e->d_name))) {
+      rc = TS_ENOMEM;
+      break;
+    }
+    sv[n++] = idx;
   }
   closedir(d);
-  /* Fixed-width sequence numbers: lexical order is age order. */
+  if (rc < 0) {
+    ts_ckpt_free_names(v, (int)n);
+    ts_free(sv);
+    return rc;
+  }
+  /* Sort by shard, then by sequence: fixed-width sequence numbers make lexical order age
+   * order within a shard. */
   for (size_t i = 1; i < n; i++)
-    for (size_t j = i; j > 0 && strcmp(v[j - 1], v[j]) > 0; j--) {
+    for (size_t j = i;
+         j > 0 && (sv[j - 1] > sv[j] || (sv[j - 1] == sv[j] && strcmp(v[j - 1], v[j]) > 0)); j--) {
       char *t = v[j];
       v[j] = v[j - 1];
       v[j - 1] = t;
+      uint32_t ts = sv[j];
+      sv[j] = sv[j - 1];
+      sv[j - 1] = ts;
     }
   *names = v;
+  if (shards)
+    *shards = sv;
+  else
+    ts_free(sv);
   return (int)n;
 }
 
-static void free_names(char **names, int n) {
+void ts_ckpt_free_names(char **names, int n) {
   for (int i = 0; i < n; i++) ts_free(names[i]);
   ts_free(names);
 }
 
+bool ts_ckpt_same_layout(const ts_store_t *s, const Tessera__CheckpointMeta *m) {
+  return m->num_shards == s->num_shards && m->partition_bytes == s->partition_bytes;
+}
+
 uint64_t ts_checkpoint_last_sequence(const char *dir, uint32_t shard) {
   char **names;
-  int n = list_checkpoints(dir, shard, &names);
+  int n = ts_ckpt_list(dir, (int)shard, &names, NULL);
   uint64_t seq = 0;
   if (n > 0) {
     const char *num = strrchr(names[n - 1], '-') + 1;
     seq = strtoull(num, NULL, 10);
   }
-  free_names(names, n > 0 ? n : 0);
+  ts_ckpt_free_names(names, n > 0 ? n : 0);
   return seq;
+}
+
+int ts_checkpoint_clean_tmp(const char *dir, uint32_t shard) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  char prefix[32];
+  int plen = snprintf(prefix, sizeof prefix, ".shard-%u-", shard);
+  int removed = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    size_t len = strlen(e->d_name);
+    if (strncmp(e->d_name, prefix, (size_t)plen) != 0 || len < 9 ||
+        strcmp(e->d_name + len - 9, ".ckpt.tmp") != 0)
+      continue;
+    char full[600];
+    snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+    if (unlink(full) == 0) {
+      ts_log_warn(
+          "removed %s: a checkpoint whose write was interrupted (the shard stopped "
+          "before it was complete)",
+          full);
+      removed++;
+    }
+  }
+  closedir(d);
+  return removed;
+}
+
+/* After path was written into dir: delete this shard's checkpoints of its own layout
+ * beyond the newest keep. Files of another layout stay: they may be a set other shards
+ * still have to re-shard from (docs/operations.md). A file whose header cannot be read is
+ * garbage of this shard's own and counts as its layout. */
+static void prune(const ts_ckpt_snapshot_t *snap, const char *dir, int keep) {
+  char **names;
+  int n = ts_ckpt_list(dir, (int)snap->shard, &names, NULL);
+  int kept = 0;
+  for (int i = n - 1; i >= 0; i--) {
+    char old[600], err[256];
+    snprintf(old, sizeof old, "%s/%s", dir, names[i]);
+    Tessera__CheckpointMeta *m = NULL;
+    if (ts_ckpt_read_meta(old, &m, err, sizeof err) == 0) {
+      bool mine = m->num_shards == snap->num_shards && m->partition_bytes == snap->partition_bytes;
+      ts_msg_free(&m->base);
+      if (!mine) continue;
+    }
+    if (++kept <= keep) continue;
+    if (unlink(old) == 0) ts_log_debug("removed old checkpoint %s", old);
+  }
+  if (n > 0) ts_ckpt_free_names(names, n);
 }
 
 int ts_checkpoint_write(const ts_ckpt_snapshot_t *snap, const char *dir, int keep, char *path,
@@ -283,18 +394,16 @@ int ts_checkpoint_write(const ts_ckpt_snapshot_t *snap, const char *dir, int kee
     unlink(tmp);
     return rc;
   }
-  fsync_dir(dir);
+  /* The rename is durable once the directory is: until then no older checkpoint may go. */
+  if ((rc = fsync_dir(dir)) < 0) {
+    snprintf(errmsg, errlen,
+             "fsync of %s failed after renaming %s: %s (older checkpoints are kept)", dir, final,
+             strerror(-rc));
+    return rc;
+  }
   if (path) snprintf(path, pathlen, "%s", final);
   if (bytes) *bytes = MAGIC_LEN + 4 + snap->meta_len + snap->data_count * sizeof(float) + HASH_LEN;
-
-  char **names;
-  int n = list_checkpoints(dir, snap->shard, &names);
-  for (int i = 0; i < n - keep; i++) {
-    char old[600];
-    snprintf(old, sizeof old, "%s/%s", dir, names[i]);
-    if (unlink(old) == 0) ts_log_debug("removed old checkpoint %s", old);
-  }
-  if (n > 0) free_names(names, n);
+  prune(snap, dir, keep);
   return 0;
 io_fail:
   snprintf(errmsg, errlen, "writing %s failed: %s", tmp, strerror(-rc));
@@ -310,10 +419,40 @@ static int bad(char *errmsg, size_t errlen, const char *path, const char *why) {
   return TS_EDATA;
 }
 
-/* Open path, check magic, size and hash, and return the decoded meta (caller frees with
- * ts_msg_free) and the file positioned at the data. */
-static int open_checked(const char *path, FILE **fp, Tessera__CheckpointMeta **meta, char *errmsg,
-                        size_t errlen) {
+int ts_ckpt_read_meta(const char *path, Tessera__CheckpointMeta **meta, char *errmsg,
+                      size_t errlen) {
+  *meta = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(errmsg, errlen, "%s: %s", path, strerror(errno));
+    return -errno;
+  }
+  uint8_t head[MAGIC_LEN + 4];
+  if (fread(head, 1, sizeof head, f) != sizeof head || memcmp(head, MAGIC, MAGIC_LEN) != 0) {
+    fclose(f);
+    return bad(errmsg, errlen, path, "not a Tessera checkpoint (bad magic or truncated)");
+  }
+  uint32_t meta_len = (uint32_t)head[8] | ((uint32_t)head[9] << 8) | ((uint32_t)head[10] << 16) |
+                      ((uint32_t)head[11] << 24);
+  uint8_t *buf = meta_len <= (64u << 20) ? ts_malloc(meta_len ? meta_len : 1) : NULL;
+  if (!buf || fread(buf, 1, meta_len, f) != meta_len) {
+    ts_free(buf);
+    fclose(f);
+    return bad(errmsg, errlen, path, "truncated or corrupt header");
+  }
+  fclose(f);
+  *meta = tessera__checkpoint_meta__unpack(&ts_protobuf_allocator, meta_len, buf);
+  ts_free(buf);
+  if (!*meta || (*meta)->format != FORMAT) {
+    if (*meta) ts_msg_free(&(*meta)->base);
+    *meta = NULL;
+    return bad(errmsg, errlen, path, "the checkpoint header does not parse");
+  }
+  return 0;
+}
+
+int ts_ckpt_open_checked(const char *path, FILE **fp, Tessera__CheckpointMeta **meta, char *errmsg,
+                         size_t errlen) {
   *fp = NULL;
   *meta = NULL;
   FILE *f = fopen(path, "rb");
@@ -399,11 +538,10 @@ static int open_checked(const char *path, FILE **fp, Tessera__CheckpointMeta **m
 static int load(ts_store_t *s, const char *path, FILE *f, const Tessera__CheckpointMeta *m,
                 char *errmsg, size_t errlen) {
   char why[256];
-  if (m->shard != s->shard || m->num_shards != s->num_shards ||
-      m->partition_bytes != s->partition_bytes) {
+  if (m->shard != s->shard || !ts_ckpt_same_layout(s, m)) {
     snprintf(why, sizeof why,
              "written by shard %u of %u with partition_bytes %llu; this is shard %u of %u with "
-             "%llu (restoring into another layout is not supported yet)",
+             "%llu",
              m->shard, m->num_shards, (unsigned long long)m->partition_bytes, s->shard,
              s->num_shards, (unsigned long long)s->partition_bytes);
     return bad(errmsg, errlen, path, why);
@@ -462,10 +600,13 @@ static int load(ts_store_t *s, const char *path, FILE *f, const Tessera__Checkpo
   return 0;
 }
 
-int ts_checkpoint_restore(ts_store_t *s, const char *dir, char *path, size_t pathlen,
-                          uint64_t *sequence, char *errmsg, size_t errlen) {
+/* The newest valid checkpoint of this shard in its own layout: 1 restored (*wall gets the
+ * time it was written), 0 none. Files of another layout are passed over: they are
+ * re-sharding's. */
+static int restore_own(ts_store_t *s, const char *dir, char *path, size_t pathlen,
+                       uint64_t *sequence, double *wall, char *errmsg, size_t errlen) {
   char **names;
-  int n = list_checkpoints(dir, s->shard, &names);
+  int n = ts_ckpt_list(dir, (int)s->shard, &names, NULL);
   if (n < 0) {
     snprintf(errmsg, errlen, "cannot read checkpoint directory %s: %s", dir, strerror(-n));
     return n;
@@ -476,20 +617,64 @@ int ts_checkpoint_restore(ts_store_t *s, const char *dir, char *path, size_t pat
     snprintf(full, sizeof full, "%s/%s", dir, names[i]);
     FILE *f;
     Tessera__CheckpointMeta *m;
-    int rc = open_checked(full, &f, &m, err, sizeof err);
+    /* A header that does not read is tried (and rejected, with the reason) below. */
+    if (ts_ckpt_read_meta(full, &m, err, sizeof err) == 0) {
+      bool mine = ts_ckpt_same_layout(s, m);
+      ts_msg_free(&m->base);
+      if (!mine) continue;
+    }
+    int rc = ts_ckpt_open_checked(full, &f, &m, err, sizeof err);
     if (rc == 0) {
-      ts_require(m != NULL); /* open_checked sets it on success */
+      ts_require(m != NULL); /* set on success */
       rc = load(s, full, f, m, err, sizeof err);
       if (rc == 0) {
         restored = 1;
         if (path) snprintf(path, pathlen, "%s", full);
         if (sequence) *sequence = m->sequence;
+        *wall = m->wall_time;
       }
       ts_msg_free(&m->base);
       fclose(f);
     }
     if (rc < 0) ts_log_err("checkpoint rejected, trying an older one: %s", err);
   }
-  free_names(names, n);
+  ts_ckpt_free_names(names, n);
   return restored;
+}
+
+int ts_checkpoint_restore(ts_store_t *s, const char *dir, char *const *from, size_t nfrom,
+                          char *path, size_t pathlen, uint64_t *sequence, char *errmsg,
+                          size_t errlen) {
+  double own = -1;
+  int rc = restore_own(s, dir, path, pathlen, sequence, &own, errmsg, errlen);
+  if (rc < 0) return rc;
+  /* The other layouts' files, in dir and in checkpoint.restore_from. */
+  char **dirs = ts_calloc(nfrom + 1, sizeof *dirs);
+  if (!dirs) {
+    if (rc == 0) snprintf(errmsg, errlen, "out of memory");
+    return rc == 1 ? 1 : TS_ENOMEM;
+  }
+  dirs[0] = (char *)dir;
+  for (size_t i = 0; i < nfrom; i++) dirs[i + 1] = from[i];
+  double set = 0;
+  if (rc == 1 && ts_ckpt_newest_set(s, dirs, nfrom + 1, &set) == 1 && set > own) {
+    /* The shard count changed back: the newest state is the other layout's set. */
+    ts_log_notice("a checkpoint set of another layout is newer than %s: re-sharding from it", path);
+    ts_store_free(s);
+    char desc[600];
+    int r = ts_ckpt_reshard(s, dirs, nfrom + 1, own, desc, sizeof desc, errmsg, errlen);
+    if (r == 1) {
+      snprintf(path, pathlen, "%s", desc);
+      rc = 2;
+    } else {
+      ts_log_err("re-sharding failed, restoring this shard's own checkpoint again");
+      rc = restore_own(s, dir, path, pathlen, sequence, &own, errmsg, errlen);
+    }
+  } else if (rc == 0) {
+    rc = ts_ckpt_reshard(s, dirs, nfrom + 1, -1, path, pathlen, errmsg, errlen);
+    if (rc == 1) rc = 2;
+  }
+  ts_free(dirs);
+  if (rc == 2 && sequence) *sequence = 0;
+  return rc;
 }

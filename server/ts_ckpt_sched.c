@@ -208,30 +208,39 @@ bool ts_ckpt_sched_final(ts_server_t *srv) {
   return false;
 }
 
-void ts_ckpt_sched_restore(ts_server_t *srv) {
+int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen) {
   const ts_config_t *cfg = srv->cfg;
-  if (!cfg->checkpoint_dir || !*cfg->checkpoint_dir) return;
+  if (!cfg->checkpoint_dir || !*cfg->checkpoint_dir) return 0;
+  ts_checkpoint_clean_tmp(cfg->checkpoint_dir, srv->shard);
   uint64_t t0 = uv_hrtime(), seq = 0;
-  char path[600], err[1024];
-  int r = ts_checkpoint_restore(&srv->store, cfg->checkpoint_dir, path, sizeof path, &seq, err,
+  char path[600], err[1536];
+  int r = ts_checkpoint_restore(&srv->store, cfg->checkpoint_dir, cfg->checkpoint_restore_from,
+                                cfg->num_checkpoint_restore_from, path, sizeof path, &seq, err,
                                 sizeof err);
+  if (r == TS_EDATA || r == TS_ENOMEM) {
+    /* Old checkpoints exist but none can be used: starting fresh would quietly throw the
+     * training away, so the operator decides (docs/operations.md). */
+    snprintf(errmsg, errlen, "%s", err);
+    return TS_ECONFIG;
+  }
   if (r < 0) {
     ts_log_err("%s", err);
-  } else if (r == 1) {
+  } else if (r >= 1) {
     srv->restored_step = ts_store_min_version(&srv->store);
     srv->have_ckpt = true;
     srv->last_ckpt_ms = ts_server_now_ms(srv);
     srv->ckpt_applied = srv->store.applied;
     srv->metrics.model_bytes = srv->store.bytes + srv->store.state_bytes;
     snprintf(srv->last_ckpt, sizeof srv->last_ckpt, "%s", path);
-    ts_log_notice("restored checkpoint %s: %zu partition(s) at step %llu in %.0f ms", path,
-                  srv->store.num_parts, (unsigned long long)srv->restored_step,
-                  (double)(uv_hrtime() - t0) / 1e6);
+    ts_log_notice("restored checkpoint %s%s: %zu partition(s) at step %llu in %.0f ms",
+                  r == 2 ? "set " : "", path, srv->store.num_parts,
+                  (unsigned long long)srv->restored_step, (double)(uv_hrtime() - t0) / 1e6);
   } else {
     ts_log_info("no checkpoint in %s: starting fresh", cfg->checkpoint_dir);
   }
   uint64_t last = ts_checkpoint_last_sequence(cfg->checkpoint_dir, srv->shard);
   srv->ckpt_seq = last > seq ? last : seq;
+  return 0;
 }
 
 void ts_ckpt_sched_start(ts_server_t *srv) {

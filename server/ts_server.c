@@ -259,7 +259,10 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
 
   /* Restore before listening: a client that can connect finds the restored model. */
   randombytes_buf(&srv->incarnation, sizeof srv->incarnation);
-  ts_ckpt_sched_restore(srv);
+  if ((rc = ts_ckpt_sched_restore(srv, errmsg, errlen)) < 0) {
+    freeaddrinfo(ai);
+    goto fail;
+  }
   uv_tcp_init(loop, &srv->listener);
   srv->listener.data = srv;
   srv->open_handles++;

@@ -135,6 +135,7 @@ static void check_defaults(const ts_config_t *c) {
   assert_string_equal(c->checkpoint_dir, "");
   assert_true(c->checkpoint_interval_s == 60.0);
   assert_int_equal(c->checkpoint_keep, 3);
+  assert_int_equal(c->num_checkpoint_restore_from, 0);
   assert_string_equal(c->token_file, "");
   assert_string_equal(c->admin_token_file, "");
   assert_int_equal(c->task_role, TS_ROLE_NONE);
@@ -197,7 +198,8 @@ static const char full_file[] =
     "          log_interval_s = 1; };\n"
     "device = { placement = \"/gpu:1\"; allow_soft_placement = false;\n"
     "           log_device_placement = true; allow_growth = false; memory_fraction = 0.5; };\n"
-    "checkpoint = { dir = \"/tmp/ckpt\"; interval_s = 30.5; keep = 9; };\n"
+    "checkpoint = { dir = \"/tmp/ckpt\"; interval_s = 30.5; keep = 9;\n"
+    "               restore_from = [\"/var/lib/tessera/ps-0\", \"/var/lib/tessera/ps-1\"]; };\n"
     "auth = { token_file = \"/etc/t\"; admin_token_file = \"/etc/a\"; };\n";
 
 static void test_full_file(void **state) {
@@ -246,6 +248,8 @@ static void test_full_file(void **state) {
   assert_string_equal(c.checkpoint_dir, "/tmp/ckpt");
   assert_true(c.checkpoint_interval_s == 30.5);
   assert_int_equal(c.checkpoint_keep, 9);
+  assert_int_equal(c.num_checkpoint_restore_from, 2);
+  assert_string_equal(c.checkpoint_restore_from[1], "/var/lib/tessera/ps-1");
   assert_string_equal(c.token_file, "/etc/t");
   assert_string_equal(c.admin_token_file, "/etc/a");
   assert_string_equal(c.source, tmp_path);
@@ -378,6 +382,8 @@ static void test_bounds(void **state) {
        "http.max_connections_per_ip: must be an integer in [1, 4096], not 0"},
       {"http = { request_timeout_s = 0.05; };", 1,
        "http.request_timeout_s: must be a number in [0.1, 3600]"},
+      {"checkpoint = { restore_from = [\"/a\", \"\"]; };", 1,
+       "checkpoint.restore_from[1]: a directory of 0 bytes: 1 to 512 are allowed"},
   };
   expect_all(cases, sizeof cases / sizeof cases[0]);
 

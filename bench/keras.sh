@@ -16,7 +16,8 @@
 # Rounds alternate local, sync, async, pss; the summary gives median and min-max of each.
 #
 # usage: bench/keras.sh [BUILD_DIR]   env: RUNS (3), STEPS (300 global steps), BATCH (32),
-#                                         VENV (default: python/venv.sh's), PSS=0 to skip (c)
+#        VENV (default: python/venv.sh's), PSS=0 to skip (c), PSS_STEPS (worker steps of (c),
+#        default 2 x STEPS: the same examples as (a); it is about ten times slower)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -77,7 +78,8 @@ for r in $(seq 1 "$runs"); do
       "$(field test_accuracy "$dir/w0.out")"
   done
 
-  # (c) TensorFlow's ParameterServerStrategy: as many worker steps as (a)'s two workers make.
+  # (c) TensorFlow's ParameterServerStrategy: by default as many worker steps as (a)'s two
+  # workers make.
   if [ "$pss" = 1 ]; then
     free_port q0; free_port q1; free_port q2; free_port q3; free_port q4
     targs=(--ps "$q0,$q1" --workers "$q2,$q3" --chief "$q4" --batch "$B" --threads 1)
@@ -89,7 +91,7 @@ for r in $(seq 1 "$runs"); do
     done
     t0=$(now)
     PYTHONPATH="$tfk" timeout 900 "$py" bench/keras_pss.py --role chief "${targs[@]}" \
-      --steps $((2 * steps)) >"$dir/pss.out" 2>"$dir/pss.log" </dev/null ||
+      --steps "${PSS_STEPS:-$((2 * steps))}" >"$dir/pss.out" 2>"$dir/pss.log" </dev/null ||
       { echo "keras.sh: the ParameterServerStrategy run failed:"; tail -5 "$dir/pss.log"; exit 1; }
     t1=$(now)
     stop_all

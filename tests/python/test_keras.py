@@ -83,6 +83,23 @@ def test_optimizer_declares_pulls_and_trains(cluster):
             np.testing.assert_array_equal(v.numpy(), w.numpy())
 
 
+def test_xla_compiled_step_is_refused_with_a_clear_error(cluster):
+    import keras
+    import tessera.keras as tk
+    cl = cluster(1, 1, 'job = { mode = "async"; };\n'
+                       'optimizer = { name = "sgd"; learning_rate = 0.1; };\n')
+    with tessera.Client(str(cl.config), task=0) as c:
+        model = _mlp(keras)
+        model.compile(optimizer=tk.Optimizer(c), loss="mse", jit_compile=True)
+        x = np.zeros((16, 4), np.float32)
+        with pytest.raises(RuntimeError, match=r"jit_compile=False"):
+            model.fit(x, x[:, :2], batch_size=16, epochs=1, verbose=0)
+        assert model.jit_compile is True           # the user's setting, untouched
+        model.compile(optimizer=tk.Optimizer(c), loss="mse", jit_compile=False)
+        model.fit(x, x[:, :2], batch_size=16, epochs=1, verbose=0)
+        assert model.optimizer.tessera_steps == 1
+
+
 def test_initial_values_from_the_shards(cluster):
     import keras
     import tessera.keras as tk

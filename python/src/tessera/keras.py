@@ -67,9 +67,9 @@ class Optimizer(keras.optimizers.Optimizer):
     model's trainable variables are declared on the shards under their paths and their
     values pulled from the shards. ``apply``/``apply_gradients`` push the gradients and
     assign the pulled parameters, through ``tf.numpy_function`` (numpy on the host), so
-    the train step must not be XLA-compiled: the optimizer turns XLA off on its model
-    (Keras chooses it by itself where a GPU is present) and raises a clear error where
-    it cannot.
+    the train step must not be XLA-compiled: ``compile(..., jit_compile=False)`` where
+    Keras would choose XLA by itself (where a GPU is present); a step traced for XLA
+    raises a RuntimeError saying so.
     """
 
     def __init__(self, client: Union["_client_mod.Client", str, os.PathLike], *,
@@ -120,7 +120,6 @@ class Optimizer(keras.optimizers.Optimizer):
                 raise ValueError(f"tessera.keras.Optimizer: variable {v.path} is {v.dtype}; "
                                  f"the shards hold float32 (no mixed-precision policy)")
         super().build(variables)
-        _no_xla(self)
         model = {n: _client_mod.Tensor(tuple(int(d) for d in v.shape))
                  for n, v in zip(names, variables)}
         try:
@@ -194,7 +193,7 @@ class Optimizer(keras.optimizers.Optimizer):
             # Outside fit (a custom loop): build here, eagerly.
             self.build(trainable_variables)
             self.built = True
-        _no_xla(self)
+        _refuse_xla()
         if [v.path for v in trainable_variables] != self._tessera_names:
             raise ValueError("tessera.keras.Optimizer: the variables given are not the ones "
                              "declared on the shards (in the same order)")
@@ -202,24 +201,18 @@ class Optimizer(keras.optimizers.Optimizer):
         if any(g is None for g in grads):
             missing = [v.path for g, v in zip(grads, trainable_variables) if g is None]
             raise ValueError(f"tessera.keras.Optimizer: no gradient for {missing}")
-        try:
-            # One push_pull per bucket, sent as soon as backpropagation has produced its
-            # gradients (buckets are in backprop order: the last layers' first). The calls
-            # are stateful, so tf.function keeps them in this order, and each depends only
-            # on its own gradients: TensorFlow runs it while the earlier layers' gradients
-            # are still being computed.
-            order = [tf.numpy_function(functools.partial(self._submit, b),
-                                       [tf.convert_to_tensor(grads[i], tf.float32)
-                                        for i in bucket],
-                                       Tout=tf.int64, name=f"tessera_push_{b}")
-                     for b, bucket in enumerate(self._buckets)]
-            new = tf.numpy_function(self._collect, order, Tout=[tf.float32] * len(grads),
-                                    name="tessera_pull")
-        except Exception as e:  # XLA cannot compile numpy_function
-            if "XLA" in str(e) or "jit" in str(e).lower():
-                raise RuntimeError("tessera.keras.Optimizer cannot run inside an XLA-"
-                                   "compiled step: model.compile(..., jit_compile=False)") from e
-            raise
+        # One push_pull per bucket, sent as soon as backpropagation has produced its
+        # gradients (buckets are in backprop order: the last layers' first). The calls
+        # are stateful, so tf.function keeps them in this order, and each depends only
+        # on its own gradients: TensorFlow runs it while the earlier layers' gradients
+        # are still being computed.
+        order = [tf.numpy_function(functools.partial(self._submit, b),
+                                   [tf.convert_to_tensor(grads[i], tf.float32)
+                                    for i in bucket],
+                                   Tout=tf.int64, name=f"tessera_push_{b}")
+                 for b, bucket in enumerate(self._buckets)]
+        new = tf.numpy_function(self._collect, order, Tout=[tf.float32] * len(grads),
+                                name="tessera_pull")
         for v, p in zip(trainable_variables, new):
             v.assign(tf.reshape(p, v.shape))
         self.iterations.assign_add(1)
@@ -262,20 +255,18 @@ class Optimizer(keras.optimizers.Optimizer):
             self.client.close()
 
 
-def _no_xla(opt: Optimizer) -> None:
-    """The step calls numpy through tf.py_function, which XLA cannot compile: turn off
-    jit_compile on the model that owns this optimizer (Keras picks XLA by itself where a
-    GPU is present). Found from the caller's frames (Keras's fit and train step), as Keras
-    gives the optimizer no reference to its model."""
-    import sys
-    f = sys._getframe(1)
-    while f is not None:
-        m = f.f_locals.get("self")
-        if isinstance(m, keras.Model) and getattr(m, "optimizer", None) is opt:
-            if getattr(m, "_jit_compile", False) or getattr(m, "jit_compile", False) is True:
-                m.jit_compile = False
-            return
-        f = f.f_back
+def _refuse_xla() -> None:
+    """The step calls the client through tf.numpy_function, which XLA cannot compile; a
+    step traced for XLA (``jit_compile=True``, which Keras picks by itself where a GPU is
+    present) would fail at its first run with a long conversion error. Say so while
+    tracing instead; the optimizer does not change the model's settings behind the
+    user's back."""
+    from tensorflow.python.framework import ops
+    from tensorflow.python.ops import control_flow_util
+    if control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()):
+        raise RuntimeError("tessera.keras.Optimizer cannot run in an XLA-compiled train step "
+                           "(its push and pull are host calls): compile the model with "
+                           "model.compile(..., jit_compile=False)")
 
 
 def buckets(sizes: Sequence[int], bucket_bytes: Optional[int] = None) -> List[List[int]]:

@@ -13,11 +13,14 @@
 #       same number of examples, over the coordinator's wall-clock window.
 # Also the training-only rate (fit's window, from the "done:" lines: summed over the
 # workers), without TensorFlow's start-up, the tracing and the evaluation.
-# Rounds alternate local, sync, async, pss; the summary gives median and min-max of each.
+# The workers run bench/keras_steps.py (the example, printing the median time of each part
+# of a step). Rounds alternate local, sync, async, (sync with one bucket,) pss; the summary
+# gives median and min-max of each.
 #
 # usage: bench/keras.sh [BUILD_DIR]   env: RUNS (3), STEPS (300 global steps), BATCH (32),
 #        VENV (default: python/venv.sh's), PSS=0 to skip (c), PSS_STEPS (worker steps of (c),
-#        default 2 x STEPS: the same examples as (a); it is about ten times slower)
+#        default 2 x STEPS: the same examples as (a); it is about ten times slower),
+#        ONE_BUCKET=1 to add sync rounds with every variable in one bucket (no overlap)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -63,19 +66,27 @@ for r in $(seq 1 "$runs"); do
   report local "$(field examples "$dir/local.out")" "$(echo "$t1 - $t0" | bc -l)" \
     "$(field examples_per_sec "$dir/local.out")" "$(field test_accuracy "$dir/local.out")"
 
-  # (a) the cluster, sync then async.
-  for mode in sync async; do
+  # (a) the cluster, sync then async (and sync with one bucket: no overlap, ONE_BUCKET=1).
+  modes="sync async"
+  [ "${ONE_BUCKET:-0}" = 1 ] && modes="$modes sync-1bucket"
+  for what in $modes; do
+    mode=${what%%-*}
     free_port p0; free_port p1; free_port h0; free_port h1; free_port w0; free_port w1
     psp=("$p0" "$p1")
     sets=(--set "cluster.ps=$(list "$p0" "$p1")" --set "cluster.ps_http=$(list "$h0" "$h1")"
           --set "cluster.workers=$(list "$w0" "$w1")" --set "job.mode=\"$mode\""
           --set "train.batch_size=$B" --set "train.max_steps=$steps" --set "train.epochs=100")
-    worker_cmd=("$py" "$ex" --threads 1)
+    # The example, timing each step's parts (bench/keras_steps.py).
+    worker_cmd=(env TESSERA_BUCKET_BYTES=$([ "$what" = sync-1bucket ] && echo $((1 << 40)))
+                "$py" bench/keras_steps.py --threads 1)
     run_cluster 2 "${sets[@]}" ||
-      { echo "keras.sh: a $mode worker failed:"; tail -5 "$dir"/w*.log; exit 1; }
+      { echo "keras.sh: a $what worker failed:"; tail -5 "$dir"/w*.log; exit 1; }
     total=$(cat "$dir"/w*.out | field examples | paste -sd+ | bc)
-    report "$mode" "$total" "$workers_s" "$(cat "$dir"/w*.out | field examples_per_sec | paste -sd+ | bc)" \
+    report "$what" "$total" "$workers_s" "$(cat "$dir"/w*.out | field examples_per_sec | paste -sd+ | bc)" \
       "$(field test_accuracy "$dir/w0.out")"
+    for t in 0 1; do
+      sed -n "s/^steps=/#   $what worker $t median step: steps=/p" "$dir/w$t.log"
+    done
   done
 
   # (c) TensorFlow's ParameterServerStrategy: by default as many worker steps as (a)'s two
@@ -100,7 +111,7 @@ for r in $(seq 1 "$runs"); do
   fi
 done
 echo "# summary (examples/s over the wall-clock window: median, min-max of $runs rounds)"
-for w in local sync async pss fit-local fit-sync fit-async fit-pss; do
+for w in local sync async sync-1bucket pss fit-local fit-sync fit-async fit-sync-1bucket fit-pss; do
   printf '%s\n' "${results[@]}" | awk -v w=$w '$1 == w {print $2}' | sort -g |
     awk -v w=$w 'NR > 0 {a[NR]=$1} END {if (!NR) exit; m = (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2;
                    printf "# %s: median %.0f, min %.0f, max %.0f\n", w, m, a[1], a[NR]}'

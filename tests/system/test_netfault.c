@@ -136,11 +136,12 @@ static int write_job(job_t *j, const char *mode, int epochs) {
           "auth = { token_file = \"%s\"; };\n"
           "job = { mode = \"%s\"; sync_timeout_s = %.1f; heartbeat_timeout_s = 2.0; "
           "heartbeat_interval_s = 0.25; };\n"
-          "optimizer = { name = \"adam\"; learning_rate = 0.002; };\n"
+          "optimizer = { name = \"adam\"; learning_rate = %s; };\n"
           "model = { layers = [784, 64, 10]; };\n"
           "train = { batch_size = 512; epochs = %d; log_interval_s = 0.5; };\n",
           a[0], PS_PORT, a[1], PS_PORT, a[0], HTTP_PORT, a[1], HTTP_PORT, a[2], HTTP_PORT + 100,
-          a[3], HTTP_PORT + 100, token, mode, SYNC_TIMEOUT_S, epochs);
+          a[3], HTTP_PORT + 100, token, mode, SYNC_TIMEOUT_S,
+          "0.002", epochs);
   fclose(f);
   return 0;
 }
@@ -407,22 +408,33 @@ static void run_mode(const char *mode, int epochs) {
   job_t *base = calloc(1, sizeof *base), *hit = calloc(1, sizeof *hit);
   assert_non_null(base);
   assert_non_null(hit);
-  double a0 = run_job(base, mode, epochs, false);
+  /* Sync training is deterministic up to the barriers that time out: one undisturbed run is
+   * the reference. Async is not: which worker's update lands first changes the result, and
+   * undisturbed runs differed by up to 0.016 here, so the reference is the range of two
+   * undisturbed runs. */
+  double lo = run_job(base, mode, epochs, false), hi = lo;
   remove_dir(base);
+  if (!sync) {
+    double again = run_job(base, mode, epochs, false);
+    remove_dir(base);
+    if (again < lo) lo = again;
+    if (again > hi) hi = again;
+  }
   ts_netemu_stats_t s0 = ts_netemu_stats(g_net);
   double a1 = run_job(hit, mode, epochs, true);
   ts_netemu_stats_t s1 = ts_netemu_stats(g_net);
   fprintf(stderr,
-          "%s: accuracy %.4f undisturbed, %.4f disturbed; the switch lost %llu packets at "
-          "random and %llu to the cuts, forwarded %llu; longest machine stall %.1f s\n",
-          mode, a0, a1, (unsigned long long)(s1.lost - s0.lost),
+          "%s: accuracy %.4f..%.4f undisturbed, %.4f disturbed; the switch lost %llu packets "
+          "at random and %llu to the cuts, forwarded %llu; longest machine stall %.1f s\n",
+          mode, lo, hi, a1, (unsigned long long)(s1.lost - s0.lost),
           (unsigned long long)(s1.cut - s0.cut), (unsigned long long)(s1.forwarded - s0.forwarded),
           (double)s1.max_stall_ns * 1e-9);
   assert_true(s1.lost > s0.lost);
   assert_true(s1.cut > s0.cut);
   check_logs(hit, sync);
   if (sync) check_barrier_waits(hit, (double)s1.max_stall_ns * 1e-9);
-  assert_true(fabs(a1 - a0) <= 0.01);
+  assert_true(a1 >= lo - 0.01);
+  assert_true(a1 <= hi + 0.01);
   remove_dir(hit);
   free(base);
   free(hit);

@@ -310,6 +310,13 @@ static double run_job(job_t *j, const char *mode, int epochs, bool disturbed) {
     free(m);
   }
   stop_shards(j);
+  /* In a sanitizer build, a report in any log fails the test (as the harness does). */
+  const char *logs[] = {j->log[0], j->log[1], j->w[0].err, j->w[1].err};
+  for (size_t i = 0; i < sizeof logs / sizeof *logs; i++) {
+    bool clean = count_of(logs[i], "Sanitizer") + count_of(logs[i], "runtime error:") == 0;
+    if (!clean) dump(logs[i]);
+    assert_true(clean);
+  }
   return acc;
 }
 

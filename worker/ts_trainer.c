@@ -246,6 +246,19 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       ts_errmsg_wrapf(errmsg, errlen, "pull at step %llu", (unsigned long long)k);
       goto out;
     }
+    if (cfg->mode == TS_MODE_SYNC && version > k) {
+      /* The job went on without this worker (its connection was lost, or it was stopped,
+       * for longer than the barriers waited): go on from the job's step, as a worker that
+       * rejoins does, so the job still ends after `total` steps and this worker does not
+       * train the steps it missed alone after the others are done. */
+      ts_log_notice("step %llu: the job is at step %llu; %llu step(s) went on without this "
+                    "worker: going on from there",
+                    (unsigned long long)k, (unsigned long long)version,
+                    (unsigned long long)(version - k));
+      k = version - 1; /* the loop's k++ makes it version; dst holds that version */
+      pulled = true;
+      continue;
+    }
     rc = ts_towers_pulled(tw, errmsg, errlen);
     if (rc < 0) {
       ts_errmsg_wrapf(errmsg, errlen, "step %llu", (unsigned long long)k);

@@ -276,6 +276,9 @@ static void test_sync_backup_worker_stopped(void **state) {
     if (rc != 0) dump(&w[t]);
     assert_int_equal(rc, 0);
   }
+  /* The job went on without it: it goes on from the job's step, not its own. */
+  if (!file_has(w[2].err, "went on without this worker")) dump(&w[2]);
+  assert_true(file_has(w[2].err, "went on without this worker"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 

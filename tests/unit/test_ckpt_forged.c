@@ -185,6 +185,21 @@ static void test_state_buffers_wrap(void **state) {
   expect_rejected();
 }
 
+/* A tensor of rank 20 (the store keeps 8 dimensions): refused, not copied past the array. */
+static void test_rank_beyond_store(void **state) {
+  (void)state;
+  uint64_t shape[20];
+  for (int i = 0; i < 20; i++) shape[i] = 1;
+  shape[19] = 512;
+  forged_t x;
+  forged_init(&x, shape, 20);
+  float data[512] = {0};
+  char path[600];
+  file_path(path, sizeof path);
+  write_file(path, &x.m, data, 512);
+  expect_rejected();
+}
+
 /* The control: the same file, well formed, is restored. */
 static void test_well_formed_restores(void **state) {
   (void)state;
@@ -213,6 +228,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_well_formed_restores, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_count_wraps_the_size_check, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_state_buffers_wrap, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_rank_beyond_store, make_dir, remove_dir),
   };
   return cmocka_run_group_tests_name("ckpt_forged", tests, NULL, NULL);
 }

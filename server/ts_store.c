@@ -160,6 +160,13 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
   memset(m, 0, sizeof *m);
   int nstate = ts_optim_state_buffers(&s->optim);
   bool sync = s->mode == TS_MODE_SYNC;
+  /* A Declare frame lists at most TS_MSG_MAX_TENSORS (its codec checks); a checkpoint file
+   * is held to the same, which also bounds the pairwise name check below. */
+  if (d->n_tensors > TS_MSG_MAX_TENSORS) {
+    snprintf(errmsg, errlen, "the model lists %zu tensors: at most %d", d->n_tensors,
+             TS_MSG_MAX_TENSORS);
+    return TS_EINVAL;
+  }
   /* Before anything is allocated: the whole model's parameters, spread as evenly as the
    * shards could, and its partition table. A model that cannot fit that way cannot fit any
    * way, and the plan below is then bounded by the budget too. */

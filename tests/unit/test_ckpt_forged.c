@@ -200,6 +200,40 @@ static void test_rank_beyond_store(void **state) {
   expect_rejected();
 }
 
+/* More tensors than a Declare may list (4096): a file of 300000 one-value tensors and no
+ * partitions is refused at once, not checked for repeated names pair by pair (hours). */
+static void test_too_many_tensors(void **state) {
+  (void)state;
+  enum { NT = 300000 };
+  Tessera__TensorDecl *t = calloc(NT, sizeof *t);
+  Tessera__TensorDecl **tp = calloc(NT, sizeof *tp);
+  char(*names)[16] = calloc(NT, sizeof *names);
+  uint64_t one = 1;
+  assert_non_null(t);
+  assert_non_null(tp);
+  assert_non_null(names);
+  for (int i = 0; i < NT; i++) {
+    tessera__tensor_decl__init(&t[i]);
+    snprintf(names[i], sizeof names[i], "t%d", i);
+    t[i].name = names[i];
+    t[i].shape = &one;
+    t[i].n_shape = 1;
+    tp[i] = &t[i];
+  }
+  forged_t x;
+  forged_init(&x, (const uint64_t[]){1}, 1);
+  x.m.tensors = tp;
+  x.m.n_tensors = NT;
+  x.m.n_parts = 0;
+  char path[600];
+  file_path(path, sizeof path);
+  write_file(path, &x.m, NULL, 0);
+  expect_rejected();
+  free(t);
+  free(tp);
+  free(names);
+}
+
 /* The control: the same file, well formed, is restored. */
 static void test_well_formed_restores(void **state) {
   (void)state;
@@ -229,6 +263,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_count_wraps_the_size_check, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_state_buffers_wrap, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_rank_beyond_store, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_too_many_tensors, make_dir, remove_dir),
   };
   return cmocka_run_group_tests_name("ckpt_forged", tests, NULL, NULL);
 }

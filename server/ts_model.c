@@ -243,6 +243,11 @@ static void finish_reset(ts_server_t *srv, int rc, const char *why) {
         r.tensors, (double)r.bytes / (1024.0 * 1024.0),
         (unsigned long long)ts_store_min_version(&srv->store));
     ts_store_reset(&srv->store);
+    /* The staging buffers were sized for this model's largest partition and the next
+     * model's may be larger: the pool is set up again on its first push. No push holds or
+     * waits for a buffer now (partitions_free: no worker connection is left). */
+    ts_require(srv->stage.in_use == 0 && !srv->stage.head);
+    ts_stage_free(&srv->stage);
     srv->ckpt_applied = 0; /* the new model's first update is worth a checkpoint */
     /* To clients the shard is now a new one, as after a restart without a checkpoint: what
      * they pulled before says nothing about the versions of the next model. */

@@ -160,12 +160,26 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
   memset(m, 0, sizeof *m);
   int nstate = ts_optim_state_buffers(&s->optim);
   bool sync = s->mode == TS_MODE_SYNC;
+  /* A Declare frame lists at most TS_MSG_MAX_TENSORS (its codec checks); a checkpoint file
+   * is held to the same, which also bounds the pairwise name check below. */
+  if (d->n_tensors > TS_MSG_MAX_TENSORS) {
+    snprintf(errmsg, errlen, "the model lists %zu tensors: at most %d", d->n_tensors,
+             TS_MSG_MAX_TENSORS);
+    return TS_EINVAL;
+  }
   /* Before anything is allocated: the whole model's parameters, spread as evenly as the
    * shards could, and its partition table. A model that cannot fit that way cannot fit any
    * way, and the plan below is then bounded by the budget too. */
   uint64_t total = 0, max_elems = s->partition_bytes / 4, total_parts = 0;
   for (size_t i = 0; i < d->n_tensors; i++) {
     const Tessera__TensorDecl *t = d->tensors[i];
+    /* A Declare frame's rank is checked by its codec; a checkpoint file's is not (its hash
+     * is not keyed), and ts_tensor_t keeps 8 dimensions. */
+    if (t->n_shape > sizeof m->tensors->shape / sizeof m->tensors->shape[0]) {
+      snprintf(errmsg, errlen, "tensor '%s' has rank %zu: at most %zu dimensions", t->name,
+               t->n_shape, sizeof m->tensors->shape / sizeof m->tensors->shape[0]);
+      return TS_EINVAL;
+    }
     uint64_t e = 1;
     for (size_t k = 0; k < t->n_shape; k++) e = sat_mul(e, t->shape[k]);
     total = sat_add(total, sat_mul(e, 4));

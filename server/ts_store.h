@@ -110,8 +110,8 @@ uint64_t ts_store_model_bytes(uint64_t param_bytes, size_t parts, size_t total_p
 /* Check Declare d against the store (which must have no model), the budget
  * (s->max_model_bytes) and plan it into *m. Returns 0, TS_ESHAPE (a tensor listed twice),
  * TS_ETOOBIG (over the budget: errmsg names server.max_model_bytes and both sizes; nothing
- * was allocated beyond the tensor list), TS_EINVAL (no plan) or TS_ENOMEM, with errmsg. On
- * failure *m is empty. */
+ * was allocated beyond the tensor list), TS_EINVAL (over 4096 tensors, a rank over 8, or
+ * no plan) or TS_ENOMEM, with errmsg. On failure *m is empty. */
 int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_model_t *m,
                      char *errmsg, size_t errlen);
 

@@ -410,12 +410,70 @@ static void test_model_reset(void **state) {
   rmdir(dir);
 }
 
+/* The staging buffers pushes are read into are sized by the model's largest partition. A
+ * model reset followed by a model with larger partitions (here a 1000-value model, whose
+ * buffers are the 1 MiB minimum, then a tensor of one 4 MiB partition) must get buffers
+ * that hold them: the pushes are applied exactly and the shard stays up. */
+static void test_reset_to_larger_partitions(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1,
+                                    "job = { mode = \"async\"; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 0.5; };"),
+                   0);
+  char err[512];
+  static const uint64_t small_shape[] = {1000};
+  static const ts_client_tensor_t small[] = {
+      {.name = "small", .shape = small_shape, .rank = 1, .init = TS_CLIENT_INIT_ZEROS}};
+  ts_client_t *w = open_client(&c, false, 0, NULL);
+  assert_int_equal(ts_client_declare(w, small, 1, 3, err, sizeof err), 0);
+  float g1[1000];
+  for (int i = 0; i < 1000; i++) g1[i] = 1.0f;
+  const float *gp1[1] = {g1};
+  assert_int_equal(tc_push(w, gp1, 0, NULL, err, sizeof err), 0);
+  ts_client_close(w);
+
+  ts_client_t *adm = open_client(&c, true, -1, NULL);
+  bool dropped = false;
+  int rc = ts_client_model_reset(adm, 0, true, &dropped, NULL, NULL, err, sizeof err);
+  if (rc < 0) fprintf(stderr, "model reset: %s\n", err);
+  assert_int_equal(rc, 0);
+  assert_true(dropped);
+  ts_client_close(adm);
+
+  enum { BIG = 1 << 20 }; /* 4 MiB: one partition of job.partition_bytes' default */
+  static const uint64_t big_shape[] = {BIG};
+  static const ts_client_tensor_t big[] = {
+      {.name = "big", .shape = big_shape, .rank = 1, .init = TS_CLIENT_INIT_ZEROS}};
+  w = open_client(&c, false, 0, NULL);
+  assert_int_equal(ts_client_declare(w, big, 1, 5, err, sizeof err), 0);
+  float *g = malloc(BIG * sizeof *g), *got = malloc(BIG * sizeof *got);
+  assert_non_null(g);
+  assert_non_null(got);
+  for (int i = 0; i < BIG; i++) g[i] = (float)(i % 13);
+  const float *gp[1] = {g};
+  for (int k = 0; k < 3; k++) {
+    rc = tc_push(w, gp, 0, NULL, err, sizeof err);
+    if (rc < 0) fprintf(stderr, "push: %s\n", err);
+    assert_int_equal(rc, 0);
+  }
+  float *dst[1] = {got};
+  assert_int_equal(tc_pull(w, dst, 0, 0, NULL, err, sizeof err), 0);
+  for (int i = 0; i < BIG; i++)
+    if (got[i] != -1.5f * (float)(i % 13)) fail_msg("big[%d] = %g", i, (double)got[i]);
+  free(g);
+  free(got);
+  ts_client_close(w);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_oversized_declare_refused),
       cmocka_unit_test(test_large_declare_off_the_loop),
       cmocka_unit_test(test_stop_while_building),
       cmocka_unit_test(test_model_reset),
+      cmocka_unit_test(test_reset_to_larger_partitions),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

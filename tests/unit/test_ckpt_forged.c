@@ -1,0 +1,269 @@
+/*
+ * Checkpoint files as untrusted input: the BLAKE2b hash of a checkpoint is not keyed, so
+ * anyone who can write into checkpoint.dir can make a file whose hash checks. Every count,
+ * rank and index in it must be validated before it sizes a buffer or indexes an array;
+ * a forged file is rejected (logged) and the shard starts fresh, it never corrupts memory.
+ * (Run under the sanitizer build to see the overflows these guard against.)
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <sodium.h>
+
+#include "tessera.pb-c.h"
+#include "ts_alloc.h"
+#include "ts_checkpoint.h"
+#include "ts_config.h"
+#include "ts_err.h"
+#include "ts_store.h"
+
+#define PB 1024 /* partition bytes: 256 values */
+
+static void set_list(char ***list, size_t *count, size_t n, const char *addr) {
+  for (size_t i = 0; i < *count; i++) ts_free((*list)[i]);
+  ts_free(*list);
+  *list = ts_calloc(n, sizeof **list);
+  assert_non_null(*list);
+  for (size_t i = 0; i < n; i++) (*list)[i] = ts_strdup(addr);
+  *count = n;
+}
+
+/* One shard, sgd (no optimizer state), async. */
+static void store_init(ts_store_t *s) {
+  ts_config_t cfg;
+  assert_int_equal(ts_config_defaults(&cfg), 0);
+  set_list(&cfg.ps, &cfg.num_ps, 1, "127.0.0.1:7100");
+  set_list(&cfg.workers, &cfg.num_workers, 1, "127.0.0.1:9200");
+  cfg.mode = TS_MODE_ASYNC;
+  cfg.optimizer = TS_OPT_SGD;
+  cfg.partition_bytes = PB;
+  ts_store_init(s, &cfg, 0);
+  ts_config_free(&cfg);
+}
+
+/* Write a checkpoint file as ts_checkpoint_write lays it out (magic, meta length, meta,
+ * data, BLAKE2b of all that), with whatever meta the test forged. */
+static void write_file(const char *path, const Tessera__CheckpointMeta *m, const float *data,
+                       size_t ndata) {
+  size_t mlen = tessera__checkpoint_meta__get_packed_size(m);
+  uint8_t *meta = malloc(mlen + 1);
+  assert_non_null(meta);
+  tessera__checkpoint_meta__pack(m, meta);
+  uint8_t len4[4] = {(uint8_t)mlen, (uint8_t)(mlen >> 8), (uint8_t)(mlen >> 16),
+                     (uint8_t)(mlen >> 24)};
+  crypto_generichash_state h;
+  crypto_generichash_init(&h, NULL, 0, crypto_generichash_BYTES);
+  crypto_generichash_update(&h, (const uint8_t *)"TSCKPT01", 8);
+  crypto_generichash_update(&h, len4, 4);
+  crypto_generichash_update(&h, meta, mlen);
+  if (ndata) crypto_generichash_update(&h, (const uint8_t *)data, ndata * sizeof(float));
+  uint8_t hash[crypto_generichash_BYTES];
+  crypto_generichash_final(&h, hash, sizeof hash);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite("TSCKPT01", 1, 8, f), 8);
+  assert_int_equal(fwrite(len4, 1, 4, f), 4);
+  assert_int_equal(fwrite(meta, 1, mlen, f), mlen);
+  if (ndata) assert_int_equal(fwrite(data, sizeof(float), ndata, f), ndata);
+  assert_int_equal(fwrite(hash, 1, sizeof hash, f), sizeof hash);
+  assert_int_equal(fclose(f), 0);
+  free(meta);
+}
+
+/* A forged file of shard 0 of 1 (partition_bytes PB): one tensor "w" of the given shape,
+ * the two partitions parts[0..2) (filled in by the caller), data as given. */
+typedef struct {
+  Tessera__CheckpointMeta m;
+  Tessera__TensorDecl t;
+  Tessera__TensorDecl *tp[1];
+  Tessera__CheckpointPart p[2];
+  Tessera__CheckpointPart *pp[2];
+  uint64_t shape[32];
+} forged_t;
+
+static void forged_init(forged_t *x, const uint64_t *shape, size_t rank) {
+  memset(x, 0, sizeof *x);
+  tessera__checkpoint_meta__init(&x->m);
+  x->m.format = 1;
+  x->m.shard = 0;
+  x->m.num_shards = 1;
+  x->m.partition_bytes = PB;
+  x->m.seed = 7;
+  x->m.step = 3;
+  x->m.sequence = 1;
+  x->m.wall_time = 1.0;
+  x->m.optimizer = "adam";
+  tessera__tensor_decl__init(&x->t);
+  x->t.name = "w";
+  memcpy(x->shape, shape, rank * sizeof *shape);
+  x->t.shape = x->shape;
+  x->t.n_shape = rank;
+  x->t.init = TESSERA__INIT__INIT_ZEROS;
+  x->tp[0] = &x->t;
+  x->m.tensors = x->tp;
+  x->m.n_tensors = 1;
+  for (int i = 0; i < 2; i++) {
+    tessera__checkpoint_part__init(&x->p[i]);
+    x->p[i].tensor = 0;
+    x->p[i].part = (uint32_t)i;
+    x->p[i].offset = 256u * (uint64_t)i;
+    x->p[i].count = 256;
+    x->p[i].version = 3;
+    x->pp[i] = &x->p[i];
+  }
+  x->m.parts = x->pp;
+  x->m.n_parts = 2;
+}
+
+static char dir[] = "/tmp/tessera-ckpt-forged-XXXXXX";
+
+static int make_dir(void **state) {
+  (void)state;
+  memcpy(dir + sizeof dir - 7, "XXXXXX", 6);
+  return mkdtemp(dir) ? 0 : -1;
+}
+
+static int remove_dir(void **state) {
+  (void)state;
+  char path[600];
+  snprintf(path, sizeof path, "%s/shard-0-%020llu.ckpt", dir, 1ull);
+  unlink(path);
+  return rmdir(dir);
+}
+
+static void file_path(char *path, size_t n) {
+  snprintf(path, n, "%s/shard-0-%020llu.ckpt", dir, 1ull);
+}
+
+/* Restore must reject the file and leave the store undeclared. */
+static void expect_rejected(void) {
+  ts_store_t s;
+  store_init(&s);
+  char path[600] = "", err[1536] = "";
+  uint64_t seq = 0;
+  int rc = ts_checkpoint_restore(&s, dir, NULL, 0, path, sizeof path, &seq, err, sizeof err);
+  assert_true(rc <= 0);
+  assert_false(s.declared);
+  ts_store_free(&s);
+}
+
+/* A partition count so large that count * 4 wraps to 0: the data-size check must not be
+ * fooled into accepting the file, nor may the largest count size a read buffer (a 1-byte
+ * buffer would then take the first partition's optimizer state). */
+static void test_count_wraps_the_size_check(void **state) {
+  (void)state;
+  forged_t x;
+  forged_init(&x, (const uint64_t[]){512}, 1);
+  x.p[0].state_buffers = 1; /* written with momentum: read past into a scratch buffer */
+  x.p[1].count = 1ull << 62; /* 4 * 2^62 wraps to 0 */
+  float data[512];
+  for (int i = 0; i < 512; i++) data[i] = (float)i;
+  char path[600];
+  file_path(path, sizeof path);
+  write_file(path, &x.m, data, 512);
+  expect_rejected();
+}
+
+/* state_buffers of 2^32 - 1 makes (1 + state_buffers) wrap to 0 in 32 bits. */
+static void test_state_buffers_wrap(void **state) {
+  (void)state;
+  forged_t x;
+  forged_init(&x, (const uint64_t[]){512}, 1);
+  x.p[1].state_buffers = UINT32_MAX;
+  float data[256] = {0};
+  char path[600];
+  file_path(path, sizeof path);
+  write_file(path, &x.m, data, 256);
+  expect_rejected();
+}
+
+/* A tensor of rank 20 (the store keeps 8 dimensions): refused, not copied past the array. */
+static void test_rank_beyond_store(void **state) {
+  (void)state;
+  uint64_t shape[20];
+  for (int i = 0; i < 20; i++) shape[i] = 1;
+  shape[19] = 512;
+  forged_t x;
+  forged_init(&x, shape, 20);
+  float data[512] = {0};
+  char path[600];
+  file_path(path, sizeof path);
+  write_file(path, &x.m, data, 512);
+  expect_rejected();
+}
+
+/* More tensors than a Declare may list (4096): a file of 300000 one-value tensors and no
+ * partitions is refused at once, not checked for repeated names pair by pair (hours). */
+static void test_too_many_tensors(void **state) {
+  (void)state;
+  enum { NT = 300000 };
+  Tessera__TensorDecl *t = calloc(NT, sizeof *t);
+  Tessera__TensorDecl **tp = calloc(NT, sizeof *tp);
+  char(*names)[16] = calloc(NT, sizeof *names);
+  uint64_t one = 1;
+  assert_non_null(t);
+  assert_non_null(tp);
+  assert_non_null(names);
+  for (int i = 0; i < NT; i++) {
+    tessera__tensor_decl__init(&t[i]);
+    snprintf(names[i], sizeof names[i], "t%d", i);
+    t[i].name = names[i];
+    t[i].shape = &one;
+    t[i].n_shape = 1;
+    tp[i] = &t[i];
+  }
+  forged_t x;
+  forged_init(&x, (const uint64_t[]){1}, 1);
+  x.m.tensors = tp;
+  x.m.n_tensors = NT;
+  x.m.n_parts = 0;
+  char path[600];
+  file_path(path, sizeof path);
+  write_file(path, &x.m, NULL, 0);
+  expect_rejected();
+  free(t);
+  free(tp);
+  free(names);
+}
+
+/* The control: the same file, well formed, is restored. */
+static void test_well_formed_restores(void **state) {
+  (void)state;
+  forged_t x;
+  forged_init(&x, (const uint64_t[]){512}, 1);
+  float data[512];
+  for (int i = 0; i < 512; i++) data[i] = (float)i;
+  char path[600];
+  file_path(path, sizeof path);
+  write_file(path, &x.m, data, 512);
+  ts_store_t s;
+  store_init(&s);
+  char got[600] = "", err[1536] = "";
+  uint64_t seq = 0;
+  int rc = ts_checkpoint_restore(&s, dir, NULL, 0, got, sizeof got, &seq, err, sizeof err);
+  if (rc != 1) fail_msg("restore: %d %s", rc, err);
+  assert_true(s.declared);
+  assert_int_equal(s.num_parts, 2);
+  assert_true(s.parts[1].w[10] == 266.0f);
+  ts_store_free(&s);
+}
+
+int main(void) {
+  if (sodium_init() < 0) return 1;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_well_formed_restores, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_count_wraps_the_size_check, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_state_buffers_wrap, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_rank_beyond_store, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_too_many_tensors, make_dir, remove_dir),
+  };
+  return cmocka_run_group_tests_name("ckpt_forged", tests, NULL, NULL);
+}

@@ -362,6 +362,21 @@ double ts_metric_value(const char *text, const char *series) {
   return -1;
 }
 
+double ts_metric_wait(int http_port, const char *series, double lo, double hi) {
+  static char body[1 << 18];
+  double v = -1;
+  for (int i = 0; i < 50; i++) {
+    if (ts_http_get(http_port, "/metrics", body, sizeof body, NULL, 0) == 200) {
+      v = ts_metric_value(body, series);
+      if (v >= 0 && v >= lo && v <= hi) return v;
+    }
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  fprintf(stderr, "%s is %g, want it within [%g, %g]\n", series, v, lo, hi);
+  return v;
+}
+
 int ts_promtool_check(const char *text) {
   if (system("command -v promtool >/dev/null 2>&1") != 0) return 77;
   char path[] = "/tmp/tessera-metrics-XXXXXX";

@@ -81,6 +81,11 @@ char *ts_read_file(const char *path);
  * or -1 when absent. */
 double ts_metric_value(const char *text, const char *series);
 
+/* Waits (up to 5 s: an admin endpoint publishes its snapshot every 250 ms) until the
+ * /metrics series of the endpoint on http_port is present and within [lo, hi]; returns its
+ * last value (-1 when absent), and says on stderr when it never got there. */
+double ts_metric_wait(int http_port, const char *series, double lo, double hi);
+
 /* 0 when `promtool check metrics` accepts the text, 77 when promtool is missing, else its
  * status. */
 int ts_promtool_check(const char *text);

@@ -19,6 +19,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,20 +135,9 @@ static double metrics_sum(fixture_t *f, const char *a, const char *b) {
   return (va > 0 ? va : 0) + (vb > 0 ? vb : 0);
 }
 
-/* A sample of the shard's /metrics (-1 when absent). The admin snapshot is published
- * every 250 ms: wait until it shows at least `want`, 5 s at most. */
+/* A sample of the shard's /metrics once it shows at least `want` (5 s at most). */
 static double metric_at_least(fixture_t *f, const char *series, double want) {
-  static char body[1 << 18];
-  double v = -1;
-  for (int i = 0; i < 50; i++) {
-    if (ts_http_get(f->c.http_port[0], "/metrics", body, sizeof body, NULL, 0) == 200) {
-      v = ts_metric_value(body, series);
-      if (v >= want) return v;
-    }
-    sleep_ms(100);
-  }
-  fprintf(stderr, "%s is %g, expected at least %g\n", series, v, want);
-  return v;
+  return ts_metric_wait(f->c.http_port[0], series, want, INFINITY);
 }
 
 /* Connected and authenticated as worker `task` by hand (Hello, MAC of its nonce). */

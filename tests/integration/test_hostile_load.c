@@ -118,20 +118,8 @@ static void good_step(fixture_t *f) {
   rss_ok(f);
 }
 
-/* The value of a /metrics series once it reaches at least want (waits up to 5 s: the
- * endpoint publishes every 250 ms); the last value seen otherwise. */
 static double metric_at_least(fixture_t *f, const char *series, double want) {
-  static char body[1 << 18];
-  double v = -1;
-  for (int i = 0; i < 50; i++) {
-    if (ts_http_get(f->c.http_port[0], "/metrics", body, sizeof body, NULL, 0) == 200) {
-      v = ts_metric_value(body, series);
-      if (v >= want) return v;
-    }
-    sleep_ms(100);
-  }
-  fprintf(stderr, "%s is %g, want at least %g\n", series, v, want);
-  return v;
+  return ts_metric_wait(f->c.http_port[0], series, want, INFINITY);
 }
 
 /* A /metrics series reaches want within 5 s. */
@@ -141,17 +129,7 @@ static void metric_reaches(fixture_t *f, const char *series, double want) {
 
 /* Waits (up to 5 s) for a /metrics series to be at most want; its last value. */
 static double metric_at_most(fixture_t *f, const char *series, double want) {
-  static char body[1 << 18];
-  double v = -1;
-  for (int i = 0; i < 50; i++) {
-    if (ts_http_get(f->c.http_port[0], "/metrics", body, sizeof body, NULL, 0) == 200) {
-      v = ts_metric_value(body, series);
-      if (v >= 0 && v <= want) return v;
-    }
-    sleep_ms(100);
-  }
-  fprintf(stderr, "%s is %g, want at most %g\n", series, v, want);
-  return v;
+  return ts_metric_wait(f->c.http_port[0], series, 0, want);
 }
 
 static void assert_logged(fixture_t *f, const char *needle) {

@@ -95,9 +95,15 @@ int ts_http_get(int port, const char *path, char *body, size_t n, char *ctype, s
   return status;
 }
 
-static void sleep_ms(int ms) {
+void ts_sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
+}
+
+double ts_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static bool port_open(int port) {
@@ -155,7 +161,7 @@ int ts_cluster_start_shard(ts_cluster_t *c, int i) {
       free(l);
       return -1;
     }
-    sleep_ms(10);
+    ts_sleep_ms(10);
   }
   fprintf(stderr, "harness: ps-server %d did not listen on %d within 10 s\n", i, c->port[i]);
   return -1;
@@ -234,7 +240,7 @@ void ts_cluster_signal(ts_cluster_t *c, int i, int sig) {
       }
       return;
     }
-    sleep_ms(10);
+    ts_sleep_ms(10);
   }
   kill(c->pid[i], SIGKILL);
   waitpid(c->pid[i], NULL, 0);
@@ -345,7 +351,7 @@ int ts_proc_wait(ts_proc_t *p, double timeout_s) {
       p->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
       return p->status;
     }
-    sleep_ms(10);
+    ts_sleep_ms(10);
   }
   fprintf(stderr, "harness: worker pid %d still running after %.0f s: killed\n", (int)p->pid, timeout_s);
   kill(p->pid, SIGKILL);

@@ -50,6 +50,10 @@ void ts_cluster_signal(ts_cluster_t *c, int i, int sig);
  * log); tests assert it is 0, so a leak or UB in ps-server fails the test. */
 int ts_cluster_stop(ts_cluster_t *c);
 
+/* Monotonic time in seconds, and a sleep of ms milliseconds. */
+double ts_now_s(void);
+void ts_sleep_ms(int ms);
+
 /* Resident set size of a process in KiB (0 when unknown). */
 long ts_proc_rss_kib(pid_t pid);
 

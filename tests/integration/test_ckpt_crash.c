@@ -37,12 +37,6 @@ static const uint64_t shape[] = {1024, 1024};
 static const ts_client_tensor_t model[] = {
     {.name = "w", .shape = shape, .rank = 2, .init = TS_CLIENT_INIT_ZEROS}};
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 static void sleep_us(long us) {
   struct timespec t = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
   nanosleep(&t, NULL);
@@ -66,8 +60,8 @@ static void count_files(const char *dir, int *tmp, int *done) {
 
 /* Wait until a temporary file exists (true) or timeout_s passes (false). */
 static bool wait_tmp(const char *dir, bool present, double timeout_s) {
-  double t0 = now_s();
-  while (now_s() - t0 < timeout_s) {
+  double t0 = ts_now_s();
+  while (ts_now_s() - t0 < timeout_s) {
     int tmp, done;
     count_files(dir, &tmp, &done);
     if ((tmp > 0) == present) return true;
@@ -124,7 +118,7 @@ static void test_kill_while_writing(void **state) {
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 1, 1, job), 0);
   srand((unsigned)time(NULL));
-  double write_s = 0, t_start = now_s();
+  double write_s = 0, t_start = ts_now_s();
   uint64_t durable = 0, pushed = 0;
   int mid_write = 0, kills = 0;
   ts_client_t *cl = open_worker(&c);
@@ -136,9 +130,9 @@ static void test_kill_while_writing(void **state) {
     if (cycle < CALIBRATE) {
       /* Let the write finish, and time it (unless it was too quick to be seen). */
       if (wait_tmp(dir, true, 2.0)) {
-        double t0 = now_s();
+        double t0 = ts_now_s();
         assert_true(wait_tmp(dir, false, 5.0));
-        if (now_s() - t0 > write_s) write_s = now_s() - t0;
+        if (ts_now_s() - t0 > write_s) write_s = ts_now_s() - t0;
       }
       continue;
     }
@@ -193,7 +187,7 @@ static void test_kill_while_writing(void **state) {
   fprintf(stderr,
           "%d kills (%d while a temporary file existed; a write takes about %.1f ms), last "
           "restored version %llu, %.1f s\n",
-          kills, mid_write, write_s * 1e3, (unsigned long long)durable, now_s() - t_start);
+          kills, mid_write, write_s * 1e3, (unsigned long long)durable, ts_now_s() - t_start);
   assert_true(mid_write > 0);
   assert_true(cleaned);
   assert_int_equal(ts_cluster_stop(&c), 0);

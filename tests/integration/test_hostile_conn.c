@@ -63,17 +63,6 @@ typedef struct {
   float *grad[2];
 } fixture_t;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 static ts_client_t *open_good_as(fixture_t *f, int task, const char *identity) {
   ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t),
                         .identity = identity,
@@ -101,7 +90,7 @@ static ts_client_t *open_good(fixture_t *f, int task) {
  * every update exact in float32), within GOOD_BOUND_S. */
 static void good_round(fixture_t *f, ts_client_t *cl) {
   char err[512];
-  double t0 = now_s();
+  double t0 = ts_now_s();
   int rc = tc_push(cl, (const float *const *)f->grad, TS_CLIENT_STEP_PULLED, NULL, err, sizeof err);
   if (rc < 0) fprintf(stderr, "push: %s\n", err);
   assert_int_equal(rc, 0);
@@ -110,7 +99,7 @@ static void good_round(fixture_t *f, ts_client_t *cl) {
   rc = tc_pull(cl, f->got, 0, 0, NULL, err, sizeof err);
   if (rc < 0) fprintf(stderr, "pull: %s\n", err);
   assert_int_equal(rc, 0);
-  double took = now_s() - t0;
+  double took = ts_now_s() - t0;
   if (took > GOOD_BOUND_S) fail_msg("the good client was held %.2f s", took);
   assert_memory_equal(f->expect[0], f->got[0], NW * sizeof(float));
   assert_memory_equal(f->expect[1], f->got[1], NB * sizeof(float));
@@ -243,13 +232,13 @@ static void test_idle_sockets(void **state) {
     fds[i] = ts_raw_connect(f->c.port[0]);
     assert_true(fds[i] >= 0);
   }
-  double t0 = now_s();
+  double t0 = ts_now_s();
   ts_client_t *late = open_good(f, 1);
   assert_non_null(late);
   char e[512];
   assert_int_equal(ts_client_declare(late, model, 2, 7, e, sizeof e), 0);
   good_round(f, late);
-  double took = now_s() - t0;
+  double took = ts_now_s() - t0;
   if (took > GOOD_BOUND_S) fail_msg("a new client took %.2f s to connect and be served", took);
   good_round(f, f->good);
   const char *argv[] = {ts_psctl_path, "-c", f->c.config, "health", NULL};
@@ -305,7 +294,7 @@ static void test_huge_meta_before_handshake(void **state) {
   for (int round = 0; round < 5; round++) {
     for (int i = 0; i < META_SOCKETS; i++) send(fds[i], "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     good_round(f, f->good);
-    sleep_ms(200);
+    ts_sleep_ms(200);
   }
   long after = ts_proc_rss_kib(pid);
   if (after - before >= 64 * 1024) fail_msg("RSS grew by %ld KiB", after - before);
@@ -319,7 +308,7 @@ static void test_huge_meta_before_handshake(void **state) {
   double dropped = 0;
   for (int i = 0;
        i < 50 && (dropped = metrics_sum(f, toobig, quota) - dropped_before) < META_SOCKETS; i++)
-    sleep_ms(100);
+    ts_sleep_ms(100);
   if (dropped < META_SOCKETS) fail_msg("%g of %d counted", dropped, META_SOCKETS);
   good_round(f, f->good);
 }
@@ -334,11 +323,11 @@ static void test_slow_frame(void **state) {
   ts_frame_encode_header(h, TS_MSG_STATUS, 1000, 0);
   ts_raw_send_all(fd, h, sizeof h);
   bool closed = false;
-  double t0 = now_s();
-  while (!closed && now_s() - t0 < 10.0) {
+  double t0 = ts_now_s();
+  while (!closed && ts_now_s() - t0 < 10.0) {
     send(fd, "x", 1, MSG_NOSIGNAL);
     good_round(f, f->good);
-    sleep_ms(200);
+    ts_sleep_ms(200);
     closed = peer_closed_now(fd);
   }
   close(fd);
@@ -362,10 +351,10 @@ static void test_admin_slowloris(void **state) {
     assert_true(fds[i] >= 0);
     sent[i] = 0;
   }
-  double t0 = now_s(), next_byte = t0;
+  double t0 = ts_now_s(), next_byte = t0;
   int probes = 0, reopened = 0;
-  while (now_s() - t0 < 6.0) {
-    if (now_s() >= next_byte) {
+  while (ts_now_s() - t0 < 6.0) {
+    if (ts_now_s() >= next_byte) {
       for (int i = 0; i < SLOWLORIS; i++) {
         char b = sent[i] < sizeof req - 1 ? req[sent[i]] : 'a';
         if (peer_closed_now(fds[i]) || send(fds[i], &b, 1, MSG_NOSIGNAL) != 1) {
@@ -381,13 +370,13 @@ static void test_admin_slowloris(void **state) {
       next_byte += 1.0;
     }
     char body[256];
-    double p0 = now_s();
+    double p0 = ts_now_s();
     int status = ts_http_get(port, "/livez", body, sizeof body, NULL, 0);
-    double took = now_s() - p0;
+    double took = ts_now_s() - p0;
     if (status != 200) fail_msg("/livez answered %d during the attack", status);
     if (took > 2.0) fail_msg("/livez took %.2f s during the attack", took);
     probes++;
-    sleep_ms(250);
+    ts_sleep_ms(250);
   }
   for (int i = 0; i < SLOWLORIS; i++) close(fds[i]);
   assert_true(probes > 5);

@@ -36,12 +36,6 @@ static const ts_client_tensor_t model[] = {
 #define NB 32
 #define HELD_MAX_S 2.0 /* the longest a good client may be held by an attack */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static ts_client_t *open_client(const ts_cluster_t *c, bool admin, int task, const char *token) {
   ts_client_opts_t o;
   ts_client_opts_init(&o);
@@ -132,11 +126,11 @@ static void assert_logged(const ts_cluster_t *c, const char *needle) {
 static void timed_pull(ts_client_t *cl, float *w, float *b) {
   float *dst[2] = {w, b};
   char err[512];
-  double t0 = now_s();
+  double t0 = ts_now_s();
   int rc = tc_pull(cl, dst, 0, 0, NULL, err, sizeof err);
   if (rc < 0) fprintf(stderr, "pull: %s\n", err);
   assert_int_equal(rc, 0);
-  assert_true(now_s() - t0 < HELD_MAX_S);
+  assert_true(ts_now_s() - t0 < HELD_MAX_S);
 }
 
 /* A 20-byte Declare asking for 256 MiB of parameters on a shard whose budget is 64 MiB:
@@ -179,9 +173,9 @@ static void test_oversized_declare_refused(void **state) {
 
   /* The squatter's connection stays usable; the good client defines the model. */
   char err[512];
-  double t0 = now_s();
+  double t0 = ts_now_s();
   assert_int_equal(ts_client_declare(good, model, 2, 7, err, sizeof err), 0);
-  assert_true(now_s() - t0 < HELD_MAX_S);
+  assert_true(ts_now_s() - t0 < HELD_MAX_S);
   float *w = calloc(NW, sizeof(float)), *b = calloc(NB, sizeof(float));
   float *w2 = calloc(NW, sizeof(float)), *b2 = calloc(NB, sizeof(float));
   float *gw = calloc(NW, sizeof(float)), *gb = calloc(NB, sizeof(float));
@@ -190,9 +184,9 @@ static void test_oversized_declare_refused(void **state) {
    * gradient of zeros, which must change nothing at all. */
   const float *grad[2] = {gw, gb};
   tc_result_t res;
-  t0 = now_s();
+  t0 = ts_now_s();
   assert_int_equal(tc_push(good, grad, TS_CLIENT_STEP_PULLED, &res, err, sizeof err), 0);
-  assert_true(now_s() - t0 < HELD_MAX_S);
+  assert_true(ts_now_s() - t0 < HELD_MAX_S);
   timed_pull(good, w2, b2);
   assert_memory_equal(w, w2, NW * sizeof(float));
   assert_memory_equal(b, b2, NB * sizeof(float));
@@ -228,10 +222,10 @@ static void test_large_declare_off_the_loop(void **state) {
   usleep(20 * 1000);
   /* Another connection, served while the model is built. */
   char err[512];
-  double t0 = now_s();
+  double t0 = ts_now_s();
   ts_client_shard_status_t *st = NULL;
   assert_int_equal(ts_client_status(adm, 0, &st, err, sizeof err), 0);
-  double status_s = now_s() - t0;
+  double status_s = ts_now_s() - t0;
   ts_client_status_free(st);
   struct pollfd p = {.fd = a, .events = POLLIN};
   bool declare_answered = poll(&p, 1, 0) > 0;
@@ -239,9 +233,9 @@ static void test_large_declare_off_the_loop(void **state) {
   send_declare(other, 3, "big", elems + 1, 3);
   char detail[512];
   bool created = false;
-  t0 = now_s();
+  t0 = ts_now_s();
   int code = read_declare_answer(other, &created, detail, sizeof detail);
-  double other_s = now_s() - t0;
+  double other_s = ts_now_s() - t0;
   assert_int_equal(code, TS_ESHAPE);
   bool big_answered_before_other = poll(&p, 1, 0) > 0;
 
@@ -370,9 +364,9 @@ static void test_model_reset(void **state) {
   assert_non_null(strstr(out, "model dropped"));
   assert_logged(&c, "model reset: dropped 2 tensors");
   int rc = -1;
-  double t0 = now_s();
+  double t0 = ts_now_s();
   float *dst[2] = {w, b};
-  while (rc < 0 && now_s() - t0 < 10) {
+  while (rc < 0 && ts_now_s() - t0 < 10) {
     rc = tc_pull(good, dst, 0, 0, NULL, err, sizeof err);
     if (rc < 0) usleep(50 * 1000);
   }

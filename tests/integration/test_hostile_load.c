@@ -44,17 +44,6 @@ typedef struct {
   float value; /* what every parameter holds now (the good client's pushes) */
 } fixture_t;
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&t, NULL);
-}
-
 /* A shard of an async job (learning rate 1, so a push of -1 adds exactly 1) holding one
  * tensor of `parts` partitions of part_floats each, and the good client (task 0). */
 static void start(fixture_t *f, size_t parts, size_t part_floats, const char *server_cfg) {
@@ -94,9 +83,9 @@ static void rss_ok(fixture_t *f) {
 static void good_step(fixture_t *f) {
   float *g = ts_big_filled(&f->big, -1.0f);
   char err[512];
-  double t0 = now_s();
+  double t0 = ts_now_s();
   int rc = tc_push(f->good, (const float *const *)&g, 0, NULL, err, sizeof err);
-  double took = now_s() - t0;
+  double took = ts_now_s() - t0;
   if (rc < 0) fprintf(stderr, "good push: %s\n", err);
   assert_int_equal(rc, 0);
   if (took > HELD_MAX_S) {
@@ -107,9 +96,9 @@ static void good_step(fixture_t *f) {
   f->value += 1.0f;
   float *want = malloc(f->big.parts * sizeof *want);
   for (size_t i = 0; i < f->big.parts; i++) want[i] = f->value;
-  t0 = now_s();
+  t0 = ts_now_s();
   ts_big_expect_parts(&f->big, f->good, want);
-  took = now_s() - t0;
+  took = ts_now_s() - t0;
   if (took > HELD_MAX_S) {
     fprintf(stderr, "the good pull took %.2f s\n", took);
     fail();
@@ -172,7 +161,7 @@ static void *trickle(void *arg) {
   while (!atomic_load(&t->stop)) {
     for (int i = 0; i < TRICKLERS; i++)
       if (t->fd[i] >= 0) send(t->fd[i], &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-    sleep_ms(250);
+    ts_sleep_ms(250);
   }
   return NULL;
 }
@@ -272,7 +261,7 @@ static void *slow_read(void *arg) {
     ssize_t n = recv(r->fd, buf, sizeof buf, MSG_DONTWAIT);
     if (n == 0) break;
     if (n > 0) atomic_fetch_add(&r->got, (unsigned long)n);
-    sleep_ms(10);
+    ts_sleep_ms(10);
   }
   return NULL;
 }
@@ -309,7 +298,7 @@ static void test_slow_reader_loses_its_hold(void **state) {
   /* What the socket buffers still hold, then the close. */
   bool closed = false;
   static char junk[1 << 16];
-  for (double t0 = now_s(); !closed && now_s() - t0 < 10.0;) {
+  for (double t0 = ts_now_s(); !closed && ts_now_s() - t0 < 10.0;) {
     struct pollfd pfd = {.fd = r.fd, .events = POLLIN};
     if (poll(&pfd, 1, 100) <= 0) continue;
     ssize_t n = recv(r.fd, junk, sizeof junk, 0);
@@ -340,15 +329,15 @@ static void *flood(void *arg) {
   size_t off = 0;
   char buf[1024];
   fcntl(fl->fd, F_SETFL, fcntl(fl->fd, F_GETFL) | O_NONBLOCK);
-  double next_read = now_s();
+  double next_read = ts_now_s();
   while (!atomic_load(&fl->stop)) {
     ssize_t w = send(fl->fd, fl->frames + off, fl->len - off, MSG_NOSIGNAL);
     if (w > 0) off = (off + (size_t)w) % fl->len; /* frames repeat whole: len is a multiple */
     if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break;
-    if (fl->read_every_ms && now_s() >= next_read) {
+    if (fl->read_every_ms && ts_now_s() >= next_read) {
       ssize_t n = recv(fl->fd, buf, sizeof buf, 0);
       if (n == 0) break;
-      next_read = now_s() + fl->read_every_ms / 1000.0;
+      next_read = ts_now_s() + fl->read_every_ms / 1000.0;
     }
     struct pollfd pfd = {.fd = fl->fd, .events = POLLOUT};
     poll(&pfd, 1, 1);
@@ -380,8 +369,8 @@ static void test_reader_slower_than_its_requests_is_dropped(void **state) {
   fl.frames = repeat_frame(TS_MSG_STATUS, &st.base, 4096, &fl.len);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, flood, &fl), 0);
-  double t0 = now_s();
-  while (now_s() - t0 < 2.0) good_step(&f);
+  double t0 = ts_now_s();
+  while (ts_now_s() - t0 < 2.0) good_step(&f);
   assert_true(ts_raw_closed_by_peer(fl.fd, 10000));
   atomic_store(&fl.stop, true);
   pthread_join(th, NULL);
@@ -413,8 +402,8 @@ static void test_reply_memory_is_bounded_in_total(void **state) {
     fl[i].frames = repeat_frame(TS_MSG_PUSH, &p.base, 4096, &fl[i].len);
     assert_int_equal(pthread_create(&th[i], NULL, flood, &fl[i]), 0);
   }
-  double t0 = now_s();
-  while (now_s() - t0 < 1.5) good_step(&f);
+  double t0 = ts_now_s();
+  while (ts_now_s() - t0 < 1.5) good_step(&f);
   metric_reaches(&f, "tessera_ps_limit_drops_total{limit=\"max_reply_bytes\"}", 1);
   assert_logged(&f, "over server.max_reply_bytes");
   for (int i = 0; i < FLOODERS; i++) {
@@ -477,7 +466,7 @@ static void test_parked_pulls_are_bounded(void **state) {
     fd[i] = attacker(&f);
     for (int k = 0; k < PULLS_EACH; k++) send_parking_pull(fd[i], 1000 + (uint64_t)k);
   }
-  double t0 = now_s();
+  double t0 = ts_now_s();
   good_step(&f);
   rss_ok(&f);
   /* Each connection: the pulls over the limit refused at once, the parked ones answered
@@ -494,7 +483,7 @@ static void test_parked_pulls_are_bounded(void **state) {
     assert_int_equal(timedout, PARK_LIMIT);
     close(fd[i]);
   }
-  assert_true(now_s() - t0 < 10.0); /* 1 s allowed, 46 days asked: a generous bound */
+  assert_true(ts_now_s() - t0 < 10.0); /* 1 s allowed, 46 days asked: a generous bound */
   metric_reaches(&f, "tessera_ps_limit_refusals_total{limit=\"max_parked_pulls\"}",
                  PARKERS * (PULLS_EACH - PARK_LIMIT));
   assert_true(metric_at_most(&f, "tessera_ps_parked_pulls", 0) == 0);

@@ -66,19 +66,26 @@ static int pull_once(const ts_trainer_t *t, float *const *dst, uint64_t min_vers
   return rc;
 }
 
-/* Pull with retries while the shards are unreachable (they reconnect in the background).
- * Sync mode pulls each shard's next version; the other modes take what is there. */
-static int pull(const ts_trainer_t *t, float *const *dst, uint64_t clock, uint64_t *version,
-                char *errmsg, size_t errlen) {
+/* Pull with retries while the shards are unreachable (they reconnect in the background):
+ * min_version as pull_once's. */
+static int pull_retry(const ts_trainer_t *t, float *const *dst, uint64_t min_version,
+                      uint64_t clock, uint64_t *version, char *errmsg, size_t errlen) {
   double start = now_s();
-  bool sync = t->cfg->mode == TS_MODE_SYNC;
   for (int attempt = 0;; attempt++) {
-    int rc = pull_once(t, dst, sync ? TS_CLIENT_VERSION_NEXT : 0, clock, version, errmsg, errlen);
+    int rc = pull_once(t, dst, min_version, clock, version, errmsg, errlen);
     if (rc == 0 || !transient(rc) || *t->stop) return rc;
     if (now_s() - start > RETRY_GRACE_S) return rc;
     if (attempt == 0) ts_log_warn("pull failed, retrying: %s", errmsg);
     sleep_s(0.2);
   }
+}
+
+/* A step's pull: sync mode pulls each shard's next version; the other modes take what is
+ * there. */
+static int pull(const ts_trainer_t *t, float *const *dst, uint64_t clock, uint64_t *version,
+                char *errmsg, size_t errlen) {
+  bool sync = t->cfg->mode == TS_MODE_SYNC;
+  return pull_retry(t, dst, sync ? TS_CLIENT_VERSION_NEXT : 0, clock, version, errmsg, errlen);
 }
 
 /* Push with retries while the shards are unreachable. attempt0 > 0: a first attempt
@@ -137,6 +144,21 @@ static int push_pull(const ts_trainer_t *t, const float *const *grad, uint64_t s
   ts_log_warn("push failed, retrying: %s", errmsg);
   sleep_s(0.2);
   return push(t, grad, step, stale, 1, errmsg, errlen);
+}
+
+/* Sync mode, after a push_pull some of whose gradients were stale: this worker is a step
+ * behind the others on some shard. Each shard's part of the pull was answered as soon as
+ * that shard had the version after the one last pulled from it, so a shard it lags on
+ * answered at once, perhaps seconds before the last shard did; meanwhile that shard's
+ * barrier (which has the other workers' gradients and waits for this one's) may close at
+ * job.sync_timeout_s, and the next push would be stale again. With two shards and two
+ * workers lagging on different shards that repeats forever, every step waiting
+ * sync_timeout_s (each shard waits for the worker the other shard holds back). Taking each
+ * shard's current parameters once the slowest shard has answered tags the next push with
+ * the barrier now open, which the other workers' gradients are in. */
+static int refresh_lagging(const ts_trainer_t *t, float *const *dst, uint64_t clock,
+                           uint64_t *version, char *errmsg, size_t errlen) {
+  return pull_retry(t, dst, 0, clock, version, errmsg, errlen);
 }
 
 int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, size_t errlen) {
@@ -201,6 +223,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   uint64_t epoch_loaded = UINT64_MAX;
   uint64_t version = 0;       /* the lowest version the last pull returned */
   bool pulled = false;
+  bool lagging = false; /* sync: the last push was stale somewhere (refresh_lagging) */
   uint64_t k0 = 0;
   if (cfg->mode == TS_MODE_SYNC) {
     /* A worker that (re)joins a running job starts at the job's step, so its data and its
@@ -240,7 +263,8 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       goto out;
     }
     rc = pulled ? 0 : pull(t, dst, k, &version, errmsg, errlen);
-    pulled = false;
+    if (rc == 0 && !pulled && lagging) rc = refresh_lagging(t, dst, k, &version, errmsg, errlen);
+    pulled = lagging = false;
     if (rc < 0) {
       if (*t->stop) break;
       ts_errmsg_wrapf(errmsg, errlen, "pull at step %llu", (unsigned long long)k);
@@ -287,6 +311,16 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       rc = push_pull(t, grad, k, dst, &version, &stale, &pulled, errmsg, errlen);
     else
       rc = push(t, grad, k, &stale, 0, errmsg, errlen);
+    lagging = cfg->mode == TS_MODE_SYNC && stale > 0;
+    if (rc == 0 && pulled && lagging) {
+      rc = refresh_lagging(t, dst, k + 1, &version, errmsg, errlen);
+      lagging = false;
+      if (rc < 0) {
+        if (*t->stop) break;
+        ts_errmsg_wrapf(errmsg, errlen, "pull after step %llu", (unsigned long long)k);
+        goto out;
+      }
+    }
     if (rc == TS_EFUTURE) {
       /* A shard restarted behind the others (restored from a checkpoint): this step's
        * gradient is lost there; the next pull takes its current version. */

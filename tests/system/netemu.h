@@ -28,7 +28,7 @@ typedef struct ts_netemu ts_netemu_t;
 
 typedef struct {
   uint64_t forwarded, lost, cut; /* packets delivered, dropped at random, dropped by a cut */
-  uint64_t max_stall_ns;         /* the longest the switch thread ran late (machine stalls) */
+  uint64_t max_stall_ns;         /* the longest a thread of the switch ran late (machine stalls) */
 } ts_netemu_stats_t;
 
 /* Make n nodes (at most TS_NETEMU_MAX) and start the switch with no faults. Returns 0, 77

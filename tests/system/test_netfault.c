@@ -449,16 +449,6 @@ static void run_mode(const char *mode, int epochs) {
 
 static void test_sync_faults(void **state) {
   (void)state;
-  /* Known bug, open in the issue "Hardening": after shard 1's partition, one sync worker's
-   * pushes to that shard can stay one step off, so every barrier of the shard closes only
-   * at job.sync_timeout_s without it (one step per 2 s; seen once in a clean-clone run,
-   * the job then outlives the test's deadline). Until it is fixed the sync case runs only
-   * when asked for. */
-  if (!getenv("TS_NETFAULT_SYNC")) {
-    fprintf(stderr, "netfault sync: skipped (known bug: a worker's pushes to a shard can stay "
-                    "one step off after that shard's partition; TS_NETFAULT_SYNC=1 runs it)\n");
-    skip();
-  }
   run_mode("sync", 6);
 }
 

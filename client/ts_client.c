@@ -178,6 +178,8 @@ int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg
   }
   ts_client_t *c = ts_calloc(1, sizeof *c);
   if (!c) return TS_ENOMEM;
+  /* Random, so a restarted worker's push ids (from 1 again) are not its former self's. */
+  while (c->incarnation == 0) randombytes_buf(&c->incarnation, sizeof c->incarnation);
   c->opts = o;
   c->opts.addrs = NULL; /* the caller's: shards keep their own copies */
   c->n = (uint32_t)o.num_shards;

@@ -85,6 +85,8 @@ typedef struct ts_cl_op {
   uint64_t min_version;     /* or TS_CLIENT_VERSION_NEXT */
   uint64_t step;            /* or TS_CLIENT_STEP_PULLED */
   uint64_t clock;
+  uint64_t push_id;         /* OP_PUSH, OP_PUSH_PULL: its id (0 until start_op gives a new
+                               push one; a retry's from the start) */
   ts_cl_staged_t *stage;    /* OP_PUSH_PULL: one per shard (owned) */
   bool checkpoint;          /* shutdown: final checkpoint */
   bool force;               /* model reset: close the worker connections first */
@@ -167,6 +169,11 @@ struct ts_client {
   ts_cl_shard_t *shards;
   uint32_t n;
   uint64_t next_id;
+  /* Pushes are numbered per client (ts_client_req_t.push_id): the last id given, by the
+   * client thread in start_op (read by submit to check a retry_of), and this client's
+   * random incarnation, sent with each push so shards tell its ids from another's. */
+  _Atomic uint64_t last_push_id;
+  uint64_t incarnation;
   int ready;                     /* mu: shards in SH_READY */
 
   uint64_t partition_bytes;      /* mu */

@@ -92,6 +92,7 @@ static void publish_op(ts_client_t *c, ts_cl_op_t *op) {
   q->stale = op->stale;
   q->duplicate = op->duplicate;
   q->version = op->rc == 0 && op->version_min != UINT64_MAX ? op->version_min : 0;
+  q->push_id = op->push_id;
   if (op->rc < 0)
     snprintf(q->errmsg, sizeof q->errmsg, "%s", op->err[0] ? op->err : ts_strerror(op->rc));
   else
@@ -288,6 +289,8 @@ static void send_req(ts_cl_wreq_t *r) {
       m.parts = sp;
       m.n_parts = r->n;
       m.step = r->op ? (r->op->step == TS_CLIENT_STEP_PULLED ? sh->pulled_version : r->op->step) : 0;
+      m.push_id = r->op ? r->op->push_id : 0;
+      m.client_incarnation = m.push_id ? c->incarnation : 0;
       rc = ts_conn_send(conn, TS_MSG_PUSH, &m.base, r->iov, (unsigned)r->n, NULL, NULL);
       break;
     }
@@ -412,6 +415,9 @@ static size_t *shard_subset(ts_client_t *c, const ts_cl_op_t *op, uint32_t s, si
 }
 
 static void start_op(ts_client_t *c, ts_cl_op_t *op) {
+  /* A new push's id, given here in the order the shards see the pushes. */
+  if ((op->kind == OP_PUSH || op->kind == OP_PUSH_PULL) && op->req && !op->push_id)
+    op->push_id = atomic_fetch_add(&c->last_push_id, 1) + 1;
   op->deadline_ms = loop_now(c) + (uint64_t)(op->timeout_s * 1000.0);
   op->version_min = UINT64_MAX;
   op->next = c->inflight;

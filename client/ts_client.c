@@ -88,6 +88,7 @@ void ts_cl_free_model(ts_client_t *c) {
 
 static void free_client(ts_client_t *c) {
   ts_cl_free_model(c);
+  ts_cl_free_failed_pushes(c);
   ts_free(c->shards);
   ts_free(c->identity);
   ts_auth_free_token(c->token);

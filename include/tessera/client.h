@@ -322,7 +322,10 @@ struct ts_client_req {
    * push_id of an earlier push of this client, which this one repeats (a retry after it
    * failed with TS_CLIENT_ECLOSED, TS_CLIENT_EUNAVAIL or TS_CLIENT_ETIMEDOUT, with the same
    * gradients and partitions): a shard that has applied that push id to a partition
-   * answers duplicate for it instead of applying it again. A shard takes an id more than
+   * answers duplicate for it instead of applying it again, and a shard that answered one
+   * of the failed attempts is not sent it again (for the last 16 failed pushes of this
+   * client; the results then count only the shards it was sent to; a PUSH_PULL still
+   * pulls from every shard). A shard takes an id more than
    * 64 pushes older than the newest it applied to a partition for applied, so retry soon,
    * before many later pushes. TS_CLIENT_EINVAL when no push of this client had that id.
    * Ignored for pulls. */

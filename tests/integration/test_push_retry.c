@@ -9,11 +9,13 @@
  *    a push applied to part of its partitions, repeated whole, is applied to the rest only;
  *    another incarnation with the same id, an older id never applied, and pushes without
  *    an id are applied;
+ *  - a retry is sent only to the shards that did not answer the failed attempt;
  *  - a peer sending thousands of fresh ids and incarnations: the shard's memory for them
  *    stays at its bound (tessera_ps_push_dedup_bytes, RSS), the evictions are counted and
  *    logged, and a good client of another task still has its retries recognised.
  */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -321,11 +323,60 @@ static void test_bounded(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* Two shards; shard 1 is killed while a push is in flight: shard 0 applies it, the push
+ * fails. The retry, once shard 1 is back (fresh, without a checkpoint), goes to shard 1
+ * only: shard 0 answered the first attempt. */
+static void test_retry_skips_answered_shards(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  cur = &c;
+  assert_int_equal(ts_cluster_start(&c, 2, 1,
+                                    "job = { mode = \"async\"; partition_bytes = 4096; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 1.0; };"),
+                   0);
+  ts_client_t *cl = open_client(&c);
+  size_t on0 = tc_shard_parts(cl, 0), on1 = tc_shard_parts(cl, 1);
+  assert_true(on0 > 0 && on1 > 0 && on0 + on1 == PARTS);
+  ts_cluster_signal(&c, 1, SIGKILL);
+  for (double t0 = ts_now_s(); ts_client_shard_up(cl, 1, NULL, 0) && ts_now_s() - t0 < 5;)
+    ts_sleep_ms(20);
+  assert_false(ts_client_shard_up(cl, 1, NULL, 0));
+
+  static const float *grad[1];
+  grad[0] = ones();
+  ts_client_req_t q, r;
+  ts_client_req_init(&q, TS_CLIENT_PUSH);
+  q.grad = grad;
+  q.timeout_s = 1.0;
+  int rc = ts_client_run(cl, &q);
+  assert_true(rc == TS_CLIENT_ETIMEDOUT || rc == TS_CLIENT_EUNAVAIL || rc == TS_CLIENT_ECLOSED);
+  assert_true(q.push_id > 0);
+  assert_int_equal(q.applied, on0);
+
+  assert_int_equal(ts_cluster_start_shard(&c, 1), 0);
+  for (double t0 = ts_now_s(); !ts_client_shard_up(cl, 1, NULL, 0) && ts_now_s() - t0 < 10;)
+    ts_sleep_ms(20);
+  assert_true(ts_client_shard_up(cl, 1, NULL, 0));
+  assert_int_equal(lib_push(cl, TS_CLIENT_PUSH, q.push_id, &r), 0);
+  assert_int_equal(r.push_id, q.push_id);
+  assert_int_equal(r.applied, on1);
+  assert_int_equal(r.duplicate, 0);
+  expect_all(cl, -1.0f);
+  /* Once it succeeded it is forgotten: a further retry goes everywhere, and every shard
+   * answers duplicate. */
+  assert_int_equal(lib_push(cl, TS_CLIENT_PUSH, q.push_id, &r), 0);
+  assert_int_equal(r.duplicate, PARTS);
+  expect_all(cl, -1.0f);
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_library_retry),
       cmocka_unit_test(test_wire_retry),
       cmocka_unit_test(test_bounded),
+      cmocka_unit_test(test_retry_skips_answered_shards),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,8 @@
  *   ts_waitq.c       pulls parked until their version (or ssp clock) is there
  *   ts_replyq.c      the memory budgets of the replies queued to peers
  *   ts_barrier.c     the pure rules of who is waited for (ts_barrier.h)
+ *   ts_pushid.c      the push ids applied per task, client and partition, so a retried
+ *                    push is applied once (pure: ts_pushid.h)
  *   ts_status.c      the ShardStatus for STATUS requests, /status, /metrics and systemd
  *   ts_ckpt_sched.c  when checkpoints are written: the timer, psctl, shutdown, signals
  *   ts_model.c       the model's lifecycle: a Declare checked against the budget, built in

@@ -88,6 +88,7 @@ void ts_cl_free_model(ts_client_t *c) {
 
 static void free_client(ts_client_t *c) {
   ts_cl_free_model(c);
+  ts_cl_free_failed_pushes(c);
   ts_free(c->shards);
   ts_free(c->identity);
   ts_auth_free_token(c->token);
@@ -178,6 +179,8 @@ int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg
   }
   ts_client_t *c = ts_calloc(1, sizeof *c);
   if (!c) return TS_ENOMEM;
+  /* Random, so a restarted worker's push ids (from 1 again) are not its former self's. */
+  while (c->incarnation == 0) randombytes_buf(&c->incarnation, sizeof c->incarnation);
   c->opts = o;
   c->opts.addrs = NULL; /* the caller's: shards keep their own copies */
   c->n = (uint32_t)o.num_shards;

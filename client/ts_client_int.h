@@ -30,6 +30,14 @@
 #define TS_CL_BACKOFF_MAX_MS 5000
 /* A reply may carry every partition a shard holds; the largest frame a client accepts. */
 #define TS_CL_MAX_DATA (UINT64_C(1) << 40)
+/* Failed pushes whose shards that answered are remembered, so a retry skips them. */
+#define TS_CL_FAILED_PUSHES 16
+
+/* A push that failed: which shards had answered it (client thread only). */
+typedef struct {
+  uint64_t push_id; /* 0: a free entry */
+  uint8_t *acked;   /* one per shard (owned) */
+} ts_cl_failed_push_t;
 
 /* ts_client_req_t.priv_state */
 enum {
@@ -85,6 +93,10 @@ typedef struct ts_cl_op {
   uint64_t min_version;     /* or TS_CLIENT_VERSION_NEXT */
   uint64_t step;            /* or TS_CLIENT_STEP_PULLED */
   uint64_t clock;
+  uint64_t push_id;         /* OP_PUSH, OP_PUSH_PULL: its id (0 until start_op gives a new
+                               push one; a retry's from the start) */
+  uint8_t *acked;           /* with push_id: per shard, 1 when its push reply came (owned;
+                               NULL when it could not be had) */
   ts_cl_staged_t *stage;    /* OP_PUSH_PULL: one per shard (owned) */
   bool checkpoint;          /* shutdown: final checkpoint */
   bool force;               /* model reset: close the worker connections first */
@@ -167,6 +179,13 @@ struct ts_client {
   ts_cl_shard_t *shards;
   uint32_t n;
   uint64_t next_id;
+  /* Pushes are numbered per client (ts_client_req_t.push_id): the last id given, by the
+   * client thread in start_op (read by submit to check a retry_of), and this client's
+   * random incarnation, sent with each push so shards tell its ids from another's. */
+  _Atomic uint64_t last_push_id;
+  uint64_t incarnation;
+  ts_cl_failed_push_t failed[TS_CL_FAILED_PUSHES]; /* loop thread; the oldest is replaced */
+  unsigned failed_next;
   int ready;                     /* mu: shards in SH_READY */
 
   uint64_t partition_bytes;      /* mu */
@@ -220,6 +239,8 @@ bool ts_cl_on_client_thread(ts_client_t *c);
  * makes true under c->mu with a broadcast of c->cv. */
 void ts_cl_wait_flag(ts_client_t *c, bool (*done)(void *), void *arg);
 void ts_cl_free_op(ts_cl_op_t *op);
+/* Forget the failed pushes remembered for retries (closing the client). */
+void ts_cl_free_failed_pushes(ts_client_t *c);
 void ts_cl_thread_main(void *arg);
 void ts_cl_on_wake(uv_async_t *a);
 void ts_cl_on_tick(uv_timer_t *t);

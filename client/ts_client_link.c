@@ -305,6 +305,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
       if (!r) break;
       if (r->op) {
+        if (r->op->acked) r->op->acked[sh->index] = 1;
         for (size_t i = 0; i < m->n_results; i++) {
           switch (m->results[i]) {
             case TESSERA__PUSH_RESULT__PUSH_APPLIED:

@@ -60,6 +60,46 @@ static void op_fail(ts_cl_op_t *op, uint16_t type, int rc, const char *msg) {
   snprintf(op->err, sizeof op->err, "%s", msg);
 }
 
+/* The remembered failed push of id, or NULL. */
+static ts_cl_failed_push_t *failed_push(ts_client_t *c, uint64_t id) {
+  for (unsigned i = 0; i < TS_CL_FAILED_PUSHES; i++)
+    if (c->failed[i].push_id == id) return &c->failed[i];
+  return NULL;
+}
+
+/* A push with an id is done: when its push failed somewhere, remember which shards had
+ * answered it (a retry is then sent to the others only); when it succeeded, forget it. The
+ * op's acks move into the entry. */
+static void remember_acks(ts_client_t *c, ts_cl_op_t *op) {
+  if (!op->push_id || !op->acked) return;
+  int push_rc = op->kind == OP_PUSH_PULL ? op->push_rc : op->rc;
+  if (op->kind == OP_PUSH_PULL && op->rc < 0 && op->push_rc == 0 && op->pull_rc == 0)
+    push_rc = op->rc;
+  ts_cl_failed_push_t *f = failed_push(c, op->push_id);
+  if (push_rc == 0) {
+    if (f) {
+      ts_free(f->acked);
+      *f = (ts_cl_failed_push_t){0, NULL};
+    }
+    return;
+  }
+  if (!f) {
+    f = &c->failed[c->failed_next];
+    c->failed_next = (c->failed_next + 1) % TS_CL_FAILED_PUSHES;
+  }
+  ts_free(f->acked);
+  f->push_id = op->push_id;
+  f->acked = op->acked;
+  op->acked = NULL;
+}
+
+void ts_cl_free_failed_pushes(ts_client_t *c) {
+  for (unsigned i = 0; i < TS_CL_FAILED_PUSHES; i++) {
+    ts_free(c->failed[i].acked);
+    c->failed[i] = (ts_cl_failed_push_t){0, NULL};
+  }
+}
+
 /* Hand op back to its caller. Nothing may touch op after the store of done: the caller may
  * have seen it while polling and returned. */
 static void publish_op(ts_client_t *c, ts_cl_op_t *op) {
@@ -92,6 +132,8 @@ static void publish_op(ts_client_t *c, ts_cl_op_t *op) {
   q->stale = op->stale;
   q->duplicate = op->duplicate;
   q->version = op->rc == 0 && op->version_min != UINT64_MAX ? op->version_min : 0;
+  q->push_id = op->push_id;
+  remember_acks(c, op);
   if (op->rc < 0)
     snprintf(q->errmsg, sizeof q->errmsg, "%s", op->err[0] ? op->err : ts_strerror(op->rc));
   else
@@ -288,6 +330,8 @@ static void send_req(ts_cl_wreq_t *r) {
       m.parts = sp;
       m.n_parts = r->n;
       m.step = r->op ? (r->op->step == TS_CLIENT_STEP_PULLED ? sh->pulled_version : r->op->step) : 0;
+      m.push_id = r->op ? r->op->push_id : 0;
+      m.client_incarnation = m.push_id ? c->incarnation : 0;
       rc = ts_conn_send(conn, TS_MSG_PUSH, &m.base, r->iov, (unsigned)r->n, NULL, NULL);
       break;
     }
@@ -412,6 +456,17 @@ static size_t *shard_subset(ts_client_t *c, const ts_cl_op_t *op, uint32_t s, si
 }
 
 static void start_op(ts_client_t *c, ts_cl_op_t *op) {
+  /* A new push's id, given here in the order the shards see the pushes. */
+  bool retry = op->push_id != 0;
+  if ((op->kind == OP_PUSH || op->kind == OP_PUSH_PULL) && op->req && !op->push_id)
+    op->push_id = atomic_fetch_add(&c->last_push_id, 1) + 1;
+  /* Which shards answer the push; a retry starts from what the failed attempts had (those
+   * shards are not sent it again: they would only answer duplicate). Without the memory,
+   * every shard is sent it, which is as correct. */
+  if (op->push_id && (op->acked = ts_calloc(c->n, 1)) != NULL && retry) {
+    ts_cl_failed_push_t *f = failed_push(c, op->push_id);
+    if (f) memcpy(op->acked, f->acked, c->n);
+  }
   op->deadline_ms = loop_now(c) + (uint64_t)(op->timeout_s * 1000.0);
   op->version_min = UINT64_MAX;
   op->next = c->inflight;
@@ -434,6 +489,10 @@ static void start_op(ts_client_t *c, ts_cl_op_t *op) {
         } else if (k == 0 && (op->kind != OP_PUSH || op->parts)) {
           /* Nothing of it here; a whole-model push still tells every shard. */
           ts_free(mine);
+        } else if (op->kind == OP_PUSH && op->acked && op->acked[s]) {
+          ts_free(mine); /* a retry: this shard answered an earlier attempt */
+        } else if (op->kind == OP_PUSH_PULL && op->acked && op->acked[s]) {
+          rc = ts_cl_submit_wire(c, sh, op, TS_MSG_PULL, mine, k); /* the pull only */
         } else if (op->kind == OP_PUSH_PULL) {
           /* Back to back on one connection: the shard handles a connection's frames in
            * order, so the pull sees the push applied (or, in sync mode, waits for the
@@ -602,6 +661,7 @@ void ts_cl_free_op(ts_cl_op_t *op) {
   if (!op) return;
   ts_free(op->parts);
   ts_free(op->stage);
+  ts_free(op->acked);
   ts_free(op);
 }
 

@@ -24,6 +24,7 @@ static int refuse(ts_client_req_t *req, int rc, const char *why) {
   req->rc = rc;
   req->push_rc = req->pull_rc = req->kind == TS_CLIENT_PUSH_PULL ? rc : 0;
   req->applied = req->accumulated = req->stale = req->duplicate = req->version = 0;
+  req->push_id = 0;
   snprintf(req->errmsg, sizeof req->errmsg, "%s", why);
   __atomic_store_n(&req->priv_state, TS_CL_REQ_IDLE, __ATOMIC_RELEASE);
   return rc;
@@ -166,6 +167,9 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
     return refuse(req, TS_EINVAL, "unknown request kind");
   const ts_plan_t *plan = &c->plan;
   if (!plan->parts) return refuse(req, TS_ENOTDECLARED, "declare the model first");
+  bool push = req->kind != TS_CLIENT_PULL;
+  if (push && req->retry_of > atomic_load(&c->last_push_id))
+    return refuse(req, TS_EINVAL, "retry_of is not the push_id of a push of this client");
   ts_cl_op_t *op = ts_calloc(1, sizeof *op);
   bool *covered = ts_calloc(plan->num_tensors, sizeof *covered);
   const char *why = "out of memory";
@@ -195,9 +199,11 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
   op->step = req->step;
   op->min_version = req->min_version;
   op->clock = req->clock;
+  op->push_id = push ? req->retry_of : 0;
   req->rc = 0;
   req->push_rc = req->pull_rc = 0;
   req->applied = req->accumulated = req->stale = req->duplicate = req->version = 0;
+  req->push_id = 0;
   req->errmsg[0] = 0;
   __atomic_store_n(&req->priv_state, cb ? TS_CL_REQ_INFLIGHT_CB : TS_CL_REQ_INFLIGHT,
                    __ATOMIC_RELEASE);

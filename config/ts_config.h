@@ -84,6 +84,7 @@ typedef struct {
   int64_t max_reply_bytes;                /* ... and to all peers together */
   double reply_full_timeout_s;  /* a peer whose queue stays this full this long is dropped */
   int max_parked_pulls;         /* pulls one connection may have waiting for a version */
+  int push_dedup_clients;       /* clients per worker task whose push ids are remembered */
   double max_pull_wait_s;       /* longest a pull waits (a longer client timeout is clamped) */
 
   /* http: the admin endpoints of shards and workers */

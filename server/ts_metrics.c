@@ -136,6 +136,18 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
     ts_prom_sample(b, "tessera_ps_pushed_partitions_total", lab, (double)m->push_parts[i]);
   }
 
+  counter1(b, "tessera_ps_push_duplicates_total",
+           "Pushes with partitions not applied again because their push id already was (a "
+           "client's retry; server.push_dedup_clients).",
+           (double)m->push_duplicates);
+  counter1(b, "tessera_ps_push_dedup_evictions_total",
+           "Clients whose applied push ids were forgotten to make room for another client of "
+           "the same worker task (server.push_dedup_clients).",
+           (double)m->push_dedup_evictions);
+  gauge1(b, "tessera_ps_push_dedup_bytes",
+         "Memory of the applied push ids remembered for retries (server.push_dedup_clients).",
+         (double)m->push_dedup_bytes);
+
   ts_prom_family(b, "tessera_ps_push_waits_total", "counter",
                  "Pushes that waited: for a pull reply being written from their partition, or "
                  "for a staging buffer.");

@@ -97,6 +97,10 @@ typedef struct {
    * times an admin dropped it (psctl model reset). Refused declares are counted in refused[]
    * (request="declare"). */
   uint64_t model_bytes, model_bytes_limit, model_resets;
+  /* Retried pushes (server/ts_pushid.h): pushes with partitions not applied again because
+   * their push id already was, clients forgotten to make room for another of the same task,
+   * and the memory of the table (set when publishing; server.push_dedup_clients). */
+  uint64_t push_duplicates, push_dedup_evictions, push_dedup_bytes;
 } ts_metrics_t;
 
 /* Zero *m and set the histograms' bounds. */

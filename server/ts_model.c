@@ -243,6 +243,7 @@ static void finish_reset(ts_server_t *srv, int rc, const char *why) {
         r.tensors, (double)r.bytes / (1024.0 * 1024.0),
         (unsigned long long)ts_store_min_version(&srv->store));
     ts_store_reset(&srv->store);
+    ts_pushid_reset(&srv->pushids); /* the next model's partitions are others */
     /* The staging buffers were sized for this model's largest partition and the next
      * model's may be larger: the pool is set up again on its first push. No push holds or
      * waits for a buffer now (partitions_free: no worker connection is left). */

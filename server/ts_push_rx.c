@@ -162,7 +162,7 @@ int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__
   rx->nchunks = h->data_len ? nc : 0;
   rx->piece = rx->next = rx->next_off = 0;
   rx->piece_bad = false;
-  rx->stale = rx->refused = rx->applied_slices = 0;
+  rx->stale = rx->refused = rx->applied_slices = rx->duplicates = 0;
   rx->refused_detail[0] = '\0';
   memset(rx->results, 0, m->n_parts * sizeof *rx->results);
   rx->m = m;
@@ -217,11 +217,28 @@ static int push_piece(ts_session_t *s, bool fresh) {
     return 0;
   }
   const float *g = rx->buf + rx->next_off;
+  /* A push with an id: the windows of its client (looked up again for each piece, since
+   * another session's lookup may take the slot meanwhile). */
+  ts_pushid_window_t *wins = NULL;
+  if (m->push_id) {
+    bool evicted;
+    wins = ts_pushid_lookup(&srv->pushids, s->task, m->client_incarnation, st->num_parts,
+                            &evicted);
+    if (evicted)
+      ts_log_info("%s: task %d has more than server.push_dedup_clients (%d) clients: the least "
+                  "recently used one's push ids are forgotten",
+                  s->conn.peer, s->task, srv->cfg->push_dedup_clients);
+  }
   for (size_t i = rx->next; i < b; i++) {
     ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
     ts_require(p != NULL); /* ts_push_rx_meta checked the slices */
     Tessera__PushResult r = TESSERA__PUSH_RESULT__PUSH_APPLIED;
-    if (sync) {
+    ts_pushid_window_t *w = wins ? &wins[p - st->parts] : NULL;
+    if (w && ts_pushid_seen(w, m->push_id)) {
+      /* A retry of a push this partition already has: not applied twice. */
+      r = TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
+      rx->duplicates++;
+    } else if (sync) {
       r = ts_store_sync_push(st, p, g, s->task, m->step, now,
                              ts_barrier_required(&srv->barrier, p->contributed));
       if (r == TESSERA__PUSH_RESULT__PUSH_STALE) rx->stale++;
@@ -238,6 +255,9 @@ static int push_piece(ts_session_t *s, bool fresh) {
       srv->held = s;
       return TS_CONN_HOLD;
     }
+    if (w &&
+        (r == TESSERA__PUSH_RESULT__PUSH_APPLIED || r == TESSERA__PUSH_RESULT__PUSH_ACCUMULATED))
+      ts_pushid_record(w, m->push_id);
     rx->results[i] = r;
     if ((unsigned)r < 4) srv->metrics.push_parts[r]++;
     rx->applied_slices++;
@@ -368,6 +388,14 @@ void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
                rx->refused_detail, (unsigned long long)rx->refused, m->n_parts,
                st->mode == TS_MODE_SYNC ? "counted for the step" : "applied", srv->stage.buf_bytes);
     ts_session_reply_error(s, TS_MSG_PUSH, m->request_id, TS_ENONFINITE, detail);
+  }
+  if (rx->duplicates) {
+    srv->metrics.push_duplicates++;
+    ts_log_info("%s: task %d's push %llu (client %016llx) was already applied to %llu of its %zu "
+                "partitions: not applied again (a retry)",
+                s->conn.peer, s->task, (unsigned long long)m->push_id,
+                (unsigned long long)m->client_incarnation, (unsigned long long)rx->duplicates,
+                m->n_parts);
   }
   if (rx->stale) {
     ts_log_debug("task %d: %llu stale gradient partition(s) for step %llu dropped", s->task,

@@ -210,7 +210,8 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
                       cfg->replicas_to_aggregate > 0 ? (uint32_t)cfg->replicas_to_aggregate : 0,
                       (uint64_t)(cfg->sync_timeout_s * 1000.0),
                       (uint64_t)(cfg->heartbeat_timeout_s * 1000.0),
-                      cfg->staleness > 0 ? (uint64_t)cfg->staleness : 0) < 0) {
+                      cfg->staleness > 0 ? (uint64_t)cfg->staleness : 0) < 0 ||
+      ts_pushid_init(&srv->pushids, srv->num_workers, (uint32_t)cfg->push_dedup_clients) < 0) {
     rc = TS_ENOMEM;
     goto fail;
   }
@@ -323,6 +324,7 @@ void ts_server_free(ts_server_t *srv) {
   ts_stage_free(&srv->stage);
   ts_free(srv->workers);
   ts_barrier_free(&srv->barrier);
+  ts_pushid_free(&srv->pushids);
   ts_auth_free_token(srv->token);
   ts_auth_free_token(srv->admin_token);
   ts_free(srv);

@@ -13,6 +13,8 @@
  *   ts_waitq.c       pulls parked until their version (or ssp clock) is there
  *   ts_replyq.c      the memory budgets of the replies queued to peers
  *   ts_barrier.c     the pure rules of who is waited for (ts_barrier.h)
+ *   ts_pushid.c      the push ids applied per task, client and partition, so a retried
+ *                    push is applied once (pure: ts_pushid.h)
  *   ts_status.c      the ShardStatus for STATUS requests, /status, /metrics and systemd
  *   ts_ckpt_sched.c  when checkpoints are written: the timer, psctl, shutdown, signals
  *   ts_model.c       the model's lifecycle: a Declare checked against the budget, built in
@@ -40,6 +42,7 @@
 #include "ts_barrier.h"
 #include "ts_conn.h"
 #include "ts_metrics.h"
+#include "ts_pushid.h"
 #include "ts_server.h"
 #include "ts_stage.h"
 #include "ts_store.h"
@@ -118,6 +121,7 @@ typedef struct {
   size_t results_cap;
   uint64_t start_ns; /* when its meta arrived (uv_hrtime): the latency's start */
   uint64_t stale, refused, applied_slices;
+  uint64_t duplicates; /* partitions not applied again: their push id was (ts_pushid.h) */
   char refused_detail[256]; /* the first refused piece */
   int refuse_code;          /* refused whole at the meta (payload discarded) */
   char refuse_msg[256];
@@ -172,6 +176,7 @@ struct ts_server {
   ts_worker_info_t *workers;
   uint32_t num_workers;
   ts_barrier_t barrier; /* membership, liveness and the rules of who is waited for */
+  ts_pushid_t pushids;  /* the push ids applied, per task and client (ts_pushid.h) */
 
   char *token, *admin_token;
   uint64_t started_ms;

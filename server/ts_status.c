@@ -117,6 +117,8 @@ void ts_status_publish(ts_server_t *srv) {
         m->bytes_out = m->bytes_out_closed;
         m->staging_bytes = ts_stage_bytes(&srv->stage);
         m->staging_in_use = srv->stage.in_use;
+        m->push_dedup_bytes = srv->pushids.bytes;
+        m->push_dedup_evictions = srv->pushids.evictions;
         m->reply_memory = srv->reply_mem;
         m->parked_pulls = srv->num_parked;
         m->pull_replies_writing = srv->pull_writes;

@@ -89,10 +89,13 @@ static int pull(const ts_trainer_t *t, float *const *dst, uint64_t clock, uint64
 }
 
 /* Push with retries while the shards are unreachable. attempt0 > 0: a first attempt
- * already failed and was reported (push_pull below). Sync mode tags each shard's push with
- * the version last pulled from it. *stale gets the partitions dropped as stale. */
+ * already failed and was reported (push_pull below), and push_id is the id it was sent
+ * with. Every retry repeats the first attempt's push id, so a shard that applied it before
+ * the failure answers duplicate instead of applying it again (client.h, retry_of). Sync
+ * mode tags each shard's push with the version last pulled from it. *stale gets the
+ * partitions dropped as stale. */
 static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step, uint64_t *stale,
-                int attempt0, char *errmsg, size_t errlen) {
+                int attempt0, uint64_t push_id, char *errmsg, size_t errlen) {
   double start = now_s();
   bool sync = t->cfg->mode == TS_MODE_SYNC;
   for (int attempt = attempt0;; attempt++) {
@@ -100,8 +103,13 @@ static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step, 
     ts_client_req_init(&q, TS_CLIENT_PUSH);
     q.grad = grad;
     q.step = sync ? TS_CLIENT_STEP_PULLED : step;
+    q.retry_of = push_id;
     int rc = request(t, &q, errmsg, errlen);
+    if (q.push_id) push_id = q.push_id;
     *stale = q.stale;
+    if (attempt > 0 && q.duplicate)
+      ts_log_info("push retried: %llu partition(s) had it already and did not apply it again",
+                  (unsigned long long)q.duplicate);
     if (rc == 0 || !transient(rc) || *t->stop) return rc;
     if (now_s() - start > RETRY_GRACE_S) return rc;
     if (attempt == 0) ts_log_warn("push failed, retrying: %s", errmsg);
@@ -143,7 +151,7 @@ static int push_pull(const ts_trainer_t *t, const float *const *grad, uint64_t s
   if (!transient(rc) || *t->stop) return rc;
   ts_log_warn("push failed, retrying: %s", errmsg);
   sleep_s(0.2);
-  return push(t, grad, step, stale, 1, errmsg, errlen);
+  return push(t, grad, step, stale, 1, q.push_id, errmsg, errlen);
 }
 
 /* Sync mode, after a push_pull some of whose gradients were stale: this worker is a step
@@ -310,7 +318,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     if (k + 1 < total && !*t->stop)
       rc = push_pull(t, grad, k, dst, &version, &stale, &pulled, errmsg, errlen);
     else
-      rc = push(t, grad, k, &stale, 0, errmsg, errlen);
+      rc = push(t, grad, k, &stale, 0, 0, errmsg, errlen);
     lagging = cfg->mode == TS_MODE_SYNC && stale > 0;
     if (rc == 0 && pulled && lagging) {
       rc = refresh_lagging(t, dst, k + 1, &version, errmsg, errlen);

@@ -21,7 +21,11 @@
  * doubling to 5 s); after a reconnect the client handshakes again and re-declares the
  * model, so a restarted shard is usable without the caller noticing. Requests that were in
  * flight on a lost connection fail with TS_CLIENT_ECLOSED; the caller decides whether to
- * retry (pulls are always safe to retry; a sync push is recognised as a duplicate).
+ * retry. Pulls are always safe to retry. A push is retried safely by submitting it again
+ * with retry_of set to the push_id it was given (ts_client_req_t): every shard applies a
+ * push id of a client at most once and answers a repeat as a duplicate, so a shard that had
+ * applied it before the connection was lost (or before the deadline passed) does not apply
+ * it twice, in any mode.
  *
  * Threading contract.
  *  - Every function here may be called from any thread, concurrently, except:
@@ -314,6 +318,18 @@ struct ts_client_req {
   uint64_t clock;
   /* Deadline in seconds; 0 = the client's (request_timeout_s, ts_client_set_timeout). */
   double timeout_s;
+  /* push: 0 (as ts_client_req_init sets it) = a new push, given a new push_id; else the
+   * push_id of an earlier push of this client, which this one repeats (a retry after it
+   * failed with TS_CLIENT_ECLOSED, TS_CLIENT_EUNAVAIL or TS_CLIENT_ETIMEDOUT, with the same
+   * gradients and partitions): a shard that has applied that push id to a partition
+   * answers duplicate for it instead of applying it again, and a shard that answered one
+   * of the failed attempts is not sent it again (for the last 16 failed pushes of this
+   * client; the results then count only the shards it was sent to; a PUSH_PULL still
+   * pulls from every shard). A shard takes an id more than
+   * 64 pushes older than the newest it applied to a partition for applied, so retry soon,
+   * before many later pushes. TS_CLIENT_EINVAL when no push of this client had that id.
+   * Ignored for pulls. */
+  uint64_t retry_of;
 
   /* --- out: valid once the request is done --- */
   int rc;                 /* 0, or the request's error (as returned by wait and run) */
@@ -322,10 +338,14 @@ struct ts_client_req {
    * the push part's error when it failed anywhere, else the pull part's. Both 0 for the
    * other kinds. */
   int push_rc, pull_rc;
-  /* push: partitions, summed over the shards, by outcome */
+  /* push: partitions, summed over the shards, by outcome (duplicate: a repeat of a push
+   * id the shard had applied, or, in sync mode, a second push of the worker for a step) */
   uint64_t applied, accumulated, stale, duplicate;
   /* pull: the lowest version pulled (0 when the request failed or pulled nothing) */
   uint64_t version;
+  /* push: the id it was sent with (new, or retry_of), numbered from 1 up per client; 0
+   * when its submit was refused. Set it as retry_of to retry the push. */
+  uint64_t push_id;
   char errmsg[256];       /* on failure: why, naming the shard */
 
   /* --- private to the library (and room to grow without changing the layout) --- */
@@ -346,7 +366,8 @@ TS_CLIENT_API void ts_client_req_init(ts_client_req_t *req, ts_client_req_kind_t
  *   TS_CLIENT_EINVAL     req NULL or its struct_size wrong (then req is not written); c
  *                        NULL, a bad kind, a buffer missing, a subset index out of range
  *                        or listed twice, both subsets given, grad and dst overlapping
- *                        (PUSH_PULL: then push_rc and pull_rc are EINVAL too);
+ *                        (PUSH_PULL: then push_rc and pull_rc are EINVAL too), a
+ *                        retry_of that is no push_id of this client;
  *   TS_CLIENT_EBUSY      req is already in flight (then req is left untouched);
  *   TS_CLIENT_ENOTDECLARED  no model declared;
  *   TS_CLIENT_ESHUTDOWN  the client was interrupted or is closing;

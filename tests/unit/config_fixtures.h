@@ -100,6 +100,7 @@ static inline void check_defaults(const ts_config_t *c) {
   assert_int_equal(c->max_reply_bytes, 268435456);
   assert_true(c->reply_full_timeout_s == 10.0);
   assert_int_equal(c->max_parked_pulls, 64);
+  assert_int_equal(c->push_dedup_clients, 4);
   assert_true(c->max_pull_wait_s == 300.0);
   assert_int_equal(c->max_preauth_connections, 128);
   assert_true(c->handshake_timeout_s == 5.0);

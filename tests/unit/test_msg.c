@@ -230,8 +230,18 @@ static void test_round_trip_push(void **state) {
   m.n_parts = 2;
   m.parts = make_slices(2, 1);
   m.step = 77;
+  m.push_id = 12;
+  m.client_incarnation = UINT64_C(0xfedcba9876543210);
   Tessera__Push *d = (Tessera__Push *)decode_ok(TS_MSG_PUSH, &m.base, 4 * (1 + 2));
   assert_int_equal(d->step, 77);
+  assert_int_equal(d->push_id, 12);
+  assert_true(d->client_incarnation == UINT64_C(0xfedcba9876543210));
+  ts_msg_free(&d->base);
+  /* Without an id (an older client): both fields read as 0, "no id". */
+  m.push_id = m.client_incarnation = 0;
+  d = (Tessera__Push *)decode_ok(TS_MSG_PUSH, &m.base, 4 * (1 + 2));
+  assert_int_equal(d->push_id, 0);
+  assert_int_equal(d->client_incarnation, 0);
   ts_msg_free(&d->base);
 
   /* A Push with no partitions only advances the clock. */

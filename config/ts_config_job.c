@@ -8,10 +8,18 @@
 
 #include "ts_config_int.h"
 
-static bool sync_only(const ts_config_t *c) { return c->mode == TS_MODE_SYNC; }
-static bool ssp_only(const ts_config_t *c) { return c->mode == TS_MODE_SSP; }
-static bool momentum_only(const ts_config_t *c) { return c->optimizer == TS_OPT_MOMENTUM; }
-static bool adam_only(const ts_config_t *c) { return c->optimizer == TS_OPT_ADAM; }
+static bool sync_only(const ts_config_t *c) {
+  return c->mode == TS_MODE_SYNC;
+}
+static bool ssp_only(const ts_config_t *c) {
+  return c->mode == TS_MODE_SSP;
+}
+static bool momentum_only(const ts_config_t *c) {
+  return c->optimizer == TS_OPT_MOMENTUM;
+}
+static bool adam_only(const ts_config_t *c) {
+  return c->optimizer == TS_OPT_ADAM;
+}
 
 /* In the order they are sent and compared: a mode or optimizer before what depends on it. */
 static const struct {

@@ -4,8 +4,8 @@
  * it; equal settings, a key the shard does not know, and no settings at all (an older
  * client) are let in; a good client is served all along. Also: a cancel flag ends an open
  * that waits for an unreachable shard. */
-#include <setjmp.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,8 +16,8 @@
 
 #include <cmocka.h>
 
-#include "harness.h"
 #include "calls.h"
+#include "harness.h"
 #include "ts_err.h"
 
 static int open_job(ts_cluster_t *c, int task, const ts_client_job_setting_t *job, size_t n,
@@ -58,14 +58,13 @@ static void test_job_settings(void **state) {
   assert_int_equal(ts_client_declare(good, &t, 1, 1, err, sizeof err), 0);
   float v[64];
 
-  const ts_client_job_setting_t same[] = {{"job.mode", "\"sync\""},
-                                          {"cluster.workers", "2 workers"},
-                                          {"optimizer.name", "\"momentum\""},
-                                          {"optimizer.learning_rate", "0.05"},
-                                          {"optimizer.momentum", "0.9"},
-                                          {"model.layers", "[784, 32, 10]"},
-                                          {"job.some_future_key", "7"}};
-  assert_int_equal(open_job(&c, 1, same, sizeof same / sizeof *same, false, NULL, err, sizeof err), 0);
+  const ts_client_job_setting_t same[] = {
+      {"job.mode", "\"sync\""},           {"cluster.workers", "2 workers"},
+      {"optimizer.name", "\"momentum\""}, {"optimizer.learning_rate", "0.05"},
+      {"optimizer.momentum", "0.9"},      {"model.layers", "[784, 32, 10]"},
+      {"job.some_future_key", "7"}};
+  assert_int_equal(open_job(&c, 1, same, sizeof same / sizeof *same, false, NULL, err, sizeof err),
+                   0);
 
   /* Either shard may answer first: the line is "KEY: this worker has X, shard N has Y". */
   const struct {
@@ -73,10 +72,14 @@ static void test_job_settings(void **state) {
     const char *worker, *shard;
   } bad[] = {
       {{"job.mode", "\"async\""}, "job.mode: this worker has \"async\", shard ", " has \"sync\""},
-      {{"cluster.workers", "3 workers"}, "cluster.workers: this worker has 3 workers, shard ",
+      {{"cluster.workers", "3 workers"},
+       "cluster.workers: this worker has 3 workers, shard ",
        " has 2 workers"},
-      {{"optimizer.momentum", "0.5"}, "optimizer.momentum: this worker has 0.5, shard ", " has 0.9"},
-      {{"model.layers", "[784, 10]"}, "model.layers: this worker has [784, 10], shard ",
+      {{"optimizer.momentum", "0.5"},
+       "optimizer.momentum: this worker has 0.5, shard ",
+       " has 0.9"},
+      {{"model.layers", "[784, 10]"},
+       "model.layers: this worker has [784, 10], shard ",
        " has [784, 32, 10]"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -90,7 +93,7 @@ static void test_job_settings(void **state) {
     const char *b = strstr(a, bad[i].shard);
     assert_non_null(b);
     assert_string_equal(b, bad[i].shard); /* the line ends there */
-    assert_true(took < 4.0); /* refused at once, not at connect_timeout_s (5 s) */
+    assert_true(took < 4.0);              /* refused at once, not at connect_timeout_s (5 s) */
     /* The good client is not disturbed. */
     float *dst[] = {v};
     ts_client_req_t q;
@@ -105,7 +108,8 @@ static void test_job_settings(void **state) {
   for (int s = 0; s < 2; s++) {
     char *log = ts_cluster_log(&c, s);
     assert_non_null(log);
-    logged |= strstr(log, "refused: optimizer.momentum: the worker has 0.5, this shard has 0.9") != NULL;
+    logged |=
+        strstr(log, "refused: optimizer.momentum: the worker has 0.5, this shard has 0.9") != NULL;
     free(log);
     double n = ts_metric_wait(c.http_port[s],
                               "tessera_ps_refused_requests_total{request=\"handshake\","

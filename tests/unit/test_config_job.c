@@ -37,11 +37,11 @@ static void test_spelling(void **state) {
   assert_string_equal(s[0].value, "\"sync\"");
   assert_string_equal(value_of(s, n, "cluster.workers"), "2 workers");
   assert_string_equal(value_of(s, n, "job.replicas_to_aggregate"), "0");
-  assert_null(value_of(s, n, "job.staleness"));        /* ssp only */
+  assert_null(value_of(s, n, "job.staleness")); /* ssp only */
   assert_string_equal(value_of(s, n, "optimizer.name"), "\"momentum\"");
   assert_string_equal(value_of(s, n, "optimizer.learning_rate"), "0.1");
   assert_string_equal(value_of(s, n, "optimizer.momentum"), "0.9");
-  assert_null(value_of(s, n, "optimizer.beta1"));      /* adam only */
+  assert_null(value_of(s, n, "optimizer.beta1")); /* adam only */
   assert_string_equal(value_of(s, n, "model.layers"), "[784, 32, 10]");
   assert_string_equal(value_of(s, n, "job.partition_bytes"), "4194304");
   ts_config_free(&cfg);
@@ -61,12 +61,14 @@ static void test_compare(void **state) {
   assert_int_equal(ts_config_job_compare(&mine, s[0].key, s[0].value, own, sizeof own), 0);
   assert_string_equal(own, "\"sync\"");
   assert_string_equal(s[0].value, "\"async\"");
-  assert_int_equal(ts_config_job_compare(&mine, "optimizer.learning_rate",
-                                         value_of(s, n, "optimizer.learning_rate"), own, sizeof own),
-                   0);
+  assert_int_equal(
+      ts_config_job_compare(&mine, "optimizer.learning_rate",
+                            value_of(s, n, "optimizer.learning_rate"), own, sizeof own),
+      0);
   assert_string_equal(own, "0.1");
   /* Equal values, and a key this version does not know, pass. */
-  assert_int_equal(ts_config_job_compare(&mine, "model.layers", "[784, 128, 10]", own, sizeof own), 1);
+  assert_int_equal(ts_config_job_compare(&mine, "model.layers", "[784, 128, 10]", own, sizeof own),
+                   1);
   assert_int_equal(ts_config_job_compare(&mine, "job.future_key", "x", own, sizeof own), 1);
   /* A key that is not a job setting is never compared. */
   assert_int_equal(ts_config_job_compare(&mine, "train.batch_size", "1", own, sizeof own), 1);

@@ -4,7 +4,8 @@
  *  - a worker whose job file differs from its shard's (job.mode, cluster.workers,
  *    optimizer.name, optimizer.learning_rate, model.layers) is refused at the handshake with
  *    one line naming the key and both values, in its log and the shard's, exits 78, and a
- *    good worker training beside it is not disturbed;
+ *    good worker training beside it is not disturbed; a worker whose model differs from
+ *    the one another program declared exits 78 too;
  *  - a worker started before its shard logs which shard it waits for and why at least every
  *    5 s, and trains once the shard is up;
  *  - SIGINT while it waits stops it at once with exit 0;
@@ -23,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "calls.h"
 #include "harness.h"
 
 static bool file_has(const char *path, const char *needle) {
@@ -151,6 +153,34 @@ static void test_mismatch_refused(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* A job whose model was declared by another program: the worker's job file matches the
+ * shard's, but its model does not (the shard's Declare check, ESHAPE): exit 78 as well. */
+static void test_other_model_declared(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1, "model = { layers = [784, 16, 10]; };"), 0);
+  ts_client_opts_t o;
+  ts_client_opts_init(&o);
+  o.addrs = c.addrs;
+  o.num_shards = 1;
+  o.require_all = true;
+  ts_client_t *cl = NULL;
+  char err[512];
+  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
+  static const uint64_t shape[] = {64};
+  ts_client_tensor_t t = {.name = "w", .shape = shape, .rank = 1, .init = TS_CLIENT_INIT_ZEROS};
+  assert_int_equal(ts_client_declare(cl, &t, 1, 42, err, sizeof err), 0);
+  ts_client_close(cl);
+  ts_proc_t w;
+  assert_int_equal(start_worker(&c, 0, NULL, &w), 0);
+  int st = ts_proc_wait(&w, 60);
+  if (st != 78) dump(&w);
+  assert_int_equal(st, 78);
+  assert_true(file_has(w.err, "declaring the model: "));
+  assert_true(file_has(w.err, "is not part of the declared model"));
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 /* --- item 6: a worker waiting for its shard ---------------------------------------- */
 
 static void test_waits_and_logs_then_trains(void **state) {
@@ -258,6 +288,7 @@ static void test_async_max_steps_global(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mismatch_refused),
+      cmocka_unit_test(test_other_model_declared),
       cmocka_unit_test(test_waits_and_logs_then_trains),
       cmocka_unit_test(test_sigint_while_waiting),
       cmocka_unit_test(test_connect_timeout),

@@ -86,7 +86,48 @@ void ts_cl_free_model(ts_client_t *c) {
   ts_plan_free(&c->plan);
 }
 
+static void free_job(ts_client_t *c) {
+  for (size_t i = 0; c->job_s && i < c->n_job; i++) {
+    ts_free(c->job_s[i].key);
+    ts_free(c->job_s[i].value);
+  }
+  ts_free(c->job_s);
+  ts_free(c->job_p);
+  c->job_s = NULL;
+  c->job_p = NULL;
+  c->n_job = 0;
+}
+
+/* Copies the caller's job settings into the Handshake's form (opts->job). */
+static int take_job(ts_client_t *c, const ts_client_opts_t *o, char *errmsg, size_t errlen) {
+  if (!o->job || o->num_job == 0 || o->admin) return 0;
+  if (o->num_job > 256) {
+    ts_cl_err(errmsg, errlen, "%zu job settings: at most 256", o->num_job);
+    return TS_EINVAL;
+  }
+  c->job_s = ts_calloc(o->num_job, sizeof *c->job_s);
+  c->job_p = ts_calloc(o->num_job, sizeof *c->job_p);
+  if (!c->job_s || !c->job_p) goto oom;
+  for (size_t i = 0; i < o->num_job; i++) {
+    if (!o->job[i].key || !o->job[i].value) {
+      ts_cl_err(errmsg, errlen, "job setting %zu has no key or value", i);
+      return TS_EINVAL;
+    }
+    tessera__job_setting__init(&c->job_s[i]);
+    c->job_p[i] = &c->job_s[i];
+    c->n_job = i + 1;
+    c->job_s[i].key = ts_strdup(o->job[i].key);
+    c->job_s[i].value = ts_strdup(o->job[i].value);
+    if (!c->job_s[i].key || !c->job_s[i].value) goto oom;
+  }
+  return 0;
+oom:
+  ts_cl_err(errmsg, errlen, "out of memory");
+  return TS_ENOMEM;
+}
+
 static void free_client(ts_client_t *c) {
+  free_job(c);
   ts_cl_free_model(c);
   ts_cl_free_failed_pushes(c);
   ts_free(c->shards);
@@ -131,6 +172,7 @@ static int wait_connected(ts_client_t *c, char *errmsg, size_t errlen) {
   for (;;) {
     bool all_ready = (uint32_t)c->ready == c->n, settled = true;
     int fatal = 0;
+    bool job_refused = false;
     for (uint32_t s = 0; s < c->n; s++) {
       ts_cl_shard_t *sh = &c->shards[s];
       /* A shard whose handshake is under way is about to be ready: its handshake reply
@@ -140,18 +182,40 @@ static int wait_connected(ts_client_t *c, char *errmsg, size_t errlen) {
                     sh->state == SH_DECLARING;
       if (sh->state != SH_READY && (!sh->tried || midway)) settled = false;
       if (sh->state != SH_READY && sh->fatal) fatal = sh->fatal;
+      if (sh->state != SH_READY && sh->job_refused) job_refused = true;
+    }
+    if (job_refused) {
+      /* This worker is not of the shard's job: waiting longer will not change it. */
+      for (uint32_t s = 0; s < c->n; s++) {
+        ts_cl_shard_t *sh = &c->shards[s];
+        if (sh->state != SH_READY && sh->job_refused) {
+          ts_cl_err(errmsg, errlen, "shard %u (%s) refused this worker: %s", s, sh->addr, sh->why);
+          break;
+        }
+      }
+      uv_mutex_unlock(&c->mu);
+      return TS_ECONFIG;
     }
     if (all_ready || (!opts->require_all && settled)) break;
     if (fatal && opts->require_all) {
       rc = fatal;
       break;
     }
+    if (opts->cancel && *opts->cancel) {
+      ts_cl_err(errmsg, errlen, "interrupted while waiting for the shards");
+      uv_mutex_unlock(&c->mu);
+      return TS_ESHUTDOWN;
+    }
     uint64_t now = uv_hrtime();
     if (now >= deadline) {
       rc = opts->require_all ? TS_EUNAVAIL : 0;
       break;
     }
-    uv_cond_timedwait(&c->cv, &c->mu, deadline - now);
+    /* A signal handler cannot wake a condition variable: with a cancel flag, look at it
+     * every 50 ms. */
+    uint64_t wait = deadline - now;
+    if (opts->cancel && wait > 50000000u) wait = 50000000u;
+    uv_cond_timedwait(&c->cv, &c->mu, wait);
   }
   if (rc < 0 && errmsg && errlen) {
     size_t len = (size_t)snprintf(errmsg, errlen, "cannot reach every shard:");
@@ -196,6 +260,13 @@ int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg
   c->token = o.token ? ts_strdup(o.token) : NULL;
   c->opts.identity = c->identity;
   c->opts.token = NULL;
+  c->opts.job = NULL; /* the caller's: the handshake sends c->job_p */
+  c->opening = true;
+  rc = take_job(c, &o, errmsg, errlen);
+  if (rc < 0) {
+    free_client(c);
+    return rc;
+  }
   c->shards = ts_calloc(c->n, sizeof *c->shards);
   if (!c->identity || !c->shards || (o.token && !c->token)) {
     free_client(c);
@@ -245,6 +316,9 @@ int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg
     return TS_EINTERNAL;
   }
   rc = wait_connected(c, errmsg, errlen);
+  uv_mutex_lock(&c->mu);
+  c->opening = false;
+  uv_mutex_unlock(&c->mu);
   if (rc < 0) {
     ts_client_close(c);
     return rc;

@@ -157,6 +157,8 @@ struct ts_cl_shard {
   uint64_t seen_in;         /* conn.bytes_in at the last check_links */
   size_t seen_wq;           /* write queue bytes at the last check_links */
   int fatal;                /* mu: a refusal that retrying will not fix (auth, version) */
+  bool job_refused;         /* mu: the shard refused this worker's job settings (ECONFIG) */
+  bool job_refused_logged;  /* ... and that was logged */
   char why[256];            /* mu */
 };
 
@@ -205,6 +207,13 @@ struct ts_client {
   bool p_done;
   _Atomic double timeout_s;      /* ts_client_set_timeout may change it from any thread */
   uint64_t restarts;             /* mu */
+
+  /* The worker's job settings sent in every handshake (opts.job, copied; owned). */
+  Tessera__JobSetting *job_s;
+  Tessera__JobSetting **job_p;
+  size_t n_job;
+  bool opening;                  /* mu: ts_client_open is waiting for the shards */
+  uint64_t open_ms, wait_log_ms; /* loop thread: when the wait began, its last log line */
 };
 
 /* ts_client.c */
@@ -216,6 +225,9 @@ void ts_cl_free_model(ts_client_t *c);
 extern const ts_conn_cbs_t ts_cl_link_cbs;
 void ts_cl_start_connect(ts_cl_shard_t *sh);
 void ts_cl_check_links(ts_client_t *c, uint64_t now);
+/* While ts_client_open waits: every opts.wait_log_interval_s, one NOTICE line per shard not
+ * ready, with why. */
+void ts_cl_log_waiting(ts_client_t *c, uint64_t now);
 void ts_cl_set_state(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_sh_state_t st);
 void ts_cl_note_why(ts_cl_shard_t *sh, const char *prefix, const char *detail);
 

@@ -188,6 +188,10 @@ static void handle_hello(ts_cl_shard_t *sh, const Tessera__Hello *m) {
   hs.role = c->opts.admin ? TESSERA__ROLE__ROLE_ADMIN : TESSERA__ROLE__ROLE_WORKER;
   hs.task = c->opts.admin ? -1 : c->opts.task;
   hs.identity = c->identity;
+  if (!c->opts.admin) {
+    hs.n_job = c->n_job;
+    hs.job = c->job_p;
+  }
   if (c->token) {
     ts_auth_mac(c->token, m->nonce.data, m->nonce.len, mac);
     hs.mac.data = mac;
@@ -251,8 +255,20 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     case TS_MSG_ERROR: {
       const Tessera__Error *e = (const Tessera__Error *)msg;
       if (e->request_id == sh->hs_id || sh->state < SH_DECLARING) {
+        /* Read before set_fatal wakes ts_client_open: while it waits, it says why itself. */
+        uv_mutex_lock(&sh->cl->mu);
+        bool opening = sh->cl->opening;
+        if (e->code == TS_ECONFIG) sh->job_refused = true;
+        uv_mutex_unlock(&sh->cl->mu);
         ts_cl_note_why(sh, "", e->detail);
-        if (e->code == TS_EAUTH || e->code == TS_EVERSION || e->code == TS_EINVAL) set_fatal(sh, e->code);
+        if (e->code == TS_EAUTH || e->code == TS_EVERSION || e->code == TS_EINVAL ||
+            e->code == TS_ECONFIG)
+          set_fatal(sh, e->code);
+        /* A shard restarted with another job file: once, not at every retry. */
+        if (e->code == TS_ECONFIG && !opening && !sh->job_refused_logged) {
+          sh->job_refused_logged = true;
+          ts_log_err("shard %u (%s) refused this worker: %s", sh->index, sh->addr, e->detail);
+        }
         break; /* the server closes the connection */
       }
       ts_cl_wreq_t *r = ts_cl_take_pending(sh, e->request_id);
@@ -392,8 +408,38 @@ const ts_conn_cbs_t ts_cl_link_cbs = {
 
 /* Connections that never finish their handshake, or go silent while heartbeats are on,
  * are closed and tried again: the shard may be stopped (SIGSTOP) or its host gone. */
+void ts_cl_log_waiting(ts_client_t *c, uint64_t now) {
+  double interval = c->opts.wait_log_interval_s == 0 ? 5.0 : c->opts.wait_log_interval_s;
+  if (interval < 0) return;
+  uv_mutex_lock(&c->mu);
+  bool opening = c->opening;
+  uv_mutex_unlock(&c->mu);
+  if (!opening) return;
+  if (c->open_ms == 0) c->open_ms = c->wait_log_ms = now;
+  if ((double)(now - c->wait_log_ms) < interval * 1000.0) return;
+  c->wait_log_ms = now;
+  for (uint32_t i = 0; i < c->n; i++) {
+    ts_cl_shard_t *sh = &c->shards[i];
+    char why[sizeof sh->why];
+    uv_mutex_lock(&c->mu);
+    bool ready = sh->state == SH_READY;
+    snprintf(why, sizeof why, "%s", sh->why[0] ? sh->why : "no answer yet");
+    uv_mutex_unlock(&c->mu);
+    if (!ready)
+      ts_log_notice("waiting for shard %u (%s) for %.0f s: %s", sh->index, sh->addr,
+                    (double)(now - c->open_ms) / 1000.0, why);
+  }
+}
+
+/* A handshake is a round trip or two: a connection not through it within this long (a
+ * stopped shard, a host that drops packets) is closed and tried again, however long
+ * ts_client_open may wait for the shards overall. */
+#define TS_CL_HANDSHAKE_MAX_S 10.0
+
 void ts_cl_check_links(ts_client_t *c, uint64_t now) {
-  uint64_t hs_limit = (uint64_t)((c->opts.connect_timeout_s > 0 ? c->opts.connect_timeout_s : 5.0) * 1000.0);
+  double hs_s = c->opts.connect_timeout_s > 0 ? c->opts.connect_timeout_s : 5.0;
+  if (hs_s > TS_CL_HANDSHAKE_MAX_S) hs_s = TS_CL_HANDSHAKE_MAX_S;
+  uint64_t hs_limit = (uint64_t)(hs_s * 1000.0);
   double hb_timeout = c->opts.heartbeat_timeout_s > 0 ? c->opts.heartbeat_timeout_s : 5.0;
   uint64_t rx_limit = (uint64_t)(hb_timeout * 1000.0);
   for (uint32_t i = 0; i < c->n; i++) {

@@ -542,6 +542,7 @@ void ts_cl_on_tick(uv_timer_t *t) {
   ts_client_t *c = t->data;
   uint64_t now = loop_now(c);
   ts_cl_check_links(c, now);
+  ts_cl_log_waiting(c, now);
   ts_cl_op_t *op = c->inflight;
   while (op) {
     ts_cl_op_t *next = op->next;

@@ -121,6 +121,11 @@ const ts_config_def_t ts_config_defs[] = {
     FLOAT("job.heartbeat_interval_s", heartbeat_interval_s, 0.01, 3600.0, 0, "1.0",
           "How often a worker sends a heartbeat. At least 10 ms so heartbeats never crowd the "
           "network loop."),
+    FLOAT("job.connect_timeout_s", connect_timeout_s, 0.1, 86400.0, 0, "120.0",
+          "Longest a worker waits at its start for every shard of cluster.ps to answer its "
+          "handshake (shards started after their workers, a shard restarting), logging which "
+          "shard it waits for and why every 5 s; then it gives up and exits 1. At least 0.1 s, "
+          "at most a day: a worker waiting longer is better restarted by its supervisor."),
     INT("job.busy_poll_us", busy_poll_us, 0, 1000000, "50",
         "Microseconds a network thread (a shard's loop, a worker's client thread and the "
         "thread waiting for a reply) keeps polling without sleeping after its last message, "
@@ -156,11 +161,12 @@ const ts_config_def_t ts_config_defs[] = {
           "Longest a connection may take from its accept to a successful handshake; then it "
           "is closed. A client answers the Hello within a round trip; 5 s covers slow "
           "networks and loaded hosts. At least 50 ms (a few ticks), at most 10 minutes."),
-    INT("server.max_handshake_bytes", max_handshake_bytes, 256, 1048576, "4096",
+    INT("server.max_handshake_bytes", max_handshake_bytes, 2048, 1048576, "4096",
         "Largest frame meta accepted before the handshake succeeds (the handshake itself: a "
-        "MAC and the worker's identity text); a larger one closes the connection before "
-        "anything is allocated, so an unauthenticated peer holds a few KiB at most. At least "
-        "256 bytes (a handshake with a short identity), at most 1 MiB (any meta)."),
+        "MAC, the worker's identity text and its job settings); a larger one closes the "
+        "connection before anything is allocated, so an unauthenticated peer holds a few KiB "
+        "at most. At least 2048 bytes (a worker's handshake with a 127-byte identity and the "
+        "settings of a 64-layer model takes about 1.3 KiB), at most 1 MiB (any meta)."),
     FLOAT("server.frame_grace_s", frame_grace_s, 0.05, 86400.0, 0, "10.0",
           "Time a frame in progress may take, whatever its rate; after it the frame must "
           "have arrived at server.min_recv_bytes_per_s on average (time the shard itself "
@@ -296,7 +302,12 @@ const ts_config_def_t ts_config_defs[] = {
     INT("train.epochs", epochs, 1, 1000000, "1",
         "Passes over the training set. At least 1; train.max_steps can stop earlier."),
     INT64("train.max_steps", max_steps, 0, INT64_MAX, "0",
-          "Stop after this many global steps; 0 = no step limit."),
+          "Stop when the job's global step reaches this; 0 = no step limit. The global step "
+          "is TensorFlow's: the number of updates the shards applied. In sync mode one update "
+          "is one step of every worker (their gradients averaged), so each worker makes "
+          "max_steps steps; in async and ssp mode every push is an update, so the workers "
+          "make max_steps steps together (each about max_steps / workers, a few more in all "
+          "when the last ones race)."),
     STRING("train.logdir", logdir, 0, PATH_BYTES, "\"\"",
            "Directory for TensorBoard event files; empty = none. A path: at most 4095 bytes."),
     FLOAT("train.log_interval_s", log_interval_s, 0.1, 86400.0, 0, "5.0",

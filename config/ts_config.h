@@ -65,6 +65,7 @@ typedef struct {
   double heartbeat_interval_s;
   int busy_poll_us;
   int64_t partition_bytes;
+  double connect_timeout_s;   /* a worker waits this long for every shard at its start */
 
   /* server */
   int64_t max_message_bytes;  /* largest frame payload a shard accepts */

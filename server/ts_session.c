@@ -12,6 +12,7 @@
 
 #include "ts_alloc.h"
 #include "ts_build_config.h"
+#include "ts_config_job.h"
 #include "ts_err.h"
 #include "ts_log.h"
 
@@ -176,6 +177,32 @@ static int check_mac(const char *token, const uint8_t *nonce, const ProtobufCBin
   return ts_auth_verify(token, nonce, TS_AUTH_NONCE_LEN, mac->data, mac->len);
 }
 
+/* A worker whose job file differs from this shard's in a setting the job shares (mode,
+ * workers, optimizer, model: config/ts_config_job.h) is refused before it joins, naming the
+ * key and both values to it and in this shard's log, and counted (request="handshake",
+ * reason="config"). A worker that sends no settings (an older one, or a program that does
+ * not ask for the check) is not checked. Called after the MAC check, so only a peer holding
+ * the token learns the shard's values. */
+static bool job_matches(ts_session_t *s, const Tessera__Handshake *m) {
+  ts_server_t *srv = s->srv;
+  char mine[TS_CONFIG_JOB_VALUE_LEN], detail[1024];
+  for (size_t i = 0; i < m->n_job; i++) {
+    const Tessera__JobSetting *j = m->job[i];
+    if (!j || !j->key || ts_config_job_compare(srv->cfg, j->key, j->value, mine, sizeof mine))
+      continue;
+    ts_metrics_refused(&srv->metrics, TS_METRICS_REQ_HANDSHAKE, TS_ECONFIG);
+    ts_log_warn("%s: worker %d (%.127s) refused: %.127s: the worker has %.300s, this shard "
+                "has %.300s",
+                s->conn.peer, m->task, m->identity ? m->identity : "", j->key,
+                j->value ? j->value : "", mine);
+    snprintf(detail, sizeof detail, "%.127s: this worker has %.300s, shard %u has %.300s", j->key,
+             j->value ? j->value : "", srv->shard, mine);
+    ts_conn_fail(&s->conn, m->request_id, TS_ECONFIG, detail);
+    return false;
+  }
+  return true;
+}
+
 static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
   ts_server_t *srv = s->srv;
   char err[256];
@@ -206,6 +233,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
     protocol_error(s, m->request_id, TS_EAUTH, err);
     goto out;
   }
+  if (m->role == TESSERA__ROLE__ROLE_WORKER && !job_matches(s, m)) goto out;
   if (!authenticate(srv, s, m->request_id)) goto out;
   s->handshaken = true;
   s->role = m->role;

@@ -10,6 +10,7 @@
 #include "ts_cli.h"
 #include "tessera/client.h"
 #include "ts_config.h"
+#include "ts_config_job.h"
 #include "ts_backend.h"
 #include "ts_device.h"
 #include "ts_err.h"
@@ -45,8 +46,10 @@ static void usage(FILE *f) {
           "  -h, --help            this text\n"
           "  -V, --version         print the version\n"
           "\n"
-          "Exit codes: 0 done (or stopped by SIGTERM/SIGINT), 1 runtime failure, 2 usage,\n"
-          "78 bad configuration, data or device placement.\n");
+          "Exit codes: 0 done (or stopped by SIGTERM/SIGINT, also while waiting for the\n"
+          "shards), 1 runtime failure (also: a shard unreachable for job.connect_timeout_s),\n"
+          "2 usage, 78 bad configuration, data or device placement, or a job file that\n"
+          "differs from the shards' (job.mode, cluster.workers, optimizer.*, model.*).\n");
 }
 
 /* Check the data against the model before anything is sent to a shard. */
@@ -157,7 +160,15 @@ int main(int argc, char **argv) {
   o.task = (int)task;
   o.identity = ident;
   o.token = token;
-  o.connect_timeout_s = 30.0;
+  o.connect_timeout_s = cfg.connect_timeout_s;
+  o.cancel = &stop_requested;
+  /* The job as this worker's file has it: a shard whose file differs refuses it. */
+  ts_config_job_setting_t job[TS_CONFIG_JOB_MAX];
+  ts_client_job_setting_t job_kv[TS_CONFIG_JOB_MAX];
+  size_t num_job = ts_config_job_settings(&cfg, job);
+  for (size_t i = 0; i < num_job; i++) job_kv[i] = (ts_client_job_setting_t){job[i].key, job[i].value};
+  o.job = job_kv;
+  o.num_job = num_job;
   o.request_timeout_s = cfg.sync_timeout_s * 3.0 > 30.0 ? cfg.sync_timeout_s * 3.0 : 30.0;
   o.heartbeat_interval_s = cfg.heartbeat_interval_s;
   o.heartbeat_timeout_s = cfg.heartbeat_timeout_s;
@@ -165,10 +176,21 @@ int main(int argc, char **argv) {
   o.busy_poll_us = (uint32_t)cfg.busy_poll_us;
   o.log = ts_log_forward;
   o.log_level = TS_CLIENT_LOG_DEBUG;
+  ts_log_info("connecting to %zu shard(s), waiting up to %g s (job.connect_timeout_s)",
+              cfg.num_ps, cfg.connect_timeout_s);
   rc = ts_client_open(&client, &o, err, sizeof err);
+  if (rc < 0 && stop_requested) {
+    ts_log_notice("stopped by a signal while waiting for the shards");
+    exit_code = TS_EXIT_OK;
+    goto out;
+  }
+  if (rc == TS_EUNAVAIL) {
+    ts_log_err("gave up after %g s (job.connect_timeout_s): %s", cfg.connect_timeout_s, err);
+    goto out;
+  }
   if (rc < 0) {
     ts_log_err("%s", err);
-    if (rc == TS_EAUTH) exit_code = TS_EXIT_CONFIG;
+    if (rc == TS_EAUTH || rc == TS_ECONFIG) exit_code = TS_EXIT_CONFIG;
     goto out;
   }
   signal_client = client;
@@ -189,6 +211,8 @@ int main(int argc, char **argv) {
   }
   if (rc < 0) {
     ts_log_err("declaring the model: %s", err);
+    /* A model other than the one the job declared: this worker's job file is wrong. */
+    if (rc == TS_ESHAPE) exit_code = TS_EXIT_CONFIG;
     goto out;
   }
   ts_log_info("model [%s] declared on %zu shard(s): %zu parameters", "mlp", cfg.num_ps,

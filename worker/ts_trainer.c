@@ -278,6 +278,17 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       ts_errmsg_wrapf(errmsg, errlen, "pull at step %llu", (unsigned long long)k);
       goto out;
     }
+    if (cfg->mode != TS_MODE_SYNC && cfg->max_steps > 0 && version >= (uint64_t)cfg->max_steps) {
+      /* train.max_steps is the global step (TensorFlow's global_step): async and ssp, every
+       * push is one, and the pull's version counts them all. dst holds the parameters
+       * after the last of them. */
+      ts_log_info("the job reached its global step %llu (train.max_steps %lld) after %llu "
+                  "step(s) of this worker",
+                  (unsigned long long)version, (long long)cfg->max_steps,
+                  (unsigned long long)res->steps);
+      pulled = true;
+      break;
+    }
     if (cfg->mode == TS_MODE_SYNC && version > k) {
       /* The job went on without this worker (its connection was lost, or it was stopped,
        * for longer than the barriers waited): go on from the job's step, as a worker that

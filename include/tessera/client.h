@@ -62,6 +62,7 @@
 #ifndef TESSERA_CLIENT_H
 #define TESSERA_CLIENT_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -160,7 +161,32 @@ typedef struct {
   void *log_arg;
   int log_level;                 /* the most verbose level passed to log (0 or default:
                                     TS_CLIENT_LOG_INFO) */
+  /* The job this worker belongs to, as its job file says (see ts_client_job_setting_t):
+   * each shard compares every setting with its own job file in the handshake and refuses
+   * a worker that differs, so ts_client_open fails with TS_CLIENT_ECONFIG and errmsg holds
+   * the shard's line naming the key and both values. Copied; ignored for admin clients.
+   * NULL or 0 settings (default): not checked. */
+  const struct ts_client_job_setting *job;
+  size_t num_job;
+  /* While ts_client_open waits for the shards: every this many seconds, one line per shard
+   * not ready yet to the log (TS_CLIENT_LOG_NOTICE), naming its address and why it is not
+   * (connection refused, no handshake in time, the shard's refusal). 0 = default 5 s;
+   * negative = never. */
+  double wait_log_interval_s;
+  /* When not NULL, ts_client_open gives up within 50 ms of *cancel becoming non-zero (a
+   * flag a signal handler sets), failing with TS_CLIENT_ESHUTDOWN. Default NULL. */
+  const volatile sig_atomic_t *cancel;
 } ts_client_opts_t;
+
+/* One setting of a job, for ts_client_opts_t.job: a key as a job file spells it
+ * ("job.mode", "optimizer.learning_rate") and its value as text, spelt as ps-server and
+ * ps-worker spell it ("\"sync\"", "0.1", "[784, 128, 10]", "2 workers" for
+ * cluster.workers; docs/architecture.md, "A worker joining its job"). A key a shard
+ * does not know is not compared. Both strings are copied by ts_client_open. */
+typedef struct ts_client_job_setting {
+  const char *key;
+  const char *value;
+} ts_client_job_setting_t;
 
 /* Fill *opts with the defaults above and set struct_size. Call it before setting fields.
  * (A zeroed struct with only struct_size set means the same defaults: every 0 above stands
@@ -174,8 +200,10 @@ typedef struct ts_client ts_client_t;
  * naming each unreachable shard and why) unless all did; otherwise succeeds with whatever
  * answered and keeps trying the rest in the background. Also fails for bad addresses or
  * options (TS_CLIENT_EINVAL; also when opts->struct_size is 0 or larger than this library
- * knows) or a refused handshake (TS_CLIENT_EAUTH, TS_CLIENT_EVERSION ...). *out is NULL on
- * failure. */
+ * knows) or a refused handshake (TS_CLIENT_EAUTH, TS_CLIENT_EVERSION ...; TS_CLIENT_ECONFIG
+ * when a shard's job differs from opts->job, with or without require_all), or when
+ * opts->cancel is set meanwhile (TS_CLIENT_ESHUTDOWN). While it waits it logs the shards
+ * it waits for (opts->wait_log_interval_s). *out is NULL on failure. */
 TS_CLIENT_API int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg,
                                  size_t errlen);
 

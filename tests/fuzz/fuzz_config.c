@@ -112,7 +112,7 @@ static void check_loaded(const ts_config_t *c) {
   check(c->max_preauth_connections >= 1 && c->max_preauth_connections <= 65536,
         "max_preauth_connections");
   check(in_range(c->handshake_timeout_s, 0.05, 600.0), "handshake_timeout_s");
-  check(c->max_handshake_bytes >= 256 && c->max_handshake_bytes <= (1 << 20),
+  check(c->max_handshake_bytes >= 2048 && c->max_handshake_bytes <= (1 << 20),
         "max_handshake_bytes");
   check(in_range(c->frame_grace_s, 0.05, 86400.0), "frame_grace_s");
   check(c->min_recv_bytes_per_s >= 0 && c->min_recv_bytes_per_s <= (1LL << 30),

@@ -89,6 +89,7 @@ static inline void check_defaults(const ts_config_t *c) {
   assert_true(c->sync_timeout_s == 10.0);
   assert_true(c->heartbeat_timeout_s == 5.0);
   assert_true(c->heartbeat_interval_s == 1.0);
+  assert_true(c->connect_timeout_s == 120.0);
   assert_int_equal(c->partition_bytes, 4194304);
   assert_int_equal(c->max_message_bytes, 1073741824);
   assert_int_equal(c->max_connections, 1024);

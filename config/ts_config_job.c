@@ -1,0 +1,115 @@
+/* The job settings a worker and a shard compare at the handshake (ts_config_job.h). */
+#include "ts_config_job.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ts_config_int.h"
+
+static bool sync_only(const ts_config_t *c) {
+  return c->mode == TS_MODE_SYNC;
+}
+static bool ssp_only(const ts_config_t *c) {
+  return c->mode == TS_MODE_SSP;
+}
+static bool momentum_only(const ts_config_t *c) {
+  return c->optimizer == TS_OPT_MOMENTUM;
+}
+static bool adam_only(const ts_config_t *c) {
+  return c->optimizer == TS_OPT_ADAM;
+}
+
+/* In the order they are sent and compared: a mode or optimizer before what depends on it. */
+static const struct {
+  const char *key;
+  bool (*applies)(const ts_config_t *); /* NULL: always */
+} job_keys[] = {
+    {"job.mode", NULL},
+    {"cluster.workers", NULL},
+    {"job.replicas_to_aggregate", sync_only},
+    {"job.staleness", ssp_only},
+    {"job.partition_bytes", NULL},
+    {"optimizer.name", NULL},
+    {"optimizer.learning_rate", NULL},
+    {"optimizer.momentum", momentum_only},
+    {"optimizer.beta1", adam_only},
+    {"optimizer.beta2", adam_only},
+    {"optimizer.epsilon", adam_only},
+    {"model.layers", NULL},
+    {"model.activation", NULL},
+    {"model.seed", NULL},
+};
+#define NUM_JOB_KEYS (sizeof job_keys / sizeof job_keys[0])
+_Static_assert(NUM_JOB_KEYS <= TS_CONFIG_JOB_MAX, "TS_CONFIG_JOB_MAX is too small");
+
+/* The shortest text that reads back as exactly d ("0.1", not "0.10000000000000001"). */
+static void format_double(double d, char *buf, size_t n) {
+  snprintf(buf, n, "%.15g", d);
+  if (strtod(buf, NULL) != d) snprintf(buf, n, "%.17g", d);
+}
+
+/* d's value in cfg as text, spelt as a job file would set it. */
+static void format_value(const ts_config_t *cfg, const ts_config_def_t *d, char *buf, size_t n) {
+  ts_config_t *c = (ts_config_t *)cfg; /* ts_config_field takes a mutable config; only read */
+  void *f = ts_config_field(c, d->offset);
+  switch (d->type) {
+    case TS_CT_BOOL:
+      snprintf(buf, n, "%s", *(bool *)f ? "true" : "false");
+      break;
+    case TS_CT_INT:
+      snprintf(buf, n, "%d", *(int *)f);
+      break;
+    case TS_CT_INT64:
+      snprintf(buf, n, "%lld", (long long)*(int64_t *)f);
+      break;
+    case TS_CT_FLOAT:
+      format_double(*(double *)f, buf, n);
+      break;
+    case TS_CT_STRING:
+      snprintf(buf, n, "\"%s\"", *(char **)f ? *(char **)f : "");
+      break;
+    case TS_CT_ENUM: {
+      const char *name = "unknown";
+      for (size_t i = 0; d->choices[i]; i++)
+        if (d->choice_values[i] == *(int *)f) name = d->choices[i];
+      snprintf(buf, n, "\"%s\"", name);
+      break;
+    }
+    case TS_CT_STRINGS:
+      /* Only cluster.workers is a list among the job settings, and what a job shares is its
+       * length: the addresses may be spelt differently on different hosts. */
+      snprintf(buf, n, "%zu workers", *ts_config_count(c, d));
+      break;
+    case TS_CT_INTS: {
+      const int *v = f;
+      size_t count = *ts_config_count(c, d), len = 0;
+      len += (size_t)snprintf(buf, n, "[");
+      for (size_t i = 0; i < count && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%d", i ? ", " : "", v[i]);
+      if (len < n) snprintf(buf + len, n - len, "]");
+      break;
+    }
+  }
+}
+
+size_t ts_config_job_settings(const ts_config_t *cfg, ts_config_job_setting_t *out) {
+  size_t n = 0;
+  for (size_t i = 0; i < NUM_JOB_KEYS; i++) {
+    if (job_keys[i].applies && !job_keys[i].applies(cfg)) continue;
+    out[n].key = job_keys[i].key;
+    format_value(cfg, ts_config_def_named(job_keys[i].key), out[n].value, sizeof out[n].value);
+    n++;
+  }
+  return n;
+}
+
+int ts_config_job_compare(const ts_config_t *cfg, const char *key, const char *value, char *mine,
+                          size_t minelen) {
+  bool known = false;
+  for (size_t i = 0; i < NUM_JOB_KEYS && !known; i++) known = strcmp(job_keys[i].key, key) == 0;
+  if (!known) return 1;
+  format_value(cfg, ts_config_def_named(key), mine, minelen);
+  return strcmp(mine, value ? value : "") == 0;
+}

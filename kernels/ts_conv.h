@@ -24,8 +24,8 @@
 
 /* Bounds that keep every product of the geometry inside int (BLAS, int32 argmax indices). */
 #define TS_CONV_MAX_DIM (1 << 16) /* one of H, W, C, a window side or a stride */
-#define TS_CONV_MAX_IMAGE \
-  ((size_t)INT32_MAX) /* elements of one image, in or out, or one im2col row * out_c */
+/* Elements of one image, in or out; also bounds one image's im2col matrix and a kernel. */
+#define TS_CONV_MAX_IMAGE ((size_t)INT32_MAX)
 #define TS_CONV_MAX_BATCH (1 << 20)
 
 typedef enum { TS_PAD_VALID = 1, TS_PAD_SAME = 2 } ts_padding_t;

@@ -91,8 +91,14 @@ static void im2col(const ts_conv2d_t *g, size_t nb, const float *restrict x, flo
             memset(dst, 0, g->win_w * C * sizeof(float));
             continue;
           }
+          size_t ix0 = ox * g->stride_w - g->pad_left; /* wraps when in the padding */
+          if (ix0 < g->in_w && g->win_w <= g->in_w - ix0) {
+            /* the whole kernel row is inside: win_w * C contiguous input floats */
+            memcpy(dst, img + (iy * g->in_w + ix0) * C, g->win_w * C * sizeof(float));
+            continue;
+          }
           for (size_t kx = 0; kx < g->win_w; kx++) {
-            size_t ix = ox * g->stride_w + kx - g->pad_left;
+            size_t ix = ix0 + kx;
             if (ix >= g->in_w)
               memset(dst + kx * C, 0, C * sizeof(float));
             else
@@ -116,12 +122,18 @@ static void col2im_add(const ts_conv2d_t *g, size_t nb, const float *restrict dc
         for (size_t ky = 0; ky < g->win_h; ky++) {
           size_t iy = oy * g->stride_h + ky - g->pad_top;
           if (iy >= g->in_h) continue;
+          size_t ix0 = ox * g->stride_w - g->pad_left;
+          const float *restrict s = row + ky * g->win_w * C;
+          if (ix0 < g->in_w && g->win_w <= g->in_w - ix0) { /* the whole row is inside */
+            float *restrict d = img + (iy * g->in_w + ix0) * C;
+            for (size_t j = 0; j < g->win_w * C; j++) d[j] += s[j];
+            continue;
+          }
           for (size_t kx = 0; kx < g->win_w; kx++) {
-            size_t ix = ox * g->stride_w + kx - g->pad_left;
+            size_t ix = ix0 + kx;
             if (ix >= g->in_w) continue;
             float *restrict d = img + (iy * g->in_w + ix) * C;
-            const float *restrict s = row + (ky * g->win_w + kx) * C;
-            for (size_t c = 0; c < C; c++) d[c] += s[c];
+            for (size_t c = 0; c < C; c++) d[c] += s[kx * C + c];
           }
         }
       }

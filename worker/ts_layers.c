@@ -198,8 +198,11 @@ static int infer(ts_layers_t *l, size_t i, char *errmsg, size_t errlen) {
 }
 
 int ts_layers_check(const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
-                    ts_layers_t *out, char *errmsg, size_t errlen) {
+                    ts_layers_t *out, size_t *bad, char *errmsg, size_t errlen) {
   char scratch[8];
+  size_t bad_scratch;
+  if (!bad) bad = &bad_scratch;
+  *bad = n;
   if (!errmsg) {
     errmsg = scratch;
     errlen = sizeof scratch;
@@ -232,6 +235,7 @@ int ts_layers_check(const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t inp
   int rc = 0;
   for (size_t i = 0; i < n && rc == 0; i++) {
     ts_layer_t *L = &out->layers[i];
+    *bad = i;
     L->spec = specs[i];
     rc = fill_spec(&L->spec, i, counts, errmsg, errlen);
     if (rc < 0) break;
@@ -245,6 +249,7 @@ int ts_layers_check(const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t inp
     if (rc == 0 && ts_layers_elems(shape) > out->max_elems) out->max_elems = ts_layers_elems(shape);
   }
   if (rc == 0) {
+    *bad = n - 1;
     const ts_layer_t *last = &out->layers[n - 1];
     if (last->spec.type != TS_LAYER_DENSE || last->spec.activation != TS_LAYER_LINEAR)
       rc = layer_error(errmsg, errlen, n - 1, &last->spec,
@@ -252,7 +257,12 @@ int ts_layers_check(const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t inp
     else
       out->classes = last->spec.units;
   }
-  if (rc < 0) ts_layers_free(out);
+  if (rc < 0) {
+    if (rc == TS_ENOMEM) *bad = n;
+    ts_layers_free(out);
+  } else {
+    *bad = n;
+  }
   return rc;
 }
 
@@ -261,4 +271,40 @@ void ts_layers_free(ts_layers_t *l) {
   ts_free(l->layers);
   ts_free(l->tensors);
   memset(l, 0, sizeof *l);
+}
+
+int ts_layers_from_config(const ts_config_layer_t *layers, size_t n, ts_layer_spec_t *out,
+                          char *errmsg, size_t errlen) {
+  char scratch[8];
+  if (!errmsg) {
+    errmsg = scratch;
+    errlen = sizeof scratch;
+  }
+  if ((n && (!layers || !out)) || n > TS_LAYERS_MAX) return TS_EINVAL;
+  for (size_t i = 0; i < n; i++) {
+    const ts_config_layer_t *c = &layers[i];
+    ts_layer_spec_t *s = &out[i];
+    memset(s, 0, sizeof *s);
+    const char *bad = NULL;
+    if (ts_layers_parse_type(c->type, &s->type) < 0) bad = "type";
+    if (c->padding[0] && ts_conv_parse_padding(c->padding, &s->padding) < 0) bad = "padding";
+    if (c->activation[0] && ts_layers_parse_act(c->activation, &s->activation) < 0)
+      bad = "activation";
+    if (c->filters < 0 || c->units < 0 || c->kernel[0] < 0 || c->kernel[1] < 0 ||
+        c->strides[0] < 0 || c->strides[1] < 0)
+      bad = "a negative size";
+    if (bad) {
+      ts_errmsg_printf(errmsg, errlen, "%s: layer %zu: %s", c->where, i + 1, bad);
+      return TS_EINVAL;
+    }
+    snprintf(s->name, sizeof s->name, "%s", c->name);
+    s->filters = (size_t)c->filters;
+    s->units = (size_t)c->units;
+    s->win_h = (size_t)c->kernel[0];
+    s->win_w = (size_t)c->kernel[1];
+    s->stride_h = (size_t)c->strides[0];
+    s->stride_w = (size_t)c->strides[1];
+    s->rate = c->rate;
+  }
+  return 0;
 }

@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ts_config_layers.h"
 #include "ts_conv.h"
 #include "ts_init.h"
 
@@ -93,13 +94,22 @@ typedef struct {
 } ts_layers_t;
 
 /* Check specs[0..n) on an input of one example's shape and fill *out (the caller owns the
- * struct; ts_layers_free frees what it points to). Returns 0, TS_EINVAL with errmsg (no
- * layers or too many, an unknown type or padding, a size out of bounds, a window that does
- * not fit, a dense layer on an input that is not flat, a conv2d or max_pool on a flat input,
+ * struct; ts_layers_free frees what it points to). *bad (bad may be NULL) = the 0-based index
+ * of the layer at fault, or n when the fault is no one layer's (none, or the layer count or
+ * the input), so a caller can name the file and line of that layer. Returns 0, TS_EINVAL with
+ * errmsg (no layers or too many, an unknown type or padding, a size out of bounds, a window that
+ * does not fit, a dense layer on an input that is not flat, a conv2d or max_pool on a flat input,
  * a model that does not end in a linear dense layer, a duplicate name), or TS_ENOMEM. On
  * failure *out is zeroed. */
 int ts_layers_check(const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
-                    ts_layers_t *out, char *errmsg, size_t errlen);
+                    ts_layers_t *out, size_t *bad, char *errmsg, size_t errlen);
+
+/* The layers a job file describes (config/ts_config_layers.h) as specs: the strings become
+ * enums, omitted values stay 0 (the defaults of ts_layers_check). out has n entries. Returns
+ * 0, or TS_EINVAL with errmsg "WHERE: layer I: ..." for a value the parser would have refused
+ * (a caller that built the list by hand). */
+int ts_layers_from_config(const ts_config_layer_t *layers, size_t n, ts_layer_spec_t *out,
+                          char *errmsg, size_t errlen);
 
 void ts_layers_free(ts_layers_t *l);
 

@@ -143,7 +143,7 @@ int ts_net_init(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_
                      TS_CONV_MAX_BATCH);
     return TS_EINVAL;
   }
-  int rc = ts_layers_check(specs, n, input, &net->desc, errmsg, errlen);
+  int rc = ts_layers_check(specs, n, input, &net->desc, NULL, errmsg, errlen);
   if (rc < 0) return rc;
   net->kernels = kernels;
   net->batch_capacity = batch_capacity;

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <libconfig.h>
 
 #include "ts_alloc.h"
 #include "ts_err.h"
@@ -92,7 +93,8 @@ static void test_lenet5_shapes(void **state) {
   };
   ts_layers_t l;
   char err[256] = "";
-  assert_int_equal(ts_layers_check(s, 8, (ts_layer_shape_t){28, 28, 1}, &l, err, sizeof err), 0);
+  assert_int_equal(ts_layers_check(s, 8, (ts_layer_shape_t){28, 28, 1}, &l, NULL, err, sizeof err),
+                   0);
   static const size_t want[][3] = {{28, 28, 6}, {14, 14, 6}, {10, 10, 16}, {5, 5, 16},
                                    {1, 1, 400}, {1, 1, 120}, {1, 1, 84},   {1, 1, 10}};
   static const char *names[] = {"conv1",    "pool1", "conv2", "pool2",
@@ -124,9 +126,62 @@ static void expect_error(const ts_layer_spec_t *s, size_t n, ts_layer_shape_t in
                          const char *want) {
   ts_layers_t l;
   char err[256] = "";
-  assert_int_equal(ts_layers_check(s, n, in, &l, err, sizeof err), TS_EINVAL);
+  size_t bad = 1000;
+  assert_int_equal(ts_layers_check(s, n, in, &l, &bad, err, sizeof err), TS_EINVAL);
   if (!strstr(err, want)) fail_msg("error '%s' does not contain '%s'", err, want);
   assert_null(l.layers);
+  /* the layer at fault is the one the message names ("layer 3 ..."), else none (n) */
+  unsigned named = 0;
+  if (sscanf(want, "layer %u", &named) == 1)
+    assert_int_equal(bad, named - 1);
+  else
+    assert_int_equal(bad, n);
+}
+
+/* A job file's list, through the parser and the check: the error names the file and line
+ * of the layer at fault. */
+static void test_config_to_check(void **state) {
+  (void)state;
+  const char *text =
+      "model = {\n"
+      "  layers = (\n"
+      "    { type = \"conv2d\"; filters = 6; kernel = 5; activation = \"relu\"; },\n"
+      "    { type = \"max_pool\"; size = [8, 8]; },\n"
+      "    { type = \"conv2d\"; filters = 16; kernel = 5; padding = \"valid\"; },\n"
+      "    { type = \"flatten\"; },\n"
+      "    { type = \"dense\"; units = 10; }\n"
+      "  );\n"
+      "};\n";
+  config_t c;
+  config_init(&c);
+  assert_int_equal(config_read_string(&c, text), CONFIG_TRUE);
+  ts_config_layer_t cl[8];
+  ts_layer_spec_t specs[8];
+  size_t n = 0, bad = 0;
+  char err[256] = "";
+  assert_int_equal(ts_config_layers_parse(config_lookup(&c, "model.layers"), "lenet.cfg", cl, 8, &n,
+                                          err, sizeof err),
+                   0);
+  config_destroy(&c);
+  assert_int_equal(n, 5);
+  assert_int_equal(ts_layers_from_config(cl, n, specs, err, sizeof err), 0);
+  assert_int_equal(specs[1].win_h, 8);
+  assert_int_equal(specs[0].padding, 0); /* omitted: valid by default */
+  ts_layers_t l;
+  assert_int_equal(
+      ts_layers_check(specs, n, (ts_layer_shape_t){28, 28, 1}, &l, &bad, err, sizeof err),
+      TS_EINVAL);
+  assert_int_equal(bad, 2);
+  char full[600];
+  snprintf(full, sizeof full, "%s: %s", cl[bad].where, err);
+  assert_string_equal(full,
+                      "lenet.cfg:5: layer 3 'conv2' (conv2d): kernel 5x5 does not fit its "
+                      "3x3x6 input with padding valid (use padding same, or a smaller "
+                      "kernel)");
+  /* a string the parser would refuse, in a list built by hand */
+  strcpy(cl[0].padding, "full");
+  assert_int_equal(ts_layers_from_config(cl, n, specs, err, sizeof err), TS_EINVAL);
+  assert_string_equal(err, "lenet.cfg:3: layer 1: padding");
 }
 
 static void test_bad_descriptions(void **state) {
@@ -406,6 +461,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lenet5_shapes),
       cmocka_unit_test(test_bad_descriptions),
+      cmocka_unit_test(test_config_to_check),
       cmocka_unit_test(test_gradient_small_cnn_tanh),
       cmocka_unit_test(test_gradient_small_cnn_relu),
       cmocka_unit_test(test_gradient_dense_dropout),

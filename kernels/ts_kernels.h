@@ -54,6 +54,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ts_conv.h"
+
 typedef struct ts_kernels ts_kernels_t;
 
 struct ts_kernels {
@@ -133,6 +135,43 @@ struct ts_kernels {
    * label. Labels outside [0, cols) count as wrong rather than failing. */
   int (*argmax_correct)(const ts_kernels_t *k, size_t rows, size_t cols, const float *logits,
                         const int32_t *labels, size_t *correct_host);
+
+  /* --- convolution and pooling (NHWC; geometry and padding in ts_conv.h) ---------------
+   * A back end without these leaves them NULL (the CUDA back end until its cuDNN kernels).
+   *
+   * conv2d_workspace: the device scratch, in bytes, the three convolution kernels want for
+   * geometry g (its batch included). The caller allocates it with k->alloc (so a GPU's memory
+   * policy counts it) and passes it to each call with its size. The CPU back end works with
+   * any size that holds one image's im2col matrix (oh * ow x win_h * win_w * in_c floats),
+   * going through the batch in chunks of as many images as fit; it asks for at most about 8
+   * MiB beyond that. A size below what the back end needs is TS_EINVAL.
+   * conv2d_fwd: y = x (*) w: x is g->batch x in_h x in_w x in_c, w is HWIO (win_h x win_w x
+   * in_c x out_c), y is batch x out_h x out_w x out_c. No bias: bias_add over batch * out_h
+   * * out_w rows of out_c does it, as TensorFlow's BiasAdd.
+   * conv2d_bwd_data: dx = the gradient with respect to x of sum(dy * y) (TensorFlow's
+   * Conv2DBackpropInput); dx is overwritten.
+   * conv2d_bwd_filter: dw = the gradient with respect to w (Conv2DBackpropFilter); dw is
+   * overwritten. */
+  size_t (*conv2d_workspace)(const ts_kernels_t *k, const ts_conv2d_t *g);
+  int (*conv2d_fwd)(const ts_kernels_t *k, const ts_conv2d_t *g, const float *x, const float *w,
+                    float *y, void *ws, size_t ws_bytes);
+  int (*conv2d_bwd_data)(const ts_kernels_t *k, const ts_conv2d_t *g, const float *w,
+                         const float *dy, float *dx, void *ws, size_t ws_bytes);
+  int (*conv2d_bwd_filter)(const ts_kernels_t *k, const ts_conv2d_t *g, const float *x,
+                           const float *dy, float *dw, void *ws, size_t ws_bytes);
+  /* maxpool_fwd: y = the maximum of each window of x (padding skipped; g->out_c == in_c), and
+   * argmax[i] = where in its image (y * in_w + x) * in_c + c the maximum of output element i
+   * was, the first one on ties. argmax is a device buffer of as many int32 as y has floats;
+   * a back end that does not need it (cuDNN recomputes from x and y) may leave it unwritten.
+   * maxpool_bwd: dx = dy routed to each window's maximum (summed where windows overlap);
+   * dx is overwritten. It takes x, y and argmax from the forward pass. */
+  int (*maxpool_fwd)(const ts_kernels_t *k, const ts_conv2d_t *g, const float *x, float *y,
+                     int32_t *argmax);
+  int (*maxpool_bwd)(const ts_kernels_t *k, const ts_conv2d_t *g, const float *x, const float *y,
+                     const float *dy, const int32_t *argmax, float *dx);
+  /* y[i] = a[i] * b[i] over n elements (dropout applies its mask with it, both ways). y may be
+   * the same buffer as a (in place). */
+  int (*mul)(const ts_kernels_t *k, size_t n, const float *a, const float *b, float *y);
 };
 
 /* The CPU back end: OpenBLAS for gemm, plain loops for the rest. A static table, valid for

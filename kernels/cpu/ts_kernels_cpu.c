@@ -13,6 +13,7 @@
 #include "ts_alloc.h"
 #include "ts_err.h"
 #include "ts_kernels.h"
+#include "ts_kernels_cpu_int.h"
 
 /* A NULL buffer is only acceptable when there is nothing to touch. */
 #define CHECK_BUF(p, n)                \
@@ -270,6 +271,13 @@ static const ts_kernels_t cpu_kernels = {
     .softmax_xent = cpu_softmax_xent,
     .softmax_xent_grad = cpu_softmax_xent_grad,
     .argmax_correct = cpu_argmax_correct,
+    .conv2d_workspace = ts_cpu_conv2d_workspace,
+    .conv2d_fwd = ts_cpu_conv2d_fwd,
+    .conv2d_bwd_data = ts_cpu_conv2d_bwd_data,
+    .conv2d_bwd_filter = ts_cpu_conv2d_bwd_filter,
+    .maxpool_fwd = ts_cpu_maxpool_fwd,
+    .maxpool_bwd = ts_cpu_maxpool_bwd,
+    .mul = ts_cpu_mul,
 };
 
 const ts_kernels_t *ts_kernels_cpu(void) {

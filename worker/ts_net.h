@@ -1,0 +1,94 @@
+/*
+ * A sequential network (worker/ts_layers.h) run over the kernels interface: forward,
+ * backward, the softmax cross-entropy loss and evaluation, for any layer list the
+ * description accepts (convolutions, pooling, dense layers, dropout).
+ *
+ * Layout. Every parameter lives in one flat device buffer, params, tensor after tensor in
+ * the order of the description's tensor list (tensor t at params + tensors[t].offset); grads
+ * has the same layout. So a pull or a push of a tensor is one contiguous range, as in
+ * ts_model.h. Activations are NHWC, one example after another; a flatten layer only
+ * reinterprets its input.
+ *
+ * Dropout. In training (ts_net_set_training with on = true) a dropout layer of rate r keeps
+ * each unit with probability 1 - r and scales it by 1 / (1 - r), as Keras does; elsewhere
+ * (evaluation, and training off) it passes its input on. Its mask is drawn on the host from
+ * ts_init's counter-based generator: element i of the batch's mask of layer NAME keeps when
+ * ts_init_uniform(ts_init_key(seed, NAME) ^ mix(stream), i) >= r. The caller sets seed and
+ * stream (the step, and which worker and tower) with ts_net_set_training, so a run repeats
+ * exactly, and every back end applies the same mask (it is copied to the device and applied
+ * with k->mul both ways).
+ *
+ * Ownership: the caller owns the ts_net_t struct; ts_net_init fills it and allocates
+ * everything it points to, ts_net_destroy frees that. The kernels table must outlive the net.
+ * Host pointers passed in are read during the call only. Not thread-safe: one net per thread.
+ */
+#ifndef TS_NET_H
+#define TS_NET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ts_kernels.h"
+#include "ts_layers.h"
+
+typedef struct {
+  /* Public, read-only after init. */
+  ts_layers_t desc; /* the checked description: layers, shapes, tensors */
+  size_t batch_capacity;
+  const ts_kernels_t *kernels;
+  float *params; /* device, desc.param_count floats */
+  float *grads;  /* device, desc.param_count floats */
+
+  /* Private. */
+  bool training;
+  uint64_t seed, stream;
+  float *x;         /* input batch, batch_capacity x input elems */
+  int32_t *labels;  /* batch_capacity */
+  float **z;        /* per layer: output before the activation (NULL for flatten) */
+  float **a;        /* per layer: output after a non-linear activation (else NULL) */
+  int32_t **argmax; /* per max_pool layer */
+  float **mask;     /* per dropout layer: device mask */
+  float *mask_host; /* host staging of one mask (k->host_alloc) */
+  float *probs;     /* softmax of the logits */
+  float *g0, *g1;   /* gradient scratch, batch_capacity x desc.max_elems each */
+  void *ws;         /* convolution workspace (k->conv2d_workspace) */
+  size_t ws_bytes;
+} ts_net_t;
+
+/* Check the description (ts_layers_check) and build the net for batches of up to
+ * batch_capacity examples on kernels. Parameters are allocated, not initialised (call
+ * ts_net_init_params or fill params). Training mode starts off. Returns 0, TS_EINVAL with
+ * errmsg (the description's error, a batch capacity outside 1..TS_CONV_MAX_BATCH, a back end
+ * without a kernel a layer needs), TS_ENOMEM, or the back end's alloc error. On failure
+ * nothing is left allocated and *net is zeroed. */
+int ts_net_init(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
+                size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen);
+
+/* Free everything ts_net_init allocated and zero *net. Safe on a zeroed struct. */
+void ts_net_destroy(ts_net_t *net);
+
+/* Initialise every tensor as the parameter servers do (ts_init_fill with seed, its name,
+ * shape and kind). Returns 0, TS_ENOMEM or a copy error. */
+int ts_net_init_params(ts_net_t *net, uint64_t seed);
+
+/* Dropout on (training) or off, and the mask's seed and stream (see above). */
+void ts_net_set_training(ts_net_t *net, bool on, uint64_t seed, uint64_t stream);
+
+/* Forward and backward on host data: x is batch examples of the input shape (NHWC), labels
+ * batch int32 values in [0, classes). Overwrites grads with the gradient of the mean loss,
+ * *loss (may be NULL) = the mean loss. 1 <= batch <= batch_capacity. Returns 0, TS_EINVAL (a
+ * bad batch, NULL data, a label out of range) or a kernel's error. */
+int ts_net_forward_backward(ts_net_t *net, const float *x, const int32_t *labels, size_t batch,
+                            float *loss);
+
+/* The forward pass and the loss only (in the current training mode, with the same masks as
+ * ts_net_forward_backward would draw): for gradient checks. */
+int ts_net_loss(ts_net_t *net, const float *x, const int32_t *labels, size_t batch, float *loss);
+
+/* Evaluate n >= 1 examples in chunks of batch_capacity, dropout off: *accuracy (the fraction
+ * whose argmax is the label) and *loss (mean), either may be NULL. Does not touch grads. */
+int ts_net_evaluate(ts_net_t *net, const float *x, const int32_t *labels, size_t n, float *accuracy,
+                    float *loss);
+
+#endif

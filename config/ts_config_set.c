@@ -250,8 +250,13 @@ static int set_layer_list(ts_config_loader_t *ld, const config_setting_t *s) {
   ts_config_t *cfg = ld->cfg;
   ts_config_layer_t *tmp = ts_calloc(TS_CONFIG_LAYERS_MAX, sizeof *tmp);
   if (!tmp) return ts_config_oom(ld, "model.layers");
+  /* ld->where is "FILE:LINE" of the key; each layer's own line follows the file name. */
+  char file[TS_CONFIG_WHERE_LEN];
+  snprintf(file, sizeof file, "%s", ld->where);
+  char *colon = strrchr(file, ':');
+  if (colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1)) *colon = '\0';
   size_t n = 0;
-  int rc = ts_config_layers_parse(s, ld->where, tmp, TS_CONFIG_LAYERS_MAX, &n, ld->errmsg,
+  int rc = ts_config_layers_parse(s, file, tmp, TS_CONFIG_LAYERS_MAX, &n, ld->errmsg,
                                   ld->errlen);
   if (rc < 0) {
     ts_free(tmp);

@@ -57,8 +57,11 @@ static void format_double(double d, char *buf, size_t n) {
 static void format_layers(const ts_config_t *cfg, char *buf, size_t n) {
   static const struct {
     const char *type, *prefix;
-  } prefixes[] = {{"conv2d", "conv"}, {"max_pool", "pool"}, {"flatten", "flatten"},
-                  {"dense", "fc"},    {"dropout", "dropout"}};
+  } prefixes[] = {{"conv2d", "conv"},
+                  {"max_pool", "pool"},
+                  {"flatten", "flatten"},
+                  {"dense", "fc"},
+                  {"dropout", "dropout"}};
   size_t counts[5] = {0}, len = 0;
   buf[0] = '\0';
   for (size_t i = 0; i < cfg->num_net_layers && len + 1 < n; i++) {

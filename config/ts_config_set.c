@@ -256,8 +256,7 @@ static int set_layer_list(ts_config_loader_t *ld, const config_setting_t *s) {
   char *colon = strrchr(file, ':');
   if (colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1)) *colon = '\0';
   size_t n = 0;
-  int rc = ts_config_layers_parse(s, file, tmp, TS_CONFIG_LAYERS_MAX, &n, ld->errmsg,
-                                  ld->errlen);
+  int rc = ts_config_layers_parse(s, file, tmp, TS_CONFIG_LAYERS_MAX, &n, ld->errmsg, ld->errlen);
   if (rc < 0) {
     ts_free(tmp);
     return rc;
@@ -306,7 +305,7 @@ int ts_config_apply_setting(ts_config_loader_t *ld, const ts_config_def_t *d,
         break;
       }
       bool strings = d->type == TS_CT_STRINGS;
-      const char *want = strings                     ? "an array of strings"
+      const char *want = strings                   ? "an array of strings"
                          : d->type == TS_CT_LAYERS ? "an array of integers or a list of layers"
                                                    : "an array of integers";
       if (!config_setting_is_array(s) && !config_setting_is_list(s))

@@ -44,9 +44,9 @@ typedef struct {
   char name[TS_MODEL_NAME_MAX]; /* "fc1/weights" */
   uint64_t shape[4]; /* [in, out] for weights, [out] for biases; a conv kernel [kh, kw, in, out] */
   size_t rank;       /* 2 or 1; 4 for a convolution's kernel */
-  size_t count;                 /* elements: the product of the shape */
-  size_t offset;                /* elements from the start of params / grads */
-  ts_init_kind_t init;          /* TS_INIT_GLOROT_UNIFORM for weights, TS_INIT_ZEROS biases */
+  size_t count;      /* elements: the product of the shape */
+  size_t offset;     /* elements from the start of params / grads */
+  ts_init_kind_t init; /* TS_INIT_GLOROT_UNIFORM for weights, TS_INIT_ZEROS biases */
 } ts_model_tensor_t;
 
 typedef enum {

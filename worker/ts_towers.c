@@ -154,8 +154,8 @@ typedef struct {
   ts_layer_shape_t input;
 } model_src_t;
 
-static int init_model(ts_model_t *m, const model_src_t *src, size_t capacity,
-                      const ts_kernels_t *k, char *errmsg, size_t errlen) {
+static int init_model(ts_model_t *m, const model_src_t *src, size_t capacity, const ts_kernels_t *k,
+                      char *errmsg, size_t errlen) {
   if (src->specs)
     return ts_model_init_net(m, src->specs, src->nspecs, src->input, capacity, k, errmsg, errlen);
   return ts_model_init(m, src->widths, src->nw, src->activation, capacity, k, errmsg, errlen);
@@ -257,8 +257,7 @@ int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n
 
 int ts_towers_init_net(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
                        const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
-                       size_t capacity, ts_towers_release_cb release, char *errmsg,
-                       size_t errlen) {
+                       size_t capacity, ts_towers_release_cb release, char *errmsg, size_t errlen) {
   model_src_t src = {.specs = specs, .nspecs = nspecs, .input = input};
   return init_towers(tw, kernels, n, &src, capacity, release, errmsg, errlen);
 }

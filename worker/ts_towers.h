@@ -98,8 +98,7 @@ int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n
  * layer. */
 int ts_towers_init_net(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
                        const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
-                       size_t capacity, ts_towers_release_cb release, char *errmsg,
-                       size_t errlen);
+                       size_t capacity, ts_towers_release_cb release, char *errmsg, size_t errlen);
 
 /* Dropout masks for the next step: every tower draws its own stream of (step, worker,
  * tower), so the towers and workers of one step never share a mask and a run repeats. A

@@ -52,14 +52,16 @@ static void test_spelling(void **state) {
 static void test_layer_list(void **state) {
   (void)state;
   ts_config_t a, b;
-  const char *sa[] = {"model.layers=({type=\"conv2d\"; filters=6; kernel=5; padding=\"same\"; "
-                      "activation=\"relu\";}, {type=\"max_pool\"; size=2;}, {type=\"flatten\";}, "
-                      "{type=\"dropout\"; rate=0.25;}, {type=\"dense\"; units=10;})"};
-  const char *sb[] = {"model.layers=({type=\"conv2d\"; filters=6; kernel=[5, 5]; strides=1; "
-                      "padding=\"same\"; activation=\"relu\"; name=\"conv1\";}, "
-                      "{type=\"max_pool\"; size=2; strides=[2, 2]; padding=\"valid\";}, "
-                      "{type=\"flatten\";}, {type=\"dropout\"; rate=0.25;}, "
-                      "{type=\"dense\"; units=10; activation=\"linear\";})"};
+  const char *sa[] = {
+      "model.layers=({type=\"conv2d\"; filters=6; kernel=5; padding=\"same\"; "
+      "activation=\"relu\";}, {type=\"max_pool\"; size=2;}, {type=\"flatten\";}, "
+      "{type=\"dropout\"; rate=0.25;}, {type=\"dense\"; units=10;})"};
+  const char *sb[] = {
+      "model.layers=({type=\"conv2d\"; filters=6; kernel=[5, 5]; strides=1; "
+      "padding=\"same\"; activation=\"relu\"; name=\"conv1\";}, "
+      "{type=\"max_pool\"; size=2; strides=[2, 2]; padding=\"valid\";}, "
+      "{type=\"flatten\";}, {type=\"dropout\"; rate=0.25;}, "
+      "{type=\"dense\"; units=10; activation=\"linear\";})"};
   load(&a, sa, 1);
   load(&b, sb, 1);
   assert_int_equal(a.num_net_layers, 5);
@@ -74,8 +76,7 @@ static void test_layer_list(void **state) {
       ts_config_job_compare(&b, "model.layers", value_of(s, n, "model.layers"), own, sizeof own),
       1);
   /* The widths differ from any layer list. */
-  assert_int_equal(ts_config_job_compare(&b, "model.layers", "[784, 128, 10]", own, sizeof own),
-                   0);
+  assert_int_equal(ts_config_job_compare(&b, "model.layers", "[784, 128, 10]", own, sizeof own), 0);
   ts_config_free(&a);
   ts_config_free(&b);
 }

@@ -421,6 +421,48 @@ static void *hostile(void *p) {
   return NULL;
 }
 
+/* The sum of every sample of a /metrics family (all its label sets), 0 when absent. */
+static double metric_family_sum(const char *text, const char *family) {
+  size_t n = strlen(family);
+  double sum = 0;
+  for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+    if (strncmp(l, family, n) != 0 || (l[n] != '{' && l[n] != ' ')) continue;
+    const char *v = strchr(l, ' ');
+    if (v) sum += strtod(v + 1, NULL);
+  }
+  return sum;
+}
+
+/* What shard 0 refused or dropped of the hostile traffic, by the counter each limit
+ * increments: which limit answers first depends on how the machine schedules the
+ * attacker and the shard (the junk of a connection reset before the shard reads it
+ * counts nowhere; a flood's pushes are refused for the role, or its connection is closed
+ * by a reply budget or the frame rate floor first). Waits up to 10 s for the admin
+ * endpoint's snapshot (published every 250 ms) to show any. */
+static double hostile_refusals(const ts_cluster_t *c) {
+  static char body[1 << 18];
+  static const char *const families[] = {
+      "tessera_ps_rejected_frames_total",      /* protocol violations that closed a connection */
+      "tessera_ps_limit_drops_total",          /* reply budgets, staging and hold limits */
+      "tessera_ps_connections_dropped_total",  /* handshake deadline, preauth quota, rate floor */
+  };
+  double total = 0;
+  for (double t0 = now_s(); total <= 0 && now_s() - t0 < 10.0; sleep_s(0.25)) {
+    if (ts_http_get(c->http_port[0], "/metrics", body, sizeof body, NULL, 0) != 200) continue;
+    double refused = ts_metric_value(body, "tessera_ps_refused_requests_total{request=\"push\","
+                                           "reason=\"role\"}");
+    total = refused > 0 ? refused : 0;
+    fprintf(stderr, "shard 0: %.0f flood pushes refused for the role", total);
+    for (size_t i = 0; i < sizeof families / sizeof *families; i++) {
+      double v = metric_family_sum(body, families[i]);
+      fprintf(stderr, ", %s %.0f", families[i], v);
+      total += v;
+    }
+    fprintf(stderr, "\n");
+  }
+  return total;
+}
+
 static void test_hostile_traffic_during_training(void **state) {
   (void)state;
   ts_cluster_t c;
@@ -458,12 +500,11 @@ static void test_hostile_traffic_during_training(void **state) {
     double a = done_accuracy(&w[t]);
     if (a < acc) acc = a;
   }
-  long long rejected = 0;
-  job_field(&c, "rejected_frames", &rejected);
+  double refused = hostile_refusals(&c);
   fprintf(stderr,
-          "hostile traffic: %ld flood pushes of 1 MiB, %lld frames rejected; accuracy %.4f (%.4f "
-          "undisturbed); shard 0 peak RSS %.1f MiB\n",
-          h.sent, rejected, acc, base, (double)peak / 1024.0);
+          "hostile traffic: %ld flood pushes of 1 MiB, %.0f refusals and drops; accuracy %.4f "
+          "(%.4f undisturbed); shard 0 peak RSS %.1f MiB\n",
+          h.sent, refused, acc, base, (double)peak / 1024.0);
   if (fabs(acc - base) >= 1e-9) {
     /* Sync training is deterministic: something made a barrier close short. Show why. */
     for (int t = 0; t < 2; t++) dump(&w[t]);
@@ -474,7 +515,9 @@ static void test_hostile_traffic_during_training(void **state) {
     }
   }
   assert_true(fabs(acc - base) < 1e-9);
-  assert_true(rejected > 0);
+  /* Refused or dropped, by whichever limit came first (none of it changed a parameter: the
+   * accuracy above is exact). */
+  assert_true(refused > 0);
   /* Bound: the shard's parameters are 0.4 MiB; buffers and the process itself stay far
    * below 64 MiB whatever the traffic announces. */
   assert_true(peak < 64 * 1024);

@@ -23,7 +23,8 @@ static const double barrier_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                         0.5,   1,      2.5,   5,    10,    30,   60};
 static const double checkpoint_bounds[] = {0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300};
 /* How late the shard's tick ran: a healthy loop is within a few ms, a second is a stall. */
-static const double loop_lag_bounds[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+static const double loop_lag_bounds[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                         0.25,  0.5,   1,    2.5,   5,    10};
 
 void ts_metrics_init(ts_metrics_t *m) {
   memset(m, 0, sizeof *m);

@@ -181,9 +181,10 @@ static void test_contended_tricklers_lose_the_pool(void **state) {
   atomic_store(&t.stop, true);
   pthread_join(th, NULL);
   for (int i = 0; i < POOL; i++) close(t.fd[i]);
-  assert_true(ts_metric_wait(f.c.http_port[0],
-                             "tessera_ps_limit_drops_total{limit=\"push_contended_min_bytes_per_s\"}",
-                             1, INFINITY) >= 1);
+  assert_true(
+      ts_metric_wait(f.c.http_port[0],
+                     "tessera_ps_limit_drops_total{limit=\"push_contended_min_bytes_per_s\"}", 1,
+                     INFINITY) >= 1);
   assert_logged(&f, "slower than server.push_contended_min_bytes_per_s");
   good_step(&f);
   stop(&f);
@@ -344,8 +345,8 @@ static void test_slow_honest_pull_is_not_cut(void **state) {
   close(r.fd);
   char body[1 << 17];
   assert_true(ts_http_get(f.c.http_port[0], "/metrics", body, sizeof body, NULL, 0) == 200);
-  assert_true(ts_metric_value(body,
-                              "tessera_ps_limit_drops_total{limit=\"pull_hold_timeout_s\"}") == 0);
+  assert_true(
+      ts_metric_value(body, "tessera_ps_limit_drops_total{limit=\"pull_hold_timeout_s\"}") == 0);
   good_step(&f);
   stop(&f);
 }

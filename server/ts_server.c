@@ -135,10 +135,15 @@ static void on_tick(uv_timer_t *t) {
     drop_stalled_peers(srv, now, hb / 2 < STOP_STALL_MS ? hb / 2 : STOP_STALL_MS);
     return;
   }
+  /* A tick more than LAG_WARN_MS late judges no peer by how long it has been silent: the
+   * frames that waited while the loop did not run (heartbeats, handshakes, the rest of a
+   * push) are read after this tick, so every peer would look as silent as the shard itself
+   * was. The next tick, 100 ms on, judges them with those frames read. */
+  bool judge = late <= LAG_WARN_MS;
   uint32_t dead[64];
   uint32_t ndead;
   /* Dead workers are reported 64 at a time; the rest on the next tick. */
-  while ((ndead = ts_barrier_expire(&srv->barrier, now, dead, 64)) > 0) {
+  while (judge && (ndead = ts_barrier_expire(&srv->barrier, now, dead, 64)) > 0) {
     for (uint32_t i = 0; i < ndead; i++)
       ts_log_warn("worker %u missed heartbeats for %.1f s: marked dead", dead[i],
                   (double)(now - srv->barrier.w[dead[i]].last_seen_ms) / 1000.0);
@@ -146,10 +151,10 @@ static void on_tick(uv_timer_t *t) {
   }
   /* Half the heartbeat timeout, so the pushers a stalled peer holds up, who cannot be read
    * meanwhile, are not themselves taken for dead by their clients. */
-  /* Not on a tick that runs a second late: the reads that waited meanwhile come after it,
-   * so a peer's last read would look as old as the shard's own stall. */
-  if (late <= LAG_WARN_MS) drop_stalled_peers(srv, now, hb / 2);
-  ts_session_preauth_expire(srv, now);
+  if (judge) {
+    drop_stalled_peers(srv, now, hb / 2);
+    ts_session_preauth_expire(srv, now);
+  }
   /* What one peer may hold (docs/architecture.md): a staging buffer, a partition, memory. */
   ts_push_rx_drop_slow(srv, now, late);
   ts_pull_drop_slow_readers(srv, now, late);

@@ -268,6 +268,37 @@ static void test_lagging_tick_judges_over_running_time(void **state) {
   stop(&f);
 }
 
+/* A worker heartbeating every 0.2 s (a 1 s timeout) while the shard is descheduled for
+ * 1.5 s at a time: its heartbeats wait in the socket, and the shard must not take it for
+ * dead on the tick that runs late, before it has read them. */
+static void test_lagging_tick_marks_no_worker_dead(void **state) {
+  (void)state;
+  fixture_t f;
+  memset(&f, 0, sizeof f);
+  assert_int_equal(ts_cluster_start(&f.c, 1, 1,
+                                    "job = { mode = \"async\"; heartbeat_timeout_s = 1.0; "
+                                    "heartbeat_interval_s = 0.2; partition_bytes = 8192; };"),
+                   0);
+  ts_big_init(&f.big, 4, 2048);
+  ts_client_t *w = ts_big_worker(&f.c, &f.big, 0, "beating", 10, 0.2);
+  ts_sleep_ms(500);
+  for (int k = 0; k < 3; k++) {
+    ts_cluster_signal(&f.c, 0, SIGSTOP);
+    ts_sleep_ms(1500);
+    ts_cluster_signal(&f.c, 0, SIGCONT);
+    ts_sleep_ms(500);
+  }
+  char *log = ts_cluster_log(&f.c, 0);
+  assert_non_null(log);
+  bool dead = strstr(log, "marked dead") != NULL, lagged = strstr(log, "tick ran") != NULL;
+  if (dead || !lagged) fprintf(stderr, "%s\n", log);
+  free(log);
+  assert_false(dead);
+  assert_true(lagged);
+  ts_client_close(w);
+  assert_int_equal(ts_cluster_stop(&f.c), 0);
+}
+
 /* --- an honest slow reader of a large pull ------------------------------------------- */
 
 typedef struct {
@@ -355,6 +386,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_contended_tricklers_lose_the_pool),
       cmocka_unit_test(test_lagging_tick_judges_over_running_time),
+      cmocka_unit_test(test_lagging_tick_marks_no_worker_dead),
       cmocka_unit_test(test_slow_honest_pull_is_not_cut),
   };
   return cmocka_run_group_tests_name("hostile_fair", tests, NULL, NULL);

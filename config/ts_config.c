@@ -187,10 +187,20 @@ const ts_config_def_t ts_config_defs[] = {
     FLOAT("server.push_rate_window_s", push_rate_window_s, 0.1, 600.0, 0, "5.0",
           "Window over which server.push_min_bytes_per_s is measured. At least 0.1 s (the "
           "shard's tick); at most 600 s, beyond which a trickler holds the pool for ten minutes."),
+    INT64("server.push_contended_min_bytes_per_s", push_contended_min_bytes_per_s, 0, GIB, "1048576",
+          "Slowest a push may arrive while it holds a staging buffer and other pushes wait for "
+          "one (the pool is exhausted), in bytes a second, judged after min(1 s, "
+          "server.push_rate_window_s) of holding; a slower push is dropped and its buffer goes "
+          "to the next push in line, so tricklers just above server.push_min_bytes_per_s cannot "
+          "monopolise the pool. 1 MiB/s is about 8 Mbit/s: lower it for workers on slower links. "
+          "0 (or a value below server.push_min_bytes_per_s) turns it off; at most 1 GiB/s."),
     FLOAT("server.pull_hold_timeout_s", pull_hold_timeout_s, 0.1, 3600.0, 0, "10.0",
           "Longest a pull reply still being written may keep an update of its partitions "
-          "waiting; past it the reader's connection is closed, so a slow reader holds no "
-          "partition hostage. At least 0.1 s (the shard's tick), at most an hour."),
+          "waiting, counted from when an update first waits for it (to the shard's tick), not "
+          "from when the reply was queued: a large reply over a slow link, or one queued behind "
+          "others, is not cut while no update waits for it. Past it the reader's connection is "
+          "closed, so a slow reader holds no partition hostage. At least 0.1 s (the shard's "
+          "tick), at most an hour."),
     INT64("server.max_reply_bytes_per_connection", max_reply_bytes_per_connection, 65536,
           16 * GIB, "16777216",
           "Memory the replies queued to one connection may take (their structs, encoded "

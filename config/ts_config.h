@@ -80,6 +80,7 @@ typedef struct {
   /* what one authenticated peer may hold (docs/architecture.md) */
   int64_t push_min_bytes_per_s; /* a push holding a staging buffer slower than this loses it */
   double push_rate_window_s;    /* over windows of this long */
+  int64_t push_contended_min_bytes_per_s; /* ... and this while pushes wait for a buffer */
   double pull_hold_timeout_s;   /* a pull reply may keep an update waiting this long */
   int64_t max_reply_bytes_per_connection; /* memory of the replies queued to one peer */
   int64_t max_reply_bytes;                /* ... and to all peers together */

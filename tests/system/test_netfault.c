@@ -43,6 +43,15 @@
 #define CUT_S 5.0
 #define SYNC_TIMEOUT_S 2.0
 #define TOKEN "netfault-token-0123456789abcdef"
+/* Adam's learning rates. Async's final parameters move by about the rate at every step, in
+ * an order the network decides, so its final accuracy varies from run to run; a lower
+ * rate (and more epochs) keeps that spread well inside the 0.01 the test allows: at 0.002
+ * and 6 epochs, 2 of 14 runs on a loaded machine ended 0.012-0.018 below the lower of two
+ * undisturbed runs; at 0.001 and 8 epochs, 8 of 8 within (the lowest 0.001 below it).
+ * TS_NETFAULT_ONLY=sync|async runs one mode. */
+#define SYNC_LR "0.002"
+#define ASYNC_LR "0.001"
+#define ASYNC_EPOCHS 8
 
 static ts_netemu_t *g_net;
 static ts_dataset_t g_test; /* Fashion-MNIST's test set */
@@ -141,7 +150,7 @@ static int write_job(job_t *j, const char *mode, int epochs) {
           "train = { batch_size = 512; epochs = %d; log_interval_s = 0.5; };\n",
           a[0], PS_PORT, a[1], PS_PORT, a[0], HTTP_PORT, a[1], HTTP_PORT, a[2], HTTP_PORT + 100,
           a[3], HTTP_PORT + 100, token, mode, SYNC_TIMEOUT_S,
-          "0.002", epochs);
+          mode[0] == 'a' ? ASYNC_LR : SYNC_LR, epochs);
   fclose(f);
   return 0;
 }
@@ -449,12 +458,14 @@ static void run_mode(const char *mode, int epochs) {
 
 static void test_sync_faults(void **state) {
   (void)state;
+  if (getenv("TS_NETFAULT_ONLY") && strcmp(getenv("TS_NETFAULT_ONLY"), "sync") != 0) skip();
   run_mode("sync", 6);
 }
 
 static void test_async_faults(void **state) {
   (void)state;
-  run_mode("async", 6);
+  if (getenv("TS_NETFAULT_ONLY") && strcmp(getenv("TS_NETFAULT_ONLY"), "async") != 0) skip();
+  run_mode("async", ASYNC_EPOCHS);
 }
 
 static int setup(void **state) {

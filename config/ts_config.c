@@ -43,6 +43,8 @@ static const char *const mode_names[] = {"sync", "async", "ssp", NULL};
 static const int mode_values[] = {TS_MODE_SYNC, TS_MODE_ASYNC, TS_MODE_SSP};
 static const char *const optimizer_names[] = {"sgd", "momentum", "adam", NULL};
 static const int optimizer_values[] = {TS_OPT_SGD, TS_OPT_MOMENTUM, TS_OPT_ADAM};
+static const char *const decay_names[] = {"none", "exponential", "cosine", NULL};
+static const int decay_values[] = {TS_DECAY_NONE, TS_DECAY_EXPONENTIAL, TS_DECAY_COSINE};
 static const char *const activation_names[] = {"relu", "tanh", NULL};
 static const int activation_values[] = {TS_ACT_RELU, TS_ACT_TANH};
 static const char *const format_names[] = {"idx", NULL};
@@ -50,6 +52,7 @@ static const char *const format_names[] = {"idx", NULL};
 /* Enum fields are written through an int *: that is only sound while they are int-sized. */
 _Static_assert(sizeof(ts_mode_t) == sizeof(int), "enum fields must be int-sized");
 _Static_assert(sizeof(ts_optimizer_t) == sizeof(int), "enum fields must be int-sized");
+_Static_assert(sizeof(ts_decay_t) == sizeof(int), "enum fields must be int-sized");
 _Static_assert(sizeof(ts_activation_t) == sizeof(int), "enum fields must be int-sized");
 
 #define FIELD(f) offsetof(ts_config_t, f)
@@ -264,6 +267,27 @@ const ts_config_def_t ts_config_defs[] = {
     FLOAT("optimizer.epsilon", epsilon, 0.0, 1.0, TS_CF_OPEN_MIN, "1e-8",
           "adam only: added to the denominator. Positive, so a zero second moment never "
           "divides by zero."),
+    ENUM("optimizer.decay", decay, decay_names, decay_values, "\"none\"",
+         "Schedule of the learning rate over a partition's updates t (0 for its first; "
+         "the global step in sync mode, each worker's push in async and ssp, and restored "
+         "with the partition from a checkpoint): \"none\" keeps learning_rate; "
+         "\"exponential\" is TensorFlow's exponential_decay, learning_rate * "
+         "decay_rate^(t / decay_steps); \"cosine\" is Keras' CosineDecay, from "
+         "learning_rate down to learning_rate * decay_alpha over decay_steps updates, then "
+         "constant. A rate that falls lets the last updates settle the parameters "
+         "instead of moving them by a full step each."),
+    INT64("optimizer.decay_steps", decay_steps, 1, INT64_MAX, "1000",
+          "exponential and cosine only: updates over which the rate falls by decay_rate "
+          "(exponential) or to its floor (cosine). At least 1."),
+    FLOAT("optimizer.decay_rate", decay_rate, 0.0, 1.0, TS_CF_OPEN_MIN, "0.96",
+          "exponential only: the factor the rate is multiplied by every decay_steps updates. "
+          "Positive, since 0 stops training after one update; at most 1 (1 is no decay)."),
+    BOOL("optimizer.staircase", staircase, "false",
+         "exponential only: true lowers the rate in whole steps (t / decay_steps rounded "
+         "down), as TensorFlow's staircase; false lowers it at every update."),
+    FLOAT("optimizer.decay_alpha", decay_alpha, 0.0, 1.0, 0, "0.0",
+          "cosine only: the rate at the end of the schedule, as a fraction of learning_rate. "
+          "0 to 1."),
 
     {.name = "model.layers",
      .type = TS_CT_INTS,
@@ -501,4 +525,8 @@ const char *ts_mode_name(ts_mode_t mode) {
 
 const char *ts_optimizer_name(ts_optimizer_t opt) {
   return choice_name(ts_config_def_named("optimizer.name"), (int)opt);
+}
+
+const char *ts_decay_name(ts_decay_t decay) {
+  return choice_name(ts_config_def_named("optimizer.decay"), (int)decay);
 }

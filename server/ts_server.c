@@ -324,9 +324,13 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   srv->notify = ts_notify_available() && getenv("NOTIFY_SOCKET") != NULL;
   srv->watchdog_ms = ts_notify_watchdog_interval_ms();
   ts_status_publish(srv);
-  ts_log_info("shard %u of %zu listening on %s (mode %s, %zu worker(s), optimizer %s, lr %g)",
+  char decay[96] = "";
+  if (cfg->decay != TS_DECAY_NONE)
+    snprintf(decay, sizeof decay, ", %s decay over %lld updates", ts_decay_name(cfg->decay),
+             (long long)cfg->decay_steps);
+  ts_log_info("shard %u of %zu listening on %s (mode %s, %zu worker(s), optimizer %s, lr %g%s)",
               srv->shard, cfg->num_ps, srv->address, ts_mode_name(cfg->mode), cfg->num_workers,
-              ts_optimizer_name(cfg->optimizer), cfg->learning_rate);
+              ts_optimizer_name(cfg->optimizer), cfg->learning_rate, decay);
   *out = srv;
   return 0;
 

@@ -43,6 +43,8 @@ static const char *const mode_names[] = {"sync", "async", "ssp", NULL};
 static const int mode_values[] = {TS_MODE_SYNC, TS_MODE_ASYNC, TS_MODE_SSP};
 static const char *const optimizer_names[] = {"sgd", "momentum", "adam", NULL};
 static const int optimizer_values[] = {TS_OPT_SGD, TS_OPT_MOMENTUM, TS_OPT_ADAM};
+static const char *const decay_names[] = {"none", "exponential", "cosine", NULL};
+static const int decay_values[] = {TS_DECAY_NONE, TS_DECAY_EXPONENTIAL, TS_DECAY_COSINE};
 static const char *const activation_names[] = {"relu", "tanh", NULL};
 static const int activation_values[] = {TS_ACT_RELU, TS_ACT_TANH};
 static const char *const format_names[] = {"idx", NULL};
@@ -50,6 +52,7 @@ static const char *const format_names[] = {"idx", NULL};
 /* Enum fields are written through an int *: that is only sound while they are int-sized. */
 _Static_assert(sizeof(ts_mode_t) == sizeof(int), "enum fields must be int-sized");
 _Static_assert(sizeof(ts_optimizer_t) == sizeof(int), "enum fields must be int-sized");
+_Static_assert(sizeof(ts_decay_t) == sizeof(int), "enum fields must be int-sized");
 _Static_assert(sizeof(ts_activation_t) == sizeof(int), "enum fields must be int-sized");
 
 #define FIELD(f) offsetof(ts_config_t, f)
@@ -187,10 +190,20 @@ const ts_config_def_t ts_config_defs[] = {
     FLOAT("server.push_rate_window_s", push_rate_window_s, 0.1, 600.0, 0, "5.0",
           "Window over which server.push_min_bytes_per_s is measured. At least 0.1 s (the "
           "shard's tick); at most 600 s, beyond which a trickler holds the pool for ten minutes."),
+    INT64("server.push_contended_min_bytes_per_s", push_contended_min_bytes_per_s, 0, GIB, "1048576",
+          "Slowest a push may arrive while it holds a staging buffer and other pushes wait for "
+          "one (the pool is exhausted), in bytes a second, judged after min(1 s, "
+          "server.push_rate_window_s) of holding; a slower push is dropped and its buffer goes "
+          "to the next push in line, so tricklers just above server.push_min_bytes_per_s cannot "
+          "monopolise the pool. 1 MiB/s is about 8 Mbit/s: lower it for workers on slower links. "
+          "0 (or a value below server.push_min_bytes_per_s) turns it off; at most 1 GiB/s."),
     FLOAT("server.pull_hold_timeout_s", pull_hold_timeout_s, 0.1, 3600.0, 0, "10.0",
           "Longest a pull reply still being written may keep an update of its partitions "
-          "waiting; past it the reader's connection is closed, so a slow reader holds no "
-          "partition hostage. At least 0.1 s (the shard's tick), at most an hour."),
+          "waiting, counted from when an update first waits for it (to the shard's tick), not "
+          "from when the reply was queued: a large reply over a slow link, or one queued behind "
+          "others, is not cut while no update waits for it. Past it the reader's connection is "
+          "closed, so a slow reader holds no partition hostage. At least 0.1 s (the shard's "
+          "tick), at most an hour."),
     INT64("server.max_reply_bytes_per_connection", max_reply_bytes_per_connection, 65536,
           16 * GIB, "16777216",
           "Memory the replies queued to one connection may take (their structs, encoded "
@@ -254,6 +267,27 @@ const ts_config_def_t ts_config_defs[] = {
     FLOAT("optimizer.epsilon", epsilon, 0.0, 1.0, TS_CF_OPEN_MIN, "1e-8",
           "adam only: added to the denominator. Positive, so a zero second moment never "
           "divides by zero."),
+    ENUM("optimizer.decay", decay, decay_names, decay_values, "\"none\"",
+         "Schedule of the learning rate over a partition's updates t (0 for its first; "
+         "the global step in sync mode, each worker's push in async and ssp, and restored "
+         "with the partition from a checkpoint): \"none\" keeps learning_rate; "
+         "\"exponential\" is TensorFlow's exponential_decay, learning_rate * "
+         "decay_rate^(t / decay_steps); \"cosine\" is Keras' CosineDecay, from "
+         "learning_rate down to learning_rate * decay_alpha over decay_steps updates, then "
+         "constant. A rate that falls lets the last updates settle the parameters "
+         "instead of moving them by a full step each."),
+    INT64("optimizer.decay_steps", decay_steps, 1, INT64_MAX, "1000",
+          "exponential and cosine only: updates over which the rate falls by decay_rate "
+          "(exponential) or to its floor (cosine). At least 1."),
+    FLOAT("optimizer.decay_rate", decay_rate, 0.0, 1.0, TS_CF_OPEN_MIN, "0.96",
+          "exponential only: the factor the rate is multiplied by every decay_steps updates. "
+          "Positive, since 0 stops training after one update; at most 1 (1 is no decay)."),
+    BOOL("optimizer.staircase", staircase, "false",
+         "exponential only: true lowers the rate in whole steps (t / decay_steps rounded "
+         "down), as TensorFlow's staircase; false lowers it at every update."),
+    FLOAT("optimizer.decay_alpha", decay_alpha, 0.0, 1.0, 0, "0.0",
+          "cosine only: the rate at the end of the schedule, as a fraction of learning_rate. "
+          "0 to 1."),
 
     {.name = "model.layers",
      .type = TS_CT_LAYERS,
@@ -497,4 +531,8 @@ const char *ts_mode_name(ts_mode_t mode) {
 
 const char *ts_optimizer_name(ts_optimizer_t opt) {
   return choice_name(ts_config_def_named("optimizer.name"), (int)opt);
+}
+
+const char *ts_decay_name(ts_decay_t decay) {
+  return choice_name(ts_config_def_named("optimizer.decay"), (int)decay);
 }

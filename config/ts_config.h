@@ -46,6 +46,7 @@
 
 typedef enum { TS_MODE_ASYNC = 1, TS_MODE_SYNC = 2, TS_MODE_SSP = 3 } ts_mode_t;
 typedef enum { TS_OPT_SGD = 1, TS_OPT_MOMENTUM = 2, TS_OPT_ADAM = 3 } ts_optimizer_t;
+typedef enum { TS_DECAY_NONE = 1, TS_DECAY_EXPONENTIAL = 2, TS_DECAY_COSINE = 3 } ts_decay_t;
 typedef enum { TS_ACT_RELU = 1, TS_ACT_TANH = 2 } ts_activation_t;
 typedef enum { TS_ROLE_NONE = 0, TS_ROLE_PS = 1, TS_ROLE_WORKER = 2 } ts_task_role_t;
 
@@ -82,6 +83,7 @@ typedef struct {
   /* what one authenticated peer may hold (docs/architecture.md) */
   int64_t push_min_bytes_per_s; /* a push holding a staging buffer slower than this loses it */
   double push_rate_window_s;    /* over windows of this long */
+  int64_t push_contended_min_bytes_per_s; /* ... and this while pushes wait for a buffer */
   double pull_hold_timeout_s;   /* a pull reply may keep an update waiting this long */
   int64_t max_reply_bytes_per_connection; /* memory of the replies queued to one peer */
   int64_t max_reply_bytes;                /* ... and to all peers together */
@@ -100,6 +102,11 @@ typedef struct {
   double learning_rate;
   double momentum;
   double beta1, beta2, epsilon;
+  ts_decay_t decay;            /* the learning rate's schedule over a partition's updates */
+  int64_t decay_steps;
+  double decay_rate;           /* exponential: the factor per decay_steps updates */
+  bool staircase;              /* exponential: in whole steps of decay_steps */
+  double decay_alpha;          /* cosine: the final rate, as a fraction of learning_rate */
 
   /* model */
   /* model.layers is either the widths of an MLP (num_layers > 0, num_net_layers == 0) or a
@@ -173,6 +180,7 @@ void ts_config_free(ts_config_t *cfg);
 /* The configuration spelling ("sync", "adam"); "unknown" for a value outside the enum. */
 const char *ts_mode_name(ts_mode_t mode);
 const char *ts_optimizer_name(ts_optimizer_t opt);
+const char *ts_decay_name(ts_decay_t decay);
 
 /* Write the key reference (Markdown table: key, type, default, bounds, meaning), generated
  * from the table, to f. docs/configuration.md is made from it. */

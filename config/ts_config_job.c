@@ -21,6 +21,18 @@ static bool adam_only(const ts_config_t *c) {
   return c->optimizer == TS_OPT_ADAM;
 }
 
+static bool decaying(const ts_config_t *c) {
+  return c->decay != TS_DECAY_NONE;
+}
+
+static bool exponential_only(const ts_config_t *c) {
+  return c->decay == TS_DECAY_EXPONENTIAL;
+}
+
+static bool cosine_only(const ts_config_t *c) {
+  return c->decay == TS_DECAY_COSINE;
+}
+
 /* In the order they are sent and compared: a mode or optimizer before what depends on it. */
 static const struct {
   const char *key;
@@ -37,6 +49,11 @@ static const struct {
     {"optimizer.beta1", adam_only},
     {"optimizer.beta2", adam_only},
     {"optimizer.epsilon", adam_only},
+    {"optimizer.decay", NULL},
+    {"optimizer.decay_steps", decaying},
+    {"optimizer.decay_rate", exponential_only},
+    {"optimizer.staircase", exponential_only},
+    {"optimizer.decay_alpha", cosine_only},
     {"model.layers", NULL},
     {"model.activation", NULL},
     {"model.seed", NULL},

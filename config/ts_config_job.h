@@ -19,7 +19,7 @@
 
 /* The most settings ts_config_job_settings fills, and the room for one value (model.layers
  * at its largest: 64 widths of up to 7 digits). */
-#define TS_CONFIG_JOB_MAX 16
+#define TS_CONFIG_JOB_MAX 24
 #define TS_CONFIG_JOB_VALUE_LEN 640
 
 typedef struct {

@@ -575,37 +575,49 @@ static int load(ts_store_t *s, const char *path, FILE *f, const Tessera__Checkpo
   for (size_t i = 0; i < s->num_parts; i++)
     if (s->parts[i].plan->count > max) max = s->parts[i].plan->count;
   float *skip = ts_malloc(max * sizeof(float) + 1);
-  if (!skip) {
+  /* Each of this shard's partitions once: as many listed as the plan gives, so a repeat
+   * would leave another partition at its initial values, silently. */
+  uint8_t *seen = ts_calloc(s->num_parts ? s->num_parts : 1, 1);
+  if (!skip || !seen) {
+    ts_free(skip);
+    ts_free(seen);
     ts_store_free(s);
     return TS_ENOMEM;
   }
   bool state_dropped = false;
-  for (size_t i = 0; i < m->n_parts; i++) {
+  why[0] = '\0';
+  for (size_t i = 0; i < m->n_parts && !why[0]; i++) {
     const Tessera__CheckpointPart *cp = m->parts[i];
     ts_spart_t *p = ts_store_find(s, cp->tensor, cp->part);
     if (!p || p->plan->offset != cp->offset || p->plan->count != cp->count) {
       snprintf(why, sizeof why, "partition %u of tensor %u does not match this shard's plan",
                cp->part, cp->tensor);
-      ts_free(skip);
-      ts_store_free(s);
-      return bad(errmsg, errlen, path, why);
+      break;
+    }
+    if (seen[p - s->parts]++) {
+      snprintf(why, sizeof why,
+               "tensor '%s' partition %u is listed twice (so another partition is missing)",
+               s->tensors[cp->tensor].name, cp->part);
+      break;
     }
     float *bufs[3] = {p->w, p->s0, p->s1};
     /* Optimizer state of another optimizer is read past: the new one starts fresh. */
     bool keep_state = cp->state_buffers == (uint32_t)nstate;
     if (!keep_state) state_dropped = true;
-    for (uint32_t b = 0; b <= cp->state_buffers; b++) {
+    for (uint32_t b = 0; b <= cp->state_buffers && !why[0]; b++) {
       float *dst = b == 0 ? p->w : keep_state ? bufs[b] : skip;
-      if (fread(dst, sizeof(float), cp->count, f) != cp->count) {
-        ts_free(skip);
-        ts_store_free(s);
-        return bad(errmsg, errlen, path, "truncated while reading partition data");
-      }
+      if (fread(dst, sizeof(float), cp->count, f) != cp->count)
+        snprintf(why, sizeof why, "truncated while reading partition data");
     }
     p->version = cp->version;
     p->updates = keep_state ? cp->updates : 0;
   }
   ts_free(skip);
+  ts_free(seen);
+  if (why[0]) {
+    ts_store_free(s);
+    return bad(errmsg, errlen, path, why);
+  }
   if (state_dropped)
     ts_log_warn("%s was written with optimizer %s: its optimizer state is not used", path,
                 m->optimizer);

@@ -18,9 +18,11 @@
  * at one version and update count, else the set is refused: merging them would invent a
  * state no shard ever had.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "ts_alloc.h"
 #include "ts_checkpoint_int.h"
@@ -286,6 +288,65 @@ out:
   return rc;
 }
 
+/* Before anything is allocated for set g: a set holds every element of its model once, so
+ * its files' real sizes bound the model it may make this shard declare; and the old plan
+ * must cut that model into exactly the partitions the files' headers list (copy_file checks
+ * each), so the headers, already read, bound the plan and its tables. A forged set of
+ * header-only files claiming a large model, or partition_bytes of 4 (a partition per
+ * element, tens of bytes of plan each), is refused here with nothing allocated. */
+static int check_set(const group_t *g, char *why, size_t whylen) {
+  const Tessera__CheckpointMeta *ref = g->files[0]->meta;
+  if (g->partition_bytes < 4) {
+    snprintf(why, whylen, "its partition_bytes %llu is below 4 (one float)",
+             (unsigned long long)g->partition_bytes);
+    return TS_EDATA;
+  }
+  uint64_t per_part = g->partition_bytes / 4, elems = 0, parts = 0, listed = 0, bytes = 0;
+  for (size_t t = 0; t < ref->n_tensors; t++) {
+    uint64_t e = 1;
+    for (size_t k = 0; k < ref->tensors[t]->n_shape; k++) {
+      uint64_t d = ref->tensors[t]->shape[k];
+      if (d == 0 || e > (UINT64_MAX / 4) / d) {
+        snprintf(why, whylen, "tensor '%s' has an impossible shape", ref->tensors[t]->name);
+        return TS_EDATA;
+      }
+      e *= d;
+    }
+    if (e > UINT64_MAX / 4 - elems) {
+      snprintf(why, whylen, "its model is larger than 2^64 bytes");
+      return TS_EDATA;
+    }
+    elems += e;
+    parts += (e + per_part - 1) / per_part; /* at most elems: no wrap */
+  }
+  for (uint32_t i = 0; i < g->num_shards; i++) {
+    struct stat st;
+    if (stat(g->files[i]->path, &st) < 0) {
+      snprintf(why, whylen, "cannot stat %s: %s", g->files[i]->path, strerror(errno));
+      return TS_EDATA;
+    }
+    bytes += (uint64_t)st.st_size;
+    listed += g->files[i]->meta->n_parts;
+  }
+  if (elems > bytes / 4) {
+    snprintf(why, whylen,
+             "its files hold %llu bytes in all, too few for the %llu parameters (%.1f MiB) its "
+             "headers declare: a truncated or forged set",
+             (unsigned long long)bytes, (unsigned long long)elems,
+             (double)elems * 4.0 / 1048576.0);
+    return TS_EDATA;
+  }
+  if (parts != listed) {
+    snprintf(why, whylen,
+             "its partition_bytes %llu cuts the model into %llu partitions, but its files list "
+             "%llu: a truncated or forged set",
+             (unsigned long long)g->partition_bytes, (unsigned long long)parts,
+             (unsigned long long)listed);
+    return TS_EDATA;
+  }
+  return 0;
+}
+
 /* Restore set g into the undeclared store s. On failure s is undeclared again. */
 static int load_set(ts_store_t *s, const group_t *g, char *why, size_t whylen) {
   const Tessera__CheckpointMeta *ref = g->files[0]->meta;
@@ -295,13 +356,15 @@ static int load_set(ts_store_t *s, const group_t *g, char *why, size_t whylen) {
                g->files[i]->path);
       return TS_EDATA;
     }
+  int rc = check_set(g, why, whylen);
+  if (rc < 0) return rc;
   Tessera__Declare d = TESSERA__DECLARE__INIT;
   d.n_tensors = ref->n_tensors;
   d.tensors = ref->tensors;
   d.seed = ref->seed;
   bool created;
   char err[256];
-  int rc = ts_store_declare(s, &d, &created, err, sizeof err);
+  rc = ts_store_declare(s, &d, &created, err, sizeof err);
   if (rc < 0) {
     snprintf(why, whylen, "cannot declare its model: %s", err);
     return TS_EDATA;

@@ -22,6 +22,9 @@ static const char *const req_names[TS_METRICS_REQ__COUNT] = {
 static const double barrier_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                         0.5,   1,      2.5,   5,    10,    30,   60};
 static const double checkpoint_bounds[] = {0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300};
+/* How late the shard's tick ran: a healthy loop is within a few ms, a second is a stall. */
+static const double loop_lag_bounds[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                         0.25,  0.5,   1,    2.5,   5,    10};
 
 void ts_metrics_init(ts_metrics_t *m) {
   memset(m, 0, sizeof *m);
@@ -30,6 +33,7 @@ void ts_metrics_init(ts_metrics_t *m) {
   ts_prom_hist_init(&m->barrier_wait, barrier_bounds, sizeof barrier_bounds / sizeof *barrier_bounds);
   ts_prom_hist_init(&m->checkpoint_duration, checkpoint_bounds,
                     sizeof checkpoint_bounds / sizeof *checkpoint_bounds);
+  ts_prom_hist_init(&m->loop_lag, loop_lag_bounds, sizeof loop_lag_bounds / sizeof *loop_lag_bounds);
 }
 
 /* The metrics column of TS_FRAME_MAP (proto/ts_frame.h). */
@@ -174,6 +178,7 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
          (double)m->parked_pulls);
   static const char *const limit_names[TS_METRICS_LIMIT__COUNT] = {
       [TS_METRICS_LIMIT_PUSH_RATE] = "push_min_bytes_per_s",
+      [TS_METRICS_LIMIT_PUSH_CONTENDED] = "push_contended_min_bytes_per_s",
       [TS_METRICS_LIMIT_PULL_HOLD] = "pull_hold_timeout_s",
       [TS_METRICS_LIMIT_REPLY_FULL] = "reply_full_timeout_s",
       [TS_METRICS_LIMIT_REPLY_TOTAL] = "max_reply_bytes",
@@ -258,6 +263,11 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
                  "Sync mode: time from a partition's first gradient of a step to its barrier "
                  "closing, per partition and step.");
   ts_prom_hist_samples(b, "tessera_ps_barrier_wait_seconds", NULL, &m->barrier_wait);
+  ts_prom_family(b, "tessera_ps_loop_lag_seconds", "histogram",
+                 "How late the shard's periodic tick (every 100 ms) ran: time the event loop "
+                 "spent elsewhere (a long callback, the host descheduling the process), during "
+                 "which it read and sent nothing.");
+  ts_prom_hist_samples(b, "tessera_ps_loop_lag_seconds", NULL, &m->loop_lag);
 
   ts_prom_family(b, "tessera_ps_checkpoints_total", "counter", "Checkpoints written, by result.");
   ts_prom_sample(b, "tessera_ps_checkpoints_total", "result=\"ok\"", (double)m->checkpoints_ok);

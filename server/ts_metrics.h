@@ -34,6 +34,7 @@ typedef enum {
  * refused. */
 typedef enum {
   TS_METRICS_LIMIT_PUSH_RATE = 0, /* dropped: server.push_min_bytes_per_s */
+  TS_METRICS_LIMIT_PUSH_CONTENDED, /* dropped: server.push_contended_min_bytes_per_s */
   TS_METRICS_LIMIT_PULL_HOLD,     /* dropped: server.pull_hold_timeout_s */
   TS_METRICS_LIMIT_REPLY_FULL,    /* dropped: server.reply_full_timeout_s */
   TS_METRICS_LIMIT_REPLY_TOTAL,   /* dropped: server.max_reply_bytes */
@@ -88,6 +89,8 @@ typedef struct {
   /* Sync mode: from a partition's first gradient of a step to its barrier closing (one
    * observation per partition and step). */
   ts_prom_hist_t barrier_wait;
+  /* How late each run of the shard's tick was (ts_server.c): the event loop's lag. */
+  ts_prom_hist_t loop_lag;
   /* Checkpoints (ts_checkpoint.h): the last-success gauge is absent until one succeeds. */
   uint64_t checkpoints_ok, checkpoints_failed;
   ts_prom_hist_t checkpoint_duration;

@@ -10,6 +10,29 @@ void ts_optim_from_config(ts_optim_t *o, const ts_config_t *cfg) {
   o->beta1 = (float)cfg->beta1;
   o->beta2 = (float)cfg->beta2;
   o->epsilon = (float)cfg->epsilon;
+  o->decay = cfg->decay;
+  o->decay_steps = cfg->decay_steps > 0 ? (uint64_t)cfg->decay_steps : 1;
+  o->decay_rate = cfg->decay_rate;
+  o->decay_alpha = cfg->decay_alpha;
+  o->staircase = cfg->staircase;
+}
+
+float ts_optim_rate(const ts_optim_t *o, uint64_t t) {
+  double step = (double)(t ? t - 1 : 0), steps = (double)o->decay_steps;
+  switch (o->decay) {
+    case TS_DECAY_EXPONENTIAL: {
+      double p = step / steps;
+      if (o->staircase) p = floor(p);
+      return (float)((double)o->lr * pow(o->decay_rate, p));
+    }
+    case TS_DECAY_COSINE: {
+      double done = step < steps ? step / steps : 1.0;
+      double cosine = 0.5 * (1.0 + cos(M_PI * done));
+      return (float)((double)o->lr * ((1.0 - o->decay_alpha) * cosine + o->decay_alpha));
+    }
+    default:
+      return o->lr;
+  }
 }
 
 int ts_optim_state_buffers(const ts_optim_t *o) {
@@ -39,7 +62,7 @@ int ts_optim_all_finite(const float *g, size_t n) {
 
 void ts_optim_apply(const ts_optim_t *o, float *restrict w, const float *restrict g, float scale,
                     size_t n, float *restrict s0, float *restrict s1, uint64_t t) {
-  const float lr = o->lr;
+  const float lr = ts_optim_rate(o, t);
   switch (o->kind) {
     case TS_OPT_SGD: {
       const float a = lr * scale;

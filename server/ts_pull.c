@@ -28,7 +28,9 @@
 struct ts_pull_write {
   ts_pull_write_t *prev, *next; /* in sess->writes, oldest first */
   ts_session_t *sess;
-  uint64_t queued_ms; /* loop time the reply was queued */
+  /* Loop time the tick first saw it keep an update of its unwritten partitions waiting (0:
+   * it keeps none waiting); server.pull_hold_timeout_s counts from there. */
+  uint64_t blocked_ms;
   size_t n;
   size_t done; /* parts[0, done) are out */
   size_t charged;
@@ -100,7 +102,6 @@ void ts_pull_send(ts_session_t *s, const ts_pull_req_t *q) {
   memset(pw, 0, sizeof *pw);
   pw->sess = s;
   pw->n = n;
-  pw->queued_ms = ts_server_now_ms(srv);
   for (size_t i = 0; i < n; i++) {
     ts_spart_t *p = ts_store_find(&srv->store, q->slices[i].tensor, q->slices[i].part);
     ts_require(p != NULL);
@@ -247,16 +248,31 @@ static bool holds_update(const ts_pull_write_t *pw) {
   return false;
 }
 
-void ts_pull_drop_slow_readers(ts_server_t *srv, uint64_t now_ms) {
+/* server.pull_hold_timeout_s bounds how long a reply keeps an update waiting, not how long
+ * the reply takes: it counts from the first tick that sees the reply hold an update back
+ * (a push held on one of its unwritten partitions, or a sync step waiting to be applied),
+ * and starts again once nothing waits. A reply queued behind others, or a large reply
+ * over a slow link that no update is waiting for, is not cut; a reader too slow to let a
+ * waiting update in within the timeout is. Time the loop itself did not run (late_ms) is
+ * not the reader's. */
+void ts_pull_drop_slow_readers(ts_server_t *srv, uint64_t now_ms, uint64_t late_ms) {
   uint64_t limit = (uint64_t)(srv->cfg->pull_hold_timeout_s * 1000.0);
   for (ts_session_t *s = srv->sessions; s; s = s->next) {
     if (s->conn.closing) continue;
-    /* Oldest first: once one is younger than the limit, so are the rest. */
-    for (ts_pull_write_t *pw = s->writes; pw && now_ms - pw->queued_ms > limit; pw = pw->next) {
-      if (!holds_update(pw)) continue;
-      ts_log_warn("%s: a pull reply queued %.1f s ago is still being written and keeps an "
-                  "update waiting (server.pull_hold_timeout_s): closing",
-                  s->conn.peer, (double)(now_ms - pw->queued_ms) / 1000.0);
+    for (ts_pull_write_t *pw = s->writes; pw; pw = pw->next) {
+      if (!holds_update(pw)) {
+        pw->blocked_ms = 0;
+        continue;
+      }
+      if (!pw->blocked_ms) {
+        pw->blocked_ms = now_ms;
+        continue;
+      }
+      pw->blocked_ms = pw->blocked_ms + late_ms < now_ms ? pw->blocked_ms + late_ms : now_ms;
+      if (now_ms - pw->blocked_ms <= limit) continue;
+      ts_log_warn("%s: a pull reply still being written has kept an update waiting for %.1f s "
+                  "(server.pull_hold_timeout_s): closing",
+                  s->conn.peer, (double)(now_ms - pw->blocked_ms) / 1000.0);
       srv->metrics.limit_drops[TS_METRICS_LIMIT_PULL_HOLD]++;
       ts_conn_close(&s->conn, TS_ETIMEDOUT);
       break;

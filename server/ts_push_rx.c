@@ -9,7 +9,9 @@
  * out in arrival order, a push gives its buffer up after each piece when others wait, and
  * a push that holds a buffer while its bytes arrive slower than server.push_min_bytes_per_s
  * loses its connection, so a peer sending a byte a second cannot keep the pool from
- * everybody else.
+ * everybody else; and while pushes wait for a buffer, a holder slower than
+ * server.push_contended_min_bytes_per_s loses it too, so tricklers each just above the
+ * floor cannot hold the whole pool.
  */
 #include "ts_server_int.h"
 
@@ -436,29 +438,60 @@ void ts_push_rx_close(ts_session_t *s) {
   rx_free(&s->rx);
 }
 
-void ts_push_rx_drop_slow(ts_server_t *srv, uint64_t now_ms) {
+/* Pushes waiting for a staging buffer (the pool is exhausted). */
+static size_t stage_waiters(const ts_stage_t *st) {
+  size_t n = 0;
+  for (const ts_stage_waiter_t *w = st->head; w; w = w->next) n++;
+  return n;
+}
+
+/* A holder of a staging buffer is judged by the floor of server.push_min_bytes_per_s over
+ * each server.push_rate_window_s. While other pushes wait for a buffer, the pool is the
+ * scarce thing and the fair share is higher: a holder must fill its buffer at
+ * server.push_contended_min_bytes_per_s, judged after min(1 s, the window), or it is
+ * dropped and its buffer goes to the first push in line. Without that, tricklers each just
+ * above the floor would hold every buffer for a whole piece and keep good pushes waiting
+ * for as long (the pool is small by design: a few buffers for every connection). */
+#define CONTENDED_SPAN_MS 1000
+
+void ts_push_rx_drop_slow(ts_server_t *srv, uint64_t now_ms, uint64_t late_ms) {
   const ts_config_t *cfg = srv->cfg;
-  if (cfg->push_min_bytes_per_s <= 0) return;
+  uint64_t floor_rate = cfg->push_min_bytes_per_s > 0 ? (uint64_t)cfg->push_min_bytes_per_s : 0;
   uint64_t window_ms = (uint64_t)(cfg->push_rate_window_s * 1000.0);
-  /* A loop that was busy elsewhere for a second did not read: that time is not the peers'
-   * either (the tick runs before the reads that were waiting). */
-  bool lagged = srv->rate_tick_ms && now_ms - srv->rate_tick_ms > 1000;
-  srv->rate_tick_ms = now_ms;
+  size_t waiting = srv->stage.head ? stage_waiters(&srv->stage) : 0;
+  bool contended = waiting > 0 && (uint64_t)cfg->push_contended_min_bytes_per_s > floor_rate;
+  if (floor_rate == 0 && !contended) return;
   for (ts_session_t *s = srv->sessions; s; s = s->next) {
     ts_push_rx_t *rx = &s->rx;
     if (!rx->buf || s->conn.closing) continue;
-    if (!s->conn.reading || lagged) {
+    if (!s->conn.reading) {
       /* Held back by the shard (a pull reply being written, its own replies unread): the
        * time is not the peer's. The write stall and reply budgets see to the latter. */
       rx->rate_ms = now_ms;
       rx->rate_bytes = s->conn.bytes_in;
       continue;
     }
+    /* The loop did not run for late_ms (this tick is that late): nothing was read, so that
+     * time is not the peer's. It is taken out of the window rather than restarting it, so
+     * a shard that lags every second still judges a trickler over the time it did read;
+     * the bytes the peer sent meanwhile are read after this tick and count in the window. */
+    rx->rate_ms = rx->rate_ms + late_ms < now_ms ? rx->rate_ms + late_ms : now_ms;
     uint64_t span = now_ms - rx->rate_ms;
-    if (span < window_ms) continue;
     uint64_t got = s->conn.bytes_in - rx->rate_bytes;
-    double floor = (double)cfg->push_min_bytes_per_s * (double)span / 1000.0;
-    if ((double)got >= floor) {
+    uint64_t contended_span = window_ms < CONTENDED_SPAN_MS ? window_ms : CONTENDED_SPAN_MS;
+    if (contended && span >= contended_span &&
+        (double)got < (double)cfg->push_contended_min_bytes_per_s * (double)span / 1000.0) {
+      ts_log_warn("%s: its push holds a staging buffer while %zu push(es) wait for one, but "
+                  "sent %llu bytes in %.1f s, slower than "
+                  "server.push_contended_min_bytes_per_s (%lld): closing",
+                  s->conn.peer, waiting, (unsigned long long)got, (double)span / 1000.0,
+                  (long long)cfg->push_contended_min_bytes_per_s);
+      srv->metrics.limit_drops[TS_METRICS_LIMIT_PUSH_CONTENDED]++;
+      ts_conn_close(&s->conn, TS_ETIMEDOUT); /* its buffer goes to the first in line */
+      continue;
+    }
+    if (floor_rate == 0 || span < window_ms) continue;
+    if ((double)got >= (double)floor_rate * (double)span / 1000.0) {
       rx->rate_ms = now_ms;
       rx->rate_bytes = s->conn.bytes_in;
       continue;

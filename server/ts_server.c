@@ -106,18 +106,44 @@ static void drop_stalled_peers(ts_server_t *srv, uint64_t now, uint64_t limit_ms
   }
 }
 
+/* A tick more than this late is logged: the shard read and sent nothing for that long. */
+#define LAG_WARN_MS 1000
+
+/* How late this tick runs (the loop's lag: time spent in callbacks, or the process not
+ * scheduled at all), observed in tessera_ps_loop_lag_seconds and, past LAG_WARN_MS, logged.
+ * The repeat timer is re-armed TS_SERVER_TICK_MS after it fires, so the lag is the gap
+ * between two ticks less that. */
+static uint64_t tick_lag(ts_server_t *srv, uint64_t now) {
+  uint64_t gap = now - srv->last_tick_ms;
+  uint64_t late = gap > TS_SERVER_TICK_MS ? gap - TS_SERVER_TICK_MS : 0;
+  srv->last_tick_ms = now;
+  ts_prom_hist_observe(&srv->metrics.loop_lag, (double)late / 1000.0);
+  if (late > LAG_WARN_MS)
+    ts_log_warn("the shard's tick ran %.1f s late: the event loop did not run (a long "
+                "callback, or the process was not scheduled), so nothing was read or sent for "
+                "that long; peers are not judged over it",
+                (double)late / 1000.0);
+  return late;
+}
+
 static void on_tick(uv_timer_t *t) {
   ts_server_t *srv = t->data;
   uint64_t now = ts_server_now_ms(srv);
+  uint64_t late = tick_lag(srv, now);
   uint64_t hb = (uint64_t)(srv->cfg->heartbeat_timeout_s * 1000.0);
   if (srv->stopping) {
     drop_stalled_peers(srv, now, hb / 2 < STOP_STALL_MS ? hb / 2 : STOP_STALL_MS);
     return;
   }
+  /* A tick more than LAG_WARN_MS late judges no peer by how long it has been silent: the
+   * frames that waited while the loop did not run (heartbeats, handshakes, the rest of a
+   * push) are read after this tick, so every peer would look as silent as the shard itself
+   * was. The next tick, 100 ms on, judges them with those frames read. */
+  bool judge = late <= LAG_WARN_MS;
   uint32_t dead[64];
   uint32_t ndead;
   /* Dead workers are reported 64 at a time; the rest on the next tick. */
-  while ((ndead = ts_barrier_expire(&srv->barrier, now, dead, 64)) > 0) {
+  while (judge && (ndead = ts_barrier_expire(&srv->barrier, now, dead, 64)) > 0) {
     for (uint32_t i = 0; i < ndead; i++)
       ts_log_warn("worker %u missed heartbeats for %.1f s: marked dead", dead[i],
                   (double)(now - srv->barrier.w[dead[i]].last_seen_ms) / 1000.0);
@@ -125,11 +151,13 @@ static void on_tick(uv_timer_t *t) {
   }
   /* Half the heartbeat timeout, so the pushers a stalled peer holds up, who cannot be read
    * meanwhile, are not themselves taken for dead by their clients. */
-  drop_stalled_peers(srv, now, hb / 2);
-  ts_session_preauth_expire(srv, now);
+  if (judge) {
+    drop_stalled_peers(srv, now, hb / 2);
+    ts_session_preauth_expire(srv, now);
+  }
   /* What one peer may hold (docs/architecture.md): a staging buffer, a partition, memory. */
-  ts_push_rx_drop_slow(srv, now);
-  ts_pull_drop_slow_readers(srv, now);
+  ts_push_rx_drop_slow(srv, now, late);
+  ts_pull_drop_slow_readers(srv, now, late);
   ts_replyq_tick(srv, now);
   ts_server_check_barriers(srv, true);
   ts_waitq_serve(srv);
@@ -281,6 +309,7 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   uv_timer_init(loop, &srv->tick);
   srv->tick.data = srv;
   srv->open_handles++;
+  srv->last_tick_ms = uv_now(loop); /* the first tick's lag counts from here */
   uv_timer_start(&srv->tick, on_tick, TS_SERVER_TICK_MS, TS_SERVER_TICK_MS);
   uv_signal_init(loop, &srv->sigterm);
   srv->sigterm.data = srv;
@@ -295,9 +324,13 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   srv->notify = ts_notify_available() && getenv("NOTIFY_SOCKET") != NULL;
   srv->watchdog_ms = ts_notify_watchdog_interval_ms();
   ts_status_publish(srv);
-  ts_log_info("shard %u of %zu listening on %s (mode %s, %zu worker(s), optimizer %s, lr %g)",
+  char decay[96] = "";
+  if (cfg->decay != TS_DECAY_NONE)
+    snprintf(decay, sizeof decay, ", %s decay over %lld updates", ts_decay_name(cfg->decay),
+             (long long)cfg->decay_steps);
+  ts_log_info("shard %u of %zu listening on %s (mode %s, %zu worker(s), optimizer %s, lr %g%s)",
               srv->shard, cfg->num_ps, srv->address, ts_mode_name(cfg->mode), cfg->num_workers,
-              ts_optimizer_name(cfg->optimizer), cfg->learning_rate);
+              ts_optimizer_name(cfg->optimizer), cfg->learning_rate, decay);
   *out = srv;
   return 0;
 

@@ -172,7 +172,7 @@ struct ts_server {
   size_t num_parked;        /* pulls in waiting */
   size_t pull_writes;       /* pull replies being written (ts_pull_write_t) */
   uint64_t reply_mem;       /* memory of the replies queued to all connections (ts_conn.h) */
-  uint64_t rate_tick_ms;    /* the last look at the pushes' rates (ts_push_rx_drop_slow) */
+  uint64_t last_tick_ms;    /* when the tick last ran (ts_server.c: the loop's lag) */
   ts_worker_info_t *workers;
   uint32_t num_workers;
   ts_barrier_t barrier; /* membership, liveness and the rules of who is waited for */
@@ -279,8 +279,13 @@ void ts_push_rx_close(ts_session_t *s);
 
 /* From the tick: close the connections whose push holds a staging buffer while its bytes
  * arrive slower than server.push_min_bytes_per_s (a trickler keeps the pool from the
- * others). Time the shard itself holds the connection back does not count. */
-void ts_push_rx_drop_slow(ts_server_t *srv, uint64_t now_ms);
+ * others), or, while other pushes wait for a buffer, slower than
+ * server.push_contended_min_bytes_per_s (tricklers just above the floor holding the whole
+ * pool; their buffers go to the pushes in line). Time the shard itself holds the connection back does not count. late_ms: how
+ * late this tick runs; the loop did not run for that long, so it is taken out of every
+ * push's window (the rate is over the time the shard was there to read), without resetting
+ * the window (a lagging shard must not let a trickler escape the floor). */
+void ts_push_rx_drop_slow(ts_server_t *srv, uint64_t now_ms, uint64_t late_ms);
 
 /* --- ts_pull.c ------------------------------------------------------------------------- */
 
@@ -296,8 +301,10 @@ void ts_pull_send(ts_session_t *s, const ts_pull_req_t *q);
 void ts_pull_handle(ts_session_t *s, Tessera__Pull *m);
 
 /* From the tick: close the connections whose pull replies have kept an update of one of
- * their partitions waiting longer than server.pull_hold_timeout_s (a slow reader). */
-void ts_pull_drop_slow_readers(ts_server_t *srv, uint64_t now_ms);
+ * their partitions waiting longer than server.pull_hold_timeout_s (a slow reader), counted
+ * from the first tick that sees the update wait, less late_ms of each tick (time the loop
+ * did not run). */
+void ts_pull_drop_slow_readers(ts_server_t *srv, uint64_t now_ms, uint64_t late_ms);
 
 /* The session closes: its replies' writes are cancelled by then (ts_conn reports them
  * before on_close); forget any left. */

@@ -6,13 +6,16 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ts_frame.h"
 
-int ts_raw_connect(int port) {
+/* rcvbuf > 0: set before connect, so the window the peer sees is small from the start. */
+static int connect_rcvbuf(int port, int rcvbuf) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
+  if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
@@ -21,6 +24,8 @@ int ts_raw_connect(int port) {
   }
   return fd;
 }
+
+int ts_raw_connect(int port) { return connect_rcvbuf(port, 0); }
 
 int ts_raw_read_full(int fd, void *buf, size_t n, int timeout_ms) {
   size_t got = 0;
@@ -66,7 +71,11 @@ void ts_raw_send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint64_t 
 }
 
 int ts_raw_worker(int port, int task, const char *identity) {
-  int fd = ts_raw_connect(port);
+  return ts_raw_worker_rcvbuf(port, task, identity, 0);
+}
+
+int ts_raw_worker_rcvbuf(int port, int task, const char *identity, int rcvbuf) {
+  int fd = connect_rcvbuf(port, rcvbuf);
   if (fd < 0) return -1;
   uint8_t meta[4096];
   uint32_t len;
@@ -99,13 +108,17 @@ int ts_raw_expect_error(int fd, char *detail, size_t n) {
 }
 
 bool ts_raw_closed_by_peer(int fd, int timeout_ms) {
-  char buf[4096];
-  for (int waited = 0; waited < timeout_ms; waited += 100) {
+  /* A deadline on the clock, not a count of polls: while replies keep arriving every poll
+   * returns at once, and a count of 100 polls ran out in a few milliseconds, before a
+   * loaded shard had closed the connection. What arrives meanwhile is read and dropped. */
+  char buf[1 << 14];
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  double end = (double)now.tv_sec + (double)now.tv_nsec * 1e-9 + timeout_ms / 1000.0;
+  for (;;) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, 100) > 0) {
-      ssize_t r = read(fd, buf, sizeof buf);
-      if (r <= 0) return true;
-    }
+    if (poll(&p, 1, 100) > 0 && read(fd, buf, sizeof buf) <= 0) return true;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if ((double)now.tv_sec + (double)now.tv_nsec * 1e-9 >= end) return false;
   }
-  return false;
 }

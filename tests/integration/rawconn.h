@@ -31,10 +31,16 @@ void ts_raw_send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint64_t 
 /* Connect and handshake as worker `task` (no token); the socket, or -1. */
 int ts_raw_worker(int port, int task, const char *identity);
 
+/* The same with the socket's receive buffer set to rcvbuf bytes before it connects (the
+ * kernel doubles it), so the shard's replies to a peer that reads slowly wait in the
+ * shard's own queue instead of megabytes of socket buffers. */
+int ts_raw_worker_rcvbuf(int port, int task, const char *identity, int rcvbuf);
+
 /* The code of the next frame when it is an Error (its detail into detail), else 0. */
 int ts_raw_expect_error(int fd, char *detail, size_t n);
 
-/* Wait until the peer closes; true when it did within timeout_ms. */
+/* Wait until the peer closes, reading and dropping what arrives meanwhile; true when it did
+ * within timeout_ms (of the clock, however much arrives). */
 bool ts_raw_closed_by_peer(int fd, int timeout_ms);
 
 #endif

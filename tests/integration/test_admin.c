@@ -27,6 +27,23 @@ static const uint64_t shape[] = {300, 40};
 static const ts_client_tensor_t model[] = {
     {.name = "w", .shape = shape, .rank = 2, .init = TS_CLIENT_INIT_GLOROT_UNIFORM}};
 
+/* Waits (up to 10 s) until the snapshot shard i's admin endpoint publishes holds the
+ * heartbeat sent last (its loss of 0.5): it is published every 250 ms from the shard's
+ * tick, which a loaded machine may run late. */
+static void wait_heartbeat_published(const ts_cluster_t *c, int i) {
+  double loss = -1;
+  for (int n = 0; n < 200 && loss != 0.5; n++) {
+    if (n) usleep(50000);
+    if (ts_http_get(c->http_port[i], "/status", body, sizeof body, NULL, 0) != 200) continue;
+    cJSON *j = cJSON_Parse(body);
+    cJSON *wk = j ? cJSON_GetArrayItem(cJSON_GetObjectItem(j, "workers"), 0) : NULL;
+    cJSON *l = wk ? cJSON_GetObjectItem(wk, "loss") : NULL;
+    loss = l ? l->valuedouble : -1;
+    cJSON_Delete(j);
+  }
+  if (loss != 0.5) fprintf(stderr, "shard %d: the heartbeat's loss is not published (%g)\n", i, loss);
+}
+
 static void test_endpoints(void **state) {
   (void)state;
   ts_cluster_t c;
@@ -73,7 +90,7 @@ static void test_endpoints(void **state) {
   assert_true(tc_push(cl, grad, 5, NULL, e, sizeof e) < 0);
   ts_client_set_progress(cl, 5, 0.5, 100.0, 0.1, false);
   assert_int_equal(ts_client_heartbeat(cl, e, sizeof e), 0);
-  usleep(400000); /* a publish or two */
+  for (int s = 0; s < 2; s++) wait_heartbeat_published(&c, s);
 
   double pushes = 0, pulls = 0, refused = 0, bytes_in = 0;
   for (int s = 0; s < 2; s++) {

@@ -148,6 +148,32 @@ static void test_async_exact(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* --- the learning rate's schedule applies per partition update ---------------------- */
+
+static void test_decay_schedule(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 1,
+                                    "job = { mode = \"async\"; partition_bytes = 4096; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 0.5; "
+                                    "decay = \"exponential\"; decay_steps = 2; decay_rate = 0.5; "
+                                    "staircase = true; };"),
+                   0);
+  ts_client_t *cl = open_worker(&c, 0);
+  bufs_t g, b;
+  bufs_init(&g);
+  bufs_init(&b);
+  bufs_fill(&g, 1.0f);
+  for (int r = 0; r < 6; r++) push_ok(cl, &g, (uint64_t)r, NULL);
+  pull_ok(cl, &b, 0, 0, NULL);
+  /* Rates 0.5, 0.5, 0.25, 0.25, 0.125, 0.125 on every partition of both shards. */
+  assert_all(&b, -1.75, 0.0);
+  bufs_free(&g);
+  bufs_free(&b);
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 /* --- sync: every round equals the hand-computed average ------------------------------ */
 
 typedef struct {
@@ -678,6 +704,7 @@ static void test_sync_leaver_counts_for_its_last_step(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_async_exact),
+      cmocka_unit_test(test_decay_schedule),
       cmocka_unit_test(test_sync_two),
       cmocka_unit_test(test_sync_three),
       cmocka_unit_test(test_sync_stale_and_backup),

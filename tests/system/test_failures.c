@@ -166,15 +166,15 @@ static void shard_steps(ts_client_t *cl, int num_shards, uint64_t *step) {
   }
 }
 
-/* Barriers of all shards that waited longer than 2.5 s (tessera_ps_barrier_wait_seconds:
- * every barrier closed, minus those within the 2.5 s bucket). */
+/* Barriers of all shards that waited longer than 5 s (tessera_ps_barrier_wait_seconds:
+ * every barrier closed, minus those within the 5 s bucket). */
 static double long_barrier_waits(ts_cluster_t *c) {
   double n = 0;
   for (int s = 0; s < c->num_shards; s++) {
     static char body[1 << 17];
     assert_int_equal(ts_http_get(c->http_port[s], "/metrics", body, sizeof body, NULL, 0), 200);
     double all = ts_metric_value(body, "tessera_ps_barrier_wait_seconds_bucket{le=\"+Inf\"}");
-    double quick = ts_metric_value(body, "tessera_ps_barrier_wait_seconds_bucket{le=\"2.5\"}");
+    double quick = ts_metric_value(body, "tessera_ps_barrier_wait_seconds_bucket{le=\"5\"}");
     assert_true(all >= 0 && quick >= 0);
     n += all - quick;
   }
@@ -185,14 +185,14 @@ static void test_sync_backup_worker_stopped(void **state) {
   (void)state;
   ts_cluster_t c;
   /* Nothing but the live workers' gradients may close a barrier while worker 2 is stopped:
-   * the window watched below (3 s) ends before any rule gives up on a worker (the sync
-   * timeout, 30 s; missed heartbeats, 10 s; a peer that reads no replies is dropped after
+   * the window watched below (6 s) ends before any rule gives up on a worker (the sync
+   * timeout, 30 s; missed heartbeats, 20 s; a peer that reads no replies is dropped after
    * half of that). No max_steps: the job must not run out of steps in the window (with
    * max_steps = 5000 a quiet machine, at 2,000 steps/s, reached it there, and the step
    * of a finished job stands still); the workers get SIGTERM after it. */
   assert_int_equal(ts_cluster_start(&c, 2, 3,
                                     "job = { mode = \"sync\"; replicas_to_aggregate = 2; "
-                                    "sync_timeout_s = 30.0; heartbeat_timeout_s = 10.0; };\n"
+                                    "sync_timeout_s = 30.0; heartbeat_timeout_s = 20.0; };\n"
                                     "model = { layers = [784, 32, 10]; };\n"
                                     "train = { batch_size = 32; epochs = 1000; "
                                     "log_interval_s = 0.5; };"),
@@ -204,10 +204,12 @@ static void test_sync_backup_worker_stopped(void **state) {
   sleep_s(0.3); /* /metrics is published every 250 ms */
   double long_before = long_barrier_waits(&c);
   kill(w[2].pid, SIGSTOP);
-  /* Every shard's step, about every 50 ms for 3 s. With two of three gradients to
+  /* Every shard's step, about every 50 ms for 6 s. With two of three gradients to
    * aggregate the two live workers close every barrier themselves, so no shard's step
    * stands still for long; a barrier that waited for the stopped worker would hold its
-   * shard's step for the rest of the window. 1.5 s leaves room for a loaded machine. */
+   * shard's step for the rest of the window. 3 s leaves room for a loaded machine (at
+   * 1.5 s of a 3 s window, stress-ng beside the suite could deschedule the live workers
+   * past it). */
   uint64_t first[TS_CLUSTER_MAX], last[TS_CLUSTER_MAX], step[TS_CLUSTER_MAX];
   double changed[TS_CLUSTER_MAX], longest[TS_CLUSTER_MAX] = {0};
   double t0 = now_s();
@@ -216,7 +218,7 @@ static void test_sync_backup_worker_stopped(void **state) {
     last[s] = first[s];
     changed[s] = t0;
   }
-  while (now_s() - t0 < 3.0) {
+  while (now_s() - t0 < 6.0) {
     sleep_s(0.05);
     shard_steps(cl, c.num_shards, step);
     double t = now_s();
@@ -237,16 +239,16 @@ static void test_sync_backup_worker_stopped(void **state) {
   double long_after = long_barrier_waits(&c);
   for (int s = 0; s < c.num_shards; s++)
     fprintf(stderr,
-            "shard %d: step %llu -> %llu while worker 2 was stopped for 3 s; at most %.2f s "
+            "shard %d: step %llu -> %llu while worker 2 was stopped for 6 s; at most %.2f s "
             "without a new step\n",
             s, (unsigned long long)first[s], (unsigned long long)last[s], longest[s]);
   fprintf(stderr,
-          "barriers that waited over 2.5 s: %.0f before, %.0f after; worker 2's stale gradient "
+          "barriers that waited over 5 s: %.0f before, %.0f after; worker 2's stale gradient "
           "partitions: %llu before SIGCONT, %llu after\n",
           long_before, long_after, (unsigned long long)stale_before,
           (unsigned long long)stale_after);
   bool frozen = false;
-  for (int s = 0; s < c.num_shards; s++) frozen |= longest[s] >= 1.5;
+  for (int s = 0; s < c.num_shards; s++) frozen |= longest[s] >= 3.0;
   if (frozen || long_after != long_before) {
     for (int i = 0; i < c.num_shards; i++) {
       char *log = ts_cluster_log(&c, i);
@@ -254,7 +256,7 @@ static void test_sync_backup_worker_stopped(void **state) {
       free(log);
     }
   }
-  for (int s = 0; s < c.num_shards; s++) assert_true(longest[s] < 1.5);
+  for (int s = 0; s < c.num_shards; s++) assert_true(longest[s] < 3.0);
   assert_true(long_after == long_before); /* no barrier waited for the stopped worker */
   assert_true(stale_after > stale_before);
   /* The steps came from the two live workers' barriers alone: nothing gave up on worker 2
@@ -289,15 +291,22 @@ static const char *demo_job =
     "optimizer = { name = \"adam\"; learning_rate = 0.002; };\n"
     "model = { layers = [784, 128, 10]; };\n"
     "train = { batch_size = 64; epochs = 2; log_interval_s = 0.5; };\n";
-/* (2 epochs: 936 sync steps; the shard is killed after step 400.) */
+/* (2 epochs: 936 sync steps; test_shard_killed_and_restored trains 3, 1404, and kills a
+ * shard after step 400.) */
 
 /* How many times `what` occurs in shard i's log. */
-static int count_lines(ts_cluster_t *c, int i, const char *what) {
+/* The step of shard i's last "checkpoint written: PATH (step N, ..." line, or -1. */
+static long last_checkpoint_step(ts_cluster_t *c, int i) {
   char *log = ts_cluster_log(c, i);
-  int n = 0;
-  for (const char *p = log ? strstr(log, what) : NULL; p; p = strstr(p + 1, what)) n++;
+  long step = -1;
+  const char *key = "checkpoint written: ";
+  for (const char *p = log ? strstr(log, key) : NULL; p; p = strstr(p + 1, key)) {
+    const char *q = strstr(p, "(step ");
+    const char *eol = strchr(p, '\n');
+    if (q && (!eol || q < eol)) step = atol(q + strlen("(step "));
+  }
   free(log);
-  return n;
+  return step;
 }
 
 static double train_two(ts_cluster_t *c, bool kill_shard, double *restart_to_pull_ms) {
@@ -305,12 +314,15 @@ static double train_two(ts_cluster_t *c, bool kill_shard, double *restart_to_pul
   for (int t = 0; t < 2; t++) assert_int_equal(ts_worker_start(c, t, NULL, &w[t]), 0);
   if (kill_shard) {
     wait_for_step(c, 400, 60);
-    /* Wait for shard 1's next periodic checkpoint (every 0.5 s), then kill it: a new
-     * "checkpoint written" line, not one of those written before step 400, so the steps
-     * lost with the kill are a few milliseconds' worth and the accuracy check is fair. */
-    int before = count_lines(c, 1, "checkpoint written");
-    for (int i = 0; i < 500 && count_lines(c, 1, "checkpoint written") <= before; i++)
-      sleep_s(0.01);
+    /* Wait for a checkpoint of shard 1 taken at step 400 or later (one every 0.25 s), then
+     * kill it, so the steps lost with the kill are a few milliseconds' worth and the
+     * accuracy check is fair. Its step, not its line: on a loaded machine a checkpoint
+     * begun at step 96 was written only after step 400 (1.2 s), and killing then lost 300
+     * steps of shard 1. */
+    for (int i = 0; i < 3000 && last_checkpoint_step(c, 1) < 400; i++) sleep_s(0.01);
+    long at = last_checkpoint_step(c, 1);
+    fprintf(stderr, "shard 1 killed after its checkpoint of step %ld\n", at);
+    assert_true(at >= 400);
     ts_cluster_signal(c, 1, SIGKILL);
     sleep_s(0.5);
     assert_int_equal(ts_cluster_start_shard(c, 1), 0);
@@ -339,16 +351,23 @@ static double train_two(ts_cluster_t *c, bool kill_shard, double *restart_to_pul
 
 static void test_shard_killed_and_restored(void **state) {
   (void)state;
-  char job[1024];
+  char job[2048];
   ts_cluster_t c;
-  assert_int_equal(ts_cluster_start(&c, 2, 2, demo_job), 0);
+  /* 3 epochs (1404 steps): checkpoints of step 400 or later are written well before the
+   * end, even on a loaded machine. */
+  char demo3[1024];
+  snprintf(demo3, sizeof demo3, "%s", demo_job);
+  char *ep = strstr(demo3, "epochs = 2;");
+  assert_non_null(ep);
+  ep[strlen("epochs = ")] = '3';
+  assert_int_equal(ts_cluster_start(&c, 2, 2, demo3), 0);
   double base = train_two(&c, false, NULL);
   assert_int_equal(ts_cluster_stop(&c), 0);
 
   char dir[] = "/tmp/tessera-ckpt-XXXXXX";
   assert_non_null(mkdtemp(dir));
-  snprintf(job, sizeof job, "%scheckpoint = { dir = \"%s\"; interval_s = 0.5; keep = 3; };\n",
-           demo_job, dir);
+  snprintf(job, sizeof job, "%scheckpoint = { dir = \"%s\"; interval_s = 0.25; keep = 3; };\n",
+           demo3, dir);
   assert_int_equal(ts_cluster_start(&c, 2, 2, job), 0);
   double ms = 0;
   double acc = train_two(&c, true, &ms);
@@ -421,6 +440,48 @@ static void *hostile(void *p) {
   return NULL;
 }
 
+/* The sum of every sample of a /metrics family (all its label sets), 0 when absent. */
+static double metric_family_sum(const char *text, const char *family) {
+  size_t n = strlen(family);
+  double sum = 0;
+  for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+    if (strncmp(l, family, n) != 0 || (l[n] != '{' && l[n] != ' ')) continue;
+    const char *v = strchr(l, ' ');
+    if (v) sum += strtod(v + 1, NULL);
+  }
+  return sum;
+}
+
+/* What shard 0 refused or dropped of the hostile traffic, by the counter each limit
+ * increments: which limit answers first depends on how the machine schedules the
+ * attacker and the shard (the junk of a connection reset before the shard reads it
+ * counts nowhere; a flood's pushes are refused for the role, or its connection is closed
+ * by a reply budget or the frame rate floor first). Waits up to 10 s for the admin
+ * endpoint's snapshot (published every 250 ms) to show any. */
+static double hostile_refusals(const ts_cluster_t *c) {
+  static char body[1 << 18];
+  static const char *const families[] = {
+      "tessera_ps_rejected_frames_total",      /* protocol violations that closed a connection */
+      "tessera_ps_limit_drops_total",          /* reply budgets, staging and hold limits */
+      "tessera_ps_connections_dropped_total",  /* handshake deadline, preauth quota, rate floor */
+  };
+  double total = 0;
+  for (double t0 = now_s(); total <= 0 && now_s() - t0 < 10.0; sleep_s(0.25)) {
+    if (ts_http_get(c->http_port[0], "/metrics", body, sizeof body, NULL, 0) != 200) continue;
+    double refused = ts_metric_value(body, "tessera_ps_refused_requests_total{request=\"push\","
+                                           "reason=\"role\"}");
+    total = refused > 0 ? refused : 0;
+    fprintf(stderr, "shard 0: %.0f flood pushes refused for the role", total);
+    for (size_t i = 0; i < sizeof families / sizeof *families; i++) {
+      double v = metric_family_sum(body, families[i]);
+      fprintf(stderr, ", %s %.0f", families[i], v);
+      total += v;
+    }
+    fprintf(stderr, "\n");
+  }
+  return total;
+}
+
 static void test_hostile_traffic_during_training(void **state) {
   (void)state;
   ts_cluster_t c;
@@ -458,12 +519,11 @@ static void test_hostile_traffic_during_training(void **state) {
     double a = done_accuracy(&w[t]);
     if (a < acc) acc = a;
   }
-  long long rejected = 0;
-  job_field(&c, "rejected_frames", &rejected);
+  double refused = hostile_refusals(&c);
   fprintf(stderr,
-          "hostile traffic: %ld flood pushes of 1 MiB, %lld frames rejected; accuracy %.4f (%.4f "
-          "undisturbed); shard 0 peak RSS %.1f MiB\n",
-          h.sent, rejected, acc, base, (double)peak / 1024.0);
+          "hostile traffic: %ld flood pushes of 1 MiB, %.0f refusals and drops; accuracy %.4f "
+          "(%.4f undisturbed); shard 0 peak RSS %.1f MiB\n",
+          h.sent, refused, acc, base, (double)peak / 1024.0);
   if (fabs(acc - base) >= 1e-9) {
     /* Sync training is deterministic: something made a barrier close short. Show why. */
     for (int t = 0; t < 2; t++) dump(&w[t]);
@@ -474,7 +534,9 @@ static void test_hostile_traffic_during_training(void **state) {
     }
   }
   assert_true(fabs(acc - base) < 1e-9);
-  assert_true(rejected > 0);
+  /* Refused or dropped, by whichever limit came first (none of it changed a parameter: the
+   * accuracy above is exact). */
+  assert_true(refused > 0);
   /* Bound: the shard's parameters are 0.4 MiB; buffers and the process itself stay far
    * below 64 MiB whatever the traffic announces. */
   assert_true(peak < 64 * 1024);

@@ -43,6 +43,20 @@
 #define CUT_S 5.0
 #define SYNC_TIMEOUT_S 2.0
 #define TOKEN "netfault-token-0123456789abcdef"
+/* Adam's learning rates. Async's final parameters move by about the rate at every step, in
+ * an order the network decides, so at a constant rate its final accuracy varies from run to
+ * run: at 0.001 for 8 epochs, twelve undisturbed runs ended between 0.820 and 0.855, and a
+ * clean-clone CI run failed with a disturbed run 0.012 below the lower of two undisturbed
+ * ones. Async therefore lowers the rate on a cosine to 0 over the job's updates (each
+ * partition takes ASYNC_UPDATES: both workers' pushes of every epoch), so the last steps
+ * settle the parameters: six undisturbed runs then ended within 0.0014 of each other.
+ * TS_NETFAULT_ONLY=sync|async runs one mode. */
+#define SYNC_LR "0.002"
+#define ASYNC_LR "0.001"
+#define ASYNC_EPOCHS 8
+#define BATCH 512
+#define TRAIN_IMAGES 60000
+#define ASYNC_UPDATES (ASYNC_EPOCHS * (TRAIN_IMAGES / (WORKERS * BATCH)) * WORKERS)
 
 static ts_netemu_t *g_net;
 static ts_dataset_t g_test; /* Fashion-MNIST's test set */
@@ -125,6 +139,8 @@ static int write_job(job_t *j, const char *mode, int epochs) {
   if (!f) return -1;
   fputs(TOKEN "\n", f);
   fclose(f);
+  char decay[96];
+  snprintf(decay, sizeof decay, "decay = \"cosine\"; decay_steps = %d;", ASYNC_UPDATES);
   snprintf(j->cfg, sizeof j->cfg, "%s/job.cfg", j->dir);
   f = fopen(j->cfg, "w");
   if (!f) return -1;
@@ -136,12 +152,12 @@ static int write_job(job_t *j, const char *mode, int epochs) {
           "auth = { token_file = \"%s\"; };\n"
           "job = { mode = \"%s\"; sync_timeout_s = %.1f; heartbeat_timeout_s = 2.0; "
           "heartbeat_interval_s = 0.25; };\n"
-          "optimizer = { name = \"adam\"; learning_rate = %s; };\n"
+          "optimizer = { name = \"adam\"; learning_rate = %s; %s };\n"
           "model = { layers = [784, 64, 10]; };\n"
-          "train = { batch_size = 512; epochs = %d; log_interval_s = 0.5; };\n",
+          "train = { batch_size = %d; epochs = %d; log_interval_s = 0.5; };\n",
           a[0], PS_PORT, a[1], PS_PORT, a[0], HTTP_PORT, a[1], HTTP_PORT, a[2], HTTP_PORT + 100,
           a[3], HTTP_PORT + 100, token, mode, SYNC_TIMEOUT_S,
-          "0.002", epochs);
+          mode[0] == 'a' ? ASYNC_LR : SYNC_LR, mode[0] == 'a' ? decay : "", BATCH, epochs);
   fclose(f);
   return 0;
 }
@@ -449,12 +465,14 @@ static void run_mode(const char *mode, int epochs) {
 
 static void test_sync_faults(void **state) {
   (void)state;
+  if (getenv("TS_NETFAULT_ONLY") && strcmp(getenv("TS_NETFAULT_ONLY"), "sync") != 0) skip();
   run_mode("sync", 6);
 }
 
 static void test_async_faults(void **state) {
   (void)state;
-  run_mode("async", 6);
+  if (getenv("TS_NETFAULT_ONLY") && strcmp(getenv("TS_NETFAULT_ONLY"), "async") != 0) skip();
+  run_mode("async", ASYNC_EPOCHS);
 }
 
 static int setup(void **state) {

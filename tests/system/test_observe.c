@@ -79,7 +79,7 @@ static void test_worker_metrics_and_events(void **state) {
   assert_int_equal(st, 200);
   assert_int_equal(ts_http_get(port, "/livez", body, sizeof body, NULL, 0), 200);
   double step1 = -1, step2 = -1, ex1 = -1, ex2 = -1, pull_count = -1;
-  for (int i = 0; i < 200 && step1 <= 0; i++) {
+  for (int i = 0; i < 2000 && step1 <= 0; i++) { /* up to 20 s: a loaded machine starts late */
     assert_int_equal(ts_http_get(port, "/metrics", body, sizeof body, ctype, sizeof ctype), 200);
     step1 = ts_metric_value(body, "tessera_worker_step");
     ex1 = ts_metric_value(body, "tessera_worker_examples_total");
@@ -88,8 +88,19 @@ static void test_worker_metrics_and_events(void **state) {
   assert_string_equal(ctype, TS_PROM_CONTENT_TYPE);
   int pt = ts_promtool_check(body);
   if (pt != 77) assert_int_equal(pt, 0);
-  usleep(150000);
-  int got = ts_http_get(port, "/metrics", body, sizeof body, NULL, 0);
+  /* Until the counters have moved and the first loss and rate are reported (every
+   * log_interval_s), up to 20 s, or the worker is gone: a fixed 150 ms gave a worker
+   * descheduled by a loaded machine no step to show. */
+  int got = -1;
+  for (int i = 0; i < 400; i++) {
+    usleep(50000);
+    got = ts_http_get(port, "/metrics", body, sizeof body, NULL, 0);
+    if (got != 200 || (ts_metric_value(body, "tessera_worker_step") > step1 &&
+                       ts_metric_value(body, "tessera_worker_examples_total") > ex1 &&
+                       ts_metric_value(body, "tessera_worker_loss") > 0 &&
+                       ts_metric_value(body, "tessera_worker_examples_per_second") > 0))
+      break;
+  }
   if (got == 200) { /* still training: the counters moved */
     step2 = ts_metric_value(body, "tessera_worker_step");
     ex2 = ts_metric_value(body, "tessera_worker_examples_total");

@@ -96,6 +96,7 @@ static inline void check_defaults(const ts_config_t *c) {
   assert_int_equal(c->max_model_bytes, 17179869184LL);
   assert_int_equal(c->push_min_bytes_per_s, 65536);
   assert_true(c->push_rate_window_s == 5.0);
+  assert_int_equal(c->push_contended_min_bytes_per_s, 1048576);
   assert_true(c->pull_hold_timeout_s == 10.0);
   assert_int_equal(c->max_reply_bytes_per_connection, 16777216);
   assert_int_equal(c->max_reply_bytes, 268435456);

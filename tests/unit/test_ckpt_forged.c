@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -23,6 +24,7 @@
 #include "ts_checkpoint.h"
 #include "ts_config.h"
 #include "ts_err.h"
+#include "ts_log.h"
 #include "ts_store.h"
 
 #define PB 1024 /* partition bytes: 256 values */
@@ -234,6 +236,108 @@ static void test_too_many_tensors(void **state) {
   free(names);
 }
 
+
+static char logged[2048]; /* the lines logged while a sink is installed */
+
+static void log_sink(void *arg, ts_log_level_t level, const char *msg) {
+  (void)arg;
+  (void)level;
+  size_t n = strlen(logged);
+  snprintf(logged + n, sizeof logged - n, "%s\n", msg);
+}
+
+/* The same partition listed twice (and so another one missing): refused, naming it; the
+ * missing partition would otherwise keep its initial values without a word. */
+static void test_partition_listed_twice(void **state) {
+  (void)state;
+  forged_t x;
+  forged_init(&x, (const uint64_t[]){512}, 1);
+  x.p[1].part = 0;
+  x.p[1].offset = 0;
+  float data[512] = {0};
+  char path[600];
+  file_path(path, sizeof path);
+  write_file(path, &x.m, data, 512);
+  ts_store_t s;
+  store_init(&s);
+  char got[600] = "", err[1536] = "";
+  uint64_t seq = 0;
+  logged[0] = '\0';
+  ts_log_set_thread_sink(log_sink, NULL, TS_LOG_DEBUG);
+  int rc = ts_checkpoint_restore(&s, dir, NULL, 0, got, sizeof got, &seq, err, sizeof err);
+  ts_log_set_thread_sink(NULL, NULL, TS_LOG_DEBUG);
+  assert_true(rc <= 0);
+  assert_false(s.declared);
+  if (!strstr(logged, "tensor 'w' partition 0 is listed twice")) fail_msg("logged: %s", logged);
+  ts_store_free(&s);
+}
+
+/* Peak resident memory of this process, in KiB. */
+static long max_rss_kib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+/* A re-sharding set of one header-only file (another layout: partition_bytes 4) claiming
+ * a model of 8 Mi parameters: its old plan would be a partition per parameter (some 320 MiB
+ * of plan) and its model 32 MiB, all for a file of a few hundred bytes. Refused before
+ * anything is allocated, with the refusal of a corrupt set. */
+static void test_reshard_header_only_set(void **state) {
+  (void)state;
+  forged_t x;
+  forged_init(&x, (const uint64_t[]){8u << 20}, 1);
+  x.m.partition_bytes = 4;
+  x.m.n_parts = 0;
+  char path[600];
+  file_path(path, sizeof path);
+  write_file(path, &x.m, NULL, 0);
+  ts_store_t s;
+  store_init(&s);
+  char got[600] = "", err[1536] = "";
+  uint64_t seq = 0;
+  long rss0 = max_rss_kib();
+  int rc = ts_checkpoint_restore(&s, dir, NULL, 0, got, sizeof got, &seq, err, sizeof err);
+  long grew = max_rss_kib() - rss0;
+  fprintf(stderr, "restore: %d (%s); peak RSS grew by %ld KiB\n", rc, err, grew);
+  assert_int_equal(rc, TS_EDATA);
+  assert_false(s.declared);
+  assert_non_null(strstr(err, "too few for the 8388608 parameters"));
+  assert_true(grew < 16 * 1024);
+  ts_store_free(&s);
+}
+
+/* The same with enough bytes in the file for the model (padding after the hash is not
+ * read by anything: the size check reads the header's sums), but a plan of a partition
+ * per parameter that its header does not list: refused by the count, again before the plan
+ * is built. */
+static void test_reshard_plan_not_listed(void **state) {
+  (void)state;
+  forged_t x;
+  forged_init(&x, (const uint64_t[]){4u << 20}, 1);
+  x.m.partition_bytes = 4;
+  x.m.n_parts = 2; /* the two 256-value partitions of forged_init */
+  float *data = calloc(4u << 20, sizeof *data);
+  assert_non_null(data);
+  x.p[1].count = (4u << 20) - 256;
+  char path[600];
+  file_path(path, sizeof path);
+  write_file(path, &x.m, data, 4u << 20);
+  free(data);
+  ts_store_t s;
+  store_init(&s);
+  char got[600] = "", err[1536] = "";
+  uint64_t seq = 0;
+  long rss0 = max_rss_kib();
+  int rc = ts_checkpoint_restore(&s, dir, NULL, 0, got, sizeof got, &seq, err, sizeof err);
+  long grew = max_rss_kib() - rss0;
+  fprintf(stderr, "restore: %d (%s); peak RSS grew by %ld KiB\n", rc, err, grew);
+  assert_int_equal(rc, TS_EDATA);
+  assert_false(s.declared);
+  assert_non_null(strstr(err, "cuts the model into 4194304 partitions, but its files list 2"));
+  assert_true(grew < 16 * 1024);
+  ts_store_free(&s);
+}
 /* The control: the same file, well formed, is restored. */
 static void test_well_formed_restores(void **state) {
   (void)state;
@@ -264,6 +368,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_state_buffers_wrap, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_rank_beyond_store, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_too_many_tensors, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_partition_listed_twice, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_reshard_header_only_set, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_reshard_plan_not_listed, make_dir, remove_dir),
   };
   return cmocka_run_group_tests_name("ckpt_forged", tests, NULL, NULL);
 }

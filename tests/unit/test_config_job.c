@@ -44,6 +44,8 @@ static void test_spelling(void **state) {
   assert_null(value_of(s, n, "optimizer.beta1")); /* adam only */
   assert_string_equal(value_of(s, n, "model.layers"), "[784, 32, 10]");
   assert_string_equal(value_of(s, n, "job.partition_bytes"), "4194304");
+  assert_string_equal(value_of(s, n, "optimizer.decay"), "\"none\"");
+  assert_null(value_of(s, n, "optimizer.decay_steps")); /* with a decay only */
   ts_config_free(&cfg);
 }
 
@@ -81,6 +83,39 @@ static void test_layer_list(void **state) {
   ts_config_free(&b);
 }
 
+/* The learning rate's schedule is shared: its keys are sent as far as the schedule uses
+ * them, and a shard with another schedule refuses. */
+static void test_decay(void **state) {
+  (void)state;
+  ts_config_t cos_cfg, exp_cfg;
+  const char *a[] = {"optimizer.decay=cosine", "optimizer.decay_steps=928",
+                     "optimizer.decay_alpha=0.1"};
+  const char *b[] = {"optimizer.decay=exponential", "optimizer.decay_steps=100",
+                     "optimizer.staircase=true"};
+  load(&cos_cfg, a, 3);
+  load(&exp_cfg, b, 3);
+  ts_config_job_setting_t s[TS_CONFIG_JOB_MAX];
+  size_t n = ts_config_job_settings(&cos_cfg, s);
+  assert_string_equal(value_of(s, n, "optimizer.decay"), "\"cosine\"");
+  assert_string_equal(value_of(s, n, "optimizer.decay_steps"), "928");
+  assert_string_equal(value_of(s, n, "optimizer.decay_alpha"), "0.1");
+  assert_null(value_of(s, n, "optimizer.decay_rate")); /* exponential only */
+  n = ts_config_job_settings(&exp_cfg, s);
+  assert_string_equal(value_of(s, n, "optimizer.decay_rate"), "0.96");
+  assert_string_equal(value_of(s, n, "optimizer.staircase"), "true");
+  assert_null(value_of(s, n, "optimizer.decay_alpha"));
+  char own[TS_CONFIG_JOB_VALUE_LEN];
+  assert_int_equal(ts_config_job_compare(&cos_cfg, "optimizer.decay",
+                                         value_of(s, n, "optimizer.decay"), own, sizeof own),
+                   0);
+  assert_string_equal(own, "\"cosine\"");
+  assert_int_equal(ts_config_job_compare(&cos_cfg, "optimizer.decay_steps", "100", own, sizeof own),
+                   0);
+  assert_string_equal(own, "928");
+  ts_config_free(&cos_cfg);
+  ts_config_free(&exp_cfg);
+}
+
 static void test_compare(void **state) {
   (void)state;
   ts_config_t mine, theirs;
@@ -115,6 +150,7 @@ int main(void) {
       cmocka_unit_test(test_spelling),
       cmocka_unit_test(test_compare),
       cmocka_unit_test(test_layer_list),
+      cmocka_unit_test(test_decay),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,8 @@
  * SGD, momentum (TensorFlow: v = m v + g; w -= lr v) and Adam (TensorFlow's bias-corrected
  * form, t = 1-based update count), over several steps and sizes 0, 1, 17 and 1000, with the
  * `scale` argument; the state-buffer count; and the finiteness check with NaN, infinities,
- * -0.0, denormals and FLT_MAX at various positions.
+ * -0.0, denormals and FLT_MAX at various positions; the learning rate's schedules
+ * (exponential, staircase, cosine with a floor) against their formulas.
  */
 #include <float.h>
 #include <math.h>
@@ -153,8 +154,16 @@ static void test_from_config(void **state) {
   cfg.beta1 = 0.75;
   cfg.beta2 = 0.875;
   cfg.epsilon = 0.25;
+  cfg.decay = TS_DECAY_COSINE;
+  cfg.decay_steps = 928;
+  cfg.decay_rate = 0.5;
+  cfg.decay_alpha = 0.125;
+  cfg.staircase = true;
   ts_optim_t o;
   ts_optim_from_config(&o, &cfg);
+  assert_int_equal(o.decay, TS_DECAY_COSINE);
+  assert_true(o.decay_steps == 928 && o.decay_rate == 0.5 && o.decay_alpha == 0.125);
+  assert_true(o.staircase);
   assert_int_equal(o.kind, TS_OPT_ADAM);
   assert_true(o.lr == 0.125f);
   assert_true(o.momentum == 0.5f);
@@ -162,6 +171,41 @@ static void test_from_config(void **state) {
   assert_true(o.beta2 == 0.875f);
   assert_true(o.epsilon == 0.25f);
   ts_config_free(&cfg);
+}
+
+/* optimizer.decay: update t (1-based) uses the rate of step t - 1 of TensorFlow's
+ * exponential_decay and Keras' CosineDecay; past decay_steps the cosine stays at its floor. */
+static void test_rate_schedules(void **state) {
+  (void)state;
+  ts_optim_t o = make(TS_OPT_SGD);
+  o.lr = 0.5f;
+  o.decay = TS_DECAY_NONE;
+  o.decay_steps = 4;
+  o.decay_rate = 0.5;
+  o.decay_alpha = 0.1;
+  for (uint64_t t = 1; t <= 20; t++) assert_true(ts_optim_rate(&o, t) == 0.5f); /* none */
+  o.decay = TS_DECAY_EXPONENTIAL;
+  for (uint64_t t = 1; t <= 20; t++) {
+    double want = 0.5 * pow(0.5, (double)(t - 1) / 4.0);
+    assert_true(fabs((double)ts_optim_rate(&o, t) - want) < 1e-7);
+  }
+  assert_true(ts_optim_rate(&o, 5) == 0.25f);
+  o.staircase = 1;
+  const float stairs[] = {0.5f, 0.5f, 0.5f, 0.5f, 0.25f, 0.25f, 0.25f, 0.25f, 0.125f};
+  for (uint64_t t = 1; t <= 9; t++) assert_true(ts_optim_rate(&o, t) == stairs[t - 1]);
+  o.decay = TS_DECAY_COSINE;
+  for (uint64_t t = 1; t <= 20; t++) {
+    double done = t - 1 < 4 ? (double)(t - 1) / 4.0 : 1.0;
+    double want = 0.5 * (0.9 * 0.5 * (1.0 + cos(M_PI * done)) + 0.1);
+    assert_true(fabs((double)ts_optim_rate(&o, t) - want) < 1e-7);
+  }
+  assert_true(fabs((double)ts_optim_rate(&o, 3) - 0.5 * (0.9 * 0.5 + 0.1)) < 1e-7); /* half way */
+  assert_true(fabs((double)ts_optim_rate(&o, 1000) - 0.05) < 1e-7); /* the floor */
+  /* The update applies the scheduled rate: SGD, w -= rate(t) g. */
+  o.decay = TS_DECAY_EXPONENTIAL;
+  float w = 0.0f, g = 1.0f;
+  for (uint64_t t = 1; t <= 9; t++) ts_optim_apply(&o, &w, &g, 1.0f, 1, NULL, NULL, t);
+  assert_true(w == -(4 * 0.5f + 4 * 0.25f + 0.125f));
 }
 
 /* n = 0 touches nothing, even with NULL buffers. */
@@ -306,6 +350,7 @@ int main(void) {
       cmocka_unit_test(test_scale_is_mean),
       cmocka_unit_test(test_adam_bias_correction),
       cmocka_unit_test(test_all_finite),
+      cmocka_unit_test(test_rate_schedules),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

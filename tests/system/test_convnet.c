@@ -5,10 +5,13 @@
  *    worker, 3 epochs of Fashion-MNIST) reaches a test accuracy of at least 0.87 (0.889
  *    measured; the issue asks 0.90, which this LeNet-5 has not reached in 3 epochs with any
  *    batch and learning rate tried); the time it takes is printed, not asserted;
+ *  - sync exactness with a CNN: 2 workers x batch 16 end with the parameters of 1 worker x
+ *    batch 32 after 20 steps (two convolutions, strides 1 and 2, both paddings, pooling);
  *  - a bad layer list (a kernel larger than its input, a dense layer on an image, an unknown
  *    layer type) makes the worker exit 78 before it contacts a shard, with one line naming
  *    the job file's line, the layer and the shape that does not fit.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,7 +22,11 @@
 
 #include <cmocka.h>
 
+#include "calls.h"
 #include "harness.h"
+#include "ts_backend.h"
+#include "ts_kernels.h"
+#include "ts_model.h"
 
 #define DATA "/usr/share/datasets/fashion-mnist/"
 
@@ -87,6 +94,96 @@ static void test_lenet5_sync(void **state) {
     assert_true(file_has(w[t].err, "model [layers] declared on 2 shard(s): 61706 parameters"));
   }
   assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- sync exactness: 2 workers x batch B == 1 worker x batch 2B, with a CNN ------------- */
+
+#define EXACT_JOB                                                                            \
+  "job = { mode = \"sync\"; partition_bytes = 4096; };\n"                                    \
+  "optimizer = { name = \"sgd\"; learning_rate = 0.05; };\n"                                 \
+  "model = { seed = 7; layers = (\n"                                                         \
+  "  { type = \"conv2d\"; filters = 4; kernel = 5; padding = \"same\"; activation = \"relu\"; },\n" \
+  "  { type = \"max_pool\"; size = 2; },\n"                                                  \
+  "  { type = \"conv2d\"; filters = 8; kernel = 3; strides = 2; activation = \"relu\"; },\n"  \
+  "  { type = \"flatten\"; },\n"                                                             \
+  "  { type = \"dense\"; units = 32; activation = \"tanh\"; },\n"                             \
+  "  { type = \"dense\"; units = 10; }); };\n"
+
+/* The parameters the shards of c hold, pulled as the model c's job file describes; *moved
+ * gets their relative L2 distance from the initial ones. */
+static float *cnn_params(ts_cluster_t *c, size_t *count, double *moved) {
+  char err[512] = "";
+  ts_config_t cfg;
+  assert_int_equal(ts_config_load(&cfg, c->config, NULL, NULL, 0, err, sizeof err), 0);
+  ts_layer_spec_t specs[TS_LAYERS_MAX];
+  ts_layer_shape_t in = {28, 28, 1};
+  assert_int_equal(ts_backend_layers(&cfg, in, specs, err, sizeof err), 0);
+  ts_model_t m;
+  int rc = ts_model_init_net(&m, specs, cfg.num_net_layers, in, 1, ts_kernels_cpu(), err, sizeof err);
+  if (rc != 0) fprintf(stderr, "%s\n", err);
+  assert_int_equal(rc, 0);
+  ts_client_tensor_t decl[TS_LAYERS_MAX * 2];
+  for (size_t i = 0; i < m.num_tensors; i++)
+    decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
+                                   (ts_client_init_t)m.tensors[i].init};
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs,
+                        .num_shards = (size_t)c->num_shards, .task = 0, .connect_timeout_s = 5,
+                        .request_timeout_s = 10, .require_all = true};
+  ts_client_t *cl = NULL;
+  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
+  assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, 7, err, sizeof err), 0);
+  float *p = calloc(m.param_count, sizeof *p);
+  assert_non_null(p);
+  float *dst[TS_LAYERS_MAX * 2];
+  for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
+  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  *count = m.param_count;
+  ts_client_close(cl);
+  float *init = calloc(m.param_count, sizeof *init);
+  assert_non_null(init);
+  assert_int_equal(ts_model_init_params(&m, 7), 0);
+  assert_int_equal(ts_model_get_params(&m, 0, init, m.param_count), 0);
+  *moved = ts_rel_l2(p, init, m.param_count);
+  free(init);
+  ts_model_destroy(&m);
+  ts_config_free(&cfg);
+  return p;
+}
+
+static float *run_cnn(int workers, int batch, size_t *count, double *moved) {
+  char job[2048];
+  snprintf(job, sizeof job, "%strain = { batch_size = %d; max_steps = 20; };\n", EXACT_JOB,
+           batch);
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, workers, job), 0);
+  ts_proc_t w[2];
+  for (int t = 0; t < workers; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
+  for (int t = 0; t < workers; t++) {
+    int rc = ts_proc_wait(&w[t], 120);
+    if (rc != 0) dump(&w[t]);
+    assert_int_equal(rc, 0);
+  }
+  float *p = cnn_params(&c, count, moved);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+  return p;
+}
+
+static void test_cnn_sync_exactness(void **state) {
+  (void)state;
+  size_t n2 = 0, n1 = 0;
+  double moved2 = 0, moved1 = 0;
+  float *two = run_cnn(2, 16, &n2, &moved2);
+  float *one = run_cnn(1, 32, &n1, &moved1);
+  assert_int_equal(n1, n2);
+  double rel = ts_rel_l2(two, one, n1);
+  fprintf(stderr,
+          "cnn sync exactness: %zu parameters moved %.3g from their initial values, the two "
+          "runs differ by %.3g (relative L2)\n",
+          n1, moved1, rel);
+  assert_true(moved1 > 1e-3); /* 20 steps trained: the comparison is not of two initial states */
+  assert_true(rel < 1e-5);
+  free(one);
+  free(two);
 }
 
 typedef struct {
@@ -157,6 +254,7 @@ static void test_bad_model_exits_78(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_model_exits_78),
+      cmocka_unit_test(test_cnn_sync_exactness),
       cmocka_unit_test(test_lenet5_sync),
   };
   return cmocka_run_group_tests(tests, need_data, NULL);

@@ -290,7 +290,7 @@ const ts_config_def_t ts_config_defs[] = {
           "0 to 1."),
 
     {.name = "model.layers",
-     .type = TS_CT_INTS,
+     .type = TS_CT_LAYERS,
      .offset = FIELD(layers),
      .count_offset = FIELD(num_layers),
      .imin = 1,
@@ -300,7 +300,13 @@ const ts_config_def_t ts_config_defs[] = {
      .def = "[784, 128, 10]",
      .doc = "Layer widths from input to output; [784, 10] is logistic regression. At least 2 "
             "(an input and an output), at most 64 (TS_CONFIG_MAX_LAYERS); a width above 2^20 "
-            "would make one weight matrix larger than host memory."},
+            "would make one weight matrix larger than host memory. "
+            "Or a list of layers, one group each: conv2d (filters, kernel, strides, padding, "
+            "activation), max_pool (size, strides, padding), flatten, dense (units, activation), "
+            "dropout (rate), each with an optional name; see deploy/local/lenet5.cfg. The input "
+            "shape then comes from the images (28x28x1), the last layer must be a dense layer "
+            "without activation (the logits), and a layer that does not fit is named with its "
+            "file:line. At most 64 layers."},
     ENUM("model.activation", activation, activation_names, activation_values, "\"relu\"",
          "Activation of the hidden layers."),
     INT64("model.seed", seed, 0, INT64_MAX, "42",

@@ -33,6 +33,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ts_config_layers.h"
+
 /* Exit codes shared by every binary (docs/configuration.md). */
 #define TS_EXIT_OK 0
 #define TS_EXIT_FAILURE 1
@@ -107,8 +109,12 @@ typedef struct {
   double decay_alpha;          /* cosine: the final rate, as a fraction of learning_rate */
 
   /* model */
+  /* model.layers is either the widths of an MLP (num_layers > 0, num_net_layers == 0) or a
+   * layer list (net_layers[0..num_net_layers), num_layers == 0); see worker/ts_layers.h. */
   int layers[TS_CONFIG_MAX_LAYERS];
   size_t num_layers;
+  ts_config_layer_t *net_layers; /* TS_CONFIG_LAYERS_MAX entries, ts_malloc'd; NULL = none */
+  size_t num_net_layers;
   ts_activation_t activation;
   int64_t seed;
 

@@ -36,6 +36,7 @@ typedef enum {
   TS_CT_ENUM,    /* an int-sized enum: one of choices, stored as choice_values[i] */
   TS_CT_STRINGS, /* char ** plus a size_t count at count_offset */
   TS_CT_INTS,    /* int[max_len] inline plus a size_t count at count_offset */
+  TS_CT_LAYERS,  /* model.layers: TS_CT_INTS, or a list of layer groups into net_layers */
 } ts_config_type_t;
 
 #define TS_CF_OPEN_MIN 0x1u /* float: the minimum itself is not allowed */

@@ -67,6 +67,50 @@ static void format_double(double d, char *buf, size_t n) {
   if (strtod(buf, NULL) != d) snprintf(buf, n, "%.17g", d);
 }
 
+/* A layer list in one canonical line, Keras's defaults filled in as worker/ts_layers.h fills
+ * them, so two files that spell the same model differently (strides omitted or given as the
+ * default) compare equal: "conv1=conv2d(6,5x5,1x1,same,relu); pool1=max_pool(2x2,2x2,valid);
+ * ...". A list longer than n is cut at n - 1 bytes on both sides alike. */
+static void format_layers(const ts_config_t *cfg, char *buf, size_t n) {
+  static const struct {
+    const char *type, *prefix;
+  } prefixes[] = {{"conv2d", "conv"},
+                  {"max_pool", "pool"},
+                  {"flatten", "flatten"},
+                  {"dense", "fc"},
+                  {"dropout", "dropout"}};
+  size_t counts[5] = {0}, len = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < cfg->num_net_layers && len + 1 < n; i++) {
+    const ts_config_layer_t *L = &cfg->net_layers[i];
+    size_t t = 0;
+    while (t < 4 && strcmp(prefixes[t].type, L->type) != 0) t++;
+    counts[t]++;
+    char name[TS_CONFIG_LAYER_NAME_MAX + 16], args[128] = "";
+    if (L->name[0])
+      snprintf(name, sizeof name, "%s", L->name);
+    else
+      snprintf(name, sizeof name, "%s%zu", prefixes[t].prefix, counts[t]);
+    bool conv = strcmp(L->type, "conv2d") == 0, pool = strcmp(L->type, "max_pool") == 0;
+    const char *pad = L->padding[0] ? L->padding : "valid";
+    const char *act = L->activation[0] ? L->activation : "linear";
+    if (conv || pool) {
+      int sh = L->strides[0] ? L->strides[0] : conv ? 1 : L->kernel[0];
+      int sw = L->strides[1] ? L->strides[1] : conv ? 1 : L->kernel[1];
+      if (conv)
+        snprintf(args, sizeof args, "%d,%dx%d,%dx%d,%s,%s", L->filters, L->kernel[0], L->kernel[1],
+                 sh, sw, pad, act);
+      else
+        snprintf(args, sizeof args, "%dx%d,%dx%d,%s", L->kernel[0], L->kernel[1], sh, sw, pad);
+    } else if (strcmp(L->type, "dense") == 0) {
+      snprintf(args, sizeof args, "%d,%s", L->units, act);
+    } else if (strcmp(L->type, "dropout") == 0) {
+      format_double(L->rate, args, sizeof args);
+    }
+    len += (size_t)snprintf(buf + len, n - len, "%s%s=%s(%s)", i ? "; " : "", name, L->type, args);
+  }
+}
+
 /* d's value in cfg as text, spelt as a job file would set it. */
 static void format_value(const ts_config_t *cfg, const ts_config_def_t *d, char *buf, size_t n) {
   ts_config_t *c = (ts_config_t *)cfg; /* ts_config_field takes a mutable config; only read */
@@ -99,6 +143,13 @@ static void format_value(const ts_config_t *cfg, const ts_config_def_t *d, char 
        * length: the addresses may be spelt differently on different hosts. */
       snprintf(buf, n, "%zu workers", *ts_config_count(c, d));
       break;
+    case TS_CT_LAYERS:
+      if (cfg->num_net_layers > 0) {
+        format_layers(cfg, buf, n);
+        break;
+      }
+      /* widths */
+      __attribute__((fallthrough));
     case TS_CT_INTS: {
       const int *v = f;
       size_t count = *ts_config_count(c, d), len = 0;

@@ -351,6 +351,10 @@ void ts_config_free(ts_config_t *cfg) {
     const ts_config_def_t *d = &ts_config_defs[i];
     if (d->type == TS_CT_STRING) {
       ts_free(*(char **)ts_config_field(cfg, d->offset));
+    } else if (d->type == TS_CT_LAYERS) {
+      ts_free(cfg->net_layers);
+      cfg->net_layers = NULL;
+      cfg->num_net_layers = 0;
     } else if (d->type == TS_CT_STRINGS) {
       ts_config_free_strings(*(char ***)ts_config_field(cfg, d->offset), *ts_config_count(cfg, d));
     }

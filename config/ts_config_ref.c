@@ -27,6 +27,8 @@ static const char *type_label(const ts_config_def_t *d) {
       return "string array";
     case TS_CT_INTS:
       return "int array";
+    case TS_CT_LAYERS:
+      return "int array or layer list";
   }
   return "?";
 }
@@ -75,6 +77,11 @@ static void write_bounds(FILE *f, const ts_config_def_t *d) {
     case TS_CT_INTS:
       ts_config_describe_int_bounds(d, buf, sizeof buf);
       fprintf(f, "%zu to %zu entries, each in %s", d->min_len, d->max_len, buf);
+      break;
+    case TS_CT_LAYERS:
+      ts_config_describe_int_bounds(d, buf, sizeof buf);
+      fprintf(f, "widths: %zu to %zu entries, each in %s; layers: 1 to %d groups", d->min_len,
+              d->max_len, buf, TS_CONFIG_LAYERS_MAX);
       break;
   }
 }

@@ -238,6 +238,36 @@ static int wrong_type(ts_config_loader_t *ld, const char *name, const char *want
   }
 }
 
+/* A list whose first element is a group: model.layers written as layers, not widths. */
+static bool is_layer_list(const config_setting_t *s) {
+  if (!config_setting_is_list(s) || config_setting_length(s) == 0) return false;
+  return config_setting_is_group(config_setting_get_elem(s, 0)) != 0;
+}
+
+/* model.layers as a layer list (config/ts_config_layers.h) into cfg->net_layers; the widths
+ * are cleared, so the rest of the loader and the worker see one form. */
+static int set_layer_list(ts_config_loader_t *ld, const config_setting_t *s) {
+  ts_config_t *cfg = ld->cfg;
+  ts_config_layer_t *tmp = ts_calloc(TS_CONFIG_LAYERS_MAX, sizeof *tmp);
+  if (!tmp) return ts_config_oom(ld, "model.layers");
+  /* ld->where is "FILE:LINE" of the key; each layer's own line follows the file name. */
+  char file[TS_CONFIG_WHERE_LEN];
+  snprintf(file, sizeof file, "%s", ld->where);
+  char *colon = strrchr(file, ':');
+  if (colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1)) *colon = '\0';
+  size_t n = 0;
+  int rc = ts_config_layers_parse(s, file, tmp, TS_CONFIG_LAYERS_MAX, &n, ld->errmsg, ld->errlen);
+  if (rc < 0) {
+    ts_free(tmp);
+    return rc;
+  }
+  ts_free(cfg->net_layers); /* ownership: the config owns the list, ts_config_free frees it */
+  cfg->net_layers = tmp;
+  cfg->num_net_layers = n;
+  cfg->num_layers = 0;
+  return 0;
+}
+
 int ts_config_apply_setting(ts_config_loader_t *ld, const ts_config_def_t *d,
                             const config_setting_t *s) {
   int rc = 0;
@@ -268,9 +298,16 @@ int ts_config_apply_setting(ts_config_loader_t *ld, const ts_config_def_t *d,
       rc = ts_config_set_string(ld, d, config_setting_get_string(s));
       break;
     case TS_CT_STRINGS:
-    case TS_CT_INTS: {
+    case TS_CT_INTS:
+    case TS_CT_LAYERS: {
+      if (d->type == TS_CT_LAYERS && is_layer_list(s)) {
+        rc = set_layer_list(ld, s);
+        break;
+      }
       bool strings = d->type == TS_CT_STRINGS;
-      const char *want = strings ? "an array of strings" : "an array of integers";
+      const char *want = strings                   ? "an array of strings"
+                         : d->type == TS_CT_LAYERS ? "an array of integers or a list of layers"
+                                                   : "an array of integers";
       if (!config_setting_is_array(s) && !config_setting_is_list(s))
         return wrong_type(ld, d->name, want, s);
       size_t n = (size_t)config_setting_length(s);
@@ -292,6 +329,7 @@ int ts_config_apply_setting(ts_config_loader_t *ld, const ts_config_def_t *d,
       if (rc == 0)
         rc = strings ? ts_config_set_strings(ld, d, (const char *const *)tmp, n)
                      : set_ints(ld, d, (const int64_t *)tmp, n);
+      if (rc == 0 && d->type == TS_CT_LAYERS) ld->cfg->num_net_layers = 0;
       ts_free(tmp);
       break;
     }

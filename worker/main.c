@@ -52,11 +52,23 @@ static void usage(FILE *f) {
           "differs from the shards' (job.mode, cluster.workers, optimizer.*, model.*).\n");
 }
 
-/* Check the data against the model before anything is sent to a shard. */
+/* Check the data against the model before anything is sent to a shard: a layer list is
+ * checked on the images' shape (NHWC, one channel), the widths against the pixel count. */
 static int check_data(const ts_config_t *cfg, const ts_dataset_t *train, const ts_dataset_t *test,
                       char *errmsg, size_t errlen) {
-  size_t in = (size_t)cfg->layers[0];
-  size_t classes = (size_t)cfg->layers[cfg->num_layers - 1];
+  size_t in = 0, classes = 0;
+  if (cfg->num_net_layers > 0) {
+    ts_layer_spec_t specs[TS_LAYERS_MAX];
+    ts_layer_shape_t input = {train->rows, train->cols, 1};
+    int rc = ts_backend_layers(cfg, input, specs, errmsg, errlen);
+    if (rc < 0) return rc;
+    const ts_config_layer_t *last = &cfg->net_layers[cfg->num_net_layers - 1];
+    in = train->rows * train->cols;
+    classes = (size_t)last->units;
+  } else {
+    in = (size_t)cfg->layers[0];
+    classes = (size_t)cfg->layers[cfg->num_layers - 1];
+  }
   if (train->rows * train->cols != in) {
     snprintf(errmsg, errlen,
              "model.layers starts with %zu inputs but %s holds %zux%zu = %zu pixels per image",
@@ -118,7 +130,8 @@ int main(int argc, char **argv) {
               train.cols);
   /* Devices: placement of the ops (TensorFlow's rules), the back end and the towers
    * (worker/ts_backend.h). Evaluation runs in chunks of up to 1000 examples. */
-  rc = ts_backend_setup(&cfg, (int)task, 1000, &towers, err, sizeof err);
+  ts_layer_shape_t input = {train.rows, train.cols, 1}; /* NHWC: grey images */
+  rc = ts_backend_setup(&cfg, (int)task, input, 1000, &towers, err, sizeof err);
   if (rc < 0) {
     ts_log_err("%s", err);
     exit_code = rc == TS_ECONFIG ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
@@ -215,8 +228,8 @@ int main(int argc, char **argv) {
     if (rc == TS_ESHAPE) exit_code = TS_EXIT_CONFIG;
     goto out;
   }
-  ts_log_info("model [%s] declared on %zu shard(s): %zu parameters", "mlp", cfg.num_ps,
-              model->param_count);
+  ts_log_info("model [%s] declared on %zu shard(s): %zu parameters in %zu tensors",
+              model->net ? "layers" : "mlp", cfg.num_ps, model->param_count, model->num_tensors);
 
   uint64_t per_epoch = ts_trainer_steps_per_epoch(train.n, (int)cfg.num_workers, cfg.batch_size);
   uint64_t planned = per_epoch * (uint64_t)cfg.epochs;

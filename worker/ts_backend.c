@@ -17,6 +17,65 @@ void ts_backend_plan_free(ts_backend_plan_t *p) {
   memset(p, 0, sizeof *p);
 }
 
+int ts_backend_layers(const ts_config_t *cfg, ts_layer_shape_t input, ts_layer_spec_t *specs,
+                      char *errmsg, size_t errlen) {
+  size_t n = cfg->num_net_layers;
+  int rc = ts_layers_from_config(cfg->net_layers, n, specs, errmsg, errlen);
+  if (rc < 0) return TS_ECONFIG;
+  ts_layers_t desc;
+  size_t bad = n;
+  char why[512];
+  rc = ts_layers_check(specs, n, input, &desc, &bad, why, sizeof why);
+  if (rc == TS_ENOMEM) {
+    ts_errmsg_printf(errmsg, errlen, "model.layers: out of memory");
+    return rc;
+  }
+  if (rc < 0) {
+    /* The layer at fault's file:line, or the last layer's for a fault of the whole list (it
+     * is the one a model that does not end in logits gets wrong). */
+    const char *where = n ? cfg->net_layers[bad < n ? bad : n - 1].where : "model.layers";
+    ts_errmsg_printf(errmsg, errlen, "%s: model.layers: %s (input %zux%zux%zu)", where, why,
+                     input.h, input.w, input.c);
+    return TS_ECONFIG;
+  }
+  ts_layers_free(&desc);
+  return 0;
+}
+
+/* A network's ops for placement: one per layer, named as its layer and typed as
+ * TensorFlow's op ("conv1/Conv2D"), and whether gpu_ops has the layer's kernels. */
+static int net_ops(const ts_config_t *cfg, const ts_kernels_t *gpu_ops, ts_backend_plan_t *p,
+                   ts_placement_op_t **out) {
+  static const char *const prefixes[] = {"", "conv", "pool", "flatten", "fc", "dropout"};
+  static const char *const types[] = {"", "Conv2D", "MaxPool", "Reshape", "MatMul", "Dropout"};
+  size_t n = cfg->num_net_layers, counts[6] = {0};
+  ts_layer_spec_t *specs = ts_calloc(n ? n : 1, sizeof *specs);
+  p->ops = ts_calloc(n ? n : 1, sizeof *p->ops);
+  *out = ts_calloc(n ? n : 1, sizeof **out);
+  char why[256];
+  int rc = specs && p->ops && *out ? 0 : TS_ENOMEM;
+  if (rc == 0 && ts_layers_from_config(cfg->net_layers, n, specs, why, sizeof why) < 0)
+    rc = TS_EINVAL;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    size_t t = (size_t)specs[i].type < 6 ? (size_t)specs[i].type : 0;
+    counts[t]++;
+    ts_model_op_t *op = &p->ops[i];
+    if (specs[i].name[0])
+      snprintf(op->name, sizeof op->name, "%s/%s", specs[i].name, types[t]);
+    else
+      snprintf(op->name, sizeof op->name, "%s%zu/%s", prefixes[t], counts[t], types[t]);
+    op->type = types[t];
+    op->phase = TS_OP_PHASE_FORWARD;
+    op->layer = i + 1;
+    (*out)[i].name = op->name;
+    (*out)[i].type = op->type;
+    (*out)[i].gpu_kernel = gpu_ops && !ts_net_layer_kernel_missing(gpu_ops, &specs[i]);
+  }
+  p->num_ops = n;
+  ts_free(specs);
+  return rc;
+}
+
 int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why,
                     const ts_kernels_t *gpu_ops, ts_backend_plan_t *p, char *errmsg,
                     size_t errlen) {
@@ -27,20 +86,27 @@ int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why,
     ts_errmsg_wrapf(errmsg, errlen, "device.placement");
     return TS_ECONFIG;
   }
-  rc = ts_model_ops(cfg->layers, cfg->num_layers, cfg->activation, &p->ops, &p->num_ops);
+  ts_placement_op_t *ops = NULL;
+  if (cfg->num_net_layers > 0) {
+    rc = net_ops(cfg, gpu_ops, p, &ops);
+  } else {
+    rc = ts_model_ops(cfg->layers, cfg->num_layers, cfg->activation, &p->ops, &p->num_ops);
+    if (rc == 0) ops = ts_calloc(p->num_ops, sizeof *ops);
+  }
   if (rc < 0) {
+    ts_free(ops);
+    ts_backend_plan_free(p);
     ts_errmsg_printf(errmsg, errlen, "model: %s", ts_strerror(rc));
     return rc == TS_EINVAL ? TS_ECONFIG : rc;
   }
-  ts_placement_op_t *ops = ts_calloc(p->num_ops, sizeof *ops);
-  p->placements = ts_calloc(p->num_ops, sizeof *p->placements);
+  p->placements = ts_calloc(p->num_ops ? p->num_ops : 1, sizeof *p->placements);
   if (!ops || !p->placements) {
     ts_free(ops);
     ts_backend_plan_free(p);
     ts_errmsg_printf(errmsg, errlen, "out of memory");
     return TS_ENOMEM;
   }
-  for (size_t i = 0; i < p->num_ops; i++) {
+  for (size_t i = 0; cfg->num_net_layers == 0 && i < p->num_ops; i++) {
     ops[i].name = p->ops[i].name;
     ops[i].type = p->ops[i].type;
     ops[i].gpu_kernel = gpu_ops && ts_model_op_has_kernel(gpu_ops, p->ops[i].kind);
@@ -136,8 +202,8 @@ static void log_placement(const ts_config_t *cfg, int task, const ts_backend_pla
   }
 }
 
-int ts_backend_setup(const ts_config_t *cfg, int task, size_t capacity, ts_towers_t *towers,
-                     char *errmsg, size_t errlen) {
+int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, size_t capacity,
+                     ts_towers_t *towers, char *errmsg, size_t errlen) {
   memset(towers, 0, sizeof *towers);
   char gpu_why[256] = "";
   int gpu_count = ts_gpu_count(gpu_why, sizeof gpu_why);
@@ -176,8 +242,18 @@ int ts_backend_setup(const ts_config_t *cfg, int task, size_t capacity, ts_tower
     }
     release = release_cuda;
   }
-  rc = ts_towers_init(towers, tables, n, cfg->layers, cfg->num_layers, cfg->activation, cap,
-                      release, errmsg, errlen);
+  if (cfg->num_net_layers > 0) {
+    ts_layer_spec_t specs[TS_LAYERS_MAX];
+    rc = ts_backend_layers(cfg, input, specs, errmsg, errlen);
+    if (rc == 0)
+      rc = ts_towers_init_net(towers, tables, n, specs, cfg->num_net_layers, input, cap, release,
+                              errmsg, errlen);
+    else if (release)
+      for (size_t t = 0; t < n; t++) release(tables[t]);
+  } else {
+    rc = ts_towers_init(towers, tables, n, cfg->layers, cfg->num_layers, cfg->activation, cap,
+                        release, errmsg, errlen);
+  }
   if (rc < 0) {
     ts_backend_plan_free(&plan);
     return rc == TS_EINVAL ? TS_ECONFIG : rc;

@@ -24,7 +24,9 @@
 #include "ts_config.h"
 #include "ts_device.h"
 #include "ts_kernels.h"
+#include "ts_layers.h"
 #include "ts_model.h"
+#include "ts_net.h"
 #include "ts_towers.h"
 
 typedef struct {
@@ -53,14 +55,22 @@ int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why,
 
 void ts_backend_plan_free(ts_backend_plan_t *plan);
 
-/* Discover the GPUs (logging which physical GPU, name and PCI bus id, each /gpu:N is), plan
+/* input: one example's shape, for a network of layers (ignored for an MLP).
+ * Discover the GPUs (logging which physical GPU, name and PCI bus id, each /gpu:N is), plan
  * (logging soft placement and, with device.log_device_placement, one line per op), create
  * the back ends and build the towers with a batch capacity of at least `capacity` examples
  * per tower. Returns 0, TS_ECONFIG (exit 78: placement or configuration), or TS_ENOMEM /
  * TS_EDEVICE (exit 1: the devices failed, e.g. the model does not fit under
  * device.memory_fraction; errmsg names the limit and the need). */
-int ts_backend_setup(const ts_config_t *cfg, int task, size_t capacity, ts_towers_t *towers,
-                     char *errmsg, size_t errlen);
+int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, size_t capacity,
+                     ts_towers_t *towers, char *errmsg, size_t errlen);
+
+/* A layer list model.layers (cfg->num_net_layers > 0) as specs[0..num_net_layers), checked on
+ * an input of one example's shape (the images', 28x28x1): returns 0, TS_ECONFIG with errmsg
+ * "FILE:LINE: model.layers: layer I 'NAME' (TYPE): WHAT (input HxWxC)" naming the layer
+ * at fault and its line in the job file, or TS_ENOMEM. specs has TS_LAYERS_MAX entries. */
+int ts_backend_layers(const ts_config_t *cfg, ts_layer_shape_t input, ts_layer_spec_t *specs,
+                      char *errmsg, size_t errlen);
 
 /* Log each GPU pool's use (held, peak in use, limit) once per GPU; nothing for the CPU. */
 void ts_backend_log_memory(const ts_towers_t *towers);

@@ -349,6 +349,13 @@ fail_msg:
 
 void ts_model_destroy(ts_model_t *model) {
   if (!model) return;
+  if (model->net) {
+    ts_net_destroy(model->net);
+    ts_free(model->net);
+    ts_free(model->tensors);
+    memset(model, 0, sizeof *model);
+    return;
+  }
   const ts_kernels_t *k = model->kernels;
   if (k && k->free_buf) {
     size_t L = model->num_widths ? model->num_widths - 1 : 0;
@@ -496,12 +503,14 @@ static int run_phases(ts_model_t *m, bool backward, bool eval, run_state_t *st) 
 }
 
 int ts_model_load_batch(ts_model_t *model, const float *x, const int32_t *labels, size_t batch) {
+  if (model && model->net) return ts_net_load_batch(model->net, x, labels, batch);
   if (!model || !model->params || !x || !labels || batch < 1 || batch > model->batch_capacity)
     return TS_EINVAL;
   return load_batch(model, x, labels, batch);
 }
 
 int ts_model_compute(ts_model_t *model, size_t batch, float *loss) {
+  if (model && model->net) return ts_net_compute(model->net, batch, loss);
   if (!model || !model->params || batch < 1 || batch > model->batch_capacity) return TS_EINVAL;
   run_state_t st = {.batch = batch};
   int rc = run_phases(model, true, false, &st);
@@ -520,6 +529,7 @@ int ts_model_forward_backward(ts_model_t *model, const float *x, const int32_t *
 int ts_model_evaluate(ts_model_t *model, const float *x, const int32_t *labels, size_t n,
                       float *accuracy, float *loss) {
   if (!model || !model->params || !x || !labels || n < 1) return TS_EINVAL;
+  if (model->net) return ts_net_evaluate(model->net, x, labels, n, accuracy, loss);
   size_t in = width(model, 0), correct = 0;
   double loss_sum = 0.0;
   for (size_t start = 0; start < n; start += model->batch_capacity) {
@@ -535,4 +545,53 @@ int ts_model_evaluate(ts_model_t *model, const float *x, const int32_t *labels, 
   if (accuracy) *accuracy = (float)((double)correct / (double)n);
   if (loss) *loss = (float)(loss_sum / (double)n);
   return 0;
+}
+
+/* --- a network of layers ------------------------------------------------------------------- */
+
+int ts_model_init_net(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
+                      ts_layer_shape_t input, size_t batch_capacity, const ts_kernels_t *kernels,
+                      char *errmsg, size_t errlen) {
+  if (!model) return TS_EINVAL;
+  memset(model, 0, sizeof *model);
+  ts_net_t *net = ts_calloc(1, sizeof *net);
+  if (!net) {
+    if (errmsg && errlen) snprintf(errmsg, errlen, "model: out of memory");
+    return TS_ENOMEM;
+  }
+  int rc = ts_net_init(net, specs, n, input, batch_capacity, kernels, errmsg, errlen);
+  if (rc < 0) {
+    ts_free(net);
+    return rc;
+  }
+  const ts_layers_t *d = &net->desc;
+  model->tensors = ts_calloc(d->num_tensors ? d->num_tensors : 1, sizeof *model->tensors);
+  if (!model->tensors) {
+    ts_net_destroy(net);
+    ts_free(net);
+    if (errmsg && errlen) snprintf(errmsg, errlen, "model: out of memory");
+    return TS_ENOMEM;
+  }
+  for (size_t t = 0; t < d->num_tensors; t++) {
+    const ts_layer_tensor_t *src = &d->tensors[t];
+    ts_model_tensor_t *dst = &model->tensors[t];
+    snprintf(dst->name, sizeof dst->name, "%s", src->name);
+    memcpy(dst->shape, src->shape, sizeof dst->shape);
+    dst->rank = src->rank;
+    dst->count = src->count;
+    dst->offset = src->offset;
+    dst->init = src->init;
+  }
+  model->net = net; /* ownership: the model's, freed by ts_model_destroy */
+  model->num_tensors = d->num_tensors;
+  model->param_count = d->param_count;
+  model->params = net->params;
+  model->grads = net->grads;
+  model->kernels = kernels;
+  model->batch_capacity = batch_capacity;
+  return 0;
+}
+
+void ts_model_set_dropout(ts_model_t *model, uint64_t seed, uint64_t stream) {
+  if (model && model->net) ts_net_set_training(model->net, true, seed, stream);
 }

@@ -34,6 +34,7 @@
 #include "ts_config.h" /* ts_activation_t */
 #include "ts_init.h"
 #include "ts_kernels.h"
+#include "ts_net.h"
 
 #define TS_MODEL_MAX_LAYERS TS_CONFIG_MAX_LAYERS /* widths, input and output included */
 #define TS_MODEL_NAME_MAX 64
@@ -41,11 +42,11 @@
 
 typedef struct {
   char name[TS_MODEL_NAME_MAX]; /* "fc1/weights" */
-  uint64_t shape[2];            /* [in, out] for weights, [out] for biases */
-  size_t rank;                  /* 2 or 1 */
-  size_t count;                 /* elements: the product of the shape */
-  size_t offset;                /* elements from the start of params / grads */
-  ts_init_kind_t init;          /* TS_INIT_GLOROT_UNIFORM for weights, TS_INIT_ZEROS biases */
+  uint64_t shape[4]; /* [in, out] for weights, [out] for biases; a conv kernel [kh, kw, in, out] */
+  size_t rank;       /* 2 or 1; 4 for a convolution's kernel */
+  size_t count;      /* elements: the product of the shape */
+  size_t offset;     /* elements from the start of params / grads */
+  ts_init_kind_t init; /* TS_INIT_GLOROT_UNIFORM for weights, TS_INIT_ZEROS biases */
 } ts_model_tensor_t;
 
 typedef enum {
@@ -96,6 +97,10 @@ typedef struct {
   ts_model_op_t *ops; /* forward ops in order, then backward ops, then evaluation ops */
   size_t num_ops;
 
+  /* A model built by ts_model_init_net runs this network (owned, ts_malloc'd): tensors,
+   * params and grads are the net's, widths and ops are empty, and the scratch below unused. */
+  ts_net_t *net;
+
   /* Private: device scratch, one per layer output, sized for batch_capacity. */
   float *x;        /* input batch: batch_capacity x widths[0] */
   int32_t *labels; /* batch_capacity labels */
@@ -117,6 +122,17 @@ const char *ts_model_activation_name(ts_activation_t act);
  * batch), TS_ENOMEM, or an error of kernels->alloc. */
 int ts_model_init(ts_model_t *model, const int *widths, size_t n, ts_activation_t activation,
                   size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen);
+
+/* Build the model as a network of layers (worker/ts_layers.h) instead of widths: the same
+ * tensors / params / grads interface, so the towers, the trainer and the declaration to the
+ * shards need not know which it is. Errors as ts_net_init (TS_EINVAL names the layer). */
+int ts_model_init_net(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
+                      ts_layer_shape_t input, size_t batch_capacity, const ts_kernels_t *kernels,
+                      char *errmsg, size_t errlen);
+
+/* Training-mode dropout for the next steps: the mask's seed and stream (ts_net_set_training).
+ * A no-op for an MLP, which has no dropout. */
+void ts_model_set_dropout(ts_model_t *model, uint64_t seed, uint64_t stream);
 
 /* The op list a model of these widths and activation has (the ops of ts_model_t, in the
  * same order), without allocating anything on a device: device placement runs on it before

@@ -64,11 +64,8 @@ static int alloc_floats(const ts_kernels_t *k, size_t n, float **out) {
   return rc;
 }
 
-/* The kernels a layer needs, by name for the error. */
-static const char *missing_kernel(const ts_kernels_t *k, const ts_layer_t *L) {
-  if (!k->alloc || !k->free_buf || !k->copy_to_device || !k->copy_to_host) return "memory";
-  if (!k->softmax_xent || !k->softmax_xent_grad || !k->argmax_correct) return "softmax_xent";
-  switch (L->spec.type) {
+const char *ts_net_layer_kernel_missing(const ts_kernels_t *k, const ts_layer_spec_t *spec) {
+  switch (spec->type) {
     case TS_LAYER_CONV2D:
       if (!k->conv2d_workspace || !k->conv2d_fwd || !k->conv2d_bwd_data || !k->conv2d_bwd_filter)
         return "conv2d";
@@ -87,9 +84,16 @@ static const char *missing_kernel(const ts_kernels_t *k, const ts_layer_t *L) {
     case TS_LAYER_FLATTEN:
       break;
   }
-  if (L->spec.activation == TS_LAYER_RELU && (!k->relu_fwd || !k->relu_bwd)) return "relu";
-  if (L->spec.activation == TS_LAYER_TANH && (!k->tanh_fwd || !k->tanh_bwd)) return "tanh";
+  if (spec->activation == TS_LAYER_RELU && (!k->relu_fwd || !k->relu_bwd)) return "relu";
+  if (spec->activation == TS_LAYER_TANH && (!k->tanh_fwd || !k->tanh_bwd)) return "tanh";
   return NULL;
+}
+
+/* The kernels a layer needs, by name for the error. */
+static const char *missing_kernel(const ts_kernels_t *k, const ts_layer_t *L) {
+  if (!k->alloc || !k->free_buf || !k->copy_to_device || !k->copy_to_host) return "memory";
+  if (!k->softmax_xent || !k->softmax_xent_grad || !k->argmax_correct) return "softmax_xent";
+  return ts_net_layer_kernel_missing(k, &L->spec);
 }
 
 static int alloc_layer(ts_net_t *n, size_t i, size_t *mask_max) {
@@ -476,4 +480,18 @@ int ts_net_evaluate(ts_net_t *net, const float *x, const int32_t *labels, size_t
   if (accuracy) *accuracy = (float)((double)correct / (double)n);
   if (loss) *loss = (float)(loss_sum / (double)n);
   return 0;
+}
+
+int ts_net_load_batch(ts_net_t *net, const float *x, const int32_t *labels, size_t batch) {
+  if (!batch_ok(net, x, labels, batch)) return TS_EINVAL;
+  return load(net, x, labels, batch);
+}
+
+int ts_net_compute(ts_net_t *net, size_t batch, float *loss) {
+  if (!net || !net->params || batch < 1 || batch > net->batch_capacity) return TS_EINVAL;
+  float l = 0.0f;
+  int rc = forward(net, batch, &l);
+  if (rc == 0) rc = backward(net, batch);
+  if (rc == 0 && loss) *loss = l;
+  return rc;
 }

@@ -82,6 +82,16 @@ void ts_net_set_training(ts_net_t *net, bool on, uint64_t seed, uint64_t stream)
 int ts_net_forward_backward(ts_net_t *net, const float *x, const int32_t *labels, size_t batch,
                             float *loss);
 
+/* ts_net_forward_backward in two halves, as ts_model_load_batch / ts_model_compute: load
+ * checks the batch and labels (TS_EINVAL) and copies them to the device; compute runs forward
+ * and backward on the loaded batch of the same size. */
+int ts_net_load_batch(ts_net_t *net, const float *x, const int32_t *labels, size_t batch);
+int ts_net_compute(ts_net_t *net, size_t batch, float *loss);
+
+/* The kernel of back end k that a layer of this spec lacks ("conv2d", "maxpool", "relu", ...),
+ * or NULL when k has all it needs: device placement asks it of a GPU's op table. */
+const char *ts_net_layer_kernel_missing(const ts_kernels_t *k, const ts_layer_spec_t *spec);
+
 /* The forward pass and the loss only (in the current training mode, with the same masks as
  * ts_net_forward_backward would draw): for gradient checks. */
 int ts_net_loss(ts_net_t *net, const float *x, const int32_t *labels, size_t batch, float *loss);

@@ -13,6 +13,7 @@
 
 #include "ts_alloc.h"
 #include "ts_err.h"
+#include "ts_init.h"
 #include "ts_log.h"
 
 int ts_towers_split(size_t batch, size_t towers, size_t t, size_t *offset, size_t *count) {
@@ -143,9 +144,26 @@ static int alloc_staging(ts_towers_t *tw, size_t bytes, char *errmsg, size_t err
   return rc;
 }
 
-int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n, const int *widths,
-                   size_t nw, ts_activation_t activation, size_t capacity,
-                   ts_towers_release_cb release, char *errmsg, size_t errlen) {
+/* What each tower's model is built from: an MLP's widths, or a network of layers. */
+typedef struct {
+  const int *widths;
+  size_t nw;
+  ts_activation_t activation;
+  const ts_layer_spec_t *specs; /* non-NULL: a network */
+  size_t nspecs;
+  ts_layer_shape_t input;
+} model_src_t;
+
+static int init_model(ts_model_t *m, const model_src_t *src, size_t capacity, const ts_kernels_t *k,
+                      char *errmsg, size_t errlen) {
+  if (src->specs)
+    return ts_model_init_net(m, src->specs, src->nspecs, src->input, capacity, k, errmsg, errlen);
+  return ts_model_init(m, src->widths, src->nw, src->activation, capacity, k, errmsg, errlen);
+}
+
+static int init_towers(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
+                       const model_src_t *src, size_t capacity, ts_towers_release_cb release,
+                       char *errmsg, size_t errlen) {
   char scratch[8];
   if (!errmsg) {
     errmsg = scratch;
@@ -174,8 +192,7 @@ int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n
     if (!kernels[t]->device_is_host) tw->zero_copy = false;
   }
   for (size_t t = 0; t < n; t++) {
-    rc =
-        ts_model_init(&tw->models[t], widths, nw, activation, capacity, kernels[t], errmsg, errlen);
+    rc = init_model(&tw->models[t], src, capacity, kernels[t], errmsg, errlen);
     if (rc < 0) {
       char name[96];
       tower_name(tw, t, name, sizeof name);
@@ -229,6 +246,29 @@ nomem:
 fail:
   ts_towers_destroy(tw);
   return rc;
+}
+
+int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n, const int *widths,
+                   size_t nw, ts_activation_t activation, size_t capacity,
+                   ts_towers_release_cb release, char *errmsg, size_t errlen) {
+  model_src_t src = {.widths = widths, .nw = nw, .activation = activation};
+  return init_towers(tw, kernels, n, &src, capacity, release, errmsg, errlen);
+}
+
+int ts_towers_init_net(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
+                       const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
+                       size_t capacity, ts_towers_release_cb release, char *errmsg, size_t errlen) {
+  model_src_t src = {.specs = specs, .nspecs = nspecs, .input = input};
+  return init_towers(tw, kernels, n, &src, capacity, release, errmsg, errlen);
+}
+
+void ts_towers_set_dropout(ts_towers_t *tw, uint64_t seed, uint64_t step, uint64_t worker) {
+  for (size_t t = 0; t < tw->n; t++) {
+    /* One stream per (step, worker, tower), mixed so no two of them share a mask. */
+    uint64_t stream = ts_init_key(step, "dropout/stream") ^ (worker * 0x9E3779B97F4A7C15ull) ^
+                      ((uint64_t)t * 0xC2B2AE3D27D4EB4Full);
+    ts_model_set_dropout(&tw->models[t], seed, stream);
+  }
 }
 
 /* Wait for every tower's queued work, so no copy still reads a buffer about to be freed. */

@@ -93,6 +93,18 @@ int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n
                    size_t nw, ts_activation_t activation, size_t capacity,
                    ts_towers_release_cb release, char *errmsg, size_t errlen);
 
+/* ts_towers_init for a network of layers (worker/ts_layers.h) on an input of one example's
+ * shape: each tower runs ts_model_init_net. Errors as ts_towers_init; TS_EINVAL names the
+ * layer. */
+int ts_towers_init_net(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
+                       const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
+                       size_t capacity, ts_towers_release_cb release, char *errmsg, size_t errlen);
+
+/* Dropout masks for the next step: every tower draws its own stream of (step, worker,
+ * tower), so the towers and workers of one step never share a mask and a run repeats. A
+ * no-op for an MLP. */
+void ts_towers_set_dropout(ts_towers_t *tw, uint64_t seed, uint64_t step, uint64_t worker);
+
 /* A one-tower view of a model the caller built and keeps (ts_towers_destroy leaves it). */
 int ts_towers_wrap(ts_towers_t *tw, ts_model_t *model, char *errmsg, size_t errlen);
 

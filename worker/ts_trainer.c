@@ -308,6 +308,9 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       goto out;
     }
     double ts1 = now_s();
+    /* Dropout: a mask of its own for this step, worker and tower (a retried step redraws the
+     * same one). */
+    ts_towers_set_dropout(tw, (uint64_t)cfg->seed, k, (uint64_t)t->task);
     float loss = 0.0f;
     rc = ts_towers_step(tw, &loss, errmsg, errlen);
     double ts2 = now_s();

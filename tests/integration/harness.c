@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -400,4 +401,14 @@ int ts_promtool_check(const char *text) {
   int st = system(cmd);
   unlink(path);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+double ts_rel_l2(const float *a, const float *b, size_t n) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = (double)a[i] - (double)b[i];
+    diff += d * d;
+    norm += (double)b[i] * (double)b[i];
+  }
+  return norm > 0 ? sqrt(diff / norm) : 0.0;
 }

@@ -85,6 +85,9 @@ char *ts_read_file(const char *path);
  * or -1 when absent. */
 double ts_metric_value(const char *text, const char *series);
 
+/* The relative L2 distance of a from b: |a - b| / |b| over n elements (0 when b is 0). */
+double ts_rel_l2(const float *a, const float *b, size_t n);
+
 /* Waits (up to 5 s: an admin endpoint publishes its snapshot every 250 ms) until the
  * /metrics series of the endpoint on http_port is present and within [lo, hi]; returns its
  * last value (-1 when absent), and says on stderr when it never got there. */

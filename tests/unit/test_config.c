@@ -228,7 +228,7 @@ static void test_override_errors(void **state) {
       {"train.max_steps=\"5\"", "train.max_steps: must be an integer, not a string (\"5\")"},
       {"train.batch_size=0", "--set train.batch_size=0: train.batch_size: must be an integer in"},
       {"model.layers=[784]", "model.layers: must have 2 to 64 entries, not 1"},
-      {"model.layers=784", "model.layers: must be an array of integers, not an integer"},
+      {"model.layers=784", "model.layers: must be an array of integers or a list of layers, not an integer"},
       {"cluster.ps=[\"nope\"]", "cluster.ps[0]: \"nope\" is not host:port"},
       {"device.allow_growth=yes", "device.allow_growth: cannot parse the value"},
       {"job={mode=\"async\";}", "--set job={mode=\"async\";}: job: is a section"},

@@ -59,7 +59,7 @@ static void test_type_errors(void **state) {
       {"model = { layers = [\"784\", \"10\"]; };", 1,
        "model.layers[0]: must be an integer, not a string"},
       {"model = { layers = 784; };", 1,
-       "model.layers: must be an array of integers, not an integer"},
+       "model.layers: must be an array of integers or a list of layers, not an integer"},
       {"model = { layers = (784, 1.5); };", 1, "model.layers[1]: must be an integer, not a float"},
       {"job = 3;", 1, "job: must be a group"},
       {"job = { mode = { x = 1; }; };", 1, "job.mode: must be a string, not a group"},

@@ -49,6 +49,40 @@ static void test_spelling(void **state) {
   ts_config_free(&cfg);
 }
 
+/* model.layers as a layer list: loaded into net_layers (the widths cleared), and sent in one
+ * canonical line in which omitted defaults and the same defaults written out compare equal. */
+static void test_layer_list(void **state) {
+  (void)state;
+  ts_config_t a, b;
+  const char *sa[] = {
+      "model.layers=({type=\"conv2d\"; filters=6; kernel=5; padding=\"same\"; "
+      "activation=\"relu\";}, {type=\"max_pool\"; size=2;}, {type=\"flatten\";}, "
+      "{type=\"dropout\"; rate=0.25;}, {type=\"dense\"; units=10;})"};
+  const char *sb[] = {
+      "model.layers=({type=\"conv2d\"; filters=6; kernel=[5, 5]; strides=1; "
+      "padding=\"same\"; activation=\"relu\"; name=\"conv1\";}, "
+      "{type=\"max_pool\"; size=2; strides=[2, 2]; padding=\"valid\";}, "
+      "{type=\"flatten\";}, {type=\"dropout\"; rate=0.25;}, "
+      "{type=\"dense\"; units=10; activation=\"linear\";})"};
+  load(&a, sa, 1);
+  load(&b, sb, 1);
+  assert_int_equal(a.num_net_layers, 5);
+  assert_int_equal(a.num_layers, 0);
+  ts_config_job_setting_t s[TS_CONFIG_JOB_MAX];
+  size_t n = ts_config_job_settings(&a, s);
+  assert_string_equal(value_of(s, n, "model.layers"),
+                      "conv1=conv2d(6,5x5,1x1,same,relu); pool1=max_pool(2x2,2x2,valid); "
+                      "flatten1=flatten(); dropout1=dropout(0.25); fc1=dense(10,linear)");
+  char own[TS_CONFIG_JOB_VALUE_LEN];
+  assert_int_equal(
+      ts_config_job_compare(&b, "model.layers", value_of(s, n, "model.layers"), own, sizeof own),
+      1);
+  /* The widths differ from any layer list. */
+  assert_int_equal(ts_config_job_compare(&b, "model.layers", "[784, 128, 10]", own, sizeof own), 0);
+  ts_config_free(&a);
+  ts_config_free(&b);
+}
+
 /* The learning rate's schedule is shared: its keys are sent as far as the schedule uses
  * them, and a shard with another schedule refuses. */
 static void test_decay(void **state) {
@@ -115,6 +149,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_spelling),
       cmocka_unit_test(test_compare),
+      cmocka_unit_test(test_layer_list),
       cmocka_unit_test(test_decay),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -248,19 +248,28 @@ static void test_bad_descriptions(void **state) {
 
 /* --- gradients ---------------------------------------------------------------------------- */
 
-/* Every parameter's gradient against central differences of the float32 loss. */
+/* Every parameter's gradient against central differences of the float32 loss. A max-pool
+ * window whose two largest inputs lie within the step h of each other switches its argmax
+ * inside [p - h, p + h], and a ReLU input that close to 0 changes sides: the loss has a kink
+ * there and the central difference averages two slopes. Such a point is recognised by its
+ * one-sided differences disagreeing by more than twice the tolerance, and then the gradient
+ * must equal the one-sided difference of the side the kink is not on (to within the float
+ * loss's rounding over h); at most a twentieth of the parameters may be such points. */
 static void check_net_gradient(const ts_layer_spec_t *s, size_t n, ts_layer_shape_t in,
                                size_t batch, bool training) {
   ts_net_t net;
   char err[256] = "";
   int rc = ts_net_init(&net, s, n, in, batch, K, err, sizeof err);
   if (rc != 0) fail_msg("ts_net_init: %s", err);
-  assert_int_equal(ts_net_init_params(&net, 11), 0);
-  /* biases away from zero, so their gradients are checked on a generic point too */
-  for (size_t t = 0; t < net.desc.num_tensors; t++)
-    if (net.desc.tensors[t].init == TS_INIT_ZEROS)
-      for (size_t j = 0; j < net.desc.tensors[t].count; j++)
-        net.params[net.desc.tensors[t].offset + j] = (float)(0.2 * urand() - 0.1);
+  /* A generic point, not the initial one: weights in [-0.5, 0.5) and biases away from zero.
+   * (Glorot's limits for the small kernels here are 0.2 to 0.4, which puts many ReLU
+   * inputs and max-pool pairs within the step h of a kink, where a central difference
+   * averages two slopes.) */
+  for (size_t t = 0; t < net.desc.num_tensors; t++) {
+    double span = net.desc.tensors[t].init == TS_INIT_ZEROS ? 0.2 : 1.0;
+    for (size_t j = 0; j < net.desc.tensors[t].count; j++)
+      net.params[net.desc.tensors[t].offset + j] = (float)(span * (urand() - 0.5));
+  }
   ts_net_set_training(&net, training, 5, 3);
   size_t elems = ts_layers_elems(in);
   float *x = rand_floats(batch * elems, -1.0, 1.0);
@@ -274,7 +283,10 @@ static void check_net_gradient(const ts_layer_spec_t *s, size_t n, ts_layer_shap
   assert_non_null(g);
   memcpy(g, net.grads, P * sizeof *g);
   const float h = 1e-3f;
+  float at = 0.0f;
+  assert_int_equal(ts_net_loss(&net, x, labels, batch, &at), 0);
   double worst = 0.0;
+  size_t kinks = 0;
   for (size_t t = 0; t < net.desc.num_tensors; t++) {
     const ts_layer_tensor_t *tn = &net.desc.tensors[t];
     for (size_t j = 0; j < tn->count; j++) {
@@ -287,13 +299,25 @@ static void check_net_gradient(const ts_layer_spec_t *s, size_t n, ts_layer_shap
       *p = keep;
       double fd = ((double)up - (double)down) / (2.0 * (double)h), an = g[tn->offset + j];
       double diff = fabs(fd - an), lim = 2e-4 + 1e-2 * fmax(fabs(fd), fabs(an));
-      if (!(diff <= lim))
-        fail_msg("%s[%zu]: backprop %.7g, finite difference %.7g (|diff| %.3g > %.3g)", tn->name, j,
-                 an, fd, diff, lim);
+      if (!(diff <= lim)) {
+        double right = ((double)up - (double)at) / (double)h;
+        double left = ((double)at - (double)down) / (double)h;
+        double side = 3e-4 + 2e-2 * fmax(fabs(right), fabs(left));
+        bool kink = fabs(right - left) > 2.0 * lim &&
+                    (fabs(an - right) <= side || fabs(an - left) <= side);
+        if (!kink)
+          fail_msg("%s[%zu]: backprop %.7g, finite difference %.7g (|diff| %.3g > %.3g; one-sided "
+                   "%.7g and %.7g)",
+                   tn->name, j, an, fd, diff, lim, left, right);
+        kinks++;
+        continue;
+      }
       if (diff / lim > worst) worst = diff / lim;
     }
   }
-  print_message("  %zu parameters, loss %.5f, worst |diff| / limit %.3f\n", P, (double)loss, worst);
+  print_message("  %zu parameters, loss %.5f, worst |diff| / limit %.3f, %zu at a kink\n", P,
+                (double)loss, worst, kinks);
+  assert_true(kinks <= P / 20);
   ts_free(g);
   ts_free(x);
   ts_net_destroy(&net);

@@ -10,16 +10,22 @@
  *
  * usage: train_local [--layers 784,128,10] [--batch 64] [--steps 500] [--optimizer adam|sgd]
  *                    [--lr 0.002] [--data DIR]   (DIR holds Fashion-MNIST's IDX files)
+ *                    [--config JOB]  (a job file's model.layers, a layer list such as
+ *                    deploy/local/lenet5.cfg's, its optimizer and its
+ *                    device.intra_op_parallelism_threads; options after it override)
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "ts_alloc.h"
+#include "ts_config.h"
 #include "ts_init.h"
 #include "ts_idx.h"
 #include "ts_kernels.h"
+#include "ts_layers.h"
 #include "ts_log.h"
 #include "ts_model.h"
 #include "ts_optim.h"
@@ -31,6 +37,7 @@ static double now_s(void) {
 }
 
 int main(int argc, char **argv) {
+  ts_kernels_cpu_reexec_for_core(argv); /* as ps-worker: OpenBLAS's kernels for this CPU */
   int widths[TS_MODEL_MAX_LAYERS] = {784, 128, 10};
   size_t nw = 3;
   int batch = 64;
@@ -38,9 +45,23 @@ int main(int argc, char **argv) {
   const char *data = "/usr/share/datasets/fashion-mnist";
   ts_optim_t opt = {.kind = TS_OPT_ADAM, .lr = 0.002f, .beta1 = 0.9f, .beta2 = 0.999f,
                     .epsilon = 1e-8f};
+  ts_config_t cfg;
+  bool have_cfg = false;
+  char err[512];
   for (int i = 1; i + 1 < argc; i += 2) {
     const char *a = argv[i], *v = argv[i + 1];
-    if (strcmp(a, "--layers") == 0) {
+    if (strcmp(a, "--config") == 0) {
+      if (have_cfg) ts_config_free(&cfg);
+      if (ts_config_load(&cfg, v, NULL, NULL, 0, err, sizeof err) < 0) {
+        fprintf(stderr, "train_local: %s\n", err);
+        return 2;
+      }
+      have_cfg = true;
+      ts_optim_from_config(&opt, &cfg);
+      opt.decay = TS_DECAY_NONE; /* the schedule's length is the job's, not this run's */
+      ts_kernels_cpu_set_threads(cfg.intra_op_threads);
+      batch = cfg.batch_size;
+    } else if (strcmp(a, "--layers") == 0) {
       nw = 0;
       for (char *s = (char *)v; *s && nw < TS_MODEL_MAX_LAYERS;) {
         widths[nw++] = (int)strtol(s, &s, 10);
@@ -67,7 +88,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   ts_log_init("train_local", TS_LOG_WARN);
-  char err[512], img[512], lab[512];
+  char img[512], lab[512];
   snprintf(img, sizeof img, "%s/train-images-idx3-ubyte.gz", data);
   snprintf(lab, sizeof lab, "%s/train-labels-idx1-ubyte.gz", data);
   ts_dataset_t train;
@@ -78,9 +99,20 @@ int main(int argc, char **argv) {
   }
   size_t dim = train.rows * train.cols;
   ts_model_t m;
-  if (ts_model_init(&m, widths, nw, TS_ACT_RELU, (size_t)batch, ts_kernels_cpu(), err,
-                    sizeof err) < 0 ||
-      ts_model_init_params(&m, 42) < 0) {
+  int rc;
+  if (have_cfg && cfg.num_net_layers > 0) {
+    ts_layer_spec_t specs[TS_LAYERS_MAX];
+    ts_layer_shape_t in = {train.rows, train.cols, 1};
+    rc = ts_layers_from_config(cfg.net_layers, cfg.num_net_layers, specs, err, sizeof err);
+    if (rc == 0)
+      rc = ts_model_init_net(&m, specs, cfg.num_net_layers, in, (size_t)batch, ts_kernels_cpu(),
+                             err, sizeof err);
+  } else {
+    rc = ts_model_init(&m, widths, nw, TS_ACT_RELU, (size_t)batch, ts_kernels_cpu(), err,
+                       sizeof err);
+  }
+  if (have_cfg) ts_config_free(&cfg);
+  if (rc < 0 || ts_model_init_params(&m, 42) < 0) {
     fprintf(stderr, "train_local: %s\n", err);
     return 1;
   }

@@ -379,6 +379,11 @@ const ts_config_def_t ts_config_defs[] = {
         "/ towers examples (so batch_size must be a multiple). 0 = one per visible GPU when "
         "the ops are placed on a GPU, else 1; more towers than GPUs share them round-robin. "
         "At most 64 (NCCL's ranks per process here)."),
+    INT("device.intra_op_parallelism_threads", intra_op_threads, 0, 1024, "0",
+        "Threads one op may use on the CPU (TensorFlow's intra_op_parallelism_threads): "
+        "OpenBLAS's matrix products, and so the dense layers and the convolutions' im2col "
+        "products. 0 = OpenBLAS's own choice (OPENBLAS_NUM_THREADS, else every core). At "
+        "most 1024."),
     BOOL("device.allow_tf32", allow_tf32, "false",
          "Let cuBLAS round float32 matrix products through TF32 tensor cores (faster, about "
          "3 decimal digits); off, products are full float32 like the CPU's."),

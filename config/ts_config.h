@@ -136,6 +136,7 @@ typedef struct {
   bool allow_growth;
   double memory_fraction;
   int towers;                 /* model replicas per worker; 0 = one per visible GPU */
+  int intra_op_threads;       /* OpenBLAS threads; 0 = its own choice */
   bool allow_tf32;            /* cuBLAS may use TF32 for float32 products */
 
   /* checkpoint */

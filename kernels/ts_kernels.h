@@ -176,7 +176,26 @@ struct ts_kernels {
 
 /* The CPU back end: OpenBLAS for gemm, plain loops for the rest. A static table, valid for
  * the life of the process; never freed. Thread-safe (it has no state; OpenBLAS's own
- * threading is set by OPENBLAS_NUM_THREADS). */
+ * threading is set by OPENBLAS_NUM_THREADS or ts_kernels_cpu_set_threads). */
 const ts_kernels_t *ts_kernels_cpu(void);
+
+/* The threads one CPU op may use (OpenBLAS's): n > 0 sets them, 0 keeps OpenBLAS's choice.
+ * Returns the number in force. Call before training starts (it is process-wide). */
+int ts_kernels_cpu_set_threads(int n);
+
+/* OpenBLAS picks its kernels by the CPU's model number when it loads, and a release older
+ * than the CPU (Debian 12's 0.3.21 on Sapphire Rapids) falls back to its oldest x86-64
+ * kernels (Prescott: SSE3), several times slower than the CPU's AVX-512 or AVX2 ones. When
+ * that happened and OPENBLAS_CORETYPE is not set, this returns the core type the CPU's
+ * features support ("SkylakeX": AVX-512 F/BW/DQ/VL; "Haswell": AVX2 and FMA), else NULL.
+ * It takes effect only through OPENBLAS_CORETYPE in a new process image: a binary sets the
+ * variable and re-executes itself (ts_kernels_cpu_reexec_for_core). */
+const char *ts_kernels_cpu_better_core(void);
+
+/* When ts_kernels_cpu_better_core names a core: sets OPENBLAS_CORETYPE to it (and
+ * TS_OPENBLAS_CORE_WAS to the core OpenBLAS chose) and execv's /proc/self/exe with argv.
+ * Returns only when there is nothing to do or the exec failed. Call first in main, before
+ * any thread starts. */
+void ts_kernels_cpu_reexec_for_core(char **argv);
 
 #endif

@@ -91,6 +91,7 @@ static int check_data(const ts_config_t *cfg, const ts_dataset_t *train, const t
 }
 
 int main(int argc, char **argv) {
+  ts_kernels_cpu_reexec_for_core(argv); /* OpenBLAS's fastest kernels for this CPU */
   static const ts_cli_spec_t spec = {.prog = "ps-worker", .id_name = "task",
                                      .id_role = TS_ROLE_WORKER, .usage = usage};
   ts_cli_t cli;
@@ -128,6 +129,10 @@ int main(int argc, char **argv) {
   }
   ts_log_info("data: %zu training and %zu test examples of %zux%zu", train.n, test.n, train.rows,
               train.cols);
+  if (getenv("TS_OPENBLAS_CORE_WAS"))
+    ts_log_info("OpenBLAS: %s kernels (it chose %s, which this CPU outgrew; OPENBLAS_CORETYPE "
+                "overrides)",
+                getenv("OPENBLAS_CORETYPE"), getenv("TS_OPENBLAS_CORE_WAS"));
   /* Devices: placement of the ops (TensorFlow's rules), the back end and the towers
    * (worker/ts_backend.h). Evaluation runs in chunks of up to 1000 examples. */
   ts_layer_shape_t input = {train.rows, train.cols, 1}; /* NHWC: grey images */

@@ -218,6 +218,9 @@ int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, s
   const ts_kernels_t *tables[TS_TOWERS_MAX];
   ts_towers_release_cb release = NULL;
   if (plan.type == TS_DEVICE_CPU) {
+    int threads = ts_kernels_cpu_set_threads(cfg->intra_op_threads);
+    ts_log_info("CPU ops use %d thread(s) each (device.intra_op_parallelism_threads = %d%s)",
+                threads, cfg->intra_op_threads, cfg->intra_op_threads ? "" : ": OpenBLAS's choice");
     for (size_t t = 0; t < n; t++) tables[t] = ts_kernels_cpu();
   } else {
     ts_kernels_cuda_opts_t opts = {

@@ -8,7 +8,11 @@
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 #include "ts_alloc.h"
 #include "ts_err.h"
@@ -282,4 +286,40 @@ static const ts_kernels_t cpu_kernels = {
 
 const ts_kernels_t *ts_kernels_cpu(void) {
   return &cpu_kernels;
+}
+
+int ts_kernels_cpu_set_threads(int n) {
+  if (n > 0) openblas_set_num_threads(n);
+  return openblas_get_num_threads();
+}
+
+const char *ts_kernels_cpu_better_core(void) {
+#if defined(__x86_64__)
+  if (getenv("OPENBLAS_CORETYPE")) return NULL;
+  static const char *const generic[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem",
+                                        "Atom", "Sandybridge"};
+  const char *core = openblas_get_corename();
+  bool weak = false;
+  for (size_t i = 0; core && i < sizeof generic / sizeof generic[0]; i++)
+    if (strcasecmp(core, generic[i]) == 0) weak = true;
+  if (!weak) return NULL;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      strcasecmp(core, "Sandybridge") != 0)
+    return "Haswell";
+#endif
+  return NULL;
+}
+
+void ts_kernels_cpu_reexec_for_core(char **argv) {
+  const char *want = ts_kernels_cpu_better_core();
+  if (!want) return;
+  setenv("TS_OPENBLAS_CORE_WAS", openblas_get_corename(), 1);
+  setenv("OPENBLAS_CORETYPE", want, 1);
+  execv("/proc/self/exe", argv);
+  unsetenv("OPENBLAS_CORETYPE"); /* exec failed: carry on with what OpenBLAS chose */
+  unsetenv("TS_OPENBLAS_CORE_WAS");
 }

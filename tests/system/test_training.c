@@ -274,12 +274,21 @@ static void test_placement(void **state) {
   assert_int_equal(ts_cluster_start(&c, 1, 1, "model = { layers = [784, 16, 10]; };"), 0);
   ts_proc_t w;
   const char *soft[] = {"--set", "device.placement=\"/gpu:0\"", "--set", "device.allow_soft_placement=true",
-                        "--set", "device.log_device_placement=true", "--set", "train.max_steps=5", NULL};
+                        "--set", "device.log_device_placement=true", "--set", "train.max_steps=5",
+                        "--set", "device.intra_op_parallelism_threads=1", NULL};
   assert_int_equal(ts_worker_start(&c, 0, soft, &w), 0);
   int rc = ts_proc_wait(&w, 60);
   if (rc != 0) dump(&w);
   assert_int_equal(rc, 0);
   assert_true(file_has(w.err, "allow_soft_placement"));
+  assert_true(file_has(w.err, "CPU ops use 1 thread(s) each (device.intra_op_parallelism_threads = 1)"));
+  /* Where OpenBLAS fell back to kernels older than this CPU, the worker re-executed itself
+   * with the CPU's own and says so; elsewhere it says nothing. */
+  const char *core = ts_kernels_cpu_better_core();
+  char line[160];
+  snprintf(line, sizeof line, "OpenBLAS: %s kernels (it chose ", core ? core : "");
+  if (core) fprintf(stderr, "OpenBLAS here: the worker should use %s\n", core);
+  assert_true(file_has(w.err, line) == (core != NULL));
   assert_true(file_has(w.out, "done: task=0 steps=5"));
   /* One placement line per op, in TensorFlow's format. */
   ts_model_t m;

@@ -28,6 +28,11 @@ void ts_raw_send_all(int fd, const void *buf, size_t n);
 /* Send a frame's header and meta announcing data_len payload bytes (sent separately). */
 void ts_raw_send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint64_t data_len);
 
+/* Send the meta of a request of `type` (TS_MSG_PUSH or TS_MSG_PULL) with id request_id for
+ * partitions [0, n) of tensor 0, part_floats each. A push announces their n * part_floats
+ * floats of payload, which the caller sends; a pull announces none. */
+void ts_raw_send_parts(int fd, uint16_t type, uint64_t request_id, size_t n, size_t part_floats);
+
 /* Connect and handshake as worker `task` (no token); the socket, or -1. */
 int ts_raw_worker(int port, int task, const char *identity);
 

@@ -84,14 +84,6 @@ static void restart(ts_cluster_t *c) {
   assert_int_equal(ts_cluster_start_shard(c, 0), 0);
 }
 
-static bool log_has(ts_cluster_t *c, const char *needle) {
-  char *log = ts_cluster_log(c, 0);
-  bool has = log && strstr(log, needle);
-  if (!has) fprintf(stderr, "log lacks '%s':\n%s\n", needle, log ? log : "");
-  free(log);
-  return has;
-}
-
 static void test_corrupt_and_truncated(void **state) {
   (void)state;
   char dir[] = "/tmp/tessera-ckpt-XXXXXX", job[600];
@@ -115,8 +107,8 @@ static void test_corrupt_and_truncated(void **state) {
   assert_int_equal(stat(b, &st), 0);
   assert_int_equal(truncate(b, st.st_size / 2), 0);
   restart(&c);
-  assert_true(log_has(&c, "checkpoint rejected"));
-  assert_true(log_has(&c, "restored checkpoint"));
+  assert_true(ts_cluster_log_has(&c, 0, "checkpoint rejected"));
+  assert_true(ts_cluster_log_has(&c, 0, "restored checkpoint"));
   assert_int_equal(restored_step(&c), 3);
   w = open_client(&c, false);
   assert_true(pulled_first(w) == -1.5f);
@@ -133,7 +125,7 @@ static void test_corrupt_and_truncated(void **state) {
   fputc(ch ^ 0x10, f);
   fclose(f);
   restart(&c);
-  assert_true(log_has(&c, "checksum mismatch"));
+  assert_true(ts_cluster_log_has(&c, 0, "checksum mismatch"));
   assert_int_equal(restored_step(&c), 3);
   w = open_client(&c, false);
   assert_true(pulled_first(w) == -1.5f);

@@ -89,14 +89,7 @@ static void good_step(fixture_t *f) {
 }
 
 static void assert_logged(fixture_t *f, const char *needle) {
-  char *log = ts_cluster_log(&f->c, 0);
-  assert_non_null(log);
-  if (!strstr(log, needle)) {
-    fprintf(stderr, "log lacks '%s':\n%s\n", needle, log);
-    free(log);
-    fail();
-  }
-  free(log);
+  assert_true(ts_cluster_log_has(&f->c, 0, needle));
 }
 
 /* A raw worker connection that has sent the meta of a push of partitions [0, n) of
@@ -104,21 +97,7 @@ static void assert_logged(fixture_t *f, const char *needle) {
 static int push_started(fixture_t *f, int task, size_t n, size_t part_floats) {
   int fd = ts_raw_worker(f->c.port[0], task, "raw");
   assert_true(fd >= 0);
-  Tessera__PartSlice *s = calloc(n, sizeof *s), **sp = calloc(n, sizeof *sp);
-  for (size_t i = 0; i < n; i++) {
-    tessera__part_slice__init(&s[i]);
-    s[i].tensor = 0;
-    s[i].part = (uint32_t)i;
-    s[i].count = part_floats;
-    sp[i] = &s[i];
-  }
-  Tessera__Push p = TESSERA__PUSH__INIT;
-  p.request_id = 100;
-  p.parts = sp;
-  p.n_parts = n;
-  ts_raw_send_msg(fd, TS_MSG_PUSH, &p.base, n * part_floats * sizeof(float));
-  free(s);
-  free(sp);
+  ts_raw_send_parts(fd, TS_MSG_PUSH, 100, n, part_floats);
   return fd;
 }
 
@@ -345,19 +324,7 @@ static void test_slow_honest_pull_is_not_cut(void **state) {
   assert_true(r.fd >= 0);
   int small = 65536;
   setsockopt(r.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-  Tessera__PartSlice s[16], *sp[16];
-  for (int i = 0; i < 16; i++) {
-    tessera__part_slice__init(&s[i]);
-    s[i].tensor = 0;
-    s[i].part = (uint32_t)i;
-    s[i].count = 1048576;
-    sp[i] = &s[i];
-  }
-  Tessera__Pull p = TESSERA__PULL__INIT;
-  p.request_id = 5;
-  p.parts = sp;
-  p.n_parts = 16;
-  ts_raw_send_msg(r.fd, TS_MSG_PULL, &p.base, 0);
+  ts_raw_send_parts(r.fd, TS_MSG_PULL, 5, 16, 1048576);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, read_reply, &r), 0);
   /* Once 60% of the reply is read (about the hold timeout after it was queued), the good

@@ -46,14 +46,8 @@ typedef struct {
  * of `parts` partitions of part_floats each, and the good client (task 0). */
 static void start(fixture_t *f, size_t parts, size_t part_floats, const char *server_cfg) {
   memset(f, 0, sizeof *f);
-  char cfg[1024];
-  snprintf(cfg, sizeof cfg,
-           "job = { mode = \"async\"; partition_bytes = %zu; };\n"
-           "optimizer = { name = \"sgd\"; learning_rate = 1.0; };\n"
-           "server = { %s };",
-           part_floats * sizeof(float), server_cfg);
-  assert_int_equal(ts_cluster_start(&f->c, 1, 3, cfg), 0);
   ts_big_init(&f->big, parts, part_floats);
+  ts_big_start_async(&f->c, &f->big, 3, server_cfg);
   f->good = ts_big_worker(&f->c, &f->big, 0, "good", 10, 0);
   f->rss0 = ts_proc_rss_kib(f->c.pid[0]);
   assert_true(f->rss0 > 0);
@@ -67,23 +61,7 @@ static void stop(fixture_t *f) {
 /* The good client pushes -1 everywhere and pulls: every value must be one more than
  * before, and neither request may take longer than HELD_MAX_S. */
 static void good_step(fixture_t *f) {
-  float *g = ts_big_filled(&f->big, -1.0f);
-  char err[512];
-  double t0 = ts_now_s();
-  int rc = tc_push(f->good, (const float *const *)&g, 0, NULL, err, sizeof err);
-  double took = ts_now_s() - t0;
-  if (rc < 0) fprintf(stderr, "good push: %s\n", err);
-  assert_int_equal(rc, 0);
-  if (took > HELD_MAX_S) fail_msg("the good push took %.2f s", took);
-  free(g);
-  f->value += 1.0f;
-  float *want = malloc(f->big.parts * sizeof *want);
-  for (size_t i = 0; i < f->big.parts; i++) want[i] = f->value;
-  t0 = ts_now_s();
-  ts_big_expect_parts(&f->big, f->good, want);
-  took = ts_now_s() - t0;
-  if (took > HELD_MAX_S) fail_msg("the good pull took %.2f s", took);
-  free(want);
+  ts_big_step(&f->big, f->good, &f->value, HELD_MAX_S);
   long rss = ts_proc_rss_kib(f->c.pid[0]);
   if (rss - f->rss0 > RSS_MAX_KIB) fail_msg("shard RSS grew from %ld to %ld KiB", f->rss0, rss);
 }

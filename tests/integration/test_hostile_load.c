@@ -52,14 +52,8 @@ typedef struct {
  * tensor of `parts` partitions of part_floats each, and the good client (task 0). */
 static void start(fixture_t *f, size_t parts, size_t part_floats, const char *server_cfg) {
   memset(f, 0, sizeof *f);
-  char cfg[1024];
-  snprintf(cfg, sizeof cfg,
-           "job = { mode = \"async\"; partition_bytes = %zu; };\n"
-           "optimizer = { name = \"sgd\"; learning_rate = 1.0; };\n"
-           "server = { %s };",
-           part_floats * sizeof(float), server_cfg);
-  assert_int_equal(ts_cluster_start(&f->c, 1, 2, cfg), 0);
   ts_big_init(&f->big, parts, part_floats);
+  ts_big_start_async(&f->c, &f->big, 2, server_cfg);
   f->good = ts_big_worker(&f->c, &f->big, 0, "good", 10, 0);
   f->value = 0.0f;
   f->rss0 = f->rss_max = ts_proc_rss_kib(f->c.pid[0]);
@@ -86,30 +80,8 @@ static void rss_ok(fixture_t *f) {
  * before, and neither request may take longer than HELD_MAX_S plus its transfer at
  * TRANSFER_FLOOR_BPS. */
 static void good_step(fixture_t *f) {
-  const double held_max = HELD_MAX_S + (double)(f->big.n * sizeof(float)) / TRANSFER_FLOOR_BPS;
-  float *g = ts_big_filled(&f->big, -1.0f);
-  char err[512];
-  double t0 = ts_now_s();
-  int rc = tc_push(f->good, (const float *const *)&g, 0, NULL, err, sizeof err);
-  double took = ts_now_s() - t0;
-  if (rc < 0) fprintf(stderr, "good push: %s\n", err);
-  assert_int_equal(rc, 0);
-  if (took > held_max) {
-    fprintf(stderr, "the good push took %.2f s (at most %.2f s)\n", took, held_max);
-    fail();
-  }
-  free(g);
-  f->value += 1.0f;
-  float *want = malloc(f->big.parts * sizeof *want);
-  for (size_t i = 0; i < f->big.parts; i++) want[i] = f->value;
-  t0 = ts_now_s();
-  ts_big_expect_parts(&f->big, f->good, want);
-  took = ts_now_s() - t0;
-  if (took > held_max) {
-    fprintf(stderr, "the good pull took %.2f s (at most %.2f s)\n", took, held_max);
-    fail();
-  }
-  free(want);
+  ts_big_step(&f->big, f->good, &f->value,
+              HELD_MAX_S + (double)(f->big.n * sizeof(float)) / TRANSFER_FLOOR_BPS);
   rss_ok(f);
 }
 

@@ -29,11 +29,7 @@ static ts_client_t *open_client(ts_cluster_t *c, bool admin) {
   ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = 1, .admin = admin, .task = admin ? -1 : 0,
                         .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
   ts_client_t *cl = NULL;
-  char err[512];
-  int rc = ts_client_open(&cl, &o, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "open: %s\n", err);
-  assert_int_equal(rc, 0);
-  if (!admin) assert_int_equal(ts_client_declare(cl, model, 1, 3, err, sizeof err), 0);
+  assert_int_equal(tc_open(&cl, &o, admin ? NULL : model, 1, 3), 0);
   return cl;
 }
 

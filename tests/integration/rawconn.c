@@ -71,15 +71,20 @@ void ts_raw_send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint64_t 
   ts_raw_send_all(fd, buf, n);
 }
 
-void ts_raw_send_parts(int fd, uint16_t type, uint64_t request_id, size_t n, size_t part_floats) {
-  Tessera__PartSlice *s = calloc(n, sizeof *s), **sp = calloc(n, sizeof *sp);
+void ts_raw_slices(Tessera__PartSlice *s, Tessera__PartSlice **sp, const uint32_t *parts,
+                   size_t n, uint64_t part_floats) {
   for (size_t i = 0; i < n; i++) {
     tessera__part_slice__init(&s[i]);
     s[i].tensor = 0;
-    s[i].part = (uint32_t)i;
+    s[i].part = parts ? parts[i] : (uint32_t)i;
     s[i].count = part_floats;
     sp[i] = &s[i];
   }
+}
+
+void ts_raw_send_parts(int fd, uint16_t type, uint64_t request_id, size_t n, size_t part_floats) {
+  Tessera__PartSlice *s = calloc(n, sizeof *s), **sp = calloc(n, sizeof *sp);
+  ts_raw_slices(s, sp, NULL, n, part_floats);
   if (type == TS_MSG_PUSH) {
     Tessera__Push p = TESSERA__PUSH__INIT;
     p.request_id = request_id;

@@ -56,21 +56,10 @@ static float *filled(float v) { return ts_big_filled(&big, v); }
 
 static void expect_parts(ts_client_t *cl, const float *want) { ts_big_expect_parts(&big, cl, want); }
 
-static void slices(Tessera__PartSlice *sl, Tessera__PartSlice **slp, const uint32_t *parts,
-                   size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    tessera__part_slice__init(&sl[i]);
-    sl[i].tensor = 0;
-    sl[i].part = parts[i];
-    sl[i].count = PART_FLOATS;
-    slp[i] = &sl[i];
-  }
-}
-
 /* Send a push's meta for the listed partitions (the payload follows separately). */
 static void raw_push_meta(int fd, const uint32_t *parts, size_t n, uint64_t request_id) {
   Tessera__PartSlice sl[PARTS * 2], *slp[PARTS * 2];
-  slices(sl, slp, parts, n);
+  ts_raw_slices(sl, slp, parts, n, PART_FLOATS);
   Tessera__Push m = TESSERA__PUSH__INIT;
   m.request_id = request_id;
   m.n_parts = n;
@@ -102,14 +91,7 @@ static int raw_slow_reader(ts_cluster_t *c, int task, const char *identity) {
 }
 
 static void raw_pull_all(int fd, uint64_t request_id) {
-  static const uint32_t all[PARTS] = {0, 1};
-  Tessera__PartSlice sl[PARTS], *slp[PARTS];
-  slices(sl, slp, all, PARTS);
-  Tessera__Pull m = TESSERA__PULL__INIT;
-  m.request_id = request_id;
-  m.n_parts = PARTS;
-  m.parts = slp;
-  ts_raw_send_msg(fd, TS_MSG_PULL, &m.base, 0);
+  ts_raw_send_parts(fd, TS_MSG_PULL, request_id, PARTS, PART_FLOATS);
 }
 
 /* Read a PULL_REPLY (waiting up to timeout_ms for each read) into w (N floats), reading

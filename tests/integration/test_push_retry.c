@@ -160,13 +160,7 @@ static void test_library_retry(void **state) {
 static void raw_push(int fd, uint64_t request_id, uint64_t incarnation, uint64_t id, size_t n,
                      float g) {
   Tessera__PartSlice sl[PARTS], *slp[PARTS];
-  for (size_t i = 0; i < n; i++) {
-    tessera__part_slice__init(&sl[i]);
-    sl[i].tensor = 0;
-    sl[i].part = (uint32_t)i;
-    sl[i].count = PART_FLOATS;
-    slp[i] = &sl[i];
-  }
+  ts_raw_slices(sl, slp, NULL, n, PART_FLOATS);
   Tessera__Push m = TESSERA__PUSH__INIT;
   m.request_id = request_id;
   m.n_parts = n;

@@ -28,14 +28,18 @@ const char *ts_layers_type_name(ts_layer_type_t t) {
   return t >= TS_LAYER_CONV2D && t <= TS_LAYER_DROPOUT ? type_names[t] : "unknown";
 }
 
+/* The index i in [lo, hi] whose names[i] is s, or -1. */
+static int name_index(const char *const *names, int lo, int hi, const char *s) {
+  for (int i = lo; i <= hi; i++)
+    if (strcmp(s, names[i]) == 0) return i;
+  return -1;
+}
+
 int ts_layers_parse_type(const char *s, ts_layer_type_t *out) {
   if (!s || !out) return -1;
-  for (int t = TS_LAYER_CONV2D; t <= TS_LAYER_DROPOUT; t++)
-    if (strcmp(s, type_names[t]) == 0) {
-      *out = (ts_layer_type_t)t;
-      return 0;
-    }
-  return -1;
+  int t = name_index(type_names, TS_LAYER_CONV2D, TS_LAYER_DROPOUT, s);
+  if (t >= 0) *out = (ts_layer_type_t)t;
+  return t < 0 ? -1 : 0;
 }
 
 const char *ts_layers_act_name(ts_layer_act_t a) {
@@ -44,12 +48,9 @@ const char *ts_layers_act_name(ts_layer_act_t a) {
 
 int ts_layers_parse_act(const char *s, ts_layer_act_t *out) {
   if (!s || !out) return -1;
-  for (int a = TS_LAYER_LINEAR; a <= TS_LAYER_TANH; a++)
-    if (strcmp(s, act_names[a]) == 0) {
-      *out = (ts_layer_act_t)a;
-      return 0;
-    }
-  return -1;
+  int a = name_index(act_names, TS_LAYER_LINEAR, TS_LAYER_TANH, s);
+  if (a >= 0) *out = (ts_layer_act_t)a;
+  return a < 0 ? -1 : 0;
 }
 
 size_t ts_layers_elems(ts_layer_shape_t s) {

@@ -141,6 +141,16 @@ static void col2im_add(const ts_conv2d_t *g, size_t nb, const float *restrict dc
   }
 }
 
+/* The col matrix of images [n0, n0 + cnt) of x: x itself for a pointwise convolution, else
+ * their im2col, written into ws (which must hold it). */
+static const float *chunk_col(const ts_conv2d_t *g, const float *x, size_t n0, size_t cnt,
+                              float *ws) {
+  const float *col = x + n0 * image_in(g);
+  if (is_pointwise(g)) return col;
+  im2col(g, cnt, col, ws);
+  return ws;
+}
+
 /* Row-major sgemm on sizes the geometry bounds keep within int. */
 static void sgemm(bool ta, bool tb, size_t m, size_t n, size_t kk, const float *a, size_t lda,
                   const float *b, size_t ldb, float beta, float *c, size_t ldc) {
@@ -170,13 +180,8 @@ int ts_cpu_conv2d_fwd(const ts_kernels_t *k, const ts_conv2d_t *g, const float *
   size_t K = taps(g), pix = g->out_h * g->out_w;
   for (size_t n0 = 0; n0 < g->batch; n0 += nb) {
     size_t cnt = g->batch - n0 < nb ? g->batch - n0 : nb;
-    const float *col = x + n0 * image_in(g);
-    if (!is_pointwise(g)) {
-      im2col(g, cnt, col, ws);
-      col = ws;
-    }
-    sgemm(false, false, cnt * pix, g->out_c, K, col, K, w, g->out_c, 0.0f, y + n0 * image_out(g),
-          g->out_c);
+    sgemm(false, false, cnt * pix, g->out_c, K, chunk_col(g, x, n0, cnt, ws), K, w, g->out_c,
+          0.0f, y + n0 * image_out(g), g->out_c);
   }
   return 0;
 }
@@ -190,13 +195,8 @@ int ts_cpu_conv2d_bwd_filter(const ts_kernels_t *k, const ts_conv2d_t *g, const 
   size_t K = taps(g), pix = g->out_h * g->out_w;
   for (size_t n0 = 0; n0 < g->batch; n0 += nb) {
     size_t cnt = g->batch - n0 < nb ? g->batch - n0 : nb;
-    const float *col = x + n0 * image_in(g);
-    if (!is_pointwise(g)) {
-      im2col(g, cnt, col, ws);
-      col = ws;
-    }
-    sgemm(true, false, K, g->out_c, cnt * pix, col, K, dy + n0 * image_out(g), g->out_c,
-          n0 == 0 ? 0.0f : 1.0f, dw, g->out_c);
+    sgemm(true, false, K, g->out_c, cnt * pix, chunk_col(g, x, n0, cnt, ws), K,
+          dy + n0 * image_out(g), g->out_c, n0 == 0 ? 0.0f : 1.0f, dw, g->out_c);
   }
   return 0;
 }

@@ -38,6 +38,17 @@ ts_client_t *ts_big_worker(ts_cluster_t *c, const ts_big_t *b, int task, const c
   return cl;
 }
 
+void ts_big_start_async(ts_cluster_t *c, const ts_big_t *b, int num_workers,
+                        const char *server_cfg) {
+  char cfg[1024];
+  snprintf(cfg, sizeof cfg,
+           "job = { mode = \"async\"; partition_bytes = %zu; };\n"
+           "optimizer = { name = \"sgd\"; learning_rate = 1.0; };\n"
+           "server = { %s };",
+           b->part_floats * sizeof(float), server_cfg);
+  assert_int_equal(ts_cluster_start(c, 1, num_workers, cfg), 0);
+}
+
 float *ts_big_filled(const ts_big_t *b, float v) {
   float *g = malloc(b->n * sizeof *g);
   assert_non_null(g);
@@ -60,6 +71,27 @@ void ts_big_expect_parts(const ts_big_t *b, ts_client_t *cl, const float *want) 
     }
   }
   free(w);
+}
+
+void ts_big_step(const ts_big_t *b, ts_client_t *cl, float *value, double held_max_s) {
+  float *g = ts_big_filled(b, -1.0f);
+  char err[512];
+  double t0 = ts_now_s();
+  int rc = tc_push(cl, (const float *const *)&g, 0, NULL, err, sizeof err);
+  double took = ts_now_s() - t0;
+  if (rc < 0) fprintf(stderr, "good push: %s\n", err);
+  assert_int_equal(rc, 0);
+  if (took > held_max_s) fail_msg("the good push took %.2f s (at most %.2f s)", took, held_max_s);
+  free(g);
+  *value += 1.0f;
+  float *want = malloc(b->parts * sizeof *want);
+  assert_non_null(want);
+  for (size_t i = 0; i < b->parts; i++) want[i] = *value;
+  t0 = ts_now_s();
+  ts_big_expect_parts(b, cl, want);
+  took = ts_now_s() - t0;
+  if (took > held_max_s) fail_msg("the good pull took %.2f s (at most %.2f s)", took, held_max_s);
+  free(want);
 }
 
 bool ts_big_parts_uniform(const ts_big_t *b, const float *w) {

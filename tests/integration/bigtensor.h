@@ -27,11 +27,21 @@ void ts_big_init(ts_big_t *b, size_t parts, size_t part_floats);
 ts_client_t *ts_big_worker(ts_cluster_t *c, const ts_big_t *b, int task, const char *identity,
                            double request_timeout_s, double heartbeat_interval_s);
 
+/* Start a one-shard async job of num_workers workers, partitioned as b, whose optimizer is
+ * SGD at learning rate 1 (a push of -1 adds exactly 1); server_cfg goes inside the server
+ * group. Asserts that it started. */
+void ts_big_start_async(ts_cluster_t *c, const ts_big_t *b, int num_workers,
+                        const char *server_cfg);
+
 /* A malloc'd buffer of b->n values v. */
 float *ts_big_filled(const ts_big_t *b, float v);
 
 /* Pull, and check that every value of partition p equals want[p]. */
 void ts_big_expect_parts(const ts_big_t *b, ts_client_t *cl, const float *want);
+
+/* cl pushes -1 everywhere, then pulls: *value goes up by 1 and every value must equal it
+ * (a job of ts_big_start_async); neither request may take longer than held_max_s. */
+void ts_big_step(const ts_big_t *b, ts_client_t *cl, float *value, double held_max_s);
 
 /* Every partition of w holds one value throughout (a reply never carries a half-applied
  * update when the updates move whole partitions by equal amounts). */

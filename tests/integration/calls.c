@@ -83,3 +83,17 @@ void tc_opts(ts_client_opts_t *o, const char *const *addrs, size_t num_shards) {
   o->log = ts_log_forward;
   o->log_level = TS_CLIENT_LOG_DEBUG;
 }
+
+int tc_open(ts_client_t **cl, const ts_client_opts_t *o, const ts_client_tensor_t *model,
+            size_t n, uint64_t seed) {
+  char err[512];
+  int rc = ts_client_open(cl, o, err, sizeof err);
+  if (rc < 0) {
+    fprintf(stderr, "open: %s\n", err);
+    return rc;
+  }
+  if (!model) return 0;
+  rc = ts_client_declare(*cl, model, n, seed, err, sizeof err);
+  if (rc < 0) fprintf(stderr, "declare: %s\n", err);
+  return rc;
+}

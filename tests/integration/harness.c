@@ -122,6 +122,14 @@ char *ts_cluster_log(const ts_cluster_t *c, int i) {
   return ts_read_file(path);
 }
 
+bool ts_cluster_log_has(const ts_cluster_t *c, int i, const char *needle) {
+  char *log = ts_cluster_log(c, i);
+  bool has = log && strstr(log, needle);
+  if (!has) fprintf(stderr, "shard %d's log lacks '%s':\n%s\n", i, needle, log ? log : "");
+  free(log);
+  return has;
+}
+
 char *ts_read_file(const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) return NULL;

@@ -60,6 +60,9 @@ long ts_proc_rss_kib(pid_t pid);
 /* The content of shard i's log (malloc'd, caller frees), or NULL. */
 char *ts_cluster_log(const ts_cluster_t *c, int i);
 
+/* Whether shard i's log holds needle; when it does not, says so on stderr with the log. */
+bool ts_cluster_log_has(const ts_cluster_t *c, int i, const char *needle);
+
 /* Run a command line, capture stdout into out (size n) and return its exit status. */
 int ts_run_capture(const char *const *argv, char *out, size_t n, char *err, size_t errn);
 

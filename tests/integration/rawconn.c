@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -68,6 +69,37 @@ void ts_raw_send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint64_t 
   uint8_t buf[8192];
   size_t n = ts_msg_encode(type, m, data_len, buf);
   ts_raw_send_all(fd, buf, n);
+}
+
+void ts_raw_slices(Tessera__PartSlice *s, Tessera__PartSlice **sp, const uint32_t *parts,
+                   size_t n, uint64_t part_floats) {
+  for (size_t i = 0; i < n; i++) {
+    tessera__part_slice__init(&s[i]);
+    s[i].tensor = 0;
+    s[i].part = parts ? parts[i] : (uint32_t)i;
+    s[i].count = part_floats;
+    sp[i] = &s[i];
+  }
+}
+
+void ts_raw_send_parts(int fd, uint16_t type, uint64_t request_id, size_t n, size_t part_floats) {
+  Tessera__PartSlice *s = calloc(n, sizeof *s), **sp = calloc(n, sizeof *sp);
+  ts_raw_slices(s, sp, NULL, n, part_floats);
+  if (type == TS_MSG_PUSH) {
+    Tessera__Push p = TESSERA__PUSH__INIT;
+    p.request_id = request_id;
+    p.parts = sp;
+    p.n_parts = n;
+    ts_raw_send_msg(fd, type, &p.base, n * part_floats * sizeof(float));
+  } else {
+    Tessera__Pull p = TESSERA__PULL__INIT;
+    p.request_id = request_id;
+    p.parts = sp;
+    p.n_parts = n;
+    ts_raw_send_msg(fd, type, &p.base, 0);
+  }
+  free(s);
+  free(sp);
 }
 
 int ts_raw_worker(int port, int task, const char *identity) {

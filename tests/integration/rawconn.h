@@ -28,6 +28,16 @@ void ts_raw_send_all(int fd, const void *buf, size_t n);
 /* Send a frame's header and meta announcing data_len payload bytes (sent separately). */
 void ts_raw_send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint64_t data_len);
 
+/* Set s[i] to partition parts[i] (i when parts is NULL) of tensor 0, part_floats values, and
+ * point sp[i] at it, for i in [0, n). */
+void ts_raw_slices(Tessera__PartSlice *s, Tessera__PartSlice **sp, const uint32_t *parts,
+                   size_t n, uint64_t part_floats);
+
+/* Send the meta of a request of `type` (TS_MSG_PUSH or TS_MSG_PULL) with id request_id for
+ * partitions [0, n) of tensor 0, part_floats each. A push announces their n * part_floats
+ * floats of payload, which the caller sends; a pull announces none. */
+void ts_raw_send_parts(int fd, uint16_t type, uint64_t request_id, size_t n, size_t part_floats);
+
 /* Connect and handshake as worker `task` (no token); the socket, or -1. */
 int ts_raw_worker(int port, int task, const char *identity);
 

@@ -29,11 +29,7 @@ static ts_client_t *open_client(ts_cluster_t *c, bool admin) {
   ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = 1, .admin = admin, .task = admin ? -1 : 0,
                         .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
   ts_client_t *cl = NULL;
-  char err[512];
-  int rc = ts_client_open(&cl, &o, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "open: %s\n", err);
-  assert_int_equal(rc, 0);
-  if (!admin) assert_int_equal(ts_client_declare(cl, model, 1, 3, err, sizeof err), 0);
+  assert_int_equal(tc_open(&cl, &o, admin ? NULL : model, 1, 3), 0);
   return cl;
 }
 
@@ -84,14 +80,6 @@ static void restart(ts_cluster_t *c) {
   assert_int_equal(ts_cluster_start_shard(c, 0), 0);
 }
 
-static bool log_has(ts_cluster_t *c, const char *needle) {
-  char *log = ts_cluster_log(c, 0);
-  bool has = log && strstr(log, needle);
-  if (!has) fprintf(stderr, "log lacks '%s':\n%s\n", needle, log ? log : "");
-  free(log);
-  return has;
-}
-
 static void test_corrupt_and_truncated(void **state) {
   (void)state;
   char dir[] = "/tmp/tessera-ckpt-XXXXXX", job[600];
@@ -115,8 +103,8 @@ static void test_corrupt_and_truncated(void **state) {
   assert_int_equal(stat(b, &st), 0);
   assert_int_equal(truncate(b, st.st_size / 2), 0);
   restart(&c);
-  assert_true(log_has(&c, "checkpoint rejected"));
-  assert_true(log_has(&c, "restored checkpoint"));
+  assert_true(ts_cluster_log_has(&c, 0, "checkpoint rejected"));
+  assert_true(ts_cluster_log_has(&c, 0, "restored checkpoint"));
   assert_int_equal(restored_step(&c), 3);
   w = open_client(&c, false);
   assert_true(pulled_first(w) == -1.5f);
@@ -133,7 +121,7 @@ static void test_corrupt_and_truncated(void **state) {
   fputc(ch ^ 0x10, f);
   fclose(f);
   restart(&c);
-  assert_true(log_has(&c, "checksum mismatch"));
+  assert_true(ts_cluster_log_has(&c, 0, "checksum mismatch"));
   assert_int_equal(restored_step(&c), 3);
   w = open_client(&c, false);
   assert_true(pulled_first(w) == -1.5f);

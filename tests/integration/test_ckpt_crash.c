@@ -78,11 +78,7 @@ static ts_client_t *open_worker(ts_cluster_t *c) {
   o.request_timeout_s = 10;
   o.require_all = true;
   ts_client_t *cl = NULL;
-  char err[512];
-  int rc = ts_client_open(&cl, &o, err, sizeof err);
-  if (rc == 0) rc = ts_client_declare(cl, model, 1, 1, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "open: %s\n", err);
-  assert_int_equal(rc, 0);
+  assert_int_equal(tc_open(&cl, &o, model, 1, 1), 0);
   return cl;
 }
 

@@ -48,10 +48,7 @@ static ts_client_t *open_client(const ts_cluster_t *c, bool admin, int task, con
   o.request_timeout_s = 10;
   o.require_all = true;
   ts_client_t *cl = NULL;
-  char err[512];
-  int rc = ts_client_open(&cl, &o, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "open: %s\n", err);
-  assert_int_equal(rc, 0);
+  assert_int_equal(tc_open(&cl, &o, NULL, 0, 0), 0);
   return cl;
 }
 
@@ -98,28 +95,11 @@ static int read_declare_answer(int fd, bool *created, char *detail, size_t n) {
 
 /* Wait (up to 5 s) until shard 0's /metrics shows series at `want`; returns the last value. */
 static double wait_metric(const ts_cluster_t *c, const char *series, double want) {
-  static char body[1 << 17];
-  double v = -1;
-  for (int i = 0; i < 100; i++) {
-    if (ts_http_get(c->http_port[0], "/metrics", body, sizeof body, NULL, 0) == 200) {
-      v = ts_metric_value(body, series);
-      if (v == want) return v;
-    }
-    usleep(50 * 1000);
-  }
-  fprintf(stderr, "%s = %g, expected %g\n", series, v, want);
-  return v;
+  return ts_metric_wait(c->http_port[0], series, want, want);
 }
 
 static void assert_logged(const ts_cluster_t *c, const char *needle) {
-  char *log = ts_cluster_log(c, 0);
-  assert_non_null(log);
-  if (!strstr(log, needle)) {
-    fprintf(stderr, "log lacks '%s':\n%s\n", needle, log);
-    free(log);
-    fail();
-  }
-  free(log);
+  assert_true(ts_cluster_log_has(c, 0, needle));
 }
 
 /* Pull the whole small model into w, b within HELD_MAX_S. */

@@ -46,14 +46,8 @@ typedef struct {
  * of `parts` partitions of part_floats each, and the good client (task 0). */
 static void start(fixture_t *f, size_t parts, size_t part_floats, const char *server_cfg) {
   memset(f, 0, sizeof *f);
-  char cfg[1024];
-  snprintf(cfg, sizeof cfg,
-           "job = { mode = \"async\"; partition_bytes = %zu; };\n"
-           "optimizer = { name = \"sgd\"; learning_rate = 1.0; };\n"
-           "server = { %s };",
-           part_floats * sizeof(float), server_cfg);
-  assert_int_equal(ts_cluster_start(&f->c, 1, 3, cfg), 0);
   ts_big_init(&f->big, parts, part_floats);
+  ts_big_start_async(&f->c, &f->big, 3, server_cfg);
   f->good = ts_big_worker(&f->c, &f->big, 0, "good", 10, 0);
   f->rss0 = ts_proc_rss_kib(f->c.pid[0]);
   assert_true(f->rss0 > 0);
@@ -67,36 +61,13 @@ static void stop(fixture_t *f) {
 /* The good client pushes -1 everywhere and pulls: every value must be one more than
  * before, and neither request may take longer than HELD_MAX_S. */
 static void good_step(fixture_t *f) {
-  float *g = ts_big_filled(&f->big, -1.0f);
-  char err[512];
-  double t0 = ts_now_s();
-  int rc = tc_push(f->good, (const float *const *)&g, 0, NULL, err, sizeof err);
-  double took = ts_now_s() - t0;
-  if (rc < 0) fprintf(stderr, "good push: %s\n", err);
-  assert_int_equal(rc, 0);
-  if (took > HELD_MAX_S) fail_msg("the good push took %.2f s", took);
-  free(g);
-  f->value += 1.0f;
-  float *want = malloc(f->big.parts * sizeof *want);
-  for (size_t i = 0; i < f->big.parts; i++) want[i] = f->value;
-  t0 = ts_now_s();
-  ts_big_expect_parts(&f->big, f->good, want);
-  took = ts_now_s() - t0;
-  if (took > HELD_MAX_S) fail_msg("the good pull took %.2f s", took);
-  free(want);
+  ts_big_step(&f->big, f->good, &f->value, HELD_MAX_S);
   long rss = ts_proc_rss_kib(f->c.pid[0]);
   if (rss - f->rss0 > RSS_MAX_KIB) fail_msg("shard RSS grew from %ld to %ld KiB", f->rss0, rss);
 }
 
 static void assert_logged(fixture_t *f, const char *needle) {
-  char *log = ts_cluster_log(&f->c, 0);
-  assert_non_null(log);
-  if (!strstr(log, needle)) {
-    fprintf(stderr, "log lacks '%s':\n%s\n", needle, log);
-    free(log);
-    fail();
-  }
-  free(log);
+  assert_true(ts_cluster_log_has(&f->c, 0, needle));
 }
 
 /* A raw worker connection that has sent the meta of a push of partitions [0, n) of
@@ -104,21 +75,7 @@ static void assert_logged(fixture_t *f, const char *needle) {
 static int push_started(fixture_t *f, int task, size_t n, size_t part_floats) {
   int fd = ts_raw_worker(f->c.port[0], task, "raw");
   assert_true(fd >= 0);
-  Tessera__PartSlice *s = calloc(n, sizeof *s), **sp = calloc(n, sizeof *sp);
-  for (size_t i = 0; i < n; i++) {
-    tessera__part_slice__init(&s[i]);
-    s[i].tensor = 0;
-    s[i].part = (uint32_t)i;
-    s[i].count = part_floats;
-    sp[i] = &s[i];
-  }
-  Tessera__Push p = TESSERA__PUSH__INIT;
-  p.request_id = 100;
-  p.parts = sp;
-  p.n_parts = n;
-  ts_raw_send_msg(fd, TS_MSG_PUSH, &p.base, n * part_floats * sizeof(float));
-  free(s);
-  free(sp);
+  ts_raw_send_parts(fd, TS_MSG_PUSH, 100, n, part_floats);
   return fd;
 }
 
@@ -345,19 +302,7 @@ static void test_slow_honest_pull_is_not_cut(void **state) {
   assert_true(r.fd >= 0);
   int small = 65536;
   setsockopt(r.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-  Tessera__PartSlice s[16], *sp[16];
-  for (int i = 0; i < 16; i++) {
-    tessera__part_slice__init(&s[i]);
-    s[i].tensor = 0;
-    s[i].part = (uint32_t)i;
-    s[i].count = 1048576;
-    sp[i] = &s[i];
-  }
-  Tessera__Pull p = TESSERA__PULL__INIT;
-  p.request_id = 5;
-  p.parts = sp;
-  p.n_parts = 16;
-  ts_raw_send_msg(r.fd, TS_MSG_PULL, &p.base, 0);
+  ts_raw_send_parts(r.fd, TS_MSG_PULL, 5, 16, 1048576);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, read_reply, &r), 0);
   /* Once 60% of the reply is read (about the hold timeout after it was queued), the good

@@ -52,14 +52,8 @@ typedef struct {
  * tensor of `parts` partitions of part_floats each, and the good client (task 0). */
 static void start(fixture_t *f, size_t parts, size_t part_floats, const char *server_cfg) {
   memset(f, 0, sizeof *f);
-  char cfg[1024];
-  snprintf(cfg, sizeof cfg,
-           "job = { mode = \"async\"; partition_bytes = %zu; };\n"
-           "optimizer = { name = \"sgd\"; learning_rate = 1.0; };\n"
-           "server = { %s };",
-           part_floats * sizeof(float), server_cfg);
-  assert_int_equal(ts_cluster_start(&f->c, 1, 2, cfg), 0);
   ts_big_init(&f->big, parts, part_floats);
+  ts_big_start_async(&f->c, &f->big, 2, server_cfg);
   f->good = ts_big_worker(&f->c, &f->big, 0, "good", 10, 0);
   f->value = 0.0f;
   f->rss0 = f->rss_max = ts_proc_rss_kib(f->c.pid[0]);
@@ -86,30 +80,8 @@ static void rss_ok(fixture_t *f) {
  * before, and neither request may take longer than HELD_MAX_S plus its transfer at
  * TRANSFER_FLOOR_BPS. */
 static void good_step(fixture_t *f) {
-  const double held_max = HELD_MAX_S + (double)(f->big.n * sizeof(float)) / TRANSFER_FLOOR_BPS;
-  float *g = ts_big_filled(&f->big, -1.0f);
-  char err[512];
-  double t0 = ts_now_s();
-  int rc = tc_push(f->good, (const float *const *)&g, 0, NULL, err, sizeof err);
-  double took = ts_now_s() - t0;
-  if (rc < 0) fprintf(stderr, "good push: %s\n", err);
-  assert_int_equal(rc, 0);
-  if (took > held_max) {
-    fprintf(stderr, "the good push took %.2f s (at most %.2f s)\n", took, held_max);
-    fail();
-  }
-  free(g);
-  f->value += 1.0f;
-  float *want = malloc(f->big.parts * sizeof *want);
-  for (size_t i = 0; i < f->big.parts; i++) want[i] = f->value;
-  t0 = ts_now_s();
-  ts_big_expect_parts(&f->big, f->good, want);
-  took = ts_now_s() - t0;
-  if (took > held_max) {
-    fprintf(stderr, "the good pull took %.2f s (at most %.2f s)\n", took, held_max);
-    fail();
-  }
-  free(want);
+  ts_big_step(&f->big, f->good, &f->value,
+              HELD_MAX_S + (double)(f->big.n * sizeof(float)) / TRANSFER_FLOOR_BPS);
   rss_ok(f);
 }
 
@@ -146,14 +118,7 @@ static double good_steps_until(fixture_t *f, const char *series, double want, do
 }
 
 static void assert_logged(fixture_t *f, const char *needle) {
-  char *log = ts_cluster_log(&f->c, 0);
-  assert_non_null(log);
-  if (!strstr(log, needle)) {
-    fprintf(stderr, "log lacks '%s':\n%s\n", needle, log);
-    free(log);
-    fail();
-  }
-  free(log);
+  assert_true(ts_cluster_log_has(&f->c, 0, needle));
 }
 
 /* ts_raw_send_msg for metas of any size. */
@@ -216,16 +181,7 @@ static void test_tricklers_lose_the_staging_pool(void **state) {
   memset(&t, 0, sizeof t);
   for (int i = 0; i < TRICKLERS; i++) {
     t.fd[i] = attacker(&f);
-    Tessera__PartSlice s = TESSERA__PART_SLICE__INIT;
-    Tessera__PartSlice *sp[] = {&s};
-    s.tensor = 0;
-    s.part = 0;
-    s.count = 2048;
-    Tessera__Push p = TESSERA__PUSH__INIT;
-    p.request_id = 100;
-    p.parts = sp;
-    p.n_parts = 1;
-    ts_raw_send_msg(t.fd[i], TS_MSG_PUSH, &p.base, 2048 * sizeof(float));
+    ts_raw_send_parts(t.fd[i], TS_MSG_PUSH, 100, 1, 2048);
     ts_raw_send_all(t.fd[i], "x", 1);
   }
   pthread_t th;
@@ -316,19 +272,7 @@ static void test_slow_reader_loses_its_hold(void **state) {
   r.fd = attacker(&f);
   int small = 65536;
   setsockopt(r.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-  Tessera__PartSlice s[16], *sp[16];
-  for (int i = 0; i < 16; i++) {
-    tessera__part_slice__init(&s[i]);
-    s[i].tensor = 0;
-    s[i].part = (uint32_t)i;
-    s[i].count = 1048576;
-    sp[i] = &s[i];
-  }
-  Tessera__Pull p = TESSERA__PULL__INIT;
-  p.request_id = 5;
-  p.parts = sp;
-  p.n_parts = 16;
-  ts_raw_send_msg(r.fd, TS_MSG_PULL, &p.base, 0);
+  ts_raw_send_parts(r.fd, TS_MSG_PULL, 5, 16, 1048576);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, slow_read, &r), 0);
   metric_reaches(&f, "tessera_ps_pull_replies_writing", 1); /* it holds every partition */

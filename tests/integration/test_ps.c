@@ -44,13 +44,7 @@ static ts_client_t *open_worker_polling(ts_cluster_t *c, int task, uint32_t busy
                         .require_all = true,
                         .busy_poll_us = busy_poll_us};
   ts_client_t *cl = NULL;
-  char err[512];
-  int rc = ts_client_open(&cl, &o, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "open: %s\n", err);
-  assert_int_equal(rc, 0);
-  rc = ts_client_declare(cl, model, 2, 42, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "declare: %s\n", err);
-  assert_int_equal(rc, 0);
+  assert_int_equal(tc_open(&cl, &o, model, 2, 42), 0);
   return cl;
 }
 

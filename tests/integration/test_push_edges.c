@@ -48,12 +48,6 @@ static int start(ts_cluster_t *c, int workers, double heartbeat_timeout_s) {
   return ts_cluster_start(c, 1, workers, cfg);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static ts_client_t *worker(ts_cluster_t *c, int task, double request_timeout_s) {
   return ts_big_worker(c, &big, task, "push-edges", request_timeout_s, 0);
 }
@@ -62,21 +56,10 @@ static float *filled(float v) { return ts_big_filled(&big, v); }
 
 static void expect_parts(ts_client_t *cl, const float *want) { ts_big_expect_parts(&big, cl, want); }
 
-static void slices(Tessera__PartSlice *sl, Tessera__PartSlice **slp, const uint32_t *parts,
-                   size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    tessera__part_slice__init(&sl[i]);
-    sl[i].tensor = 0;
-    sl[i].part = parts[i];
-    sl[i].count = PART_FLOATS;
-    slp[i] = &sl[i];
-  }
-}
-
 /* Send a push's meta for the listed partitions (the payload follows separately). */
 static void raw_push_meta(int fd, const uint32_t *parts, size_t n, uint64_t request_id) {
   Tessera__PartSlice sl[PARTS * 2], *slp[PARTS * 2];
-  slices(sl, slp, parts, n);
+  ts_raw_slices(sl, slp, parts, n, PART_FLOATS);
   Tessera__Push m = TESSERA__PUSH__INIT;
   m.request_id = request_id;
   m.n_parts = n;
@@ -108,14 +91,7 @@ static int raw_slow_reader(ts_cluster_t *c, int task, const char *identity) {
 }
 
 static void raw_pull_all(int fd, uint64_t request_id) {
-  static const uint32_t all[PARTS] = {0, 1};
-  Tessera__PartSlice sl[PARTS], *slp[PARTS];
-  slices(sl, slp, all, PARTS);
-  Tessera__Pull m = TESSERA__PULL__INIT;
-  m.request_id = request_id;
-  m.n_parts = PARTS;
-  m.parts = slp;
-  ts_raw_send_msg(fd, TS_MSG_PULL, &m.base, 0);
+  ts_raw_send_parts(fd, TS_MSG_PULL, request_id, PARTS, PART_FLOATS);
 }
 
 /* Read a PULL_REPLY (waiting up to timeout_ms for each read) into w (N floats), reading
@@ -129,12 +105,12 @@ static int raw_read_pull_reply(int fd, float *w, int timeout_ms, double rate) {
     return -1;
   if (ts_raw_read_full(fd, meta, hdr.meta_len, timeout_ms) < 0) return -1;
   size_t step = rate > 0 ? 128 << 10 : N * 4;
-  double t0 = now_s();
+  double t0 = ts_now_s();
   for (size_t off = 0; off < N * 4; off += step) {
     size_t k = N * 4 - off < step ? N * 4 - off : step;
     if (ts_raw_read_full(fd, (char *)w + off, k, timeout_ms) < 0) return -1;
     if (rate > 0) {
-      double due = t0 + (double)(off + k) / rate - now_s();
+      double due = t0 + (double)(off + k) / rate - ts_now_s();
       if (due > 0) usleep((useconds_t)(due * 1e6));
     }
   }
@@ -145,8 +121,8 @@ static int raw_read_pull_reply(int fd, float *w, int timeout_ms, double rate) {
  * timeout_ms. (ts_raw_closed_by_peer reads too little to get through a queued reply.) */
 static bool raw_drained_to_close(int fd, int timeout_ms) {
   static char junk[1 << 20];
-  double end = now_s() + timeout_ms / 1000.0;
-  while (now_s() < end) {
+  double end = ts_now_s() + timeout_ms / 1000.0;
+  while (ts_now_s() < end) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     if (poll(&p, 1, 100) > 0 && read(fd, junk, sizeof junk) <= 0) return true;
   }
@@ -401,9 +377,9 @@ static void test_silent_sender_releases_buffer(void **state) {
   usleep(100 * 1000);
   float *g = filled(1.0f);
   char err[512];
-  double t0 = now_s();
+  double t0 = ts_now_s();
   int rc = tc_push(cl, (const float *const *)&g, 0, NULL, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "push after %.1f s: %s\n", now_s() - t0, err);
+  if (rc < 0) fprintf(stderr, "push after %.1f s: %s\n", ts_now_s() - t0, err);
   assert_int_equal(rc, 0);
   const float want[PARTS] = {-1.0f, -1.0f};
   expect_parts(cl, want);
@@ -523,12 +499,12 @@ static void test_sync_nan_piece(void **state) {
   assert_int_equal(tc_push(w1, (const float *const *)&g1, TS_CLIENT_STEP_PULLED, NULL, err, sizeof err), 0);
   /* Both barriers close now (worker 0 was heard from for partition 1): partition 0 takes
    * the mean of 1 and 3, partition 1 worker 1's gradient alone. */
-  double t0 = now_s();
+  double t0 = ts_now_s();
   assert_int_equal(tc_pull(w0, &p, TS_CLIENT_VERSION_NEXT, 0, &v, err, sizeof err), 0);
   assert_int_equal(v, 1);
   /* Well under the 30 s sync timeout a barrier waiting for the refused piece would take,
    * and room for a loaded machine to move the 32 MiB reply. */
-  assert_true(now_s() - t0 < 15.0);
+  assert_true(ts_now_s() - t0 < 15.0);
   const float want[PARTS] = {-2.0f, -3.0f};
   expect_parts(w1, want);
   free(p);
@@ -564,9 +540,9 @@ static void test_sigterm_while_held(void **state) {
   pthread_create(&th, NULL, bg_push_main, &bp);
   usleep(300 * 1000);
   assert_false(bp.done);
-  double t0 = now_s();
+  double t0 = ts_now_s();
   ts_cluster_signal(&c, 0, SIGTERM);
-  double took = now_s() - t0;
+  double took = ts_now_s() - t0;
   fprintf(stderr, "shard stopped %.2f s after SIGTERM\n", took);
   assert_int_equal(c.bad_exits, 0);
   assert_true(took < 3.0);

@@ -44,14 +44,6 @@ static const ts_client_tensor_t model[1] = {
 
 static ts_cluster_t *cur; /* the cluster of the test running, for its log on a failure */
 
-static void start(ts_cluster_t *c) {
-  cur = c;
-  assert_int_equal(ts_cluster_start(c, 1, 2,
-                                    "job = { mode = \"async\"; partition_bytes = 4096; };\n"
-                                    "optimizer = { name = \"sgd\"; learning_rate = 1.0; };"),
-                   0);
-}
-
 static ts_client_t *open_client(ts_cluster_t *c) {
   ts_client_opts_t o;
   tc_opts(&o, c->addrs, (size_t)c->num_shards);
@@ -59,15 +51,20 @@ static ts_client_t *open_client(ts_cluster_t *c) {
   o.request_timeout_s = 10;
   o.require_all = true;
   ts_client_t *cl = NULL;
-  char err[512];
-  int rc = ts_client_open(&cl, &o, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "open: %s\n", err);
-  assert_int_equal(rc, 0);
-  rc = ts_client_declare(cl, model, 1, 7, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "declare: %s\n", err);
-  assert_int_equal(rc, 0);
+  assert_int_equal(tc_open(&cl, &o, model, 1, 7), 0);
   assert_int_equal(ts_client_num_parts(cl), PARTS);
   return cl;
+}
+
+/* Start num_shards shards of an async job of num_workers workers (SGD at learning rate 1:
+ * a push of gradient 1 subtracts exactly 1) and open task 0's client on them. */
+static ts_client_t *start(ts_cluster_t *c, int num_shards, int num_workers) {
+  cur = c;
+  assert_int_equal(ts_cluster_start(c, num_shards, num_workers,
+                                    "job = { mode = \"async\"; partition_bytes = 4096; };\n"
+                                    "optimizer = { name = \"sgd\"; learning_rate = 1.0; };"),
+                   0);
+  return open_client(c);
 }
 
 /* Every value of w is want (exactly). */
@@ -117,8 +114,7 @@ static int lib_push(ts_client_t *cl, ts_client_req_kind_t kind, uint64_t retry_o
 static void test_library_retry(void **state) {
   (void)state;
   ts_cluster_t c;
-  start(&c);
-  ts_client_t *cl = open_client(&c);
+  ts_client_t *cl = start(&c, 1, 2);
   ts_client_req_t q, r;
 
   assert_int_equal(lib_push(cl, TS_CLIENT_PUSH, 0, &q), 0);
@@ -164,13 +160,7 @@ static void test_library_retry(void **state) {
 static void raw_push(int fd, uint64_t request_id, uint64_t incarnation, uint64_t id, size_t n,
                      float g) {
   Tessera__PartSlice sl[PARTS], *slp[PARTS];
-  for (size_t i = 0; i < n; i++) {
-    tessera__part_slice__init(&sl[i]);
-    sl[i].tensor = 0;
-    sl[i].part = (uint32_t)i;
-    sl[i].count = PART_FLOATS;
-    slp[i] = &sl[i];
-  }
+  ts_raw_slices(sl, slp, NULL, n, PART_FLOATS);
   Tessera__Push m = TESSERA__PUSH__INIT;
   m.request_id = request_id;
   m.n_parts = n;
@@ -220,8 +210,7 @@ static void expect_results(int fd, size_t n, Tessera__PushResult want0, size_t k
 static void test_wire_retry(void **state) {
   (void)state;
   ts_cluster_t c;
-  start(&c);
-  ts_client_t *cl = open_client(&c);
+  ts_client_t *cl = start(&c, 1, 2);
   const uint64_t X = 0x1234567890abcdefu, Y = 0xfedcba0987654321u;
 
   /* The push is sent and its connection closed before the reply is read: the shard
@@ -279,8 +268,7 @@ static void test_wire_retry(void **state) {
 static void test_bounded(void **state) {
   (void)state;
   ts_cluster_t c;
-  start(&c);
-  ts_client_t *cl = open_client(&c);
+  ts_client_t *cl = start(&c, 1, 2);
   ts_client_req_t q, r;
   assert_int_equal(lib_push(cl, TS_CLIENT_PUSH, 0, &q), 0);
   expect_all(cl, -1.0f);
@@ -329,12 +317,7 @@ static void test_bounded(void **state) {
 static void test_retry_skips_answered_shards(void **state) {
   (void)state;
   ts_cluster_t c;
-  cur = &c;
-  assert_int_equal(ts_cluster_start(&c, 2, 1,
-                                    "job = { mode = \"async\"; partition_bytes = 4096; };\n"
-                                    "optimizer = { name = \"sgd\"; learning_rate = 1.0; };"),
-                   0);
-  ts_client_t *cl = open_client(&c);
+  ts_client_t *cl = start(&c, 2, 1);
   size_t on0 = tc_shard_parts(cl, 0), on1 = tc_shard_parts(cl, 1);
   assert_true(on0 > 0 && on1 > 0 && on0 + on1 == PARTS);
   ts_cluster_signal(&c, 1, SIGKILL);

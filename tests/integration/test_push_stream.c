@@ -232,19 +232,7 @@ static void test_stalled_reader(void **state) {
   int small = 4096;
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
   /* Pull all 40 MiB and never read the reply: its partitions stay being written. */
-  Tessera__PartSlice sl[PARTS], *slp[PARTS];
-  for (int p = 0; p < PARTS; p++) {
-    tessera__part_slice__init(&sl[p]);
-    sl[p].tensor = 0;
-    sl[p].part = (uint32_t)p;
-    sl[p].count = PART_FLOATS;
-    slp[p] = &sl[p];
-  }
-  Tessera__Pull pull = TESSERA__PULL__INIT;
-  pull.request_id = 7;
-  pull.n_parts = PARTS;
-  pull.parts = slp;
-  ts_raw_send_msg(fd, TS_MSG_PULL, &pull.base, 0);
+  ts_raw_send_parts(fd, TS_MSG_PULL, 7, PARTS, PART_FLOATS);
   usleep(200 * 1000);
 
   float *g = filled(1.0f);

@@ -39,15 +39,7 @@ static ts_client_t *open_client(ts_cluster_t *c, bool declare) {
   o.request_timeout_s = 20;
   o.require_all = true;
   ts_client_t *cl = NULL;
-  char err[512];
-  int rc = ts_client_open(&cl, &o, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "open: %s\n", err);
-  assert_int_equal(rc, 0);
-  if (declare) {
-    rc = ts_client_declare(cl, model, NT, 7, err, sizeof err);
-    if (rc < 0) fprintf(stderr, "declare: %s\n", err);
-    assert_int_equal(rc, 0);
-  }
+  assert_int_equal(tc_open(&cl, &o, declare ? model : NULL, NT, 7), 0);
   return cl;
 }
 

@@ -57,15 +57,7 @@ static ts_client_t *open_client(ts_cluster_t *c, bool admin) {
   o.request_timeout_s = 10;
   o.require_all = true;
   ts_client_t *cl = NULL;
-  char err[512];
-  int rc = ts_client_open(&cl, &o, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "open: %s\n", err);
-  assert_int_equal(rc, 0);
-  if (!admin) {
-    rc = ts_client_declare(cl, model, 2, 7, err, sizeof err);
-    if (rc < 0) fprintf(stderr, "declare: %s\n", err);
-    assert_int_equal(rc, 0);
-  }
+  assert_int_equal(tc_open(&cl, &o, admin ? NULL : model, 2, 7), 0);
   return cl;
 }
 
@@ -116,11 +108,7 @@ static void expect_restored(ts_cluster_t *c, uint64_t step, const char *needle) 
     assert_int_equal(ts_client_status(adm, (uint32_t)i, &st, err, sizeof err), 0);
     assert_int_equal(st->restored_step, step);
     ts_client_status_free(st);
-    char *log = ts_cluster_log(c, i);
-    if (!log || !strstr(log, needle))
-      fprintf(stderr, "shard %d's log lacks '%s':\n%s\n", i, needle, log ? log : "");
-    assert_true(log && strstr(log, needle));
-    free(log);
+    assert_true(ts_cluster_log_has(c, i, needle));
   }
   ts_client_close(adm);
 }

@@ -22,12 +22,6 @@
 
 static char body[1 << 18];
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* The value of series in shard 0's /metrics once it equals want (the snapshot is published
  * every 250 ms), or its last value after 10 s. */
 static double metric_when(ts_cluster_t *c, const char *series, double want) {
@@ -64,10 +58,10 @@ static void test_push_latency_includes_apply(void **state) {
   char err[512];
   double client_s = 0;
   for (int i = 0; i < PUSHES; i++) {
-    double t0 = now_s();
+    double t0 = ts_now_s();
     assert_int_equal(
         tc_push(cl, (const float *const *)&g, (uint64_t)i, NULL, err, sizeof err), 0);
-    client_s += now_s() - t0;
+    client_s += ts_now_s() - t0;
   }
   assert_int_equal(
       metric_when(&c, "tessera_ps_request_duration_seconds_count{request=\"push\"}", PUSHES),
@@ -97,10 +91,7 @@ static ts_client_t *open_admin(ts_cluster_t *c) {
   o.request_timeout_s = 10;
   o.require_all = true;
   ts_client_t *cl = NULL;
-  char err[512];
-  int rc = ts_client_open(&cl, &o, err, sizeof err);
-  if (rc < 0) fprintf(stderr, "open: %s\n", err);
-  assert_int_equal(rc, 0);
+  assert_int_equal(tc_open(&cl, &o, NULL, 0, 0), 0);
   return cl;
 }
 

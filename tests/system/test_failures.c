@@ -28,17 +28,6 @@
 #include "ts_frame.h"
 #include "ts_msg.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
-}
-
 static bool file_has(const char *path, const char *needle) {
   char *s = ts_read_file(path);
   bool has = s && strstr(s, needle);
@@ -101,8 +90,8 @@ static uint64_t task_stale(ts_cluster_t *c, int task) {
 }
 
 static void wait_for_step(ts_cluster_t *c, long long step, double timeout) {
-  double t0 = now_s();
-  while (now_s() - t0 < timeout && job_field(c, "", NULL) < step) sleep_s(0.05);
+  double t0 = ts_now_s();
+  while (ts_now_s() - t0 < timeout && job_field(c, "", NULL) < step) ts_sleep_ms(50);
 }
 
 /* --- sync, 3 workers: one killed mid-training, the others go on; it rejoins ---------- */
@@ -124,11 +113,11 @@ static void test_sync_worker_killed_and_rejoins(void **state) {
   long long at_kill = job_field(&c, "", NULL);
   assert_true(at_kill >= 100);
   /* The other two keep making steps within sync_timeout_s + 2 s. */
-  double t0 = now_s();
+  double t0 = ts_now_s();
   wait_for_step(&c, at_kill + 20, 4.0);
   long long after = job_field(&c, "", NULL);
   fprintf(stderr, "killed worker 2 at step %lld; %.2f s later the job is at step %lld\n", at_kill,
-          now_s() - t0, after);
+          ts_now_s() - t0, after);
   assert_true(after >= at_kill + 20);
   /* Restarted, it rejoins at the job's step and finishes with the others. */
   assert_int_equal(ts_worker_start(&c, 2, NULL, &w[2]), 0);
@@ -201,7 +190,7 @@ static void test_sync_backup_worker_stopped(void **state) {
   for (int t = 0; t < 3; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
   wait_for_step(&c, 50, 30);
   ts_client_t *cl = admin_client(&c);
-  sleep_s(0.3); /* /metrics is published every 250 ms */
+  ts_sleep_ms(300); /* /metrics is published every 250 ms */
   double long_before = long_barrier_waits(&c);
   kill(w[2].pid, SIGSTOP);
   /* Every shard's step, about every 50 ms for 6 s. With two of three gradients to
@@ -212,16 +201,16 @@ static void test_sync_backup_worker_stopped(void **state) {
    * past it). */
   uint64_t first[TS_CLUSTER_MAX], last[TS_CLUSTER_MAX], step[TS_CLUSTER_MAX];
   double changed[TS_CLUSTER_MAX], longest[TS_CLUSTER_MAX] = {0};
-  double t0 = now_s();
+  double t0 = ts_now_s();
   shard_steps(cl, c.num_shards, first);
   for (int s = 0; s < c.num_shards; s++) {
     last[s] = first[s];
     changed[s] = t0;
   }
-  while (now_s() - t0 < 6.0) {
-    sleep_s(0.05);
+  while (ts_now_s() - t0 < 6.0) {
+    ts_sleep_ms(50);
     shard_steps(cl, c.num_shards, step);
-    double t = now_s();
+    double t = ts_now_s();
     for (int s = 0; s < c.num_shards; s++) {
       if (step[s] != last[s]) {
         last[s] = step[s];
@@ -233,9 +222,9 @@ static void test_sync_backup_worker_stopped(void **state) {
   uint64_t stale_before = task_stale(&c, 2);
   kill(w[2].pid, SIGCONT);
   /* Resumed, worker 2 pushes for steps the others closed without it: dropped as stale. */
-  for (int i = 0; i < 100 && task_stale(&c, 2) == stale_before; i++) sleep_s(0.05);
+  for (int i = 0; i < 100 && task_stale(&c, 2) == stale_before; i++) ts_sleep_ms(50);
   uint64_t stale_after = task_stale(&c, 2);
-  sleep_s(0.3);
+  ts_sleep_ms(300);
   double long_after = long_barrier_waits(&c);
   for (int s = 0; s < c.num_shards; s++)
     fprintf(stderr,
@@ -319,12 +308,12 @@ static double train_two(ts_cluster_t *c, bool kill_shard, double *restart_to_pul
      * accuracy check is fair. Its step, not its line: on a loaded machine a checkpoint
      * begun at step 96 was written only after step 400 (1.2 s), and killing then lost 300
      * steps of shard 1. */
-    for (int i = 0; i < 3000 && last_checkpoint_step(c, 1) < 400; i++) sleep_s(0.01);
+    for (int i = 0; i < 3000 && last_checkpoint_step(c, 1) < 400; i++) ts_sleep_ms(10);
     long at = last_checkpoint_step(c, 1);
     fprintf(stderr, "shard 1 killed after its checkpoint of step %ld\n", at);
     assert_true(at >= 400);
     ts_cluster_signal(c, 1, SIGKILL);
-    sleep_s(0.5);
+    ts_sleep_ms(500);
     assert_int_equal(ts_cluster_start_shard(c, 1), 0);
   }
   double acc = 1.0;
@@ -466,7 +455,7 @@ static double hostile_refusals(const ts_cluster_t *c) {
       "tessera_ps_connections_dropped_total",  /* handshake deadline, preauth quota, rate floor */
   };
   double total = 0;
-  for (double t0 = now_s(); total <= 0 && now_s() - t0 < 10.0; sleep_s(0.25)) {
+  for (double t0 = ts_now_s(); total <= 0 && ts_now_s() - t0 < 10.0; ts_sleep_ms(250)) {
     if (ts_http_get(c->http_port[0], "/metrics", body, sizeof body, NULL, 0) != 200) continue;
     double refused = ts_metric_value(body, "tessera_ps_refused_requests_total{request=\"push\","
                                            "reason=\"role\"}");
@@ -508,7 +497,7 @@ static void test_hostile_traffic_during_training(void **state) {
         }
       }
     }
-    sleep_s(0.02);
+    ts_sleep_ms(20);
   }
   __atomic_store_n(&h.stop, 1, __ATOMIC_SEQ_CST);
   pthread_join(th, NULL);
@@ -579,7 +568,7 @@ static void test_admin_needs_admin_token(void **state) {
   if (rc != 0) fprintf(stderr, "%s\n", err);
   assert_int_equal(rc, 0);
   assert_non_null(strstr(out, "stopped"));
-  sleep_s(0.3);
+  ts_sleep_ms(300);
   assert_int_equal(ts_cluster_stop(&c), 0);
   remove(wt);
   remove(at);
@@ -609,7 +598,7 @@ static void test_barrier_waits_for_and_uneven_workers(void **state) {
   wait_for_step(&c, 100, 30);
   /* Stop worker 1 and ask whom the barrier waits for. */
   kill(w1.pid, SIGSTOP);
-  sleep_s(0.3);
+  ts_sleep_ms(300);
   char out[65536], err[4096];
   const char *argv[] = {ts_psctl_path, "-c", c.config, "-o", "json", "status", NULL};
   assert_int_equal(ts_run_capture(argv, out, sizeof out, err, sizeof err), 0);

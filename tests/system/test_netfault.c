@@ -62,17 +62,6 @@ static ts_netemu_t *g_net;
 static ts_dataset_t g_test; /* Fashion-MNIST's test set */
 static const int g_widths[] = {784, 64, 10};
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
-}
-
 static int count_of(const char *path, const char *needle) {
   char *s = ts_read_file(path);
   int n = 0;
@@ -168,7 +157,7 @@ static void stop_shards(job_t *j) {
   for (int i = 0; i < SHARDS; i++) {
     if (j->shard[i] <= 0) continue;
     int st = 0;
-    for (int t = 0; t < 1000 && waitpid(j->shard[i], &st, WNOHANG) == 0; t++) sleep_s(0.01);
+    for (int t = 0; t < 1000 && waitpid(j->shard[i], &st, WNOHANG) == 0; t++) ts_sleep_ms(10);
     if (kill(j->shard[i], 0) == 0) {
       kill(j->shard[i], SIGKILL);
       waitpid(j->shard[i], &st, 0);
@@ -188,7 +177,7 @@ static int start_shards(job_t *j) {
   }
   for (int i = 0; i < SHARDS; i++) {
     int fd = -1;
-    for (double t0 = now_s(); fd < 0 && now_s() - t0 < 20; sleep_s(0.05))
+    for (double t0 = ts_now_s(); fd < 0 && ts_now_s() - t0 < 20; ts_sleep_ms(50))
       fd = tcp_connect(ts_netemu_addr(g_net, i), PS_PORT);
     if (fd < 0) {
       dump(j->log[i]);
@@ -216,7 +205,7 @@ static void start_workers(job_t *j) {
 static void say(double t0, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "[%5.1f s] ", now_s() - t0);
+  fprintf(stderr, "[%5.1f s] ", ts_now_s() - t0);
   vfprintf(stderr, fmt, ap);
   fprintf(stderr, "\n");
   va_end(ap);
@@ -225,21 +214,21 @@ static void say(double t0, const char *fmt, ...) {
 /* Cut node off for CUT_S seconds. (A loaded machine may make it longer: said, not failed.) */
 static void cut_off(double t0, int node, const char *what) {
   say(t0, "%s cut off for %.0f s", what, CUT_S);
-  double c0 = now_s();
+  double c0 = ts_now_s();
   ts_netemu_cut(g_net, node, true);
-  sleep_s(CUT_S);
+  ts_sleep_ms((int)(CUT_S * 1000));
   ts_netemu_cut(g_net, node, false);
-  say(t0, "%s joined again after %.1f s", what, now_s() - c0);
+  say(t0, "%s joined again after %.1f s", what, ts_now_s() - c0);
 }
 
 /* The disturbances, in order, while the workers train. */
 static void disturb(job_t *j, double t0) {
   for (int t = 0; t < WORKERS; t++)
-    for (double w0 = now_s(); now_s() - w0 < 60 && count_of(j->w[t].err, "training:") == 0;)
-      sleep_s(0.05);
-  sleep_s(1.0);
+    for (double w0 = ts_now_s(); ts_now_s() - w0 < 60 && count_of(j->w[t].err, "training:") == 0;)
+      ts_sleep_ms(50);
+  ts_sleep_ms(1000);
   cut_off(t0, SHARDS + 1, "worker 1");
-  sleep_s(2.0);
+  ts_sleep_ms(2000);
   cut_off(t0, 1, "shard 1");
 }
 
@@ -288,7 +277,7 @@ static double run_job(job_t *j, const char *mode, int epochs, bool disturbed) {
   assert_int_equal(write_job(j, mode, epochs), 0);
   ts_netemu_set(g_net, 0, 0, 0);
   assert_int_equal(start_shards(j), 0);
-  double t0 = now_s();
+  double t0 = ts_now_s();
   if (disturbed) {
     ts_netemu_set(g_net, 10.0, 3.0, 0.01);
     say(t0, "%s job: every packet delayed 10 ms +- 3 ms, 1%% lost", mode);

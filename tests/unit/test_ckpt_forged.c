@@ -51,10 +51,18 @@ static void store_init(ts_store_t *s) {
   ts_config_free(&cfg);
 }
 
-/* Write a checkpoint file as ts_checkpoint_write lays it out (magic, meta length, meta,
- * data, BLAKE2b of all that), with whatever meta the test forged. */
-static void write_file(const char *path, const Tessera__CheckpointMeta *m, const float *data,
-                       size_t ndata) {
+static char dir[] = "/tmp/tessera-ckpt-forged-XXXXXX";
+
+/* The path of the one checkpoint file the tests write (shard 0, sequence 1). */
+static void file_path(char *path, size_t n) {
+  snprintf(path, n, "%s/shard-0-%020llu.ckpt", dir, 1ull);
+}
+
+/* Write the directory's checkpoint file as ts_checkpoint_write lays it out (magic, meta
+ * length, meta, data, BLAKE2b of all that), with whatever meta the test forged. */
+static void write_forged(const Tessera__CheckpointMeta *m, const float *data, size_t ndata) {
+  char path[600];
+  file_path(path, sizeof path);
   size_t mlen = tessera__checkpoint_meta__get_packed_size(m);
   uint8_t *meta = malloc(mlen + 1);
   assert_non_null(meta);
@@ -125,8 +133,6 @@ static void forged_init(forged_t *x, const uint64_t *shape, size_t rank) {
   x->m.n_parts = 2;
 }
 
-static char dir[] = "/tmp/tessera-ckpt-forged-XXXXXX";
-
 static int make_dir(void **state) {
   (void)state;
   memcpy(dir + sizeof dir - 7, "XXXXXX", 6);
@@ -136,22 +142,24 @@ static int make_dir(void **state) {
 static int remove_dir(void **state) {
   (void)state;
   char path[600];
-  snprintf(path, sizeof path, "%s/shard-0-%020llu.ckpt", dir, 1ull);
+  file_path(path, sizeof path);
   unlink(path);
   return rmdir(dir);
 }
 
-static void file_path(char *path, size_t n) {
-  snprintf(path, n, "%s/shard-0-%020llu.ckpt", dir, 1ull);
+/* Restore the directory into a fresh store s (the caller frees it); why not into err. */
+static int restore(ts_store_t *s, char *err, size_t errlen) {
+  store_init(s);
+  char got[600] = "";
+  uint64_t seq = 0;
+  return ts_checkpoint_restore(s, dir, NULL, 0, got, sizeof got, &seq, err, errlen);
 }
 
 /* Restore must reject the file and leave the store undeclared. */
 static void expect_rejected(void) {
   ts_store_t s;
-  store_init(&s);
-  char path[600] = "", err[1536] = "";
-  uint64_t seq = 0;
-  int rc = ts_checkpoint_restore(&s, dir, NULL, 0, path, sizeof path, &seq, err, sizeof err);
+  char err[1536] = "";
+  int rc = restore(&s, err, sizeof err);
   assert_true(rc <= 0);
   assert_false(s.declared);
   ts_store_free(&s);
@@ -168,9 +176,7 @@ static void test_count_wraps_the_size_check(void **state) {
   x.p[1].count = 1ull << 62; /* 4 * 2^62 wraps to 0 */
   float data[512];
   for (int i = 0; i < 512; i++) data[i] = (float)i;
-  char path[600];
-  file_path(path, sizeof path);
-  write_file(path, &x.m, data, 512);
+  write_forged(&x.m, data, 512);
   expect_rejected();
 }
 
@@ -181,9 +187,7 @@ static void test_state_buffers_wrap(void **state) {
   forged_init(&x, (const uint64_t[]){512}, 1);
   x.p[1].state_buffers = UINT32_MAX;
   float data[256] = {0};
-  char path[600];
-  file_path(path, sizeof path);
-  write_file(path, &x.m, data, 256);
+  write_forged(&x.m, data, 256);
   expect_rejected();
 }
 
@@ -196,9 +200,7 @@ static void test_rank_beyond_store(void **state) {
   forged_t x;
   forged_init(&x, shape, 20);
   float data[512] = {0};
-  char path[600];
-  file_path(path, sizeof path);
-  write_file(path, &x.m, data, 512);
+  write_forged(&x.m, data, 512);
   expect_rejected();
 }
 
@@ -227,9 +229,7 @@ static void test_too_many_tensors(void **state) {
   x.m.tensors = tp;
   x.m.n_tensors = NT;
   x.m.n_parts = 0;
-  char path[600];
-  file_path(path, sizeof path);
-  write_file(path, &x.m, NULL, 0);
+  write_forged(&x.m, NULL, 0);
   expect_rejected();
   free(t);
   free(tp);
@@ -255,16 +255,12 @@ static void test_partition_listed_twice(void **state) {
   x.p[1].part = 0;
   x.p[1].offset = 0;
   float data[512] = {0};
-  char path[600];
-  file_path(path, sizeof path);
-  write_file(path, &x.m, data, 512);
+  write_forged(&x.m, data, 512);
   ts_store_t s;
-  store_init(&s);
-  char got[600] = "", err[1536] = "";
-  uint64_t seq = 0;
+  char err[1536] = "";
   logged[0] = '\0';
   ts_log_set_thread_sink(log_sink, NULL, TS_LOG_DEBUG);
-  int rc = ts_checkpoint_restore(&s, dir, NULL, 0, got, sizeof got, &seq, err, sizeof err);
+  int rc = restore(&s, err, sizeof err);
   ts_log_set_thread_sink(NULL, NULL, TS_LOG_DEBUG);
   assert_true(rc <= 0);
   assert_false(s.declared);
@@ -279,6 +275,23 @@ static long max_rss_kib(void) {
   return ru.ru_maxrss;
 }
 
+/* Restore must refuse the file as corrupt (TS_EDATA, its error naming why) and leave the
+ * store undeclared, before anything the file sizes is allocated: the peak RSS grows by less
+ * than 16 MiB. */
+static void expect_refused_unallocated(const char *why) {
+  ts_store_t s;
+  char err[1536] = "";
+  long rss0 = max_rss_kib();
+  int rc = restore(&s, err, sizeof err);
+  long grew = max_rss_kib() - rss0;
+  fprintf(stderr, "restore: %d (%s); peak RSS grew by %ld KiB\n", rc, err, grew);
+  assert_int_equal(rc, TS_EDATA);
+  assert_false(s.declared);
+  assert_non_null(strstr(err, why));
+  assert_true(grew < 16 * 1024);
+  ts_store_free(&s);
+}
+
 /* A re-sharding set of one header-only file (another layout: partition_bytes 4) claiming
  * a model of 8 Mi parameters: its old plan would be a partition per parameter (some 320 MiB
  * of plan) and its model 32 MiB, all for a file of a few hundred bytes. Refused before
@@ -289,22 +302,8 @@ static void test_reshard_header_only_set(void **state) {
   forged_init(&x, (const uint64_t[]){8u << 20}, 1);
   x.m.partition_bytes = 4;
   x.m.n_parts = 0;
-  char path[600];
-  file_path(path, sizeof path);
-  write_file(path, &x.m, NULL, 0);
-  ts_store_t s;
-  store_init(&s);
-  char got[600] = "", err[1536] = "";
-  uint64_t seq = 0;
-  long rss0 = max_rss_kib();
-  int rc = ts_checkpoint_restore(&s, dir, NULL, 0, got, sizeof got, &seq, err, sizeof err);
-  long grew = max_rss_kib() - rss0;
-  fprintf(stderr, "restore: %d (%s); peak RSS grew by %ld KiB\n", rc, err, grew);
-  assert_int_equal(rc, TS_EDATA);
-  assert_false(s.declared);
-  assert_non_null(strstr(err, "too few for the 8388608 parameters"));
-  assert_true(grew < 16 * 1024);
-  ts_store_free(&s);
+  write_forged(&x.m, NULL, 0);
+  expect_refused_unallocated("too few for the 8388608 parameters");
 }
 
 /* The same with enough bytes in the file for the model (padding after the hash is not
@@ -320,23 +319,9 @@ static void test_reshard_plan_not_listed(void **state) {
   float *data = calloc(4u << 20, sizeof *data);
   assert_non_null(data);
   x.p[1].count = (4u << 20) - 256;
-  char path[600];
-  file_path(path, sizeof path);
-  write_file(path, &x.m, data, 4u << 20);
+  write_forged(&x.m, data, 4u << 20);
   free(data);
-  ts_store_t s;
-  store_init(&s);
-  char got[600] = "", err[1536] = "";
-  uint64_t seq = 0;
-  long rss0 = max_rss_kib();
-  int rc = ts_checkpoint_restore(&s, dir, NULL, 0, got, sizeof got, &seq, err, sizeof err);
-  long grew = max_rss_kib() - rss0;
-  fprintf(stderr, "restore: %d (%s); peak RSS grew by %ld KiB\n", rc, err, grew);
-  assert_int_equal(rc, TS_EDATA);
-  assert_false(s.declared);
-  assert_non_null(strstr(err, "cuts the model into 4194304 partitions, but its files list 2"));
-  assert_true(grew < 16 * 1024);
-  ts_store_free(&s);
+  expect_refused_unallocated("cuts the model into 4194304 partitions, but its files list 2");
 }
 /* The control: the same file, well formed, is restored. */
 static void test_well_formed_restores(void **state) {
@@ -345,14 +330,10 @@ static void test_well_formed_restores(void **state) {
   forged_init(&x, (const uint64_t[]){512}, 1);
   float data[512];
   for (int i = 0; i < 512; i++) data[i] = (float)i;
-  char path[600];
-  file_path(path, sizeof path);
-  write_file(path, &x.m, data, 512);
+  write_forged(&x.m, data, 512);
   ts_store_t s;
-  store_init(&s);
-  char got[600] = "", err[1536] = "";
-  uint64_t seq = 0;
-  int rc = ts_checkpoint_restore(&s, dir, NULL, 0, got, sizeof got, &seq, err, sizeof err);
+  char err[1536] = "";
+  int rc = restore(&s, err, sizeof err);
   if (rc != 1) fail_msg("restore: %d %s", rc, err);
   assert_true(s.declared);
   assert_int_equal(s.num_parts, 2);

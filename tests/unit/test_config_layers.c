@@ -115,21 +115,10 @@ static void test_mistakes(void **state) {
   char err[256];
   size_t n;
   /* not a list, an empty list */
-  config_t c;
-  config_init(&c);
-  assert_int_equal(config_read_string(&c, "model = { layers = [784, 10]; };\n"), CONFIG_TRUE);
-  assert_int_equal(ts_config_layers_parse(config_lookup(&c, "model.layers"), "job.cfg", layers,
-                                          TS_CONFIG_LAYERS_MAX, &n, err, sizeof err),
-                   TS_ECONFIG);
+  assert_int_equal(parse("model = { layers = [784, 10]; };\n", &n, err, sizeof err), TS_ECONFIG);
   assert_non_null(strstr(err, "job.cfg:1: model.layers: must be a list of layers"));
-  config_destroy(&c);
-  config_init(&c);
-  assert_int_equal(config_read_string(&c, "model = { layers = (); };\n"), CONFIG_TRUE);
-  assert_int_equal(ts_config_layers_parse(config_lookup(&c, "model.layers"), "job.cfg", layers,
-                                          TS_CONFIG_LAYERS_MAX, &n, err, sizeof err),
-                   TS_ECONFIG);
+  assert_int_equal(parse("model = { layers = (); };\n", &n, err, sizeof err), TS_ECONFIG);
   assert_non_null(strstr(err, "0 layers, outside 1..64"));
-  config_destroy(&c);
 }
 
 int main(void) {

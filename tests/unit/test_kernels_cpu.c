@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "rng_fixture.h"
 #include "ts_alloc.h"
 #include "ts_err.h"
 #include "ts_kernels.h"
@@ -24,12 +25,7 @@ static const ts_kernels_t *K;
 
 static uint64_t rng_state = 0x1234567u;
 
-static double urand(void) { /* xorshift64*, in [0, 1) */
-  rng_state ^= rng_state >> 12;
-  rng_state ^= rng_state << 25;
-  rng_state ^= rng_state >> 27;
-  return (double)((rng_state * 2685821657736338717ULL) >> 11) * (1.0 / 9007199254740992.0);
-}
+static double urand(void) { return rng_uniform(&rng_state); } /* in [0, 1) */
 
 static float frand(float lo, float hi) {
   return lo + (hi - lo) * (float)urand();

@@ -12,18 +12,14 @@
 
 #include <cmocka.h>
 
+#include "rng_fixture.h"
 #include "ts_alloc.h"
 #include "ts_err.h"
 #include "ts_model.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
 
-static double urand(void) {
-  rng_state ^= rng_state >> 12;
-  rng_state ^= rng_state << 25;
-  rng_state ^= rng_state >> 27;
-  return (double)((rng_state * 2685821657736338717ULL) >> 11) * (1.0 / 9007199254740992.0);
-}
+static double urand(void) { return rng_uniform(&rng_state); } /* in [0, 1) */
 
 static float frand(float lo, float hi) {
   return lo + (hi - lo) * (float)urand();

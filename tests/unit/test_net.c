@@ -31,6 +31,7 @@
 #include <cmocka.h>
 #include <libconfig.h>
 
+#include "rng_fixture.h"
 #include "ts_alloc.h"
 #include "ts_err.h"
 #include "ts_kernels.h"
@@ -41,12 +42,7 @@ static const ts_kernels_t *K;
 
 static uint64_t rng_state = 0x2545f4914f6cdd1du;
 
-static double urand(void) { /* xorshift64*, in [0, 1) */
-  rng_state ^= rng_state >> 12;
-  rng_state ^= rng_state << 25;
-  rng_state ^= rng_state >> 27;
-  return (double)((rng_state * 2685821657736338717ULL) >> 11) * (1.0 / 9007199254740992.0);
-}
+static double urand(void) { return rng_uniform(&rng_state); } /* in [0, 1) */
 
 static float *rand_floats(size_t n, double lo, double hi) {
   float *p = ts_malloc(n * sizeof *p);

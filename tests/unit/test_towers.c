@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "rng_fixture.h"
 #include "ts_alloc.h"
 #include "ts_backend.h"
 #include "ts_config.h"
@@ -46,12 +47,7 @@ static void test_split(void **state) {
 }
 
 static uint64_t rng = 0x243f6a8885a308d3ULL;
-static float frand(void) {
-  rng ^= rng >> 12;
-  rng ^= rng << 25;
-  rng ^= rng >> 27;
-  return (float)((double)((rng * 2685821657736338717ULL) >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
-}
+static float frand(void) { return (float)rng_uniform(&rng) * 2.0f - 1.0f; } /* in [-1, 1) */
 
 /* T towers on the CPU over one batch, against one model on the same batch. */
 static void check_towers_equal_one(size_t towers, ts_activation_t act) {

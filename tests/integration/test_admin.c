@@ -88,6 +88,8 @@ static void test_endpoints(void **state) {
   }
   g[7] = 0.0f / 0.0f;
   assert_true(tc_push(cl, grad, 5, NULL, e, sizeof e) < 0);
+  char nan_err[512];
+  snprintf(nan_err, sizeof nan_err, "%s", e);
   ts_client_set_progress(cl, 5, 0.5, 100.0, 0.1, false);
   assert_int_equal(ts_client_heartbeat(cl, e, sizeof e), 0);
   for (int s = 0; s < 2; s++) wait_heartbeat_published(&c, s);
@@ -112,6 +114,7 @@ static void test_endpoints(void **state) {
   }
   assert_true(pushes == 10 || pushes == 11); /* + the NaN push on the shard without element 7 */
   assert_true(pulls == 10);
+  if (refused < 1) fprintf(stderr, "the NaN push failed with: %s\n%s", nan_err, body);
   assert_true(refused >= 1); /* the shard holding element 7 refused it */
   assert_true(bytes_in > 300.0 * 40 * 4 * 5);
 

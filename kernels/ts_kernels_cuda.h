@@ -44,6 +44,10 @@ typedef struct {
 /* True when this build has the CUDA back end (nvcc was found at configure time). */
 bool ts_kernels_cuda_built(void);
 
+/* True when this build has cuDNN's convolution and max pooling in the CUDA back end (cuDNN
+ * was found); without it those kernels are NULL and placement keeps such layers off the GPU. */
+bool ts_kernels_cuda_have_cudnn(void);
+
 /* True when this build averages tower gradients with NCCL (NCCL was found). */
 bool ts_kernels_cuda_have_nccl(void);
 

@@ -385,8 +385,9 @@ const ts_config_def_t ts_config_defs[] = {
         "products. 0 = OpenBLAS's own choice (OPENBLAS_NUM_THREADS, else every core). At "
         "most 1024."),
     BOOL("device.allow_tf32", allow_tf32, "false",
-         "Let cuBLAS round float32 matrix products through TF32 tensor cores (faster, about "
-         "3 decimal digits); off, products are full float32 like the CPU's."),
+         "Let cuBLAS and cuDNN round float32 matrix products and convolutions through TF32 "
+         "tensor cores (faster, about 3 decimal digits); off, they are full float32 like the "
+         "CPU's."),
 
     STRING("checkpoint.dir", checkpoint_dir, 0, PATH_BYTES, "\"\"",
            "Directory each shard writes checkpoints to; empty = no checkpoints. A path: at "

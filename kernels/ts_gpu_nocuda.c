@@ -31,6 +31,10 @@ bool ts_kernels_cuda_built(void) {
   return false;
 }
 
+bool ts_kernels_cuda_have_cudnn(void) {
+  return false;
+}
+
 bool ts_kernels_cuda_have_nccl(void) {
   return false;
 }

@@ -137,7 +137,8 @@ struct ts_kernels {
                         const int32_t *labels, size_t *correct_host);
 
   /* --- convolution and pooling (NHWC; geometry and padding in ts_conv.h) ---------------
-   * A back end without these leaves them NULL (the CUDA back end until its cuDNN kernels).
+   * A back end without these leaves them NULL (the CUDA back end of a build without cuDNN;
+   * with it they are cuDNN's, kernels/cuda/ts_cuda_cudnn.cu).
    *
    * conv2d_workspace: the device scratch, in bytes, the three convolution kernels want for
    * geometry g (its batch included). The caller allocates it with k->alloc (so a GPU's memory

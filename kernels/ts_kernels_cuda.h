@@ -6,8 +6,10 @@
  * One table per device context: ts_kernels_cuda_create(device, ...) makes a table whose
  * kernels run on GPU `device` (the N of /gpu:N, counted among the GPUs CUDA_VISIBLE_DEVICES
  * leaves visible), in order, on one CUDA stream of its own, with one cuBLAS handle. Matrix
- * products are cuBLAS sgemm in float32 (no TF32 unless opts->allow_tf32); everything else
- * is a kernel of kernels/cuda/. Every CUDA and cuBLAS call is checked: a failure returns
+ * products are cuBLAS sgemm in float32 (no TF32 unless opts->allow_tf32); convolution and
+ * max pooling are cuDNN's where the build has it (one cuDNN handle per table, made by its
+ * first such call; CUDNN_FMA_MATH unless opts->allow_tf32); everything else is a kernel of
+ * kernels/cuda/. Every CUDA, cuBLAS and cuDNN call is checked: a failure returns
  * TS_EDEVICE (TS_ENOMEM for memory) and k->last_error(k) says which call failed and why.
  *
  * Memory. Device buffers (k->alloc) come from one pool per GPU (kernels/ts_pool.h), shared
@@ -38,11 +40,15 @@
 
 typedef struct {
   ts_gpu_memory_policy_t memory;
-  bool allow_tf32; /* let cuBLAS use TF32 tensor cores for float32 products (device.allow_tf32) */
+  bool allow_tf32; /* let cuBLAS and cuDNN use TF32 tensor cores (device.allow_tf32) */
 } ts_kernels_cuda_opts_t;
 
 /* True when this build has the CUDA back end (nvcc was found at configure time). */
 bool ts_kernels_cuda_built(void);
+
+/* True when this build has cuDNN's convolution and max pooling in the CUDA back end (cuDNN
+ * was found); without it those kernels are NULL and placement keeps such layers off the GPU. */
+bool ts_kernels_cuda_have_cudnn(void);
 
 /* True when this build averages tower gradients with NCCL (NCCL was found). */
 bool ts_kernels_cuda_have_nccl(void);

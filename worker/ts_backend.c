@@ -53,6 +53,7 @@ static int net_ops(const ts_config_t *cfg, const ts_kernels_t *gpu_ops, ts_backe
   p->ops = ts_calloc(n ? n : 1, sizeof *p->ops);
   *out = ts_calloc(n ? n : 1, sizeof **out);
   char why[256];
+  bool no_cudnn_logged = false;
   int rc = specs && p->ops && *out ? 0 : TS_ENOMEM;
   if (rc == 0 && ts_layers_from_config(cfg->net_layers, n, specs, why, sizeof why) < 0)
     rc = TS_EINVAL;
@@ -70,6 +71,14 @@ static int net_ops(const ts_config_t *cfg, const ts_kernels_t *gpu_ops, ts_backe
     (*out)[i].name = op->name;
     (*out)[i].type = op->type;
     (*out)[i].gpu_kernel = gpu_ops && !ts_net_layer_kernel_missing(gpu_ops, &specs[i]);
+    if (gpu_ops && !(*out)[i].gpu_kernel && !no_cudnn_logged && !ts_kernels_cuda_have_cudnn() &&
+        (specs[i].type == TS_LAYER_CONV2D || specs[i].type == TS_LAYER_MAX_POOL)) {
+      no_cudnn_logged = true;
+      ts_log_info(
+          "%s: this build's CUDA back end has no cuDNN, so convolution and max pooling "
+          "have no GPU kernel (rebuild with cuDNN: meson -Dcudnn=enabled)",
+          op->name);
+    }
   }
   p->num_ops = n;
   ts_free(specs);

@@ -25,6 +25,7 @@ struct ts_cuda_result {
 };
 
 struct ts_cuda_devpool;  // one per GPU, shared by its tables (ts_kernels_cuda.cu)
+struct ts_cudnn_state;   // per table, in ts_cuda_cudnn.cu
 
 struct ts_cuda_ctx {
   ts_kernels_t table;  // what callers hold; table.ctx points back here
@@ -38,6 +39,9 @@ struct ts_cuda_ctx {
   ts_cuda_result *h_result;  // pinned host mirror
   float *d_rowloss;          // per-row losses of softmax_xent, rowloss_cap floats
   size_t rowloss_cap;
+  bool allow_tf32;      // TF32 tensor cores for cuBLAS and cuDNN (device.allow_tf32)
+  ts_cudnn_state *dnn;  // cuDNN handle, algorithm cache, pooling scratch (ts_cuda_cudnn.cu);
+                        // made by the first convolution or pooling, NULL before
   char errmsg[512];
 };
 
@@ -66,6 +70,17 @@ int ts_cublas_fail(ts_cuda_ctx *ctx, cublasStatus_t s, const char *call, const c
       return ts_cublas_fail(ctx, ts_s_, #call, __FILE__, __LINE__); \
   } while (0)
 
+// The pool of the table's GPU (ts_kernels_cuda.cu), for scratch outside k->alloc.
+ts_pool_t *ts_cuda_pool(ts_cuda_ctx *ctx);
+// Its memory policy's limit in bytes (0 = none but the GPU's own memory).
+size_t ts_cuda_pool_limit(ts_cuda_ctx *ctx);
+
+// --- cuDNN (ts_cuda_cudnn.cu, built where meson finds cuDNN: TS_HAVE_CUDNN) ---------------
+// Set the table's conv2d_* and maxpool_* entries to the cuDNN kernels.
+void ts_cudnn_fill_table(ts_kernels_t *t);
+// Free ctx->dnn (NULL is a no-op); the stream must be idle.
+void ts_cudnn_destroy(ts_cuda_ctx *ctx);
+
 // --- launchers (ts_cuda_ops.cu): enqueue one kernel on the stream; they return the launch
 // error, if any. `blocks` bounds the grid of grid-stride kernels.
 cudaError_t ts_cuda_bias_add(cudaStream_t s, int blocks, size_t rows, size_t cols,
@@ -78,6 +93,9 @@ cudaError_t ts_cuda_fill(cudaStream_t s, int blocks, size_t n, float value, floa
 // C[i][j] (i < m, j < n, row stride ldc) = beta == 0 ? 0 : beta * C[i][j]
 cudaError_t ts_cuda_scale_matrix(cudaStream_t s, int blocks, size_t m, size_t n, size_t ldc,
                                  float beta, float *c);
+// y[i] = a[i] * b[i]; y may be a.
+cudaError_t ts_cuda_mul(cudaStream_t s, int blocks, size_t n, const float *a, const float *b,
+                        float *y);
 cudaError_t ts_cuda_relu_fwd(cudaStream_t s, int blocks, size_t n, const float *x, float *y);
 cudaError_t ts_cuda_relu_bwd(cudaStream_t s, int blocks, size_t n, const float *y, const float *dy,
                              float *dx);

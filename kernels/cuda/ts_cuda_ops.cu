@@ -79,6 +79,11 @@ __global__ void scale_matrix_k(size_t m, size_t n, size_t ldc, float beta, float
   }
 }
 
+// y may be a (in place), so no __restrict__ on them; one rounded product as on the CPU.
+__global__ void mul_k(size_t n, const float *a, const float *__restrict__ b, float *y) {
+  for (size_t i = global_index(); i < n; i += global_stride()) y[i] = __fmul_rn(a[i], b[i]);
+}
+
 __global__ void relu_fwd_k(size_t n, const float *__restrict__ x, float *__restrict__ y) {
   for (size_t i = global_index(); i < n; i += global_stride()) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
@@ -242,6 +247,12 @@ cudaError_t ts_cuda_fill(cudaStream_t s, int blocks, size_t n, float value, floa
 cudaError_t ts_cuda_scale_matrix(cudaStream_t s, int blocks, size_t m, size_t n, size_t ldc,
                                  float beta, float *c) {
   scale_matrix_k<<<blocks_for(m * n, blocks), kThreads, 0, s>>>(m, n, ldc, beta, c);
+  return cudaGetLastError();
+}
+
+cudaError_t ts_cuda_mul(cudaStream_t s, int blocks, size_t n, const float *a, const float *b,
+                        float *y) {
+  mul_k<<<blocks_for(n, blocks), kThreads, 0, s>>>(n, a, b, y);
   return cudaGetLastError();
 }
 

@@ -310,6 +310,16 @@ int cuda_fill(const ts_kernels_t *k, size_t n, float value, float *x) {
   return 0;
 }
 
+int cuda_mul(const ts_kernels_t *k, size_t n, const float *a, const float *b, float *y) {
+  TS_CUDA_ENTER(k);
+  CHECK_BUF(a, n);
+  CHECK_BUF(b, n);
+  CHECK_BUF(y, n);
+  if (!n) return 0;
+  TS_CUDA_CHECK(ts_cuda_mul(ctx->stream, grid_cap(ctx), n, a, b, y));
+  return 0;
+}
+
 int cuda_relu_fwd(const ts_kernels_t *k, size_t n, const float *x, float *y) {
   TS_CUDA_ENTER(k);
   CHECK_BUF(x, n);
@@ -434,6 +444,10 @@ ts_kernels_t make_table() {
   t.softmax_xent = cuda_softmax_xent;
   t.softmax_xent_grad = cuda_softmax_xent_grad;
   t.argmax_correct = cuda_argmax_correct;
+  t.mul = cuda_mul;
+#if TS_HAVE_CUDNN
+  ts_cudnn_fill_table(&t);  // convolution and max pooling; NULL without cuDNN
+#endif
   return t;
 }
 
@@ -450,6 +464,7 @@ int setup(ts_cuda_ctx *ctx, const ts_kernels_cuda_opts_t *opts) {
   if (rc < 0) return rc;
   TS_CUBLAS_CHECK(cublasCreate(&ctx->blas));
   TS_CUBLAS_CHECK(cublasSetStream(ctx->blas, ctx->stream));
+  ctx->allow_tf32 = opts->allow_tf32;
   TS_CUBLAS_CHECK(cublasSetMathMode(
       ctx->blas, opts->allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   // cuBLAS's workspace comes from our pool so memory_fraction holds; a small limit gets
@@ -476,6 +491,9 @@ int setup(ts_cuda_ctx *ctx, const ts_kernels_cuda_opts_t *opts) {
 void destroy_ctx(ts_cuda_ctx *ctx) {
   cudaSetDevice(ctx->device);
   if (ctx->stream) cudaStreamSynchronize(ctx->stream);
+#if TS_HAVE_CUDNN
+  ts_cudnn_destroy(ctx);
+#endif
   if (ctx->blas) cublasDestroy(ctx->blas);
   if (ctx->pool) {
     ts_pool_free(ctx->pool->pool, ctx->d_rowloss);
@@ -491,8 +509,24 @@ void destroy_ctx(ts_cuda_ctx *ctx) {
 
 }  // namespace
 
+ts_pool_t *ts_cuda_pool(ts_cuda_ctx *ctx) {
+  return ctx->pool->pool;
+}
+
+size_t ts_cuda_pool_limit(ts_cuda_ctx *ctx) {
+  return ctx->pool->plan.limit;
+}
+
 extern "C" bool ts_kernels_cuda_built(void) {
   return true;
+}
+
+extern "C" bool ts_kernels_cuda_have_cudnn(void) {
+#if TS_HAVE_CUDNN
+  return true;
+#else
+  return false;
+#endif
 }
 
 extern "C" const ts_kernels_t *ts_kernels_cuda_ops(void) {

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# GPU checks, for a machine with an NVIDIA GPU and its driver (issue "GPU workers"). Installs
-# what is missing (deploy/install-deps.sh), builds with the CUDA back end (sm_90 code plus
-# PTX), then:
+# GPU checks, for a machine with an NVIDIA GPU and its driver (issues "GPU workers" and
+# "Convolutional models"). Installs what is missing (deploy/install-deps.sh), builds with the
+# CUDA back end (sm_90 code plus PTX) and cuDNN (-Dcudnn=enabled: the build fails without it),
+# then:
 #   (a) every CUDA kernel against the CPU back end on fresh random inputs of several shapes,
-#       outputs poisoned before each run, relative error < 1e-5 (tests/gpu/test_kernels_cuda)
+#       outputs poisoned before each run, relative error < 1e-5 (tests/gpu/test_kernels_cuda);
+#       with cuDNN, TF32 off: conv2d_fwd, conv2d_bwd_data and conv2d_bwd_filter (strides 1
+#       and 2, same and valid, odd total padding, 1 to 32 channels, batches > 1) and
+#       maxpool_bwd < 1e-4, maxpool_fwd (same and valid, overlapping 3x3/2) exact, mul < 1e-5,
+#       and a convolution workspace smaller than conv2d_workspace asked refused (TS_EINVAL)
 #   (b) Fashion-MNIST on /gpu:0 with a local 2-shard cluster, test accuracy >= 0.84
 #   (c) two towers on one GPU equal one tower with twice the micro-batch
 #   (d) device.memory_fraction honoured (logged reservation = what the GPU loses, never
@@ -46,15 +51,15 @@ if ! command -v nvcc >/dev/null; then
   exit 1
 fi
 
-say "gpu: building in $build with -Dcuda=enabled ($(nvcc --version | tail -1))"
-setup=(meson setup "$build" -Dcuda=enabled -Dbuildtype=debugoptimized)
+say "gpu: building in $build with -Dcuda=enabled -Dcudnn=enabled ($(nvcc --version | tail -1))"
+setup=(meson setup "$build" -Dcuda=enabled -Dcudnn=enabled -Dbuildtype=debugoptimized)
 [ -f "$build/build.ninja" ] && setup+=(--reconfigure)
 if ! "${setup[@]}" >>"$out/build.log" 2>&1 || ! meson compile -C "$build" >>"$out/build.log" 2>&1; then
-  say "gpu: FAILED (build; see build.log)"
+  say "gpu: FAILED (build; see build.log; cuDNN is expected beside CUDA in /usr/local/cuda)"
   tail -30 "$out/build.log"
   exit 1
 fi
-grep -E "CUDA back end|NCCL  " "$out/build.log" | tail -2 | sed 's/^/gpu: /' | tee -a "$summary"
+grep -E "CUDA back end|NCCL  |cuDNN  " "$out/build.log" | tail -3 | sed 's/^/gpu: /' | tee -a "$summary"
 say "gpu: built ($(elapsed))"
 
 # (a) kernels, then their timings.

@@ -1,10 +1,13 @@
 /*
- * The CUDA back end against the CPU reference (docs/dev/ARCHITECTURE.md), through ts_kernels.h only: C,
- * no CUDA header. Every kernel runs on fresh random inputs of several shapes (the seed is
+ * The CUDA back end against the CPU reference (docs/dev/ARCHITECTURE.md), through ts_kernels.h
+ * only: C, no CUDA header. Every kernel runs on fresh random inputs of several shapes (the seed is
  * printed; TS_SEED=N repeats a run), with its outputs poisoned with NaN before each run on
  * both back ends, and must agree with the CPU within a relative error of 1e-5: elementwise
  * for elementwise kernels, in the L2 norm for products and sums (whose order differs), exactly
- * for argmax counts. Then the argument contract, the label check, the towers' gradient
+ * for argmax counts. Convolution (forward, backward-data, backward-filter) and max pooling
+ * (forward, backward) with cuDNN within 1e-4 in the L2 norm (the pooling maxima exactly), on
+ * strides 1 and 2, both paddings, odd total padding, overlapping 3x3/2 windows, batches > 1;
+ * mul elementwise. Then the argument contract, the label check, the towers' gradient
  * average on the GPU (two towers of one GPU, and a GPU tower with a CPU tower through pinned
  * memory) against one CPU model, and memory and error reporting.
  *
@@ -29,6 +32,9 @@
 #include "ts_towers.h"
 
 #define TOL 1e-5
+/* Convolution and pooling gradients (cuDNN, TF32 off): sums of hundreds of products in
+ * another order than the CPU's im2col and sgemm. */
+#define CONV_TOL 1e-4
 
 static const ts_kernels_t *CPU;
 static ts_kernels_t *GPU;
@@ -130,9 +136,9 @@ static void compare_elementwise(const char *name, const char *shape, const pair_
   free(g);
 }
 
-/* Norm-relative: ||g - c||_2 / ||c||_2 over rows x cols with row stride ld. */
-static void compare_norm(const char *name, const char *shape, const pair_t *p, size_t rows,
-                         size_t cols, size_t ld) {
+/* Norm-relative: ||g - c||_2 / ||c||_2 over rows x cols with row stride ld, below tol. */
+static void compare_norm_tol(const char *name, const char *shape, const pair_t *p, size_t rows,
+                             size_t cols, size_t ld, double tol) {
   float *g = pair_fetch(p);
   const float *c = p->cpu;
   double diff = 0, norm = 0;
@@ -151,8 +157,13 @@ static void compare_norm(const char *name, const char *shape, const pair_t *p, s
       if (!(isnan(a) && isnan(b)) && a != b) ok = false;
     }
   double rel = norm > 0 ? sqrt(diff / norm) : sqrt(diff);
-  report(name, shape, ok ? rel : (double)INFINITY, ok && rel < TOL);
+  report(name, shape, ok ? rel : (double)INFINITY, ok && rel < tol);
   free(g);
+}
+
+static void compare_norm(const char *name, const char *shape, const pair_t *p, size_t rows,
+                         size_t cols, size_t ld) {
+  compare_norm_tol(name, shape, p, rows, cols, ld, TOL);
 }
 
 static void check_rc(const char *what, int rc_cpu, int rc_gpu) {
@@ -332,6 +343,170 @@ static void test_softmax(void) {
 }
 
 /* --- the contract on the GPU --------------------------------------------------------------- */
+
+/* --- convolution, pooling and mul (cuDNN where the build has it) --------------------------- */
+
+static void test_mul(void) {
+  static const size_t sizes[] = {1, 1000, 65537, 3000000};
+  for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+    size_t n = sizes[s];
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    float *ha = host_random(n, -2, 2), *hb = host_random(n, -2, 2);
+    pair_t a = pair_new(n, ha), b = pair_new(n, hb), y = pair_new(n, NULL);
+    pair_poison(&y);
+    check_rc("mul", CPU->mul(CPU, n, a.cpu, b.cpu, y.cpu), GPU->mul(GPU, n, a.gpu, b.gpu, y.gpu));
+    compare_elementwise("mul", shape, &y);
+    /* In place: y = a. */
+    check_rc("mul", CPU->mul(CPU, n, a.cpu, b.cpu, a.cpu), GPU->mul(GPU, n, a.gpu, b.gpu, a.gpu));
+    compare_elementwise("mul (in place)", shape, &a);
+    pair_free(&a);
+    pair_free(&b);
+    pair_free(&y);
+    free(ha);
+    free(hb);
+  }
+}
+
+typedef struct {
+  size_t n, h, w, c, kh, kw, sh, sw;
+  ts_padding_t pad;
+  size_t out_c; /* filters; 0 for pooling */
+} window_case_t;
+
+static void window_shape(const window_case_t *t, char *buf, size_t len) {
+  snprintf(buf, len, "%zux%zux%zux%zu %zux%zu/%zu%zu %s%s%zu", t->n, t->h, t->w, t->c, t->kh, t->kw,
+           t->sh, t->sw, t->pad == TS_PAD_SAME ? "same" : "valid", t->out_c ? "->" : "", t->out_c);
+}
+
+/* Every case against the CPU: stride 1 and 2, both paddings, odd total padding (TensorFlow's
+ * extra row or column after, which cuDNN cannot pad), channel counts 1 to 32, batches > 1. */
+static void test_conv(void) {
+  if (!GPU->conv2d_fwd) {
+    printf("FAIL conv2d: this build has no cuDNN (configure with -Dcudnn=enabled)\n");
+    failures++;
+    return;
+  }
+  static const window_case_t cases[] = {
+      {2, 7, 7, 3, 3, 3, 1, 1, TS_PAD_SAME, 4},     /* total padding 2 (symmetric) */
+      {2, 6, 6, 2, 4, 4, 1, 1, TS_PAD_SAME, 3},     /* total 3: odd, stride 1 */
+      {3, 9, 8, 5, 3, 3, 2, 2, TS_PAD_SAME, 6},     /* H total 2, W total 1 (odd), stride 2 */
+      {2, 10, 11, 4, 5, 5, 2, 2, TS_PAD_SAME, 8},   /* H total 3 (odd), W total 4 */
+      {8, 14, 14, 16, 3, 3, 2, 2, TS_PAD_SAME, 32}, /* total 1 on both sides */
+      {1, 4, 4, 2, 2, 2, 2, 2, TS_PAD_SAME, 2},     /* no padding needed */
+      {5, 28, 28, 1, 5, 5, 1, 1, TS_PAD_SAME, 6},   /* LeNet's first layer */
+      {4, 9, 9, 3, 3, 3, 2, 2, TS_PAD_VALID, 5},
+      {2, 8, 7, 6, 5, 3, 1, 2, TS_PAD_VALID, 7},    /* unequal windows and strides */
+      {3, 10, 10, 12, 3, 3, 2, 2, TS_PAD_VALID, 1}, /* one row left over */
+      {2, 5, 5, 8, 1, 1, 1, 1, TS_PAD_VALID, 3},    /* pointwise */
+  };
+  for (size_t t = 0; t < sizeof cases / sizeof *cases; t++) {
+    const window_case_t *c = &cases[t];
+    ts_conv2d_t g;
+    if (ts_conv_geometry(&g, c->n, c->h, c->w, c->c, c->kh, c->kw, c->sh, c->sw, c->pad, c->out_c) <
+        0)
+      die("ts_conv_geometry", TS_EINVAL);
+    char shape[64];
+    window_shape(c, shape, sizeof shape);
+    size_t nx = g.batch * g.in_h * g.in_w * g.in_c, ny = g.batch * g.out_h * g.out_w * g.out_c;
+    size_t nw = g.win_h * g.win_w * g.in_c * g.out_c;
+    size_t ws_cpu = CPU->conv2d_workspace(CPU, &g), ws_gpu = GPU->conv2d_workspace(GPU, &g);
+    if (ws_gpu == 0) {
+      printf("FAIL conv2d_workspace %s: 0 (%s)\n", shape, GPU->last_error(GPU));
+      failures++;
+      continue;
+    }
+    void *wsc = NULL, *wsg = NULL;
+    int rc = CPU->alloc(CPU, ws_cpu, &wsc);
+    if (rc == 0) rc = GPU->alloc(GPU, ws_gpu, &wsg);
+    if (rc < 0) die("alloc workspace", rc);
+    float *hx = host_random(nx, -1, 1), *hw = host_random(nw, -0.5f, 0.5f);
+    float *hdy = host_random(ny, -1, 1);
+    pair_t x = pair_new(nx, hx), w = pair_new(nw, hw), dy = pair_new(ny, hdy);
+    pair_t y = pair_new(ny, NULL), dx = pair_new(nx, NULL), dw = pair_new(nw, NULL);
+    pair_poison(&y);
+    check_rc("conv2d_fwd", CPU->conv2d_fwd(CPU, &g, x.cpu, w.cpu, y.cpu, wsc, ws_cpu),
+             GPU->conv2d_fwd(GPU, &g, x.gpu, w.gpu, y.gpu, wsg, ws_gpu));
+    compare_norm_tol("conv2d_fwd", shape, &y, 1, ny, ny, CONV_TOL);
+    pair_poison(&dx);
+    check_rc("conv2d_bwd_data", CPU->conv2d_bwd_data(CPU, &g, w.cpu, dy.cpu, dx.cpu, wsc, ws_cpu),
+             GPU->conv2d_bwd_data(GPU, &g, w.gpu, dy.gpu, dx.gpu, wsg, ws_gpu));
+    compare_norm_tol("conv2d_bwd_data", shape, &dx, 1, nx, nx, CONV_TOL);
+    pair_poison(&dw);
+    check_rc("conv2d_bwd_filter",
+             CPU->conv2d_bwd_filter(CPU, &g, x.cpu, dy.cpu, dw.cpu, wsc, ws_cpu),
+             GPU->conv2d_bwd_filter(GPU, &g, x.gpu, dy.gpu, dw.gpu, wsg, ws_gpu));
+    compare_norm_tol("conv2d_bwd_filter", shape, &dw, 1, nw, nw, CONV_TOL);
+    /* A workspace below what conv2d_workspace asked is refused, not overrun. */
+    if (ws_gpu > 0) {
+      checks++;
+      int r = GPU->conv2d_fwd(GPU, &g, x.gpu, w.gpu, y.gpu, wsg, ws_gpu - 1);
+      if (r != TS_EINVAL) {
+        failures++;
+        printf("FAIL conv2d_fwd %s with a workspace 1 byte short: %s\n", shape, ts_err_name(r));
+      }
+    }
+    pair_free(&x);
+    pair_free(&w);
+    pair_free(&dy);
+    pair_free(&y);
+    pair_free(&dx);
+    pair_free(&dw);
+    CPU->free_buf(CPU, wsc);
+    GPU->free_buf(GPU, wsg);
+    free(hx);
+    free(hw);
+    free(hdy);
+  }
+}
+
+/* Max pooling: inputs of both signs (a padded position must never win, as on the CPU, which
+ * skips padding), overlapping 3x3/2 windows (their gradients add up), odd total padding. The
+ * forward maxima are exact; the gradient sums agree to rounding. */
+static void test_maxpool(void) {
+  if (!GPU->maxpool_fwd) {
+    printf("FAIL maxpool: this build has no cuDNN (configure with -Dcudnn=enabled)\n");
+    failures++;
+    return;
+  }
+  static const window_case_t cases[] = {
+      {2, 8, 8, 3, 2, 2, 2, 2, TS_PAD_VALID, 0},  /* 2x2/2, no overlap */
+      {2, 9, 7, 2, 3, 3, 2, 2, TS_PAD_VALID, 0},  /* overlapping 3x3/2 */
+      {2, 10, 9, 3, 3, 3, 2, 2, TS_PAD_VALID, 0}, /* the last row is in no window: dx 0 */
+      {3, 9, 9, 4, 3, 3, 2, 2, TS_PAD_SAME, 0},   /* total 2 */
+      {2, 10, 10, 5, 3, 3, 2, 2, TS_PAD_SAME, 0}, /* total 1: the extra row after */
+      {2, 7, 7, 3, 2, 2, 2, 2, TS_PAD_SAME, 0},   /* total 1 */
+      {4, 28, 28, 6, 3, 3, 1, 1, TS_PAD_SAME, 0}, /* stride 1: every input in 9 windows */
+      {2, 11, 6, 16, 3, 2, 2, 1, TS_PAD_SAME, 0}, /* unequal windows and strides */
+  };
+  for (size_t t = 0; t < sizeof cases / sizeof *cases; t++) {
+    const window_case_t *c = &cases[t];
+    ts_conv2d_t g;
+    if (ts_conv_geometry(&g, c->n, c->h, c->w, c->c, c->kh, c->kw, c->sh, c->sw, c->pad, 0) < 0)
+      die("ts_conv_geometry", TS_EINVAL);
+    char shape[64];
+    window_shape(c, shape, sizeof shape);
+    size_t nx = g.batch * g.in_h * g.in_w * g.in_c, ny = g.batch * g.out_h * g.out_w * g.out_c;
+    float *hx = host_random(nx, -1, 1), *hdy = host_random(ny, -1, 1);
+    pair_t x = pair_new(nx, hx), dy = pair_new(ny, hdy), y = pair_new(ny, NULL);
+    pair_t am = pair_new(ny, NULL), dx = pair_new(nx, NULL);
+    pair_poison(&y);
+    check_rc("maxpool_fwd", CPU->maxpool_fwd(CPU, &g, x.cpu, y.cpu, am.cpu),
+             GPU->maxpool_fwd(GPU, &g, x.gpu, y.gpu, am.gpu));
+    compare_elementwise("maxpool_fwd", shape, &y);
+    pair_poison(&dx);
+    check_rc("maxpool_bwd", CPU->maxpool_bwd(CPU, &g, x.cpu, y.cpu, dy.cpu, am.cpu, dx.cpu),
+             GPU->maxpool_bwd(GPU, &g, x.gpu, y.gpu, dy.gpu, am.gpu, dx.gpu));
+    compare_norm_tol("maxpool_bwd", shape, &dx, 1, nx, nx, CONV_TOL);
+    pair_free(&x);
+    pair_free(&dy);
+    pair_free(&y);
+    pair_free(&am);
+    pair_free(&dx);
+    free(hx);
+    free(hdy);
+  }
+}
 
 static void expect(const char *what, int got, int want) {
   checks++;
@@ -598,6 +773,9 @@ int main(int argc, char **argv) {
   test_bias();
   test_elementwise();
   test_softmax();
+  test_mul();
+  test_conv();
+  test_maxpool();
   test_contract();
   test_towers(gpus);
   ts_pool_stats_t st;

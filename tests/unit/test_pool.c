@@ -303,9 +303,28 @@ static void test_cuda_without_gpu(void **state) {
     assert_false(ops->device_is_host);
     float x = 0.0f;
     assert_int_equal(ops->fill(ops, 1, 0.0f, &x), TS_EINVAL); /* no context: never runs */
+    assert_non_null(ops->mul);
+    assert_int_equal(ops->mul(ops, 1, &x, &x, &x), TS_EINVAL);
+    /* Convolution and max pooling exactly where cuDNN is built in; never run without a GPU. */
+    bool dnn = ts_kernels_cuda_have_cudnn();
+    assert_int_equal(ops->conv2d_workspace != NULL, dnn);
+    assert_int_equal(ops->conv2d_fwd != NULL, dnn);
+    assert_int_equal(ops->conv2d_bwd_data != NULL, dnn);
+    assert_int_equal(ops->conv2d_bwd_filter != NULL, dnn);
+    assert_int_equal(ops->maxpool_fwd != NULL, dnn);
+    assert_int_equal(ops->maxpool_bwd != NULL, dnn);
+    if (dnn) {
+      ts_conv2d_t g;
+      assert_int_equal(ts_conv_geometry(&g, 1, 4, 4, 1, 3, 3, 1, 1, TS_PAD_SAME, 2), 0);
+      assert_int_equal(ops->conv2d_workspace(ops, &g), 0);
+      assert_int_equal(ops->conv2d_fwd(ops, &g, &x, &x, &x, &x, 4), TS_EINVAL);
+      int32_t am = 0;
+      assert_int_equal(ops->maxpool_fwd(ops, &g, &x, &x, &am), TS_EINVAL);
+    }
   } else {
     assert_null(ops);
     assert_false(ts_kernels_cuda_have_nccl());
+    assert_false(ts_kernels_cuda_have_cudnn());
   }
 }
 

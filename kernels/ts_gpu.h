@@ -17,6 +17,9 @@ typedef struct {
   int index;           /* N of /gpu:N */
   char name[128];      /* "NVIDIA H200" */
   char pci_bus_id[32]; /* "0000:19:00.0" */
+  char uuid[40];       /* "8932f937-d72c-4106-c12f-20bd9faed9f6" (cudaDeviceProp.uuid),
+                          which nvidia-smi -L shows as GPU-<uuid> (MIG-<uuid> for a MIG
+                          instance); "" when unknown */
   size_t total_bytes;  /* device memory */
   int major, minor;    /* compute capability */
 } ts_gpu_info_t;

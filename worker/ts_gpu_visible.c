@@ -183,25 +183,25 @@ const char *ts_gpu_visible_describe(const ts_gpu_visible_t *v, char *buf, size_t
            v->stop);
     return buf;
   }
-  if (v->n == 0 && v->listed > 0) {
-    append(buf, n, &len, "CUDA sees none of the %zu GPU(s) listed", v->listed);
-    return buf;
-  }
-  if (v->n == 0) {
+  if (v->listed == 0) {
     if (strspn(v->value, " \t\n") == strlen(v->value))
       append(buf, n, &len, "no GPU is visible (the list is empty)");
     else
       append(buf, n, &len, "no GPU is visible (\"%s\" is not a GPU)", v->stop);
     return buf;
   }
-  for (size_t i = 0; i < v->n; i++) {
+  /* When the runtime sees none, what the text says still tells the reader what was meant. */
+  size_t shown = v->n ? v->n : v->listed;
+  for (size_t i = 0; i < shown; i++) {
     const ts_gpu_visible_entry_t *e = &v->entries[i];
     if (e->index >= 0)
       append(buf, n, &len, "%s/gpu:%zu is physical GPU %d", i ? ", " : "", i, e->index);
     else
       append(buf, n, &len, "%s/gpu:%zu is %s", i ? ", " : "", i, e->uuid);
   }
-  if (v->n < v->listed)
+  if (v->n == 0)
+    append(buf, n, &len, "; the CUDA runtime reports no GPU");
+  else if (v->n < v->listed)
     append(buf, n, &len,
            "; CUDA sees %zu of the %zu listed: \"%s\" is not a GPU of this machine, so CUDA "
            "ignores it and everything after it",
@@ -220,7 +220,7 @@ bool ts_gpu_visible_hides_all(const ts_gpu_visible_t *v, char *buf, size_t n) {
     size_t len = 0;
     buf[0] = '\0';
     append(buf, n, &len, "%s=\"%s\" hides every GPU", TS_GPU_VISIBLE_ENV, v->value);
-    if (v->repeated) append(buf, n, &len, " (it lists \"%s\" twice)", v->stop);
+    if (v->repeated) append(buf, n, &len, ", as it lists \"%s\" twice", v->stop);
   }
   return true;
 }

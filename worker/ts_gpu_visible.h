@@ -88,6 +88,8 @@ int ts_gpu_visible_physical(const ts_gpu_visible_t *v, int ordinal, const ts_gpu
  *   CUDA_VISIBLE_DEVICES="0,1,-1,2": /gpu:0 is physical GPU 0, /gpu:1 is physical GPU 1;
  *     "-1" is not a GPU, so CUDA ignores it and everything after it
  *   CUDA_VISIBLE_DEVICES="-1": no GPU is visible ("-1" is not a GPU)
+ *   CUDA_VISIBLE_DEVICES="1": /gpu:0 is physical GPU 1; the CUDA runtime reports no GPU
+ * (the last after ts_gpu_visible_apply with 0: what was meant, and that none is there).
  * Returns buf. */
 const char *ts_gpu_visible_describe(const ts_gpu_visible_t *v, char *buf, size_t n);
 

@@ -98,11 +98,16 @@ static void test_fashion_mnist_gpu(void **state) {
     assert_int_equal(rc, 0);
     assert_true(acc >= 0.84);
     assert_true(file_has(w[t].err, "/gpu:0 is "));
+    char created[96];
+    snprintf(created, sizeof created,
+             "Created device /job:worker/replica:0/task:%d/device:GPU:0 with ", t);
+    assert_true(file_has(w[t].err, created));
     assert_true(file_has(w[t].err, "fc1/matmul: (MatMul): /job:worker/replica:0/task"));
     assert_true(file_has(w[t].err, "/device:GPU:0\n"));
     assert_false(file_has(w[t].err, "device:CPU:0\n"));
   }
   show_line(&w[0], "/gpu:0 is ");
+  show_line(&w[0], "Created device ");
   show_line(&w[0], "towers: ");
   show_line(&w[0], "/gpu:0 memory: pool held");
   assert_int_equal(ts_cluster_stop(&c), 0);
@@ -259,12 +264,15 @@ static void test_memory_fraction_growth(void **state) {
   if (rc != 0) dump(&w);
   assert_int_equal(rc, 0);
   show_line(&w, "/gpu:0 memory: growing on demand up to");
+  show_line(&w, "Created device ");
   show_line(&w, "/gpu:0 memory: pool held");
   char *s = ts_read_file(w.err);
   const char *h = s ? strstr(s, "/gpu:0 memory: pool held ") : NULL;
   const char *hp = h ? strchr(h, '(') : NULL;
   size_t held = hp ? (size_t)strtoull(hp + 1, NULL, 10) : 0;
-  bool logged = s && strstr(s, "/gpu:0 memory: growing on demand up to");
+  char created[96];
+  snprintf(created, sizeof created, "with %zu MB memory:  -> device: ", want >> 20);
+  bool logged = s && strstr(s, "/gpu:0 memory: growing on demand up to") && strstr(s, created);
   free(s);
   fprintf(stderr, "allow_growth under memory_fraction 0.05: limit %zu, pool held %zu at the end\n",
           want, held);

@@ -152,7 +152,8 @@ static void test_apply_runtime_count(void **state) {
   assert_string_equal(v.stop, "");
   assert_false(ts_gpu_visible_hides_all(&v, buf, sizeof buf));
   assert_string_equal(ts_gpu_visible_describe(&v, buf, sizeof buf),
-                      "CUDA_VISIBLE_DEVICES=\"GPU-8e4a\": CUDA sees none of the 1 GPU(s) listed");
+                      "CUDA_VISIBLE_DEVICES=\"GPU-8e4a\": /gpu:0 is GPU-8e4a; the CUDA runtime "
+                      "reports no GPU");
   /* A UUID that matched no GPU. */
   assert_int_equal(ts_gpu_visible_parse("GPU-8e4a,GPU-ffff", &v), 2);
   ts_gpu_visible_apply(&v, 1);
@@ -193,7 +194,7 @@ static void test_describe(void **state) {
   assert_string_equal(buf, "CUDA_VISIBLE_DEVICES=\"\" hides every GPU");
   ts_gpu_visible_parse("3,3", &v);
   assert_true(ts_gpu_visible_hides_all(&v, buf, sizeof buf));
-  assert_string_equal(buf, "CUDA_VISIBLE_DEVICES=\"3,3\" hides every GPU (it lists \"3\" twice)");
+  assert_string_equal(buf, "CUDA_VISIBLE_DEVICES=\"3,3\" hides every GPU, as it lists \"3\" twice");
   ts_gpu_visible_parse("0", &v);
   assert_false(ts_gpu_visible_hides_all(&v, buf, sizeof buf));
   /* Small buffers are cut, never overrun. */

@@ -370,10 +370,15 @@ const ts_config_def_t ts_config_defs[] = {
     BOOL("device.log_device_placement", log_device_placement, "false",
          "Log one line per op with the device it was placed on."),
     BOOL("device.allow_growth", allow_growth, "true",
-         "Take GPU memory as needed rather than reserving it up front."),
+         "Take GPU memory as needed rather than reserving it up front (TensorFlow's "
+         "GPUOptions.allow_growth). With device.memory_fraction > 0 the pool grows up to that "
+         "fraction and no further; false with a fraction of 0 reserves 90% of the free memory "
+         "at start (TensorFlow's default)."),
     FLOAT("device.memory_fraction", memory_fraction, 0.0, 1.0, 0, "0.0",
-          "Fraction of each GPU's memory reserved up front and never exceeded; 0 = no "
-          "reservation. A fraction, so within [0, 1]."),
+          "The most of each GPU's total memory the worker's pool may hold (TensorFlow's "
+          "per_process_gpu_memory_fraction), rounded down to 2 MiB: reserved up front when "
+          "device.allow_growth = false, grown into on demand when true; 0 = no limit of our "
+          "own. A fraction, so within [0, 1]."),
     INT("device.towers", towers, 0, 64, "0",
         "Model replicas (towers) per worker, each on its own micro-batch of train.batch_size "
         "/ towers examples (so batch_size must be a multiple). 0 = one per visible GPU when "

@@ -133,8 +133,8 @@ typedef struct {
   char *placement;
   bool allow_soft_placement;
   bool log_device_placement;
-  bool allow_growth;
-  double memory_fraction;
+  bool allow_growth;          /* take GPU memory on demand (kernels/ts_gpu.h's plan) */
+  double memory_fraction;     /* most of each GPU the pool may hold; 0 = no limit of ours */
   int towers;                 /* model replicas per worker; 0 = one per visible GPU */
   int intra_op_threads;       /* OpenBLAS threads; 0 = its own choice */
   bool allow_tf32;            /* cuBLAS may use TF32 for float32 products */

@@ -35,7 +35,22 @@ int ts_gpu_memory_plan(int device, size_t total, size_t free_bytes,
     r = r / TS_GPU_MEMORY_GRANULE * TS_GPU_MEMORY_GRANULE;
     if (r < TS_GPU_MEMORY_GRANULE) r = TS_GPU_MEMORY_GRANULE;
     ts_pool_format_bytes(r, want, sizeof want);
+    out->limit = r;
+    out->usable = r;
+    if (policy->allow_growth) {
+      /* TensorFlow's allow_growth under per_process_gpu_memory_fraction: the fraction is the
+       * most the allocator may grow to, and nothing is taken before it is needed. */
+      out->grow = true;
+      snprintf(out->summary, sizeof out->summary,
+               "growing on demand up to %s (%zu bytes): device.allow_growth = true, "
+               "device.memory_fraction = %g of %s (%s free)",
+               want, r, f, tot, fr);
+      snprintf(out->limit_reason, sizeof out->limit_reason,
+               "device.memory_fraction = %g with device.allow_growth = true", f);
+      return 0;
+    }
     if (r > free_bytes) {
+      memset(out, 0, sizeof *out);
       ts_errmsg_printf(errmsg, errlen,
                        "GPU %d: device.memory_fraction = %g asks for %s of its %s, but only %s "
                        "are free (other processes hold the rest)",
@@ -43,7 +58,6 @@ int ts_gpu_memory_plan(int device, size_t total, size_t free_bytes,
       return TS_ENOMEM;
     }
     out->reserve = r;
-    out->limit = r;
     out->grow = false;
     snprintf(out->summary, sizeof out->summary,
              "reserving %s (%zu bytes) up front: device.memory_fraction = %g of %s", want, r, f,
@@ -53,6 +67,7 @@ int ts_gpu_memory_plan(int device, size_t total, size_t free_bytes,
   }
   if (policy->allow_growth) {
     out->grow = true;
+    out->usable = free_bytes;
     snprintf(out->summary, sizeof out->summary,
              "growing on demand (device.allow_growth = true; %s of %s free)", fr, tot);
     return 0;
@@ -69,6 +84,7 @@ int ts_gpu_memory_plan(int device, size_t total, size_t free_bytes,
   ts_pool_format_bytes(r, want, sizeof want);
   out->reserve = r;
   out->limit = r;
+  out->usable = r;
   snprintf(out->summary, sizeof out->summary,
            "reserving %s (%zu bytes) up front: device.allow_growth = false takes 90%% of the "
            "%s free",

@@ -14,8 +14,8 @@
  *
  * Memory. Device buffers (k->alloc) come from one pool per GPU (kernels/ts_pool.h), shared
  * by every table of that GPU in the process, planned from the memory policy by
- * ts_gpu_memory_plan (kernels/ts_gpu.h): reserved up front under device.memory_fraction,
- * grown on demand under device.allow_growth. Plain cudaMalloc underneath, never managed
+ * ts_gpu_memory_plan (kernels/ts_gpu.h): grown on demand under device.allow_growth (never
+ * beyond device.memory_fraction when it is set), else reserved up front. Plain cudaMalloc underneath, never managed
  * memory. A request the policy cannot satisfy is TS_ENOMEM and last_error names the limit,
  * what is in use and what was asked. The first table of a GPU fixes its pool's policy; later
  * tables of that GPU share it whatever policy they pass. k->host_alloc gives pinned host

@@ -3,7 +3,8 @@
  *
  * The CUDA back end takes device memory from the driver in large chunks (cudaMalloc) and
  * hands out pieces of them here, so that device.memory_fraction can reserve memory up front
- * and never exceed it, and device.allow_growth can grow the pool on demand. The pool itself
+ * and never exceed it, and device.allow_growth can grow the pool on demand (up to that
+ * fraction when both are set). The pool itself
  * is plain C and never touches the memory it manages: it only does address arithmetic on
  * the chunks and keeps its bookkeeping in host memory. So it works for device memory, and
  * unit tests drive it with host memory on machines without a GPU.

@@ -2,11 +2,13 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ts_alloc.h"
 #include "ts_err.h"
 #include "ts_gpu.h"
+#include "ts_gpu_visible.h"
 #include "ts_kernels_cuda.h"
 #include "ts_log.h"
 
@@ -185,14 +187,28 @@ static void release_cuda(const ts_kernels_t *k) {
   ts_kernels_cuda_destroy((ts_kernels_t *)(uintptr_t)k);
 }
 
-static void log_gpus(int gpu_count) {
+/* Which physical GPU each /gpu:N is, by the mapping of CUDA_VISIBLE_DEVICES. */
+static void log_gpus(const ts_gpu_visible_t *visible, int gpu_count) {
   for (int g = 0; g < gpu_count; g++) {
     ts_gpu_info_t info;
-    if (ts_gpu_info(g, &info) == 0)
-      ts_log_info("/gpu:%d is %s (PCI %s, %.1f GiB, compute capability %d.%d)", g, info.name,
-                  info.pci_bus_id, (double)info.total_bytes / (1024.0 * 1024.0 * 1024.0),
-                  info.major, info.minor);
+    if (ts_gpu_info(g, &info) < 0) continue;
+    char phys[96], uuid[48] = "";
+    bool by_index = ts_gpu_visible_physical(visible, g, &info, phys, sizeof phys) >= 0;
+    if (by_index && info.uuid[0]) snprintf(uuid, sizeof uuid, ", GPU-%s", info.uuid);
+    ts_log_info("/gpu:%d is %s%s: %s (PCI %s%s, %.1f GiB, compute capability %d.%d)", g,
+                by_index ? "physical GPU " : "", phys, info.name, info.pci_bus_id, uuid,
+                (double)info.total_bytes / (1024.0 * 1024.0 * 1024.0), info.major, info.minor);
   }
+}
+
+/* TensorFlow's device-creation line for a GPU whose pool was just made. */
+static void log_created(const ts_gpu_visible_t *visible, int device, int task,
+                        const ts_gpu_memory_plan_t *mp) {
+  ts_gpu_info_t info;
+  if (ts_gpu_info(device, &info) < 0) return;
+  char line[512];
+  ts_log_info("%s",
+              ts_gpu_visible_created_line(visible, &info, task, mp->usable, line, sizeof line));
 }
 
 static void log_placement(const ts_config_t *cfg, int task, const ts_backend_plan_t *p) {
@@ -216,7 +232,18 @@ int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, s
   memset(towers, 0, sizeof *towers);
   char gpu_why[256] = "";
   int gpu_count = ts_gpu_count(gpu_why, sizeof gpu_why);
-  log_gpus(gpu_count);
+  /* The runtime read CUDA_VISIBLE_DEVICES when it started; read it again to name the
+   * physical GPUs, and log how it was read. */
+  ts_gpu_visible_t visible;
+  ts_gpu_visible_parse(getenv(TS_GPU_VISIBLE_ENV), &visible);
+  ts_gpu_visible_apply(&visible, gpu_count);
+  if (visible.set) {
+    char line[1024];
+    ts_log_info("%s", ts_gpu_visible_describe(&visible, line, sizeof line));
+  }
+  if (gpu_count == 0 && ts_kernels_cuda_built())
+    ts_gpu_visible_hides_all(&visible, gpu_why, sizeof gpu_why);
+  log_gpus(&visible, gpu_count);
   ts_backend_plan_t plan;
   int rc = ts_backend_plan(cfg, gpu_count, gpu_why, ts_kernels_cuda_ops(), &plan, errmsg, errlen);
   if (rc < 0) return rc;
@@ -249,8 +276,10 @@ int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, s
       for (size_t u = 0; u < t; u++)
         if (plan.tower_device[u] == plan.tower_device[t]) first_on_gpu = false;
       ts_gpu_memory_plan_t mp;
-      if (first_on_gpu && ts_kernels_cuda_memory(k, NULL, &mp) == 0)
+      if (first_on_gpu && ts_kernels_cuda_memory(k, NULL, &mp) == 0) {
         ts_log_info("/gpu:%d memory: %s", plan.tower_device[t], mp.summary);
+        log_created(&visible, plan.tower_device[t], task, &mp);
+      }
     }
     release = release_cuda;
   }

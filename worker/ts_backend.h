@@ -56,9 +56,10 @@ int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why,
 void ts_backend_plan_free(ts_backend_plan_t *plan);
 
 /* input: one example's shape, for a network of layers (ignored for an MLP).
- * Discover the GPUs (logging which physical GPU, name and PCI bus id, each /gpu:N is), plan
+ * Discover the GPUs (logging how CUDA_VISIBLE_DEVICES maps them when it is set, and which
+ * physical GPU, name and PCI bus id each /gpu:N is: worker/ts_gpu_visible.h), plan
  * (logging soft placement and, with device.log_device_placement, one line per op), create
- * the back ends and build the towers with a batch capacity of at least `capacity` examples
+ * the back ends (logging each GPU's memory plan and TensorFlow's "Created device" line) and build the towers with a batch capacity of at least `capacity` examples
  * per tower. Returns 0, TS_ECONFIG (exit 78: placement or configuration), or TS_ENOMEM /
  * TS_EDEVICE (exit 1: the devices failed, e.g. the model does not fit under
  * device.memory_fraction; errmsg names the limit and the need). */

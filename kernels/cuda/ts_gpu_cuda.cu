@@ -30,6 +30,14 @@ extern "C" int ts_gpu_info(int i, ts_gpu_info_t *out) {
   snprintf(out->name, sizeof out->name, "%.127s", p.name);
   if (cudaDeviceGetPCIBusId(out->pci_bus_id, (int)sizeof out->pci_bus_id, i) != cudaSuccess)
     snprintf(out->pci_bus_id, sizeof out->pci_bus_id, "?");
+  // nvidia-smi's form of the 16 bytes, 8-4-4-4-12 lowercase hex digits, without its "GPU-" (or,
+  // for a MIG instance, "MIG-") prefix: cudaDeviceProp does not say which the device is.
+  const unsigned char *u = reinterpret_cast<const unsigned char *>(p.uuid.bytes);
+  size_t at = 0;
+  for (int b = 0; b < 16; b++) {
+    if (b == 4 || b == 6 || b == 8 || b == 10) out->uuid[at++] = '-';
+    at += (size_t)snprintf(out->uuid + at, sizeof out->uuid - at, "%02x", u[b]);
+  }
   out->total_bytes = p.totalGlobalMem;
   out->major = p.major;
   out->minor = p.minor;

@@ -11,8 +11,9 @@
 #       and a convolution workspace smaller than conv2d_workspace asked refused (TS_EINVAL)
 #   (b) Fashion-MNIST on /gpu:0 with a local 2-shard cluster, test accuracy >= 0.84
 #   (c) two towers on one GPU equal one tower with twice the micro-batch
-#   (d) device.memory_fraction honoured (logged reservation = what the GPU loses, never
-#       exceeded) and an over-large model failing cleanly; /gpu:3 soft placement
+#   (d) device.memory_fraction honoured (without allow_growth: logged reservation = what the
+#       GPU loses, never exceeded; with it: grown under the limit) and an over-large model
+#       failing cleanly; /gpu:3 soft placement
 #   (e) a table of examples/s on GPU vs CPU, and one of kernel times
 # (b)-(e) are tests/gpu/test_training_gpu. Ends with `gpu: PASSED` or `gpu: FAILED (...)` and
 # exits non-zero on any failure. Runs in about 5 minutes (under 8) on one H100/H200.

@@ -6,9 +6,10 @@
  *     the worker logs which physical GPU /gpu:0 is and places every op on it.
  *   - Two towers on one GPU (micro-batch 16) end where one tower with batch 32 ends; and one
  *     GPU tower where one CPU worker ends (cuBLAS against OpenBLAS after 25 steps).
- *   - device.memory_fraction: the reservation is logged, is what the GPU loses while the
- *     worker runs, and is never exceeded; a model too large for it fails cleanly (exit 1, a
- *     message naming the limit and the need) before any shard is contacted.
+ *   - device.memory_fraction without allow_growth: the reservation is logged, is what the GPU
+ *     loses while the worker runs, and is never exceeded; with allow_growth (the default) the
+ *     pool grows on demand and stays under it; a model too large for it fails cleanly (exit 1,
+ *     a message naming the limit and the need) before any shard is contacted.
  *   - /gpu:N beyond the visible GPUs soft-places onto /gpu:0, or fails with TensorFlow's
  *     message without soft placement.
  *   - examples/s on the GPU against the CPU, printed as a table.
@@ -97,11 +98,16 @@ static void test_fashion_mnist_gpu(void **state) {
     assert_int_equal(rc, 0);
     assert_true(acc >= 0.84);
     assert_true(file_has(w[t].err, "/gpu:0 is "));
+    char created[96];
+    snprintf(created, sizeof created,
+             "Created device /job:worker/replica:0/task:%d/device:GPU:0 with ", t);
+    assert_true(file_has(w[t].err, created));
     assert_true(file_has(w[t].err, "fc1/matmul: (MatMul): /job:worker/replica:0/task"));
     assert_true(file_has(w[t].err, "/device:GPU:0\n"));
     assert_false(file_has(w[t].err, "device:CPU:0\n"));
   }
   show_line(&w[0], "/gpu:0 is ");
+  show_line(&w[0], "Created device ");
   show_line(&w[0], "towers: ");
   show_line(&w[0], "/gpu:0 memory: pool held");
   assert_int_equal(ts_cluster_stop(&c), 0);
@@ -201,7 +207,8 @@ static void test_memory_fraction(void **state) {
       ts_cluster_start(&c, 1, 1,
                        "job = { mode = \"async\"; };\n"
                        "train = { batch_size = 64; epochs = 50; log_interval_s = 0.5; };\n"
-                       "device = { placement = \"/gpu:0\"; memory_fraction = 0.05; };\n"),
+                       "device = { placement = \"/gpu:0\"; allow_growth = false; "
+                       "memory_fraction = 0.05; };\n"),
       0);
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
@@ -231,6 +238,46 @@ static void test_memory_fraction(void **state) {
   assert_int_equal(reserved, want);
   assert_int_equal(held, want); /* never grown past the reservation */
   assert_true(free0 > free1 && free0 - free1 >= want);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* allow_growth with memory_fraction: nothing up front, growth on demand, never beyond. */
+static void test_memory_fraction_growth(void **state) {
+  (void)state;
+  size_t total = 0;
+  assert_int_equal(ts_gpu_memory(0, NULL, &total), 0);
+  size_t want = (size_t)floor(0.05 * (double)total) / ((size_t)2 << 20) * ((size_t)2 << 20);
+  ts_cluster_t c;
+  assert_int_equal(
+      ts_cluster_start(&c, 1, 1,
+                       "job = { mode = \"async\"; };\n"
+                       "train = { batch_size = 64; epochs = 50; log_interval_s = 0.5; };\n"
+                       "device = { placement = \"/gpu:0\"; allow_growth = true; "
+                       "memory_fraction = 0.05; };\n"),
+      0);
+  ts_proc_t w;
+  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
+  for (int i = 0; i < 3000 && !file_has(w.err, "step "); i++) usleep(10000);
+  assert_true(file_has(w.err, "step "));
+  kill(w.pid, SIGTERM);
+  int rc = ts_proc_wait(&w, 30);
+  if (rc != 0) dump(&w);
+  assert_int_equal(rc, 0);
+  show_line(&w, "/gpu:0 memory: growing on demand up to");
+  show_line(&w, "Created device ");
+  show_line(&w, "/gpu:0 memory: pool held");
+  char *s = ts_read_file(w.err);
+  const char *h = s ? strstr(s, "/gpu:0 memory: pool held ") : NULL;
+  const char *hp = h ? strchr(h, '(') : NULL;
+  size_t held = hp ? (size_t)strtoull(hp + 1, NULL, 10) : 0;
+  char created[96];
+  snprintf(created, sizeof created, "with %zu MB memory:  -> device: ", want >> 20);
+  bool logged = s && strstr(s, "/gpu:0 memory: growing on demand up to") && strstr(s, created);
+  free(s);
+  fprintf(stderr, "allow_growth under memory_fraction 0.05: limit %zu, pool held %zu at the end\n",
+          want, held);
+  assert_true(logged);
+  assert_true(held > 0 && held < want); /* grown, and far from the limit for this model */
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
@@ -343,9 +390,13 @@ int main(void) {
     return 1;
   }
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_missing_gpu_placement), cmocka_unit_test(test_model_too_large),
-      cmocka_unit_test(test_memory_fraction),       cmocka_unit_test(test_towers_exactness),
-      cmocka_unit_test(test_fashion_mnist_gpu),     cmocka_unit_test(test_throughput),
+      cmocka_unit_test(test_missing_gpu_placement),
+      cmocka_unit_test(test_model_too_large),
+      cmocka_unit_test(test_memory_fraction),
+      cmocka_unit_test(test_memory_fraction_growth),
+      cmocka_unit_test(test_towers_exactness),
+      cmocka_unit_test(test_fashion_mnist_gpu),
+      cmocka_unit_test(test_throughput),
   };
   return cmocka_run_group_tests_name("training_gpu", tests, NULL, NULL);
 }

@@ -210,19 +210,22 @@ static void test_pool_host_alloc_failure(void **state) {
 
 /* --- the memory policy ----------------------------------------------------------------- */
 
+/* memory_fraction without allow_growth: TensorFlow's per_process_gpu_memory_fraction, the
+ * fraction reserved up front and never exceeded. */
 static void test_plan_fraction(void **state) {
   (void)state;
   ts_gpu_memory_plan_t pl;
   char err[256] = "";
   size_t total = 140 * GIB, free_b = 138 * GIB;
-  ts_gpu_memory_policy_t pol = {.allow_growth = true, .memory_fraction = 0.25};
+  ts_gpu_memory_policy_t pol = {.allow_growth = false, .memory_fraction = 0.25};
   assert_int_equal(ts_gpu_memory_plan(0, total, free_b, &pol, &pl, err, sizeof err), 0);
   assert_int_equal(pl.reserve, 35 * GIB);
   assert_int_equal(pl.limit, 35 * GIB);
-  assert_false(pl.grow); /* a reservation is never exceeded, allow_growth or not */
-  assert_contains(pl.summary, "reserving 35.0 GiB");
+  assert_int_equal(pl.usable, 35 * GIB);
+  assert_false(pl.grow);
+  assert_contains(pl.summary, "reserving 35.0 GiB (37580963840 bytes) up front");
   assert_contains(pl.summary, "device.memory_fraction = 0.25 of 140.0 GiB");
-  assert_contains(pl.limit_reason, "device.memory_fraction = 0.25");
+  assert_string_equal(pl.limit_reason, "device.memory_fraction = 0.25");
   /* Rounded down to 2 MiB, at least 2 MiB. */
   pol.memory_fraction = 0.3;
   assert_int_equal(
@@ -238,12 +241,87 @@ static void test_plan_fraction(void **state) {
   assert_int_equal(ts_gpu_memory_plan(3, total, 100 * GIB, &pol, &pl, err, sizeof err), TS_ENOMEM);
   assert_contains(err, "GPU 3: device.memory_fraction = 0.9 asks for 126.0 GiB of its 140.0 GiB");
   assert_contains(err, "only 100.0 GiB are free");
-  /* Out of range. */
+  /* Out of range, with or without growth. */
+  pol.allow_growth = true;
   pol.memory_fraction = 1.5;
   assert_int_equal(ts_gpu_memory_plan(0, total, free_b, &pol, &pl, err, sizeof err), TS_EINVAL);
   pol.memory_fraction = -0.1;
   assert_int_equal(ts_gpu_memory_plan(0, total, free_b, &pol, &pl, err, sizeof err), TS_EINVAL);
   assert_int_equal(ts_gpu_memory_plan(0, total, free_b, NULL, &pl, err, sizeof err), TS_EINVAL);
+}
+
+/* allow_growth and memory_fraction together: TensorFlow's allow_growth under
+ * per_process_gpu_memory_fraction. Nothing up front, growth on demand, never beyond the
+ * fraction; the pool made from the plan enforces it while growing. */
+static void test_plan_growth_up_to_fraction(void **state) {
+  (void)state;
+  ts_gpu_memory_plan_t pl;
+  char err[512] = "";
+  ts_gpu_memory_policy_t pol = {.allow_growth = true, .memory_fraction = 0.25};
+  assert_int_equal(ts_gpu_memory_plan(0, 140 * GIB, 138 * GIB, &pol, &pl, err, sizeof err), 0);
+  assert_int_equal(pl.reserve, 0);
+  assert_int_equal(pl.limit, 35 * GIB);
+  assert_int_equal(pl.usable, 35 * GIB);
+  assert_true(pl.grow);
+  assert_string_equal(pl.summary,
+                      "growing on demand up to 35.0 GiB (37580963840 bytes): device.allow_growth "
+                      "= true, device.memory_fraction = 0.25 of 140.0 GiB (138.0 GiB free)");
+  assert_string_equal(pl.limit_reason,
+                      "device.memory_fraction = 0.25 with device.allow_growth = true");
+  /* Rounded down to 2 MiB like a reservation, at least 2 MiB. */
+  pol.memory_fraction = 0.3;
+  assert_int_equal(
+      ts_gpu_memory_plan(0, 1000 * MIB + 12345, 1000 * MIB, &pol, &pl, err, sizeof err), 0);
+  assert_int_equal(pl.limit % TS_GPU_MEMORY_GRANULE, 0);
+  assert_int_equal(pl.limit, 300 * MIB);
+  pol.memory_fraction = 1e-9;
+  assert_int_equal(ts_gpu_memory_plan(0, 140 * GIB, 138 * GIB, &pol, &pl, err, sizeof err), 0);
+  assert_int_equal(pl.limit, TS_GPU_MEMORY_GRANULE);
+  /* Nothing is reserved, so a limit above what is free now is no error: other processes may
+   * free memory, and cudaMalloc says so when they have not. */
+  pol.memory_fraction = 0.9;
+  assert_int_equal(ts_gpu_memory_plan(3, 140 * GIB, 100 * GIB, &pol, &pl, err, sizeof err), 0);
+  assert_int_equal(pl.limit, 126 * GIB);
+
+  /* The pool from a plan for a 40 MiB GPU at 0.1: 4 MiB at most, grown in 1 MiB chunks of
+   * two 512 KiB blocks each. */
+  pol.memory_fraction = 0.1;
+  assert_int_equal(ts_gpu_memory_plan(0, 40 * MIB, 40 * MIB, &pol, &pl, err, sizeof err), 0);
+  assert_int_equal(pl.limit, 4 * MIB);
+  backing_t b = {0};
+  ts_pool_opts_t o = opts(&b, pl.reserve, pl.limit, pl.grow);
+  o.limit_reason = pl.limit_reason;
+  ts_pool_t *p = NULL;
+  assert_int_equal(ts_pool_create(&o, &p, err, sizeof err), 0);
+  assert_int_equal(b.chunks_live, 0); /* nothing up front */
+  void *x[10] = {0};
+  int got = 0;
+  while (got < 10 && ts_pool_alloc(p, 512 * 1024, &x[got], err, sizeof err) == 0) {
+    ts_pool_stats_t st;
+    ts_pool_stats(p, &st);
+    assert_true(st.held <= pl.limit);
+    got++;
+  }
+  assert_int_equal(got, 8); /* 8 x 512 KiB fill 4 MiB; the ninth does not fit */
+  assert_contains(err,
+                  "GPU 0: out of memory under device.memory_fraction = 0.1 with "
+                  "device.allow_growth = true: the pool may hold at most 4.0 MiB");
+  assert_contains(err, "512.0 KiB more asked");
+  ts_pool_stats_t st;
+  ts_pool_stats(p, &st);
+  assert_true(st.held <= 4 * MIB);
+  assert_int_equal(st.held, 4 * MIB);
+  assert_int_equal(st.chunks, 4); /* it grew four times, then stopped at the limit */
+  assert_int_equal(st.held, b.bytes_live);
+  /* Freed memory is reused without growing past the limit. */
+  assert_int_equal(ts_pool_free(p, x[0]), 0);
+  void *again = NULL;
+  assert_int_equal(ts_pool_alloc(p, 512 * 1024, &again, err, sizeof err), 0);
+  assert_ptr_equal(again, x[0]);
+  ts_pool_stats(p, &st);
+  assert_true(st.held <= 4 * MIB);
+  ts_pool_destroy(p);
+  assert_int_equal(b.chunks_live, 0);
 }
 
 static void test_plan_growth_and_default(void **state) {
@@ -255,12 +333,17 @@ static void test_plan_growth_and_default(void **state) {
   assert_int_equal(pl.reserve, 0);
   assert_int_equal(pl.limit, 0);
   assert_true(pl.grow);
-  assert_contains(pl.summary, "growing on demand");
+  assert_int_equal(pl.usable, 79 * GIB); /* all that is free, for the "Created device" line */
+  assert_string_equal(pl.summary,
+                      "growing on demand (device.allow_growth = true; 79.0 GiB of "
+                      "80.0 GiB free)");
+  assert_string_equal(pl.limit_reason, "");
   /* TensorFlow's default without allow_growth: most of the free memory, up front. */
   pol.allow_growth = false;
   assert_int_equal(ts_gpu_memory_plan(0, 80 * GIB, 70 * GIB, &pol, &pl, err, sizeof err), 0);
   assert_int_equal(pl.reserve, 63 * GIB);
   assert_int_equal(pl.limit, 63 * GIB);
+  assert_int_equal(pl.usable, 63 * GIB);
   assert_false(pl.grow);
   assert_int_equal(ts_gpu_memory_plan(0, 80 * GIB, MIB, &pol, &pl, err, sizeof err), TS_ENOMEM);
   assert_contains(err, "only 1.0 MiB of 80.0 GiB are free");
@@ -336,6 +419,7 @@ int main(void) {
       cmocka_unit_test(test_pool_growth_capped),
       cmocka_unit_test(test_pool_host_alloc_failure),
       cmocka_unit_test(test_plan_fraction),
+      cmocka_unit_test(test_plan_growth_up_to_fraction),
       cmocka_unit_test(test_plan_growth_and_default),
       cmocka_unit_test(test_format_bytes),
       cmocka_unit_test(test_cuda_without_gpu),

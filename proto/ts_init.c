@@ -30,15 +30,9 @@ void ts_init_fill(float *dst, ts_init_kind_t kind, uint64_t seed, const char *na
     for (uint64_t i = 0; i < count; i++) dst[i] = v;
     return;
   }
-  /* Keras' fans: a kernel [..., in, out] of rank >= 3 has the product of its leading
-   * (spatial) dimensions as receptive field, counted in both fans. */
-  double fan_in = (double)shape[0], fan_out = fan_in;
-  if (rank >= 2) {
-    double field = 1.0;
-    for (size_t k = 0; k + 2 < rank; k++) field *= (double)shape[k];
-    fan_in = (double)shape[rank - 2] * field;
-    fan_out = (double)shape[rank - 1] * field;
-  }
+  double fan_in = (double)shape[0], fan_out = 1.0;
+  for (size_t k = 1; k < rank; k++) fan_out *= (double)shape[k];
+  if (rank == 1) fan_out = fan_in;
   double limit = sqrt(6.0 / (fan_in + fan_out));
   uint64_t key = ts_init_key(seed, name);
   for (uint64_t i = 0; i < count; i++)

@@ -15,9 +15,9 @@
 typedef enum { TS_INIT_ZEROS = 0, TS_INIT_GLOROT_UNIFORM = 1, TS_INIT_ONES = 2 } ts_init_kind_t;
 
 /* Fill dst[0..count) with elements offset..offset+count of the tensor (name, shape[rank]).
- * Glorot-uniform draws from U(-l, l), l = sqrt(6 / (fan_in + fan_out)), with Keras' fans:
- * [in, out] for a matrix; for a kernel [kh, kw, in, out] (any rank >= 3) fan_in = in * kh *
- * kw and fan_out = out * kh * kw; fan_in = fan_out = n for a rank-1 tensor. */
+ * Glorot-uniform draws from U(-l, l), l = sqrt(6 / (fan_in + fan_out)), with fan_in =
+ * shape[0] and fan_out = the product of the other dimensions (fan_in = fan_out = n for a
+ * rank-1 tensor). */
 void ts_init_fill(float *dst, ts_init_kind_t kind, uint64_t seed, const char *name,
                   const uint64_t *shape, size_t rank, uint64_t offset, uint64_t count);
 

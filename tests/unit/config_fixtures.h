@@ -118,6 +118,11 @@ static inline void check_defaults(const ts_config_t *c) {
   assert_true(c->beta1 == 0.9);
   assert_true(c->beta2 == 0.999);
   assert_true(c->epsilon == 1e-8);
+  assert_int_equal(c->decay, TS_DECAY_NONE);
+  assert_int_equal(c->decay_steps, 1000);
+  assert_true(c->decay_rate == 0.96);
+  assert_false(c->staircase);
+  assert_true(c->decay_alpha == 0.0);
   assert_int_equal(c->num_layers, 3);
   assert_int_equal(c->layers[0], 784);
   assert_int_equal(c->layers[1], 128);
@@ -139,6 +144,7 @@ static inline void check_defaults(const ts_config_t *c) {
   assert_false(c->log_device_placement);
   assert_true(c->allow_growth);
   assert_true(c->memory_fraction == 0.0);
+  assert_int_equal(c->intra_op_threads, 0);
   assert_string_equal(c->checkpoint_dir, "");
   assert_true(c->checkpoint_interval_s == 60.0);
   assert_int_equal(c->checkpoint_keep, 3);

@@ -87,7 +87,7 @@ static int net_ops(const ts_config_t *cfg, const ts_kernels_t *gpu_ops, ts_backe
   return rc;
 }
 
-int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why,
+int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why, int task,
                     const ts_kernels_t *gpu_ops, ts_backend_plan_t *p, char *errmsg,
                     size_t errlen) {
   memset(p, 0, sizeof *p);
@@ -122,7 +122,7 @@ int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why,
     ops[i].type = p->ops[i].type;
     ops[i].gpu_kernel = gpu_ops && ts_model_op_has_kernel(gpu_ops, p->ops[i].kind);
   }
-  rc = ts_device_place(&want, gpu_count, gpu_why, ops, p->num_ops, cfg->allow_soft_placement,
+  rc = ts_device_place(&want, gpu_count, gpu_why, task, ops, p->num_ops, cfg->allow_soft_placement,
                        p->placements, errmsg, errlen);
   if (rc < 0) {
     ts_free(ops);
@@ -245,8 +245,13 @@ int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, s
     ts_gpu_visible_hides_all(&visible, gpu_why, sizeof gpu_why);
   log_gpus(&visible, gpu_count);
   ts_backend_plan_t plan;
-  int rc = ts_backend_plan(cfg, gpu_count, gpu_why, ts_kernels_cuda_ops(), &plan, errmsg, errlen);
-  if (rc < 0) return rc;
+  int rc =
+      ts_backend_plan(cfg, gpu_count, gpu_why, task, ts_kernels_cuda_ops(), &plan, errmsg, errlen);
+  if (rc < 0) {
+    /* Beside TensorFlow's sentence, the cause it cannot know: the driver's (or the build's). */
+    if (gpu_count == 0 && gpu_why[0]) ts_log_err("no GPU in this process: %s", gpu_why);
+    return rc;
+  }
   log_placement(cfg, task, &plan);
 
   size_t n = plan.towers;

@@ -42,14 +42,14 @@ typedef struct {
   char soft_reason[256]; /* why, when soft */
 } ts_backend_plan_t;
 
-/* Plan placement and towers for the job on a machine with gpu_count visible GPUs (gpu_why
+/* Plan placement and towers for worker `task`'s job on a machine with gpu_count visible GPUs (gpu_why
  * says why there are none; may be NULL), where gpu_ops (may be NULL: no GPU kernels) is a
  * table whose non-NULL kernels are the ops a GPU can run (ts_kernels_cuda_ops()). A pure
  * function: no device is touched and nothing is logged. Returns 0, or TS_ECONFIG with errmsg
  * (a malformed device.placement, TensorFlow's message when placement cannot be satisfied
  * without soft placement, a batch that does not split over the towers), or TS_ENOMEM. The
  * plan is freed with ts_backend_plan_free. */
-int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why,
+int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why, int task,
                     const ts_kernels_t *gpu_ops, ts_backend_plan_t *plan, char *errmsg,
                     size_t errlen);
 

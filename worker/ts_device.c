@@ -114,7 +114,20 @@ void ts_device_long_name(ts_device_type_t type, int index, int task, char *buf, 
            type == TS_DEVICE_GPU ? "GPU" : "CPU", index);
 }
 
-int ts_device_place(const ts_device_spec_t *want, int gpu_count, const char *gpu_why,
+void ts_device_available(int gpu_count, int task, char *buf, size_t n) {
+  size_t used = 0;
+  if (n) buf[0] = '\0';
+  for (int i = -1; i < gpu_count && used + 1 < n; i++) {
+    char dev[96];
+    ts_device_long_name(i < 0 ? TS_DEVICE_CPU : TS_DEVICE_GPU, i < 0 ? 0 : i, task, dev,
+                        sizeof dev);
+    int w = snprintf(buf + used, n - used, "%s%s", i < 0 ? "" : ", ", dev);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+}
+
+int ts_device_place(const ts_device_spec_t *want, int gpu_count, const char *gpu_why, int task,
                     const ts_placement_op_t *ops, size_t n, bool allow_soft, ts_placement_t *out,
                     char *errmsg, size_t errlen) {
   char spec[48];
@@ -127,13 +140,13 @@ int ts_device_place(const ts_device_spec_t *want, int gpu_count, const char *gpu
       continue;
     }
     const char *tf_why = NULL;
-    if (gpu_count == 0) {
-      tf_why = "no supported kernel for GPU devices is available";
-      snprintf(pl->reason, sizeof pl->reason, "no GPU is visible (%s)",
-               gpu_why ? gpu_why : "no CUDA device");
-    } else if (want->index >= gpu_count) {
+    if (gpu_count == 0 || want->index >= gpu_count) {
       tf_why = "no devices matching that specification are registered in this process";
-      snprintf(pl->reason, sizeof pl->reason, "only %d GPU(s) are visible", gpu_count);
+      if (gpu_count == 0)
+        snprintf(pl->reason, sizeof pl->reason, "no GPU is visible (%s)",
+                 gpu_why ? gpu_why : "no CUDA device");
+      else
+        snprintf(pl->reason, sizeof pl->reason, "only %d GPU(s) are visible", gpu_count);
     } else if (!ops[i].gpu_kernel) {
       tf_why = "no supported kernel for GPU devices is available";
       snprintf(pl->reason, sizeof pl->reason, "op %s has no GPU kernel", ops[i].type);
@@ -144,10 +157,14 @@ int ts_device_place(const ts_device_spec_t *want, int gpu_count, const char *gpu
       continue;
     }
     if (!allow_soft) {
+      char avail[512] = "";
+      bool missing = gpu_count == 0 || want->index >= gpu_count;
+      if (missing) ts_device_available(gpu_count, task, avail, sizeof avail);
       snprintf(errmsg, errlen,
                "Cannot assign a device for operation %s: Could not satisfy explicit device "
-               "specification '%s' because %s",
-               ops[i].name, spec, tf_why);
+               "specification '%s' because %s%s%s",
+               ops[i].name, spec, tf_why, missing ? "; available devices: " : "",
+               missing ? avail : "");
       return TS_EDEVICE;
     }
     pl->soft = true;

@@ -50,13 +50,21 @@ typedef struct {
   char reason[200];   /* why, when soft */
 } ts_placement_t;
 
-/* Place ops[0..n) for a request on a machine with gpu_count visible GPUs. out gets one
- * placement per op. Returns 0, or TS_EDEVICE when an op cannot be placed and soft
- * placement is off; errmsg then holds TensorFlow's message, e.g. "Cannot assign a device
- * for operation fc1/matmul: Could not satisfy explicit device specification '/device:GPU:0'
- * because no supported kernel for GPU devices is available". gpu_why (may be NULL) says why
- * there are no GPUs, for the soft-placement log ("the CUDA back end is not built"). */
-int ts_device_place(const ts_device_spec_t *want, int gpu_count, const char *gpu_why,
+/* The devices of worker `task` with gpu_count GPUs, as TensorFlow lists them after
+ * "available devices: ": "/job:worker/replica:0/task:0/device:CPU:0,
+ * /job:worker/replica:0/task:0/device:GPU:0, ..." (cut short to fit n). */
+void ts_device_available(int gpu_count, int task, char *buf, size_t n);
+
+/* Place ops[0..n) for a request on a machine with gpu_count visible GPUs, for worker `task`.
+ * out gets one placement per op. Returns 0, or TS_EDEVICE when an op cannot be placed and
+ * soft placement is off; errmsg then holds TensorFlow's message, word for word: "Cannot
+ * assign a device for operation fc1/matmul: Could not satisfy explicit device specification
+ * '/device:GPU:0' because no devices matching that specification are registered in this
+ * process; available devices: /job:worker/replica:0/task:0/device:CPU:0" when there is no
+ * such GPU, or "... because no supported kernel for GPU devices is available" when the GPU
+ * exists but the op has no kernel for it. gpu_why (may be NULL) says why there are no GPUs
+ * (the driver's or the build's reason), for the soft-placement log and the caller's. */
+int ts_device_place(const ts_device_spec_t *want, int gpu_count, const char *gpu_why, int task,
                     const ts_placement_op_t *ops, size_t n, bool allow_soft, ts_placement_t *out,
                     char *errmsg, size_t errlen);
 

@@ -308,8 +308,12 @@ static void test_placement(void **state) {
   assert_int_equal(ts_worker_start(&c, 0, hard, &w), 0);
   rc = ts_proc_wait(&w, 60);
   assert_true(rc != 0);
+  /* TensorFlow's sentence for a device this process does not have, and the reason beside. */
   assert_true(file_has(w.err, "Could not satisfy explicit device specification '/device:GPU:0' "
-                              "because no supported kernel for GPU devices is available"));
+                              "because no devices matching that specification are registered "
+                              "in this process; available devices: "
+                              "/job:worker/replica:0/task:0/device:CPU:0"));
+  assert_true(file_has(w.err, "no GPU in this process: "));
   const char *malformed[] = {"--set", "device.placement=\"/gpu:zero\"", NULL};
   assert_int_equal(ts_worker_start(&c, 0, malformed, &w), 0);
   assert_int_equal(ts_proc_wait(&w, 60), 78);

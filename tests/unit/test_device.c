@@ -156,7 +156,7 @@ static void test_place_cpu(void **state) {
     for (int soft = 0; soft <= 1; soft++) {
       ts_placement_t out[NOPS];
       char err[256] = "";
-      assert_int_equal(ts_device_place(&want, gpus, NULL, ops, NOPS, soft, out, err, sizeof err),
+      assert_int_equal(ts_device_place(&want, gpus, NULL, 0, ops, NOPS, soft, out, err, sizeof err),
                        0);
       for (size_t i = 0; i < NOPS; i++) {
         assert_int_equal(out[i].type, TS_DEVICE_CPU);
@@ -171,7 +171,7 @@ static void test_place_no_gpu(void **state) {
   ts_device_spec_t want = spec("/gpu:0");
   ts_placement_t out[NOPS];
   char err[256] = "";
-  assert_int_equal(ts_device_place(&want, 0, "the CUDA back end is not built", ops, NOPS, true, out,
+  assert_int_equal(ts_device_place(&want, 0, "the CUDA back end is not built", 0, ops, NOPS, true, out,
                                    err, sizeof err),
                    0);
   for (size_t i = 0; i < NOPS; i++) {
@@ -181,20 +181,21 @@ static void test_place_no_gpu(void **state) {
     assert_contains(out[i].reason, "the CUDA back end is not built");
   }
   /* Without a gpu_why the reason still says something. */
-  assert_int_equal(ts_device_place(&want, 0, NULL, ops, NOPS, true, out, err, sizeof err), 0);
+  assert_int_equal(ts_device_place(&want, 0, NULL, 0, ops, NOPS, true, out, err, sizeof err), 0);
   assert_true(out[0].soft);
   assert_true(out[0].reason[0] != 0);
 
-  assert_int_equal(ts_device_place(&want, 0, "the CUDA back end is not built", ops, NOPS, false,
+  assert_int_equal(ts_device_place(&want, 0, "the CUDA back end is not built", 0, ops, NOPS, false,
                                    out, err, sizeof err),
                    TS_EDEVICE);
   assert_string_equal(err,
                       "Cannot assign a device for operation fc1/matmul: Could not satisfy "
-                      "explicit device specification '/device:GPU:0' because no supported "
-                      "kernel for GPU devices is available");
+                      "explicit device specification '/device:GPU:0' because no devices "
+                      "matching that specification are registered in this process; available "
+                      "devices: /job:worker/replica:0/task:0/device:CPU:0");
   /* The long form asks for the same device. */
   want = spec("/job:worker/replica:0/task:0/device:GPU:0");
-  assert_int_equal(ts_device_place(&want, 0, NULL, ops, NOPS, false, out, err, sizeof err),
+  assert_int_equal(ts_device_place(&want, 0, NULL, 0, ops, NOPS, false, out, err, sizeof err),
                    TS_EDEVICE);
   assert_contains(err, "'/device:GPU:0'");
 }
@@ -203,23 +204,25 @@ static void test_place_missing_index(void **state) {
   (void)state;
   ts_device_spec_t want = spec("/gpu:3");
   ts_placement_t out[NOPS];
-  char err[256] = "";
-  assert_int_equal(ts_device_place(&want, 1, NULL, ops, 2, true, out, err, sizeof err), 0);
+  char err[512] = "";
+  assert_int_equal(ts_device_place(&want, 1, NULL, 0, ops, 2, true, out, err, sizeof err), 0);
   for (size_t i = 0; i < 2; i++) {
     assert_int_equal(out[i].type, TS_DEVICE_GPU);
     assert_int_equal(out[i].index, 0);
     assert_true(out[i].soft);
     assert_contains(out[i].reason, "1 GPU");
   }
-  assert_int_equal(ts_device_place(&want, 1, NULL, ops, NOPS, false, out, err, sizeof err),
+  assert_int_equal(ts_device_place(&want, 1, NULL, 0, ops, NOPS, false, out, err, sizeof err),
                    TS_EDEVICE);
   assert_string_equal(err,
                       "Cannot assign a device for operation fc1/matmul: Could not satisfy "
                       "explicit device specification '/device:GPU:3' because no devices "
-                      "matching that specification are registered in this process");
+                      "matching that specification are registered in this process; available "
+                      "devices: /job:worker/replica:0/task:0/device:CPU:0, "
+                      "/job:worker/replica:0/task:0/device:GPU:0");
   /* An index that exists is kept. */
   want = spec("/gpu:1");
-  assert_int_equal(ts_device_place(&want, 2, NULL, ops, 2, false, out, err, sizeof err), 0);
+  assert_int_equal(ts_device_place(&want, 2, NULL, 0, ops, 2, false, out, err, sizeof err), 0);
   assert_int_equal(out[0].type, TS_DEVICE_GPU);
   assert_int_equal(out[0].index, 1);
   assert_false(out[0].soft);
@@ -230,7 +233,7 @@ static void test_place_missing_kernel(void **state) {
   ts_device_spec_t want = spec("/gpu:0");
   ts_placement_t out[NOPS];
   char err[256] = "";
-  assert_int_equal(ts_device_place(&want, 1, NULL, ops, NOPS, true, out, err, sizeof err), 0);
+  assert_int_equal(ts_device_place(&want, 1, NULL, 0, ops, NOPS, true, out, err, sizeof err), 0);
   assert_int_equal(out[0].type, TS_DEVICE_GPU);
   assert_int_equal(out[0].index, 0);
   assert_false(out[0].soft);
@@ -242,7 +245,7 @@ static void test_place_missing_kernel(void **state) {
   assert_contains(out[2].reason, "SoftmaxCrossEntropy");
   assert_contains(out[2].reason, "no GPU kernel");
 
-  assert_int_equal(ts_device_place(&want, 1, NULL, ops, NOPS, false, out, err, sizeof err),
+  assert_int_equal(ts_device_place(&want, 1, NULL, 0, ops, NOPS, false, out, err, sizeof err),
                    TS_EDEVICE);
   assert_string_equal(err,
                       "Cannot assign a device for operation loss/xent: Could not satisfy "
@@ -250,7 +253,7 @@ static void test_place_missing_kernel(void **state) {
                       "kernel for GPU devices is available");
   /* A missing index and a missing kernel: soft placement ends on the CPU. */
   want = spec("/gpu:2");
-  assert_int_equal(ts_device_place(&want, 1, NULL, ops, NOPS, true, out, err, sizeof err), 0);
+  assert_int_equal(ts_device_place(&want, 1, NULL, 0, ops, NOPS, true, out, err, sizeof err), 0);
   assert_int_equal(out[2].type, TS_DEVICE_CPU);
   assert_true(out[2].soft);
   assert_int_equal(out[0].type, TS_DEVICE_GPU);
@@ -261,7 +264,7 @@ static void test_place_empty(void **state) {
   (void)state;
   ts_device_spec_t want = spec("/gpu:0");
   char err[16] = "";
-  assert_int_equal(ts_device_place(&want, 0, NULL, NULL, 0, false, NULL, err, sizeof err), 0);
+  assert_int_equal(ts_device_place(&want, 0, NULL, 0, NULL, 0, false, NULL, err, sizeof err), 0);
 }
 
 int main(void) {

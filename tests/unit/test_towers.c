@@ -165,7 +165,7 @@ static void test_plan_cpu(void **state) {
   ts_backend_plan_t p;
   char err[512] = "";
   config(&cfg, "/cpu:0", true, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err), 0);
   assert_int_equal(p.type, TS_DEVICE_CPU);
   assert_int_equal(p.towers, 1);
   assert_int_equal(p.micro_batch, 64);
@@ -174,7 +174,7 @@ static void test_plan_cpu(void **state) {
   ts_config_free(&cfg);
   /* Virtual towers on the CPU. */
   config(&cfg, "/cpu:0", true, 2, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 0, NULL, NULL, &p, err, sizeof err), 0);
+  assert_int_equal(ts_backend_plan(&cfg, 0, NULL, 0, NULL, &p, err, sizeof err), 0);
   assert_int_equal(p.towers, 2);
   assert_int_equal(p.micro_batch, 32);
   ts_backend_plan_free(&p);
@@ -188,7 +188,7 @@ static void test_plan_gpu_towers(void **state) {
   char err[512] = "";
   /* One tower per visible GPU, starting at the placed one. */
   config(&cfg, "/gpu:1", false, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 4, NULL, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(ts_backend_plan(&cfg, 4, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err), 0);
   assert_int_equal(p.type, TS_DEVICE_GPU);
   assert_int_equal(p.towers, 4);
   assert_int_equal(p.micro_batch, 16);
@@ -202,7 +202,7 @@ static void test_plan_gpu_towers(void **state) {
   ts_config_free(&cfg);
   /* Two virtual towers on one GPU. */
   config(&cfg, "/job:worker/replica:0/task:0/device:GPU:0", false, 2, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err), 0);
   assert_int_equal(p.towers, 2);
   assert_int_equal(p.tower_device[0], 0);
   assert_int_equal(p.tower_device[1], 0);
@@ -210,7 +210,7 @@ static void test_plan_gpu_towers(void **state) {
   ts_config_free(&cfg);
   /* A batch that does not split. */
   config(&cfg, "/gpu:0", false, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 3, NULL, ts_kernels_cpu(), &p, err, sizeof err),
+  assert_int_equal(ts_backend_plan(&cfg, 3, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err),
                    TS_ECONFIG);
   assert_contains(err, "train.batch_size = 64 cannot be split evenly over 3 towers");
   ts_config_free(&cfg);
@@ -223,7 +223,7 @@ static void test_plan_missing_gpu(void **state) {
   ts_backend_plan_t p;
   char err[512] = "";
   config(&cfg, "/gpu:3", true, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err), 0);
   assert_int_equal(p.type, TS_DEVICE_GPU);
   assert_int_equal(p.towers, 1);
   assert_int_equal(p.tower_device[0], 0);
@@ -234,7 +234,7 @@ static void test_plan_missing_gpu(void **state) {
   ts_config_free(&cfg);
 
   config(&cfg, "/gpu:3", false, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, ts_kernels_cpu(), &p, err, sizeof err),
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err),
                    TS_ECONFIG);
   assert_contains(err,
                   "Cannot assign a device for operation fc1/matmul: Could not satisfy "
@@ -245,18 +245,19 @@ static void test_plan_missing_gpu(void **state) {
   /* No GPU at all: the whole model on /cpu:0, or TensorFlow's message. */
   config(&cfg, "/gpu:0", true, 0, 64);
   assert_int_equal(
-      ts_backend_plan(&cfg, 0, "no CUDA driver", ts_kernels_cpu(), &p, err, sizeof err), 0);
+      ts_backend_plan(&cfg, 0, "no CUDA driver", 0, ts_kernels_cpu(), &p, err, sizeof err), 0);
   assert_int_equal(p.type, TS_DEVICE_CPU);
   assert_int_equal(p.towers, 1);
   assert_contains(p.soft_reason, "no CUDA driver");
   ts_backend_plan_free(&p);
   ts_config_free(&cfg);
   config(&cfg, "/gpu:0", false, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 0, NULL, NULL, &p, err, sizeof err), TS_ECONFIG);
-  assert_contains(err, "because no supported kernel for GPU devices is available");
+  assert_int_equal(ts_backend_plan(&cfg, 0, NULL, 3, NULL, &p, err, sizeof err), TS_ECONFIG);
+  assert_contains(err, "because no devices matching that specification are registered in this "
+                       "process; available devices: /job:worker/replica:0/task:3/device:CPU:0");
   ts_config_free(&cfg);
   config(&cfg, "/gpu:x", true, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, NULL, &p, err, sizeof err), TS_ECONFIG);
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, NULL, &p, err, sizeof err), TS_ECONFIG);
   assert_contains(err, "device.placement");
   ts_config_free(&cfg);
 }
@@ -271,7 +272,7 @@ static void test_plan_op_without_gpu_kernel(void **state) {
   ts_backend_plan_t p;
   char err[512] = "";
   config(&cfg, "/gpu:0", true, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, &partial, &p, err, sizeof err), 0);
+  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, 0, &partial, &p, err, sizeof err), 0);
   assert_int_equal(p.type, TS_DEVICE_CPU);
   assert_int_equal(p.towers, 1);
   assert_true(p.soft);
@@ -280,7 +281,7 @@ static void test_plan_op_without_gpu_kernel(void **state) {
   ts_backend_plan_free(&p);
   ts_config_free(&cfg);
   config(&cfg, "/gpu:0", false, 0, 64);
-  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, &partial, &p, err, sizeof err), TS_ECONFIG);
+  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, 0, &partial, &p, err, sizeof err), TS_ECONFIG);
   assert_contains(err, "Cannot assign a device for operation accuracy/argmax");
   assert_contains(err, "no supported kernel for GPU devices is available");
   ts_config_free(&cfg);

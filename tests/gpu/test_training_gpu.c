@@ -37,19 +37,6 @@
 
 static int gpu_count;
 
-static bool file_has(const char *path, const char *needle) {
-  char *s = ts_read_file(path);
-  bool has = s && strstr(s, needle);
-  free(s);
-  return has;
-}
-
-static void dump(const ts_proc_t *p) {
-  char *e = ts_read_file(p->err);
-  fprintf(stderr, "--- worker log %s:\n%s\n", p->err, e ? e : "(none)");
-  free(e);
-}
-
 /* A line of the worker's log that holds needle, printed (for the run's record). */
 static void show_line(const ts_proc_t *p, const char *needle) {
   char *s = ts_read_file(p->err);
@@ -61,16 +48,6 @@ static void show_line(const ts_proc_t *p, const char *needle) {
     fprintf(stderr, "  | %.*s\n", (int)(e ? e - b : (long)strlen(b)), b);
   }
   free(s);
-}
-
-static double done_field(const ts_proc_t *p, const char *key) {
-  char *out = ts_read_file(p->out);
-  double v = -1;
-  const char *d = out ? strstr(out, "done: task=") : NULL;
-  const char *a = d ? strstr(d, key) : NULL;
-  if (a) v = atof(a + strlen(key));
-  free(out);
-  return v;
 }
 
 /* --- (b) Fashion-MNIST on /gpu:0 ---------------------------------------------------------- */
@@ -91,20 +68,20 @@ static void test_fashion_mnist_gpu(void **state) {
   for (int t = 0; t < 2; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
   for (int t = 0; t < 2; t++) {
     int rc = ts_proc_wait(&w[t], 240);
-    double acc = done_field(&w[t], "test_accuracy=");
+    double acc = ts_done_field(&w[t], "test_accuracy=");
     fprintf(stderr, "GPU worker %d: exit %d, test accuracy %.4f, %.0f examples/s\n", t, rc, acc,
-            done_field(&w[t], "examples_per_sec="));
-    if (rc != 0 || acc < 0.84) dump(&w[t]);
+            ts_done_field(&w[t], "examples_per_sec="));
+    if (rc != 0 || acc < 0.84) ts_proc_dump(&w[t]);
     assert_int_equal(rc, 0);
     assert_true(acc >= 0.84);
-    assert_true(file_has(w[t].err, "/gpu:0 is "));
+    assert_true(ts_file_has(w[t].err, "/gpu:0 is "));
     char created[96];
     snprintf(created, sizeof created,
              "Created device /job:worker/replica:0/task:%d/device:GPU:0 with ", t);
-    assert_true(file_has(w[t].err, created));
-    assert_true(file_has(w[t].err, "fc1/matmul: (MatMul): /job:worker/replica:0/task"));
-    assert_true(file_has(w[t].err, "/device:GPU:0\n"));
-    assert_false(file_has(w[t].err, "device:CPU:0\n"));
+    assert_true(ts_file_has(w[t].err, created));
+    assert_true(ts_file_has(w[t].err, "fc1/matmul: (MatMul): /job:worker/replica:0/task"));
+    assert_true(ts_file_has(w[t].err, "/device:GPU:0\n"));
+    assert_false(ts_file_has(w[t].err, "device:CPU:0\n"));
   }
   show_line(&w[0], "/gpu:0 is ");
   show_line(&w[0], "Created device ");
@@ -158,7 +135,7 @@ static float *run_exact(const char *placement, int towers, int batch, size_t *co
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
   int rc = ts_proc_wait(&w, 120);
-  if (rc != 0) dump(&w);
+  if (rc != 0) ts_proc_dump(&w);
   assert_int_equal(rc, 0);
   show_line(&w, "towers: ");
   float *p = final_params(&c, count);
@@ -212,13 +189,13 @@ static void test_memory_fraction(void **state) {
       0);
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
-  for (int i = 0; i < 3000 && !file_has(w.err, "step "); i++) usleep(10000);
-  assert_true(file_has(w.err, "step "));
+  for (int i = 0; i < 3000 && !ts_file_has(w.err, "step "); i++) usleep(10000);
+  assert_true(ts_file_has(w.err, "step "));
   size_t free1 = 0;
   assert_int_equal(ts_gpu_memory(0, &free1, NULL), 0);
   kill(w.pid, SIGTERM);
   int rc = ts_proc_wait(&w, 30);
-  if (rc != 0) dump(&w);
+  if (rc != 0) ts_proc_dump(&w);
   assert_int_equal(rc, 0);
   show_line(&w, "/gpu:0 memory: reserving");
   show_line(&w, "/gpu:0 memory: pool held");
@@ -257,11 +234,11 @@ static void test_memory_fraction_growth(void **state) {
       0);
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
-  for (int i = 0; i < 3000 && !file_has(w.err, "step "); i++) usleep(10000);
-  assert_true(file_has(w.err, "step "));
+  for (int i = 0; i < 3000 && !ts_file_has(w.err, "step "); i++) usleep(10000);
+  assert_true(ts_file_has(w.err, "step "));
   kill(w.pid, SIGTERM);
   int rc = ts_proc_wait(&w, 30);
-  if (rc != 0) dump(&w);
+  if (rc != 0) ts_proc_dump(&w);
   assert_int_equal(rc, 0);
   show_line(&w, "/gpu:0 memory: growing on demand up to");
   show_line(&w, "Created device ");
@@ -292,12 +269,12 @@ static void test_model_too_large(void **state) {
   assert_int_equal(ts_worker_start(&c, 0, args, &w), 0);
   int rc = ts_proc_wait(&w, 120);
   show_line(&w, "out of memory");
-  if (rc != 1 || !file_has(w.err, "device.memory_fraction = 0.02")) dump(&w);
+  if (rc != 1 || !ts_file_has(w.err, "device.memory_fraction = 0.02")) ts_proc_dump(&w);
   assert_int_equal(rc, 1);
-  assert_true(file_has(w.err, "out of memory under device.memory_fraction = 0.02"));
-  assert_true(file_has(w.err, "more asked"));
-  assert_true(file_has(w.err, "in all)"));      /* the model's whole need */
-  assert_false(file_has(w.err, "declared on")); /* no shard was touched */
+  assert_true(ts_file_has(w.err, "out of memory under device.memory_fraction = 0.02"));
+  assert_true(ts_file_has(w.err, "more asked"));
+  assert_true(ts_file_has(w.err, "in all)"));      /* the model's whole need */
+  assert_false(ts_file_has(w.err, "declared on")); /* no shard was touched */
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
@@ -316,20 +293,20 @@ static void test_missing_gpu_placement(void **state) {
                         NULL};
   assert_int_equal(ts_worker_start(&c, 0, soft, &w), 0);
   int rc = ts_proc_wait(&w, 60);
-  if (rc != 0) dump(&w);
+  if (rc != 0) ts_proc_dump(&w);
   assert_int_equal(rc, 0);
   show_line(&w, "allow_soft_placement");
-  assert_true(file_has(w.err, "allow_soft_placement: '/device:GPU:3' is not available"));
-  assert_true(file_has(w.err, "device:GPU:0"));
+  assert_true(ts_file_has(w.err, "allow_soft_placement: '/device:GPU:3' is not available"));
+  assert_true(ts_file_has(w.err, "device:GPU:0"));
   const char *hard[] = {"--set", "device.placement=\"/gpu:3\"", "--set",
                         "device.allow_soft_placement=false", NULL};
   assert_int_equal(ts_worker_start(&c, 0, hard, &w), 0);
   rc = ts_proc_wait(&w, 60);
   show_line(&w, "Could not satisfy");
   assert_int_equal(rc, 78);
-  assert_true(file_has(w.err,
-                       "Could not satisfy explicit device specification '/device:GPU:3' because "
-                       "no devices matching that specification are registered in this process"));
+  assert_true(ts_file_has(w.err,
+                          "Could not satisfy explicit device specification '/device:GPU:3' because "
+                          "no devices matching that specification are registered in this process"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
@@ -348,9 +325,9 @@ static double throughput(const char *placement, const char *layers, int batch, i
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
   int rc = ts_proc_wait(&w, 180);
-  if (rc != 0) dump(&w);
+  if (rc != 0) ts_proc_dump(&w);
   assert_int_equal(rc, 0);
-  double eps = done_field(&w, "examples_per_sec=");
+  double eps = ts_done_field(&w, "examples_per_sec=");
   assert_int_equal(ts_cluster_stop(&c), 0);
   return eps;
 }

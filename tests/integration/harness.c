@@ -143,6 +143,29 @@ char *ts_read_file(const char *path) {
   return buf;
 }
 
+bool ts_file_has(const char *path, const char *needle) {
+  char *s = ts_read_file(path);
+  bool has = s && strstr(s, needle);
+  free(s);
+  return has;
+}
+
+void ts_proc_dump(const ts_proc_t *p) {
+  char *e = ts_read_file(p->err);
+  fprintf(stderr, "--- worker log %s:\n%s\n", p->err, e ? e : "(none)");
+  free(e);
+}
+
+double ts_done_field(const ts_proc_t *p, const char *key) {
+  char *out = ts_read_file(p->out);
+  double v = -1;
+  const char *d = out ? strstr(out, "done: task=") : NULL;
+  const char *a = d ? strstr(d, key) : NULL;
+  if (a) v = atof(a + strlen(key));
+  free(out);
+  return v;
+}
+
 int ts_cluster_start_shard(ts_cluster_t *c, int i) {
   char log[400], shard[16];
   snprintf(log, sizeof log, "%s/ps-%d.log", c->dir, i);

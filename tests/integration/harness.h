@@ -84,6 +84,16 @@ int ts_proc_wait(ts_proc_t *p, double timeout_s);
 /* A whole file, malloc'd (caller frees), or NULL. */
 char *ts_read_file(const char *path);
 
+/* Whether the file at path holds needle (false when it cannot be read). */
+bool ts_file_has(const char *path, const char *needle);
+
+/* Prints p's log (its stderr file) on stderr, for a test that is about to fail. */
+void ts_proc_dump(const ts_proc_t *p);
+
+/* The number after key (e.g. "test_accuracy=") in the "done: task=..." line of a worker's
+ * stdout; -1 when there is no such line or key. */
+double ts_done_field(const ts_proc_t *p, const char *key);
+
 /* The value of the sample `series` (name with its labels, as printed) in a /metrics body,
  * or -1 when absent. */
 double ts_metric_value(const char *text, const char *series);

@@ -27,8 +27,9 @@
 
 #include <cmocka.h>
 
-#include "harness.h"
 #include "calls.h"
+#include "harness.h"
+#include "model_pull.h"
 #include "ts_gpu.h"
 #include "ts_kernels.h"
 #include "ts_model.h"
@@ -98,25 +99,8 @@ static float *final_params(ts_cluster_t *c, size_t *count) {
   int widths[] = {784, 32, 10};
   assert_int_equal(ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err),
                    0);
-  ts_client_tensor_t decl[8];
-  for (size_t i = 0; i < m.num_tensors; i++)
-    decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
-                                   (ts_client_init_t)m.tensors[i].init};
-  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs,
-                        .num_shards = (size_t)c->num_shards,
-                        .task = 0,
-                        .connect_timeout_s = 5,
-                        .request_timeout_s = 10,
-                        .require_all = true};
-  ts_client_t *cl = NULL;
-  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
-  assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, 7, err, sizeof err), 0);
-  float *p = calloc(m.param_count, sizeof *p);
-  float *dst[8];
-  for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
-  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  float *p = ts_pull_model_params(c, &m, 7, NULL);
   *count = m.param_count;
-  ts_client_close(cl);
   ts_model_destroy(&m);
   return p;
 }

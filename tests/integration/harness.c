@@ -143,6 +143,19 @@ char *ts_read_file(const char *path) {
   return buf;
 }
 
+int ts_workers_run(ts_cluster_t *c, int n, const char *const *extra, double timeout_s,
+                   ts_proc_t *w) {
+  for (int t = 0; t < n; t++)
+    if (ts_worker_start(c, t, extra, &w[t]) != 0) return -1;
+  int first = 0;
+  for (int t = 0; t < n; t++) {
+    int rc = ts_proc_wait(&w[t], timeout_s);
+    if (rc != 0) ts_proc_dump(&w[t]);
+    if (rc != 0 && first == 0) first = rc;
+  }
+  return first;
+}
+
 bool ts_file_has(const char *path, const char *needle) {
   char *s = ts_read_file(path);
   bool has = s && strstr(s, needle);

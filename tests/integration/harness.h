@@ -81,6 +81,13 @@ int ts_worker_start(ts_cluster_t *c, int task, const char *const *extra, ts_proc
  * Returns the exit status (128 + signal for a killed process). */
 int ts_proc_wait(ts_proc_t *p, double timeout_s);
 
+/* Starts workers 0..n-1 of c's job with extra arguments (as ts_worker_start) into w[0..n-1],
+ * then waits for each, at most timeout_s seconds, printing the log of one that does not exit
+ * 0 (ts_proc_dump). Returns 0 when all exited 0, -1 when one could not be started (those
+ * started before it are left running), else the first non-zero exit status. */
+int ts_workers_run(ts_cluster_t *c, int n, const char *const *extra, double timeout_s,
+                   ts_proc_t *w);
+
 /* A whole file, malloc'd (caller frees), or NULL. */
 char *ts_read_file(const char *path);
 

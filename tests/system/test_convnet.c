@@ -25,6 +25,7 @@
 
 #include "calls.h"
 #include "harness.h"
+#include "model_pull.h"
 #include "ts_backend.h"
 #include "ts_kernels.h"
 #include "ts_model.h"
@@ -99,23 +100,8 @@ static float *cnn_params(ts_cluster_t *c, size_t *count, double *moved) {
   int rc = ts_model_init_net(&m, specs, cfg.num_net_layers, in, 1, ts_kernels_cpu(), err, sizeof err);
   if (rc != 0) fprintf(stderr, "%s\n", err);
   assert_int_equal(rc, 0);
-  ts_client_tensor_t decl[TS_LAYERS_MAX * 2];
-  for (size_t i = 0; i < m.num_tensors; i++)
-    decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
-                                   (ts_client_init_t)m.tensors[i].init};
-  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs,
-                        .num_shards = (size_t)c->num_shards, .task = 0, .connect_timeout_s = 5,
-                        .request_timeout_s = 10, .require_all = true};
-  ts_client_t *cl = NULL;
-  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
-  assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, 7, err, sizeof err), 0);
-  float *p = calloc(m.param_count, sizeof *p);
-  assert_non_null(p);
-  float *dst[TS_LAYERS_MAX * 2];
-  for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
-  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  float *p = ts_pull_model_params(c, &m, 7, NULL);
   *count = m.param_count;
-  ts_client_close(cl);
   float *init = calloc(m.param_count, sizeof *init);
   assert_non_null(init);
   assert_int_equal(ts_model_init_params(&m, 7), 0);
@@ -134,12 +120,7 @@ static float *run_cnn(int workers, int batch, size_t *count, double *moved) {
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, workers, job), 0);
   ts_proc_t w[2];
-  for (int t = 0; t < workers; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
-  for (int t = 0; t < workers; t++) {
-    int rc = ts_proc_wait(&w[t], 120);
-    if (rc != 0) ts_proc_dump(&w[t]);
-    assert_int_equal(rc, 0);
-  }
+  assert_int_equal(ts_workers_run(&c, workers, NULL, 120, w), 0);
   float *p = cnn_params(&c, count, moved);
   assert_int_equal(ts_cluster_stop(&c), 0);
   return p;

@@ -16,8 +16,9 @@
 
 #include <cmocka.h>
 
-#include "harness.h"
 #include "calls.h"
+#include "harness.h"
+#include "model_pull.h"
 #include "ts_config.h"
 #include "ts_idx.h"
 #include "ts_kernels.h"
@@ -75,23 +76,7 @@ static double final_accuracy(ts_cluster_t *c) {
   assert_int_equal(ts_model_init(&m, demo.layers, demo.num_layers, demo.activation, 1000,
                                  ts_kernels_cpu(), err, sizeof err),
                    0);
-  ts_client_tensor_t decl[2 * TS_CONFIG_MAX_LAYERS];
-  for (size_t i = 0; i < m.num_tensors; i++)
-    decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
-                                   (ts_client_init_t)m.tensors[i].init};
-  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs,
-                        .num_shards = (size_t)c->num_shards, .task = 0,
-                        .identity = "final accuracy", .connect_timeout_s = 5,
-                        .request_timeout_s = 10, .require_all = true};
-  ts_client_t *cl = NULL;
-  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
-  assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, (uint64_t)demo.seed, err, sizeof err), 0);
-  float *p = calloc(m.param_count, sizeof *p);
-  assert_non_null(p);
-  float *dst[2 * TS_CONFIG_MAX_LAYERS];
-  for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
-  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
-  ts_client_close(cl);
+  float *p = ts_pull_model_params(c, &m, (uint64_t)demo.seed, "final accuracy");
   assert_int_equal(ts_model_set_params(&m, 0, p, m.param_count), 0);
   float acc = 0;
   assert_int_equal(ts_model_evaluate(&m, test.x, test.labels, test.n, &acc, NULL), 0);
@@ -144,22 +129,8 @@ static float *final_params(ts_cluster_t *c, size_t *count) {
   char err[512];
   int widths[] = {784, 32, 10};
   assert_int_equal(ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err), 0);
-  ts_client_tensor_t decl[8];
-  for (size_t i = 0; i < m.num_tensors; i++)
-    decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
-                                   (ts_client_init_t)m.tensors[i].init};
-  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = (size_t)c->num_shards, .admin = false,
-                        .task = 0, .connect_timeout_s = 5, .request_timeout_s = 10,
-                        .require_all = true};
-  ts_client_t *cl = NULL;
-  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
-  assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, 7, err, sizeof err), 0);
-  float *p = calloc(m.param_count, sizeof *p);
-  float *dst[8];
-  for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
-  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  float *p = ts_pull_model_params(c, &m, 7, NULL);
   *count = m.param_count;
-  ts_client_close(cl);
   ts_model_destroy(&m);
   return p;
 }
@@ -175,11 +146,8 @@ static float *run_exact_args(int workers, int batch, const char *const *args, si
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, workers, job), 0);
   ts_proc_t w[2];
-  for (int t = 0; t < workers; t++) assert_int_equal(ts_worker_start(&c, t, args, &w[t]), 0);
+  assert_int_equal(ts_workers_run(&c, workers, args, 60, w), 0);
   for (int t = 0; t < workers; t++) {
-    int rc = ts_proc_wait(&w[t], 60);
-    if (rc != 0) ts_proc_dump(&w[t]);
-    assert_int_equal(rc, 0);
     if (args && !ts_file_has(w[t].err, "towers: 2 (/cpu:0, /cpu:0), micro-batch"))
       ts_proc_dump(&w[t]);
     if (args) assert_true(ts_file_has(w[t].err, "towers: 2 (/cpu:0, /cpu:0), micro-batch"));

@@ -157,40 +157,61 @@ static void test_towers_exactness(void **state) {
 
 /* --- (d) memory policy -------------------------------------------------------------------- */
 
+/* Fraction f of total, rounded down to the pool's 2 MiB granule. */
+static size_t fraction_bytes(double f, size_t total) {
+  return (size_t)floor(f * (double)total) / ((size_t)2 << 20) * ((size_t)2 << 20);
+}
+
+/* In log text s, the byte count in parentheses after needle ("... 7.0 GiB (7516192768
+ * bytes) ..."); 0 when absent. */
+static size_t logged_bytes(const char *s, const char *needle) {
+  const char *a = s ? strstr(s, needle) : NULL;
+  const char *paren = a ? strchr(a, '(') : NULL;
+  return paren ? (size_t)strtoull(paren + 1, NULL, 10) : 0;
+}
+
+/* A 1-shard async job on /gpu:0 under memory_fraction = 0.05 (allow_growth as given), its
+ * worker started and past its first progress line. */
+static void start_fraction_job(ts_cluster_t *c, ts_proc_t *w, bool allow_growth) {
+  char job[512];
+  snprintf(job, sizeof job,
+           "job = { mode = \"async\"; };\n"
+           "train = { batch_size = 64; epochs = 50; log_interval_s = 0.5; };\n"
+           "device = { placement = \"/gpu:0\"; allow_growth = %s; "
+           "memory_fraction = 0.05; };\n",
+           allow_growth ? "true" : "false");
+  assert_int_equal(ts_cluster_start(c, 1, 1, job), 0);
+  assert_int_equal(ts_worker_start(c, 0, NULL, w), 0);
+  for (int i = 0; i < 3000 && !ts_file_has(w->err, "step "); i++) usleep(10000);
+  assert_true(ts_file_has(w->err, "step "));
+}
+
+/* Stops w with SIGTERM: it exits 0 (its log printed when not). */
+static void stop_worker(ts_proc_t *w) {
+  kill(w->pid, SIGTERM);
+  int rc = ts_proc_wait(w, 30);
+  if (rc != 0) ts_proc_dump(w);
+  assert_int_equal(rc, 0);
+}
+
 static void test_memory_fraction(void **state) {
   (void)state;
   size_t free0 = 0, total = 0;
   assert_int_equal(ts_gpu_memory(0, &free0, &total), 0);
   const double f = 0.05;
-  size_t want = (size_t)floor(f * (double)total) / ((size_t)2 << 20) * ((size_t)2 << 20);
+  size_t want = fraction_bytes(f, total);
   ts_cluster_t c;
-  assert_int_equal(
-      ts_cluster_start(&c, 1, 1,
-                       "job = { mode = \"async\"; };\n"
-                       "train = { batch_size = 64; epochs = 50; log_interval_s = 0.5; };\n"
-                       "device = { placement = \"/gpu:0\"; allow_growth = false; "
-                       "memory_fraction = 0.05; };\n"),
-      0);
   ts_proc_t w;
-  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
-  for (int i = 0; i < 3000 && !ts_file_has(w.err, "step "); i++) usleep(10000);
-  assert_true(ts_file_has(w.err, "step "));
+  start_fraction_job(&c, &w, false);
   size_t free1 = 0;
   assert_int_equal(ts_gpu_memory(0, &free1, NULL), 0);
-  kill(w.pid, SIGTERM);
-  int rc = ts_proc_wait(&w, 30);
-  if (rc != 0) ts_proc_dump(&w);
-  assert_int_equal(rc, 0);
+  stop_worker(&w);
   show_line(&w, "/gpu:0 memory: reserving");
   show_line(&w, "/gpu:0 memory: pool held");
   /* "reserving 7.0 GiB (7516192768 bytes) ...": the number in parentheses */
   char *s = ts_read_file(w.err);
-  const char *a = s ? strstr(s, "/gpu:0 memory: reserving ") : NULL;
-  const char *paren = a ? strchr(a, '(') : NULL;
-  size_t reserved = paren ? (size_t)strtoull(paren + 1, NULL, 10) : 0;
-  const char *h = s ? strstr(s, "/gpu:0 memory: pool held ") : NULL;
-  const char *hp = h ? strchr(h, '(') : NULL;
-  size_t held = hp ? (size_t)strtoull(hp + 1, NULL, 10) : 0;
+  size_t reserved = logged_bytes(s, "/gpu:0 memory: reserving ");
+  size_t held = logged_bytes(s, "/gpu:0 memory: pool held ");
   free(s);
   fprintf(stderr,
           "memory_fraction %.2f of %zu bytes: want %zu, logged reservation %zu, pool held %zu at "
@@ -207,30 +228,16 @@ static void test_memory_fraction_growth(void **state) {
   (void)state;
   size_t total = 0;
   assert_int_equal(ts_gpu_memory(0, NULL, &total), 0);
-  size_t want = (size_t)floor(0.05 * (double)total) / ((size_t)2 << 20) * ((size_t)2 << 20);
+  size_t want = fraction_bytes(0.05, total);
   ts_cluster_t c;
-  assert_int_equal(
-      ts_cluster_start(&c, 1, 1,
-                       "job = { mode = \"async\"; };\n"
-                       "train = { batch_size = 64; epochs = 50; log_interval_s = 0.5; };\n"
-                       "device = { placement = \"/gpu:0\"; allow_growth = true; "
-                       "memory_fraction = 0.05; };\n"),
-      0);
   ts_proc_t w;
-  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
-  for (int i = 0; i < 3000 && !ts_file_has(w.err, "step "); i++) usleep(10000);
-  assert_true(ts_file_has(w.err, "step "));
-  kill(w.pid, SIGTERM);
-  int rc = ts_proc_wait(&w, 30);
-  if (rc != 0) ts_proc_dump(&w);
-  assert_int_equal(rc, 0);
+  start_fraction_job(&c, &w, true);
+  stop_worker(&w);
   show_line(&w, "/gpu:0 memory: growing on demand up to");
   show_line(&w, "Created device ");
   show_line(&w, "/gpu:0 memory: pool held");
   char *s = ts_read_file(w.err);
-  const char *h = s ? strstr(s, "/gpu:0 memory: pool held ") : NULL;
-  const char *hp = h ? strchr(h, '(') : NULL;
-  size_t held = hp ? (size_t)strtoull(hp + 1, NULL, 10) : 0;
+  size_t held = logged_bytes(s, "/gpu:0 memory: pool held ");
   char created[96];
   snprintf(created, sizeof created, "with %zu MB memory:  -> device: ", want >> 20);
   bool logged = s && strstr(s, "/gpu:0 memory: growing on demand up to") && strstr(s, created);

@@ -27,8 +27,9 @@
 
 #include <cmocka.h>
 
-#include "harness.h"
 #include "calls.h"
+#include "harness.h"
+#include "model_pull.h"
 #include "ts_gpu.h"
 #include "ts_kernels.h"
 #include "ts_model.h"
@@ -36,19 +37,6 @@
 #define DATA "/usr/share/datasets/fashion-mnist/"
 
 static int gpu_count;
-
-static bool file_has(const char *path, const char *needle) {
-  char *s = ts_read_file(path);
-  bool has = s && strstr(s, needle);
-  free(s);
-  return has;
-}
-
-static void dump(const ts_proc_t *p) {
-  char *e = ts_read_file(p->err);
-  fprintf(stderr, "--- worker log %s:\n%s\n", p->err, e ? e : "(none)");
-  free(e);
-}
 
 /* A line of the worker's log that holds needle, printed (for the run's record). */
 static void show_line(const ts_proc_t *p, const char *needle) {
@@ -61,16 +49,6 @@ static void show_line(const ts_proc_t *p, const char *needle) {
     fprintf(stderr, "  | %.*s\n", (int)(e ? e - b : (long)strlen(b)), b);
   }
   free(s);
-}
-
-static double done_field(const ts_proc_t *p, const char *key) {
-  char *out = ts_read_file(p->out);
-  double v = -1;
-  const char *d = out ? strstr(out, "done: task=") : NULL;
-  const char *a = d ? strstr(d, key) : NULL;
-  if (a) v = atof(a + strlen(key));
-  free(out);
-  return v;
 }
 
 /* --- (b) Fashion-MNIST on /gpu:0 ---------------------------------------------------------- */
@@ -91,20 +69,20 @@ static void test_fashion_mnist_gpu(void **state) {
   for (int t = 0; t < 2; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
   for (int t = 0; t < 2; t++) {
     int rc = ts_proc_wait(&w[t], 240);
-    double acc = done_field(&w[t], "test_accuracy=");
+    double acc = ts_done_field(&w[t], "test_accuracy=");
     fprintf(stderr, "GPU worker %d: exit %d, test accuracy %.4f, %.0f examples/s\n", t, rc, acc,
-            done_field(&w[t], "examples_per_sec="));
-    if (rc != 0 || acc < 0.84) dump(&w[t]);
+            ts_done_field(&w[t], "examples_per_sec="));
+    if (rc != 0 || acc < 0.84) ts_proc_dump(&w[t]);
     assert_int_equal(rc, 0);
     assert_true(acc >= 0.84);
-    assert_true(file_has(w[t].err, "/gpu:0 is "));
+    assert_true(ts_file_has(w[t].err, "/gpu:0 is "));
     char created[96];
     snprintf(created, sizeof created,
              "Created device /job:worker/replica:0/task:%d/device:GPU:0 with ", t);
-    assert_true(file_has(w[t].err, created));
-    assert_true(file_has(w[t].err, "fc1/matmul: (MatMul): /job:worker/replica:0/task"));
-    assert_true(file_has(w[t].err, "/device:GPU:0\n"));
-    assert_false(file_has(w[t].err, "device:CPU:0\n"));
+    assert_true(ts_file_has(w[t].err, created));
+    assert_true(ts_file_has(w[t].err, "fc1/matmul: (MatMul): /job:worker/replica:0/task"));
+    assert_true(ts_file_has(w[t].err, "/device:GPU:0\n"));
+    assert_false(ts_file_has(w[t].err, "device:CPU:0\n"));
   }
   show_line(&w[0], "/gpu:0 is ");
   show_line(&w[0], "Created device ");
@@ -121,25 +99,8 @@ static float *final_params(ts_cluster_t *c, size_t *count) {
   int widths[] = {784, 32, 10};
   assert_int_equal(ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err),
                    0);
-  ts_client_tensor_t decl[8];
-  for (size_t i = 0; i < m.num_tensors; i++)
-    decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
-                                   (ts_client_init_t)m.tensors[i].init};
-  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs,
-                        .num_shards = (size_t)c->num_shards,
-                        .task = 0,
-                        .connect_timeout_s = 5,
-                        .request_timeout_s = 10,
-                        .require_all = true};
-  ts_client_t *cl = NULL;
-  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
-  assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, 7, err, sizeof err), 0);
-  float *p = calloc(m.param_count, sizeof *p);
-  float *dst[8];
-  for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
-  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  float *p = ts_pull_model_params(c, &m, 7, NULL);
   *count = m.param_count;
-  ts_client_close(cl);
   ts_model_destroy(&m);
   return p;
 }
@@ -158,7 +119,7 @@ static float *run_exact(const char *placement, int towers, int batch, size_t *co
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
   int rc = ts_proc_wait(&w, 120);
-  if (rc != 0) dump(&w);
+  if (rc != 0) ts_proc_dump(&w);
   assert_int_equal(rc, 0);
   show_line(&w, "towers: ");
   float *p = final_params(&c, count);
@@ -196,40 +157,61 @@ static void test_towers_exactness(void **state) {
 
 /* --- (d) memory policy -------------------------------------------------------------------- */
 
+/* Fraction f of total, rounded down to the pool's 2 MiB granule. */
+static size_t fraction_bytes(double f, size_t total) {
+  return (size_t)floor(f * (double)total) / ((size_t)2 << 20) * ((size_t)2 << 20);
+}
+
+/* In log text s, the byte count in parentheses after needle ("... 7.0 GiB (7516192768
+ * bytes) ..."); 0 when absent. */
+static size_t logged_bytes(const char *s, const char *needle) {
+  const char *a = s ? strstr(s, needle) : NULL;
+  const char *paren = a ? strchr(a, '(') : NULL;
+  return paren ? (size_t)strtoull(paren + 1, NULL, 10) : 0;
+}
+
+/* A 1-shard async job on /gpu:0 under memory_fraction = 0.05 (allow_growth as given), its
+ * worker started and past its first progress line. */
+static void start_fraction_job(ts_cluster_t *c, ts_proc_t *w, bool allow_growth) {
+  char job[512];
+  snprintf(job, sizeof job,
+           "job = { mode = \"async\"; };\n"
+           "train = { batch_size = 64; epochs = 50; log_interval_s = 0.5; };\n"
+           "device = { placement = \"/gpu:0\"; allow_growth = %s; "
+           "memory_fraction = 0.05; };\n",
+           allow_growth ? "true" : "false");
+  assert_int_equal(ts_cluster_start(c, 1, 1, job), 0);
+  assert_int_equal(ts_worker_start(c, 0, NULL, w), 0);
+  for (int i = 0; i < 3000 && !ts_file_has(w->err, "step "); i++) usleep(10000);
+  assert_true(ts_file_has(w->err, "step "));
+}
+
+/* Stops w with SIGTERM: it exits 0 (its log printed when not). */
+static void stop_worker(ts_proc_t *w) {
+  kill(w->pid, SIGTERM);
+  int rc = ts_proc_wait(w, 30);
+  if (rc != 0) ts_proc_dump(w);
+  assert_int_equal(rc, 0);
+}
+
 static void test_memory_fraction(void **state) {
   (void)state;
   size_t free0 = 0, total = 0;
   assert_int_equal(ts_gpu_memory(0, &free0, &total), 0);
   const double f = 0.05;
-  size_t want = (size_t)floor(f * (double)total) / ((size_t)2 << 20) * ((size_t)2 << 20);
+  size_t want = fraction_bytes(f, total);
   ts_cluster_t c;
-  assert_int_equal(
-      ts_cluster_start(&c, 1, 1,
-                       "job = { mode = \"async\"; };\n"
-                       "train = { batch_size = 64; epochs = 50; log_interval_s = 0.5; };\n"
-                       "device = { placement = \"/gpu:0\"; allow_growth = false; "
-                       "memory_fraction = 0.05; };\n"),
-      0);
   ts_proc_t w;
-  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
-  for (int i = 0; i < 3000 && !file_has(w.err, "step "); i++) usleep(10000);
-  assert_true(file_has(w.err, "step "));
+  start_fraction_job(&c, &w, false);
   size_t free1 = 0;
   assert_int_equal(ts_gpu_memory(0, &free1, NULL), 0);
-  kill(w.pid, SIGTERM);
-  int rc = ts_proc_wait(&w, 30);
-  if (rc != 0) dump(&w);
-  assert_int_equal(rc, 0);
+  stop_worker(&w);
   show_line(&w, "/gpu:0 memory: reserving");
   show_line(&w, "/gpu:0 memory: pool held");
   /* "reserving 7.0 GiB (7516192768 bytes) ...": the number in parentheses */
   char *s = ts_read_file(w.err);
-  const char *a = s ? strstr(s, "/gpu:0 memory: reserving ") : NULL;
-  const char *paren = a ? strchr(a, '(') : NULL;
-  size_t reserved = paren ? (size_t)strtoull(paren + 1, NULL, 10) : 0;
-  const char *h = s ? strstr(s, "/gpu:0 memory: pool held ") : NULL;
-  const char *hp = h ? strchr(h, '(') : NULL;
-  size_t held = hp ? (size_t)strtoull(hp + 1, NULL, 10) : 0;
+  size_t reserved = logged_bytes(s, "/gpu:0 memory: reserving ");
+  size_t held = logged_bytes(s, "/gpu:0 memory: pool held ");
   free(s);
   fprintf(stderr,
           "memory_fraction %.2f of %zu bytes: want %zu, logged reservation %zu, pool held %zu at "
@@ -246,30 +228,16 @@ static void test_memory_fraction_growth(void **state) {
   (void)state;
   size_t total = 0;
   assert_int_equal(ts_gpu_memory(0, NULL, &total), 0);
-  size_t want = (size_t)floor(0.05 * (double)total) / ((size_t)2 << 20) * ((size_t)2 << 20);
+  size_t want = fraction_bytes(0.05, total);
   ts_cluster_t c;
-  assert_int_equal(
-      ts_cluster_start(&c, 1, 1,
-                       "job = { mode = \"async\"; };\n"
-                       "train = { batch_size = 64; epochs = 50; log_interval_s = 0.5; };\n"
-                       "device = { placement = \"/gpu:0\"; allow_growth = true; "
-                       "memory_fraction = 0.05; };\n"),
-      0);
   ts_proc_t w;
-  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
-  for (int i = 0; i < 3000 && !file_has(w.err, "step "); i++) usleep(10000);
-  assert_true(file_has(w.err, "step "));
-  kill(w.pid, SIGTERM);
-  int rc = ts_proc_wait(&w, 30);
-  if (rc != 0) dump(&w);
-  assert_int_equal(rc, 0);
+  start_fraction_job(&c, &w, true);
+  stop_worker(&w);
   show_line(&w, "/gpu:0 memory: growing on demand up to");
   show_line(&w, "Created device ");
   show_line(&w, "/gpu:0 memory: pool held");
   char *s = ts_read_file(w.err);
-  const char *h = s ? strstr(s, "/gpu:0 memory: pool held ") : NULL;
-  const char *hp = h ? strchr(h, '(') : NULL;
-  size_t held = hp ? (size_t)strtoull(hp + 1, NULL, 10) : 0;
+  size_t held = logged_bytes(s, "/gpu:0 memory: pool held ");
   char created[96];
   snprintf(created, sizeof created, "with %zu MB memory:  -> device: ", want >> 20);
   bool logged = s && strstr(s, "/gpu:0 memory: growing on demand up to") && strstr(s, created);
@@ -292,12 +260,12 @@ static void test_model_too_large(void **state) {
   assert_int_equal(ts_worker_start(&c, 0, args, &w), 0);
   int rc = ts_proc_wait(&w, 120);
   show_line(&w, "out of memory");
-  if (rc != 1 || !file_has(w.err, "device.memory_fraction = 0.02")) dump(&w);
+  if (rc != 1 || !ts_file_has(w.err, "device.memory_fraction = 0.02")) ts_proc_dump(&w);
   assert_int_equal(rc, 1);
-  assert_true(file_has(w.err, "out of memory under device.memory_fraction = 0.02"));
-  assert_true(file_has(w.err, "more asked"));
-  assert_true(file_has(w.err, "in all)"));      /* the model's whole need */
-  assert_false(file_has(w.err, "declared on")); /* no shard was touched */
+  assert_true(ts_file_has(w.err, "out of memory under device.memory_fraction = 0.02"));
+  assert_true(ts_file_has(w.err, "more asked"));
+  assert_true(ts_file_has(w.err, "in all)"));      /* the model's whole need */
+  assert_false(ts_file_has(w.err, "declared on")); /* no shard was touched */
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
@@ -316,20 +284,20 @@ static void test_missing_gpu_placement(void **state) {
                         NULL};
   assert_int_equal(ts_worker_start(&c, 0, soft, &w), 0);
   int rc = ts_proc_wait(&w, 60);
-  if (rc != 0) dump(&w);
+  if (rc != 0) ts_proc_dump(&w);
   assert_int_equal(rc, 0);
   show_line(&w, "allow_soft_placement");
-  assert_true(file_has(w.err, "allow_soft_placement: '/device:GPU:3' is not available"));
-  assert_true(file_has(w.err, "device:GPU:0"));
+  assert_true(ts_file_has(w.err, "allow_soft_placement: '/device:GPU:3' is not available"));
+  assert_true(ts_file_has(w.err, "device:GPU:0"));
   const char *hard[] = {"--set", "device.placement=\"/gpu:3\"", "--set",
                         "device.allow_soft_placement=false", NULL};
   assert_int_equal(ts_worker_start(&c, 0, hard, &w), 0);
   rc = ts_proc_wait(&w, 60);
   show_line(&w, "Could not satisfy");
   assert_int_equal(rc, 78);
-  assert_true(file_has(w.err,
-                       "Could not satisfy explicit device specification '/device:GPU:3' because "
-                       "no devices matching that specification are registered in this process"));
+  assert_true(ts_file_has(w.err,
+                          "Could not satisfy explicit device specification '/device:GPU:3' because "
+                          "no devices matching that specification are registered in this process"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
@@ -348,9 +316,9 @@ static double throughput(const char *placement, const char *layers, int batch, i
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
   int rc = ts_proc_wait(&w, 180);
-  if (rc != 0) dump(&w);
+  if (rc != 0) ts_proc_dump(&w);
   assert_int_equal(rc, 0);
-  double eps = done_field(&w, "examples_per_sec=");
+  double eps = ts_done_field(&w, "examples_per_sec=");
   assert_int_equal(ts_cluster_stop(&c), 0);
   return eps;
 }

@@ -143,6 +143,42 @@ char *ts_read_file(const char *path) {
   return buf;
 }
 
+int ts_workers_run(ts_cluster_t *c, int n, const char *const *extra, double timeout_s,
+                   ts_proc_t *w) {
+  for (int t = 0; t < n; t++)
+    if (ts_worker_start(c, t, extra, &w[t]) != 0) return -1;
+  int first = 0;
+  for (int t = 0; t < n; t++) {
+    int rc = ts_proc_wait(&w[t], timeout_s);
+    if (rc != 0) ts_proc_dump(&w[t]);
+    if (rc != 0 && first == 0) first = rc;
+  }
+  return first;
+}
+
+bool ts_file_has(const char *path, const char *needle) {
+  char *s = ts_read_file(path);
+  bool has = s && strstr(s, needle);
+  free(s);
+  return has;
+}
+
+void ts_proc_dump(const ts_proc_t *p) {
+  char *e = ts_read_file(p->err);
+  fprintf(stderr, "--- worker log %s:\n%s\n", p->err, e ? e : "(none)");
+  free(e);
+}
+
+double ts_done_field(const ts_proc_t *p, const char *key) {
+  char *out = ts_read_file(p->out);
+  double v = -1;
+  const char *d = out ? strstr(out, "done: task=") : NULL;
+  const char *a = d ? strstr(d, key) : NULL;
+  if (a) v = atof(a + strlen(key));
+  free(out);
+  return v;
+}
+
 int ts_cluster_start_shard(ts_cluster_t *c, int i) {
   char log[400], shard[16];
   snprintf(log, sizeof log, "%s/ps-%d.log", c->dir, i);

@@ -81,8 +81,25 @@ int ts_worker_start(ts_cluster_t *c, int task, const char *const *extra, ts_proc
  * Returns the exit status (128 + signal for a killed process). */
 int ts_proc_wait(ts_proc_t *p, double timeout_s);
 
+/* Starts workers 0..n-1 of c's job with extra arguments (as ts_worker_start) into w[0..n-1],
+ * then waits for each, at most timeout_s seconds, printing the log of one that does not exit
+ * 0 (ts_proc_dump). Returns 0 when all exited 0, -1 when one could not be started (those
+ * started before it are left running), else the first non-zero exit status. */
+int ts_workers_run(ts_cluster_t *c, int n, const char *const *extra, double timeout_s,
+                   ts_proc_t *w);
+
 /* A whole file, malloc'd (caller frees), or NULL. */
 char *ts_read_file(const char *path);
+
+/* Whether the file at path holds needle (false when it cannot be read). */
+bool ts_file_has(const char *path, const char *needle);
+
+/* Prints p's log (its stderr file) on stderr, for a test that is about to fail. */
+void ts_proc_dump(const ts_proc_t *p);
+
+/* The number after key (e.g. "test_accuracy=") in the "done: task=..." line of a worker's
+ * stdout; -1 when there is no such line or key. */
+double ts_done_field(const ts_proc_t *p, const char *key);
 
 /* The value of the sample `series` (name with its labels, as printed) in a /metrics body,
  * or -1 when absent. */

@@ -25,35 +25,12 @@
 
 #include "calls.h"
 #include "harness.h"
+#include "model_pull.h"
 #include "ts_backend.h"
 #include "ts_kernels.h"
 #include "ts_model.h"
 
 #define DATA "/usr/share/datasets/fashion-mnist/"
-
-static bool file_has(const char *path, const char *needle) {
-  char *s = ts_read_file(path);
-  bool has = s && strstr(s, needle);
-  free(s);
-  return has;
-}
-
-static void dump(const ts_proc_t *p) {
-  char *e = ts_read_file(p->err);
-  fprintf(stderr, "--- worker log %s:\n%s\n", p->err, e ? e : "(none)");
-  free(e);
-}
-
-/* Parse "done: ... test_accuracy=A ..." from a worker's stdout; -1 when absent. */
-static double done_accuracy(const ts_proc_t *p) {
-  char *out = ts_read_file(p->out);
-  double acc = -1;
-  const char *d = out ? strstr(out, "done: task=") : NULL;
-  const char *a = d ? strstr(d, "test_accuracy=") : NULL;
-  if (a) acc = atof(a + strlen("test_accuracy="));
-  free(out);
-  return acc;
-}
 
 static int need_data(void **state) {
   (void)state;
@@ -86,13 +63,13 @@ static void test_lenet5_sync(void **state) {
   for (int t = 0; t < 2; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
   for (int t = 0; t < 2; t++) {
     int rc = ts_proc_wait(&w[t], 560);
-    double acc = done_accuracy(&w[t]);
+    double acc = ts_done_field(&w[t], "test_accuracy=");
     fprintf(stderr, "lenet5 worker %d: exit %d, test accuracy %.4f after %.1f s\n", t, rc, acc,
             ts_now_s() - t0);
-    if (rc != 0 || acc < 0.895) dump(&w[t]);
+    if (rc != 0 || acc < 0.895) ts_proc_dump(&w[t]);
     assert_int_equal(rc, 0);
     assert_true(acc >= 0.895); /* measured 0.8996 (see lenet5.cfg) */
-    assert_true(file_has(w[t].err, "model [layers] declared on 2 shard(s): 61706 parameters"));
+    assert_true(ts_file_has(w[t].err, "model [layers] declared on 2 shard(s): 61706 parameters"));
   }
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
@@ -123,23 +100,8 @@ static float *cnn_params(ts_cluster_t *c, size_t *count, double *moved) {
   int rc = ts_model_init_net(&m, specs, cfg.num_net_layers, in, 1, ts_kernels_cpu(), err, sizeof err);
   if (rc != 0) fprintf(stderr, "%s\n", err);
   assert_int_equal(rc, 0);
-  ts_client_tensor_t decl[TS_LAYERS_MAX * 2];
-  for (size_t i = 0; i < m.num_tensors; i++)
-    decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
-                                   (ts_client_init_t)m.tensors[i].init};
-  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs,
-                        .num_shards = (size_t)c->num_shards, .task = 0, .connect_timeout_s = 5,
-                        .request_timeout_s = 10, .require_all = true};
-  ts_client_t *cl = NULL;
-  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
-  assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, 7, err, sizeof err), 0);
-  float *p = calloc(m.param_count, sizeof *p);
-  assert_non_null(p);
-  float *dst[TS_LAYERS_MAX * 2];
-  for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
-  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  float *p = ts_pull_model_params(c, &m, 7, NULL);
   *count = m.param_count;
-  ts_client_close(cl);
   float *init = calloc(m.param_count, sizeof *init);
   assert_non_null(init);
   assert_int_equal(ts_model_init_params(&m, 7), 0);
@@ -158,12 +120,7 @@ static float *run_cnn(int workers, int batch, size_t *count, double *moved) {
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, workers, job), 0);
   ts_proc_t w[2];
-  for (int t = 0; t < workers; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
-  for (int t = 0; t < workers; t++) {
-    int rc = ts_proc_wait(&w[t], 120);
-    if (rc != 0) dump(&w[t]);
-    assert_int_equal(rc, 0);
-  }
+  assert_int_equal(ts_workers_run(&c, workers, NULL, 120, w), 0);
   float *p = cnn_params(&c, count, moved);
   assert_int_equal(ts_cluster_stop(&c), 0);
   return p;
@@ -236,16 +193,16 @@ static void test_bad_model_exits_78(void **state) {
     ts_proc_t w;
     assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
     int rc = ts_proc_wait(&w, 60);
-    bool named = file_has(w.err, cases[i].expected);
+    bool named = ts_file_has(w.err, cases[i].expected);
     fprintf(stderr, "bad model %zu: exit %d, %s\n", i, rc, named ? "named" : "NOT named");
     if (rc != 78 || !named) {
       fprintf(stderr, "expected: %s\n", cases[i].expected);
-      dump(&w);
+      ts_proc_dump(&w);
     }
     assert_int_equal(rc, 78);
     assert_true(named);
     /* Found before any shard was contacted, or (a good model) at the handshake. */
-    assert_true(file_has(w.err, "connecting to") == cases[i].handshake);
+    assert_true(ts_file_has(w.err, "connecting to") == cases[i].handshake);
   }
   memcpy(c.config, saved, sizeof saved);
   free(cluster);

@@ -28,27 +28,6 @@
 #include "ts_frame.h"
 #include "ts_msg.h"
 
-static bool file_has(const char *path, const char *needle) {
-  char *s = ts_read_file(path);
-  bool has = s && strstr(s, needle);
-  free(s);
-  return has;
-}
-
-static void dump(const ts_proc_t *p) {
-  char *e = ts_read_file(p->err);
-  fprintf(stderr, "--- %s:\n%s\n", p->err, e ? e : "(none)");
-  free(e);
-}
-
-static double done_accuracy(const ts_proc_t *p) {
-  char *out = ts_read_file(p->out);
-  const char *a = out ? strstr(out, "test_accuracy=") : NULL;
-  double acc = a ? atof(a + strlen("test_accuracy=")) : -1;
-  free(out);
-  return acc;
-}
-
 /* psctl status --output json: the job's step and the sum of a shard counter; -1 on error. */
 static long long job_field(ts_cluster_t *c, const char *shard_field, long long *sum) {
   char out[65536], err[4096];
@@ -123,11 +102,11 @@ static void test_sync_worker_killed_and_rejoins(void **state) {
   assert_int_equal(ts_worker_start(&c, 2, NULL, &w[2]), 0);
   for (int t = 0; t < 3; t++) {
     int rc = ts_proc_wait(&w[t], 90);
-    if (rc != 0) dump(&w[t]);
+    if (rc != 0) ts_proc_dump(&w[t]);
     assert_int_equal(rc, 0);
   }
-  assert_true(file_has(w[2].err, "joining the job at step"));
-  assert_true(file_has(w[2].out, "done: task=2"));
+  assert_true(ts_file_has(w[2].err, "joining the job at step"));
+  assert_true(ts_file_has(w[2].out, "done: task=2"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
@@ -264,12 +243,12 @@ static void test_sync_backup_worker_stopped(void **state) {
   for (int t = 0; t < 3; t++) kill(w[t].pid, SIGTERM);
   for (int t = 0; t < 3; t++) {
     int rc = ts_proc_wait(&w[t], 30);
-    if (rc != 0) dump(&w[t]);
+    if (rc != 0) ts_proc_dump(&w[t]);
     assert_int_equal(rc, 0);
   }
   /* The job went on without it: it goes on from the job's step, not its own. */
-  if (!file_has(w[2].err, "went on without this worker")) dump(&w[2]);
-  assert_true(file_has(w[2].err, "went on without this worker"));
+  if (!ts_file_has(w[2].err, "went on without this worker")) ts_proc_dump(&w[2]);
+  assert_true(ts_file_has(w[2].err, "went on without this worker"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
@@ -319,9 +298,9 @@ static double train_two(ts_cluster_t *c, bool kill_shard, double *restart_to_pul
   double acc = 1.0;
   for (int t = 0; t < 2; t++) {
     int rc = ts_proc_wait(&w[t], 110);
-    if (rc != 0) dump(&w[t]);
+    if (rc != 0) ts_proc_dump(&w[t]);
     assert_int_equal(rc, 0);
-    double a = done_accuracy(&w[t]);
+    double a = ts_done_field(&w[t], "test_accuracy=");
     if (a < acc) acc = a;
   }
   if (kill_shard) {
@@ -503,9 +482,9 @@ static void test_hostile_traffic_during_training(void **state) {
   pthread_join(th, NULL);
   double acc = 1.0;
   for (int t = 0; t < 2; t++) {
-    if (w[t].status != 0) dump(&w[t]);
+    if (w[t].status != 0) ts_proc_dump(&w[t]);
     assert_int_equal(w[t].status, 0);
-    double a = done_accuracy(&w[t]);
+    double a = ts_done_field(&w[t], "test_accuracy=");
     if (a < acc) acc = a;
   }
   double refused = hostile_refusals(&c);
@@ -515,7 +494,7 @@ static void test_hostile_traffic_during_training(void **state) {
           h.sent, refused, acc, base, (double)peak / 1024.0);
   if (fabs(acc - base) >= 1e-9) {
     /* Sync training is deterministic: something made a barrier close short. Show why. */
-    for (int t = 0; t < 2; t++) dump(&w[t]);
+    for (int t = 0; t < 2; t++) ts_proc_dump(&w[t]);
     for (int i = 0; i < 2; i++) {
       char *log = ts_cluster_log(&c, i);
       fprintf(stderr, "--- shard %d log:\n%s\n", i, log ? log : "(none)");
@@ -618,12 +597,12 @@ static void test_barrier_waits_for_and_uneven_workers(void **state) {
   assert_non_null(strstr(out, "barrier waits for task 1"));
   kill(w1.pid, SIGCONT);
   int rc0 = ts_proc_wait(&w0, 60), rc1 = ts_proc_wait(&w1, 120);
-  if (rc0 != 0) dump(&w0);
-  if (rc1 != 0) dump(&w1);
+  if (rc0 != 0) ts_proc_dump(&w0);
+  if (rc1 != 0) ts_proc_dump(&w1);
   assert_int_equal(rc0, 0);
   assert_int_equal(rc1, 0);
-  assert_true(file_has(w0.out, "done: task=0 steps=2000"));
-  assert_true(file_has(w1.out, "done: task=1 steps=3000"));
+  assert_true(ts_file_has(w0.out, "done: task=0 steps=2000"));
+  assert_true(ts_file_has(w1.out, "done: task=1 steps=3000"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 

@@ -16,8 +16,9 @@
 
 #include <cmocka.h>
 
-#include "harness.h"
 #include "calls.h"
+#include "harness.h"
+#include "model_pull.h"
 #include "ts_config.h"
 #include "ts_idx.h"
 #include "ts_kernels.h"
@@ -62,30 +63,6 @@ static void job_text(char *buf, size_t n, const char *mode, const char *train) {
   snprintf(buf + len, n - len, "]; };\ntrain = { %s };\n", train);
 }
 
-/* Parse "done: ... test_accuracy=A ..." from a worker's stdout; -1 when absent. */
-static double done_accuracy(const ts_proc_t *p) {
-  char *out = ts_read_file(p->out);
-  double acc = -1;
-  const char *d = out ? strstr(out, "done: task=") : NULL;
-  const char *a = d ? strstr(d, "test_accuracy=") : NULL;
-  if (a) acc = atof(a + strlen("test_accuracy="));
-  free(out);
-  return acc;
-}
-
-static void dump(const ts_proc_t *p) {
-  char *e = ts_read_file(p->err);
-  fprintf(stderr, "--- worker log %s:\n%s\n", p->err, e ? e : "(none)");
-  free(e);
-}
-
-static bool file_has(const char *path, const char *needle) {
-  char *s = ts_read_file(path);
-  bool has = s && strstr(s, needle);
-  free(s);
-  return has;
-}
-
 /* The test accuracy of the parameters the shards hold once the workers are done: in async
  * mode a worker's done: line evaluates the parameters it last pulled, a moment of the job
  * that depends on how the two workers' pushes interleaved, not the job's result. */
@@ -99,23 +76,7 @@ static double final_accuracy(ts_cluster_t *c) {
   assert_int_equal(ts_model_init(&m, demo.layers, demo.num_layers, demo.activation, 1000,
                                  ts_kernels_cpu(), err, sizeof err),
                    0);
-  ts_client_tensor_t decl[2 * TS_CONFIG_MAX_LAYERS];
-  for (size_t i = 0; i < m.num_tensors; i++)
-    decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
-                                   (ts_client_init_t)m.tensors[i].init};
-  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs,
-                        .num_shards = (size_t)c->num_shards, .task = 0,
-                        .identity = "final accuracy", .connect_timeout_s = 5,
-                        .request_timeout_s = 10, .require_all = true};
-  ts_client_t *cl = NULL;
-  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
-  assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, (uint64_t)demo.seed, err, sizeof err), 0);
-  float *p = calloc(m.param_count, sizeof *p);
-  assert_non_null(p);
-  float *dst[2 * TS_CONFIG_MAX_LAYERS];
-  for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
-  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
-  ts_client_close(cl);
+  float *p = ts_pull_model_params(c, &m, (uint64_t)demo.seed, "final accuracy");
   assert_int_equal(ts_model_set_params(&m, 0, p, m.param_count), 0);
   float acc = 0;
   assert_int_equal(ts_model_evaluate(&m, test.x, test.labels, test.n, &acc, NULL), 0);
@@ -134,16 +95,16 @@ static void train_and_check(const char *mode, int workers, double min_acc) {
   for (int t = 0; t < workers; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
   for (int t = 0; t < workers; t++) {
     int rc = ts_proc_wait(&w[t], 110);
-    double acc = done_accuracy(&w[t]);
+    double acc = ts_done_field(&w[t], "test_accuracy=");
     fprintf(stderr, "%s worker %d: exit %d, test accuracy %.4f\n", mode, t, rc, acc);
     /* Sync: every worker ends with the job's parameters. Async: the worker's last pull
      * (see final_accuracy), a few hundredths either side of the result. */
     double floor = strcmp(mode, "sync") == 0 ? min_acc : min_acc - 0.05;
-    if (rc != 0 || acc < floor) dump(&w[t]);
+    if (rc != 0 || acc < floor) ts_proc_dump(&w[t]);
     assert_int_equal(rc, 0);
     assert_true(acc >= floor);
     /* Progress lines with step, loss and examples/s. */
-    assert_true(file_has(w[t].err, "examples/s"));
+    assert_true(ts_file_has(w[t].err, "examples/s"));
   }
   double fin = final_accuracy(&c);
   fprintf(stderr, "%s: the final parameters' test accuracy %.4f\n", mode, fin);
@@ -168,22 +129,8 @@ static float *final_params(ts_cluster_t *c, size_t *count) {
   char err[512];
   int widths[] = {784, 32, 10};
   assert_int_equal(ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err), 0);
-  ts_client_tensor_t decl[8];
-  for (size_t i = 0; i < m.num_tensors; i++)
-    decl[i] = (ts_client_tensor_t){m.tensors[i].name, m.tensors[i].shape, m.tensors[i].rank,
-                                   (ts_client_init_t)m.tensors[i].init};
-  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = (size_t)c->num_shards, .admin = false,
-                        .task = 0, .connect_timeout_s = 5, .request_timeout_s = 10,
-                        .require_all = true};
-  ts_client_t *cl = NULL;
-  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
-  assert_int_equal(ts_client_declare(cl, decl, m.num_tensors, 7, err, sizeof err), 0);
-  float *p = calloc(m.param_count, sizeof *p);
-  float *dst[8];
-  for (size_t i = 0; i < m.num_tensors; i++) dst[i] = p + m.tensors[i].offset;
-  assert_int_equal(tc_pull(cl, dst, 0, 0, NULL, err, sizeof err), 0);
+  float *p = ts_pull_model_params(c, &m, 7, NULL);
   *count = m.param_count;
-  ts_client_close(cl);
   ts_model_destroy(&m);
   return p;
 }
@@ -199,13 +146,11 @@ static float *run_exact_args(int workers, int batch, const char *const *args, si
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, workers, job), 0);
   ts_proc_t w[2];
-  for (int t = 0; t < workers; t++) assert_int_equal(ts_worker_start(&c, t, args, &w[t]), 0);
+  assert_int_equal(ts_workers_run(&c, workers, args, 60, w), 0);
   for (int t = 0; t < workers; t++) {
-    int rc = ts_proc_wait(&w[t], 60);
-    if (rc != 0) dump(&w[t]);
-    assert_int_equal(rc, 0);
-    if (args && !file_has(w[t].err, "towers: 2 (/cpu:0, /cpu:0), micro-batch")) dump(&w[t]);
-    if (args) assert_true(file_has(w[t].err, "towers: 2 (/cpu:0, /cpu:0), micro-batch"));
+    if (args && !ts_file_has(w[t].err, "towers: 2 (/cpu:0, /cpu:0), micro-batch"))
+      ts_proc_dump(&w[t]);
+    if (args) assert_true(ts_file_has(w[t].err, "towers: 2 (/cpu:0, /cpu:0), micro-batch"));
   }
   float *p = final_params(&c, count);
   assert_int_equal(ts_cluster_stop(&c), 0);
@@ -278,18 +223,19 @@ static void test_placement(void **state) {
                         "--set", "device.intra_op_parallelism_threads=1", NULL};
   assert_int_equal(ts_worker_start(&c, 0, soft, &w), 0);
   int rc = ts_proc_wait(&w, 60);
-  if (rc != 0) dump(&w);
+  if (rc != 0) ts_proc_dump(&w);
   assert_int_equal(rc, 0);
-  assert_true(file_has(w.err, "allow_soft_placement"));
-  assert_true(file_has(w.err, "CPU ops use 1 thread(s) each (device.intra_op_parallelism_threads = 1)"));
+  assert_true(ts_file_has(w.err, "allow_soft_placement"));
+  assert_true(
+      ts_file_has(w.err, "CPU ops use 1 thread(s) each (device.intra_op_parallelism_threads = 1)"));
   /* Where OpenBLAS fell back to kernels older than this CPU, the worker re-executed itself
    * with the CPU's own and says so; elsewhere it says nothing. */
   const char *core = ts_kernels_cpu_better_core();
   char line[160];
   snprintf(line, sizeof line, "OpenBLAS: %s kernels (it chose ", core ? core : "");
   if (core) fprintf(stderr, "OpenBLAS here: the worker should use %s\n", core);
-  assert_true(file_has(w.err, line) == (core != NULL));
-  assert_true(file_has(w.out, "done: task=0 steps=5"));
+  assert_true(ts_file_has(w.err, line) == (core != NULL));
+  assert_true(ts_file_has(w.out, "done: task=0 steps=5"));
   /* One placement line per op, in TensorFlow's format. */
   ts_model_t m;
   char err[256];
@@ -309,15 +255,16 @@ static void test_placement(void **state) {
   rc = ts_proc_wait(&w, 60);
   assert_true(rc != 0);
   /* TensorFlow's sentence for a device this process does not have, and the reason beside. */
-  assert_true(file_has(w.err, "Could not satisfy explicit device specification '/device:GPU:0' "
-                              "because no devices matching that specification are registered "
-                              "in this process; available devices: "
-                              "/job:worker/replica:0/task:0/device:CPU:0"));
-  assert_true(file_has(w.err, "no GPU in this process: "));
+  assert_true(ts_file_has(w.err,
+                          "Could not satisfy explicit device specification '/device:GPU:0' "
+                          "because no devices matching that specification are registered "
+                          "in this process; available devices: "
+                          "/job:worker/replica:0/task:0/device:CPU:0"));
+  assert_true(ts_file_has(w.err, "no GPU in this process: "));
   const char *malformed[] = {"--set", "device.placement=\"/gpu:zero\"", NULL};
   assert_int_equal(ts_worker_start(&c, 0, malformed, &w), 0);
   assert_int_equal(ts_proc_wait(&w, 60), 78);
-  assert_true(file_has(w.err, "malformed device name '/gpu:zero'"));
+  assert_true(ts_file_has(w.err, "malformed device name '/gpu:zero'"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
@@ -355,12 +302,12 @@ static void expect_bad_data(ts_cluster_t *c, const char *const *args, const char
   ts_proc_t w;
   assert_int_equal(ts_worker_start(c, 0, args, &w), 0);
   int rc = ts_proc_wait(&w, 60);
-  if (rc != 78 || !file_has(w.err, needle)) {
-    dump(&w);
+  if (rc != 78 || !ts_file_has(w.err, needle)) {
+    ts_proc_dump(&w);
     fprintf(stderr, "expected exit 78 and '%s'\n", needle);
   }
   assert_int_equal(rc, 78);
-  assert_true(file_has(w.err, needle));
+  assert_true(ts_file_has(w.err, needle));
   assert_shard_untouched(c);
 }
 
@@ -412,11 +359,11 @@ static void test_async_worker_killed(void **state) {
   assert_int_equal(ts_worker_start(&c, 1, NULL, &w1), 0);
   /* Kill worker 1 once it is training: 6000 global steps take seconds, so it still is on a
    * loaded machine (with 1500, worker 1 had once finished before this saw its first line). */
-  for (int i = 0; i < 600 && !file_has(w1.err, "step "); i++) usleep(10000);
+  for (int i = 0; i < 600 && !ts_file_has(w1.err, "step "); i++) usleep(10000);
   kill(w1.pid, SIGKILL);
   assert_int_equal(ts_proc_wait(&w1, 10), 128 + SIGKILL);
   int rc = ts_proc_wait(&w0, 90);
-  if (rc != 0) dump(&w0);
+  if (rc != 0) ts_proc_dump(&w0);
   assert_int_equal(rc, 0);
   /* train.max_steps is the global step (async: every push counts): worker 1's steps before
    * it was killed count too, so worker 0 makes fewer than 6000 and stops when the shards'
@@ -427,7 +374,7 @@ static void test_async_worker_killed(void **state) {
   free(out);
   fprintf(stderr, "worker 0 made %ld of the job's 6000 steps\n", s0);
   assert_true(s0 > 0 && s0 < 6000);
-  assert_true(file_has(w0.err, "the job reached its global step"));
+  assert_true(ts_file_has(w0.err, "the job reached its global step"));
   /* The shards saw it go. */
   char *log = ts_cluster_log(&c, 0);
   assert_non_null(strstr(log, "worker 1 disconnected"));
@@ -441,10 +388,10 @@ static void test_worker_sigterm(void **state) {
   assert_int_equal(ts_cluster_start(&c, 1, 1, "job = { mode = \"async\"; };\ntrain = { epochs = 50; log_interval_s = 0.2; };"), 0);
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
-  for (int i = 0; i < 600 && !file_has(w.err, "step "); i++) usleep(10000);
+  for (int i = 0; i < 600 && !ts_file_has(w.err, "step "); i++) usleep(10000);
   kill(w.pid, SIGTERM);
   assert_int_equal(ts_proc_wait(&w, 20), 0);
-  assert_true(file_has(w.err, "stopped by a signal"));
+  assert_true(ts_file_has(w.err, "stopped by a signal"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 

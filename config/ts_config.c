@@ -368,7 +368,8 @@ const ts_config_def_t ts_config_defs[] = {
          "Place an op on /cpu:0, and log why, when its device or kernel is missing, instead "
          "of failing."),
     BOOL("device.log_device_placement", log_device_placement, "false",
-         "Log one line per op with the device it was placed on."),
+         "Log, in TensorFlow's format, one line per op of every tower with the device it "
+         "was placed on, and one per variable (partition) with the shard that holds it."),
     BOOL("device.allow_growth", allow_growth, "true",
          "Take GPU memory as needed rather than reserving it up front (TensorFlow's "
          "GPUOptions.allow_growth). With device.memory_fraction > 0 the pool grows up to that "

@@ -90,6 +90,25 @@ static int check_data(const ts_config_t *cfg, const ts_dataset_t *train, const t
   return 0;
 }
 
+/* device.log_device_placement for the variables: each partition of each tensor on the
+ * shard that holds it, in TensorFlow's format for a variable on a parameter server
+ * ("fc1/weights: (VariableV2): /job:ps/replica:0/task:1/device:CPU:0"; a tensor cut in
+ * several partitions is named as TensorFlow names a partitioned variable's parts,
+ * "fc1/weights/part_0"). */
+static void log_variable_placement(const ts_client_t *client, const ts_model_t *model) {
+  size_t n = ts_client_num_parts(client);
+  for (size_t k = 0; k < n; k++) {
+    ts_client_part_t part, next;
+    if (ts_client_part(client, k, &part) != 0 || part.tensor >= model->num_tensors) continue;
+    bool split = part.part > 0 ||
+                 (ts_client_part(client, k + 1, &next) == 0 && next.tensor == part.tensor);
+    char suffix[32] = "";
+    if (split) snprintf(suffix, sizeof suffix, "/part_%u", part.part);
+    fprintf(stderr, "%s%s: (VariableV2): /job:ps/replica:0/task:%u/device:CPU:0\n",
+            model->tensors[part.tensor].name, suffix, part.shard);
+  }
+}
+
 int main(int argc, char **argv) {
   ts_kernels_cpu_reexec_for_core(argv); /* OpenBLAS's fastest kernels for this CPU */
   static const ts_cli_spec_t spec = {.prog = "ps-worker", .id_name = "task",
@@ -233,6 +252,7 @@ int main(int argc, char **argv) {
     if (rc == TS_ESHAPE) exit_code = TS_EXIT_CONFIG;
     goto out;
   }
+  if (cfg.log_device_placement) log_variable_placement(client, model);
   ts_log_info("model [%s] declared on %zu shard(s): %zu parameters in %zu tensors",
               model->net ? "layers" : "mlp", cfg.num_ps, model->param_count, model->num_tensors);
 

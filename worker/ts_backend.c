@@ -220,10 +220,18 @@ static void log_placement(const ts_config_t *cfg, int task, const ts_backend_pla
                 p->soft_spec, p->soft_reason, dev);
   }
   if (!cfg->log_device_placement) return;
-  for (size_t i = 0; i < p->num_ops; i++) {
-    char dev[96];
-    ts_device_long_name(p->placements[i].type, p->placements[i].index, task, dev, sizeof dev);
-    fprintf(stderr, "%s: (%s): %s\n", p->ops[i].name, p->ops[i].type, dev);
+  /* Every op of every tower, as TensorFlow's multi-tower models name them ("tower_1/..."):
+   * a tower's ops run on its own device (its GPU; the CPU for ops soft placement moved). */
+  for (size_t t = 0; t < p->towers; t++) {
+    char prefix[32] = "";
+    if (p->towers > 1) snprintf(prefix, sizeof prefix, "tower_%zu/", t);
+    for (size_t i = 0; i < p->num_ops; i++) {
+      const ts_placement_t *pl = &p->placements[i];
+      int index = pl->type == TS_DEVICE_GPU ? p->tower_device[t] : 0;
+      char dev[96];
+      ts_device_long_name(pl->type, index, task, dev, sizeof dev);
+      fprintf(stderr, "%s%s: (%s): %s\n", prefix, p->ops[i].name, p->ops[i].type, dev);
+    }
   }
 }
 

@@ -246,6 +246,31 @@ static void test_placement(void **state) {
   for (const char *p = log; (p = strstr(p, "): /job:worker/replica:0/task:0/device:CPU:0\n")); p++) lines++;
   assert_non_null(strstr(log, "fc1/matmul: (MatMul): /job:worker/replica:0/task:0/device:CPU:0\n"));
   assert_int_equal(lines, m.num_ops);
+  /* And every variable on the shard that holds it (one shard, one partition each). */
+  for (size_t i = 0; i < m.num_tensors; i++) {
+    char var[160];
+    snprintf(var, sizeof var, "\n%s: (VariableV2): /job:ps/replica:0/task:0/device:CPU:0\n",
+             m.tensors[i].name);
+    if (!strstr(log, var)) fprintf(stderr, "missing: %s", var + 1);
+    assert_non_null(strstr(log, var));
+  }
+  free(log);
+
+  /* Two towers: every op of each, the second's named tower_1/ as TensorFlow's towers are. */
+  const char *two[] = {"--set", "device.towers=2", "--set", "device.log_device_placement=true",
+                       "--set", "train.max_steps=2", NULL};
+  assert_int_equal(ts_worker_start(&c, 0, two, &w), 0);
+  rc = ts_proc_wait(&w, 60);
+  if (rc != 0) ts_proc_dump(&w);
+  assert_int_equal(rc, 0);
+  log = ts_read_file(w.err);
+  lines = 0;
+  for (const char *p = log; (p = strstr(p, "): /job:worker/replica:0/task:0/device:CPU:0\n")); p++) lines++;
+  assert_non_null(
+      strstr(log, "\ntower_1/fc1/matmul: (MatMul): /job:worker/replica:0/task:0/device:CPU:0\n"));
+  assert_non_null(
+      strstr(log, "\ntower_0/fc1/matmul: (MatMul): /job:worker/replica:0/task:0/device:CPU:0\n"));
+  assert_int_equal(lines, 2 * m.num_ops);
   free(log);
   ts_model_destroy(&m);
 

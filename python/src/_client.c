@@ -61,19 +61,53 @@ static char *dup_utf8(PyObject *o) {
   return d;
 }
 
+/* j's job settings (opts.job) from a sequence of (key, value) strings, as load_config's
+ * "job_settings" gives them: the shards compare each with their own job file. */
+static int job_settings(job_t *j, PyObject *job_o) {
+  PyObject *seq = PySequence_Fast(job_o, "job must be a sequence of (key, value) strings");
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  j->job_kv = calloc((size_t)n + 1, sizeof *j->job_kv);
+  j->job_str = calloc(2 * (size_t)n + 1, sizeof *j->job_str);
+  if (!j->job_kv || !j->job_str) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *kv = PySequence_Fast_GET_ITEM(seq, i);
+    PyObject *k = PyTuple_Check(kv) && PyTuple_GET_SIZE(kv) == 2 ? PyTuple_GET_ITEM(kv, 0) : NULL;
+    PyObject *v = k ? PyTuple_GET_ITEM(kv, 1) : NULL;
+    if (!k || !PyUnicode_Check(k) || !PyUnicode_Check(v)) {
+      Py_DECREF(seq);
+      PyErr_SetString(PyExc_TypeError, "job must be a sequence of (key, value) strings");
+      return -1;
+    }
+    j->njob = (size_t)i + 1; /* job_free frees what is there */
+    if (!(j->job_str[2 * i] = dup_utf8(k)) || !(j->job_str[2 * i + 1] = dup_utf8(v))) {
+      Py_DECREF(seq);
+      return -1;
+    }
+    j->job_kv[i] = (ts_client_job_setting_t){j->job_str[2 * i], j->job_str[2 * i + 1]};
+  }
+  Py_DECREF(seq);
+  return 0;
+}
+
 static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"addrs", "task", "admin", "token_file", "identity",
                            "connect_timeout", "request_timeout", "heartbeat_interval",
                            "heartbeat_timeout", "require_all", "busy_poll_us", "log",
-                           "log_level", NULL};
+                           "log_level", "job", NULL};
   PyObject *addrs, *logfn = Py_None, *token_file = Py_None, *identity = Py_None;
+  PyObject *job_o = Py_None;
   int task = 0, admin = 0, require_all = 1, log_level = TS_CLIENT_LOG_INFO;
   double connect_timeout = 5.0, request_timeout = 60.0, hb_interval = 0.0, hb_timeout = 5.0;
   unsigned int busy = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ipOOddddpIOi", kwlist, &addrs, &task, &admin,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ipOOddddpIOiO", kwlist, &addrs, &task, &admin,
                                    &token_file, &identity, &connect_timeout, &request_timeout,
                                    &hb_interval, &hb_timeout, &require_all, &busy, &logfn,
-                                   &log_level))
+                                   &log_level, &job_o))
     return -1;
   if (self->sh) {
     PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
@@ -106,6 +140,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
     if (!(j->addrs[i] = dup_utf8(o))) goto fail;
   }
   if (identity != Py_None && !(j->identity = dup_utf8(identity))) goto fail;
+  if (job_o != Py_None && job_settings(j, job_o) < 0) goto fail;
   if (token_file != Py_None) {
     PyObject *b = PyUnicode_EncodeFSDefault(token_file);
     if (!b) goto fail;
@@ -132,6 +167,8 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   j->opts.log = logq_push;
   j->opts.log_arg = j->logq;
   j->opts.log_level = log_level;
+  j->opts.job = j->job_kv;
+  j->opts.num_job = j->njob;
   Py_DECREF(seq);
   seq = NULL;
   logq_t *q = j->logq;
@@ -573,6 +610,18 @@ static PyObject *mod_load_config(PyObject *Py_UNUSED(m), PyObject *args) {
       role_name(cfg.task_role), "task_index", cfg.task_index, "source", S(cfg.source))
                           : NULL;
 #undef S
+  if (d) {
+    ts_config_job_setting_t js[TS_CONFIG_JOB_MAX];
+    size_t nj = ts_config_job_settings(&cfg, js);
+    PyObject *l = PyList_New((Py_ssize_t)nj);
+    for (size_t i = 0; l && i < nj; i++) {
+      PyObject *t = Py_BuildValue("(ss)", js[i].key, js[i].value);
+      if (!t) Py_CLEAR(l);
+      else PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    if (!l || PyDict_SetItemString(d, "job_settings", l) < 0) Py_CLEAR(d);
+    Py_XDECREF(l);
+  }
   ts_config_free(&cfg);
   free(ov);
   Py_XDECREF(over);

@@ -27,6 +27,7 @@
 
 #include "ts_auth.h"
 #include "ts_config.h"
+#include "ts_config_job.h"
 
 #define SLICE_S 0.1 /* longest wait between two signal checks */
 #define LOGQ_MAX 512
@@ -66,6 +67,9 @@ typedef struct job {
   size_t naddrs;
   char *identity;
   char *token;
+  ts_client_job_setting_t *job_kv; /* the job settings the handshake sends (opts.job) */
+  char **job_str;                  /* their keys and values, 2 per setting */
+  size_t njob;
   logq_t *logq;
   ts_client_t *opened;
   /* JOB_DECLARE */

@@ -122,6 +122,9 @@ void job_free(job_t *j) {
   for (size_t i = 0; i < j->naddrs; i++) free(j->addrs[i]);
   free(j->addrs);
   free(j->identity);
+  for (size_t i = 0; j->job_str && i < 2 * j->njob; i++) free(j->job_str[i]);
+  free(j->job_str);
+  free(j->job_kv);
   if (j->token) ts_auth_free_token(j->token);
   for (size_t i = 0; i < j->ntensors; i++) {
     free(j->names ? j->names[i] : NULL);

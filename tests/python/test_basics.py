@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,21 @@ def test_client_from_tf_config(cluster, monkeypatch):
         c.declare({"x": 4})
         st = c.status(0)
         assert st.workers[0].task == 1 and "python task 1" in st.workers[0].identity
+
+
+def test_job_file_checked_at_the_handshake(cluster):
+    """A client given a job file sends the settings a job shares, as ps-worker does: one
+    whose optimizer differs from the shards' is refused naming the key and both values, and
+    the shard goes on serving the others."""
+    cl = cluster(2, 2, 'job = { mode = "async"; };\n'
+                       'optimizer = { name = "adam"; learning_rate = 0.001; };\n')
+    with pytest.raises(tessera.ConfigError) as ei:
+        tessera.Client(cl.config, overrides=["optimizer.learning_rate=0.002"], connect_timeout=5)
+    assert re.search(r"optimizer\.learning_rate: this worker has 0\.002, shard [01] has 0\.001",
+                     str(ei.value)), str(ei.value)
+    with tessera.Client(cl.config, timeout=10) as c:      # the same job file: accepted
+        assert c.job.job_settings[0] == ("job.mode", '"async"')
+        c.declare({"w": 4})
 
 
 def test_connect_refused_is_unavailable():

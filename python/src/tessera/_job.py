@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from . import _client
 
@@ -53,6 +53,9 @@ class Job:
     task_role: str                     #: from TF_CONFIG's task.type ("" when not given)
     task_index: int                    #: from TF_CONFIG's task.index (-1 when not given)
     source: str = field(default="-")   #: the file it was read from
+    #: the settings a job shares, as a worker's handshake sends them for the shards to
+    #: compare with their own job file: [(key, value as the job file spells it)]
+    job_settings: List[Tuple[str, str]] = field(default_factory=list)
 
     @property
     def num_workers(self) -> int:

@@ -257,7 +257,12 @@ class Client:
             heartbeat_timeout=float(heartbeat_timeout), require_all=require_all,
             busy_poll_us=int(busy_poll_us), log=_log,
             log_level=_client.LOG_DEBUG if logger.isEnabledFor(logging.DEBUG)
-            else _client.LOG_INFO)
+            else _client.LOG_INFO,
+            # A worker with a job file is checked against the shards' at the handshake (mode,
+            # worker count, optimizer, model, ...), as ps-worker is: a mismatch raises
+            # ConfigError naming the key and both values. (TF_CONFIG alone names the
+            # cluster, not the job: nothing to compare then.)
+            job=None if admin or config is None or job is None else list(job.job_settings))
 
     # --- lifetime ------------------------------------------------------------------------
 

@@ -26,8 +26,21 @@ static bool check_address(const char *value, char *why, size_t whylen) {
 }
 
 static bool check_device(const char *value, char *why, size_t whylen) {
-  if (value[0] == '/') return true;
+  if (value[0] == '/' || value[0] == '\0') return true;
   snprintf(why, whylen, "\"%s\" is not a device name such as \"/cpu:0\" or \"/gpu:0\"", value);
+  return false;
+}
+
+/* device.rules: "PATTERN=DEVICE", a glob over op names and a device name. */
+static bool check_rule(const char *value, char *why, size_t whylen) {
+  const char *eq = strchr(value, '=');
+  const char *dev = eq ? eq + 1 : NULL;
+  while (dev && *dev == ' ') dev++;
+  if (eq && eq > value && dev[0] == '/' && strlen(value) <= 255) return true;
+  snprintf(why, whylen,
+           "\"%s\" is not a rule PATTERN=DEVICE such as \"fc2/*=/cpu:0\" (a glob over op "
+           "names, then a device name; at most 255 bytes)",
+           value);
   return false;
 }
 
@@ -357,16 +370,34 @@ const ts_config_def_t ts_config_defs[] = {
     {.name = "device.placement",
      .type = TS_CT_STRING,
      .offset = FIELD(placement),
-     .min_len = 1,
+     .min_len = 0,
      .max_len = 255,
      .check = check_device,
-     .check_doc = "a device name starting with /",
-     .def = "\"/cpu:0\"",
+     .check_doc = "empty, or a device name starting with /",
+     .def = "\"\"",
      .doc = "Device for the model's ops, TensorFlow style: /cpu:0, /gpu:N or "
-            "/job:worker/replica:0/task:T/device:GPU:N (docs/architecture.md)."},
-    BOOL("device.allow_soft_placement", allow_soft_placement, "true",
-         "Place an op on /cpu:0, and log why, when its device or kernel is missing, instead "
-         "of failing."),
+            "/job:worker/replica:0/task:T/device:GPU:N. Empty (the default) is TensorFlow's "
+            "own choice: each op on /gpu:0 when a GPU is visible and has a kernel for it, "
+            "else on /cpu:0, silently. The input pipeline's ops are outside this scope "
+            "(docs/gpu.md)."},
+    {.name = "device.rules",
+     .type = TS_CT_STRINGS,
+     .offset = FIELD(placement_rules),
+     .count_offset = FIELD(num_placement_rules),
+     .min_len = 0,
+     .max_len = 64,
+     .check = check_rule,
+     .check_doc = "PATTERN=DEVICE",
+     .def = "[]",
+     .doc = "Per-op and per-layer placement, as tf.device scopes: an ordered list of "
+            "\"PATTERN=DEVICE\", PATTERN a glob matched against each op's name "
+            "(\"fc2/matmul\") and its layer (\"fc2\"); the first rule that matches gives "
+            "the op an explicit device, the others take device.placement. E.g. "
+            "[\"input/*=/cpu:0\", \"conv*=/gpu:0\"]. At most 64 rules."},
+    BOOL("device.allow_soft_placement", allow_soft_placement, "false",
+         "When an op's explicit device is missing or has no kernel for it, place that op "
+         "(only that op) on another device and log why, instead of failing with "
+         "TensorFlow's message. False by default, as TensorFlow 1's ConfigProto."),
     BOOL("device.log_device_placement", log_device_placement, "false",
          "Log, in TensorFlow's format, one line per op of every tower with the device it "
          "was placed on, and one per variable (partition) with the shard that holds it."),

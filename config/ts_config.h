@@ -130,7 +130,9 @@ typedef struct {
   double log_interval_s;
 
   /* device */
-  char *placement;
+  char *placement;          /* "" = TensorFlow's default choice */
+  char **placement_rules;   /* device.rules: "PATTERN=DEVICE", first match wins */
+  size_t num_placement_rules;
   bool allow_soft_placement;
   bool log_device_placement;
   bool allow_growth;          /* take GPU memory on demand (kernels/ts_gpu.h's plan) */

@@ -1,6 +1,7 @@
 #include "ts_backend.h"
 
 #include <stdint.h>
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,121 @@ static int net_ops(const ts_config_t *cfg, const ts_kernels_t *gpu_ops, ts_backe
   return rc;
 }
 
+/* The input pipeline's ops, ahead of the model's: they run once per step on the worker's
+ * host, outside device.placement's scope, and have CPU kernels only (worker/ts_idx.c turns
+ * the IDX file's bytes into float32 pixels). */
+static const struct {
+  const char *name, *type;
+} input_ops[] = {{"input/decode", "DecodeRaw"}};
+#define NUM_INPUT_OPS (sizeof input_ops / sizeof input_ops[0])
+
+/* Prepend the input ops to the model's p->ops[0..p->num_ops). */
+static int add_input_ops(ts_backend_plan_t *p) {
+  size_t n = NUM_INPUT_OPS + p->num_ops;
+  ts_model_op_t *all = ts_calloc(n, sizeof *all);
+  if (!all) return TS_ENOMEM;
+  for (size_t i = 0; i < NUM_INPUT_OPS; i++) {
+    snprintf(all[i].name, sizeof all[i].name, "%s", input_ops[i].name);
+    all[i].type = input_ops[i].type;
+    all[i].phase = TS_OP_PHASE_FORWARD;
+  }
+  if (p->num_ops) memcpy(all + NUM_INPUT_OPS, p->ops, p->num_ops * sizeof *all);
+  ts_free(p->ops);
+  p->ops = all;
+  p->num_ops = n;
+  p->num_input_ops = NUM_INPUT_OPS;
+  return 0;
+}
+
+/* device.rules, parsed: rule r's glob and device. */
+typedef struct {
+  char pattern[256];
+  ts_device_spec_t dev;
+  bool used;
+} rule_t;
+
+static int parse_rules(const ts_config_t *cfg, rule_t *rules, char *errmsg, size_t errlen) {
+  for (size_t r = 0; r < cfg->num_placement_rules; r++) {
+    const char *s = cfg->placement_rules[r];
+    const char *eq = strchr(s, '=');
+    size_t plen = eq ? (size_t)(eq - s) : 0;
+    while (plen > 0 && s[plen - 1] == ' ') plen--;
+    if (!eq || plen == 0 || plen >= sizeof rules[r].pattern) {
+      ts_errmsg_printf(errmsg, errlen, "device.rules[%zu] \"%s\": expected PATTERN=DEVICE", r, s);
+      return TS_ECONFIG;
+    }
+    memcpy(rules[r].pattern, s, plen);
+    rules[r].pattern[plen] = '\0';
+    const char *dev = eq + 1;
+    while (*dev == ' ') dev++;
+    int rc = ts_device_parse(dev, &rules[r].dev, errmsg, errlen);
+    if (rc == 0 && rules[r].dev.unspecified) rc = TS_EINVAL;
+    if (rc < 0) {
+      if (rules[r].dev.unspecified) ts_errmsg_printf(errmsg, errlen, "no device after '='");
+      ts_errmsg_wrapf(errmsg, errlen, "device.rules[%zu] \"%s\"", r, s);
+      return TS_ECONFIG;
+    }
+  }
+  return 0;
+}
+
+/* The first rule whose glob matches the op's name ("fc2/matmul") or its layer ("fc2"). */
+static rule_t *match_rule(rule_t *rules, size_t n, const char *op) {
+  char layer[TS_MODEL_NAME_MAX];
+  snprintf(layer, sizeof layer, "%.*s", (int)strcspn(op, "/"), op);
+  for (size_t r = 0; r < n; r++)
+    if (fnmatch(rules[r].pattern, op, 0) == 0 || fnmatch(rules[r].pattern, layer, 0) == 0)
+      return &rules[r];
+  return NULL;
+}
+
+/* The model's layers run on one device (the towers' back end): ops left on two devices are
+ * put on the CPU when nothing explicit keeps one of them on its GPU, else refused. */
+static int one_device(const ts_config_t *cfg, ts_backend_plan_t *p, const ts_placement_op_t *ops,
+                      char *errmsg, size_t errlen) {
+  size_t none = p->num_ops, gi = none, ci = none;
+  for (size_t i = p->num_input_ops; i < p->num_ops; i++) {
+    const ts_placement_t *pl = &p->placements[i];
+    if (pl->type == TS_DEVICE_CPU) {
+      if (ci == none) ci = i;
+    } else if (gi == none) {
+      gi = i;
+    } else if (p->placements[gi].index != pl->index) {
+      ts_errmsg_printf(errmsg, errlen,
+                       "%s is placed on /device:GPU:%d and %s on /device:GPU:%d: one model's "
+                       "layers run on one device (device.placement, device.rules)",
+                       ops[gi].name, p->placements[gi].index, ops[i].name, pl->index);
+      return TS_ECONFIG;
+    }
+  }
+  if (gi == none || ci == none) return 0;
+  const ts_placement_t *cpu = &p->placements[ci];
+  /* Which op holds the model on the CPU, and why. */
+  char why[200];
+  if (cpu->soft || !cpu->asked[0])
+    snprintf(why, sizeof why, "op %s (%s) has no GPU kernel and the model's layers run on one device",
+             ops[ci].name, ops[ci].type);
+  else
+    snprintf(why, sizeof why, "%s is placed on /device:CPU:0 and the model's layers run on one device",
+             ops[ci].name);
+  for (size_t i = p->num_input_ops; i < p->num_ops; i++) {
+    ts_placement_t *pl = &p->placements[i];
+    if (pl->type != TS_DEVICE_GPU) continue;
+    if (pl->asked[0] && !cfg->allow_soft_placement) {
+      ts_errmsg_printf(errmsg, errlen,
+                       "%s is placed on %s explicitly, but %s; allow_soft_placement would move "
+                       "it to /device:CPU:0 (or place them all on one device)",
+                       ops[i].name, pl->asked, why);
+      return TS_ECONFIG;
+    }
+    pl->type = TS_DEVICE_CPU;
+    pl->index = 0;
+    pl->soft = pl->asked[0] != '\0';
+    snprintf(pl->reason, sizeof pl->reason, "%s", why);
+  }
+  return 0;
+}
+
 int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why, int task,
                     const ts_kernels_t *gpu_ops, ts_backend_plan_t *p, char *errmsg,
                     size_t errlen) {
@@ -97,70 +213,73 @@ int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why, 
     ts_errmsg_wrapf(errmsg, errlen, "device.placement");
     return TS_ECONFIG;
   }
-  ts_placement_op_t *ops = NULL;
+  rule_t *rules = ts_calloc(cfg->num_placement_rules ? cfg->num_placement_rules : 1, sizeof *rules);
+  if (!rules) return TS_ENOMEM;
+  rc = parse_rules(cfg, rules, errmsg, errlen);
+  if (rc < 0) {
+    ts_free(rules);
+    return rc;
+  }
+  ts_placement_op_t *ops = NULL, *net = NULL;
   if (cfg->num_net_layers > 0) {
-    rc = net_ops(cfg, gpu_ops, p, &ops);
+    rc = net_ops(cfg, gpu_ops, p, &net);
   } else {
     rc = ts_model_ops(cfg->layers, cfg->num_layers, cfg->activation, &p->ops, &p->num_ops);
-    if (rc == 0) ops = ts_calloc(p->num_ops, sizeof *ops);
   }
+  if (rc == 0) rc = add_input_ops(p);
+  if (rc == 0) {
+    ops = ts_calloc(p->num_ops, sizeof *ops);
+    p->placements = ts_calloc(p->num_ops, sizeof *p->placements);
+    if (!ops || !p->placements) rc = TS_ENOMEM;
+  }
+  for (size_t i = p->num_input_ops; rc == 0 && i < p->num_ops; i++)
+    ops[i].gpu_kernel = net ? net[i - p->num_input_ops].gpu_kernel
+                            : gpu_ops && ts_model_op_has_kernel(gpu_ops, p->ops[i].kind);
+  ts_free(net);
   if (rc < 0) {
     ts_free(ops);
+    ts_free(rules);
     ts_backend_plan_free(p);
     ts_errmsg_printf(errmsg, errlen, "model: %s", ts_strerror(rc));
     return rc == TS_EINVAL ? TS_ECONFIG : rc;
   }
-  p->placements = ts_calloc(p->num_ops ? p->num_ops : 1, sizeof *p->placements);
-  if (!ops || !p->placements) {
-    ts_free(ops);
-    ts_backend_plan_free(p);
-    ts_errmsg_printf(errmsg, errlen, "out of memory");
-    return TS_ENOMEM;
-  }
-  for (size_t i = 0; cfg->num_net_layers == 0 && i < p->num_ops; i++) {
+  for (size_t i = 0; i < p->num_ops; i++) {
     ops[i].name = p->ops[i].name;
     ops[i].type = p->ops[i].type;
-    ops[i].gpu_kernel = gpu_ops && ts_model_op_has_kernel(gpu_ops, p->ops[i].kind);
+    ops[i].outside_scope = i < p->num_input_ops;
+    rule_t *r = match_rule(rules, cfg->num_placement_rules, p->ops[i].name);
+    if (r) {
+      ops[i].want = &r->dev;
+      r->used = true;
+    }
   }
   rc = ts_device_place(&want, gpu_count, gpu_why, task, ops, p->num_ops, cfg->allow_soft_placement,
                        p->placements, errmsg, errlen);
+  if (rc == 0) rc = one_device(cfg, p, ops, errmsg, errlen);
+  for (size_t r = 0; rc == 0 && r < cfg->num_placement_rules; r++)
+    if (!rules[r].used) {
+      size_t len = strlen(p->unused_rules);
+      snprintf(p->unused_rules + len, sizeof p->unused_rules - len, "%s\"%s\"", len ? ", " : "",
+               cfg->placement_rules[r]);
+    }
+  ts_free(ops);
+  ts_free(rules);
   if (rc < 0) {
-    ts_free(ops);
     ts_backend_plan_free(p);
     return TS_ECONFIG;
   }
   ts_device_short_name(want.type, want.index, p->soft_spec, sizeof p->soft_spec);
-
-  /* One back end for the model: a GPU only when every op landed on that GPU. */
-  size_t on_cpu = 0;
-  const char *cpu_op = NULL;
-  for (size_t i = 0; i < p->num_ops; i++) {
-    if (p->placements[i].type == TS_DEVICE_CPU) {
-      on_cpu++;
-      if (!cpu_op) cpu_op = ops[i].type;
-    }
-    if (p->placements[i].soft && !p->soft) {
-      p->soft = true;
-      snprintf(p->soft_reason, sizeof p->soft_reason, "%s", p->placements[i].reason);
-    }
-  }
-  if (on_cpu > 0 && on_cpu < p->num_ops) {
-    for (size_t i = 0; i < p->num_ops; i++) {
-      if (p->placements[i].type == TS_DEVICE_GPU) {
-        p->placements[i].type = TS_DEVICE_CPU;
-        p->placements[i].index = 0;
-        p->placements[i].soft = true;
-        snprintf(p->placements[i].reason, sizeof p->placements[i].reason,
-                 "op %s has no GPU kernel and the model runs on one device", cpu_op);
-      }
-    }
+  for (size_t i = 0; i < p->num_ops && !p->soft; i++) {
+    if (!p->placements[i].soft) continue;
     p->soft = true;
-    snprintf(p->soft_reason, sizeof p->soft_reason,
-             "op %s has no GPU kernel, and the model runs on one device", cpu_op);
+    snprintf(p->soft_spec, sizeof p->soft_spec, "%s", p->placements[i].asked);
+    snprintf(p->soft_reason, sizeof p->soft_reason, "%s", p->placements[i].reason);
   }
-  ts_free(ops);
-  p->type = p->num_ops && p->placements[0].type == TS_DEVICE_GPU ? TS_DEVICE_GPU : TS_DEVICE_CPU;
-  int first = p->type == TS_DEVICE_GPU ? p->placements[0].index : 0;
+
+  const ts_placement_t *model0 =
+      p->num_ops > p->num_input_ops ? &p->placements[p->num_input_ops] : NULL;
+  p->type = model0 && model0->type == TS_DEVICE_GPU ? TS_DEVICE_GPU : TS_DEVICE_CPU;
+  int first = p->type == TS_DEVICE_GPU ? model0->index : 0;
 
   p->towers = cfg->towers > 0            ? (size_t)cfg->towers
               : p->type == TS_DEVICE_GPU ? (size_t)gpu_count
@@ -211,26 +330,45 @@ static void log_created(const ts_gpu_visible_t *visible, int device, int task,
               ts_gpu_visible_created_line(visible, &info, task, mp->usable, line, sizeof line));
 }
 
+/* One op's placement line in TensorFlow's format, "fc1/matmul: (MatMul): /job:worker/...". */
+static void print_op(const char *prefix, const ts_model_op_t *op, ts_device_type_t type, int index,
+                     int task) {
+  char dev[96];
+  ts_device_long_name(type, index, task, dev, sizeof dev);
+  fprintf(stderr, "%s%s: (%s): %s\n", prefix, op->name, op->type, dev);
+}
+
 static void log_placement(const ts_config_t *cfg, int task, const ts_backend_plan_t *p) {
-  if (p->soft) {
+  /* One line per op soft placement moved, with what it asked for and why. */
+  for (size_t i = 0; i < p->num_ops; i++) {
+    const ts_placement_t *pl = &p->placements[i];
+    if (!pl->soft && !pl->reason[0]) continue;
     char dev[96];
-    ts_device_long_name(p->type, p->type == TS_DEVICE_GPU ? p->tower_device[0] : 0, task, dev,
-                        sizeof dev);
-    ts_log_warn("allow_soft_placement: '%s' is not available: %s; placing the model's ops on %s",
-                p->soft_spec, p->soft_reason, dev);
+    int index = pl->type == TS_DEVICE_GPU && i >= p->num_input_ops ? p->tower_device[0] : pl->index;
+    ts_device_long_name(pl->type, index, task, dev, sizeof dev);
+    if (pl->soft)
+      ts_log_warn("allow_soft_placement: op %s (%s) asked for '%s', placed on %s: %s",
+                  p->ops[i].name, p->ops[i].type, pl->asked, dev, pl->reason);
+    else
+      ts_log_info("op %s (%s) placed on %s: %s", p->ops[i].name, p->ops[i].type, dev, pl->reason);
   }
+  if (p->unused_rules[0])
+    ts_log_warn("device.rules: %s match no op of this model (ops are named like fc1/matmul, "
+                "layers like fc1; device.log_device_placement lists them)",
+                p->unused_rules);
   if (!cfg->log_device_placement) return;
-  /* Every op of every tower, as TensorFlow's multi-tower models name them ("tower_1/..."):
-   * a tower's ops run on its own device (its GPU; the CPU for ops soft placement moved). */
+  /* The input pipeline's ops once (they feed every tower), then every op of every tower, as
+   * TensorFlow's multi-tower models name them ("tower_1/..."): a tower's ops run on its own
+   * device (its GPU; the CPU for ops placed there). */
+  for (size_t i = 0; i < p->num_input_ops; i++)
+    print_op("", &p->ops[i], p->placements[i].type, p->placements[i].index, task);
   for (size_t t = 0; t < p->towers; t++) {
     char prefix[32] = "";
     if (p->towers > 1) snprintf(prefix, sizeof prefix, "tower_%zu/", t);
-    for (size_t i = 0; i < p->num_ops; i++) {
+    for (size_t i = p->num_input_ops; i < p->num_ops; i++) {
       const ts_placement_t *pl = &p->placements[i];
-      int index = pl->type == TS_DEVICE_GPU ? p->tower_device[t] : 0;
-      char dev[96];
-      ts_device_long_name(pl->type, index, task, dev, sizeof dev);
-      fprintf(stderr, "%s%s: (%s): %s\n", prefix, p->ops[i].name, p->ops[i].type, dev);
+      print_op(prefix, &p->ops[i], pl->type, pl->type == TS_DEVICE_GPU ? p->tower_device[t] : 0,
+               task);
     }
   }
 }

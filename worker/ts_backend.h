@@ -2,13 +2,19 @@
  * Back-end selection for a worker (docs/architecture.md): where the model's ops run, on how many
  * towers, and the towers themselves.
  *
- * Placement keeps TensorFlow's semantics (worker/ts_device.h): each op goes to
- * device.placement when that device exists and the CUDA back end has a kernel for the op;
- * otherwise allow_soft_placement moves it (a missing /gpu:N to /gpu:0 when a GPU is visible,
- * else to /cpu:0) and the worker logs why, or the worker stops with TensorFlow's message. A
- * model runs on one back end: when soft placement leaves some ops on a GPU and moves others
- * to /cpu:0, every op goes to /cpu:0 (and the log says which op caused it), since running an
- * MLP's ops on two devices would copy activations both ways on every step.
+ * Placement keeps TensorFlow's semantics (worker/ts_device.h): each op goes to its explicit
+ * device (the first device.rules glob matching its name or layer, else device.placement)
+ * when that device exists and the CUDA back end has a kernel for the op; otherwise
+ * allow_soft_placement moves that op (a missing /gpu:N to /gpu:0 when a GPU is visible and
+ * has its kernel, else to /cpu:0) and the worker logs one line per moved op, or the worker
+ * stops with TensorFlow's message. An op with no explicit device (device.placement empty, or
+ * the input pipeline's ops, which are outside its scope) goes where TensorFlow's placer puts
+ * it: /gpu:0 when one is visible and has its kernel, else /cpu:0. The input pipeline's ops
+ * have CPU kernels only, so with a GPU the placement is mixed: decoding on the host, the
+ * batch copied to the GPU, the model there. The model's own layers run on one back end (the
+ * towers'): when some of them land on a GPU and others on /cpu:0, all go to /cpu:0 if
+ * nothing explicit holds one on the GPU (soft placement, or no explicit device), and the
+ * plan is refused otherwise.
  *
  * Towers (worker/ts_towers.h): device.towers of them, 0 meaning one per visible GPU when the
  * model runs on a GPU and 1 on the CPU. Tower t runs on GPU (N + t) mod G for the placed
@@ -34,12 +40,14 @@ typedef struct {
   size_t towers;                   /* 1..TS_TOWERS_MAX */
   int tower_device[TS_TOWERS_MAX]; /* GPU of each tower (0 for the CPU) */
   size_t micro_batch;              /* train.batch_size / towers */
-  ts_model_op_t *ops;              /* the model's ops (ts_model_ops) */
+  ts_model_op_t *ops;              /* the input pipeline's ops, then the model's (ts_model_ops) */
   ts_placement_t *placements;      /* one per op: where it runs */
   size_t num_ops;
-  bool soft;             /* soft placement moved the model */
-  char soft_spec[48];    /* what was asked, "/device:GPU:3", when soft */
+  size_t num_input_ops;            /* ops[0..num_input_ops): the input pipeline's, run once */
+  bool soft;             /* soft placement moved an op */
+  char soft_spec[48];    /* what the first moved op asked for, "/device:GPU:3", when soft */
   char soft_reason[256]; /* why, when soft */
+  char unused_rules[512]; /* device.rules that matched no op, quoted, "" when none */
 } ts_backend_plan_t;
 
 /* Plan placement and towers for worker `task`'s job on a machine with gpu_count visible GPUs (gpu_why

@@ -47,7 +47,10 @@ static int parse_type(const char *t, size_t len, ts_device_type_t *out) {
 int ts_device_parse(const char *s, ts_device_spec_t *out, char *errmsg, size_t errlen) {
   memset(out, 0, sizeof *out);
   out->type = TS_DEVICE_CPU;
-  if (!s || !*s) return 0;
+  if (!s || !*s) {
+    out->unspecified = true;
+    return 0;
+  }
   if (s[0] != '/') return bad(errmsg, errlen, s, "it must start with '/' (e.g. /gpu:0)");
   bool have_device = false;
   const char *p = s;
@@ -127,20 +130,32 @@ void ts_device_available(int gpu_count, int task, char *buf, size_t n) {
   }
 }
 
+/* Where TensorFlow's placer puts an op nobody placed: the first GPU when one is visible and
+ * has the op's kernel, else the CPU. */
+static void place_unspecified(const ts_placement_op_t *op, int gpu_count, ts_placement_t *pl) {
+  pl->type = gpu_count > 0 && op->gpu_kernel ? TS_DEVICE_GPU : TS_DEVICE_CPU;
+  pl->index = 0;
+}
+
 int ts_device_place(const ts_device_spec_t *want, int gpu_count, const char *gpu_why, int task,
                     const ts_placement_op_t *ops, size_t n, bool allow_soft, ts_placement_t *out,
                     char *errmsg, size_t errlen) {
-  char spec[48];
-  ts_device_short_name(want->type, want->index, spec, sizeof spec);
   for (size_t i = 0; i < n; i++) {
     ts_placement_t *pl = &out[i];
     memset(pl, 0, sizeof *pl);
-    if (want->type == TS_DEVICE_CPU) {
+    const ts_device_spec_t *w = ops[i].want ? ops[i].want : ops[i].outside_scope ? NULL : want;
+    if (!w || w->unspecified) {
+      place_unspecified(&ops[i], gpu_count, pl);
+      continue;
+    }
+    ts_device_short_name(w->type, w->index, pl->asked, sizeof pl->asked);
+    if (w->type == TS_DEVICE_CPU) {
       pl->type = TS_DEVICE_CPU;
       continue;
     }
     const char *tf_why = NULL;
-    if (gpu_count == 0 || want->index >= gpu_count) {
+    bool missing = gpu_count == 0 || w->index >= gpu_count;
+    if (missing) {
       tf_why = "no devices matching that specification are registered in this process";
       if (gpu_count == 0)
         snprintf(pl->reason, sizeof pl->reason, "no GPU is visible (%s)",
@@ -153,28 +168,21 @@ int ts_device_place(const ts_device_spec_t *want, int gpu_count, const char *gpu
     }
     if (!tf_why) {
       pl->type = TS_DEVICE_GPU;
-      pl->index = want->index;
+      pl->index = w->index;
       continue;
     }
     if (!allow_soft) {
       char avail[512] = "";
-      bool missing = gpu_count == 0 || want->index >= gpu_count;
       if (missing) ts_device_available(gpu_count, task, avail, sizeof avail);
       snprintf(errmsg, errlen,
                "Cannot assign a device for operation %s: Could not satisfy explicit device "
                "specification '%s' because %s%s%s",
-               ops[i].name, spec, tf_why, missing ? "; available devices: " : "",
+               ops[i].name, pl->asked, tf_why, missing ? "; available devices: " : "",
                missing ? avail : "");
       return TS_EDEVICE;
     }
     pl->soft = true;
-    if (gpu_count > 0 && ops[i].gpu_kernel) {
-      pl->type = TS_DEVICE_GPU;
-      pl->index = 0;
-    } else {
-      pl->type = TS_DEVICE_CPU;
-      pl->index = 0;
-    }
+    place_unspecified(&ops[i], gpu_count, pl);
   }
   return 0;
 }

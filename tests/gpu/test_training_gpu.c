@@ -82,7 +82,19 @@ static void test_fashion_mnist_gpu(void **state) {
     assert_true(ts_file_has(w[t].err, created));
     assert_true(ts_file_has(w[t].err, "fc1/matmul: (MatMul): /job:worker/replica:0/task"));
     assert_true(ts_file_has(w[t].err, "/device:GPU:0\n"));
-    assert_false(ts_file_has(w[t].err, "device:CPU:0\n"));
+    /* The chapter's mixed placement: the model on the GPU, the input pipeline's decode (no
+     * GPU kernel, outside the placement's scope) on the worker's CPU, and nothing else there
+     * (the variables are on the shards' CPUs). */
+    char decode[128], worker_cpu[96];
+    snprintf(decode, sizeof decode,
+             "\ninput/decode: (DecodeRaw): /job:worker/replica:0/task:%d/device:CPU:0\n", t);
+    snprintf(worker_cpu, sizeof worker_cpu, "/job:worker/replica:0/task:%d/device:CPU:0\n", t);
+    assert_true(ts_file_has(w[t].err, decode));
+    char *log = ts_read_file(w[t].err);
+    int on_cpu = 0;
+    for (const char *p = log; p && (p = strstr(p, worker_cpu)); p++) on_cpu++;
+    free(log);
+    assert_int_equal(on_cpu, 1);
   }
   show_line(&w[0], "/gpu:0 is ");
   show_line(&w[0], "Created device ");
@@ -287,7 +299,9 @@ static void test_missing_gpu_placement(void **state) {
   if (rc != 0) ts_proc_dump(&w);
   assert_int_equal(rc, 0);
   show_line(&w, "allow_soft_placement");
-  assert_true(ts_file_has(w.err, "allow_soft_placement: '/device:GPU:3' is not available"));
+  assert_true(ts_file_has(w.err, "allow_soft_placement: op fc1/matmul (MatMul) asked for "
+                                 "'/device:GPU:3', placed on "
+                                 "/job:worker/replica:0/task:0/device:GPU:0: only "));
   assert_true(ts_file_has(w.err, "device:GPU:0"));
   const char *hard[] = {"--set", "device.placement=\"/gpu:3\"", "--set",
                         "device.allow_soft_placement=false", NULL};
@@ -298,6 +312,16 @@ static void test_missing_gpu_placement(void **state) {
   assert_true(ts_file_has(w.err,
                           "Could not satisfy explicit device specification '/device:GPU:3' because "
                           "no devices matching that specification are registered in this process"));
+  /* No device.placement: TensorFlow's default puts the model on /gpu:0, silently. */
+  const char *dflt[] = {"--set", "device.log_device_placement=true", "--set", "device.towers=1",
+                        "--set", "train.max_steps=2", NULL};
+  assert_int_equal(ts_worker_start(&c, 0, dflt, &w), 0);
+  rc = ts_proc_wait(&w, 60);
+  show_line(&w, "fc1/matmul: ");
+  assert_int_equal(rc, 0);
+  assert_true(
+      ts_file_has(w.err, "\nfc1/matmul: (MatMul): /job:worker/replica:0/task:0/device:GPU:0\n"));
+  assert_false(ts_file_has(w.err, "allow_soft_placement"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 

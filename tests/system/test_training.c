@@ -225,7 +225,10 @@ static void test_placement(void **state) {
   int rc = ts_proc_wait(&w, 60);
   if (rc != 0) ts_proc_dump(&w);
   assert_int_equal(rc, 0);
-  assert_true(ts_file_has(w.err, "allow_soft_placement"));
+  /* One line per op soft placement moved, saying what it asked for and why. */
+  assert_true(ts_file_has(w.err, "allow_soft_placement: op fc1/matmul (MatMul) asked for "
+                                 "'/device:GPU:0', placed on "
+                                 "/job:worker/replica:0/task:0/device:CPU:0: no GPU is visible ("));
   assert_true(
       ts_file_has(w.err, "CPU ops use 1 thread(s) each (device.intra_op_parallelism_threads = 1)"));
   /* Where OpenBLAS fell back to kernels older than this CPU, the worker re-executed itself
@@ -242,10 +245,15 @@ static void test_placement(void **state) {
   int widths[] = {784, 16, 10};
   assert_int_equal(ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err), 0);
   char *log = ts_read_file(w.err);
-  size_t lines = 0;
+  size_t lines = 0, moved = 0;
   for (const char *p = log; (p = strstr(p, "): /job:worker/replica:0/task:0/device:CPU:0\n")); p++) lines++;
+  for (const char *p = log; (p = strstr(p, "allow_soft_placement: op ")); p++) moved++;
   assert_non_null(strstr(log, "fc1/matmul: (MatMul): /job:worker/replica:0/task:0/device:CPU:0\n"));
-  assert_int_equal(lines, m.num_ops);
+  /* The input pipeline's decode too, once: it is outside device.placement's scope, so it
+   * was never asked onto the GPU and did not move. */
+  assert_non_null(strstr(log, "\ninput/decode: (DecodeRaw): /job:worker/replica:0/task:0/device:CPU:0\n"));
+  assert_int_equal(lines, m.num_ops + 1);
+  assert_int_equal(moved, m.num_ops);
   /* And every variable on the shard that holds it (one shard, one partition each). */
   for (size_t i = 0; i < m.num_tensors; i++) {
     char var[160];
@@ -270,9 +278,39 @@ static void test_placement(void **state) {
       strstr(log, "\ntower_1/fc1/matmul: (MatMul): /job:worker/replica:0/task:0/device:CPU:0\n"));
   assert_non_null(
       strstr(log, "\ntower_0/fc1/matmul: (MatMul): /job:worker/replica:0/task:0/device:CPU:0\n"));
-  assert_int_equal(lines, 2 * m.num_ops);
+  assert_int_equal(lines, 2 * m.num_ops + 1);
   free(log);
   ts_model_destroy(&m);
+
+  /* No device.placement: TensorFlow's default, here the CPU, with nothing to say about it. */
+  const char *dflt[] = {"--set", "train.max_steps=2", NULL};
+  assert_int_equal(ts_worker_start(&c, 0, dflt, &w), 0);
+  assert_int_equal(ts_proc_wait(&w, 60), 0);
+  assert_false(ts_file_has(w.err, "allow_soft_placement"));
+  assert_false(ts_file_has(w.err, "Cannot assign a device"));
+  assert_true(ts_file_has(w.out, "done: task=0 "));
+
+  /* Per-layer rules, printed by log_device_placement: fc2 on the CPU by rule, the rest in
+   * the scope (the CPU by soft placement here); a rule matching nothing is reported. */
+  const char *ruled[] = {"--set", "device.placement=\"/gpu:0\"", "--set",
+                         "device.allow_soft_placement=true", "--set",
+                         "device.rules=[\"fc2=/cpu:0\", \"conv9/*=/gpu:0\"]", "--set",
+                         "device.log_device_placement=true", "--set", "train.max_steps=2", NULL};
+  assert_int_equal(ts_worker_start(&c, 0, ruled, &w), 0);
+  rc = ts_proc_wait(&w, 60);
+  if (rc != 0) ts_proc_dump(&w);
+  assert_int_equal(rc, 0);
+  assert_true(ts_file_has(w.err, "\nfc2/matmul: (MatMul): /job:worker/replica:0/task:0/device:CPU:0\n"));
+  assert_true(ts_file_has(w.err, "allow_soft_placement: op fc1/matmul (MatMul) asked for '/device:GPU:0'"));
+  assert_false(ts_file_has(w.err, "allow_soft_placement: op fc2/matmul"));
+  assert_true(ts_file_has(w.err, "device.rules: \"conv9/*=/gpu:0\" match no op of this model"));
+  /* A rule sending the decode to a GPU, without soft placement: TensorFlow's sentence. */
+  const char *decode[] = {"--set", "device.rules=[\"input/*=/gpu:0\"]", NULL};
+  assert_int_equal(ts_worker_start(&c, 0, decode, &w), 0);
+  assert_int_equal(ts_proc_wait(&w, 60), 78);
+  assert_true(ts_file_has(w.err, "Cannot assign a device for operation input/decode: Could not "
+                                 "satisfy explicit device specification '/device:GPU:0' because "
+                                 "no devices matching that specification are registered"));
 
   const char *hard[] = {"--set", "device.placement=\"/gpu:0\"", "--set",
                         "device.allow_soft_placement=false", NULL};

@@ -136,9 +136,9 @@ static void test_names(void **state) {
 }
 
 static const ts_placement_op_t ops[] = {
-    {"fc1/matmul", "MatMul", true},
-    {"fc1/bias", "BiasAdd", true},
-    {"loss/xent", "SoftmaxCrossEntropy", false},
+    {"fc1/matmul", "MatMul", true, NULL, false},
+    {"fc1/bias", "BiasAdd", true, NULL, false},
+    {"loss/xent", "SoftmaxCrossEntropy", false, NULL, false},
 };
 #define NOPS (sizeof ops / sizeof ops[0])
 
@@ -260,6 +260,80 @@ static void test_place_missing_kernel(void **state) {
   assert_int_equal(out[0].index, 0);
 }
 
+/* No device asked for (device.placement empty): TensorFlow's placer's choice, /gpu:0 for ops
+ * with a GPU kernel when a GPU is visible, else /cpu:0, and never "soft" (nothing was
+ * asked), with or without soft placement. */
+static void test_place_unspecified(void **state) {
+  (void)state;
+  ts_device_spec_t want = spec("");
+  assert_true(want.unspecified);
+  for (int soft = 0; soft <= 1; soft++) {
+    ts_placement_t out[NOPS];
+    char err[256] = "";
+    assert_int_equal(ts_device_place(&want, 0, "no CUDA driver", 0, ops, NOPS, soft, out, err,
+                                     sizeof err), 0);
+    for (size_t i = 0; i < NOPS; i++) {
+      assert_int_equal(out[i].type, TS_DEVICE_CPU);
+      assert_false(out[i].soft);
+      assert_string_equal(out[i].asked, "");
+    }
+    assert_int_equal(ts_device_place(&want, 2, NULL, 0, ops, NOPS, soft, out, err, sizeof err), 0);
+    assert_int_equal(out[0].type, TS_DEVICE_GPU);
+    assert_int_equal(out[0].index, 0);
+    assert_int_equal(out[1].type, TS_DEVICE_GPU);
+    assert_int_equal(out[2].type, TS_DEVICE_CPU); /* no GPU kernel: the CPU, silently */
+    for (size_t i = 0; i < NOPS; i++) assert_false(out[i].soft);
+  }
+}
+
+/* Per-op devices (device.rules) override the scope; ops outside the scope (the input
+ * pipeline's) have no device unless a rule gives them one. Soft placement moves only the op
+ * that cannot stay: the chapter's mixed placement. */
+static void test_place_per_op(void **state) {
+  (void)state;
+  ts_device_spec_t scope = spec("/gpu:0"), cpu = spec("/cpu:0"), gpu1 = spec("/gpu:1");
+  ts_placement_op_t mixed[] = {
+      {"input/decode", "DecodeRaw", false, NULL, true},
+      {"fc1/matmul", "MatMul", true, NULL, false},
+      {"fc2/matmul", "MatMul", true, &cpu, false},
+      {"fc3/matmul", "MatMul", true, &gpu1, false},
+  };
+  ts_placement_t out[4];
+  char err[512] = "";
+  assert_int_equal(ts_device_place(&scope, 2, NULL, 0, mixed, 4, false, out, err, sizeof err), 0);
+  assert_int_equal(out[0].type, TS_DEVICE_CPU); /* no GPU kernel, no device asked: no error */
+  assert_false(out[0].soft);
+  assert_int_equal(out[1].type, TS_DEVICE_GPU);
+  assert_int_equal(out[1].index, 0);
+  assert_string_equal(out[1].asked, "/device:GPU:0");
+  assert_int_equal(out[2].type, TS_DEVICE_CPU);
+  assert_string_equal(out[2].asked, "/device:CPU:0");
+  assert_int_equal(out[3].type, TS_DEVICE_GPU);
+  assert_int_equal(out[3].index, 1);
+  /* A rule sending the decode to the GPU: TensorFlow's "no supported kernel" without soft
+   * placement; with it, only that op moves. */
+  mixed[0].want = &scope;
+  assert_int_equal(ts_device_place(&scope, 2, NULL, 0, mixed, 4, false, out, err, sizeof err),
+                   TS_EDEVICE);
+  assert_string_equal(err,
+                      "Cannot assign a device for operation input/decode: Could not satisfy "
+                      "explicit device specification '/device:GPU:0' because no supported "
+                      "kernel for GPU devices is available");
+  assert_int_equal(ts_device_place(&scope, 2, NULL, 0, mixed, 4, true, out, err, sizeof err), 0);
+  assert_int_equal(out[0].type, TS_DEVICE_CPU);
+  assert_true(out[0].soft);
+  assert_contains(out[0].reason, "op DecodeRaw has no GPU kernel");
+  for (size_t i = 1; i < 4; i++) assert_false(out[i].soft);
+  assert_int_equal(out[1].type, TS_DEVICE_GPU);
+  /* No GPU at all: every op that asked for one moves, each saying why. */
+  assert_int_equal(ts_device_place(&scope, 0, "no CUDA driver", 0, mixed, 4, true, out, err,
+                                   sizeof err), 0);
+  for (size_t i = 0; i < 4; i++) assert_int_equal(out[i].type, TS_DEVICE_CPU);
+  assert_true(out[0].soft && out[1].soft && out[3].soft);
+  assert_false(out[2].soft); /* asked for the CPU */
+  assert_contains(out[3].reason, "no CUDA driver");
+}
+
 static void test_place_empty(void **state) {
   (void)state;
   ts_device_spec_t want = spec("/gpu:0");
@@ -276,6 +350,8 @@ int main(void) {
       cmocka_unit_test(test_place_no_gpu),
       cmocka_unit_test(test_place_missing_index),
       cmocka_unit_test(test_place_missing_kernel),
+      cmocka_unit_test(test_place_unspecified),
+      cmocka_unit_test(test_place_per_op),
       cmocka_unit_test(test_place_empty),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -194,7 +194,12 @@ static void test_plan_gpu_towers(void **state) {
   assert_int_equal(p.micro_batch, 16);
   int want[] = {1, 2, 3, 0};
   for (int t = 0; t < 4; t++) assert_int_equal(p.tower_device[t], want[t]);
-  for (size_t i = 0; i < p.num_ops; i++) {
+  /* The input pipeline decodes on the host: mixed placement. */
+  assert_int_equal(p.num_input_ops, 1);
+  assert_string_equal(p.ops[0].name, "input/decode");
+  assert_int_equal(p.placements[0].type, TS_DEVICE_CPU);
+  assert_false(p.placements[0].soft);
+  for (size_t i = p.num_input_ops; i < p.num_ops; i++) {
     assert_int_equal(p.placements[i].type, TS_DEVICE_GPU);
     assert_int_equal(p.placements[i].index, 1);
   }
@@ -276,7 +281,7 @@ static void test_plan_op_without_gpu_kernel(void **state) {
   assert_int_equal(p.type, TS_DEVICE_CPU);
   assert_int_equal(p.towers, 1);
   assert_true(p.soft);
-  assert_contains(p.soft_reason, "op ArgMax has no GPU kernel");
+  assert_contains(p.soft_reason, "op accuracy/argmax (ArgMax) has no GPU kernel");
   for (size_t i = 0; i < p.num_ops; i++) assert_int_equal(p.placements[i].type, TS_DEVICE_CPU);
   ts_backend_plan_free(&p);
   ts_config_free(&cfg);
@@ -284,6 +289,98 @@ static void test_plan_op_without_gpu_kernel(void **state) {
   assert_int_equal(ts_backend_plan(&cfg, 2, NULL, 0, &partial, &p, err, sizeof err), TS_ECONFIG);
   assert_contains(err, "Cannot assign a device for operation accuracy/argmax");
   assert_contains(err, "no supported kernel for GPU devices is available");
+  ts_config_free(&cfg);
+}
+
+static void rules(ts_config_t *cfg, const char *const *r, size_t n) {
+  cfg->placement_rules = ts_calloc(n, sizeof *cfg->placement_rules);
+  assert_non_null(cfg->placement_rules);
+  for (size_t i = 0; i < n; i++) cfg->placement_rules[i] = ts_strdup(r[i]);
+  cfg->num_placement_rules = n;
+}
+
+/* device.placement unset: TensorFlow's default, a GPU when one is visible, else the CPU,
+ * silently. */
+static void test_plan_default_placement(void **state) {
+  (void)state;
+  ts_config_t cfg;
+  ts_backend_plan_t p;
+  char err[512] = "";
+  config(&cfg, "", false, 0, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 0, "no CUDA driver", 0, NULL, &p, err, sizeof err), 0);
+  assert_int_equal(p.type, TS_DEVICE_CPU);
+  assert_false(p.soft);
+  ts_backend_plan_free(&p);
+  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(p.type, TS_DEVICE_GPU);
+  assert_int_equal(p.towers, 2);
+  assert_int_equal(p.tower_device[0], 0);
+  assert_false(p.soft);
+  assert_int_equal(p.placements[0].type, TS_DEVICE_CPU); /* input/decode */
+  assert_int_equal(p.placements[1].type, TS_DEVICE_GPU);
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+}
+
+/* device.rules: per-layer and per-op devices, first match wins, on names and layers. */
+static void test_plan_rules(void **state) {
+  (void)state;
+  ts_config_t cfg;
+  ts_backend_plan_t p;
+  char err[512] = "";
+  /* Every layer on the CPU by rule, in a GPU scope: the whole model on the CPU, explicitly. */
+  const char *cpu_all[] = {"fc*=/cpu:0", "accuracy=/cpu:0", "loss/*=/cpu:0", "gradients/*=/cpu:0"};
+  config(&cfg, "/gpu:0", false, 0, 64);
+  rules(&cfg, cpu_all, 4);
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(p.type, TS_DEVICE_CPU);
+  assert_false(p.soft);
+  for (size_t i = 0; i < p.num_ops; i++) assert_int_equal(p.placements[i].type, TS_DEVICE_CPU);
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+  /* A rule splitting the layers over two devices: refused without soft placement, naming
+   * both ops; with it, the model goes to the CPU and each moved op says why. */
+  const char *split[] = {"fc2=/cpu:0"};
+  config(&cfg, "/gpu:0", false, 0, 64);
+  rules(&cfg, split, 1);
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err),
+                   TS_ECONFIG);
+  assert_contains(err, "fc1/matmul is placed on /device:GPU:0 explicitly, but fc2/matmul is "
+                       "placed on /device:CPU:0 and the model's layers run on one device");
+  cfg.allow_soft_placement = true;
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_int_equal(p.type, TS_DEVICE_CPU);
+  assert_true(p.soft);
+  assert_true(p.placements[1].soft);
+  assert_string_equal(p.placements[1].asked, "/device:GPU:0");
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+  /* Two GPUs for one model: refused. A rule matching nothing is reported. */
+  const char *two[] = {"fc2/*=/gpu:1", "conv9=/cpu:0"};
+  config(&cfg, "/gpu:0", true, 0, 64);
+  rules(&cfg, two, 2);
+  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err),
+                   TS_ECONFIG);
+  assert_contains(err, "on /device:GPU:0 and fc2/matmul on /device:GPU:1");
+  cfg.placement_rules[0][0] = 'x'; /* now matches nothing either */
+  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_string_equal(p.unused_rules, "\"xc2/*=/gpu:1\", \"conv9=/cpu:0\"");
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+  /* The decode sent to a GPU: TensorFlow's "no supported kernel"; malformed rule devices. */
+  const char *decode[] = {"input/*=/gpu:0"};
+  config(&cfg, "", false, 0, 64);
+  rules(&cfg, decode, 1);
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err),
+                   TS_ECONFIG);
+  assert_contains(err, "Cannot assign a device for operation input/decode: Could not satisfy "
+                       "explicit device specification '/device:GPU:0' because no supported "
+                       "kernel for GPU devices is available");
+  ts_free(cfg.placement_rules[0]);
+  cfg.placement_rules[0] = ts_strdup("fc1=/gpu:x");
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err),
+                   TS_ECONFIG);
+  assert_contains(err, "device.rules[0] \"fc1=/gpu:x\": malformed device name '/gpu:x'");
   ts_config_free(&cfg);
 }
 
@@ -321,6 +418,8 @@ int main(void) {
       cmocka_unit_test(test_plan_gpu_towers),
       cmocka_unit_test(test_plan_missing_gpu),
       cmocka_unit_test(test_plan_op_without_gpu_kernel),
+      cmocka_unit_test(test_plan_default_placement),
+      cmocka_unit_test(test_plan_rules),
       cmocka_unit_test(test_model_ops_match),
   };
   return cmocka_run_group_tests_name("towers", tests, NULL, NULL);

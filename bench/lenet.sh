@@ -6,8 +6,8 @@
 #            with the shard's Adam in place, one process, batch B, T OpenBLAS threads
 #   worker   one ps-worker (batch B, device.intra_op_parallelism_threads = T) with its 2
 #            shards: the worker's own examples_per_sec ("done:" line)
-#   cluster  2 shards + 2 ps-workers, sync, batch B each, T threads each: the workers'
-#            examples_per_sec summed
+#   cluster  2 shards + 2 ps-workers, sync, batch B each, T threads each: both workers'
+#            examples over the cluster's training window (bench/lib.sh window_eps)
 # In rounds (tf, ceiling, worker, cluster), so each ratio compares runs minutes apart on
 # this machine whose speed moves by +-30%; the summary gives medians, min-max, and the
 # medians of the round-by-round ratios worker/tf and cluster/ceiling.
@@ -41,8 +41,7 @@ cluster() {   # cluster N: N workers of batch B for $steps steps each; sets $got
     --set "device.intra_op_parallelism_threads=$T")
   got=""
   run_cluster "$n" "${sets[@]}" || { tail -3 "$dir"/w*.log >&2; return; }
-  got=$(python3 -c "import sys; print(round(sum(float(v) for v in sys.argv[1:]), 1))" \
-    $(for t in $(seq 0 $((n - 1))); do eps_of "$dir/w$t.out"; done))
+  got=$(window_eps $(for t in $(seq 0 $((n - 1))); do echo "$dir/w$t.out"; done))
 }
 for run in $(seq 1 "$runs"); do
   "$venv/bin/python" bench/keras_lenet.py --batch "$B" --steps "$steps" --threads "$T" \

@@ -7,6 +7,7 @@
 #                      twice (it sets VAR rather than printing: in a $(...) subshell the
 #                      record of ports already handed out would be lost)
 #   list PORT...       ["127.0.0.1:P1", ...] for a --set value
+#   window_eps OUT...    the examples/s over the training window of the workers' "done:" lines
 #   run_cluster N ARG...  2 ps-server shards (listening on the ports in $psp) and N worker
 #                      processes of the job file $cfg with ARG... (--set ...), built in $build;
 #                      the workers are ps-worker, or the command in the array $worker_cmd
@@ -15,6 +16,20 @@
 #                      the workers, stops everything, returns 1 if a worker failed; sets
 #                      $workers_s to the seconds from starting the first worker to the last
 #                      one's exit
+
+# window_eps OUT...: the examples/s of a cluster from its workers' "done:" lines: all their
+# examples over the earliest started_at to the latest finished_at (never a sum of each
+# worker's own rate, which overstates it when the windows do not overlap). Prints nothing
+# when a line lacks the window.
+window_eps() {
+  python3 - "$@" <<'PY'
+import re, sys
+f = [dict(re.findall(r'(\w+)=([0-9.]+)', open(p).read())) for p in sys.argv[1:]]
+if f and all('finished_at' in d and 'started_at' in d and 'examples' in d for d in f):
+    window = max(float(d['finished_at']) for d in f) - min(float(d['started_at']) for d in f)
+    print(round(sum(int(d['examples']) for d in f) / window, 1) if window > 0 else "")
+PY
+}
 
 stop_all() {
   local p

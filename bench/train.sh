@@ -3,7 +3,9 @@
 #   (a) the one-process compute ceiling: build/bench/train_local (ps-worker's model and CPU
 #       kernels, the shard's Adam loop in place, same batch, no parameter server);
 #   (b) the cluster: 2 ps-server shards + 2 ps-worker processes on 127.0.0.1, sync and
-#       async, examples/s summed over the workers (each worker's own "done:" line);
+#       async, examples/s over the cluster's training window: both workers' examples over
+#       the earliest started_at to the latest finished_at of their "done:" lines (a sum of
+#       each worker's own rate overstates it when the workers' windows do not overlap);
 # for the MLPs [784,128,10] and [784,2048,2048,10]. Peak RSS of every process from
 # /usr/bin/time -v (installed with apt-get when missing). Every process is bounded by
 # train.max_steps and by `timeout`; the temporary job directory is removed at the end.
@@ -99,12 +101,8 @@ EOF
   stop_shards
   wait "${pids[@]}" 2>/dev/null
   pids=()
-  total=0 ok=1
-  for t in 0 1; do
-    e=$(sed -n 's/.*examples_per_sec=\([0-9.]*\).*/\1/p' "$dir/w$t.out")
-    [ -n "$e" ] || { ok=0; sed 's/^/  w'$t': /' "$dir/w$t.log" | tail -5 >&2; }
-    total=$(python3 -c "print(round($total + ${e:-0}, 1))")
-  done
+  total=$(window_eps "$dir/w0.out" "$dir/w1.out") ok=1
+  [ -n "$total" ] || { ok=0; tail -5 "$dir"/w*.log >&2; }
   [ $ok = 1 ] || total=FAILED
   echo "what=cluster model=$model mode=$mode run=$run steps=$steps examples_per_sec=$total rss_kib=[ps0:$(peak "$dir/ps0.time") ps1:$(peak "$dir/ps1.time") w0:$(peak "$dir/w0.time") w1:$(peak "$dir/w1.time")] load=$(load)" | tee -a "$dir/lines.txt"
 }

@@ -419,8 +419,10 @@ const ts_config_def_t ts_config_defs[] = {
     INT("device.intra_op_parallelism_threads", intra_op_threads, 0, 1024, "0",
         "Threads one op may use on the CPU (TensorFlow's intra_op_parallelism_threads): "
         "OpenBLAS's matrix products, and so the dense layers and the convolutions' im2col "
-        "products. 0 = OpenBLAS's own choice (OPENBLAS_NUM_THREADS, else every core). At "
-        "most 1024."),
+        "products. 0 = OPENBLAS_NUM_THREADS (or OMP_NUM_THREADS) when set, else the CPUs this "
+        "process may use divided among the job's workers on the same host (cluster.workers "
+        "entries with this worker's host; loopback addresses are one host), at least 1, so "
+        "workers sharing a machine do not oversubscribe it. At most 1024."),
     BOOL("device.allow_tf32", allow_tf32, "false",
          "Let cuBLAS and cuDNN round float32 matrix products and convolutions through TF32 "
          "tensor cores (faster, about 3 decimal digits); off, they are full float32 like the "

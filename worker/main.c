@@ -38,6 +38,7 @@ static void usage(FILE *f) {
           "Trains the job's model as worker N of cluster.workers against the shards of\n"
           "cluster.ps, then prints one line:\n"
           "  done: task=T steps=S examples=E loss=L test_accuracy=A examples_per_sec=X\n"
+          "        started_at=U0 finished_at=U1   (the training window, Unix seconds)\n"
           "\n"
           "  -c, --config FILE     job file (libconfig)\n"
           "  -t, --task N          which worker (default: from TF_CONFIG's task)\n"
@@ -275,9 +276,9 @@ int main(int argc, char **argv) {
   exit_code = TS_EXIT_OK;
   if (!res.stopped) {
     printf("done: task=%ld steps=%llu examples=%llu loss=%.4f test_accuracy=%.4f "
-           "examples_per_sec=%.1f\n",
+           "examples_per_sec=%.1f started_at=%.3f finished_at=%.3f\n",
            task, (unsigned long long)res.steps, (unsigned long long)res.examples, res.loss,
-           res.test_accuracy, res.examples_per_sec);
+           res.test_accuracy, res.examples_per_sec, res.started_at, res.finished_at);
     fflush(stdout);
   }
 out:

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ts_alloc.h"
+#include "ts_cpu_share.h"
 #include "ts_err.h"
 #include "ts_gpu.h"
 #include "ts_gpu_visible.h"
@@ -405,9 +406,15 @@ int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, s
   const ts_kernels_t *tables[TS_TOWERS_MAX];
   ts_towers_release_cb release = NULL;
   if (plan.type == TS_DEVICE_CPU) {
-    int threads = ts_kernels_cpu_set_threads(cfg->intra_op_threads);
-    ts_log_info("CPU ops use %d thread(s) each (device.intra_op_parallelism_threads = %d%s)",
-                threads, cfg->intra_op_threads, cfg->intra_op_threads ? "" : ": OpenBLAS's choice");
+    /* OPENBLAS_NUM_THREADS (or OMP_NUM_THREADS), when set, is the operator's choice. */
+    const char *env = getenv("OPENBLAS_NUM_THREADS") ? "OPENBLAS_NUM_THREADS"
+                      : getenv("OMP_NUM_THREADS")    ? "OMP_NUM_THREADS"
+                                                     : NULL;
+    char why[160];
+    int want = ts_cpu_share_threads(cfg, task, ts_cpu_share_cpus(), why, sizeof why);
+    if (env && cfg->intra_op_threads == 0) snprintf(why, sizeof why, "%s", env);
+    int threads = ts_kernels_cpu_set_threads(env && cfg->intra_op_threads == 0 ? 0 : want);
+    ts_log_info("CPU ops use %d thread(s) each (%s)", threads, why);
     for (size_t t = 0; t < n; t++) tables[t] = ts_kernels_cpu();
   } else {
     ts_kernels_cuda_opts_t opts = {

@@ -13,11 +13,13 @@
 /* How long a worker keeps retrying a pull or push while shards are unreachable. */
 #define RETRY_GRACE_S 120.0
 
-static double now_s(void) {
+static double clock_s(clockid_t id) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(id, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+static double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
 
 uint64_t ts_trainer_steps_per_epoch(size_t n, int workers, int batch) {
   uint64_t group = (uint64_t)workers * (uint64_t)batch;
@@ -225,6 +227,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
               (unsigned long long)total, cfg->epochs, cfg->max_steps > 0 ? ", capped by max_steps" : "");
 
   const double t0 = now_s();
+  res->started_at = clock_s(CLOCK_REALTIME);
   double last_log = t0, interval_loss = 0.0;
   uint64_t interval_steps = 0, interval_examples = 0;
   double phase[3] = {0, 0, 0}; /* pull, compute, push seconds in the interval */
@@ -393,6 +396,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     }
   }
   res->seconds = now_s() - t0;
+  res->finished_at = res->started_at + res->seconds;
   res->examples_per_sec = res->seconds > 0 ? (double)res->examples / res->seconds : 0.0;
   if (*t->stop) {
     res->stopped = 1;

@@ -39,6 +39,8 @@ typedef struct {
   double test_loss;
   double examples_per_sec;    /* over the whole run */
   double seconds;
+  double started_at, finished_at; /* the training window, Unix seconds (wall clock: comparable
+                                   * across the workers of a job, for its window) */
   uint64_t stale;             /* partitions of this worker's pushes dropped as stale */
   int stopped;                /* 1 when a signal stopped the run early */
 } ts_train_result_t;

@@ -17,6 +17,7 @@
 #include "rng_fixture.h"
 #include "ts_alloc.h"
 #include "ts_backend.h"
+#include "ts_cpu_share.h"
 #include "ts_config.h"
 #include "ts_err.h"
 #include "ts_kernels.h"
@@ -384,6 +385,36 @@ static void test_plan_rules(void **state) {
   ts_config_free(&cfg);
 }
 
+/* device.intra_op_parallelism_threads = 0: the CPUs shared by the job's workers on this
+ * worker's host. */
+static void test_cpu_share(void **state) {
+  (void)state;
+  ts_config_t cfg;
+  char why[160];
+  config(&cfg, "", false, 0, 64);
+  const char *four[] = {"127.0.0.1:9200", "localhost:9201", "10.0.0.2:9200", "10.0.0.3:9200"};
+  for (size_t i = 0; i < cfg.num_workers; i++) ts_free(cfg.workers[i]);
+  ts_free(cfg.workers);
+  cfg.workers = ts_calloc(4, sizeof *cfg.workers);
+  assert_non_null(cfg.workers);
+  for (size_t i = 0; i < 4; i++) cfg.workers[i] = ts_strdup(four[i]);
+  cfg.num_workers = 4;
+  /* Tasks 0 and 1 share loopback: 2 CPUs give one thread each. */
+  assert_int_equal(ts_cpu_share_threads(&cfg, 0, 2, why, sizeof why), 1);
+  assert_contains(why, "2 CPU(s) shared by the 2 workers on this host");
+  assert_int_equal(ts_cpu_share_threads(&cfg, 1, 8, why, sizeof why), 4);
+  /* Task 2 is alone on its host; never fewer than one thread. */
+  assert_int_equal(ts_cpu_share_threads(&cfg, 2, 8, why, sizeof why), 8);
+  assert_contains(why, "no other worker");
+  assert_int_equal(ts_cpu_share_threads(&cfg, 0, 1, why, sizeof why), 1);
+  /* Set explicitly: kept. */
+  cfg.intra_op_threads = 3;
+  assert_int_equal(ts_cpu_share_threads(&cfg, 0, 2, why, sizeof why), 3);
+  assert_string_equal(why, "device.intra_op_parallelism_threads = 3");
+  assert_true(ts_cpu_share_cpus() >= 1);
+  ts_config_free(&cfg);
+}
+
 /* ts_model_ops lists exactly the ops a built model has. */
 static void test_model_ops_match(void **state) {
   (void)state;
@@ -420,6 +451,7 @@ int main(void) {
       cmocka_unit_test(test_plan_op_without_gpu_kernel),
       cmocka_unit_test(test_plan_default_placement),
       cmocka_unit_test(test_plan_rules),
+      cmocka_unit_test(test_cpu_share),
       cmocka_unit_test(test_model_ops_match),
   };
   return cmocka_run_group_tests_name("towers", tests, NULL, NULL);

@@ -34,7 +34,8 @@ static void usage(FILE *f) {
           "  status    job mode, global step, every shard and worker (on a terminal also\n"
           "            a bar of the workers' progress through the epoch)\n"
           "  shards    one line per shard: address, up, partitions, bytes, version\n"
-          "  workers   one line per worker: step, loss, examples/s, last seen, alive\n"
+          "  workers   one line per worker: step, loss, examples/s, last seen, state\n"
+          "            (alive, stopped, dead), device\n"
           "  health    'healthy' and exit 0 when every shard answers; 'unhealthy', the\n"
           "            reason per shard on stderr and exit 1 otherwise\n"
           "  checkpoint  every shard writes a checkpoint now (admin)\n"
@@ -187,20 +188,25 @@ static void print_shards_table(const cluster_view_t *v) {
 }
 
 static void print_workers_table(const ts_status_worker_t *w, size_t n) {
-  printf("%-5s %10s %10s %12s %11s %8s %s\n", "TASK", "STEP", "LOSS", "EXAMPLES/S", "LAST SEEN",
-         "EPOCH", "STATE");
+  printf("%-5s %10s %10s %12s %11s %8s %-10s %s\n", "TASK", "STEP", "LOSS", "EXAMPLES/S",
+         "LAST SEEN", "EPOCH", "STATE", "DEVICE");
   for (size_t i = 0; i < n; i++) {
-    if (!w[i].seen) {
-      printf("%-5d %10s %10s %12s %11s %8s %s\n", w[i].task, "-", "-", "-", "never", "-",
-             "not joined");
-      continue;
+    /* '-': not reported yet (before a worker's first report, never a made-up 0). */
+    char step[24] = "-", loss[24] = "-", eps[24] = "-", seen[32] = "never", epoch[16] = "-";
+    if (w[i].step_known) snprintf(step, sizeof step, "%llu", (unsigned long long)w[i].step);
+    if (w[i].reported) {
+      snprintf(loss, sizeof loss, "%.4f", w[i].loss);
+      snprintf(eps, sizeof eps, "%.1f", w[i].examples_per_sec);
+      snprintf(epoch, sizeof epoch, "%.0f%%", w[i].epoch_progress * 100.0);
     }
-    char seen[32];
-    snprintf(seen, sizeof seen, "%.1fs ago", w[i].last_seen_s);
-    printf("%-5d %10llu %10.4f %12.1f %11s %7.0f%% ", w[i].task, (unsigned long long)w[i].step,
-           w[i].loss, w[i].examples_per_sec, seen, w[i].epoch_progress * 100.0);
-    cell(w[i].done ? "done" : w[i].alive ? "alive" : "DEAD", 0, w[i].done || w[i].alive);
-    putchar('\n');
+    if (w[i].seen) snprintf(seen, sizeof seen, "%.1fs ago", w[i].last_seen_s);
+    printf("%-5d %10s %10s %12s %11s %8s ", w[i].task, step, loss, eps, seen, epoch);
+    const char *state = ts_status_worker_state(&w[i]);
+    if (w[i].seen)
+      cell(state, 10, w[i].done || w[i].alive);
+    else
+      printf("%-10s", state);
+    printf(" %s\n", w[i].device && *w[i].device ? w[i].device : "-");
   }
 }
 
@@ -209,7 +215,7 @@ static void print_progress_bar(const ts_status_worker_t *w, size_t n) {
   double sum = 0;
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
-    if (!w[i].seen) continue;
+    if (!w[i].seen || (!w[i].done && !w[i].reported)) continue;
     sum += w[i].done ? 1.0 : w[i].epoch_progress;
     k++;
   }

@@ -162,6 +162,8 @@ int main(int argc, char **argv) {
     goto out;
   }
   ts_model_t *model = &towers.models[0];
+  char device[64];
+  ts_backend_device_name(&towers, device, sizeof device);
   if (cfg.token_file && *cfg.token_file && !(token = ts_auth_read_token(cfg.token_file, err, sizeof err))) {
     ts_log_err("%s", err);
     goto out;
@@ -175,6 +177,7 @@ int main(int argc, char **argv) {
     if (rc != TS_ECONFIG) exit_code = TS_EXIT_FAILURE;
     goto out;
   }
+  ts_observe_set_device(obs, device);
 
   exit_code = TS_EXIT_FAILURE;
   struct sigaction sa;
@@ -231,6 +234,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   signal_client = client;
+  ts_client_set_device(client, device);
   if (stop_requested) ts_client_interrupt(client);
   ts_client_tensor_t *decl = ts_calloc(model->num_tensors, sizeof *decl);
   if (!decl) goto out;
@@ -252,6 +256,8 @@ int main(int argc, char **argv) {
     if (rc == TS_ESHAPE) exit_code = TS_EXIT_CONFIG;
     goto out;
   }
+  /* Tell the shards the device at once, not at the first heartbeat (psctl workers). */
+  if (ts_client_heartbeat(client, err, sizeof err) < 0) ts_log_debug("heartbeat: %s", err);
   if (cfg.log_device_placement) log_variable_placement(client, model);
   ts_log_info("model [%s] declared on %zu shard(s): %zu parameters in %zu tensors",
               model->net ? "layers" : "mlp", cfg.num_ps, model->param_count, model->num_tensors);

@@ -256,8 +256,6 @@ int main(int argc, char **argv) {
     if (rc == TS_ESHAPE) exit_code = TS_EXIT_CONFIG;
     goto out;
   }
-  /* Tell the shards the device at once, not at the first heartbeat (psctl workers). */
-  if (ts_client_heartbeat(client, err, sizeof err) < 0) ts_log_debug("heartbeat: %s", err);
   if (cfg.log_device_placement) log_variable_placement(client, model);
   ts_log_info("model [%s] declared on %zu shard(s): %zu parameters in %zu tensors",
               model->net ? "layers" : "mlp", cfg.num_ps, model->param_count, model->num_tensors);

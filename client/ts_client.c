@@ -529,6 +529,14 @@ void ts_client_set_progress(ts_client_t *c, uint64_t step, double loss, double e
   c->p_eps = examples_per_sec;
   c->p_prog = epoch_progress;
   c->p_done = done;
+  c->p_reported = true;
+  uv_mutex_unlock(&c->mu);
+}
+
+void ts_client_set_device(ts_client_t *c, const char *device) {
+  if (!c) return;
+  uv_mutex_lock(&c->mu);
+  snprintf(c->p_device, sizeof c->p_device, "%s", device ? device : "");
   uv_mutex_unlock(&c->mu);
 }
 

@@ -205,6 +205,8 @@ struct ts_client {
   uint64_t p_step;               /* mu: progress for heartbeats */
   double p_loss, p_eps, p_prog;
   bool p_done;
+  bool p_reported;               /* mu: ts_client_set_progress was called */
+  char p_device[64];             /* mu: ts_client_set_device */
   _Atomic double timeout_s;      /* ts_client_set_timeout may change it from any thread */
   uint64_t restarts;             /* mu */
 

@@ -345,7 +345,11 @@ static void send_req(ts_cl_wreq_t *r) {
       m.examples_per_sec = c->p_eps;
       m.epoch_progress = c->p_prog;
       m.done = c->p_done;
+      m.reported = c->p_reported;
+      char device[sizeof c->p_device];
+      memcpy(device, c->p_device, sizeof device);
       uv_mutex_unlock(&c->mu);
+      m.device = device;
       rc = ts_conn_send(conn, TS_MSG_HEARTBEAT, &m.base, NULL, 0, NULL, NULL);
       break;
     }

@@ -12,22 +12,35 @@ void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w) {
   for (size_t s = 0; s < v->num_shards; s++) {
     const ts_client_shard_status_t *st = v->shards[s].st;
     if (!st) continue;
+    bool sync = st->mode == TS_CLIENT_MODE_SYNC;
     for (size_t i = 0; i < st->num_workers_seen; i++) {
       const ts_client_worker_status_t *ws = &st->workers[i];
       if (ws->task < 0 || (size_t)ws->task >= nw) continue;
       ts_status_worker_t *x = &w[ws->task];
-      if (!x->seen || ws->last_seen_s < x->last_seen_s) {
+      if (ws->reported && (!x->reported || ws->last_seen_s <= x->last_seen_s)) {
         x->loss = ws->loss;
         x->examples_per_sec = ws->examples_per_sec;
-        x->last_seen_s = ws->last_seen_s;
         x->epoch_progress = ws->epoch_progress;
+        x->reported = true;
       }
-      if (ws->step > x->step) x->step = ws->step;
+      if (!x->seen || ws->last_seen_s < x->last_seen_s) x->last_seen_s = ws->last_seen_s;
+      /* A shard without partitions gets no pushes: its step of the worker lags (sync). */
+      if (ws->step_known && (!sync || st->partitions > 0)) {
+        if (!x->step_known || (sync ? ws->step < x->step : ws->step > x->step)) x->step = ws->step;
+        x->step_known = true;
+      }
+      if (ws->device && *ws->device && !x->device) x->device = ws->device;
       x->alive |= ws->alive;
       x->done |= ws->done;
       x->seen = true;
     }
   }
+}
+
+const char *ts_status_worker_state(const ts_status_worker_t *w) {
+  if (!w->seen) return "not joined";
+  if (w->done) return "stopped";
+  return w->alive ? "alive" : "dead";
 }
 
 uint64_t ts_status_job_step(const ts_status_view_t *v, ts_client_mode_t *mode) {
@@ -38,6 +51,9 @@ uint64_t ts_status_job_step(const ts_status_view_t *v, ts_client_mode_t *mode) {
     const ts_client_shard_status_t *st = v->shards[s].st;
     if (!st) continue;
     *mode = st->mode;
+    /* A sync shard without partitions has no version of its own (0): it does not hold the
+     * job's step back. */
+    if (st->mode == TS_CLIENT_MODE_SYNC && st->partitions == 0) continue;
     if (st->mode == TS_CLIENT_MODE_SYNC)
       step = first || st->step < step ? st->step : step;
     else
@@ -84,20 +100,29 @@ cJSON *ts_status_json_shard(const ts_status_shard_t *sh) {
   return o;
 }
 
+static void add_number_or_null(cJSON *o, const char *key, bool known, double value) {
+  if (known)
+    cJSON_AddNumberToObject(o, key, value);
+  else
+    cJSON_AddNullToObject(o, key);
+}
+
 cJSON *ts_status_json_worker(const ts_status_worker_t *w) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
   cJSON_AddNumberToObject(o, "task", w->task);
-  cJSON_AddNumberToObject(o, "step", (double)w->step);
-  cJSON_AddNumberToObject(o, "loss", w->loss);
-  cJSON_AddNumberToObject(o, "examples_per_sec", w->examples_per_sec);
-  if (w->seen)
-    cJSON_AddNumberToObject(o, "last_seen_s", w->last_seen_s);
-  else
-    cJSON_AddNullToObject(o, "last_seen_s");
+  add_number_or_null(o, "step", w->step_known, (double)w->step);
+  add_number_or_null(o, "loss", w->reported, w->loss);
+  add_number_or_null(o, "examples_per_sec", w->reported, w->examples_per_sec);
+  add_number_or_null(o, "last_seen_s", w->seen, w->last_seen_s);
   cJSON_AddBoolToObject(o, "alive", w->alive);
   cJSON_AddBoolToObject(o, "done", w->done);
-  cJSON_AddNumberToObject(o, "epoch_progress", w->epoch_progress);
+  add_number_or_null(o, "epoch_progress", w->reported, w->epoch_progress);
+  cJSON_AddStringToObject(o, "state", ts_status_worker_state(w));
+  if (w->device && *w->device)
+    cJSON_AddStringToObject(o, "device", w->device);
+  else
+    cJSON_AddNullToObject(o, "device");
   return o;
 }
 

@@ -6,16 +6,25 @@
  *
  * Glossary: a *view* is what one observer knows: for psctl, every shard of the job (those
  * that did not answer have st == NULL and a reason); for a shard's /status, that shard
- * alone. Workers are merged over the shards of the view: the freshest sighting gives loss
- * and speed, the largest step wins.
+ * alone. Workers are merged over the shards of the view: the freshest sighting that
+ * carries a progress report gives loss and speed; the step is, in sync mode, the lowest over
+ * the shards holding partitions (each shard's snapshot is taken at its own moment, and the
+ * job's step is their lowest version too, so a worker keeping up is never shown more than
+ * one step behind the job), else the largest.
+ *
+ * A worker's state: "alive" (live: connected and heard from), "stopped" (it said it
+ * finished), "dead" (it vanished or missed its heartbeats), "not joined" (never seen).
  *
  * The JSON object (stable; fields are only ever added):
  *   {"mode", "step", "healthy", "shards": [{"index", "address", "up", "partitions",
  *    "bytes", "version", "step", "pushes", "pulls", "stale_dropped", "rejected_frames",
  *    "errors", "connections", "uptime_s", "barrier_waiting_for"} | {"index", "address",
  *    "up": false, "partitions": 0, "bytes": 0, "version": 0, "error"}],
- *    "workers": [{"task", "step", "loss", "examples_per_sec", "last_seen_s" (null when
- *    never seen), "alive", "done", "epoch_progress"}]}
+ *    "workers": [{"task", "step", "loss", "examples_per_sec", "last_seen_s", "alive",
+ *    "done", "epoch_progress", "state", "device"}]}
+ *   A worker's value not reported yet is null, the key still present: last_seen_s when never
+ *   seen; step before its first report or accepted push; loss, examples_per_sec and
+ *   epoch_progress before its first progress report; device before it reports one.
  */
 #ifndef TS_STATUS_JSON_H
 #define TS_STATUS_JSON_H
@@ -45,9 +54,15 @@ typedef struct {
 typedef struct {
   int task;
   bool seen, alive, done;
+  bool step_known;   /* step was reported (else it is shown as null / "-") */
+  bool reported;     /* loss, examples_per_sec, epoch_progress were reported */
   uint64_t step;
   double loss, examples_per_sec, last_seen_s, epoch_progress;
+  const char *device; /* the device it trains on; NULL or "" until reported */
 } ts_status_worker_t;
+
+/* "alive", "stopped", "dead" or "not joined" (see above). */
+const char *ts_status_worker_state(const ts_status_worker_t *w);
 
 /* Merge the workers over the view's shards into w[0..v->num_workers) (caller's array). */
 void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w);

@@ -34,7 +34,8 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
   size_t off_s = off_b + nb * sizeof(int32_t);
   size_t total = off_s + strlen(ckpt) + 1;
   for (size_t i = 0; i < nw; i++)
-    total += strlen(pb->workers[i]->identity ? pb->workers[i]->identity : "") + 1;
+    total += strlen(pb->workers[i]->identity ? pb->workers[i]->identity : "") + 1 +
+             strlen(pb->workers[i]->device ? pb->workers[i]->device : "") + 1;
   char *block = ts_calloc(1, total);
   if (!block) return TS_ENOMEM;
   ts_client_shard_status_t *st = (ts_client_shard_status_t *)(void *)block;
@@ -60,13 +61,19 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
   for (size_t i = 0; i < nw; i++) {
     const Tessera__WorkerStatus *ws = pb->workers[i];
     const char *id = ws->identity ? ws->identity : "";
+    const char *dev = ws->device ? ws->device : "";
     len = strlen(id) + 1;
     memcpy(str, id, len);
     w[i] = (ts_client_worker_status_t){
         .task = ws->task, .step = ws->step, .loss = ws->loss,
         .examples_per_sec = ws->examples_per_sec, .last_seen_s = ws->last_seen_s,
         .alive = ws->alive, .done = ws->done, .epoch_progress = ws->epoch_progress,
-        .identity = str, .clock = ws->clock, .stale_dropped = ws->stale_dropped};
+        .identity = str, .clock = ws->clock, .stale_dropped = ws->stale_dropped,
+        .reported = ws->reported, .step_known = ws->step_known};
+    str += len;
+    len = strlen(dev) + 1;
+    memcpy(str, dev, len);
+    w[i].device = str;
     str += len;
   }
   *out = st;

@@ -15,6 +15,7 @@
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_status_json.h"
+#include "psctl_help.h"
 
 typedef enum { OUT_TABLE, OUT_JSON } output_t;
 
@@ -25,41 +26,6 @@ typedef struct {
   char **why;                /* per shard, why it did not answer */
   long only_shard;           /* --shard N, else -1 */
 } cluster_view_t;
-
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: psctl [-c FILE] [--set KEY=VALUE]... [-o table|json] [--shard N] COMMAND\n"
-          "\n"
-          "Commands:\n"
-          "  status    job mode, global step, every shard and worker (on a terminal also\n"
-          "            a bar of the workers' progress through the epoch)\n"
-          "  shards    one line per shard: address, up, partitions, bytes, version\n"
-          "  workers   one line per worker: step, loss, examples/s, last seen, alive\n"
-          "  health    'healthy' and exit 0 when every shard answers; 'unhealthy', the\n"
-          "            reason per shard on stderr and exit 1 otherwise\n"
-          "  checkpoint  every shard writes a checkpoint now (admin)\n"
-          "  shutdown    every shard writes a final checkpoint and stops (admin);\n"
-          "              --no-checkpoint stops without one\n"
-          "  model reset every shard drops its declared model and the model's optimizer\n"
-          "              state, so the next declare defines it anew (admin); refused\n"
-          "              while workers are connected unless --force, which closes\n"
-          "              their connections (they reconnect and declare again)\n"
-          "\n"
-          "Options (anywhere on the line: psctl status -o json = psctl -o json status):\n"
-          "  -c, --config FILE        the job file (default /etc/tessera/job.cfg)\n"
-          "      --set KEY=VALUE      override a key of the job file\n"
-          "  -o, -w, --output FORMAT  table (default) or json (a stable schema, see\n"
-          "                           docs/operations.md)\n"
-          "      --shard N            only shard N (a container's own healthcheck)\n"
-          "      --timeout SECONDS    how long to wait for each shard (default 3)\n"
-          "  -h, --help               this text\n"
-          "  -V, --version            print the version\n"
-          "\n"
-          "Colour is used only when stdout is a terminal and NO_COLOR is not set.\n"
-          "\n"
-          "Exit codes: 0 every shard (or shard N) answered, 1 a shard is down or failed,\n"
-          "2 usage error, 78 bad configuration (also an unreadable token file).\n");
-}
 
 static int gather(cluster_view_t *v, double timeout) {
   ts_config_t *cfg = &v->cfg;
@@ -187,20 +153,25 @@ static void print_shards_table(const cluster_view_t *v) {
 }
 
 static void print_workers_table(const ts_status_worker_t *w, size_t n) {
-  printf("%-5s %10s %10s %12s %11s %8s %s\n", "TASK", "STEP", "LOSS", "EXAMPLES/S", "LAST SEEN",
-         "EPOCH", "STATE");
+  printf("%-5s %10s %10s %12s %11s %8s %-10s %s\n", "TASK", "STEP", "LOSS", "EXAMPLES/S",
+         "LAST SEEN", "EPOCH", "STATE", "DEVICE");
   for (size_t i = 0; i < n; i++) {
-    if (!w[i].seen) {
-      printf("%-5d %10s %10s %12s %11s %8s %s\n", w[i].task, "-", "-", "-", "never", "-",
-             "not joined");
-      continue;
+    /* '-': not reported yet (before a worker's first report, never a made-up 0). */
+    char step[24] = "-", loss[24] = "-", eps[24] = "-", seen[32] = "never", epoch[16] = "-";
+    if (w[i].step_known) snprintf(step, sizeof step, "%llu", (unsigned long long)w[i].step);
+    if (w[i].reported) {
+      snprintf(loss, sizeof loss, "%.4f", w[i].loss);
+      snprintf(eps, sizeof eps, "%.1f", w[i].examples_per_sec);
+      snprintf(epoch, sizeof epoch, "%.0f%%", w[i].epoch_progress * 100.0);
     }
-    char seen[32];
-    snprintf(seen, sizeof seen, "%.1fs ago", w[i].last_seen_s);
-    printf("%-5d %10llu %10.4f %12.1f %11s %7.0f%% ", w[i].task, (unsigned long long)w[i].step,
-           w[i].loss, w[i].examples_per_sec, seen, w[i].epoch_progress * 100.0);
-    cell(w[i].done ? "done" : w[i].alive ? "alive" : "DEAD", 0, w[i].done || w[i].alive);
-    putchar('\n');
+    if (w[i].seen) snprintf(seen, sizeof seen, "%.1fs ago", w[i].last_seen_s);
+    printf("%-5d %10s %10s %12s %11s %8s ", w[i].task, step, loss, eps, seen, epoch);
+    const char *state = ts_status_worker_state(&w[i]);
+    if (w[i].seen)
+      cell(state, 10, w[i].done || w[i].alive);
+    else
+      printf("%-10s", state);
+    printf(" %s\n", w[i].device && *w[i].device ? w[i].device : "-");
   }
 }
 
@@ -209,7 +180,7 @@ static void print_progress_bar(const ts_status_worker_t *w, size_t n) {
   double sum = 0;
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
-    if (!w[i].seen) continue;
+    if (!w[i].seen || (!w[i].done && !w[i].reported)) continue;
     sum += w[i].done ? 1.0 : w[i].epoch_progress;
     k++;
   }
@@ -351,6 +322,43 @@ static int cmd_admin(cluster_view_t *v, const char *cmd, bool checkpoint, bool f
   return failures ? TS_EXIT_FAILURE : TS_EXIT_OK;
 }
 
+#define DEFAULT_CONFIG "/etc/tessera/job.cfg"
+
+/* Without -c and without DEFAULT_CONFIG: say on stderr which shards psctl asks and where
+ * their addresses came from, so an empty answer is not a mystery. */
+static void note_defaults(const ts_config_t *cfg, size_t nsets) {
+  const char *tf = getenv("TF_CONFIG");
+  const char *from = tf && *tf ? "TF_CONFIG" : nsets ? "defaults and --set" : "defaults";
+  char list[512] = "";
+  size_t len = 0;
+  for (size_t s = 0; s < cfg->num_ps && len < sizeof list; s++)
+    len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", s ? ", " : "", cfg->ps[s]);
+  if (cfg->num_ps == 1)
+    fprintf(stderr, "psctl: no -c and no %s: asking shard 0 at %s (%s)\n", DEFAULT_CONFIG, list,
+            from);
+  else
+    fprintf(stderr, "psctl: no -c and no %s: asking %zu shards at %s (%s)\n", DEFAULT_CONFIG,
+            cfg->num_ps, list, from);
+}
+
+/* psctl help [COMMAND], psctl [COMMAND] --help: on stdout, exit 0; an unknown command is a
+ * usage error. */
+static int print_help(const char *name) {
+  if (!name) {
+    psctl_usage(stdout);
+    return TS_EXIT_OK;
+  }
+  const psctl_command_t *c = psctl_command_find(name);
+  if (!c) {
+    char names[256];
+    psctl_command_names(names, sizeof names);
+    fprintf(stderr, "psctl: unknown command '%s' (%s; see psctl --help)\n", name, names);
+    return TS_EXIT_USAGE;
+  }
+  psctl_command_help(stdout, c);
+  return TS_EXIT_OK;
+}
+
 int main(int argc, char **argv) {
   const char *config_path = NULL;
   output_t out = OUT_TABLE;
@@ -360,7 +368,7 @@ int main(int argc, char **argv) {
   size_t nsets = 0;
   if (!sets) return TS_EXIT_FAILURE;
   enum { OPT_SET = 256, OPT_TIMEOUT, OPT_SHARD, OPT_NO_CHECKPOINT, OPT_FORCE };
-  bool final_checkpoint = true, force = false;
+  bool final_checkpoint = true, force = false, help = false;
   static const struct option longopts[] = {
       {"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, OPT_SET},
       {"output", required_argument, NULL, 'o'}, {"write-out", required_argument, NULL, 'w'},
@@ -372,8 +380,11 @@ int main(int argc, char **argv) {
       {NULL, 0, NULL, 0}};
   int opt, rc = TS_EXIT_USAGE;
   /* Options anywhere on the line, as kubectl's and etcdctl's: `psctl status -o json` is
-   * `psctl -o json status` (GNU getopt moves the command behind the options). */
-  while ((opt = getopt_long(argc, argv, "c:o:w:hV", longopts, NULL)) != -1) {
+   * `psctl -o json status` (GNU getopt moves the command behind the options). Its own
+   * messages are off (opterr = 0, the leading ':'): ours name the option and point to
+   * --help instead of printing the whole usage. */
+  opterr = 0;
+  while ((opt = getopt_long(argc, argv, ":c:o:w:hV", longopts, NULL)) != -1) {
     switch (opt) {
       case 'c':
         config_path = optarg;
@@ -417,51 +428,69 @@ int main(int argc, char **argv) {
         break;
       }
       case 'h':
-        usage(stdout);
-        rc = TS_EXIT_OK;
-        goto done;
+        help = true;
+        break;
       case 'V':
         printf("psctl %s\n", TS_VERSION);
         rc = TS_EXIT_OK;
         goto done;
+      case ':':
+        fprintf(stderr, "psctl: option '%s' needs a value (see psctl --help)\n", argv[optind - 1]);
+        goto done;
       default:
-        usage(stderr);
+        if (optopt)
+          fprintf(stderr, "psctl: unknown option '-%c' (see psctl --help)\n", optopt);
+        else
+          fprintf(stderr, "psctl: unknown option '%s' (see psctl --help)\n", argv[optind - 1]);
         goto done;
     }
   }
-  if (optind >= argc) {
-    fprintf(stderr, "psctl: which command? (status, shards, workers, health)\n");
-    usage(stderr);
+  char names[256];
+  psctl_command_names(names, sizeof names);
+  const char *cmd = optind < argc ? argv[optind] : NULL;
+  if (help || (cmd && strcmp(cmd, "help") == 0)) {
+    /* psctl --help, psctl status --help, psctl help, psctl help status */
+    int first = optind + (cmd && strcmp(cmd, "help") == 0);
+    const char *topic = first < argc ? argv[first] : help && cmd ? cmd : NULL;
+    int end = first + 1;
+    if (topic && strcmp(topic, "model") == 0 && end < argc && strcmp(argv[end], "reset") == 0) end++;
+    if (topic && end < argc) {
+      fprintf(stderr, "psctl: help is about one command, not '%s' too\n", argv[end]);
+      goto done;
+    }
+    rc = print_help(topic);
     goto done;
   }
-  const char *cmd = argv[optind];
-  static const char *const commands[] = {"status",     "shards",   "workers", "health",
-                                         "checkpoint", "shutdown", "model"};
-  bool known = false;
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) known |= strcmp(cmd, commands[i]) == 0;
-  if (!known) {
-    fprintf(stderr,
-            "psctl: unknown command '%s' (status, shards, workers, health, checkpoint, "
-            "shutdown, model reset)\n",
-            cmd);
+  if (!cmd) {
+    fprintf(stderr, "psctl: which command? (%s; see psctl --help)\n", names);
+    goto done;
+  }
+  if (!psctl_command_find(cmd)) {
+    fprintf(stderr, "psctl: unknown command '%s' (%s; see psctl --help)\n", cmd, names);
     goto done;
   }
   bool model_cmd = strcmp(cmd, "model") == 0;
   bool admin_cmd = strcmp(cmd, "checkpoint") == 0 || strcmp(cmd, "shutdown") == 0 || model_cmd;
   if (model_cmd && (optind + 1 >= argc || strcmp(argv[optind + 1], "reset") != 0)) {
-    fprintf(stderr, "psctl: model takes one subcommand: reset\n");
+    fprintf(stderr, "psctl: model takes one subcommand: reset (see psctl model --help)\n");
     goto done;
   }
   if (optind + 1 + model_cmd < argc) {
-    fprintf(stderr, "psctl: unexpected argument '%s' after %s\n", argv[optind + 1 + model_cmd],
-            model_cmd ? "model reset" : cmd);
+    fprintf(stderr, "psctl: unexpected argument '%s' after %s (see psctl %s --help)\n",
+            argv[optind + 1 + model_cmd], model_cmd ? "model reset" : cmd, cmd);
     goto done;
   }
   if (force && !model_cmd) {
     fprintf(stderr, "psctl: --force is an option of model reset only\n");
     goto done;
   }
-  if (!config_path && access("/etc/tessera/job.cfg", R_OK) == 0) config_path = "/etc/tessera/job.cfg";
+  bool defaults = false;
+  if (!config_path) {
+    if (access(DEFAULT_CONFIG, R_OK) == 0)
+      config_path = DEFAULT_CONFIG;
+    else
+      defaults = true;
+  }
   ts_log_init("psctl", TS_LOG_ERR);
   /* A closed stdout (psctl status | head -1) ends the output, not psctl: the exit code
    * still tells the job's health. */
@@ -476,6 +505,7 @@ int main(int argc, char **argv) {
     rc = TS_EXIT_CONFIG;
     goto done;
   }
+  if (defaults) note_defaults(&v.cfg, nsets);
   if (only_shard >= 0 && (size_t)only_shard >= v.cfg.num_ps) {
     fprintf(stderr, "psctl: --shard %ld: the job has %zu shard(s) (cluster.ps)\n", only_shard,
             v.cfg.num_ps);

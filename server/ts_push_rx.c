@@ -408,6 +408,11 @@ void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
   if (rx->applied_slices > 0 || m->n_parts == 0) {
     srv->pushes++;
     ts_barrier_pushed(&srv->barrier, s->task, m->step);
+    if (s->task >= 0 && (uint32_t)s->task < srv->num_workers) {
+      /* The worker finished step m->step: status shows it now, not at its next heartbeat. */
+      srv->workers[s->task].step = m->step + 1;
+      srv->workers[s->task].step_known = true;
+    }
   }
   if (!rx->refused) {
     Tessera__PushReply r = TESSERA__PUSH_REPLY__INIT;

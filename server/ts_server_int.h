@@ -86,12 +86,18 @@ typedef struct ts_pull_req {
  * waiting too long (server.pull_hold_timeout_s). */
 typedef struct ts_pull_write ts_pull_write_t;
 
-/* What a worker last told us, for status; its liveness is srv->barrier's. */
+/* What a worker last told us, for status; its liveness is srv->barrier's. step is the
+ * step it finished last: set by every push this shard accepts from it (the push's step + 1,
+ * so it moves with the job's step, not at the heartbeat's pace) and raised, never
+ * lowered, by heartbeats (which carry the progress of the worker's last log interval). */
 typedef struct {
   uint64_t step;
   double loss, examples_per_sec, progress;
   uint64_t stale_dropped;
+  bool reported;   /* a heartbeat carried a progress report (loss and speed are known) */
+  bool step_known; /* step came from a report or an accepted push */
   char identity[128];
+  char device[64]; /* the device it reported ("" until then) */
 } ts_worker_info_t;
 
 /* A push is received piece by piece (docs/architecture.md, "Pushes"): its

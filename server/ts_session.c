@@ -80,10 +80,15 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   if (s->role == TESSERA__ROLE__ROLE_WORKER && s->task >= 0 &&
       (uint32_t)s->task < srv->num_workers) {
     ts_worker_info_t *w = &srv->workers[s->task];
-    w->step = m->step;
-    w->loss = m->loss;
-    w->examples_per_sec = m->examples_per_sec;
-    w->progress = m->epoch_progress;
+    /* An older client has no `reported` field: a step or a loss is its report. */
+    if (m->reported || m->step > 0 || m->loss != 0.0) {
+      if (!w->step_known || m->step > w->step) w->step = m->step;
+      w->loss = m->loss;
+      w->examples_per_sec = m->examples_per_sec;
+      w->progress = m->epoch_progress;
+      w->reported = w->step_known = true;
+    }
+    if (m->device && *m->device) snprintf(w->device, sizeof w->device, "%s", m->device);
     if (m->done && ts_barrier_done(&srv->barrier, s->task)) {
       ts_log_info("worker %d finished at step %llu", s->task, (unsigned long long)m->step);
       ts_server_check_barriers(srv, false);

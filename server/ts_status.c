@@ -43,6 +43,9 @@ int ts_status_build(ts_server_t *srv, ts_status_msg_t *sm) {
     ws[n].epoch_progress = w->progress;
     ws[n].clock = bw->clock;
     ws[n].stale_dropped = w->stale_dropped;
+    ws[n].reported = w->reported;
+    ws[n].step_known = w->step_known;
+    ws[n].device = (char *)w->device;
     wp[n] = &ws[n];
     n++;
   }

@@ -163,6 +163,8 @@ int main(int argc, char **argv) {
     goto out;
   }
   ts_model_t *model = &towers.models[0];
+  char device[64];
+  ts_backend_device_name(&towers, device, sizeof device);
   if (cfg.token_file && *cfg.token_file && !(token = ts_auth_read_token(cfg.token_file, err, sizeof err))) {
     ts_log_err("%s", err);
     goto out;
@@ -176,6 +178,7 @@ int main(int argc, char **argv) {
     if (rc != TS_ECONFIG) exit_code = TS_EXIT_FAILURE;
     goto out;
   }
+  ts_observe_set_device(obs, device);
 
   exit_code = TS_EXIT_FAILURE;
   struct sigaction sa;
@@ -232,6 +235,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   signal_client = client;
+  ts_client_set_device(client, device);
   if (stop_requested) ts_client_interrupt(client);
   ts_client_tensor_t *decl = ts_calloc(model->num_tensors, sizeof *decl);
   if (!decl) goto out;

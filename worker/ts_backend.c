@@ -468,6 +468,21 @@ int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, s
   return 0;
 }
 
+void ts_backend_device_name(const ts_towers_t *towers, char *buf, size_t n) {
+  size_t len = 0;
+  buf[0] = 0;
+  for (size_t t = 0; t < towers->n && len < n; t++) {
+    const ts_kernels_t *k = towers->kernels[t];
+    bool seen = false;
+    for (size_t u = 0; u < t; u++)
+      seen |= towers->kernels[u]->device_is_host == k->device_is_host &&
+              towers->kernels[u]->device_index == k->device_index;
+    if (seen) continue;
+    len += (size_t)snprintf(buf + len, n - len, "%s/%s:%d", len ? "," : "",
+                            k->device_is_host ? "cpu" : "gpu", k->device_is_host ? 0 : k->device_index);
+  }
+}
+
 void ts_backend_log_memory(const ts_towers_t *towers) {
   for (size_t t = 0; t < towers->n; t++) {
     const ts_kernels_t *k = towers->kernels[t];

@@ -81,6 +81,11 @@ int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, s
 int ts_backend_layers(const ts_config_t *cfg, ts_layer_shape_t input, ts_layer_spec_t *specs,
                       char *errmsg, size_t errlen);
 
+/* The devices the towers run on, in the short form: "/cpu:0", "/gpu:0", or
+ * "/gpu:0,/gpu:1" for towers on two GPUs (each GPU once). What the worker reports as its
+ * device (psctl workers, its /status). */
+void ts_backend_device_name(const ts_towers_t *towers, char *buf, size_t n);
+
 /* Log each GPU pool's use (held, peak in use, limit) once per GPU; nothing for the CPU. */
 void ts_backend_log_memory(const ts_towers_t *towers);
 

@@ -20,7 +20,8 @@ static const char *const phase_names[3] = {"pull", "compute", "push"};
 
 /* What the HTTP thread may see; guarded by ts_observe.mu. */
 typedef struct {
-  bool ready, done, have_test;
+  bool ready, done, have_test, have_progress;
+  char device[64]; /* the device the model runs on (ts_observe_set_device) */
   uint64_t step, total_steps, epoch, examples;
   double loss, examples_per_sec, learning_rate, epoch_progress;
   double test_accuracy, test_loss;
@@ -108,7 +109,8 @@ static char *status_json(const ts_observe_t *o, const snapshot_t *s) {
   ts_status_worker_t w = {.task = o->task, .seen = true, .alive = s->ready && !s->done,
                           .done = s->done, .step = s->step, .loss = s->loss,
                           .examples_per_sec = s->examples_per_sec, .last_seen_s = 0,
-                          .epoch_progress = s->epoch_progress};
+                          .epoch_progress = s->epoch_progress, .step_known = true,
+                          .reported = s->have_progress, .device = s->device};
   cJSON *j = ts_status_json_worker(&w);
   if (!j) return NULL;
   cJSON_AddStringToObject(j, "role", "worker");
@@ -223,6 +225,12 @@ void ts_observe_ready(ts_observe_t *o, uint64_t total_steps) {
   o->next_watchdog = mono_s();
 }
 
+void ts_observe_set_device(ts_observe_t *o, const char *device) {
+  pthread_mutex_lock(&o->mu);
+  snprintf(o->snap.device, sizeof o->snap.device, "%s", device);
+  pthread_mutex_unlock(&o->mu);
+}
+
 static void pet_watchdog(ts_observe_t *o) {
   if (!o->watchdog_ms) return;
   double now = mono_s();
@@ -264,6 +272,7 @@ void ts_observe_progress(void *arg, const ts_progress_t *p) {
   if (!p->final) {
     o->snap.loss = p->loss;
     o->snap.examples_per_sec = p->examples_per_sec;
+    o->snap.have_progress = true;
   } else {
     o->snap.done = true;
     o->snap.have_test = true;

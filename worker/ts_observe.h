@@ -35,6 +35,10 @@ int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char 
  * READY=1. */
 void ts_observe_ready(ts_observe_t *o, uint64_t total_steps);
 
+/* The device the model really runs on ("/cpu:0" after soft placement moved it off a GPU):
+ * /status shows it as "device". */
+void ts_observe_set_device(ts_observe_t *o, const char *device);
+
 /* Trainer callbacks; arg is the ts_observe_t. */
 void ts_observe_progress(void *arg, const ts_progress_t *p);
 void ts_observe_step(void *arg, uint64_t step, const double phase_s[3]);

@@ -439,6 +439,11 @@ TS_CLIENT_API void ts_client_set_progress(ts_client_t *c, uint64_t step, double 
                                           double examples_per_sec, double epoch_progress,
                                           bool done);
 
+/* The device this worker's model really runs on ("/cpu:0", "/gpu:0", after soft
+ * placement), carried by the next heartbeats so `psctl workers` can show it. NULL or ""
+ * clears it; longer than 63 bytes is cut. */
+TS_CLIENT_API void ts_client_set_device(ts_client_t *c, const char *device);
+
 /* Send a heartbeat to every ready shard now and wait for the replies. */
 TS_CLIENT_API int ts_client_heartbeat(ts_client_t *c, char *errmsg, size_t errlen);
 
@@ -455,6 +460,10 @@ typedef struct {
   const char *identity;
   uint64_t clock;
   uint64_t stale_dropped;      /* this worker's gradient partitions dropped as stale */
+  bool reported;               /* loss, examples_per_sec, epoch_progress were reported
+                                  (ts_client_set_progress); else they are 0 and unknown */
+  bool step_known;             /* step was reported or taken from a push the shard accepted */
+  const char *device;          /* the device it trains on ("/cpu:0"); "" until reported */
 } ts_client_worker_status_t;
 
 /* One shard's view of itself and of the workers it has seen. */

@@ -573,6 +573,17 @@ static void close_cb_noop(uv_handle_t *h) { (void)h; }
 
 static void shutdown_loop(ts_client_t *c) {
   while (c->inflight) abort_op(c, c->inflight, TS_ESHUTDOWN, "client closed");
+  /* A client that said it is done (ts_client_set_progress(..., done = true): finished, or a
+   * worker stopped by a signal) tells each shard once more as it closes, so the shard shows
+   * it stopped rather than dead once its heartbeats stop. Best effort and never waited for:
+   * the frame goes out if the socket takes it at once (a small frame on an idle
+   * connection), else the close below cancels it. */
+  uv_mutex_lock(&c->mu);
+  bool done = c->p_done;
+  uv_mutex_unlock(&c->mu);
+  for (uint32_t s = 0; done && s < c->n; s++)
+    if (c->shards[s].state == SH_READY && c->shards[s].link)
+      (void)ts_cl_submit_wire(c, &c->shards[s], NULL, TS_MSG_HEARTBEAT, NULL, 0);
   for (uint32_t s = 0; s < c->n; s++) {
     ts_cl_shard_t *sh = &c->shards[s];
     uv_close((uv_handle_t *)&sh->retry, close_cb_noop);

@@ -4,7 +4,8 @@
  * `psctl -o json status`, sampled while the job trains; the DEVICE each worker really uses
  * (a worker placed on /gpu:0 with soft placement, on a machine where no GPU is visible,
  * shows /cpu:0 in psctl workers, table and JSON, and in its own /status); a worker killed
- * with SIGKILL is dead, one that finished is stopped.
+ * with SIGKILL is dead, one that finished is stopped, and so is one stopped with SIGTERM
+ * (as systemctl stop does), at once rather than after its missed heartbeats.
  */
 #include <cjson/cJSON.h>
 #include <setjmp.h>
@@ -171,8 +172,48 @@ static void test_sync_steps_states_devices(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* SIGTERM: the worker leaves on purpose and says so as its client closes. */
+static void test_sigterm_is_stopped(void **state) {
+  (void)state;
+  if (access(DATA "train-images-idx3-ubyte.gz", R_OK) != 0) skip();
+  ts_cluster_t c;
+  /* Heartbeats missed only after 30 s: "stopped" can only come from the goodbye. */
+  assert_int_equal(ts_cluster_start(&c, 2, 1,
+                                    "job = { mode = \"async\"; heartbeat_timeout_s = 30.0; };\n"
+                                    "model = { layers = [784, 32, 10]; };\n"
+                                    "train = { epochs = 50; log_interval_s = 0.2; };"),
+                   0);
+  ts_proc_t w;
+  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
+  cJSON *j = NULL;
+  const char *s = "";
+  for (int i = 0; i < 600 && strcmp(s, "alive") != 0; i++) {
+    ts_sleep_ms(50);
+    cJSON_Delete(j);
+    j = psctl_json(&c, "workers");
+    s = j ? state_of(j, 0) : "";
+  }
+  assert_string_equal(s, "alive");
+  cJSON_Delete(j);
+  j = NULL;
+  kill(w.pid, SIGTERM);
+  assert_int_equal(ts_proc_wait(&w, 10), 0);
+  s = "";
+  for (int i = 0; i < 40 && strcmp(s, "stopped") != 0; i++) {
+    cJSON_Delete(j);
+    j = psctl_json(&c, "workers");
+    s = j ? state_of(j, 0) : "";
+    if (strcmp(s, "stopped") != 0) ts_sleep_ms(50);
+  }
+  if (strcmp(s, "stopped") != 0) ts_proc_dump(&w);
+  assert_string_equal(s, "stopped");
+  cJSON_Delete(j);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sigterm_is_stopped),
       cmocka_unit_test(test_sync_steps_states_devices),
   };
   return cmocka_run_group_tests_name("psctl_job", tests, NULL, NULL);

@@ -345,6 +345,8 @@ static void send_req(ts_cl_wreq_t *r) {
       m.examples_per_sec = c->p_eps;
       m.epoch_progress = c->p_prog;
       m.done = c->p_done;
+      m.has_final_test_accuracy = c->p_has_final;
+      m.final_test_accuracy = c->p_final;
       uv_mutex_unlock(&c->mu);
       rc = ts_conn_send(conn, TS_MSG_HEARTBEAT, &m.base, NULL, 0, NULL, NULL);
       break;

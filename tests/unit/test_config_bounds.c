@@ -315,6 +315,7 @@ static void test_reference(void **state) {
       "train.max_steps",
       "train.logdir",
       "train.log_interval_s",
+      "train.stall_timeout_s",
       "device.placement",
       "device.allow_soft_placement",
       "device.log_device_placement",

@@ -92,6 +92,10 @@ static void render_metrics(const ts_observe_t *o, const snapshot_t *s, ts_buf_t 
   GAUGE("tessera_worker_learning_rate", "The optimizer's learning rate.", s->learning_rate);
   GAUGE("tessera_worker_ready", "1 while the worker trains (model declared, not done).",
         s->ready && !s->done);
+  if (s->ready && !s->trained)
+    GAUGE("tessera_worker_loop_progress_age_seconds",
+          "Seconds since the training loop last advanced (/livez, train.stall_timeout_s).",
+          mono_s() - s->progress_at);
   if (s->have_test) {
     GAUGE("tessera_worker_test_accuracy_ratio", "Accuracy on the test set after training, 0 to 1.",
           s->test_accuracy);
@@ -128,8 +132,13 @@ static char *status_json(const ts_observe_t *o, const snapshot_t *s) {
     cJSON_AddNullToObject(j, "test_accuracy");
   if (s->have_final)
     cJSON_AddNumberToObject(j, "final_test_accuracy", s->final_test_accuracy);
-  cJSON_AddNumberToObject(j, "loop_progress_age_s", mono_s() - s->progress_at);
-  cJSON_AddStringToObject(j, "loop_doing", s->doing);
+  if (s->ready && !s->trained) {
+    cJSON_AddNumberToObject(j, "loop_progress_age_s", mono_s() - s->progress_at);
+    cJSON_AddStringToObject(j, "loop_doing", s->doing);
+  } else {
+    cJSON_AddNullToObject(j, "loop_progress_age_s");
+    cJSON_AddNullToObject(j, "loop_doing");
+  }
   char *txt = cJSON_Print(j);
   cJSON_Delete(j);
   return txt;

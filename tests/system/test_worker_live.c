@@ -95,6 +95,8 @@ static void test_livez_stopped_shard(void **state) {
   /* What it waits on: the step's phase, and the shard its last retry failed on. */
   assert_non_null(strstr(body, "step "));
   assert_non_null(strstr(body, c.addr[1]));
+  assert_int_equal(ts_http_get(port, "/metrics", body, sizeof body, NULL, 0), 200);
+  assert_true(ts_metric_value(body, "tessera_worker_loop_progress_age_seconds") > 3.0);
 
   /* The shard continues: the worker reconnects, trains on, and is live again. */
   st = livez_until(port, 200, 60);

@@ -1,6 +1,8 @@
 #include "ts_log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,13 @@ static _Thread_local ts_log_sink_fn tl_sink;
 static _Thread_local void *tl_sink_arg;
 static _Thread_local ts_log_level_t tl_sink_level;
 static _Thread_local bool tl_in_sink;
+
+/* The status line (ts_log_status): drawn last on the terminal, cleared and drawn again
+ * around every log line, all under status_mu so that lines and redraws never interleave. */
+#define ERASE_LINE "\r\033[K"
+static pthread_mutex_t status_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool status_on;
+static char status_text[512];
 
 static const char *const level_names[] = {
     [TS_LOG_CRIT] = "crit", [TS_LOG_ERR] = "error", [TS_LOG_WARN] = "warning",
@@ -144,6 +153,41 @@ void ts_log(ts_log_level_t level, const char *fmt, ...) {
   if (n < 0 || (size_t)n >= sizeof line - 1) return;
   size_t len = (size_t)n + ts_log_escape(raw, line + n, sizeof line - (size_t)n - 1);
   line[len++] = '\n';
-  ssize_t w = write(STDERR_FILENO, line, len);
+  if (!atomic_load(&status_on)) {
+    ssize_t w = write(STDERR_FILENO, line, len);
+    (void)w;
+    return;
+  }
+  /* Erase the status line, write the log line, draw the status line again: one write. */
+  char out[sizeof line + sizeof status_text + 16];
+  pthread_mutex_lock(&status_mu);
+  int m = snprintf(out, sizeof out, ERASE_LINE "%.*s%s", (int)len, line, status_text);
+  ssize_t w = write(STDERR_FILENO, out, m > 0 && (size_t)m < sizeof out ? (size_t)m : 0);
   (void)w;
+  pthread_mutex_unlock(&status_mu);
+}
+
+bool ts_log_status_available(void) {
+  return !log_journal && isatty(STDERR_FILENO) == 1;
+}
+
+void ts_log_status(const char *text) {
+  pthread_mutex_lock(&status_mu);
+  bool was = atomic_load(&status_on);
+  if (text && *text) {
+    char esc[sizeof status_text];
+    ts_log_escape(text, esc, sizeof esc);
+    snprintf(status_text, sizeof status_text, "%s", esc);
+    atomic_store(&status_on, true);
+  } else {
+    status_text[0] = 0;
+    atomic_store(&status_on, false);
+  }
+  if (was || status_text[0]) {
+    char out[sizeof status_text + 8];
+    int m = snprintf(out, sizeof out, ERASE_LINE "%s", status_text);
+    ssize_t w = write(STDERR_FILENO, out, m > 0 && (size_t)m < sizeof out ? (size_t)m : 0);
+    (void)w;
+  }
+  pthread_mutex_unlock(&status_mu);
 }

@@ -58,6 +58,15 @@ void ts_log_forward(void *arg, int level, const char *msg);
 
 void ts_log_set_thread_sink(ts_log_sink_fn fn, void *arg, ts_log_level_t max_level);
 
+/* A status line: a live display (ps-worker's progress) kept as the last line of a
+ * terminal. ts_log_status(text) draws text in place of the previous one (carriage return,
+ * erase line; the text escaped as log messages are, with no newline); every log line
+ * written meanwhile first erases it and draws it again after itself, so neither garbles
+ * the other. NULL or "" erases it and ends it. Only meaningful when
+ * ts_log_status_available(): stderr is a terminal and not journald's. Thread-safe. */
+bool ts_log_status_available(void);
+void ts_log_status(const char *text);
+
 #define ts_log_crit(...) ts_log(TS_LOG_CRIT, __VA_ARGS__)
 #define ts_log_err(...) ts_log(TS_LOG_ERR, __VA_ARGS__)
 #define ts_log_warn(...) ts_log(TS_LOG_WARN, __VA_ARGS__)

@@ -549,6 +549,31 @@ int ts_client_heartbeat(ts_client_t *c, char *errmsg, size_t errlen) {
   return ts_cl_run_op(c, &op, errmsg, errlen);
 }
 
+int ts_client_job_end(ts_client_t *c, ts_client_job_end_t *out, char *errmsg, size_t errlen) {
+  if (!c || !out) {
+    ts_cl_err(errmsg, errlen, "no client or no result");
+    return TS_EINVAL;
+  }
+  memset(out, 0, sizeof *out);
+  ts_cl_op_t op = {.kind = OP_HEARTBEAT, .wait_ready = false};
+  int rc = ts_cl_run_op(c, &op, errmsg, errlen);
+  if (rc < 0) return rc;
+  if (!op.hb0) {
+    ts_cl_err(errmsg, errlen, "shard 0 is not connected");
+    return TS_EUNAVAIL;
+  }
+  *out = op.job_end;
+  return 0;
+}
+
+void ts_client_set_final_accuracy(ts_client_t *c, double accuracy) {
+  if (!c) return;
+  uv_mutex_lock(&c->mu);
+  c->p_has_final = true;
+  c->p_final = accuracy;
+  uv_mutex_unlock(&c->mu);
+}
+
 static int check_shard(ts_client_t *c, uint32_t shard, char *errmsg, size_t errlen) {
   if (!c) return TS_EINVAL;
   if (shard >= c->n) {

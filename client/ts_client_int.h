@@ -111,6 +111,8 @@ typedef struct ts_cl_op {
   bool dropped;             /* model reset: the reply */
   uint64_t reset_bytes;
   uint32_t workers_closed;
+  bool hb0;                 /* heartbeat: shard 0 answered, with: */
+  ts_client_job_end_t job_end;
 } ts_cl_op_t;
 
 /* One frame sent to one shard, waiting for its reply. */
@@ -207,6 +209,8 @@ struct ts_client {
   bool p_done;
   bool p_reported;               /* mu: ts_client_set_progress was called */
   char p_device[64];             /* mu: ts_client_set_device */
+  bool p_has_final;         /* ts_client_set_final_accuracy */
+  double p_final;
   _Atomic double timeout_s;      /* ts_client_set_timeout may change it from any thread */
   uint64_t restarts;             /* mu */
 

@@ -376,7 +376,14 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       break;
     }
     case TS_MSG_HEARTBEAT_REPLY: {
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, ((const Tessera__HeartbeatReply *)msg)->request_id);
+      const Tessera__HeartbeatReply *m = (const Tessera__HeartbeatReply *)msg;
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      if (r && r->op && sh->index == 0) {
+        r->op->hb0 = true;
+        r->op->job_end = (ts_client_job_end_t){.workers_finished = m->workers_finished,
+                                               .num_workers = m->num_workers,
+                                               .report_final = m->report_final};
+      }
       if (r) ts_cl_complete_req(r, 0, NULL);
       break;
     }

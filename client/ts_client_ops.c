@@ -348,6 +348,8 @@ static void send_req(ts_cl_wreq_t *r) {
       m.reported = c->p_reported;
       char device[sizeof c->p_device];
       memcpy(device, c->p_device, sizeof device);
+      m.has_final_test_accuracy = c->p_has_final;
+      m.final_test_accuracy = c->p_final;
       uv_mutex_unlock(&c->mu);
       m.device = device;
       rc = ts_conn_send(conn, TS_MSG_HEARTBEAT, &m.base, NULL, 0, NULL, NULL);

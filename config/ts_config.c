@@ -365,7 +365,17 @@ const ts_config_def_t ts_config_defs[] = {
            "Directory for TensorBoard event files; empty = none. A path: at most 4095 bytes."),
     FLOAT("train.log_interval_s", log_interval_s, 0.1, 86400.0, 0, "5.0",
           "Seconds between progress lines in a worker's log. At least 0.1 s so logging never "
-          "dominates a step; at most a day."),
+          "dominates a step; at most a day. On a terminal ps-worker also redraws a live "
+          "progress line in place; elsewhere it also logs at each tenth of an epoch, at most "
+          "ten times a second, so a short epoch still shows several lines."),
+    FLOAT("train.stall_timeout_s", stall_timeout_s, 0.0, 86400.0, 0, "0.0",
+          "A worker's /livez answers 503 (with what the training loop waits on) when the loop "
+          "has not advanced for this long: no phase of a step (pull, compute, push), no "
+          "evaluation, no answer from shard 0 while waiting for the other workers at the "
+          "end. Retries of a request to an unreachable shard are not progress. 0 = "
+          "max(60, 2 x (job.sync_timeout_s + job.heartbeat_timeout_s)). Otherwise it must "
+          "exceed job.sync_timeout_s + job.heartbeat_timeout_s, the longest a sync barrier "
+          "legitimately holds a pull; set it above the slowest step too. At most a day."),
 
     {.name = "device.placement",
      .type = TS_CT_STRING,
@@ -580,4 +590,10 @@ const char *ts_optimizer_name(ts_optimizer_t opt) {
 
 const char *ts_decay_name(ts_decay_t decay) {
   return choice_name(ts_config_def_named("optimizer.decay"), (int)decay);
+}
+
+double ts_config_stall_timeout_s(const ts_config_t *cfg) {
+  if (cfg->stall_timeout_s > 0) return cfg->stall_timeout_s;
+  double t = 2.0 * (cfg->sync_timeout_s + cfg->heartbeat_timeout_s);
+  return t > 60.0 ? t : 60.0;
 }

@@ -128,6 +128,8 @@ typedef struct {
   int64_t max_steps;          /* 0 = no limit */
   char *logdir;
   double log_interval_s;
+  double stall_timeout_s; /* train.stall_timeout_s: the worker's /livez threshold (0: auto,
+                             ts_config_stall_timeout_s) */
 
   /* device */
   char *placement;          /* "" = TensorFlow's default choice */
@@ -182,6 +184,10 @@ void ts_config_free(ts_config_t *cfg);
 
 /* The configuration spelling ("sync", "adam"); "unknown" for a value outside the enum. */
 const char *ts_mode_name(ts_mode_t mode);
+
+/* The worker's /livez threshold in seconds: train.stall_timeout_s, or when that is 0,
+ * max(60, 2 x (job.sync_timeout_s + job.heartbeat_timeout_s)). */
+double ts_config_stall_timeout_s(const ts_config_t *cfg);
 const char *ts_optimizer_name(ts_optimizer_t opt);
 const char *ts_decay_name(ts_decay_t decay);
 

@@ -243,6 +243,15 @@ static int validate(ts_config_loader_t *ld) {
         "taken for dead",
         cfg->heartbeat_interval_s, cfg->heartbeat_timeout_s);
   }
+  if (cfg->stall_timeout_s > 0 &&
+      cfg->stall_timeout_s <= cfg->sync_timeout_s + cfg->heartbeat_timeout_s) {
+    where_for(ld, "train.stall_timeout_s", "job.sync_timeout_s");
+    return ts_config_fail(
+        ld, "train.stall_timeout_s",
+        "%g must exceed job.sync_timeout_s + job.heartbeat_timeout_s (%g + %g): a sync "
+        "barrier may hold a worker's pull that long, and /livez would call it stuck",
+        cfg->stall_timeout_s, cfg->sync_timeout_s, cfg->heartbeat_timeout_s);
+  }
   if (cfg->partition_bytes > cfg->max_message_bytes) {
     where_for(ld, "job.partition_bytes", "server.max_message_bytes");
     return ts_config_fail(

@@ -69,6 +69,17 @@ size_t ts_status_shards_up(const ts_status_view_t *v) {
   return up;
 }
 
+bool ts_status_final_accuracy(const ts_status_view_t *v, double *acc, int *task) {
+  for (size_t s = 0; s < v->num_shards; s++) {
+    const ts_client_shard_status_t *st = v->shards[s].st;
+    if (!st || !st->has_final_test_accuracy) continue;
+    *acc = st->final_test_accuracy;
+    if (task) *task = st->final_reporter;
+    return true;
+  }
+  return false;
+}
+
 cJSON *ts_status_json_shard(const ts_status_shard_t *sh) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
@@ -152,5 +163,10 @@ cJSON *ts_status_json_job(const ts_status_view_t *v, bool with_workers) {
       cJSON_AddItemToArray(workers, ts_status_json_worker(&w[i]));
     ts_free(w);
   }
+  double acc;
+  if (ts_status_final_accuracy(v, &acc, NULL))
+    cJSON_AddNumberToObject(root, "final_test_accuracy", acc);
+  else
+    cJSON_AddNullToObject(root, "final_test_accuracy");
   return root;
 }

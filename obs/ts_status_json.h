@@ -21,7 +21,8 @@
  *    "errors", "connections", "uptime_s", "barrier_waiting_for"} | {"index", "address",
  *    "up": false, "partitions": 0, "bytes": 0, "version": 0, "error"}],
  *    "workers": [{"task", "step", "loss", "examples_per_sec", "last_seen_s", "alive",
- *    "done", "epoch_progress", "state", "device"}]}
+ *    "done", "epoch_progress", "state", "device"}],
+ *    "final_test_accuracy" (null until the job's reporting worker sent it)}
  *   A worker's value not reported yet is null, the key still present: last_seen_s when never
  *   seen; step before its first report or accepted push; loss, examples_per_sec and
  *   epoch_progress before its first progress report; device before it reports one.
@@ -71,6 +72,10 @@ void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w);
  * the largest (each shard counts the pushes it applied). *mode gets the shards' mode, or
  * TS_CLIENT_MODE_UNSPECIFIED when none answered. */
 uint64_t ts_status_job_step(const ts_status_view_t *v, ts_client_mode_t *mode);
+
+/* The job's final test accuracy when a shard of the view has it (the reporting worker
+ * sends it to every shard): true with *acc and *task (may be NULL). */
+bool ts_status_final_accuracy(const ts_status_view_t *v, double *acc, int *task);
 
 /* Shards of the view that answered. */
 size_t ts_status_shards_up(const ts_status_view_t *v);

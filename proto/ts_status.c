@@ -52,7 +52,9 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
       .num_barrier_waiting_for = nb, .connections = pb->connections,
       .auth_failures = pb->auth_failures, .nonfinite_refused = pb->nonfinite_refused,
       .incarnation = pb->incarnation, .last_checkpoint_age_s = pb->last_checkpoint_age_s,
-      .checkpoints_written = pb->checkpoints_written, .restored_step = pb->restored_step};
+      .checkpoints_written = pb->checkpoints_written, .restored_step = pb->restored_step,
+      .has_final_test_accuracy = pb->has_final_test_accuracy,
+      .final_test_accuracy = pb->final_test_accuracy, .final_reporter = pb->final_reporter};
   for (size_t i = 0; i < nb; i++) barrier[i] = pb->barrier_waiting_for[i];
   size_t len = strlen(ckpt) + 1;
   memcpy(str, ckpt, len);

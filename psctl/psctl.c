@@ -233,8 +233,13 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
     }
     print_json(root);
   } else if (strcmp(cmd, "status") == 0) {
-    printf("job: mode %s, step %llu, %zu of %zu shard(s) up, %zu worker(s)\n\n", mname,
+    printf("job: mode %s, step %llu, %zu of %zu shard(s) up, %zu worker(s)\n", mname,
            (unsigned long long)step, up, n, nw);
+    double acc;
+    int by = -1;
+    if (ts_status_final_accuracy(&view, &acc, &by))
+      printf("final test accuracy: %.4f (worker %d evaluated the final parameters)\n", acc, by);
+    printf("\n");
     if (isatty(STDOUT_FILENO) == 1) print_progress_bar(w, nw);
     print_shards_table(v);
     printf("\n");

@@ -71,6 +71,26 @@ bool ts_barrier_done(ts_barrier_t *b, int task) {
   return true;
 }
 
+/* later - earlier > span, with no wrap-around should a caller's clock lag. */
+static bool older_than(uint64_t later, uint64_t earlier, uint64_t span) {
+  return later > earlier && later - earlier > span;
+}
+
+bool ts_barrier_finished(const ts_barrier_t *b, int task, uint64_t now_ms, uint64_t since_ms) {
+  if (task < 0 || (uint32_t)task >= b->num_workers) return false;
+  const ts_barrier_worker_t *w = &b->w[task];
+  if (w->done) return true;
+  if (!w->seen) return older_than(now_ms, since_ms, b->heartbeat_ms);
+  return !live(w) && older_than(now_ms, w->last_seen_ms, b->heartbeat_ms);
+}
+
+uint32_t ts_barrier_count_finished(const ts_barrier_t *b, uint64_t now_ms, uint64_t since_ms) {
+  uint32_t n = 0;
+  for (uint32_t t = 0; t < b->num_workers; t++)
+    n += ts_barrier_finished(b, (int)t, now_ms, since_ms);
+  return n;
+}
+
 uint32_t ts_barrier_expire(ts_barrier_t *b, uint64_t now_ms, uint32_t *dead, uint32_t max) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < b->num_workers && n < max; i++) {

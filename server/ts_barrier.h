@@ -74,6 +74,15 @@ bool ts_barrier_heard(ts_barrier_t *b, int task, uint64_t now_ms);
  * the open barriers: one may have been waiting for it). */
 bool ts_barrier_done(ts_barrier_t *b, int task);
 
+/* The end of the job: `task` has finished when it is done, or when it has been silent for
+ * longer than heartbeat_ms at now_ms: not live (dead, or every connection closed) and
+ * last heard from that long ago, or never seen and the shard up (since_ms) that long. A
+ * worker that comes back is not finished any more. False for an unknown task. */
+bool ts_barrier_finished(const ts_barrier_t *b, int task, uint64_t now_ms, uint64_t since_ms);
+
+/* How many of the job's workers have finished (ts_barrier_finished). */
+uint32_t ts_barrier_count_finished(const ts_barrier_t *b, uint64_t now_ms, uint64_t since_ms);
+
 /* Mark dead the live workers not heard from for longer than heartbeat_ms at now_ms, at
  * most max of them (call again while it returns max): their tasks go to dead[0..n);
  * returns n. */

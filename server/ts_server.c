@@ -229,6 +229,7 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   srv->loop = loop;
   uv_update_time(loop);
   srv->started_ms = uv_now(loop);
+  srv->final_reporter = -1;
   srv->cfg = cfg;
   srv->shard = opts->shard;
   srv->num_workers = (uint32_t)cfg->num_workers;

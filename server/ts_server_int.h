@@ -187,6 +187,13 @@ struct ts_server {
   char *token, *admin_token;
   uint64_t started_ms;
 
+  /* The end of the job (ts_session.c, handle_heartbeat): the worker shard 0 chose to
+   * evaluate the final parameters (-1 until every worker finished), and the accuracy it
+   * sent (any shard keeps it). */
+  int final_reporter;
+  bool has_final_acc;
+  double final_acc;
+
   uint64_t pushes, pulls, rejected_frames, errors, nonfinite, auth_failures;
   uint64_t activity, activity_seen; /* frames and push chunks read, for busy-polling */
   char address[128];

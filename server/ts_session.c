@@ -75,6 +75,15 @@ static void protocol_error(ts_session_t *s, uint64_t request_id, int code, const
 
 /* Every handler below takes the decoded message and frees it before it returns. */
 
+/* The job's final test accuracy, sent by the worker shard 0 chose (handle_heartbeat). */
+static void job_accuracy(ts_server_t *srv, int task, double acc) {
+  if (srv->has_final_acc && srv->final_acc == acc) return; /* sent again with a heartbeat */
+  srv->has_final_acc = true;
+  srv->final_acc = acc;
+  srv->final_reporter = task;
+  ts_log_notice("the job's final test accuracy: %.6f (evaluated by worker %d)", acc, task);
+}
+
 static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   ts_server_t *srv = s->srv;
   if (s->role == TESSERA__ROLE__ROLE_WORKER && s->task >= 0 &&
@@ -94,10 +103,23 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
       ts_server_check_barriers(srv, false);
       ts_waitq_serve(srv);
     }
+    if (m->has_final_test_accuracy) job_accuracy(srv, s->task, m->final_test_accuracy);
   }
   Tessera__HeartbeatReply r = TESSERA__HEARTBEAT_REPLY__INIT;
   r.request_id = m->request_id;
   r.step = ts_store_min_version(&srv->store);
+  uint64_t now = ts_server_now_ms(srv);
+  r.workers_finished = ts_barrier_count_finished(&srv->barrier, now, srv->started_ms);
+  r.num_workers = srv->num_workers;
+  /* Shard 0 chooses who evaluates the final parameters: the first done worker to ask once
+   * every worker has finished, which is the last to finish unless the count was completed
+   * by one going silent. One choice per shard process, so one report per job. */
+  if (srv->shard == 0 && m->done && srv->final_reporter < 0 && s->task >= 0 &&
+      r.workers_finished == r.num_workers && ts_barrier_worker(&srv->barrier, s->task)) {
+    srv->final_reporter = s->task;
+    ts_log_info("every worker finished: worker %d evaluates the final parameters", s->task);
+  }
+  r.report_final = srv->shard == 0 && m->done && srv->final_reporter == s->task;
   ts_session_reply(s, TS_MSG_HEARTBEAT_REPLY, &r.base);
   ts_msg_free(&m->base);
 }

@@ -86,6 +86,9 @@ int ts_status_build(ts_server_t *srv, ts_status_msg_t *sm) {
   r->last_checkpoint_age_s = srv->have_ckpt ? (double)(now - srv->last_ckpt_ms) / 1000.0 : -1.0;
   r->checkpoints_written = srv->ckpts_written;
   r->restored_step = srv->restored_step;
+  r->has_final_test_accuracy = srv->has_final_acc;
+  r->final_test_accuracy = srv->final_acc;
+  r->final_reporter = srv->final_reporter;
   return 0;
 }
 

@@ -39,6 +39,8 @@ static void usage(FILE *f) {
           "cluster.ps, then prints one line:\n"
           "  done: task=T steps=S examples=E loss=L test_accuracy=A examples_per_sec=X\n"
           "        started_at=U0 finished_at=U1   (the training window, Unix seconds)\n"
+          "to which the one worker that evaluated the job's final parameters, once every\n"
+          "worker finished, appends final_test_accuracy=F.\n"
           "\n"
           "  -c, --config FILE     job file (libconfig)\n"
           "  -t, --task N          which worker (default: from TF_CONFIG's task)\n"
@@ -268,9 +270,12 @@ int main(int argc, char **argv) {
   ts_trainer_t t = {.cfg = &cfg, .task = (int)task, .num_workers = (int)cfg.num_workers,
                     .train = &train, .test = &test, .model = model, .towers = &towers,
                     .client = client, .stop = &stop_requested, .on_progress = ts_observe_progress,
-                    .on_step = ts_observe_step, .progress_arg = obs};
+                    .on_step = ts_observe_step, .on_activity = ts_observe_activity,
+                    .on_live = ts_observe_live,
+                    .progress_arg = obs};
   ts_train_result_t res;
   rc = ts_trainer_run(&t, &res, err, sizeof err);
+  ts_observe_trained(obs);
   ts_backend_log_memory(&towers);
   if (rc < 0) {
     ts_log_err("%s", err);
@@ -279,10 +284,16 @@ int main(int argc, char **argv) {
   }
   exit_code = TS_EXIT_OK;
   if (!res.stopped) {
+    /* The worker that evaluated the job's final parameters appends them. */
+    char final[64] = "";
+    if (res.has_final) {
+      ts_observe_final_accuracy(obs, res.steps, res.final_test_accuracy);
+      snprintf(final, sizeof final, " final_test_accuracy=%.6f", res.final_test_accuracy);
+    }
     printf("done: task=%ld steps=%llu examples=%llu loss=%.4f test_accuracy=%.4f "
-           "examples_per_sec=%.1f started_at=%.3f finished_at=%.3f\n",
+           "examples_per_sec=%.1f started_at=%.3f finished_at=%.3f%s\n",
            task, (unsigned long long)res.steps, (unsigned long long)res.examples, res.loss,
-           res.test_accuracy, res.examples_per_sec, res.started_at, res.finished_at);
+           res.test_accuracy, res.examples_per_sec, res.started_at, res.finished_at, final);
     fflush(stdout);
   }
 out:

@@ -13,6 +13,7 @@
 #include "ts_http.h"
 #include "ts_log.h"
 #include "ts_notify.h"
+#include "ts_progress_line.h"
 #include "ts_prom.h"
 #include "ts_status_json.h"
 
@@ -20,8 +21,12 @@ static const char *const phase_names[3] = {"pull", "compute", "push"};
 
 /* What the HTTP thread may see; guarded by ts_observe.mu. */
 typedef struct {
-  bool ready, done, have_test, have_progress;
+  bool ready, done, have_test, have_progress, have_final, trained;
   char device[64]; /* the device the model runs on (ts_observe_set_device) */
+  double final_test_accuracy;
+  double progress_at;        /* CLOCK_MONOTONIC seconds of the loop's last progress */
+  char doing[384];           /* what the loop does since then (ts_observe_activity) */
+  char retry[384];           /* the last wake-up of a wait that got nowhere ("" when none) */
   uint64_t step, total_steps, epoch, examples;
   double loss, examples_per_sec, learning_rate, epoch_progress;
   double test_accuracy, test_loss;
@@ -34,6 +39,7 @@ struct ts_observe {
   ts_http_t *http;
   ts_events_t *events;
   bool events_failed;
+  ts_progress_line_t *line; /* on a terminal: the live progress line (training thread's) */
   bool notify;
   uint64_t watchdog_ms;
   double next_watchdog;  /* CLOCK_MONOTONIC seconds */
@@ -87,6 +93,10 @@ static void render_metrics(const ts_observe_t *o, const snapshot_t *s, ts_buf_t 
   GAUGE("tessera_worker_learning_rate", "The optimizer's learning rate.", s->learning_rate);
   GAUGE("tessera_worker_ready", "1 while the worker trains (model declared, not done).",
         s->ready && !s->done);
+  if (s->ready && !s->trained)
+    GAUGE("tessera_worker_loop_progress_age_seconds",
+          "Seconds since the training loop last advanced (/livez, train.stall_timeout_s).",
+          mono_s() - s->progress_at);
   if (s->have_test) {
     GAUGE("tessera_worker_test_accuracy_ratio", "Accuracy on the test set after training, 0 to 1.",
           s->test_accuracy);
@@ -122,9 +132,33 @@ static char *status_json(const ts_observe_t *o, const snapshot_t *s) {
     cJSON_AddNumberToObject(j, "test_accuracy", s->test_accuracy);
   else
     cJSON_AddNullToObject(j, "test_accuracy");
+  if (s->have_final)
+    cJSON_AddNumberToObject(j, "final_test_accuracy", s->final_test_accuracy);
+  if (s->ready && !s->trained) {
+    cJSON_AddNumberToObject(j, "loop_progress_age_s", mono_s() - s->progress_at);
+    cJSON_AddStringToObject(j, "loop_doing", s->doing);
+  } else {
+    cJSON_AddNullToObject(j, "loop_progress_age_s");
+    cJSON_AddNullToObject(j, "loop_doing");
+  }
   char *txt = cJSON_Print(j);
   cJSON_Delete(j);
   return txt;
+}
+
+/* /livez: 503 when the training loop, between ts_observe_ready and the end of the run,
+ * has not advanced for the threshold (ts_observe.h). */
+static void livez(const ts_observe_t *o, const snapshot_t *s, ts_http_reply_t *r) {
+  double age = mono_s() - s->progress_at, limit = ts_config_stall_timeout_s(o->cfg);
+  if (!s->ready || s->trained || age <= limit) {
+    ts_http_reply_text(r, 200, NULL, "ok\n");
+    return;
+  }
+  char text[1024];
+  snprintf(text, sizeof text,
+           "training loop stuck: no progress for %.1f s (train.stall_timeout_s %g): %s%s%s\n",
+           age, limit, s->doing, s->retry[0] ? "; since then: " : "", s->retry);
+  ts_http_reply_text(r, 503, NULL, text);
 }
 
 static void on_request(void *arg, const char *path, ts_http_reply_t *r) {
@@ -132,7 +166,7 @@ static void on_request(void *arg, const char *path, ts_http_reply_t *r) {
   snapshot_t s;
   take(o, &s);
   if (strcmp(path, "/livez") == 0) {
-    ts_http_reply_text(r, 200, NULL, "ok\n");
+    livez(o, &s, r);
   } else if (strcmp(path, "/readyz") == 0) {
     if (s.ready && !s.done)
       ts_http_reply_text(r, 200, NULL, "ok\n");
@@ -209,6 +243,7 @@ int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char 
     goto fail;
   }
   ts_log_info("admin endpoint on http://%s (/metrics /livez /readyz /status)", cfg->workers[task]);
+  o->line = ts_progress_line_new(task, cfg->batch_size);
   *out = o;
   return 0;
 fail:
@@ -220,6 +255,8 @@ void ts_observe_ready(ts_observe_t *o, uint64_t total_steps) {
   pthread_mutex_lock(&o->mu);
   o->snap.ready = true;
   o->snap.total_steps = total_steps;
+  o->snap.progress_at = mono_s();
+  snprintf(o->snap.doing, sizeof o->snap.doing, "starting to train");
   pthread_mutex_unlock(&o->mu);
   ts_notify_printf("READY=1\nSTATUS=worker %d training", o->task);
   o->next_watchdog = mono_s();
@@ -301,9 +338,46 @@ void ts_observe_progress(void *arg, const ts_progress_t *p) {
   pet_watchdog(o);
 }
 
+void ts_observe_activity(void *arg, bool progress, const char *what) {
+  ts_observe_t *o = arg;
+  pthread_mutex_lock(&o->mu);
+  if (progress) {
+    o->snap.progress_at = mono_s();
+    snprintf(o->snap.doing, sizeof o->snap.doing, "%s", what);
+    o->snap.retry[0] = 0;
+  } else {
+    snprintf(o->snap.retry, sizeof o->snap.retry, "%s", what);
+  }
+  pthread_mutex_unlock(&o->mu);
+}
+
+void ts_observe_live(void *arg, const ts_progress_t *p) {
+  ts_observe_t *o = arg;
+  ts_progress_line_step(o->line, p);
+}
+
+void ts_observe_trained(ts_observe_t *o) {
+  ts_progress_line_free(o->line);
+  o->line = NULL;
+  pthread_mutex_lock(&o->mu);
+  o->snap.trained = true;
+  pthread_mutex_unlock(&o->mu);
+}
+
+void ts_observe_final_accuracy(ts_observe_t *o, uint64_t step, double accuracy) {
+  pthread_mutex_lock(&o->mu);
+  o->snap.have_final = true;
+  o->snap.final_test_accuracy = accuracy;
+  pthread_mutex_unlock(&o->mu);
+  static const char *const tags[] = {"final_test_accuracy"};
+  const float v[] = {(float)accuracy};
+  write_events(o, (int64_t)step, tags, v, 1);
+}
+
 void ts_observe_stop(ts_observe_t *o) {
   if (!o) return;
   ts_http_stop(o->http);
+  ts_progress_line_free(o->line);
   ts_events_close(o->events);
   pthread_mutex_destroy(&o->mu);
   ts_free(o);

@@ -10,7 +10,8 @@
  *
  * Event files go to train.logdir/worker-T/ (one TensorBoard run per worker) with the tags
  * loss, examples/sec and learning_rate at every log interval, and accuracy and test_loss
- * (the test set) at the end, at the step they were reached.
+ * (the test set) at the end, at the step they were reached; the worker that evaluated the
+ * job's final parameters adds final_test_accuracy at its last step.
  */
 #ifndef TS_OBSERVE_H
 #define TS_OBSERVE_H
@@ -43,6 +44,28 @@ void ts_observe_set_device(ts_observe_t *o, const char *device);
 void ts_observe_progress(void *arg, const ts_progress_t *p);
 void ts_observe_step(void *arg, uint64_t step, const double phase_s[3]);
 
+
+/* Trainer callback (ts_activity_cb): what the training loop does. /livez answers 503
+ * "training loop stuck: no progress for S s (train.stall_timeout_s T): <what it does>;
+ * since then: <the last retry's reason>" once no progress came for
+ * ts_config_stall_timeout_s, between ts_observe_ready and ts_observe_trained. What counts
+ * as progress is the trainer's (ts_trainer.c): each phase of a step, the final pull and
+ * evaluation, and each answer from shard 0 while a finished worker waits for the others. A
+ * wait that wakes up to retry an unreachable shard is not progress, so a worker whose
+ * shard is stopped is called stuck, with that shard named; a sync pull held by a barrier
+ * is bounded by job.sync_timeout_s, below the threshold. */
+void ts_observe_activity(void *arg, bool progress, const char *what);
+
+/* Trainer callback (on_live): after every step; draws the live progress line when stderr
+ * is a terminal (ts_progress_line.h), else does nothing. */
+void ts_observe_live(void *arg, const ts_progress_t *p);
+
+/* The training loop returned: /livez no longer judges it; the progress line is erased. */
+void ts_observe_trained(ts_observe_t *o);
+
+/* This worker evaluated the job's final parameters: /status's final_test_accuracy and the
+ * TensorBoard scalar final_test_accuracy at `step`. */
+void ts_observe_final_accuracy(ts_observe_t *o, uint64_t step, double accuracy);
 
 /* Stop the endpoint, close the event file, free. NULL is ignored. */
 void ts_observe_stop(ts_observe_t *o);

@@ -1,6 +1,7 @@
 #include "ts_trainer.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -47,6 +48,19 @@ static void sleep_s(double s) {
   nanosleep(&ts, NULL);
 }
 
+/* Tell the observer what the loop does now (ts_activity_cb). */
+static void activity(const ts_trainer_t *t, bool progress, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void activity(const ts_trainer_t *t, bool progress, const char *fmt, ...) {
+  if (!t->on_activity) return;
+  char what[384];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  t->on_activity(t->progress_arg, progress, what);
+}
+
 /* One request of kind over the whole model; errmsg gets its error. */
 static int request(const ts_trainer_t *t, ts_client_req_t *q, char *errmsg, size_t errlen) {
   int rc = ts_client_run(t->client, q);
@@ -78,6 +92,7 @@ static int pull_retry(const ts_trainer_t *t, float *const *dst, uint64_t min_ver
     if (rc == 0 || !transient(rc) || *t->stop) return rc;
     if (now_s() - start > RETRY_GRACE_S) return rc;
     if (attempt == 0) ts_log_warn("pull failed, retrying: %s", errmsg);
+    activity(t, false, "pull retrying since %.1f s: %s", now_s() - start, errmsg);
     sleep_s(0.2);
   }
 }
@@ -115,6 +130,7 @@ static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step, 
     if (rc == 0 || !transient(rc) || *t->stop) return rc;
     if (now_s() - start > RETRY_GRACE_S) return rc;
     if (attempt == 0) ts_log_warn("push failed, retrying: %s", errmsg);
+    activity(t, false, "push retrying since %.1f s: %s", now_s() - start, errmsg);
     sleep_s(0.2);
   }
 }
@@ -147,11 +163,13 @@ static int push_pull(const ts_trainer_t *t, const float *const *grad, uint64_t s
   }
   if (q.push_rc == 0) {
     ts_log_warn("pull failed, pulling again for the next step: %s", errmsg);
+    activity(t, false, "pull failed, pulling again: %s", errmsg);
     return 0;
   }
   rc = q.push_rc;
   if (!transient(rc) || *t->stop) return rc;
   ts_log_warn("push failed, retrying: %s", errmsg);
+  activity(t, false, "push retrying: %s", errmsg);
   sleep_s(0.2);
   return push(t, grad, step, stale, 1, q.push_id, errmsg, errlen);
 }
@@ -169,6 +187,70 @@ static int push_pull(const ts_trainer_t *t, const float *const *grad, uint64_t s
 static int refresh_lagging(const ts_trainer_t *t, float *const *dst, uint64_t clock,
                            uint64_t *version, char *errmsg, size_t errlen) {
   return pull_retry(t, dst, 0, clock, version, errmsg, errlen);
+}
+
+/* How often a finished worker asks shard 0 whether every worker has finished. */
+#define JOB_END_POLL_S 0.25
+
+/* Wait until every worker has finished; when shard 0 chooses this worker, evaluate the
+ * parameters pulled then and report them (ts_trainer_run's header). Best effort: returns
+ * nothing, logs what went wrong. */
+static void final_report(const ts_trainer_t *t, ts_towers_t *tw, float *const *dst,
+                         ts_train_result_t *res) {
+  char err[256];
+  ts_client_job_end_t je;
+  double fail_since = -1.0;
+  bool said = false;
+  for (;;) {
+    if (*t->stop) return;
+    int rc = ts_client_job_end(t->client, &je, err, sizeof err);
+    if (rc == 0) {
+      fail_since = -1.0;
+      if (je.report_final) break;
+      if (je.workers_finished >= je.num_workers) return; /* another worker reports */
+      if (!said)
+        ts_log_info("waiting for %u other worker(s) to finish before the final evaluation",
+                    je.num_workers - je.workers_finished);
+      said = true;
+    } else if (!transient(rc)) {
+      ts_log_warn("no final accuracy: %s", err);
+      return;
+    } else if (fail_since < 0) {
+      fail_since = now_s();
+    } else if (now_s() - fail_since > RETRY_GRACE_S) {
+      ts_log_warn("no final accuracy: %s", err);
+      return;
+    }
+    if (rc == 0)
+      activity(t, true, "finished; waiting for %u other worker(s) to finish (shard 0 counts them)",
+               je.num_workers - je.workers_finished);
+    else
+      activity(t, false, "finished; asking shard 0 whether every worker finished: %s", err);
+    sleep_s(JOB_END_POLL_S);
+  }
+  activity(t, true, "pulling the job's final parameters");
+  int rc = pull_retry(t, dst, 0, res->steps, NULL, err, sizeof err);
+  if (rc == 0) rc = ts_towers_pulled(tw, err, sizeof err);
+  if (rc == 0) activity(t, true, "evaluating the job's final parameters");
+  float acc = 0.0f, tloss = 0.0f;
+  ts_model_t *m = &tw->models[0];
+  if (rc == 0) {
+    rc = ts_model_evaluate(m, t->test->x, t->test->labels, t->test->n, &acc, &tloss);
+    if (rc < 0) snprintf(err, sizeof err, "evaluation: %s", ts_strerror(rc));
+  }
+  if (rc < 0) {
+    ts_log_warn("no final accuracy: pulling and evaluating the final parameters: %s", err);
+    return;
+  }
+  res->has_final = true;
+  res->final_test_accuracy = (double)acc;
+  ts_client_set_final_accuracy(t->client, res->final_test_accuracy);
+  if (ts_client_heartbeat(t->client, err, sizeof err) < 0)
+    ts_log_warn("sending the final accuracy to the shards: %s (the next heartbeats carry it)",
+                err);
+  ts_log_notice("every worker finished: the final parameters' test accuracy is %.6f "
+                "(test loss %.4f), evaluated by this worker",
+                res->final_test_accuracy, (double)tloss);
 }
 
 int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, size_t errlen) {
@@ -274,6 +356,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       ts_errmsg_wrapf(errmsg, errlen, "step %llu", (unsigned long long)k);
       goto out;
     }
+    if (!pulled) activity(t, true, "step %llu: pulling the parameters", (unsigned long long)k + 1);
     rc = pulled ? 0 : pull(t, dst, k, &version, errmsg, errlen);
     if (rc == 0 && !pulled && lagging) rc = refresh_lagging(t, dst, k, &version, errmsg, errlen);
     pulled = lagging = false;
@@ -315,6 +398,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     /* Dropout: a mask of its own for this step, worker and tower (a retried step redraws the
      * same one). */
     ts_towers_set_dropout(tw, (uint64_t)cfg->seed, k, (uint64_t)t->task);
+    activity(t, true, "step %llu: computing the gradients", (unsigned long long)k + 1);
     float loss = 0.0f;
     rc = ts_towers_step(tw, &loss, errmsg, errlen);
     double ts2 = now_s();
@@ -330,6 +414,8 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       goto out;
     }
     uint64_t stale = 0;
+    activity(t, true, "step %llu: pushing the gradients%s", (unsigned long long)k + 1,
+             k + 1 < total ? " and pulling the next step's parameters" : "");
     /* The next step's pull travels with this push, one round trip instead of two; not
      * after the last step, whose final pull follows leaving the barriers (below), nor when
      * told to stop. */
@@ -375,7 +461,17 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
 
     double now = now_s();
     double progress = (double)(in_epoch + 1) / (double)per_epoch;
-    if (now - last_log >= cfg->log_interval_s || k + 1 == total) {
+    if (t->on_live) {
+      ts_progress_t lp = {.step = k + 1, .total_steps = total, .epoch = epoch,
+                          .epoch_progress = progress, .loss = (double)loss,
+                          .learning_rate = cfg->learning_rate, .seconds = now - t0};
+      t->on_live(t->progress_arg, &lp);
+    }
+    /* A line every log_interval_s, and at each tenth of an epoch when 0.1 s has passed,
+     * so that even an epoch of a second shows several (and no more than ten a second). */
+    bool tenth = (in_epoch + 1) * 10 / per_epoch != in_epoch * 10 / per_epoch;
+    if (now - last_log >= cfg->log_interval_s || k + 1 == total ||
+        (tenth && now - last_log >= 0.1)) {
       double eps = (double)interval_examples / (now - last_log > 1e-9 ? now - last_log : 1e-9);
       res->loss = interval_loss / (double)interval_steps;
       ts_client_set_progress(t->client, k + 1, res->loss, eps, progress, false);
@@ -417,6 +513,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   /* A worker that (re)joined a sync job already at its last step made no step: its first
    * pull holds the final parameters, and waiting for the version after it would wait for a
    * step nobody makes. */
+  activity(t, true, "pulling the final parameters");
   rc = pulled ? 0 : pull(t, dst, res->steps, NULL, errmsg, errlen);
   if (rc < 0 && cfg->mode == TS_MODE_SYNC && rc == TS_ETIMEDOUT) {
     /* A barrier that can never close (its workers gone) must not keep the result back. */
@@ -435,6 +532,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   }
   char hb_err[256];
   ts_client_heartbeat(t->client, hb_err, sizeof hb_err);
+  activity(t, true, "evaluating on the test set");
   float acc = 0.0f, tloss = 0.0f;
   rc = ts_model_evaluate(m, t->test->x, t->test->labels, t->test->n, &acc, &tloss);
   if (rc < 0) {
@@ -457,6 +555,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   }
   ts_log_info("finished: %llu steps in %.1f s, test accuracy %.4f, test loss %.4f",
               (unsigned long long)res->steps, res->seconds, res->test_accuracy, res->test_loss);
+  final_report(t, tw, dst, res);
 out:
   ts_free(perm);
   ts_towers_host_free(tw, bx);

@@ -43,6 +43,8 @@ typedef struct {
                                    * across the workers of a job, for its window) */
   uint64_t stale;             /* partitions of this worker's pushes dropped as stale */
   int stopped;                /* 1 when a signal stopped the run early */
+  bool has_final;             /* this worker reported the job's final accuracy: */
+  double final_test_accuracy; /* on the parameters pulled once every worker finished */
 } ts_train_result_t;
 
 /* What the trainer reports at every log interval and once at the end (final = true, with
@@ -67,6 +69,12 @@ typedef void (*ts_progress_cb)(void *arg, const ts_progress_t *p);
  * (for the step-duration histograms). Must be cheap: it runs on the training thread. */
 typedef void (*ts_step_cb)(void *arg, uint64_t step, const double phase_s[3]);
 
+/* What the training thread is doing, for /livez (worker/ts_observe.h): called when it
+ * enters a phase (progress = true: the loop advanced) and when a wait wakes up without
+ * getting anywhere (progress = false: a retry; what says why, naming the shard). Must be
+ * cheap: it runs on the training thread. */
+typedef void (*ts_activity_cb)(void *arg, bool progress, const char *what);
+
 typedef struct {
   const ts_config_t *cfg;
   int task;
@@ -79,7 +87,10 @@ typedef struct {
   volatile sig_atomic_t *stop;  /* set by a signal handler: finish the step and leave */
   ts_progress_cb on_progress;   /* may be NULL */
   ts_step_cb on_step;           /* may be NULL */
-  void *progress_arg;           /* passed to on_progress and on_step */
+  ts_activity_cb on_activity;   /* may be NULL */
+  ts_progress_cb on_live;       /* may be NULL: after every step, with that step's loss and
+                                   no rate (ts_progress_line.h) */
+  void *progress_arg;           /* passed to every callback above */
 } ts_trainer_t;
 
 /* Steps per epoch for n examples, W workers of batch B (0 when one step does not fit). */
@@ -90,7 +101,14 @@ void ts_trainer_epoch_order(uint64_t seed, uint64_t epoch, uint32_t *perm, size_
 
 /* Train, then pull the final parameters and evaluate on the test set. The model must be
  * declared on the client. Returns 0 (also when stopped by a signal: res->stopped), or an
- * error with errmsg when the shards stay unreachable or refuse a request. */
+ * error with errmsg when the shards stay unreachable or refuse a request.
+ *
+ * Then the job's final accuracy: the worker waits until shard 0 counts every worker
+ * finished (done, or silent for job.heartbeat_timeout_s) and, when shard 0 chose it
+ * (ts_client_job_end: the first done worker to ask then, once per job), pulls the
+ * parameters again, now that nobody pushes any more, evaluates them (res->has_final,
+ * res->final_test_accuracy) and sends the result to the shards. A failure there is logged
+ * and leaves res->has_final false; it does not fail the run. */
 int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, size_t errlen);
 
 #endif

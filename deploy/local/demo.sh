@@ -4,10 +4,15 @@
 # progress, each worker's test accuracy and a final `psctl status`, and stops everything it
 # started, also on Ctrl-C.
 #
+# Each worker's progress lines (at each tenth of an epoch and every half second) are shown
+# as they come; the last worker to finish evaluates the job's final parameters, shown with
+# the results.
+#
 #   deploy/local/demo.sh [--mode sync|async|ssp] [--workers N] [--shards N] [--epochs N]
+#                        (--epochs: 3 unless given)
 #                        [--keep]   (keep the logs directory)
 #                        [--keras]  (Keras workers: a CNN, examples/python/keras_fashion_mnist.py,
-#                                    job deploy/local/keras.cfg, 3 epochs unless --epochs;
+#                                    job deploy/local/keras.cfg;
 #                                    makes or reuses python/venv.sh's venv with TensorFlow)
 set -euo pipefail
 
@@ -20,11 +25,11 @@ while [ $# -gt 0 ]; do
     --epochs) epochs=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --keras) keras=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
     *) echo "demo: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-if [ -z "$epochs" ]; then if [ "$keras" = 1 ]; then epochs=3; else epochs=1; fi; fi
+[ -n "$epochs" ] || epochs=3
 case "$mode" in sync|async|ssp) ;; *) echo "demo: --mode is sync, async or ssp" >&2; exit 2 ;; esac
 for n in "$workers" "$shards" "$epochs"; do
   [[ "$n" =~ ^[1-9][0-9]?$ ]] || { echo "demo: counts are whole numbers from 1 to 99" >&2; exit 2; }
@@ -130,20 +135,23 @@ while :; do
   sleep 0.5
 done
 
-status=0
+status=0 final=
 echo
 echo "demo: results"
 for t in $(seq 0 $((workers - 1))); do
   if wait "${worker_pids[$t]}"; then
     line=$(grep '^done:' "$run/worker-$t.out" || true)
-    acc=$(sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p' <<<"$line")
+    acc=$(sed -n 's/.* test_accuracy=\([0-9.]*\).*/\1/p' <<<"$line")
     echo "  worker $t: test accuracy ${acc:-?}   ($line)"
+    fin=$(sed -n 's/.*final_test_accuracy=\([0-9.]*\).*/\1/p' <<<"$line")
+    [ -z "$fin" ] || final="  the job's final parameters (evaluated by worker $t once all had finished): test accuracy $fin"
   else
     echo "  worker $t FAILED; the end of its log:"
     tail -n 5 "$run/worker-$t.log" | sed 's/^/    /'
     status=1
   fi
 done
+[ -z "$final" ] || echo "$final"
 echo
 psctl status || status=1
 exit $status

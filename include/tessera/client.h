@@ -447,6 +447,25 @@ TS_CLIENT_API void ts_client_set_device(ts_client_t *c, const char *device);
 /* Send a heartbeat to every ready shard now and wait for the replies. */
 TS_CLIENT_API int ts_client_heartbeat(ts_client_t *c, char *errmsg, size_t errlen);
 
+/* The end of a job as shard 0 sees it (ts_client_job_end). */
+typedef struct {
+  uint32_t workers_finished; /* done, or silent for the job's heartbeat timeout */
+  uint32_t num_workers;      /* the job's workers */
+  bool report_final;         /* this worker evaluates and reports the final parameters */
+} ts_client_job_end_t;
+
+/* A heartbeat (as ts_client_heartbeat) that returns shard 0's count of finished workers.
+ * Once a worker that set done (ts_client_set_progress) asks while every worker has
+ * finished, shard 0 chooses it, once per job, to evaluate the final parameters:
+ * report_final is true for it, in this reply and the next. Fails with TS_CLIENT_EUNAVAIL
+ * when shard 0 has no ready connection. */
+TS_CLIENT_API int ts_client_job_end(ts_client_t *c, ts_client_job_end_t *out, char *errmsg,
+                                    size_t errlen);
+
+/* The job's final test accuracy, sent with every heartbeat from now on (by the worker
+ * ts_client_job_end chose); shards keep it for their status (final_test_accuracy). */
+TS_CLIENT_API void ts_client_set_final_accuracy(ts_client_t *c, double accuracy);
+
 /* --- status and admin --------------------------------------------------------------- */
 
 typedef struct {
@@ -487,6 +506,9 @@ typedef struct {
   double last_checkpoint_age_s; /* -1 when none */
   uint64_t checkpoints_written;
   uint64_t restored_step;      /* step restored at start (0 when none) */
+  bool has_final_test_accuracy; /* the job's final accuracy has been reported: */
+  double final_test_accuracy;   /* ts_client_set_final_accuracy's value */
+  int32_t final_reporter;       /* and the task that sent it */
 } ts_client_shard_status_t;
 
 /* Ask shard i for its status; *out (one allocation, strings and arrays included) is freed

@@ -1,6 +1,6 @@
 /*
  * Failures survived (issue "Reliability and security"): dead and stopped workers in sync
- * mode, a shard killed and restored from its checkpoint, hostile traffic during training,
+ * mode, a killed worker that does not stop the job's final report, a shard killed and restored from its checkpoint, hostile traffic during training,
  * admin authorization. Real ps-server and ps-worker processes on loopback.
  */
 #include <arpa/inet.h>
@@ -107,6 +107,37 @@ static void test_sync_worker_killed_and_rejoins(void **state) {
   }
   assert_true(ts_file_has(w[2].err, "joining the job at step"));
   assert_true(ts_file_has(w[2].out, "done: task=2"));
+  /* One of them, and one only, reported the job's final accuracy. */
+  int reports = 0;
+  for (int t = 0; t < 3; t++) reports += ts_done_field(&w[t], "final_test_accuracy=") >= 0;
+  assert_int_equal(reports, 1);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* Async: a worker killed for good counts as finished once it has been silent for
+ * job.heartbeat_timeout_s, so the survivor, the last worker, reports the job's final
+ * accuracy instead of waiting for it forever. */
+static void test_async_worker_killed_final_report(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2,
+                                    "job = { mode = \"async\"; heartbeat_timeout_s = 1.0; "
+                                    "heartbeat_interval_s = 0.25; };\n"
+                                    "model = { layers = [784, 32, 10]; };\n"
+                                    "train = { max_steps = 3000; log_interval_s = 0.5; };"),
+                   0);
+  ts_proc_t w[2];
+  for (int t = 0; t < 2; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
+  wait_for_step(&c, 100, 30);
+  kill(w[1].pid, SIGKILL);
+  assert_int_equal(ts_proc_wait(&w[1], 10), 128 + SIGKILL);
+  int rc = ts_proc_wait(&w[0], 90);
+  if (rc != 0) ts_proc_dump(&w[0]);
+  assert_int_equal(rc, 0);
+  double fin = ts_done_field(&w[0], "final_test_accuracy=");
+  fprintf(stderr, "worker 1 killed; worker 0 reported final_test_accuracy=%.6f\n", fin);
+  assert_true(fin > 0.5 && fin <= 1.0);
+  assert_true(ts_file_has(w[0].err, "every worker finished: the final parameters"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
@@ -609,6 +640,7 @@ static void test_barrier_waits_for_and_uneven_workers(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sync_worker_killed_and_rejoins),
+      cmocka_unit_test(test_async_worker_killed_final_report),
       cmocka_unit_test(test_sync_backup_worker_stopped),
       cmocka_unit_test(test_shard_killed_and_restored),
       cmocka_unit_test(test_hostile_traffic_during_training),

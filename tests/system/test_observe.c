@@ -1,7 +1,7 @@
 /*
  * System test of what a training worker shows the outside: its /metrics (promtool, and
  * counters that move while it trains), /status and /readyz, and the TensorBoard event file
- * it writes, read back and compared with its log.
+ * it writes, read back and compared with its log and its done: line.
  */
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -174,6 +174,10 @@ static void test_worker_metrics_and_events(void **state) {
                           &steps, &secs, &acc, &tloss), 4);
   assert_true(fabs(value_at(r, n, (int64_t)steps, "accuracy") - acc) <= 5.1e-5);
   assert_true(fabs(value_at(r, n, (int64_t)steps, "test_loss") - tloss) <= 5.1e-5);
+  /* The job's only worker is the last to finish: it evaluated the final parameters. */
+  double final_acc = ts_done_field(&w, "final_test_accuracy=");
+  assert_true(final_acc > 0);
+  assert_true(fabs(value_at(r, n, (int64_t)steps, "final_test_accuracy") - final_acc) <= 1e-6);
   for (size_t i = 0; i < n; i++) assert_true(r[i].wall_time > 1.6e9);
 
   /* TensorBoard's own reader agrees, where Python has it. */

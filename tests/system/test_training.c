@@ -86,6 +86,42 @@ static double final_accuracy(ts_cluster_t *c) {
   return acc;
 }
 
+/* The job's final accuracy as `psctl -o json status` shows it (the reporting worker sent
+ * it to every shard): NAN when it is null. */
+static double psctl_final_accuracy(ts_cluster_t *c) {
+  static char out[1 << 16], err[4096];
+  const char *argv[] = {ts_psctl_path, "-c", c->config, "-o", "json", "status", NULL};
+  int rc = ts_run_capture(argv, out, sizeof out, err, sizeof err);
+  if (rc != 0) fprintf(stderr, "psctl: %s\n", err);
+  assert_int_equal(rc, 0);
+  const char *f = strstr(out, "\"final_test_accuracy\":");
+  assert_non_null(f);
+  f += strlen("\"final_test_accuracy\":");
+  while (*f == ' ' || *f == '\t') f++;
+  return strncmp(f, "null", 4) == 0 ? (double)NAN : atof(f);
+}
+
+/* Exactly one worker's done: line has final_test_accuracy=, evaluated on the parameters the
+ * shards hold once every worker finished: equal (to the printed 1e-6) to what the test
+ * computes from them itself, and to what psctl shows. */
+static void check_final_report(ts_cluster_t *c, const ts_proc_t *w, int workers, double fin) {
+  int reports = 0;
+  double reported = -1;
+  for (int t = 0; t < workers; t++) {
+    double v = ts_done_field(&w[t], "final_test_accuracy=");
+    if (v < 0) continue;
+    reports++;
+    reported = v;
+    assert_true(ts_file_has(w[t].err, "every worker finished: the final parameters' test accuracy"));
+  }
+  fprintf(stderr, "final_test_accuracy reported by %d worker(s): %.6f (test: %.6f)\n", reports,
+          reported, fin);
+  assert_int_equal(reports, 1);
+  if (fabs(reported - fin) > 1.000001e-6) fail_msg("reported %.6f, evaluated %.6f", reported, fin);
+  double shown = psctl_final_accuracy(c);
+  if (!(fabs(shown - fin) <= 1e-6)) fail_msg("psctl shows %.9f, evaluated %.6f", shown, fin);
+}
+
 static void train_and_check(const char *mode, int workers, double min_acc) {
   char job[2048];
   job_text(job, sizeof job, mode, "batch_size = 64; epochs = 2; log_interval_s = 1.0;");
@@ -109,6 +145,7 @@ static void train_and_check(const char *mode, int workers, double min_acc) {
   double fin = final_accuracy(&c);
   fprintf(stderr, "%s: the final parameters' test accuracy %.4f\n", mode, fin);
   assert_true(fin >= min_acc);
+  check_final_report(&c, w, workers, fin);
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 

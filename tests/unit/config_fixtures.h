@@ -139,6 +139,7 @@ static inline void check_defaults(const ts_config_t *c) {
   assert_int_equal(c->max_steps, 0);
   assert_string_equal(c->logdir, "");
   assert_true(c->log_interval_s == 5.0);
+  assert_true(c->stall_timeout_s == 0.0);
   assert_string_equal(c->placement, "");
   assert_int_equal(c->num_placement_rules, 0);
   assert_false(c->allow_soft_placement);

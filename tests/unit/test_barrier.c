@@ -289,6 +289,41 @@ static void test_ssp_bound(void **state) {
   ts_barrier_free(&b);
 }
 
+/* The end of the job: done workers, silent ones (gone or never seen) after the heartbeat
+ * timeout, and a worker that comes back. */
+static void test_finished(void **state) {
+  (void)state;
+  ts_barrier_t b;
+  assert_int_equal(ts_barrier_init(&b, 3, 0, SYNC_MS, HB_MS, 0), 0);
+  const uint64_t since = 100;
+  ts_barrier_join(&b, 0, 100);
+  ts_barrier_join(&b, 1, 100);
+  /* Task 2 never seen: not finished until the shard has been up a heartbeat timeout. */
+  assert_false(ts_barrier_finished(&b, 2, since + HB_MS, since));
+  assert_true(ts_barrier_finished(&b, 2, since + HB_MS + 1, since));
+  assert_int_equal(ts_barrier_count_finished(&b, 1000, since), 0);
+  /* Done counts at once. */
+  assert_true(ts_barrier_done(&b, 0));
+  assert_true(ts_barrier_finished(&b, 0, 1000, since));
+  /* Gone (its connection closed): finished a heartbeat timeout after it was last heard. */
+  ts_barrier_heard(&b, 1, 1500);
+  assert_true(ts_barrier_leave(&b, 1));
+  assert_false(ts_barrier_finished(&b, 1, 1500 + HB_MS, since));
+  assert_true(ts_barrier_finished(&b, 1, 1501 + HB_MS, since));
+  assert_int_equal(ts_barrier_count_finished(&b, 1501 + HB_MS, since), 3);
+  /* It comes back: live, so not finished any more, whatever the time. */
+  ts_barrier_join(&b, 1, 5000);
+  ts_barrier_heard(&b, 1, 5000);
+  assert_false(ts_barrier_finished(&b, 1, 5000 + HB_MS, since));
+  /* Still connected but silent: marked dead, then finished. */
+  uint32_t dead[3];
+  assert_int_equal(ts_barrier_expire(&b, 5001 + HB_MS, dead, 3), 1);
+  assert_true(ts_barrier_finished(&b, 1, 5001 + HB_MS, since));
+  assert_false(ts_barrier_finished(&b, 3, 99999, since)); /* not a task of the job */
+  assert_false(ts_barrier_finished(&b, -1, 99999, since));
+  ts_barrier_free(&b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_membership),
@@ -300,6 +335,7 @@ int main(void) {
       cmocka_unit_test(test_timeout),
       cmocka_unit_test(test_uneven_workers),
       cmocka_unit_test(test_ssp_bound),
+      cmocka_unit_test(test_finished),
   };
   return cmocka_run_group_tests_name("barrier", tests, NULL, NULL);
 }

@@ -321,6 +321,7 @@ static void test_reference(void **state) {
       "train.max_steps",
       "train.logdir",
       "train.log_interval_s",
+      "train.stall_timeout_s",
       "device.placement",
       "device.rules",
       "device.allow_soft_placement",

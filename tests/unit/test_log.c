@@ -1,11 +1,14 @@
 /* base/ts_log.c's per-thread sink: the client library's thread sends its lines to its user's
- * callback without touching the process's logging. */
+ * callback without touching the process's logging; and the status line that log lines
+ * erase and draw again. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -91,8 +94,44 @@ static void test_sink_escaped(void **state) {
   assert_string_equal(cap.last, "identity 'evil\\x0a<2>forged'");
 }
 
+/* What stderr receives around a status line, read back from a file put in its place. */
+static void test_status_line(void **state) {
+  (void)state;
+  char path[] = "/tmp/ts-test-log-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  int saved = dup(STDERR_FILENO);
+  assert_true(saved >= 0);
+  dup2(fd, STDERR_FILENO);
+  ts_log_init("t", TS_LOG_INFO);
+  ts_log_status("step 1");
+  ts_log_info("a log line");
+  ts_log_status("step 2\nforged");
+  ts_log_status(NULL);
+  ts_log_info("after");
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  char buf[1024] = {0};
+  assert_true(lseek(fd, 0, SEEK_SET) == 0);
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  unlink(path);
+  assert_true(n > 0);
+  /* Drawn; erased for the log line, which is followed by the line drawn again; redrawn
+   * (escaped: no newline of its own); erased; then a plain log line. */
+  const char *p = buf;
+  assert_memory_equal(p, "\r\033[Kstep 1\r\033[K", 14);
+  p = strstr(p, "t info: a log line\nstep 1\r\033[Kstep 2\\x0aforged\r\033[K");
+  assert_non_null(p);
+  p = strstr(p, "\r\033[K2");
+  assert_non_null(p);
+  assert_non_null(strstr(p, "t info: after\n"));
+  assert_null(strstr(strstr(buf, "after"), "step"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_thread_sink), cmocka_unit_test(test_escape),
-                                     cmocka_unit_test(test_sink_escaped)};
+                                     cmocka_unit_test(test_sink_escaped),
+                                     cmocka_unit_test(test_status_line)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

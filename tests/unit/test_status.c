@@ -56,6 +56,9 @@ static void test_every_field(void **state) {
   pb.last_checkpoint_age_s = 3.0;
   pb.checkpoints_written = 2;
   pb.restored_step = 5;
+  pb.has_final_test_accuracy = true;
+  pb.final_test_accuracy = 0.8625;
+  pb.final_reporter = 1;
   ts_client_shard_status_t *st = NULL;
   assert_int_equal(ts_status_from_pb(&pb, &st), 0);
   assert_non_null(st);
@@ -85,6 +88,8 @@ static void test_every_field(void **state) {
   assert_true(st->last_checkpoint_age_s == 3.0);
   assert_int_equal(st->checkpoints_written, 2);
   assert_int_equal(st->restored_step, 5);
+  assert_true(st->has_final_test_accuracy && st->final_test_accuracy == 0.8625);
+  assert_int_equal(st->final_reporter, 1);
   assert_int_equal(st->num_workers_seen, 2);
   const ts_client_worker_status_t *a = &st->workers[0], *b = &st->workers[1];
   assert_int_equal(a->task, 0);
@@ -115,6 +120,7 @@ static void test_empty_and_modes(void **state) {
   assert_int_equal(st->num_barrier_waiting_for, 0);
   assert_string_equal(st->last_checkpoint, "");
   assert_int_equal(st->mode, TS_CLIENT_MODE_UNSPECIFIED);
+  assert_false(st->has_final_test_accuracy); /* an older shard: no final accuracy */
   ts_free(st);
   assert_int_equal(ts_status_mode(TESSERA__MODE__MODE_ASYNC), TS_CLIENT_MODE_ASYNC);
   assert_int_equal(ts_status_mode(TESSERA__MODE__MODE_SSP), TS_CLIENT_MODE_SSP);

@@ -345,6 +345,16 @@ static PyObject *status_dict(const ts_client_shard_status_t *s) {
         w->done ? Py_True : Py_False, "epoch_progress", w->epoch_progress, "identity",
         w->identity ? w->identity : "", "clock", (unsigned long long)w->clock, "stale_dropped",
         (unsigned long long)w->stale_dropped);
+    /* What the worker has not reported is None (psctl's JSON null). */
+    PyObject *dev = w->device && w->device[0] ? PyUnicode_FromString(w->device) : Py_NewRef(Py_None);
+    PyObject *state = PyUnicode_FromString(w->done ? "stopped" : w->alive ? "alive" : "dead");
+    if (d && (!dev || !state || PyDict_SetItemString(d, "device", dev) < 0 ||
+              PyDict_SetItemString(d, "state", state) < 0 ||
+              PyDict_SetItemString(d, "reported", w->reported ? Py_True : Py_False) < 0 ||
+              PyDict_SetItemString(d, "step_known", w->step_known ? Py_True : Py_False) < 0))
+      Py_CLEAR(d);
+    Py_XDECREF(dev);
+    Py_XDECREF(state);
     if (!d || PyList_Append(workers, d) < 0) {
       Py_XDECREF(d);
       Py_DECREF(workers);
@@ -376,6 +386,15 @@ static PyObject *status_dict(const ts_client_shard_status_t *s) {
       s->last_checkpoint ? s->last_checkpoint : "", "last_checkpoint_age_s",
       s->last_checkpoint_age_s, "checkpoints_written", (unsigned long long)s->checkpoints_written,
       "restored_step", (unsigned long long)s->restored_step);
+  PyObject *fin = s->has_final_test_accuracy ? PyFloat_FromDouble(s->final_test_accuracy)
+                                             : Py_NewRef(Py_None);
+  PyObject *who = s->has_final_test_accuracy ? PyLong_FromLong(s->final_reporter)
+                                             : Py_NewRef(Py_None);
+  if (d && (!fin || !who || PyDict_SetItemString(d, "final_test_accuracy", fin) < 0 ||
+            PyDict_SetItemString(d, "final_reporter", who) < 0))
+    Py_CLEAR(d);
+  Py_XDECREF(fin);
+  Py_XDECREF(who);
   return d;
 }
 

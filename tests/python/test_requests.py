@@ -253,6 +253,14 @@ def test_ssp_clock_and_status(cluster):
         st = c.status()
         assert len(st) == 2 and all(s.mode == "ssp" for s in st)
         assert st[0].workers[0].clock >= 1
+        # What this client never reported is None, as psctl's JSON null; no final accuracy yet.
+        w0 = st[0].workers[0]
+        assert w0.device is None and w0.reported is False and w0.state == "alive"
+        assert st[0].final_test_accuracy is None and st[0].final_reporter is None
+        c.set_progress(3, 0.5, 100.0, 0.25, False)
+        c.heartbeat()
+        w0 = c.status(0).workers[0]
+        assert w0.reported is True and w0.loss == 0.5 and w0.step_known is True
 
 
 def test_admin_checkpoint(cluster, tmp_path):

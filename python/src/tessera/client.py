@@ -89,6 +89,10 @@ class WorkerStatus:
     identity: str
     clock: int
     stale_dropped: int
+    device: Optional[str] = None  # the device it trains on; None until it reported one
+    state: str = "alive"          # "alive", "stopped" (it said it finished or left), "dead"
+    reported: bool = False        # loss, examples_per_sec, epoch_progress were reported
+    step_known: bool = False      # step was reported or taken from an accepted push
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,8 @@ class ShardStatus:
     last_checkpoint_age_s: float
     checkpoints_written: int
     restored_step: int
+    final_test_accuracy: Optional[float] = None  # the job's, once its reporting worker sent it
+    final_reporter: Optional[int] = None         # the task that evaluated the final parameters
 
     @classmethod
     def _from_dict(cls, d: Dict[str, Any]) -> "ShardStatus":

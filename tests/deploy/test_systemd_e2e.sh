@@ -4,7 +4,8 @@
 # with the example job file adapted to loopback, a token and a 1 s checkpoint interval:
 #   - tessera-ps@0/1 start (Type=notify: READY) and report their STATUS= line;
 #   - tessera-worker@0/1 (5 epochs through /etc/tessera/worker.env) report READY and their
-#     progress, train to the end, print `done:` and leave the unit inactive with success;
+#     progress, train to the end, print `done:`, leave their TensorBoard events in their
+#     LogsDirectory (/var/log/tessera/worker-T) and the unit inactive with success;
 #   - shard 0 SIGKILLed is restarted by systemd and restores its checkpoint at the last step;
 #   - `systemctl stop` of shard 1 (its interval raised by a drop-in, so no periodic
 #     checkpoint has the last step) writes a final checkpoint, which a restart restores;
@@ -110,6 +111,10 @@ for t in 0 1; do
   done_line=$(journal "$u" | grep -E "^done: task=$t steps=$steps .*test_accuracy=0\.[5-9]") ||
     { journal "$u" | tail -10; fail "$u: no done: line with $steps steps and test accuracy >= 0.5 in the journal"; }
   echo "deploy: $u: $done_line"
+  # TensorBoard events in the unit's LogsDirectory, as docs/operations.md says.
+  events=$(ct sh -c "ls /var/log/tessera/worker-$t/events.out.tfevents.*") ||
+    fail "$u: no TensorBoard event file in /var/log/tessera/worker-$t: $(ct find /var/log/tessera)"
+  echo "deploy: $u: TensorBoard events $events"
 done
 ts_step "both workers trained $epochs epochs, exited 0, units inactive (Result=success)"
 

@@ -123,8 +123,9 @@ ct psctl -c /etc/tessera/job.cfg status >"$TS_TMP/status" 2>&1 ||
 cat "$TS_TMP/status"
 grep -q "step $steps, 2 of 2 shard(s) up, 2 worker(s)" "$TS_TMP/status" || fail "psctl status: not both shards at step $steps"
 [ "$(grep -cE "^[01] +$steps .* done\$" "$TS_TMP/status")" = 2 ] || fail "psctl status: not both workers done"
-st=$(prop tessera-ps@0 StatusText)
-[[ $st == "shard 0/2 serving: step $steps, "* ]] || fail "tessera-ps@0: StatusText after training: $st"
+# STATUS= follows the shard's state about once a second.
+at_end() { st=$(prop tessera-ps@0 StatusText); [[ $st == "shard 0/2 serving: step $steps, "* ]]; }
+ts_poll 10 at_end || fail "tessera-ps@0: StatusText after training: $st"
 ts_step "psctl status with the token: both shards at step $steps, both workers done; ps@0 StatusText=$st"
 
 # SIGKILL shard 0 once its periodic checkpoint has the last step: systemd restarts it

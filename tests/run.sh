@@ -39,9 +39,10 @@ san=${SAN_BUILD_DIR:-build-san}
 jobs=$(nproc)
 passed=0 failed=0 skipped=0
 
-# meson test writes testlog.json; count its results so the closing line sums both passes.
-count() { # build-dir
-  local log="$1/meson-logs/testlog.json"
+# meson test writes testlog.json (testlog-SETUP.json under --setup SETUP); count its
+# results so the closing line sums every pass.
+count() { # build-dir [log name]
+  local log="$1/meson-logs/${2:-testlog}.json"
   [ -f "$log" ] || { failed=$((failed + 1)); return; }
   local p f s
   p=$(grep -c '"result": "OK"' "$log")
@@ -84,9 +85,9 @@ run_pass "main" "$build" "unit integration system fuzz" -Dwerror=true -Dbuildtyp
 # leaves it out.
 if [ "${TS_SKIP_DEPLOY:-0}" != 1 ] && [ "$built" = 1 ]; then
   echo "== deploy: end to end (docker-compose, systemd in a container)"
-  rm -f "$build/meson-logs/testlog.json"
+  rm -f "$build/meson-logs/testlog-deploy.json"
   meson test -C "$build" --setup deploy --suite deploy --num-processes 1 --verbose
-  count "$build"
+  count "$build" testlog-deploy
 elif [ "$built" = 1 ]; then
   n=$(meson test -C "$build" --setup deploy --suite deploy --list 2>/dev/null | grep -c deploy_)
   echo "== deploy: $n test(s) skipped: TS_SKIP_DEPLOY=1"

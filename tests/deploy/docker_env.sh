@@ -68,9 +68,11 @@ _ts_stop_dockerd() {
 ts_docker_init() {
   command -v docker >/dev/null || ts_skip "no docker client (apt-get install docker.io)"
   # One deploy test at a time on a machine: they share the engine, names and ports.
-  if command -v flock >/dev/null; then
-    exec 9>/tmp/tessera-deploy.lock
-    flock -w 900 9 || ts_skip "another deploy test held /tmp/tessera-deploy.lock for 15 min"
+  local lock=/tmp/tessera-deploy.lock
+  [ -e "$lock" ] || (umask 0; : >"$lock") 2>/dev/null
+  if command -v flock >/dev/null && [ -r "$lock" ]; then
+    exec 9<"$lock"
+    flock -w 900 9 || ts_skip "another deploy test held $lock for 15 min"
   fi
   if [ -z "${DOCKER_HOST:-}" ] && ! docker info >/dev/null 2>&1; then
     [ "$(id -u)" -eq 0 ] || ts_skip "no Docker engine runs here, and starting dockerd needs root"

@@ -130,7 +130,7 @@ ts_base_image() {
     return
   fi
   local cache=${TESSERA_DEPLOY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/deploy}
-  local tarball=$cache/debian-bookworm-minbase.tar.gz
+  local tarball=$cache/debian-bookworm-minbase.tar
   if [ ! -s "$tarball" ]; then
     command -v debootstrap >/dev/null || ts_skip "no $TS_BASE_IMAGE image and no debootstrap (apt-get install debootstrap)"
     [ "$(id -u)" -eq 0 ] || ts_skip "no $TS_BASE_IMAGE image, and debootstrap needs root"
@@ -146,7 +146,8 @@ ts_base_image() {
       ts_fail "debootstrap failed"
     fi
     mkdir -p "$cache" || ts_fail "cannot create $cache"
-    tar -C "$TS_TMP/rootfs" -czf "$tarball.part" . && mv "$tarball.part" "$tarball" ||
+    # Not compressed: gzip would add half a minute to the first run and to every import.
+    tar -C "$TS_TMP/rootfs" -cf "$tarball.part" . && mv "$tarball.part" "$tarball" ||
       ts_fail "cannot write $tarball"
     rm -rf "$TS_TMP/rootfs"
     ts_step "debootstrapped and cached $tarball ($(du -h "$tarball" | cut -f1))"

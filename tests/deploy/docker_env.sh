@@ -94,6 +94,9 @@ ts_docker_init() {
       sleep 0.5
     done
     docker info >/dev/null 2>&1 || ts_skip "dockerd did not answer in 30 s: $(tail -3 "$TS_TMP/dockerd.log")"
+    # Its data root is this suite's cache: keep the tagged images, drop what rebuilds of
+    # them leave behind (runs after each test's own cleanup, before dockerd stops).
+    ts_on_exit 'docker image prune -f >/dev/null 2>&1; docker builder prune -f --keep-storage 4GB >/dev/null 2>&1'
     ts_step "started dockerd $(docker info -f '{{.ServerVersion}}') (pid $pid, $DOCKER_HOST)"
   else
     docker info >/dev/null 2>&1 || ts_skip "the Docker engine at $DOCKER_HOST does not answer"

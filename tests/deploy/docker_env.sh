@@ -1,6 +1,6 @@
 # Sourced by the end-to-end deploy tests (suite "deploy"): a Docker engine, a client that
-# builds with BuildKit, docker-compose, and the base image debian:bookworm-slim made
-# without any registry. A test that cannot have these exits 77 (skip) with the reason.
+# builds with BuildKit, and the base image debian:bookworm-slim made without any registry.
+# A test that cannot have these exits 77 (skip) with the reason.
 #
 #   ts_docker_init   the engine: the one DOCKER_HOST or the default socket reaches, else a
 #                    dockerd (Debian's docker.io) started here on a private socket and data
@@ -9,11 +9,14 @@
 #                    tarball; else `debootstrap --variant=minbase bookworm` from the Debian
 #                    mirror apt uses, tarred into the cache (TESSERA_DEPLOY_CACHE, default
 #                    ~/.cache/tessera/deploy) and imported.
+#   ts_can_run       skips where the engine runs but containers cannot.
 #   ts_build ARGS    docker build with BuildKit (Dockerfile.dockerignore needs it).
 #   ts_on_exit CMD   cleanup, run at exit (also on failure, timeout or interrupt), last first.
 #   ts_step MSG      prints MSG with the seconds since the previous step.
 #
-# Environment: SOURCE_ROOT (the repository), TS_TMP (set here: a scratch directory).
+# Environment: SOURCE_ROOT (the repository); TESSERA_DOCKER_ROOT (the data root of a dockerd
+# started here, default /var/lib/tessera-test-docker: it keeps the images between runs);
+# TESSERA_DEPLOY_CACHE. Sets TS_TMP, a scratch directory removed at exit.
 
 ts_skip() { echo "SKIP: $*"; exit 77; }
 ts_fail() { echo "FAIL: $*"; exit 1; }
@@ -59,6 +62,8 @@ _ts_dockerd_pidfile=/run/tessera-test-dockerd.pid
 _ts_stop_dockerd() {
   local pid
   pid=$(cat "$_ts_dockerd_pidfile" 2>/dev/null) || return 0
+  # A pid file left by a dockerd that died may name another process by now.
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ] || { rm -f "$_ts_dockerd_pidfile"; return 0; }
   kill "$pid" 2>/dev/null || return 0
   for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
   echo "deploy: dockerd $pid did not stop in 30 s: killing it"
@@ -158,4 +163,10 @@ ts_base_image() {
   docker import --change 'CMD ["bash"]' "$tarball" "$TS_BASE_IMAGE" >/dev/null ||
     ts_fail "docker import $tarball failed"
   ts_step "base image $TS_BASE_IMAGE imported from $tarball"
+}
+
+# Containers run at all (an engine may start where the kernel lets no container run).
+ts_can_run() {
+  docker run --rm "$TS_BASE_IMAGE" true >"$TS_TMP/run-check.log" 2>&1 ||
+    ts_skip "the Docker engine runs but no container can: $(tail -2 "$TS_TMP/run-check.log")"
 }

@@ -20,6 +20,7 @@ else
 fi
 ts_docker_init
 ts_base_image
+ts_can_run
 
 ts_build -f "$src/deploy/docker/Dockerfile" --target runtime -t tessera:dev "$src" \
   >"$TS_TMP/build.log" 2>&1 || { tail -40 "$TS_TMP/build.log"; ts_fail "docker build of tessera:dev failed"; }

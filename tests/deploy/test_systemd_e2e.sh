@@ -19,6 +19,7 @@ src=${SOURCE_ROOT:?SOURCE_ROOT must name the repository}
 
 ts_docker_init
 ts_base_image
+ts_can_run
 
 image=tessera-systemd:e2e
 # Fashion-MNIST's 60000 examples in batches of 64 for 2 workers: 468 steps an epoch. Five

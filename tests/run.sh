@@ -4,7 +4,8 @@
 # there. Ends with `tests: N passed, N failed, N skipped`; exits non-zero on any failure.
 #
 # Environment: BUILD_DIR (default build-test), SAN_BUILD_DIR (default build-san),
-# TS_SKIP_SANITIZE=1 to skip the sanitizer pass while iterating.
+# TS_SKIP_SANITIZE=1 to skip the sanitizer pass while iterating, TS_SKIP_DEPLOY=1 to skip
+# the deploy suite (Docker end to end).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -16,6 +17,10 @@ bash deploy/install-deps.sh || { echo "tests: 0 passed, 1 failed"; exit 1; }
 # into .tools/ rather than installed, so no Prometheus server gets enabled on this machine.
 # Tests whose tool is missing skip.
 bash deploy/install-deps.sh python3-yaml docker-compose || echo "tests: no PyYAML/docker-compose; those checks skip"
+# The end-to-end deploy suite: Debian's Docker engine (the tests use a running one, or start
+# dockerd themselves and stop it after) and debootstrap for their base image. Without them
+# those tests skip, saying why.
+bash deploy/install-deps.sh docker.io debootstrap || echo "tests: no docker.io/debootstrap; the deploy suite skips"
 # The Python package (tests/python/run.sh) builds its extension in a venv: venv, pip and the
 # interpreter's headers.
 bash deploy/install-deps.sh python3-dev python3-venv python3-pip ||
@@ -34,9 +39,10 @@ san=${SAN_BUILD_DIR:-build-san}
 jobs=$(nproc)
 passed=0 failed=0 skipped=0
 
-# meson test writes testlog.json; count its results so the closing line sums both passes.
-count() { # build-dir
-  local log="$1/meson-logs/testlog.json"
+# meson test writes testlog.json (testlog-SETUP.json under --setup SETUP); count its
+# results so the closing line sums every pass.
+count() { # build-dir [log name]
+  local log="$1/meson-logs/${2:-testlog}.json"
   [ -f "$log" ] || { failed=$((failed + 1)); return; }
   local p f s
   p=$(grep -c '"result": "OK"' "$log")
@@ -73,6 +79,20 @@ run_pass() { # name, dir, suites, meson args...
 
 built=0
 run_pass "main" "$build" "unit integration system fuzz" -Dwerror=true -Dbuildtype=debugoptimized
+
+# The deploy suite: end to end on a Docker engine (tests/deploy/docker_env.sh), one test at a
+# time, every line shown so a skip says why. Counted with the others; TS_SKIP_DEPLOY=1
+# leaves it out.
+if [ "${TS_SKIP_DEPLOY:-0}" != 1 ] && [ "$built" = 1 ]; then
+  echo "== deploy: end to end (docker-compose, systemd in a container)"
+  rm -f "$build/meson-logs/testlog-deploy.json"
+  meson test -C "$build" --setup deploy --suite deploy --num-processes 1 --verbose
+  count "$build" testlog-deploy
+elif [ "$built" = 1 ]; then
+  n=$(meson test -C "$build" --setup deploy --suite deploy --list 2>/dev/null | grep -c deploy_)
+  echo "== deploy: $n test(s) skipped: TS_SKIP_DEPLOY=1"
+  skipped=$((skipped + n))
+fi
 
 # The Python package against the main build's ps-server; its closing line
 # `python: N passed, N failed, N skipped` adds to the count.

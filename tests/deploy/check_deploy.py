@@ -4,9 +4,10 @@
 Every YAML file parses; the Kubernetes objects are exactly those docs/operations.md lists
 (its table of `| deploy/k8s/FILE | Kind | name |` rows); shards and workers have /livez and
 /readyz probes; the job files inside (ConfigMaps, deploy/docker/job.cfg, the systemd
-example) load with Tessera's own config loader (psctl); docker-compose.yml has two shards
-with psctl healthchecks, workers that wait for them to be healthy, a GPU profile with
-device reservations and checkpoint volumes, and passes `docker compose config` /
+example) load with Tessera's own config loader (psctl); the Dockerfile's default target is
+the CPU image; docker-compose.yml has two shards with psctl healthchecks, workers that
+wait for them to be healthy, a GPU profile with device reservations and checkpoint
+volumes, and passes `docker compose config` /
 `docker-compose config` where either works. Exits 77 (skip) without PyYAML.
 
 usage: check_deploy.py SOURCE_ROOT PSCTL
@@ -141,8 +142,13 @@ with open(os.path.join(docker, "job.cfg")) as f:
 with open(os.path.join(root, "deploy", "systemd", "job.cfg.example")) as f:
     load_job_file(f.read(), "deploy/systemd/job.cfg.example")
 with open(os.path.join(docker, "Dockerfile")) as f:
-    stages = set(re.findall(r"^FROM \S+ AS (\S+)", f.read(), re.M))
+    dockerfile = f.read()
+stages = set(re.findall(r"^FROM \S+ AS (\S+)", dockerfile, re.M))
 check({"build", "runtime", "build-cuda", "worker-cuda"} <= stages, f"Dockerfile stages: {stages}")
+# `docker build` without --target builds the last stage: it must be the CPU image.
+bases = re.findall(r"^FROM (\S+)", dockerfile, re.M)
+check(bases and bases[-1] == "runtime",
+      f"Dockerfile: the last stage (the default target) is FROM {bases[-1:]}, not FROM runtime")
 
 tool = None
 if shutil.which("docker") and subprocess.run(["docker", "compose", "version"],

@@ -66,7 +66,9 @@ compose exec -T ps0 psctl -c /etc/tessera/job.cfg status >"$TS_TMP/status" 2>&1 
   { cat "$TS_TMP/status"; fail "psctl status inside the compose network exited non-zero"; }
 cat "$TS_TMP/status"
 grep -q "step 468, 2 of 2 shard(s) up, 2 worker(s)" "$TS_TMP/status" || fail "psctl status: not both shards at step 468"
-[ "$(grep -cE '^[01] +468 .* done$' "$TS_TMP/status")" = 2 ] || fail "psctl status: not both workers done at step 468"
+[ "$(grep -cE '^[01] +468 .* stopped +/cpu:0$' "$TS_TMP/status")" = 2 ] || fail "psctl status: not both workers done at step 468"
+grep -qE "^final test accuracy: 0\.[5-9][0-9]* \(worker [01] evaluated the final parameters\)" "$TS_TMP/status" ||
+  fail "psctl status: no final test accuracy of the job"
 ts_step "psctl status (in ps0's container) sees both shards and both workers done"
 
 if [ -z "$busy" ]; then

@@ -123,7 +123,9 @@ ct psctl -c /etc/tessera/job.cfg status >"$TS_TMP/status" 2>&1 ||
   { cat "$TS_TMP/status"; fail "psctl status exited non-zero"; }
 cat "$TS_TMP/status"
 grep -q "step $steps, 2 of 2 shard(s) up, 2 worker(s)" "$TS_TMP/status" || fail "psctl status: not both shards at step $steps"
-[ "$(grep -cE "^[01] +$steps .* done\$" "$TS_TMP/status")" = 2 ] || fail "psctl status: not both workers done"
+[ "$(grep -cE "^[01] +$steps .* stopped +/cpu:0\$" "$TS_TMP/status")" = 2 ] || fail "psctl status: not both workers done"
+grep -qE "^final test accuracy: 0\.[5-9][0-9]* \(worker [01] evaluated the final parameters\)" "$TS_TMP/status" ||
+  fail "psctl status: no final test accuracy of the job"
 # STATUS= follows the shard's state about once a second.
 at_end() { st=$(prop tessera-ps@0 StatusText); [[ $st == "shard 0/2 serving: step $steps, "* ]]; }
 ts_poll 10 at_end || fail "tessera-ps@0: StatusText after training: $st"

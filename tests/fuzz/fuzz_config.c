@@ -137,7 +137,12 @@ static void check_loaded(const ts_config_t *c) {
   check(c->batch_size >= 1 && c->batch_size <= 65536 && c->epochs >= 1, "batch_size, epochs");
   check(c->logdir && strlen(c->logdir) <= 4095, "train.logdir");
   check(in_range(c->log_interval_s, 0.1, 86400.0), "log_interval_s");
-  check(c->placement && c->placement[0] == '/', "device.placement");
+  check(c->placement && (c->placement[0] == '/' || c->placement[0] == '\0'), "device.placement");
+  check(c->num_placement_rules <= 64, "device.rules count");
+  for (size_t i = 0; i < c->num_placement_rules; i++)
+    check(c->placement_rules[i] && strchr(c->placement_rules[i], '=') &&
+              c->placement_rules[i][0] != '=' && strlen(c->placement_rules[i]) <= 255,
+          "device.rules entry PATTERN=DEVICE");
   check(in_range(c->memory_fraction, 0.0, 1.0), "memory_fraction");
   check(c->checkpoint_dir && in_range(c->checkpoint_interval_s, 1.0, 604800.0) &&
             c->checkpoint_keep >= 1 && c->checkpoint_keep <= 1000,

@@ -73,6 +73,9 @@ cases = {
     "44-one-layer": case(b'model = { layers = [10]; };\n'),
     "45-long-path": case(b'train = { logdir = "' + b"a" * 4096 + b'"; };\n'),
     "46-placement": case(b'device = { placement = "gpu:0"; memory_fraction = 1.5; };\n'),
+    "46-placement-rules": case(SMALL + b'device = { placement = ""; rules = ["fc2=/cpu:0", '
+                               b'"conv*=/gpu:0", "=/cpu:0"]; };\n'),
+    "46-placement-rules-ok": case(SMALL + b'device = { rules = ["fc2=/cpu:0", "input/*=/cpu:0"]; };\n'),
     "47-long-key": case(b'job = { ' + b"k" * 200 + b' = 1; };\n'),
     "48-string-escapes": case(b'data = { train_images = "a\\"b\\\\c\\n#\\x41"; };\n'),
     # libconfig 1.5 leaks the string tokens a syntax error discards (see fuzz_config.c).

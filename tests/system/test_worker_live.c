@@ -66,7 +66,7 @@ static int livez_until(int port, int want, double timeout_s) {
 static void test_livez_stopped_shard(void **state) {
   (void)state;
   ts_cluster_t c;
-  start_job(&c, 2, 1, "async", 1.0, "epochs = 50; stall_timeout_s = 3.0;");
+  start_job(&c, 2, 1, "async", 1.0, "epochs = 100000; stall_timeout_s = 3.0;");
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
   int port = c.worker_port[0];
@@ -114,7 +114,9 @@ static void test_livez_stopped_shard(void **state) {
 static void test_livez_sync_barrier_wait(void **state) {
   (void)state;
   ts_cluster_t c;
-  start_job(&c, 1, 2, "sync", 2.0, "epochs = 50; stall_timeout_s = 3.5;");
+  /* The job must outlast the test: 50 epochs of this MLP took 5.5 s here, and worker 0 then
+   * finished (worker 1, silent, counts as finished) and exited. */
+  start_job(&c, 1, 2, "sync", 2.0, "epochs = 100000; stall_timeout_s = 3.5;");
   ts_proc_t w[2];
   for (int t = 0; t < 2; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
   for (int t = 0; t < 2; t++) wait_training(c.worker_port[t]);
@@ -130,6 +132,7 @@ static void test_livez_sync_barrier_wait(void **state) {
     usleep(100000);
   }
   kill(w[1].pid, SIGCONT);
+  if (bad) ts_proc_dump(&w[0]);
   /* Worker 0 went on without worker 1 meanwhile (the barrier closed at its timeout). */
   assert_int_equal(ts_http_get(c.worker_port[0], "/status", body, sizeof body, NULL, 0), 200);
   assert_non_null(strstr(body, "\"loop_doing\""));

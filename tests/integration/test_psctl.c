@@ -248,6 +248,17 @@ static void test_help(void **state) {
   const char *const no_value[] = {"status", "-o", NULL};
   assert_int_equal(psctl_args(no_value), 2);
   assert_non_null(strstr(err, "'-o' needs a value"));
+  /* A long option that takes no value, given one: named as written, not as its short
+   * form or its internal code (getopt's optopt). */
+  const char *const force_value[] = {"--force=1", "model", "reset", NULL};
+  assert_int_equal(psctl_args(force_value), 2);
+  assert_non_null(strstr(err, "option '--force' takes no value"));
+  const char *const help_value[] = {"status", "--help=x", NULL};
+  assert_int_equal(psctl_args(help_value), 2);
+  assert_non_null(strstr(err, "option '--help' takes no value"));
+  const char *const unknown_value[] = {"status", "--frobnicate=1", NULL};
+  assert_int_equal(psctl_args(unknown_value), 2);
+  assert_non_null(strstr(err, "unknown option '--frobnicate=1'"));
   const char *const bad_help[] = {"help", "frobnicate", NULL};
   assert_int_equal(psctl_args(bad_help), 2);
   assert_non_null(strstr(err, "unknown command 'frobnicate'"));

@@ -193,6 +193,7 @@ struct ts_server {
   int final_reporter;
   bool has_final_acc;
   double final_acc;
+  bool final_refused_warned; /* a report was refused (warned once) */
 
   uint64_t pushes, pulls, rejected_frames, errors, nonfinite, auth_failures;
   uint64_t activity, activity_seen; /* frames and push chunks read, for busy-polling */

@@ -75,8 +75,23 @@ static void protocol_error(ts_session_t *s, uint64_t request_id, int code, const
 
 /* Every handler below takes the decoded message and frees it before it returns. */
 
-/* The job's final test accuracy, sent by the worker shard 0 chose (handle_heartbeat). */
+/* The job's final test accuracy, sent by the worker shard 0 chose (handle_heartbeat). Only
+ * an accuracy (a number in [0, 1]) from that worker is kept: on shard 0 the chosen one, on
+ * the others the first to report (they do not choose). Anything else is refused, with one
+ * warning per shard process (heartbeats repeat it). */
 static void job_accuracy(ts_server_t *srv, int task, double acc) {
+  const char *why = NULL;
+  if (!(acc >= 0.0 && acc <= 1.0)) /* NaN included */
+    why = "not an accuracy in [0, 1]";
+  else if (srv->final_reporter >= 0 && task != srv->final_reporter)
+    why = "not from the reporting worker";
+  if (why) {
+    if (!srv->final_refused_warned)
+      ts_log_warn("worker %d's final test accuracy %g refused: %s (worker %d reports)", task, acc,
+                  why, srv->final_reporter);
+    srv->final_refused_warned = true;
+    return;
+  }
   if (srv->has_final_acc && srv->final_acc == acc) return; /* sent again with a heartbeat */
   srv->has_final_acc = true;
   srv->final_acc = acc;

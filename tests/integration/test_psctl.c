@@ -2,6 +2,7 @@
  * command, the note on the defaults without -c, values not reported yet, worker states and
  * devices, shard down, bad configuration. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -403,6 +404,76 @@ static void test_unreported_states_device(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* The job's final accuracy (ts_client_job_end): shard 0 chooses one done worker once every
+ * worker has finished, and keeps only that worker's value, and only an accuracy: a value
+ * that is not a number in [0, 1], or one from a worker that was not chosen, is refused
+ * (psctl status shows none, then the chosen worker's). */
+static void test_final_accuracy_checked(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 2, "job = { mode = \"async\"; };"), 0);
+  ts_client_t *cl[2] = {NULL, NULL};
+  char e[512];
+  for (int t = 0; t < 2; t++) {
+    ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c.addrs, .num_shards = 1,
+                          .task = t, .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
+    assert_int_equal(ts_client_open(&cl[t], &o, e, sizeof e), 0);
+    assert_int_equal(ts_client_declare(cl[t], model, 1, 1, e, sizeof e), 0);
+  }
+  ts_client_job_end_t je;
+  ts_client_set_progress(cl[0], 1, 0.5, 10.0, 1.0, true);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 1);
+  assert_int_equal(je.num_workers, 2);
+  assert_false(je.report_final);
+
+  /* Not a number: refused. */
+  ts_client_set_final_accuracy(cl[1], NAN);
+  assert_int_equal(ts_client_heartbeat(cl[1], e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_null(strstr(out, "final test accuracy"));
+  assert_int_equal(psctl(&c, "-o", "json", "status"), 0);
+  cJSON *j = cJSON_Parse(out);
+  assert_non_null(j);
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "final_test_accuracy")));
+  cJSON_Delete(j);
+
+  /* Worker 1 finishes last and is chosen; worker 0 is not. */
+  ts_client_set_progress(cl[1], 1, 0.5, 10.0, 1.0, true);
+  assert_int_equal(ts_client_job_end(cl[1], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 2);
+  assert_true(je.report_final);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 2);
+  assert_false(je.report_final);
+
+  /* From the worker not chosen, or out of [0, 1]: refused, and the choice stays. */
+  ts_client_set_final_accuracy(cl[0], 0.25);
+  assert_int_equal(ts_client_heartbeat(cl[0], e, sizeof e), 0);
+  ts_client_set_final_accuracy(cl[1], 1.5);
+  assert_int_equal(ts_client_heartbeat(cl[1], e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_null(strstr(out, "final test accuracy"));
+  assert_int_equal(ts_client_job_end(cl[1], &je, e, sizeof e), 0);
+  assert_true(je.report_final);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_false(je.report_final);
+
+  ts_client_set_final_accuracy(cl[1], 0.875);
+  assert_int_equal(ts_client_heartbeat(cl[1], e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_non_null(strstr(out, "final test accuracy: 0.8750 (worker 1 evaluated"));
+  assert_int_equal(psctl(&c, "-o", "json", "status"), 0);
+  j = cJSON_Parse(out);
+  assert_non_null(j);
+  assert_true(cJSON_GetObjectItem(j, "final_test_accuracy")->valuedouble == 0.875);
+  cJSON_Delete(j);
+  assert_true(ts_cluster_log_has(&c, 0, "refused"));
+  ts_client_close(cl[0]);
+  ts_client_close(cl[1]);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status_json),
@@ -410,6 +481,7 @@ int main(void) {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_defaults_note),
       cmocka_unit_test(test_unreported_states_device),
+      cmocka_unit_test(test_final_accuracy_checked),
   };
   return cmocka_run_group_tests_name("psctl", tests, NULL, NULL);
 }

@@ -533,6 +533,13 @@ void ts_client_set_progress(ts_client_t *c, uint64_t step, double loss, double e
   uv_mutex_unlock(&c->mu);
 }
 
+void ts_client_set_done(ts_client_t *c, bool done) {
+  if (!c) return;
+  uv_mutex_lock(&c->mu);
+  c->p_done = done;
+  uv_mutex_unlock(&c->mu);
+}
+
 void ts_client_set_device(ts_client_t *c, const char *device) {
   if (!c) return;
   uv_mutex_lock(&c->mu);

@@ -439,6 +439,11 @@ TS_CLIENT_API void ts_client_set_progress(ts_client_t *c, uint64_t step, double 
                                           double examples_per_sec, double epoch_progress,
                                           bool done);
 
+/* done (as ts_client_set_progress's) without a progress report: the next heartbeats carry
+ * what ts_client_set_progress last set, or, before its first call, no report (the shards
+ * show the loss, examples/s and epoch progress as not reported). */
+TS_CLIENT_API void ts_client_set_done(ts_client_t *c, bool done);
+
 /* The device this worker's model really runs on ("/cpu:0", "/gpu:0", after soft
  * placement), carried by the next heartbeats so `psctl workers` can show it. NULL or ""
  * clears it; longer than 63 bytes is cut. */

@@ -474,6 +474,33 @@ static void test_final_accuracy_checked(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* A worker that leaves before its first progress report (ps-worker stopped by SIGTERM in
+ * its first log interval) is stopped, with '-' (null) for the loss, examples/s and epoch it
+ * never reported, not zeros. */
+static void test_done_unreported(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1, "job = { mode = \"async\"; };"), 0);
+  ts_client_t *cl = NULL;
+  char e[512];
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c.addrs, .num_shards = 1,
+                        .task = 0, .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
+  assert_int_equal(ts_client_open(&cl, &o, e, sizeof e), 0);
+  assert_int_equal(ts_client_declare(cl, model, 1, 1, e, sizeof e), 0);
+  ts_client_set_done(cl, true);
+  assert_int_equal(ts_client_heartbeat(cl, e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "-o", "json", "workers"), 0);
+  cJSON *j = cJSON_Parse(out);
+  assert_non_null(j);
+  cJSON *w0 = worker_json(j, 0);
+  static const char *const unreported[] = {"loss", "examples_per_sec", "epoch_progress", NULL};
+  assert_null_keys(w0, unreported);
+  assert_string_equal(cJSON_GetObjectItem(w0, "state")->valuestring, "stopped");
+  cJSON_Delete(j);
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status_json),
@@ -482,6 +509,7 @@ int main(void) {
       cmocka_unit_test(test_defaults_note),
       cmocka_unit_test(test_unreported_states_device),
       cmocka_unit_test(test_final_accuracy_checked),
+      cmocka_unit_test(test_done_unreported),
   };
   return cmocka_run_group_tests_name("psctl", tests, NULL, NULL);
 }

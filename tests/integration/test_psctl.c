@@ -501,6 +501,60 @@ static void test_done_unreported(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* Open and declare a client of task t (worker role) on c's one shard. */
+static ts_client_t *worker_client(ts_cluster_t *c, int t) {
+  ts_client_t *cl = NULL;
+  char e[512];
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = 1,
+                        .task = t, .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
+  if (ts_client_open(&cl, &o, e, sizeof e) < 0) fail_msg("open: %s", e);
+  if (ts_client_declare(cl, model, 1, 1, e, sizeof e) < 0) fail_msg("declare: %s", e);
+  return cl;
+}
+
+/* psctl model reset replaces the model of a running job: the next model's training has no
+ * final accuracy yet, and its reporting worker is chosen anew once its workers finish (the
+ * old one is not told to report while the others still train). */
+static void test_final_accuracy_after_reset(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 2, "job = { mode = \"async\"; };"), 0);
+  char e[512];
+  ts_client_job_end_t je;
+  ts_client_t *cl[2];
+  for (int t = 0; t < 2; t++) cl[t] = worker_client(&c, t);
+  for (int t = 0; t < 2; t++) {
+    ts_client_set_progress(cl[t], 1, 0.5, 10.0, 1.0, true);
+    assert_int_equal(ts_client_job_end(cl[t], &je, e, sizeof e), 0);
+  }
+  assert_true(je.report_final); /* worker 1, the last */
+  ts_client_set_final_accuracy(cl[1], 0.5);
+  assert_int_equal(ts_client_heartbeat(cl[1], e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_non_null(strstr(out, "final test accuracy: 0.5000 (worker 1"));
+  for (int t = 0; t < 2; t++) ts_client_close(cl[t]);
+
+  assert_int_equal(psctl(&c, "model", "reset", NULL), 0);
+  for (int t = 0; t < 2; t++) cl[t] = worker_client(&c, t);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_null(strstr(out, "final test accuracy"));
+  /* Worker 1 finishes first now: it waits for worker 0, which is then chosen. */
+  ts_client_set_progress(cl[1], 1, 0.5, 10.0, 1.0, true);
+  assert_int_equal(ts_client_job_end(cl[1], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 1);
+  assert_false(je.report_final);
+  ts_client_set_progress(cl[0], 1, 0.5, 10.0, 1.0, true);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 2);
+  assert_true(je.report_final);
+  ts_client_set_final_accuracy(cl[0], 0.75);
+  assert_int_equal(ts_client_heartbeat(cl[0], e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_non_null(strstr(out, "final test accuracy: 0.7500 (worker 0"));
+  for (int t = 0; t < 2; t++) ts_client_close(cl[t]);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status_json),
@@ -510,6 +564,7 @@ int main(void) {
       cmocka_unit_test(test_unreported_states_device),
       cmocka_unit_test(test_final_accuracy_checked),
       cmocka_unit_test(test_done_unreported),
+      cmocka_unit_test(test_final_accuracy_after_reset),
   };
   return cmocka_run_group_tests_name("psctl", tests, NULL, NULL);
 }

@@ -294,6 +294,8 @@ static void test_plan_op_without_gpu_kernel(void **state) {
 }
 
 static void rules(ts_config_t *cfg, const char *const *r, size_t n) {
+  for (size_t i = 0; i < cfg->num_placement_rules; i++) ts_free(cfg->placement_rules[i]);
+  ts_free(cfg->placement_rules); /* the defaults' (empty) list */
   cfg->placement_rules = ts_calloc(n, sizeof *cfg->placement_rules);
   assert_non_null(cfg->placement_rules);
   for (size_t i = 0; i < n; i++) cfg->placement_rules[i] = ts_strdup(r[i]);

@@ -562,7 +562,7 @@ int ts_client_job_end(ts_client_t *c, ts_client_job_end_t *out, char *errmsg, si
     return TS_EINVAL;
   }
   memset(out, 0, sizeof *out);
-  ts_cl_op_t op = {.kind = OP_HEARTBEAT, .wait_ready = false};
+  ts_cl_op_t op = {.kind = OP_HEARTBEAT, .wait_ready = false, .ask_end = true};
   int rc = ts_cl_run_op(c, &op, errmsg, errlen);
   if (rc < 0) return rc;
   if (!op.hb0) {

@@ -126,10 +126,11 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   uint64_t now = ts_server_now_ms(srv);
   r.workers_finished = ts_barrier_count_finished(&srv->barrier, now, srv->started_ms);
   r.num_workers = srv->num_workers;
-  /* Shard 0 chooses who evaluates the final parameters: the first done worker to ask once
-   * every worker has finished, which is the last to finish unless the count was completed
-   * by one going silent. One choice per shard process, so one report per job. */
-  if (srv->shard == 0 && m->done && srv->final_reporter < 0 && s->task >= 0 &&
+  /* Shard 0 chooses who evaluates the final parameters: the first done worker to ask
+   * (job_end: not a periodic heartbeat, nor a stopped worker's goodbye) once every worker
+   * has finished, which is the last to finish unless the count was completed by one going
+   * silent or stopping. One choice per shard process, so one report per job. */
+  if (srv->shard == 0 && m->done && m->job_end && srv->final_reporter < 0 && s->task >= 0 &&
       r.workers_finished == r.num_workers && ts_barrier_worker(&srv->barrier, s->task)) {
     srv->final_reporter = s->task;
     ts_log_info("every worker finished: worker %d evaluates the final parameters", s->task);

@@ -462,7 +462,9 @@ typedef struct {
 /* A heartbeat (as ts_client_heartbeat) that returns shard 0's count of finished workers.
  * Once a worker that set done (ts_client_set_progress) asks while every worker has
  * finished, shard 0 chooses it, once per job, to evaluate the final parameters:
- * report_final is true for it, in this reply and the next. Fails with TS_CLIENT_EUNAVAIL
+ * report_final is true for it, in this reply and the next. Only this call can get a worker
+ * chosen: a plain heartbeat with done (ts_client_heartbeat, the periodic ones, the last one
+ * as the client closes) only counts it finished. Fails with TS_CLIENT_EUNAVAIL
  * when shard 0 has no ready connection. */
 TS_CLIENT_API int ts_client_job_end(ts_client_t *c, ts_client_job_end_t *out, char *errmsg,
                                     size_t errlen);

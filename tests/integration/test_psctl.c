@@ -555,6 +555,31 @@ static void test_final_accuracy_after_reset(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* Only a worker asking for the end of the job (ts_client_job_end) is chosen to report: a
+ * plain heartbeat with done, such as the goodbye of a worker stopped by SIGTERM while the
+ * others had finished, completes the count but is not chosen (it would leave without
+ * reporting, and the job without a final accuracy); the next worker to ask is. */
+static void test_final_reporter_asks(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 2, "job = { mode = \"async\"; };"), 0);
+  char e[512];
+  ts_client_job_end_t je;
+  ts_client_t *cl[2];
+  for (int t = 0; t < 2; t++) cl[t] = worker_client(&c, t);
+  ts_client_set_progress(cl[0], 1, 0.5, 10.0, 1.0, true);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 1);
+  ts_client_set_done(cl[1], true);
+  assert_int_equal(ts_client_heartbeat(cl[1], e, sizeof e), 0);
+  ts_client_close(cl[1]);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 2);
+  assert_true(je.report_final);
+  ts_client_close(cl[0]);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status_json),
@@ -565,6 +590,7 @@ int main(void) {
       cmocka_unit_test(test_final_accuracy_checked),
       cmocka_unit_test(test_done_unreported),
       cmocka_unit_test(test_final_accuracy_after_reset),
+      cmocka_unit_test(test_final_reporter_asks),
   };
   return cmocka_run_group_tests_name("psctl", tests, NULL, NULL);
 }

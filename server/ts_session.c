@@ -124,7 +124,7 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   r.request_id = m->request_id;
   r.step = ts_store_min_version(&srv->store);
   uint64_t now = ts_server_now_ms(srv);
-  r.workers_finished = ts_barrier_count_finished(&srv->barrier, now, srv->started_ms);
+  r.workers_finished = ts_barrier_count_finished(&srv->barrier, now, srv->job_since_ms);
   r.num_workers = srv->num_workers;
   /* Shard 0 chooses who evaluates the final parameters: the first done worker to ask
    * (job_end: not a periodic heartbeat, nor a stopped worker's goodbye) once every worker

@@ -518,7 +518,10 @@ static ts_client_t *worker_client(ts_cluster_t *c, int t) {
 static void test_final_accuracy_after_reset(void **state) {
   (void)state;
   ts_cluster_t c;
-  assert_int_equal(ts_cluster_start(&c, 1, 2, "job = { mode = \"async\"; };"), 0);
+  /* A long heartbeat timeout: a worker not joined yet stays unfinished for the test. */
+  assert_int_equal(ts_cluster_start(&c, 1, 2,
+                                    "job = { mode = \"async\"; heartbeat_timeout_s = 60.0; };"),
+                   0);
   char e[512];
   ts_client_job_end_t je;
   ts_client_t *cl[2];
@@ -535,11 +538,16 @@ static void test_final_accuracy_after_reset(void **state) {
   for (int t = 0; t < 2; t++) ts_client_close(cl[t]);
 
   assert_int_equal(psctl(&c, "model", "reset", NULL), 0);
-  for (int t = 0; t < 2; t++) cl[t] = worker_client(&c, t);
+  cl[1] = worker_client(&c, 1);
   assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
   assert_null(strstr(out, "final test accuracy"));
-  /* Worker 1 finishes first now: it waits for worker 0, which is then chosen. */
+  /* Worker 1 finishes first now, before worker 0 joined the new model's training (its
+   * done was the old model's): it waits for worker 0, which is then chosen. */
   ts_client_set_progress(cl[1], 1, 0.5, 10.0, 1.0, true);
+  assert_int_equal(ts_client_job_end(cl[1], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 1);
+  assert_false(je.report_final);
+  cl[0] = worker_client(&c, 0);
   assert_int_equal(ts_client_job_end(cl[1], &je, e, sizeof e), 0);
   assert_int_equal(je.workers_finished, 1);
   assert_false(je.report_final);

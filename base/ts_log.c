@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,6 +26,7 @@ static _Thread_local bool tl_in_sink;
 static pthread_mutex_t status_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool status_on;
 static char status_text[512];
+static int status_fit(void);
 
 static const char *const level_names[] = {
     [TS_LOG_CRIT] = "crit", [TS_LOG_ERR] = "error", [TS_LOG_WARN] = "warning",
@@ -161,10 +163,19 @@ void ts_log(ts_log_level_t level, const char *fmt, ...) {
   /* Erase the status line, write the log line, draw the status line again: one write. */
   char out[sizeof line + sizeof status_text + 16];
   pthread_mutex_lock(&status_mu);
-  int m = snprintf(out, sizeof out, ERASE_LINE "%.*s%s", (int)len, line, status_text);
+  int m = snprintf(out, sizeof out, ERASE_LINE "%.*s%.*s", (int)len, line, status_fit(),
+                   status_text);
   ssize_t w = write(STDERR_FILENO, out, m > 0 && (size_t)m < sizeof out ? (size_t)m : 0);
   (void)w;
   pthread_mutex_unlock(&status_mu);
+}
+
+/* How much of the status line fits on one row of the terminal: a line that wraps would
+ * leave its first rows behind, since ERASE_LINE erases only the row the cursor is on. */
+static int status_fit(void) {
+  struct winsize ws;
+  if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1) return ws.ws_col - 1;
+  return (int)sizeof status_text;
 }
 
 bool ts_log_status_available(void) {
@@ -185,7 +196,7 @@ void ts_log_status(const char *text) {
   }
   if (was || status_text[0]) {
     char out[sizeof status_text + 8];
-    int m = snprintf(out, sizeof out, ERASE_LINE "%s", status_text);
+    int m = snprintf(out, sizeof out, ERASE_LINE "%.*s", status_fit(), status_text);
     ssize_t w = write(STDERR_FILENO, out, m > 0 && (size_t)m < sizeof out ? (size_t)m : 0);
     (void)w;
   }

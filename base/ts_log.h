@@ -62,7 +62,8 @@ void ts_log_set_thread_sink(ts_log_sink_fn fn, void *arg, ts_log_level_t max_lev
  * terminal. ts_log_status(text) draws text in place of the previous one (carriage return,
  * erase line; the text escaped as log messages are, with no newline); every log line
  * written meanwhile first erases it and draws it again after itself, so neither garbles
- * the other. NULL or "" erases it and ends it. Only meaningful when
+ * the other; it is cut to the terminal's width (a wrapped line could not be erased). NULL
+ * or "" erases it and ends it. Only meaningful when
  * ts_log_status_available(): stderr is a terminal and not journald's. Thread-safe. */
 bool ts_log_status_available(void);
 void ts_log_status(const char *text);

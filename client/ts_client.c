@@ -533,6 +533,13 @@ void ts_client_set_progress(ts_client_t *c, uint64_t step, double loss, double e
   uv_mutex_unlock(&c->mu);
 }
 
+void ts_client_set_done(ts_client_t *c, bool done) {
+  if (!c) return;
+  uv_mutex_lock(&c->mu);
+  c->p_done = done;
+  uv_mutex_unlock(&c->mu);
+}
+
 void ts_client_set_device(ts_client_t *c, const char *device) {
   if (!c) return;
   uv_mutex_lock(&c->mu);
@@ -555,7 +562,7 @@ int ts_client_job_end(ts_client_t *c, ts_client_job_end_t *out, char *errmsg, si
     return TS_EINVAL;
   }
   memset(out, 0, sizeof *out);
-  ts_cl_op_t op = {.kind = OP_HEARTBEAT, .wait_ready = false};
+  ts_cl_op_t op = {.kind = OP_HEARTBEAT, .wait_ready = false, .ask_end = true};
   int rc = ts_cl_run_op(c, &op, errmsg, errlen);
   if (rc < 0) return rc;
   if (!op.hb0) {

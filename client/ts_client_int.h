@@ -111,6 +111,7 @@ typedef struct ts_cl_op {
   bool dropped;             /* model reset: the reply */
   uint64_t reset_bytes;
   uint32_t workers_closed;
+  bool ask_end;             /* heartbeat: ts_client_job_end's (Heartbeat.job_end) */
   bool hb0;                 /* heartbeat: shard 0 answered, with: */
   ts_client_job_end_t job_end;
 } ts_cl_op_t;

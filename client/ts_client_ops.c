@@ -352,6 +352,7 @@ static void send_req(ts_cl_wreq_t *r) {
       m.final_test_accuracy = c->p_final;
       uv_mutex_unlock(&c->mu);
       m.device = device;
+      m.job_end = r->op && r->op->ask_end;
       rc = ts_conn_send(conn, TS_MSG_HEARTBEAT, &m.base, NULL, 0, NULL, NULL);
       break;
     }

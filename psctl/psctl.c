@@ -442,12 +442,23 @@ int main(int argc, char **argv) {
       case ':':
         fprintf(stderr, "psctl: option '%s' needs a value (see psctl --help)\n", argv[optind - 1]);
         goto done;
-      default:
-        if (optopt)
-          fprintf(stderr, "psctl: unknown option '-%c' (see psctl --help)\n", optopt);
+      default: {
+        /* A long option is named as written: getopt's optopt is then 0 (unknown), or, for
+         * one that takes no value given one (--force=1), its code, not a character. */
+        const char *arg = argv[optind - 1], *eq = strchr(arg, '=');
+        bool valued = false; /* arg is "--NAME=..." of such an option (NAME maybe cut short) */
+        for (const struct option *o = longopts; eq && o->name && !valued; o++)
+          valued = strncmp(arg, "--", 2) == 0 && o->has_arg == no_argument && o->val == optopt &&
+                   strncmp(o->name, arg + 2, (size_t)(eq - arg - 2)) == 0;
+        if (valued)
+          fprintf(stderr, "psctl: option '%.*s' takes no value (see psctl --help)\n",
+                  (int)(eq - arg), arg);
+        else if (!optopt)
+          fprintf(stderr, "psctl: unknown option '%s' (see psctl --help)\n", arg);
         else
-          fprintf(stderr, "psctl: unknown option '%s' (see psctl --help)\n", argv[optind - 1]);
+          fprintf(stderr, "psctl: unknown option '-%c' (see psctl --help)\n", optopt);
         goto done;
+      }
     }
   }
   char names[256];

@@ -79,8 +79,8 @@ static bool older_than(uint64_t later, uint64_t earlier, uint64_t span) {
 bool ts_barrier_finished(const ts_barrier_t *b, int task, uint64_t now_ms, uint64_t since_ms) {
   if (task < 0 || (uint32_t)task >= b->num_workers) return false;
   const ts_barrier_worker_t *w = &b->w[task];
+  if (!w->seen || w->last_seen_ms < since_ms) return older_than(now_ms, since_ms, b->heartbeat_ms);
   if (w->done) return true;
-  if (!w->seen) return older_than(now_ms, since_ms, b->heartbeat_ms);
   return !live(w) && older_than(now_ms, w->last_seen_ms, b->heartbeat_ms);
 }
 

@@ -77,7 +77,9 @@ bool ts_barrier_done(ts_barrier_t *b, int task);
 /* The end of the job: `task` has finished when it is done, or when it has been silent for
  * longer than heartbeat_ms at now_ms: not live (dead, or every connection closed) and
  * last heard from that long ago, or never seen and the shard up (since_ms) that long. A
- * worker that comes back is not finished any more. False for an unknown task. */
+ * worker not heard from since since_ms (the shard's start, or a model reset: what it did
+ * was the old model's, done included) counts as never seen. A worker that comes back is
+ * not finished any more. False for an unknown task. */
 bool ts_barrier_finished(const ts_barrier_t *b, int task, uint64_t now_ms, uint64_t since_ms);
 
 /* How many of the job's workers have finished (ts_barrier_finished). */

@@ -250,6 +250,13 @@ static void finish_reset(ts_server_t *srv, int rc, const char *why) {
     ts_require(srv->stage.in_use == 0 && !srv->stage.head);
     ts_stage_free(&srv->stage);
     srv->ckpt_applied = 0; /* the new model's first update is worth a checkpoint */
+    /* The end of the job was the old model's: the next model's training chooses its own
+     * reporting worker, and has no final accuracy until that one sends it. */
+    srv->final_reporter = -1;
+    srv->has_final_acc = false;
+    srv->final_acc = 0.0;
+    srv->final_refused_warned = false;
+    srv->job_since_ms = ts_server_now_ms(srv);
     /* To clients the shard is now a new one, as after a restart without a checkpoint: what
      * they pulled before says nothing about the versions of the next model. */
     randombytes_buf(&srv->incarnation, sizeof srv->incarnation);

@@ -230,6 +230,7 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   uv_update_time(loop);
   srv->started_ms = uv_now(loop);
   srv->final_reporter = -1;
+  srv->job_since_ms = srv->started_ms;
   srv->cfg = cfg;
   srv->shard = opts->shard;
   srv->num_workers = (uint32_t)cfg->num_workers;

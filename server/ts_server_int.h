@@ -191,8 +191,11 @@ struct ts_server {
    * evaluate the final parameters (-1 until every worker finished), and the accuracy it
    * sent (any shard keeps it). */
   int final_reporter;
+  uint64_t job_since_ms; /* start, or the last model reset: workers never seen since then
+                          * count as finished after job.heartbeat_timeout_s */
   bool has_final_acc;
   double final_acc;
+  bool final_refused_warned; /* a report was refused (warned once) */
 
   uint64_t pushes, pulls, rejected_frames, errors, nonfinite, auth_failures;
   uint64_t activity, activity_seen; /* frames and push chunks read, for busy-polling */

@@ -75,8 +75,23 @@ static void protocol_error(ts_session_t *s, uint64_t request_id, int code, const
 
 /* Every handler below takes the decoded message and frees it before it returns. */
 
-/* The job's final test accuracy, sent by the worker shard 0 chose (handle_heartbeat). */
+/* The job's final test accuracy, sent by the worker shard 0 chose (handle_heartbeat). Only
+ * an accuracy (a number in [0, 1]) from that worker is kept: on shard 0 the chosen one, on
+ * the others the first to report (they do not choose). Anything else is refused, with one
+ * warning per shard process (heartbeats repeat it). */
 static void job_accuracy(ts_server_t *srv, int task, double acc) {
+  const char *why = NULL;
+  if (!(acc >= 0.0 && acc <= 1.0)) /* NaN included */
+    why = "not an accuracy in [0, 1]";
+  else if (srv->final_reporter >= 0 && task != srv->final_reporter)
+    why = "not from the reporting worker";
+  if (why) {
+    if (!srv->final_refused_warned)
+      ts_log_warn("worker %d's final test accuracy %g refused: %s (worker %d reports)", task, acc,
+                  why, srv->final_reporter);
+    srv->final_refused_warned = true;
+    return;
+  }
   if (srv->has_final_acc && srv->final_acc == acc) return; /* sent again with a heartbeat */
   srv->has_final_acc = true;
   srv->final_acc = acc;
@@ -109,12 +124,13 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   r.request_id = m->request_id;
   r.step = ts_store_min_version(&srv->store);
   uint64_t now = ts_server_now_ms(srv);
-  r.workers_finished = ts_barrier_count_finished(&srv->barrier, now, srv->started_ms);
+  r.workers_finished = ts_barrier_count_finished(&srv->barrier, now, srv->job_since_ms);
   r.num_workers = srv->num_workers;
-  /* Shard 0 chooses who evaluates the final parameters: the first done worker to ask once
-   * every worker has finished, which is the last to finish unless the count was completed
-   * by one going silent. One choice per shard process, so one report per job. */
-  if (srv->shard == 0 && m->done && srv->final_reporter < 0 && s->task >= 0 &&
+  /* Shard 0 chooses who evaluates the final parameters: the first done worker to ask
+   * (job_end: not a periodic heartbeat, nor a stopped worker's goodbye) once every worker
+   * has finished, which is the last to finish unless the count was completed by one going
+   * silent or stopping. One choice per shard process, so one report per job. */
+  if (srv->shard == 0 && m->done && m->job_end && srv->final_reporter < 0 && s->task >= 0 &&
       r.workers_finished == r.num_workers && ts_barrier_worker(&srv->barrier, s->task)) {
     srv->final_reporter = s->task;
     ts_log_info("every worker finished: worker %d evaluates the final parameters", s->task);

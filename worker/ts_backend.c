@@ -257,12 +257,21 @@ int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why, 
   rc = ts_device_place(&want, gpu_count, gpu_why, task, ops, p->num_ops, cfg->allow_soft_placement,
                        p->placements, errmsg, errlen);
   if (rc == 0) rc = one_device(cfg, p, ops, errmsg, errlen);
-  for (size_t r = 0; rc == 0 && r < cfg->num_placement_rules; r++)
-    if (!rules[r].used) {
-      size_t len = strlen(p->unused_rules);
-      snprintf(p->unused_rules + len, sizeof p->unused_rules - len, "%s\"%s\"", len ? ", " : "",
-               cfg->placement_rules[r]);
+  /* Whole rules only: those that do not fit (room kept for the count) are counted. */
+  size_t len = 0, more = 0;
+  for (size_t r = 0; rc == 0 && r < cfg->num_placement_rules; r++) {
+    if (rules[r].used) continue;
+    size_t need = (len ? 2 : 0) + strlen(cfg->placement_rules[r]) + 2;
+    if (more || len + need + sizeof ", and 64 more" > sizeof p->unused_rules) {
+      more++;
+      continue;
     }
+    len += (size_t)snprintf(p->unused_rules + len, sizeof p->unused_rules - len, "%s\"%s\"",
+                            len ? ", " : "", cfg->placement_rules[r]);
+  }
+  if (more)
+    snprintf(p->unused_rules + len, sizeof p->unused_rules - len, "%sand %zu more",
+             len ? ", " : "", more);
   ts_free(ops);
   ts_free(rules);
   if (rc < 0) {

@@ -311,6 +311,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   const double t0 = now_s();
   res->started_at = clock_s(CLOCK_REALTIME);
   double last_progress = 0.0; /* of the epoch, as last reported */
+  bool reported = false;      /* a progress report went to the client */
   double last_log = t0, interval_loss = 0.0;
   uint64_t interval_steps = 0, interval_examples = 0;
   double phase[3] = {0, 0, 0}; /* pull, compute, push seconds in the interval */
@@ -476,6 +477,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       res->loss = interval_loss / (double)interval_steps;
       ts_client_set_progress(t->client, k + 1, res->loss, eps, progress, false);
       last_progress = progress;
+      reported = true;
       ts_log_info("step %llu/%llu  epoch %llu %3.0f%%  loss %.4f  %.0f examples/s",
                   (unsigned long long)(k + 1), (unsigned long long)total,
                   (unsigned long long)epoch + 1, progress * 100.0, res->loss, eps);
@@ -501,8 +503,11 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     ts_log_notice("stopped by a signal after %llu step(s)", (unsigned long long)res->steps);
     /* Leaving on purpose: the client tells the shards as it closes (a "stopped" worker in
      * psctl, out of the barriers at once, rather than "dead" after missed heartbeats). */
-    ts_client_set_progress(t->client, res->steps, res->loss, res->examples_per_sec, last_progress,
-                           true);
+    if (reported)
+      ts_client_set_progress(t->client, res->steps, res->loss, res->examples_per_sec,
+                             last_progress, true);
+    else
+      ts_client_set_done(t->client, true); /* no loss yet: psctl shows '-', not 0 */
     rc = 0;
     goto out;
   }

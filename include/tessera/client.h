@@ -439,6 +439,11 @@ TS_CLIENT_API void ts_client_set_progress(ts_client_t *c, uint64_t step, double 
                                           double examples_per_sec, double epoch_progress,
                                           bool done);
 
+/* done (as ts_client_set_progress's) without a progress report: the next heartbeats carry
+ * what ts_client_set_progress last set, or, before its first call, no report (the shards
+ * show the loss, examples/s and epoch progress as not reported). */
+TS_CLIENT_API void ts_client_set_done(ts_client_t *c, bool done);
+
 /* The device this worker's model really runs on ("/cpu:0", "/gpu:0", after soft
  * placement), carried by the next heartbeats so `psctl workers` can show it. NULL or ""
  * clears it; longer than 63 bytes is cut. */
@@ -457,7 +462,9 @@ typedef struct {
 /* A heartbeat (as ts_client_heartbeat) that returns shard 0's count of finished workers.
  * Once a worker that set done (ts_client_set_progress) asks while every worker has
  * finished, shard 0 chooses it, once per job, to evaluate the final parameters:
- * report_final is true for it, in this reply and the next. Fails with TS_CLIENT_EUNAVAIL
+ * report_final is true for it, in this reply and the next. Only this call can get a worker
+ * chosen: a plain heartbeat with done (ts_client_heartbeat, the periodic ones, the last one
+ * as the client closes) only counts it finished. Fails with TS_CLIENT_EUNAVAIL
  * when shard 0 has no ready connection. */
 TS_CLIENT_API int ts_client_job_end(ts_client_t *c, ts_client_job_end_t *out, char *errmsg,
                                     size_t errlen);

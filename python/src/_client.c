@@ -32,6 +32,14 @@
  */
 #include "_client_int.h"
 
+/* Py_NewRef is CPython 3.10's; the package supports 3.9 (pyproject.toml requires-python). */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *Py_NewRef(PyObject *o) {
+  Py_INCREF(o);
+  return o;
+}
+#endif
+
 /* --- Client ------------------------------------------------------------------------------ */
 
 int check_open(ClientObject *self) {

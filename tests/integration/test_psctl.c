@@ -2,6 +2,7 @@
  * command, the note on the defaults without -c, values not reported yet, worker states and
  * devices, shard down, bad configuration. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -248,6 +249,17 @@ static void test_help(void **state) {
   const char *const no_value[] = {"status", "-o", NULL};
   assert_int_equal(psctl_args(no_value), 2);
   assert_non_null(strstr(err, "'-o' needs a value"));
+  /* A long option that takes no value, given one: named as written, not as its short
+   * form or its internal code (getopt's optopt). */
+  const char *const force_value[] = {"--force=1", "model", "reset", NULL};
+  assert_int_equal(psctl_args(force_value), 2);
+  assert_non_null(strstr(err, "option '--force' takes no value"));
+  const char *const help_value[] = {"status", "--help=x", NULL};
+  assert_int_equal(psctl_args(help_value), 2);
+  assert_non_null(strstr(err, "option '--help' takes no value"));
+  const char *const unknown_value[] = {"status", "--frobnicate=1", NULL};
+  assert_int_equal(psctl_args(unknown_value), 2);
+  assert_non_null(strstr(err, "unknown option '--frobnicate=1'"));
   const char *const bad_help[] = {"help", "frobnicate", NULL};
   assert_int_equal(psctl_args(bad_help), 2);
   assert_non_null(strstr(err, "unknown command 'frobnicate'"));
@@ -392,6 +404,190 @@ static void test_unreported_states_device(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* The job's final accuracy (ts_client_job_end): shard 0 chooses one done worker once every
+ * worker has finished, and keeps only that worker's value, and only an accuracy: a value
+ * that is not a number in [0, 1], or one from a worker that was not chosen, is refused
+ * (psctl status shows none, then the chosen worker's). */
+static void test_final_accuracy_checked(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 2, "job = { mode = \"async\"; };"), 0);
+  ts_client_t *cl[2] = {NULL, NULL};
+  char e[512];
+  for (int t = 0; t < 2; t++) {
+    ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c.addrs, .num_shards = 1,
+                          .task = t, .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
+    assert_int_equal(ts_client_open(&cl[t], &o, e, sizeof e), 0);
+    assert_int_equal(ts_client_declare(cl[t], model, 1, 1, e, sizeof e), 0);
+  }
+  ts_client_job_end_t je;
+  ts_client_set_progress(cl[0], 1, 0.5, 10.0, 1.0, true);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 1);
+  assert_int_equal(je.num_workers, 2);
+  assert_false(je.report_final);
+
+  /* Not a number: refused. */
+  ts_client_set_final_accuracy(cl[1], NAN);
+  assert_int_equal(ts_client_heartbeat(cl[1], e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_null(strstr(out, "final test accuracy"));
+  assert_int_equal(psctl(&c, "-o", "json", "status"), 0);
+  cJSON *j = cJSON_Parse(out);
+  assert_non_null(j);
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "final_test_accuracy")));
+  cJSON_Delete(j);
+
+  /* Worker 1 finishes last and is chosen; worker 0 is not. */
+  ts_client_set_progress(cl[1], 1, 0.5, 10.0, 1.0, true);
+  assert_int_equal(ts_client_job_end(cl[1], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 2);
+  assert_true(je.report_final);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 2);
+  assert_false(je.report_final);
+
+  /* From the worker not chosen, or out of [0, 1]: refused, and the choice stays. */
+  ts_client_set_final_accuracy(cl[0], 0.25);
+  assert_int_equal(ts_client_heartbeat(cl[0], e, sizeof e), 0);
+  ts_client_set_final_accuracy(cl[1], 1.5);
+  assert_int_equal(ts_client_heartbeat(cl[1], e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_null(strstr(out, "final test accuracy"));
+  assert_int_equal(ts_client_job_end(cl[1], &je, e, sizeof e), 0);
+  assert_true(je.report_final);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_false(je.report_final);
+
+  ts_client_set_final_accuracy(cl[1], 0.875);
+  assert_int_equal(ts_client_heartbeat(cl[1], e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_non_null(strstr(out, "final test accuracy: 0.8750 (worker 1 evaluated"));
+  assert_int_equal(psctl(&c, "-o", "json", "status"), 0);
+  j = cJSON_Parse(out);
+  assert_non_null(j);
+  assert_true(cJSON_GetObjectItem(j, "final_test_accuracy")->valuedouble == 0.875);
+  cJSON_Delete(j);
+  assert_true(ts_cluster_log_has(&c, 0, "refused"));
+  ts_client_close(cl[0]);
+  ts_client_close(cl[1]);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* A worker that leaves before its first progress report (ps-worker stopped by SIGTERM in
+ * its first log interval) is stopped, with '-' (null) for the loss, examples/s and epoch it
+ * never reported, not zeros. */
+static void test_done_unreported(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1, "job = { mode = \"async\"; };"), 0);
+  ts_client_t *cl = NULL;
+  char e[512];
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c.addrs, .num_shards = 1,
+                        .task = 0, .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
+  assert_int_equal(ts_client_open(&cl, &o, e, sizeof e), 0);
+  assert_int_equal(ts_client_declare(cl, model, 1, 1, e, sizeof e), 0);
+  ts_client_set_done(cl, true);
+  assert_int_equal(ts_client_heartbeat(cl, e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "-o", "json", "workers"), 0);
+  cJSON *j = cJSON_Parse(out);
+  assert_non_null(j);
+  cJSON *w0 = worker_json(j, 0);
+  static const char *const unreported[] = {"loss", "examples_per_sec", "epoch_progress", NULL};
+  assert_null_keys(w0, unreported);
+  assert_string_equal(cJSON_GetObjectItem(w0, "state")->valuestring, "stopped");
+  cJSON_Delete(j);
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* Open and declare a client of task t (worker role) on c's one shard. */
+static ts_client_t *worker_client(ts_cluster_t *c, int t) {
+  ts_client_t *cl = NULL;
+  char e[512];
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = 1,
+                        .task = t, .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
+  if (ts_client_open(&cl, &o, e, sizeof e) < 0) fail_msg("open: %s", e);
+  if (ts_client_declare(cl, model, 1, 1, e, sizeof e) < 0) fail_msg("declare: %s", e);
+  return cl;
+}
+
+/* psctl model reset replaces the model of a running job: the next model's training has no
+ * final accuracy yet, and its reporting worker is chosen anew once its workers finish (the
+ * old one is not told to report while the others still train). */
+static void test_final_accuracy_after_reset(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  /* A long heartbeat timeout: a worker not joined yet stays unfinished for the test. */
+  assert_int_equal(ts_cluster_start(&c, 1, 2,
+                                    "job = { mode = \"async\"; heartbeat_timeout_s = 60.0; };"),
+                   0);
+  char e[512];
+  ts_client_job_end_t je;
+  ts_client_t *cl[2];
+  for (int t = 0; t < 2; t++) cl[t] = worker_client(&c, t);
+  for (int t = 0; t < 2; t++) {
+    ts_client_set_progress(cl[t], 1, 0.5, 10.0, 1.0, true);
+    assert_int_equal(ts_client_job_end(cl[t], &je, e, sizeof e), 0);
+  }
+  assert_true(je.report_final); /* worker 1, the last */
+  ts_client_set_final_accuracy(cl[1], 0.5);
+  assert_int_equal(ts_client_heartbeat(cl[1], e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_non_null(strstr(out, "final test accuracy: 0.5000 (worker 1"));
+  for (int t = 0; t < 2; t++) ts_client_close(cl[t]);
+
+  assert_int_equal(psctl(&c, "model", "reset", NULL), 0);
+  cl[1] = worker_client(&c, 1);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_null(strstr(out, "final test accuracy"));
+  /* Worker 1 finishes first now, before worker 0 joined the new model's training (its
+   * done was the old model's): it waits for worker 0, which is then chosen. */
+  ts_client_set_progress(cl[1], 1, 0.5, 10.0, 1.0, true);
+  assert_int_equal(ts_client_job_end(cl[1], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 1);
+  assert_false(je.report_final);
+  cl[0] = worker_client(&c, 0);
+  assert_int_equal(ts_client_job_end(cl[1], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 1);
+  assert_false(je.report_final);
+  ts_client_set_progress(cl[0], 1, 0.5, 10.0, 1.0, true);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 2);
+  assert_true(je.report_final);
+  ts_client_set_final_accuracy(cl[0], 0.75);
+  assert_int_equal(ts_client_heartbeat(cl[0], e, sizeof e), 0);
+  assert_int_equal(psctl(&c, "status", NULL, NULL), 0);
+  assert_non_null(strstr(out, "final test accuracy: 0.7500 (worker 0"));
+  for (int t = 0; t < 2; t++) ts_client_close(cl[t]);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* Only a worker asking for the end of the job (ts_client_job_end) is chosen to report: a
+ * plain heartbeat with done, such as the goodbye of a worker stopped by SIGTERM while the
+ * others had finished, completes the count but is not chosen (it would leave without
+ * reporting, and the job without a final accuracy); the next worker to ask is. */
+static void test_final_reporter_asks(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 2, "job = { mode = \"async\"; };"), 0);
+  char e[512];
+  ts_client_job_end_t je;
+  ts_client_t *cl[2];
+  for (int t = 0; t < 2; t++) cl[t] = worker_client(&c, t);
+  ts_client_set_progress(cl[0], 1, 0.5, 10.0, 1.0, true);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 1);
+  ts_client_set_done(cl[1], true);
+  assert_int_equal(ts_client_heartbeat(cl[1], e, sizeof e), 0);
+  ts_client_close(cl[1]);
+  assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
+  assert_int_equal(je.workers_finished, 2);
+  assert_true(je.report_final);
+  ts_client_close(cl[0]);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status_json),
@@ -399,6 +595,10 @@ int main(void) {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_defaults_note),
       cmocka_unit_test(test_unreported_states_device),
+      cmocka_unit_test(test_final_accuracy_checked),
+      cmocka_unit_test(test_done_unreported),
+      cmocka_unit_test(test_final_accuracy_after_reset),
+      cmocka_unit_test(test_final_reporter_asks),
   };
   return cmocka_run_group_tests_name("psctl", tests, NULL, NULL);
 }

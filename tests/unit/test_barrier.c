@@ -319,6 +319,10 @@ static void test_finished(void **state) {
   uint32_t dead[3];
   assert_int_equal(ts_barrier_expire(&b, 5001 + HB_MS, dead, 3), 1);
   assert_true(ts_barrier_finished(&b, 1, 5001 + HB_MS, since));
+  /* A model reset at 9000: task 0's done was the old model's; not heard from since, it
+   * counts as never seen (finished a heartbeat timeout after the reset). */
+  assert_false(ts_barrier_finished(&b, 0, 9000 + HB_MS, 9000));
+  assert_true(ts_barrier_finished(&b, 0, 9001 + HB_MS, 9000));
   assert_false(ts_barrier_finished(&b, 3, 99999, since)); /* not a task of the job */
   assert_false(ts_barrier_finished(&b, -1, 99999, since));
   ts_barrier_free(&b);

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pty.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -129,9 +131,40 @@ static void test_status_line(void **state) {
   assert_null(strstr(strstr(buf, "after"), "step"));
 }
 
+/* On a terminal narrower than the status line, the line is cut to the width: a line that
+ * wraps leaves its first rows behind at every redraw ("\r\033[K" erases only the last). */
+static void test_status_line_fits(void **state) {
+  (void)state;
+  int master, slave;
+  struct winsize ws = {.ws_row = 24, .ws_col = 40};
+  assert_int_equal(openpty(&master, &slave, NULL, NULL, &ws), 0);
+  int saved = dup(STDERR_FILENO);
+  assert_true(saved >= 0);
+  dup2(slave, STDERR_FILENO);
+  char text[200];
+  memset(text, 'x', sizeof text - 1);
+  text[sizeof text - 1] = 0;
+  ts_log_status(text);
+  ts_log_status(NULL);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  char buf[1024] = {0};
+  ssize_t n = read(master, buf, sizeof buf - 1);
+  close(slave);
+  close(master);
+  assert_true(n > 0);
+  buf[n] = 0;
+  const char *x = strchr(buf, 'x');
+  assert_non_null(x);
+  size_t run = strspn(x, "x");
+  if (run >= 40) fail_msg("a status line of %zu columns on a terminal of 40", run);
+  assert_true(run > 20);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_thread_sink), cmocka_unit_test(test_escape),
                                      cmocka_unit_test(test_sink_escaped),
-                                     cmocka_unit_test(test_status_line)};
+                                     cmocka_unit_test(test_status_line),
+                                     cmocka_unit_test(test_status_line_fits)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -294,6 +294,8 @@ static void test_plan_op_without_gpu_kernel(void **state) {
 }
 
 static void rules(ts_config_t *cfg, const char *const *r, size_t n) {
+  for (size_t i = 0; i < cfg->num_placement_rules; i++) ts_free(cfg->placement_rules[i]);
+  ts_free(cfg->placement_rules); /* the defaults' (empty) list */
   cfg->placement_rules = ts_calloc(n, sizeof *cfg->placement_rules);
   assert_non_null(cfg->placement_rules);
   for (size_t i = 0; i < n; i++) cfg->placement_rules[i] = ts_strdup(r[i]);
@@ -440,6 +442,41 @@ static void test_model_ops_match(void **state) {
   assert_int_equal(ts_model_ops(bad, 2, TS_ACT_RELU, &ops, &n), TS_EINVAL);
 }
 
+/* device.rules at their limit (64), none matching: the report names whole rules and says
+ * how many more did not fit, never a rule cut in the middle. */
+static void test_plan_unused_rules_long(void **state) {
+  (void)state;
+  ts_config_t cfg;
+  ts_backend_plan_t p;
+  char err[1024];
+  char text[64][48];
+  const char *r[64];
+  for (int i = 0; i < 64; i++) {
+    snprintf(text[i], sizeof text[i], "no_such_layer_number_%02d=/cpu:0", i);
+    r[i] = text[i];
+  }
+  config(&cfg, "", false, 0, 64);
+  rules(&cfg, r, 64);
+  assert_int_equal(ts_backend_plan(&cfg, 0, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  const char *u = p.unused_rules;
+  assert_true(strncmp(u, "\"no_such_layer_number_00=/cpu:0\", ", 34) == 0);
+  /* Every quoted rule is whole, and the rest are counted. */
+  size_t whole = 0;
+  for (const char *q = strchr(u, '"'); q; q = strchr(q + 1, '"')) {
+    const char *end = strchr(q + 1, '"');
+    assert_non_null(end);
+    assert_int_equal(end - q - 1, (long)strlen(text[0]));
+    whole++;
+    q = end;
+  }
+  assert_true(whole > 0 && whole < 64);
+  char more[32];
+  snprintf(more, sizeof more, "and %zu more", 64 - whole);
+  assert_contains(u, more);
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_split),
@@ -451,6 +488,7 @@ int main(void) {
       cmocka_unit_test(test_plan_op_without_gpu_kernel),
       cmocka_unit_test(test_plan_default_placement),
       cmocka_unit_test(test_plan_rules),
+      cmocka_unit_test(test_plan_unused_rules_long),
       cmocka_unit_test(test_cpu_share),
       cmocka_unit_test(test_model_ops_match),
   };

@@ -12,7 +12,10 @@
  *
  * i.e. gradient bytes pushed plus parameter bytes pulled, the ps-lite convention of the
  * issue. Reported: the median over runs (gbps) with min and max, and the push+pull round
- * trip of every iteration of every worker (p50_us, p99_us). Modes: async (push tagged
+ * trip of every iteration of every worker (p50_us, p99_us), and the shards' CPU time per
+ * byte moved: the ps-server processes' user + system CPU seconds (/proc/PID/stat) over the
+ * timed runs, divided by the GB pushed plus pulled in them (cpu_s_per_gb; clock-tick
+ * resolution, 10 ms, so short runs of small tensors give a coarse figure). Modes: async (push tagged
  * with the worker's clock, then pull) and sync (push_pulled with the version pulled, then
  * pull_next, which waits for the barrier of every worker); either way the push and the pull
  * travel together (one TS_CLIENT_PUSH_PULL request): one round trip, as the
@@ -343,6 +346,17 @@ static long sync_iters;               /* sync mode: steps per run, set after cal
 static volatile double run_deadline;   /* set by the main thread before each run */
 static double run_start[MAX_RUNS], run_end[MAX_RUNS];
 
+/* The shards' CPU seconds so far (user + system, summed), or -1 when one is unreadable. */
+static double shards_cpu_s(const ts_cluster_t *c) {
+  double sum = 0;
+  for (int i = 0; i < opt.shards; i++) {
+    double s = ts_proc_cpu_s(c->pid[i]);
+    if (s < 0) return -1;
+    sum += s;
+  }
+  return sum;
+}
+
 /* param and grad are separate allocations, as push_pull requires. */
 static int one_iteration(worker_t *w, uint64_t clock) {
   float *dst[1] = {w->param};
@@ -509,6 +523,7 @@ int main(int argc, char **argv) {
 
   double gbps_run[MAX_RUNS];
   double lat_all_p50 = NAN, lat_all_p99 = NAN;
+  double cpu_s = 0, gb_moved = 0;   /* over the timed runs; cpu_s < 0: unknown */
   size_t iters_total = 0;
   int threads = 0;
   pthread_t th[MAX_WORKERS];
@@ -525,14 +540,19 @@ int main(int argc, char **argv) {
     if (sync_iters < 2) sync_iters = 2;
     if (sync_iters > 10000000) sync_iters = 10000000;
     for (int r = 0; r < opt.runs; r++) {
+      double cpu0 = shards_cpu_s(&cluster);
       pthread_barrier_wait(&barrier);
       run_start[r] = now_s();
       run_deadline = run_start[r] + opt.seconds;
       pthread_barrier_wait(&barrier);
       pthread_barrier_wait(&barrier);
       run_end[r] = now_s();
+      double cpu1 = shards_cpu_s(&cluster);
+      if (cpu0 < 0 || cpu1 < 0 || cpu_s < 0) cpu_s = -1;
+      else cpu_s += cpu1 - cpu0;
       long n = 0;
       for (int i = 0; i < opt.workers; i++) n += w[i].iters[r];
+      gb_moved += (double)n * 2.0 * (double)opt.size / 1e9;
       gbps_run[r] = (double)n * 2.0 * (double)opt.size / (run_end[r] - run_start[r]) / 1e9;
       iters_total += (size_t)n;
       if (opt.verbose)
@@ -599,6 +619,7 @@ int main(int argc, char **argv) {
     ip_max = iperf[n_iperf - 1];
   }
   double ratio = isnan(ip) ? (double)NAN : gbps / ip;
+  double cpu_per_gb = cpu_s >= 0 && gb_moved > 0 ? cpu_s / gb_moved : (double)NAN;
   double load[3] = {NAN, NAN, NAN};
   if (getloadavg(load, 3) < 0) load[0] = NAN;
   const char *mode = opt.sync ? "sync" : "async";
@@ -621,6 +642,8 @@ int main(int argc, char **argv) {
       print_null_or(stdout, 1, lat_all_p50);
       printf(", \"p99_us\": ");
       print_null_or(stdout, 1, lat_all_p99);
+      printf(", \"cpu_s_per_gb\": ");
+      print_null_or(stdout, 4, cpu_per_gb);
       printf(", \"busy_poll_us\": %ld", opt.busy_poll_us);
       printf(", \"shard_rss_kib\": %ld, \"loadavg\": ", shard_rss_kib);
       print_null_or(stdout, 2, load[0]);
@@ -628,13 +651,15 @@ int main(int argc, char **argv) {
       break;
     case OUT_CSV:
       printf("size,workers,shards,mode,runs,iterations,gbps,gbps_min,gbps_max,iperf3_gbps,ratio,"
-             "p50_us,p99_us,shard_rss_kib,loadavg\n");
+             "p50_us,p99_us,shard_rss_kib,loadavg,cpu_s_per_gb\n");
       printf("%" PRIu64 ",%d,%d,%s,%d,%zu,%.4f,%.4f,%.4f,", opt.size, opt.workers, opt.shards,
              mode, opt.runs, iters_total, gbps, gmin, gmax);
       if (!isnan(ip)) printf("%.4f", ip);
       putchar(',');
       if (!isnan(ratio)) printf("%.4f", ratio);
-      printf(",%.1f,%.1f,%ld,%.2f\n", lat_all_p50, lat_all_p99, shard_rss_kib, load[0]);
+      printf(",%.1f,%.1f,%ld,%.2f,", lat_all_p50, lat_all_p99, shard_rss_kib, load[0]);
+      if (!isnan(cpu_per_gb)) printf("%.4f", cpu_per_gb);
+      putchar('\n');
       break;
     case OUT_TABLE:
       printf("%-10s %3s %3s %-5s %8s %8s %8s %8s %6s %9s %9s\n", "size", "w", "s", "mode",
@@ -644,8 +669,9 @@ int main(int argc, char **argv) {
       if (isnan(ip)) printf("%8s %6s ", "n/a", "n/a");
       else printf("%8.3f %6.3f ", ip, ratio);
       printf("%9.1f %9.1f\n", lat_all_p50, lat_all_p99);
-      printf("(%d runs, %zu iterations, busy_poll_us %ld, shard peak RSS now %ld KiB, load %.2f)\n",
-             opt.runs, iters_total, opt.busy_poll_us, shard_rss_kib, load[0]);
+      printf("(%d runs, %zu iterations, busy_poll_us %ld, shard peak RSS now %ld KiB, "
+             "shard CPU s per GB moved %.3f, load %.2f)\n",
+             opt.runs, iters_total, opt.busy_poll_us, shard_rss_kib, cpu_per_gb, load[0]);
       break;
   }
   return 0;

@@ -331,6 +331,24 @@ long ts_proc_rss_kib(pid_t pid) {
   return kib;
 }
 
+double ts_proc_cpu_s(pid_t pid) {
+  char path[64], line[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  size_t got = fread(line, 1, sizeof line - 1, f);
+  fclose(f);
+  line[got] = 0;
+  /* The command name may hold spaces and parentheses: fields start after the last ')'. */
+  char *p = strrchr(line, ')');
+  unsigned long long utime, stime;
+  long tck = sysconf(_SC_CLK_TCK);
+  if (!p || tck <= 0 ||
+      sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2)
+    return -1;
+  return (double)(utime + stime) / (double)tck;
+}
+
 int ts_run_capture(const char *const *argv, char *out, size_t n, char *err, size_t errn) {
   int po[2], pe[2];
   if (pipe(po) < 0 || pipe(pe) < 0) return -1;

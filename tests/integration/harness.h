@@ -57,6 +57,10 @@ void ts_sleep_ms(int ms);
 /* Resident set size of a process in KiB (0 when unknown). */
 long ts_proc_rss_kib(pid_t pid);
 
+/* CPU time of a process so far, user + system, in seconds (/proc/PID/stat's utime + stime,
+ * clock-tick resolution); -1 when unknown. */
+double ts_proc_cpu_s(pid_t pid);
+
 /* The content of shard i's log (malloc'd, caller frees), or NULL. */
 char *ts_cluster_log(const ts_cluster_t *c, int i);
 

@@ -21,6 +21,17 @@ static const uint64_t shape[] = {300, 40};
 static const ts_client_tensor_t model[] = {
     {.name = "w", .shape = shape, .rank = 2, .init = TS_CLIENT_INIT_GLOROT_UNIFORM}};
 
+/* Open and declare a client of task t (worker role) on c's one shard. */
+static ts_client_t *worker_client(const ts_cluster_t *c, int t) {
+  ts_client_t *cl = NULL;
+  char e[512];
+  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = 1,
+                        .task = t, .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
+  if (ts_client_open(&cl, &o, e, sizeof e) < 0) fail_msg("open: %s", e);
+  if (ts_client_declare(cl, model, 1, 1, e, sizeof e) < 0) fail_msg("declare: %s", e);
+  return cl;
+}
+
 static char out[65536], err[65536];
 
 static int psctl(ts_cluster_t *c, const char *a1, const char *a2, const char *a3) {
@@ -310,10 +321,7 @@ static void test_unreported_states_device(void **state) {
   ts_client_t *cl[2] = {NULL, NULL};
   char e[512];
   for (int t = 0; t < 2; t++) {
-    ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c.addrs, .num_shards = 1,
-                          .task = t, .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
-    assert_int_equal(ts_client_open(&cl[t], &o, e, sizeof e), 0);
-    assert_int_equal(ts_client_declare(cl[t], model, 1, 1, e, sizeof e), 0);
+    cl[t] = worker_client(&c, t);
     assert_int_equal(ts_client_heartbeat(cl[t], e, sizeof e), 0);
   }
   static const char *const unreported[] = {"step", "loss", "examples_per_sec", "epoch_progress",
@@ -414,12 +422,7 @@ static void test_final_accuracy_checked(void **state) {
   assert_int_equal(ts_cluster_start(&c, 1, 2, "job = { mode = \"async\"; };"), 0);
   ts_client_t *cl[2] = {NULL, NULL};
   char e[512];
-  for (int t = 0; t < 2; t++) {
-    ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c.addrs, .num_shards = 1,
-                          .task = t, .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
-    assert_int_equal(ts_client_open(&cl[t], &o, e, sizeof e), 0);
-    assert_int_equal(ts_client_declare(cl[t], model, 1, 1, e, sizeof e), 0);
-  }
+  for (int t = 0; t < 2; t++) cl[t] = worker_client(&c, t);
   ts_client_job_end_t je;
   ts_client_set_progress(cl[0], 1, 0.5, 10.0, 1.0, true);
   assert_int_equal(ts_client_job_end(cl[0], &je, e, sizeof e), 0);
@@ -481,12 +484,8 @@ static void test_done_unreported(void **state) {
   (void)state;
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 1, 1, "job = { mode = \"async\"; };"), 0);
-  ts_client_t *cl = NULL;
   char e[512];
-  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c.addrs, .num_shards = 1,
-                        .task = 0, .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
-  assert_int_equal(ts_client_open(&cl, &o, e, sizeof e), 0);
-  assert_int_equal(ts_client_declare(cl, model, 1, 1, e, sizeof e), 0);
+  ts_client_t *cl = worker_client(&c, 0);
   ts_client_set_done(cl, true);
   assert_int_equal(ts_client_heartbeat(cl, e, sizeof e), 0);
   assert_int_equal(psctl(&c, "-o", "json", "workers"), 0);
@@ -499,17 +498,6 @@ static void test_done_unreported(void **state) {
   cJSON_Delete(j);
   ts_client_close(cl);
   assert_int_equal(ts_cluster_stop(&c), 0);
-}
-
-/* Open and declare a client of task t (worker role) on c's one shard. */
-static ts_client_t *worker_client(ts_cluster_t *c, int t) {
-  ts_client_t *cl = NULL;
-  char e[512];
-  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t), .addrs = c->addrs, .num_shards = 1,
-                        .task = t, .connect_timeout_s = 5, .request_timeout_s = 10, .require_all = true};
-  if (ts_client_open(&cl, &o, e, sizeof e) < 0) fail_msg("open: %s", e);
-  if (ts_client_declare(cl, model, 1, 1, e, sizeof e) < 0) fail_msg("declare: %s", e);
-  return cl;
 }
 
 /* psctl model reset replaces the model of a running job: the next model's training has no

@@ -22,6 +22,7 @@
 
 #include "ts_alloc.h"
 #include "ts_config.h"
+#include "ts_fpenv.h"
 #include "ts_init.h"
 #include "ts_idx.h"
 #include "ts_kernels.h"
@@ -38,6 +39,7 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
   ts_kernels_cpu_reexec_for_core(argv); /* as ps-worker: OpenBLAS's kernels for this CPU */
+  ts_fpenv_flush_denormals();            /* as ps-worker and ps-server */
   int widths[TS_MODEL_MAX_LAYERS] = {784, 128, 10};
   size_t nw = 3;
   int batch = 64;

@@ -9,6 +9,7 @@
 #include "ts_cli.h"
 #include "ts_config.h"
 #include "ts_err.h"
+#include "ts_fpenv.h"
 #include "ts_log.h"
 #include "ts_notify.h"
 #include "ts_poll.h"
@@ -70,6 +71,7 @@ int main(int argc, char **argv) {
     return rc;
   }
   raise_fd_limit(&cfg);
+  ts_fpenv_flush_denormals(); /* the optimizers' passes: base/ts_fpenv.h */
   char err[512];
   uv_loop_t loop;
   uv_loop_init(&loop);

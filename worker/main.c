@@ -14,6 +14,7 @@
 #include "ts_backend.h"
 #include "ts_device.h"
 #include "ts_err.h"
+#include "ts_fpenv.h"
 #include "ts_gpu.h"
 #include "ts_idx.h"
 #include "ts_kernels.h"
@@ -114,6 +115,7 @@ static void log_variable_placement(const ts_client_t *client, const ts_model_t *
 
 int main(int argc, char **argv) {
   ts_kernels_cpu_reexec_for_core(argv); /* OpenBLAS's fastest kernels for this CPU */
+  ts_fpenv_flush_denormals();            /* as TensorFlow's compute threads: ts_fpenv.h */
   static const ts_cli_spec_t spec = {.prog = "ps-worker", .id_name = "task",
                                      .id_role = TS_ROLE_WORKER, .usage = usage};
   ts_cli_t cli;

@@ -284,6 +284,34 @@ static const ts_kernels_t cpu_kernels = {
     .mul = ts_cpu_mul,
 };
 
+/* -1: not yet known. Relaxed atomics: every thread computes the same value. */
+static int isa_found = -1, isa_cap = TS_CPU_ISA_AVX512;
+
+static int isa_detect(void) {
+#ifdef TS_CPU_MULTI_ISA
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+    return TS_CPU_ISA_AVX512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return TS_CPU_ISA_AVX2;
+#endif
+  return TS_CPU_ISA_BASE;
+}
+
+ts_cpu_isa_t ts_cpu_isa(void) {
+  int found = __atomic_load_n(&isa_found, __ATOMIC_RELAXED);
+  if (found < 0) {
+    found = isa_detect();
+    __atomic_store_n(&isa_found, found, __ATOMIC_RELAXED);
+  }
+  int cap = __atomic_load_n(&isa_cap, __ATOMIC_RELAXED);
+  return (ts_cpu_isa_t)(found < cap ? found : cap);
+}
+
+ts_cpu_isa_t ts_cpu_isa_limit(ts_cpu_isa_t max) {
+  return (ts_cpu_isa_t)__atomic_exchange_n(&isa_cap, (int)max, __ATOMIC_RELAXED);
+}
+
 const ts_kernels_t *ts_kernels_cpu(void) {
   return &cpu_kernels;
 }

@@ -10,7 +10,9 @@
  *   input grad     dcol[rows x K]   = dy * w^T, then col2im adds each tap back into dx
  * A row's taps at one (ky, kx) are in_c contiguous floats of the input, so im2col and col2im
  * move whole channel vectors (memcpy, and an add loop the compiler vectorises). A 1x1
- * convolution with stride 1 and no padding needs no im2col: col is x itself.
+ * convolution with stride 1 and no padding needs no im2col: col is x itself. A convolution
+ * of stride 1 over at most 4 input channels goes to the direct kernels of
+ * ts_kernels_cpu_direct.c instead (why there).
  *
  * Threads: the loops here run on the caller's thread; sgemm uses OpenBLAS's threads.
  */
@@ -177,6 +179,10 @@ int ts_cpu_conv2d_fwd(const ts_kernels_t *k, const ts_conv2d_t *g, const float *
   size_t nb;
   int rc = conv_args(g, x, w, y, ws, ws_bytes, &nb);
   if (rc < 0) return rc;
+  if (ts_cpu_direct_fits(g, ws_bytes)) {
+    ts_cpu_direct_fwd(g, x, w, y, ws);
+    return 0;
+  }
   size_t K = taps(g), pix = g->out_h * g->out_w;
   for (size_t n0 = 0; n0 < g->batch; n0 += nb) {
     size_t cnt = g->batch - n0 < nb ? g->batch - n0 : nb;
@@ -192,6 +198,10 @@ int ts_cpu_conv2d_bwd_filter(const ts_kernels_t *k, const ts_conv2d_t *g, const 
   size_t nb;
   int rc = conv_args(g, x, dy, dw, ws, ws_bytes, &nb);
   if (rc < 0) return rc;
+  if (ts_cpu_direct_fits(g, ws_bytes)) {
+    ts_cpu_direct_bwd_filter(g, x, dy, dw, ws);
+    return 0;
+  }
   size_t K = taps(g), pix = g->out_h * g->out_w;
   for (size_t n0 = 0; n0 < g->batch; n0 += nb) {
     size_t cnt = g->batch - n0 < nb ? g->batch - n0 : nb;
@@ -210,6 +220,10 @@ int ts_cpu_conv2d_bwd_data(const ts_kernels_t *k, const ts_conv2d_t *g, const fl
   size_t K = taps(g), pix = g->out_h * g->out_w;
   if (is_pointwise(g)) { /* dx = dy w^T directly: col is x */
     sgemm(false, true, g->batch * pix, K, g->out_c, dy, g->out_c, w, g->out_c, 0.0f, dx, K);
+    return 0;
+  }
+  if (ts_cpu_direct_fits(g, ws_bytes)) {
+    ts_cpu_direct_bwd_data(g, w, dy, dx, ws);
     return 0;
   }
   memset(dx, 0, g->batch * image_in(g) * sizeof(float));

@@ -154,7 +154,10 @@ static int cpu_relu_bwd(const ts_kernels_t *k, size_t n, const float *restrict y
   CHECK_BUF(y, n);
   CHECK_BUF(dy, n);
   CHECK_BUF(dx, n);
-  for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  for (size_t i = 0; i < n; i++) {
+    float g = dy[i]; /* read unconditionally: the select vectorises, a branch would not */
+    dx[i] = y[i] > 0.0f ? g : 0.0f;
+  }
   return 0;
 }
 
@@ -272,6 +275,8 @@ static const ts_kernels_t cpu_kernels = {
     .relu_bwd = cpu_relu_bwd,
     .tanh_fwd = cpu_tanh_fwd,
     .tanh_bwd = cpu_tanh_bwd,
+    .bias_relu = ts_cpu_bias_relu,
+    .relu_bwd_bias_grad = ts_cpu_relu_bwd_bias_grad,
     .softmax_xent = cpu_softmax_xent,
     .softmax_xent_grad = cpu_softmax_xent_grad,
     .argmax_correct = cpu_argmax_correct,

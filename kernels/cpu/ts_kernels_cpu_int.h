@@ -1,7 +1,8 @@
 /*
  * What the files of the CPU back end share: the window kernels of ts_kernels_cpu_conv.c,
- * which the table in ts_kernels_cpu.c points to, and the direct convolution of
- * ts_kernels_cpu_direct.c they hand few-channel inputs to. Nobody else includes this header.
+ * and the fused bias + ReLU kernels of ts_kernels_cpu_fused.c, which the table in
+ * ts_kernels_cpu.c points to, and the direct convolution of ts_kernels_cpu_direct.c the
+ * window kernels hand few-channel inputs to. Nobody else includes this header.
  */
 #ifndef TS_KERNELS_CPU_INT_H
 #define TS_KERNELS_CPU_INT_H
@@ -63,6 +64,10 @@ void ts_cpu_direct_bwd_filter(const ts_conv2d_t *g, const float *x, const float 
                               float *ws);
 void ts_cpu_direct_bwd_data(const ts_conv2d_t *g, const float *w, const float *dy, float *dx,
                             float *ws);
+/* The fused bias + ReLU kernels (ts_kernels_cpu_fused.c). */
+int ts_cpu_bias_relu(const ts_kernels_t *k, size_t rows, size_t cols, const float *bias, float *y);
+int ts_cpu_relu_bwd_bias_grad(const ts_kernels_t *k, size_t rows, size_t cols, const float *y,
+                              const float *dy, float *dx, float *db);
 int ts_cpu_mul(const ts_kernels_t *k, size_t n, const float *a, const float *b, float *y);
 
 #endif

@@ -340,10 +340,25 @@ static const conv_case_t pool_cases[] = {
     {2, 7, 7, 2, 3, 3, 2, 2, TS_PAD_SAME, 0}, /* overlapping windows */
     {1, 5, 6, 3, 3, 3, 1, 1, TS_PAD_VALID, 0}, {2, 28, 28, 1, 2, 2, 2, 2, TS_PAD_VALID, 0},
     {3, 5, 4, 4, 3, 2, 1, 2, TS_PAD_SAME, 0},
+    {2, 12, 12, 6, 2, 2, 2, 2, TS_PAD_VALID, 0}, /* LeNet-5's pools, smaller: rows of 36 */
+    {1, 10, 10, 16, 2, 2, 2, 2, TS_PAD_VALID, 0}, /* and 80 floats */
 };
+
+/* Each case against the reference, at each vector instruction set the CPU has (the fast path
+ * for windows inside the input across has an AVX-512 loop). */
+static void check_pool_cases(void);
 
 static void test_maxpool(void **state) {
   (void)state;
+  ts_cpu_isa_t best = ts_cpu_isa();
+  for (int isa = TS_CPU_ISA_BASE; isa <= (int)best; isa++) {
+    ts_cpu_isa_limit((ts_cpu_isa_t)isa);
+    check_pool_cases();
+  }
+  ts_cpu_isa_limit(TS_CPU_ISA_AVX512);
+}
+
+static void check_pool_cases(void) {
   for (size_t ci = 0; ci < sizeof pool_cases / sizeof pool_cases[0]; ci++) {
     const conv_case_t *c = &pool_cases[ci];
     char name[96];
@@ -386,8 +401,14 @@ static void test_maxpool_ties(void **state) {
   assert_int_equal(ts_conv_geometry(&g, 1, 2, 2, 1, 2, 2, 2, 2, TS_PAD_VALID, 0), 0);
   float x[4] = {1, 3, 3, 2}, y[1], dy[1] = {5}, dx[4];
   int32_t idx[1];
-  assert_int_equal(K->maxpool_fwd(K, &g, x, y, idx), 0);
-  assert_int_equal(idx[0], 1);
+  ts_cpu_isa_t best = ts_cpu_isa();
+  for (int isa = TS_CPU_ISA_BASE; isa <= (int)best; isa++) {
+    ts_cpu_isa_limit((ts_cpu_isa_t)isa);
+    idx[0] = -1;
+    assert_int_equal(K->maxpool_fwd(K, &g, x, y, idx), 0);
+    assert_int_equal(idx[0], 1);
+  }
+  ts_cpu_isa_limit(TS_CPU_ISA_AVX512);
   assert_int_equal(K->maxpool_bwd(K, &g, x, y, dy, idx, dx), 0);
   assert_true(dx[0] == 0.0f && dx[1] == 5.0f && dx[2] == 0.0f && dx[3] == 0.0f);
   idx[0] = 4; /* not an index maxpool_fwd writes */

@@ -83,6 +83,10 @@ TS_CPU_BODY void pad_planar(const ts_conv2d_t *g, const direct_t *d, const float
   memset(xp, 0, C * d->xs * sizeof(float));
   for (size_t iy = 0; iy < g->in_h; iy++) {
     const float *restrict src = img + iy * g->in_w * C;
+    if (C == 1) { /* a row is already planar */
+      memcpy(xp + (iy + g->pad_top) * d->pw + g->pad_left, src, g->in_w * sizeof(float));
+      continue;
+    }
     for (size_t ci = 0; ci < C; ci++) {
       float *restrict dst = xp + ci * d->xs + (iy + g->pad_top) * d->pw + g->pad_left;
       for (size_t ix = 0; ix < g->in_w; ix++) dst[ix] = src[ix * C + ci];
@@ -102,8 +106,18 @@ TS_CPU_BODY void grad_planar(const ts_conv2d_t *g, const direct_t *d, const floa
     }
 }
 
+/* yi = the real columns of the wide output planes, as one NHWC image. */
+TS_CPU_BODY void planes_to_image(const ts_conv2d_t *g, const direct_t *d, const float *restrict out,
+                                 float *restrict yi) {
+  size_t OC = g->out_c;
+  for (size_t oy = 0; oy < g->out_h; oy++)
+    for (size_t ox = 0; ox < g->out_w; ox++)
+      for (size_t co = 0; co < OC; co++)
+        yi[(oy * g->out_w + ox) * OC + co] = out[co * d->nj + oy * d->pw + ox];
+}
+
 TS_CPU_BODY void direct_fwd_body(const ts_conv2d_t *g, const float *x, const float *w, float *y,
-                          float *ws) {
+                                 float *ws) {
   direct_t d = direct_layout(g);
   size_t OC = g->out_c;
   float *restrict xp = ws, *restrict out = ws + 2 * g->in_c * d.xs;
@@ -117,11 +131,7 @@ TS_CPU_BODY void direct_fwd_body(const ts_conv2d_t *g, const float *x, const flo
           const float *restrict wr = w + ((ky * g->win_w + kx) * g->in_c + ci) * OC;
           for (size_t co = 0; co < OC; co++) row_fma(d.span, wr[co], src, out + co * d.nj);
         }
-    float *restrict yi = y + n * g->out_h * g->out_w * OC;
-    for (size_t oy = 0; oy < g->out_h; oy++)
-      for (size_t ox = 0; ox < g->out_w; ox++)
-        for (size_t co = 0; co < OC; co++)
-          yi[(oy * g->out_w + ox) * OC + co] = out[co * d.nj + oy * d.pw + ox];
+    planes_to_image(g, &d, out, y + n * g->out_h * g->out_w * OC);
   }
 }
 
@@ -168,6 +178,139 @@ TS_CPU_BODY void direct_bwd_data_body(const ts_conv2d_t *g, const float *w, cons
   }
 }
 
+#ifdef TS_CPU_MULTI_ISA
+#include <immintrin.h>
+
+/* AVX-512 forms of the forward and filter-gradient loops, register-blocked: the loops above
+ * load and store the output plane (or read two planes) for every multiply-add, these keep
+ * a tile of results in registers. A tile covers CO_TILE output channels; where out_c is not
+ * a multiple, the missing channels repeat the last one and are not stored. */
+#define CO_TILE 8
+
+/* The index of channel c of a tile of `cob` live channels (see above). */
+#define LIVE(c, cob) ((c) < (cob) ? (c) : (cob) - 1)
+
+/* Window taps in HWIO order (ky, kx, ci), and each one's offset in the planes of xp. */
+typedef struct {
+  size_t ky, kx, ci;
+} tap_t;
+
+static inline size_t tap_offset(const direct_t *d, size_t xs, tap_t t) {
+  return t.ci * xs + t.ky * d->pw + t.kx;
+}
+
+static inline void tap_next(const ts_conv2d_t *g, tap_t *t) {
+  if (++t->ci < g->in_c) return;
+  t->ci = 0;
+  if (++t->kx < g->win_w) return;
+  t->kx = 0;
+  t->ky++;
+}
+
+/* Forward: out[co][j, j + 32) for CO_TILE channels at a time, summed over every tap. */
+TS_CPU_TARGET_AVX512 static void fwd_tiles_avx512(const ts_conv2d_t *g, const direct_t *d,
+                                                  const float *restrict xp,
+                                                  const float *restrict w, float *restrict out) {
+  size_t OC = g->out_c, taps = g->win_h * g->win_w * g->in_c;
+  for (size_t co0 = 0; co0 < OC; co0 += CO_TILE) {
+    size_t cob = OC - co0 < CO_TILE ? OC - co0 : CO_TILE;
+    for (size_t j = 0; j < d->nj; j += 32) {
+      __m512 a0[CO_TILE], a1[CO_TILE];
+#pragma GCC unroll 8
+      for (size_t c = 0; c < CO_TILE; c++) a0[c] = a1[c] = _mm512_setzero_ps();
+      tap_t tp = {0, 0, 0};
+      for (size_t t = 0; t < taps; t++, tap_next(g, &tp)) {
+        const float *src = xp + tap_offset(d, d->xs, tp) + j;
+        __m512 x0 = _mm512_loadu_ps(src), x1 = _mm512_loadu_ps(src + 16);
+        const float *wr = w + t * OC + co0;
+#pragma GCC unroll 8
+        for (size_t c = 0; c < CO_TILE; c++) {
+          __m512 wv = _mm512_set1_ps(wr[LIVE(c, cob)]);
+          a0[c] = _mm512_fmadd_ps(wv, x0, a0[c]);
+          a1[c] = _mm512_fmadd_ps(wv, x1, a1[c]);
+        }
+      }
+#pragma GCC unroll 8
+      for (size_t c = 0; c < CO_TILE; c++)
+        if (c < cob) {
+          _mm512_storeu_ps(out + (co0 + c) * d->nj + j, a0[c]);
+          _mm512_storeu_ps(out + (co0 + c) * d->nj + j + 16, a1[c]);
+        }
+    }
+  }
+}
+
+/* Filter gradient: dw[t][co] += the dot products for TAP_TILE taps x CO_TILE channels at a
+ * time, 16 partial sums each in a register. */
+#define TAP_TILE 3
+
+TS_CPU_TARGET_AVX512 static void filter_tiles_avx512(const ts_conv2d_t *g, const direct_t *d,
+                                                     const float *restrict xp,
+                                                     const float *restrict dyp,
+                                                     float *restrict dw) {
+  size_t OC = g->out_c, taps = g->win_h * g->win_w * g->in_c;
+  for (size_t co0 = 0; co0 < OC; co0 += CO_TILE) {
+    size_t cob = OC - co0 < CO_TILE ? OC - co0 : CO_TILE;
+    tap_t tp = {0, 0, 0};
+    for (size_t t0 = 0; t0 < taps; t0 += TAP_TILE) {
+      size_t tb = taps - t0 < TAP_TILE ? taps - t0 : TAP_TILE;
+      const float *src[TAP_TILE];
+      for (size_t k = 0; k < TAP_TILE; k++) { /* a missing tap repeats the last one */
+        src[k] = xp + tap_offset(d, d->xs, tp);
+        if (k + 1 < tb) tap_next(g, &tp);
+      }
+      tap_next(g, &tp);
+      const float *dr[CO_TILE];
+      for (size_t c = 0; c < CO_TILE; c++) dr[c] = dyp + (co0 + LIVE(c, cob)) * d->nj;
+      __m512 acc[TAP_TILE][CO_TILE];
+#pragma GCC unroll 8
+      for (size_t k = 0; k < TAP_TILE; k++)
+#pragma GCC unroll 8
+        for (size_t c = 0; c < CO_TILE; c++) acc[k][c] = _mm512_setzero_ps();
+      for (size_t j = 0; j < d->nj; j += 16) {
+        __m512 xv[TAP_TILE];
+#pragma GCC unroll 8
+        for (size_t k = 0; k < TAP_TILE; k++) xv[k] = _mm512_loadu_ps(src[k] + j);
+#pragma GCC unroll 8
+        for (size_t c = 0; c < CO_TILE; c++) {
+          __m512 dv = _mm512_loadu_ps(dr[c] + j);
+#pragma GCC unroll 8
+          for (size_t k = 0; k < TAP_TILE; k++) acc[k][c] = _mm512_fmadd_ps(dv, xv[k], acc[k][c]);
+        }
+      }
+#pragma GCC unroll 8
+      for (size_t k = 0; k < TAP_TILE; k++)
+#pragma GCC unroll 8
+        for (size_t c = 0; c < CO_TILE; c++)
+          if (k < tb && c < cob) dw[(t0 + k) * OC + co0 + c] += _mm512_reduce_add_ps(acc[k][c]);
+    }
+  }
+}
+
+TS_CPU_TARGET_AVX512 static void fwd_avx512(const ts_conv2d_t *g, const float *x, const float *w,
+                                            float *y, float *ws) {
+  direct_t d = direct_layout(g);
+  float *restrict xp = ws, *restrict out = ws + 2 * g->in_c * d.xs;
+  for (size_t n = 0; n < g->batch; n++) {
+    pad_planar(g, &d, x + n * g->in_h * g->in_w * g->in_c, xp);
+    fwd_tiles_avx512(g, &d, xp, w, out);
+    planes_to_image(g, &d, out, y + n * g->out_h * g->out_w * g->out_c);
+  }
+}
+
+TS_CPU_TARGET_AVX512 static void filter_avx512(const ts_conv2d_t *g, const float *x,
+                                               const float *dy, float *dw, float *ws) {
+  direct_t d = direct_layout(g);
+  float *restrict xp = ws, *restrict dyp = ws + 2 * g->in_c * d.xs;
+  memset(dw, 0, g->win_h * g->win_w * g->in_c * g->out_c * sizeof(float));
+  for (size_t n = 0; n < g->batch; n++) {
+    pad_planar(g, &d, x + n * g->in_h * g->in_w * g->in_c, xp);
+    grad_planar(g, &d, dy + n * g->out_h * g->out_w * g->out_c, dyp);
+    filter_tiles_avx512(g, &d, xp, dyp, dw);
+  }
+}
+#endif
+
 TS_CPU_DISPATCH(direct_fwd,
                 (const ts_conv2d_t *g, const float *x, const float *w, float *y, float *ws),
                 (g, x, w, y, ws))
@@ -179,11 +322,23 @@ TS_CPU_DISPATCH(direct_bwd_data,
                 (g, w, dy, dx, ws))
 
 void ts_cpu_direct_fwd(const ts_conv2d_t *g, const float *x, const float *w, float *y, float *ws) {
+#ifdef TS_CPU_MULTI_ISA
+  if (ts_cpu_isa() == TS_CPU_ISA_AVX512) {
+    fwd_avx512(g, x, w, y, ws);
+    return;
+  }
+#endif
   direct_fwd(g, x, w, y, ws);
 }
 
 void ts_cpu_direct_bwd_filter(const ts_conv2d_t *g, const float *x, const float *dy, float *dw,
                               float *ws) {
+#ifdef TS_CPU_MULTI_ISA
+  if (ts_cpu_isa() == TS_CPU_ISA_AVX512) {
+    filter_avx512(g, x, dy, dw, ws);
+    return;
+  }
+#endif
   direct_bwd_filter(g, x, dy, dw, ws);
 }
 

@@ -185,9 +185,12 @@ struct ts_kernels {
   int (*mul)(const ts_kernels_t *k, size_t n, const float *a, const float *b, float *y);
 };
 
-/* The CPU back end: OpenBLAS for gemm, plain loops for the rest. A static table, valid for
- * the life of the process; never freed. Thread-safe (it has no state; OpenBLAS's own
- * threading is set by OPENBLAS_NUM_THREADS or ts_kernels_cpu_set_threads). */
+/* The CPU back end: OpenBLAS for gemm and the im2col convolutions, loops compiled for the
+ * CPU's vector instructions for the rest (docs/dev/ARCHITECTURE.md, "Convolution on the
+ * CPU"). A static table, valid for
+ * the life of the process; never freed. Thread-safe (its one piece of state, the vector
+ * instruction set found, is kept atomically; OpenBLAS's own threading is set by
+ * OPENBLAS_NUM_THREADS or ts_kernels_cpu_set_threads). */
 const ts_kernels_t *ts_kernels_cpu(void);
 
 /* The threads one CPU op may use (OpenBLAS's): n > 0 sets them, 0 keeps OpenBLAS's choice.

@@ -3,7 +3,10 @@
  *
  * Matrix products go to OpenBLAS. Everything else is a plain loop over restrict pointers
  * with no calls inside, which GCC and Clang vectorise at -O2/-O3; the loops are written for
- * clarity first because every other back end is tested against them.
+ * clarity first because every other back end is tested against them. The convolution and
+ * pooling kernels (ts_kernels_cpu_conv.c, ts_kernels_cpu_direct.c) and the fused bias +
+ * ReLU (ts_kernels_cpu_fused.c) are in files of their own, with loops compiled per vector
+ * instruction set; ts_cpu_isa() below says which set this CPU runs.
  */
 #include <cblas.h>
 #include <limits.h>

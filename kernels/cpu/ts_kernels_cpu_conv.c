@@ -252,8 +252,9 @@ static bool pool_rows_fit(const ts_conv2d_t *g) {
 
 /* One window tap against the running maximum of an output row of `row` floats: src is the
  * tap's input row, base its offset in the image. first: the row's first tap (copy it). */
-static void pool_tap_base(size_t row, const int32_t *restrict col, const float *restrict src,
-                          int32_t base, bool first, float *restrict best, int32_t *restrict at) {
+TS_CPU_BODY void pool_tap_body(size_t row, const int32_t *restrict col, const float *restrict src,
+                              int32_t base, bool first, float *restrict best,
+                              int32_t *restrict at) {
   for (size_t j = 0; j < row; j++) {
     float v = src[col[j]];
     if (first || v > best[j]) { /* strict: the first maximum wins ties */
@@ -286,16 +287,10 @@ TS_CPU_TARGET_AVX512 static void pool_tap_avx512(size_t row, const int32_t *rest
 }
 #endif
 
-static void pool_tap(size_t row, const int32_t *col, const float *src, int32_t base, bool first,
-                     float *best, int32_t *at) {
-#ifdef TS_CPU_MULTI_ISA
-  if (ts_cpu_isa() == TS_CPU_ISA_AVX512) {
-    pool_tap_avx512(row, col, src, base, first, best, at);
-    return;
-  }
-#endif
-  pool_tap_base(row, col, src, base, first, best, at);
-}
+TS_CPU_DISPATCH_OWN_AVX512(pool_tap, pool_tap_avx512,
+                           (size_t row, const int32_t *col, const float *src, int32_t base,
+                            bool first, float *best, int32_t *at),
+                           (row, col, src, base, first, best, at))
 
 static void pool_rows(const ts_conv2d_t *g, const float *x, float *y, int32_t *argmax) {
   size_t C = g->in_c, row = g->out_w * C;

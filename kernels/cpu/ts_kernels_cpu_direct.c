@@ -311,34 +311,24 @@ TS_CPU_TARGET_AVX512 static void filter_avx512(const ts_conv2d_t *g, const float
 }
 #endif
 
-TS_CPU_DISPATCH(direct_fwd,
-                (const ts_conv2d_t *g, const float *x, const float *w, float *y, float *ws),
-                (g, x, w, y, ws))
-TS_CPU_DISPATCH(direct_bwd_filter,
-                (const ts_conv2d_t *g, const float *x, const float *dy, float *dw, float *ws),
-                (g, x, dy, dw, ws))
+TS_CPU_DISPATCH_OWN_AVX512(direct_fwd, fwd_avx512,
+                           (const ts_conv2d_t *g, const float *x, const float *w, float *y,
+                            float *ws),
+                           (g, x, w, y, ws))
+TS_CPU_DISPATCH_OWN_AVX512(direct_bwd_filter, filter_avx512,
+                           (const ts_conv2d_t *g, const float *x, const float *dy, float *dw,
+                            float *ws),
+                           (g, x, dy, dw, ws))
 TS_CPU_DISPATCH(direct_bwd_data,
                 (const ts_conv2d_t *g, const float *w, const float *dy, float *dx, float *ws),
                 (g, w, dy, dx, ws))
 
 void ts_cpu_direct_fwd(const ts_conv2d_t *g, const float *x, const float *w, float *y, float *ws) {
-#ifdef TS_CPU_MULTI_ISA
-  if (ts_cpu_isa() == TS_CPU_ISA_AVX512) {
-    fwd_avx512(g, x, w, y, ws);
-    return;
-  }
-#endif
   direct_fwd(g, x, w, y, ws);
 }
 
 void ts_cpu_direct_bwd_filter(const ts_conv2d_t *g, const float *x, const float *dy, float *dw,
                               float *ws) {
-#ifdef TS_CPU_MULTI_ISA
-  if (ts_cpu_isa() == TS_CPU_ISA_AVX512) {
-    filter_avx512(g, x, dy, dw, ws);
-    return;
-  }
-#endif
   direct_bwd_filter(g, x, dy, dw, ws);
 }
 

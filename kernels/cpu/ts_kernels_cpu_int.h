@@ -39,8 +39,21 @@ ts_cpu_isa_t ts_cpu_isa_limit(ts_cpu_isa_t max);
       default: name##_base args; break;                                       \
     }                                                                         \
   }
+/* The same where the AVX-512 copy is written by hand (intrinsics): the function avx512. */
+#define TS_CPU_DISPATCH_OWN_AVX512(name, avx512, params, args)                \
+  TS_CPU_TARGET_AVX2 static void name##_avx2 params { name##_body args; }     \
+  static void name##_base params { name##_body args; }                        \
+  static void name params {                                                   \
+    switch (ts_cpu_isa()) {                                                   \
+      case TS_CPU_ISA_AVX512: avx512 args; break;                             \
+      case TS_CPU_ISA_AVX2: name##_avx2 args; break;                          \
+      default: name##_base args; break;                                       \
+    }                                                                         \
+  }
 #else
 #define TS_CPU_DISPATCH(name, params, args) \
+  static void name params { name##_body args; }
+#define TS_CPU_DISPATCH_OWN_AVX512(name, avx512, params, args) \
   static void name params { name##_body args; }
 #endif
 

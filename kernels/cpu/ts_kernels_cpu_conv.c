@@ -253,8 +253,8 @@ static bool pool_rows_fit(const ts_conv2d_t *g) {
 /* One window tap against the running maximum of an output row of `row` floats: src is the
  * tap's input row, base its offset in the image. first: the row's first tap (copy it). */
 TS_CPU_BODY void pool_tap_body(size_t row, const int32_t *restrict col, const float *restrict src,
-                              int32_t base, bool first, float *restrict best,
-                              int32_t *restrict at) {
+                               int32_t base, bool first, float *restrict best,
+                               int32_t *restrict at) {
   for (size_t j = 0; j < row; j++) {
     float v = src[col[j]];
     if (first || v > best[j]) { /* strict: the first maximum wins ties */

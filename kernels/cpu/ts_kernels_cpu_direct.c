@@ -135,8 +135,8 @@ TS_CPU_BODY void direct_fwd_body(const ts_conv2d_t *g, const float *x, const flo
   }
 }
 
-TS_CPU_BODY void direct_bwd_filter_body(const ts_conv2d_t *g, const float *x, const float *dy, float *dw,
-                                 float *ws) {
+TS_CPU_BODY void direct_bwd_filter_body(const ts_conv2d_t *g, const float *x, const float *dy,
+                                        float *dw, float *ws) {
   direct_t d = direct_layout(g);
   size_t OC = g->out_c, K = g->win_h * g->win_w * g->in_c;
   float *restrict xp = ws, *restrict dyp = ws + 2 * g->in_c * d.xs;
@@ -154,8 +154,8 @@ TS_CPU_BODY void direct_bwd_filter_body(const ts_conv2d_t *g, const float *x, co
   }
 }
 
-TS_CPU_BODY void direct_bwd_data_body(const ts_conv2d_t *g, const float *w, const float *dy, float *dx,
-                               float *ws) {
+TS_CPU_BODY void direct_bwd_data_body(const ts_conv2d_t *g, const float *w, const float *dy,
+                                      float *dx, float *ws) {
   direct_t d = direct_layout(g);
   size_t OC = g->out_c, C = g->in_c;
   float *restrict dxp = ws + C * d.xs, *restrict dyp = ws + 2 * C * d.xs;
@@ -188,7 +188,7 @@ TS_CPU_BODY void direct_bwd_data_body(const ts_conv2d_t *g, const float *w, cons
 #define CO_TILE 8
 
 /* The index of channel c of a tile of `cob` live channels (see above). */
-#define LIVE(c, cob) ((c) < (cob) ? (c) : (cob) - 1)
+#define LIVE(c, cob) ((c) < (cob) ? (c) : (cob)-1)
 
 /* Window taps in HWIO order (ky, kx, ci), and each one's offset in the planes of xp. */
 typedef struct {
@@ -209,8 +209,8 @@ static inline void tap_next(const ts_conv2d_t *g, tap_t *t) {
 
 /* Forward: out[co][j, j + 32) for CO_TILE channels at a time, summed over every tap. */
 TS_CPU_TARGET_AVX512 static void fwd_tiles_avx512(const ts_conv2d_t *g, const direct_t *d,
-                                                  const float *restrict xp,
-                                                  const float *restrict w, float *restrict out) {
+                                                  const float *restrict xp, const float *restrict w,
+                                                  float *restrict out) {
   size_t OC = g->out_c, taps = g->win_h * g->win_w * g->in_c;
   for (size_t co0 = 0; co0 < OC; co0 += CO_TILE) {
     size_t cob = OC - co0 < CO_TILE ? OC - co0 : CO_TILE;

@@ -52,8 +52,8 @@ TS_CPU_BODY void bias_relu_rows_body(size_t rows, size_t cols, const float *bias
   bias_relu_block(total - i, t, y + i);
 }
 
-TS_CPU_BODY void relu_bias_grad_rows_body(size_t rows, size_t cols, const float *y,
-                                          const float *dy, float *dx, float *db) {
+TS_CPU_BODY void relu_bias_grad_rows_body(size_t rows, size_t cols, const float *y, const float *dy,
+                                          float *dx, float *db) {
   float tile[TILE_MAX_COLS * TILE_ROWS];
   size_t len = block_len(cols), total = rows * cols, i = 0;
   float *acc = len != cols ? tile : db; /* wide rows sum straight into db */
@@ -74,8 +74,7 @@ TS_CPU_DISPATCH(relu_bias_grad_rows,
                 (size_t rows, size_t cols, const float *y, const float *dy, float *dx, float *db),
                 (rows, cols, y, dy, dx, db))
 
-int ts_cpu_bias_relu(const ts_kernels_t *k, size_t rows, size_t cols, const float *bias,
-                     float *y) {
+int ts_cpu_bias_relu(const ts_kernels_t *k, size_t rows, size_t cols, const float *bias, float *y) {
   (void)k;
   if (rows == 0 || cols == 0) return 0;
   if (!bias || !y) return TS_EINVAL;

@@ -27,34 +27,44 @@ ts_cpu_isa_t ts_cpu_isa_limit(ts_cpu_isa_t max);
 #define TS_CPU_MULTI_ISA 1
 #define TS_CPU_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
 #define TS_CPU_TARGET_AVX2 __attribute__((target("avx2,fma")))
-/* static void name params, running name##_body args (a void TS_CPU_BODY) in the widest copy. */
-#define TS_CPU_DISPATCH(name, params, args)                                  \
-  TS_CPU_TARGET_AVX512 static void name##_avx512 params { name##_body args; } \
-  TS_CPU_TARGET_AVX2 static void name##_avx2 params { name##_body args; }     \
-  static void name##_base params { name##_body args; }                        \
-  static void name params {                                                   \
-    switch (ts_cpu_isa()) {                                                   \
-      case TS_CPU_ISA_AVX512: name##_avx512 args; break;                      \
-      case TS_CPU_ISA_AVX2: name##_avx2 args; break;                          \
-      default: name##_base args; break;                                       \
-    }                                                                         \
+/* static void name params, running avx512 args, or name##_body args (a void TS_CPU_BODY) in
+ * its AVX2 or baseline copy, by what the CPU has: for a loop whose AVX-512 form is written by
+ * hand (intrinsics). */
+#define TS_CPU_DISPATCH_OWN_AVX512(name, avx512, params, args) \
+  TS_CPU_TARGET_AVX2 static void name##_avx2 params {          \
+    name##_body args;                                          \
+  }                                                            \
+  static void name##_base params {                             \
+    name##_body args;                                          \
+  }                                                            \
+  static void name params {                                    \
+    switch (ts_cpu_isa()) {                                    \
+      case TS_CPU_ISA_AVX512:                                  \
+        avx512 args;                                           \
+        break;                                                 \
+      case TS_CPU_ISA_AVX2:                                    \
+        name##_avx2 args;                                      \
+        break;                                                 \
+      default:                                                 \
+        name##_base args;                                      \
+        break;                                                 \
+    }                                                          \
   }
-/* The same where the AVX-512 copy is written by hand (intrinsics): the function avx512. */
-#define TS_CPU_DISPATCH_OWN_AVX512(name, avx512, params, args)                \
-  TS_CPU_TARGET_AVX2 static void name##_avx2 params { name##_body args; }     \
-  static void name##_base params { name##_body args; }                        \
-  static void name params {                                                   \
-    switch (ts_cpu_isa()) {                                                   \
-      case TS_CPU_ISA_AVX512: avx512 args; break;                             \
-      case TS_CPU_ISA_AVX2: name##_avx2 args; break;                          \
-      default: name##_base args; break;                                       \
-    }                                                                         \
-  }
+/* The same with the AVX-512 copy compiled from the body too. */
+#define TS_CPU_DISPATCH(name, params, args)               \
+  TS_CPU_TARGET_AVX512 static void name##_avx512 params { \
+    name##_body args;                                     \
+  }                                                       \
+  TS_CPU_DISPATCH_OWN_AVX512(name, name##_avx512, params, args)
 #else
 #define TS_CPU_DISPATCH(name, params, args) \
-  static void name params { name##_body args; }
+  static void name params {                 \
+    name##_body args;                       \
+  }
 #define TS_CPU_DISPATCH_OWN_AVX512(name, avx512, params, args) \
-  static void name params { name##_body args; }
+  static void name params {                                    \
+    name##_body args;                                          \
+  }
 #endif
 
 size_t ts_cpu_conv2d_workspace(const ts_kernels_t *k, const ts_conv2d_t *g);

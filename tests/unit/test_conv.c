@@ -29,12 +29,12 @@
 
 #include <cmocka.h>
 
+#include "cpu/ts_kernels_cpu_int.h"
 #include "rng_fixture.h"
 #include "ts_alloc.h"
 #include "ts_conv.h"
 #include "ts_err.h"
 #include "ts_kernels.h"
-#include "cpu/ts_kernels_cpu_int.h"
 
 static const ts_kernels_t *K;
 

@@ -14,11 +14,11 @@
 
 #include <cmocka.h>
 
+#include "cpu/ts_kernels_cpu_int.h"
 #include "rng_fixture.h"
 #include "ts_alloc.h"
 #include "ts_err.h"
 #include "ts_kernels.h"
-#include "cpu/ts_kernels_cpu_int.h"
 
 static const ts_kernels_t *K;
 
@@ -293,8 +293,8 @@ static void check_fused(size_t rows, size_t cols) {
 
 static void test_fused_vs_reference(void **state) {
   (void)state;
-  static const size_t shapes[][2] = {{1, 1},    {15, 6},  {16, 6}, {100, 6}, {333, 16},
-                                     {32, 64},  {37, 65}, {32, 120}, {5, 84}, {1, 300}};
+  static const size_t shapes[][2] = {{1, 1},   {15, 6},  {16, 6},   {100, 6}, {333, 16},
+                                     {32, 64}, {37, 65}, {32, 120}, {5, 84},  {1, 300}};
   ts_cpu_isa_t best = ts_cpu_isa();
   for (int isa = TS_CPU_ISA_BASE; isa <= (int)best; isa++) {
     ts_cpu_isa_limit((ts_cpu_isa_t)isa);

@@ -302,8 +302,8 @@ static void check_net_gradient(const ts_layer_spec_t *s, size_t n, ts_layer_shap
         double right = ((double)up - (double)at) / (double)h;
         double left = ((double)at - (double)down) / (double)h;
         double side = 3e-4 + 2e-2 * fmax(fabs(right), fabs(left));
-        bool kink = fabs(right - left) > lim &&
-                    (fabs(an - right) <= side || fabs(an - left) <= side);
+        bool kink =
+            fabs(right - left) > lim && (fabs(an - right) <= side || fabs(an - left) <= side);
         if (!kink)
           fail_msg("%s[%zu]: backprop %.7g, finite difference %.7g (|diff| %.3g > %.3g; one-sided "
                    "%.7g and %.7g)",
@@ -461,9 +461,12 @@ static void test_fused_equals_unfused(void **state) {
   ts_kernels_t plain = *K;
   plain.bias_relu = NULL;
   plain.relu_bwd_bias_grad = NULL;
-  ts_layer_spec_t s[] = {conv(3, 3, 1, TS_PAD_SAME, TS_LAYER_RELU), pool(2, 0),
-                         conv(4, 3, 1, TS_PAD_VALID, TS_LAYER_RELU), FLATTEN,
-                         dense(6, TS_LAYER_RELU), dense(3, TS_LAYER_LINEAR)};
+  ts_layer_spec_t s[] = {conv(3, 3, 1, TS_PAD_SAME, TS_LAYER_RELU),
+                         pool(2, 0),
+                         conv(4, 3, 1, TS_PAD_VALID, TS_LAYER_RELU),
+                         FLATTEN,
+                         dense(6, TS_LAYER_RELU),
+                         dense(3, TS_LAYER_LINEAR)};
   ts_net_t a, b;
   ts_layer_shape_t in = {8, 9, 1};
   assert_int_equal(ts_net_init(&a, s, 6, in, 5, K, NULL, 0), 0);

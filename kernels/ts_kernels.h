@@ -116,6 +116,16 @@ struct ts_kernels {
   int (*relu_bwd)(const ts_kernels_t *k, size_t n, const float *y, const float *dy, float *dx);
   int (*tanh_fwd)(const ts_kernels_t *k, size_t n, const float *x, float *y);
   int (*tanh_bwd)(const ts_kernels_t *k, size_t n, const float *y, const float *dy, float *dx);
+  /* Fused forms, for a layer's product with a bias and a ReLU: one pass where the kernels
+   * above make two or three. Optional: a back end may leave them NULL (the CUDA back end
+   * does), and the model then calls bias_add, relu_fwd, relu_bwd and bias_grad instead.
+   * bias_relu: y[i][j] = max(y[i][j] + bias[j], 0) for a dense rows x cols matrix, in place
+   * (the layer keeps only its output: relu_bwd needs no more).
+   * relu_bwd_bias_grad: dx = relu_bwd(y, dy) over rows x cols, and db[j] = sum over i of
+   * dx[i][j] (bias_grad of dx). dx must not overlap y or dy. */
+  int (*bias_relu)(const ts_kernels_t *k, size_t rows, size_t cols, const float *bias, float *y);
+  int (*relu_bwd_bias_grad)(const ts_kernels_t *k, size_t rows, size_t cols, const float *y,
+                            const float *dy, float *dx, float *db);
 
   /* --- loss and metrics ---------------------------------------------------------------
    * Softmax cross-entropy over `rows` examples of `cols` classes (TensorFlow's
@@ -175,9 +185,12 @@ struct ts_kernels {
   int (*mul)(const ts_kernels_t *k, size_t n, const float *a, const float *b, float *y);
 };
 
-/* The CPU back end: OpenBLAS for gemm, plain loops for the rest. A static table, valid for
- * the life of the process; never freed. Thread-safe (it has no state; OpenBLAS's own
- * threading is set by OPENBLAS_NUM_THREADS or ts_kernels_cpu_set_threads). */
+/* The CPU back end: OpenBLAS for gemm and the im2col convolutions, loops compiled for the
+ * CPU's vector instructions for the rest (docs/dev/ARCHITECTURE.md, "Convolution on the
+ * CPU"). A static table, valid for
+ * the life of the process; never freed. Thread-safe (its one piece of state, the vector
+ * instruction set found, is kept atomically; OpenBLAS's own threading is set by
+ * OPENBLAS_NUM_THREADS or ts_kernels_cpu_set_threads). */
 const ts_kernels_t *ts_kernels_cpu(void);
 
 /* The threads one CPU op may use (OpenBLAS's): n > 0 sets them, 0 keeps OpenBLAS's choice.

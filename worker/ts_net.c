@@ -4,7 +4,10 @@
  * Forward: layer i reads out(i - 1) (the input batch for i = 0) and writes z[i] (the conv or
  * dense product plus bias, the pooled maximum, the dropped-out units), then a[i] = act(z[i])
  * when it has a non-linear activation. out(i) is a[i], else z[i]; a flatten layer and a
- * dropout layer outside training have no buffer of their own and give out(i - 1) on.
+ * dropout layer outside training have no buffer of their own and give out(i - 1) on. A conv
+ * or dense layer with a ReLU on a back end with the fused kernels (bias_relu,
+ * relu_bwd_bias_grad) has no z[i]: its product goes into a[i] and bias_relu finishes it in
+ * place, and its backward step takes the ReLU and the bias gradient in one pass.
  *
  * Backward: the gradient with respect to the current layer's output is in one of two scratch
  * buffers (cur); each step reads cur and writes the other (activation gradient, input
@@ -47,6 +50,19 @@ static float *param(const ts_net_t *n, long t) {
 
 static float *grad(const ts_net_t *n, long t) {
   return n->grads + n->desc.tensors[t].offset;
+}
+
+/* Layer i's bias and ReLU go through the fused kernels (see above). */
+static bool fused_relu(const ts_net_t *n, size_t i) {
+  const ts_layer_t *L = layer(n, i);
+  return (L->spec.type == TS_LAYER_CONV2D || L->spec.type == TS_LAYER_DENSE) &&
+         L->spec.activation == TS_LAYER_RELU && n->kernels->bias_relu &&
+         n->kernels->relu_bwd_bias_grad;
+}
+
+/* Where layer i's product goes: a[i] when fused, else z[i]. */
+static float *product_of(const ts_net_t *n, size_t i) {
+  return fused_relu(n, i) ? n->a[i] : n->z[i];
 }
 
 static ts_conv2d_t geom(const ts_layer_t *L, size_t batch) {
@@ -124,7 +140,7 @@ static int alloc_layer(ts_net_t *n, size_t i, size_t *mask_max) {
     case TS_LAYER_DENSE:
       break;
   }
-  if (rc == 0) rc = alloc_floats(k, out, &n->z[i]);
+  if (rc == 0 && !fused_relu(n, i)) rc = alloc_floats(k, out, &n->z[i]);
   if (rc == 0 && L->spec.activation != TS_LAYER_LINEAR) rc = alloc_floats(k, out, &n->a[i]);
   return rc;
 }
@@ -292,23 +308,32 @@ static int activate(const ts_net_t *n, size_t i, size_t count) {
   return TS_EINTERNAL;
 }
 
+/* The product's bias, and its ReLU when fused; rows x cols of the product. */
+static int add_bias(ts_net_t *n, size_t i, size_t rows, size_t cols, float *prod) {
+  const ts_kernels_t *k = n->kernels;
+  const float *b = param(n, layer(n, i)->bias);
+  return fused_relu(n, i) ? k->bias_relu(k, rows, cols, b, prod)
+                          : k->bias_add(k, rows, cols, b, prod);
+}
+
 static int forward_layer(ts_net_t *n, size_t i, size_t B) {
   const ts_kernels_t *k = n->kernels;
   const ts_layer_t *L = layer(n, i);
   const float *in = in_of(n, i);
   size_t out = B * ts_layers_elems(L->out);
+  float *prod = product_of(n, i);
   int rc = 0;
   switch (L->spec.type) {
     case TS_LAYER_CONV2D: {
       ts_conv2d_t g = geom(L, B);
-      rc = k->conv2d_fwd(k, &g, in, param(n, L->kernel), n->z[i], n->ws, n->ws_bytes);
-      if (rc == 0) rc = k->bias_add(k, out / L->out.c, L->out.c, param(n, L->bias), n->z[i]);
+      rc = k->conv2d_fwd(k, &g, in, param(n, L->kernel), prod, n->ws, n->ws_bytes);
+      if (rc == 0) rc = add_bias(n, i, out / L->out.c, L->out.c, prod);
       break;
     }
     case TS_LAYER_DENSE: /* z = in W + b: (B x fan_in) (fan_in x units) */
       rc = k->gemm(k, false, false, B, L->out.c, L->in.c, 1.0f, in, L->in.c, param(n, L->kernel),
-                   L->out.c, 0.0f, n->z[i], L->out.c);
-      if (rc == 0) rc = k->bias_add(k, B, L->out.c, param(n, L->bias), n->z[i]);
+                   L->out.c, 0.0f, prod, L->out.c);
+      if (rc == 0) rc = add_bias(n, i, B, L->out.c, prod);
       break;
     case TS_LAYER_MAX_POOL: {
       ts_conv2d_t g = geom(L, B);
@@ -323,7 +348,7 @@ static int forward_layer(ts_net_t *n, size_t i, size_t B) {
     case TS_LAYER_FLATTEN:
       return 0;
   }
-  if (rc == 0) rc = activate(n, i, out);
+  if (rc == 0 && !fused_relu(n, i)) rc = activate(n, i, out);
   return rc;
 }
 
@@ -349,12 +374,19 @@ static int forward(ts_net_t *n, size_t B, float *loss) {
 
 /* --- backward ------------------------------------------------------------------------------ */
 
-/* The gradient through layer i's activation: cur holds d out(i); *cur becomes d z[i]. */
+/* The gradient through layer i's activation: cur holds d out(i); *cur becomes d z[i]. With
+ * the fused kernels it also writes the bias gradient (rows x cols is the product). */
 static int activation_grad(ts_net_t *n, size_t i, size_t count, float **cur, float **oth) {
   const ts_kernels_t *k = n->kernels;
+  const ts_layer_t *L = layer(n, i);
   int rc;
-  switch (layer(n, i)->spec.activation) {
+  switch (L->spec.activation) {
     case TS_LAYER_RELU:
+      if (fused_relu(n, i)) {
+        rc = k->relu_bwd_bias_grad(k, count / L->out.c, L->out.c, n->a[i], *cur, *oth,
+                                   grad(n, L->bias));
+        break;
+      }
       rc = k->relu_bwd(k, count, n->a[i], *cur, *oth);
       break;
     case TS_LAYER_TANH:
@@ -383,7 +415,8 @@ static int backward_layer(ts_net_t *n, size_t i, size_t B, bool need_in, float *
     case TS_LAYER_CONV2D: {
       ts_conv2d_t g = geom(L, B);
       rc = k->conv2d_bwd_filter(k, &g, in, *cur, grad(n, L->kernel), n->ws, n->ws_bytes);
-      if (rc == 0) rc = k->bias_grad(k, out / L->out.c, L->out.c, *cur, grad(n, L->bias));
+      if (rc == 0 && !fused_relu(n, i))
+        rc = k->bias_grad(k, out / L->out.c, L->out.c, *cur, grad(n, L->bias));
       if (rc == 0 && need_in)
         rc = k->conv2d_bwd_data(k, &g, param(n, L->kernel), *cur, *oth, n->ws, n->ws_bytes);
       wrote = need_in;
@@ -392,7 +425,7 @@ static int backward_layer(ts_net_t *n, size_t i, size_t B, bool need_in, float *
     case TS_LAYER_DENSE: /* dW = in^T dz, db = colsum dz, d in = dz W^T */
       rc = k->gemm(k, true, false, L->in.c, L->out.c, B, 1.0f, in, L->in.c, *cur, L->out.c, 0.0f,
                    grad(n, L->kernel), L->out.c);
-      if (rc == 0) rc = k->bias_grad(k, B, L->out.c, *cur, grad(n, L->bias));
+      if (rc == 0 && !fused_relu(n, i)) rc = k->bias_grad(k, B, L->out.c, *cur, grad(n, L->bias));
       if (rc == 0 && need_in)
         rc = k->gemm(k, false, true, B, L->in.c, L->out.c, 1.0f, *cur, L->out.c,
                      param(n, L->kernel), L->out.c, 0.0f, *oth, L->in.c);

@@ -45,7 +45,8 @@ typedef struct {
   uint64_t seed, stream;
   float *x;         /* input batch, batch_capacity x input elems */
   int32_t *labels;  /* batch_capacity */
-  float **z;        /* per layer: output before the activation (NULL for flatten) */
+  float **z;        /* per layer: output before the activation (NULL for flatten, and for a
+                     * conv or dense ReLU layer on fused kernels: see ts_net.c) */
   float **a;        /* per layer: output after a non-linear activation (else NULL) */
   int32_t **argmax; /* per max_pool layer */
   float **mask;     /* per dropout layer: device mask */

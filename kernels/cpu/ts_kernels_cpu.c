@@ -3,7 +3,10 @@
  *
  * Matrix products go to OpenBLAS. Everything else is a plain loop over restrict pointers
  * with no calls inside, which GCC and Clang vectorise at -O2/-O3; the loops are written for
- * clarity first because every other back end is tested against them.
+ * clarity first because every other back end is tested against them. The convolution and
+ * pooling kernels (ts_kernels_cpu_conv.c, ts_kernels_cpu_direct.c) and the fused bias +
+ * ReLU (ts_kernels_cpu_fused.c) are in files of their own, with loops compiled per vector
+ * instruction set; ts_cpu_isa() below says which set this CPU runs.
  */
 #include <cblas.h>
 #include <limits.h>
@@ -154,7 +157,10 @@ static int cpu_relu_bwd(const ts_kernels_t *k, size_t n, const float *restrict y
   CHECK_BUF(y, n);
   CHECK_BUF(dy, n);
   CHECK_BUF(dx, n);
-  for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  for (size_t i = 0; i < n; i++) {
+    float g = dy[i]; /* read unconditionally: the select vectorises, a branch would not */
+    dx[i] = y[i] > 0.0f ? g : 0.0f;
+  }
   return 0;
 }
 
@@ -272,6 +278,8 @@ static const ts_kernels_t cpu_kernels = {
     .relu_bwd = cpu_relu_bwd,
     .tanh_fwd = cpu_tanh_fwd,
     .tanh_bwd = cpu_tanh_bwd,
+    .bias_relu = ts_cpu_bias_relu,
+    .relu_bwd_bias_grad = ts_cpu_relu_bwd_bias_grad,
     .softmax_xent = cpu_softmax_xent,
     .softmax_xent_grad = cpu_softmax_xent_grad,
     .argmax_correct = cpu_argmax_correct,
@@ -283,6 +291,34 @@ static const ts_kernels_t cpu_kernels = {
     .maxpool_bwd = ts_cpu_maxpool_bwd,
     .mul = ts_cpu_mul,
 };
+
+/* -1: not yet known. Relaxed atomics: every thread computes the same value. */
+static int isa_found = -1, isa_cap = TS_CPU_ISA_AVX512;
+
+static int isa_detect(void) {
+#ifdef TS_CPU_MULTI_ISA
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+    return TS_CPU_ISA_AVX512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return TS_CPU_ISA_AVX2;
+#endif
+  return TS_CPU_ISA_BASE;
+}
+
+ts_cpu_isa_t ts_cpu_isa(void) {
+  int found = __atomic_load_n(&isa_found, __ATOMIC_RELAXED);
+  if (found < 0) {
+    found = isa_detect();
+    __atomic_store_n(&isa_found, found, __ATOMIC_RELAXED);
+  }
+  int cap = __atomic_load_n(&isa_cap, __ATOMIC_RELAXED);
+  return (ts_cpu_isa_t)(found < cap ? found : cap);
+}
+
+ts_cpu_isa_t ts_cpu_isa_limit(ts_cpu_isa_t max) {
+  return (ts_cpu_isa_t)__atomic_exchange_n(&isa_cap, (int)max, __ATOMIC_RELAXED);
+}
 
 const ts_kernels_t *ts_kernels_cpu(void) {
   return &cpu_kernels;

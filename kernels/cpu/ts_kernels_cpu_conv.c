@@ -10,7 +10,9 @@
  *   input grad     dcol[rows x K]   = dy * w^T, then col2im adds each tap back into dx
  * A row's taps at one (ky, kx) are in_c contiguous floats of the input, so im2col and col2im
  * move whole channel vectors (memcpy, and an add loop the compiler vectorises). A 1x1
- * convolution with stride 1 and no padding needs no im2col: col is x itself.
+ * convolution with stride 1 and no padding needs no im2col: col is x itself. A convolution
+ * of stride 1 over at most 4 input channels goes to the direct kernels of
+ * ts_kernels_cpu_direct.c instead (why there).
  *
  * Threads: the loops here run on the caller's thread; sgemm uses OpenBLAS's threads.
  */
@@ -177,6 +179,10 @@ int ts_cpu_conv2d_fwd(const ts_kernels_t *k, const ts_conv2d_t *g, const float *
   size_t nb;
   int rc = conv_args(g, x, w, y, ws, ws_bytes, &nb);
   if (rc < 0) return rc;
+  if (ts_cpu_direct_fits(g, ws_bytes)) {
+    ts_cpu_direct_fwd(g, x, w, y, ws);
+    return 0;
+  }
   size_t K = taps(g), pix = g->out_h * g->out_w;
   for (size_t n0 = 0; n0 < g->batch; n0 += nb) {
     size_t cnt = g->batch - n0 < nb ? g->batch - n0 : nb;
@@ -192,6 +198,10 @@ int ts_cpu_conv2d_bwd_filter(const ts_kernels_t *k, const ts_conv2d_t *g, const 
   size_t nb;
   int rc = conv_args(g, x, dy, dw, ws, ws_bytes, &nb);
   if (rc < 0) return rc;
+  if (ts_cpu_direct_fits(g, ws_bytes)) {
+    ts_cpu_direct_bwd_filter(g, x, dy, dw, ws);
+    return 0;
+  }
   size_t K = taps(g), pix = g->out_h * g->out_w;
   for (size_t n0 = 0; n0 < g->batch; n0 += nb) {
     size_t cnt = g->batch - n0 < nb ? g->batch - n0 : nb;
@@ -212,6 +222,10 @@ int ts_cpu_conv2d_bwd_data(const ts_kernels_t *k, const ts_conv2d_t *g, const fl
     sgemm(false, true, g->batch * pix, K, g->out_c, dy, g->out_c, w, g->out_c, 0.0f, dx, K);
     return 0;
   }
+  if (ts_cpu_direct_fits(g, ws_bytes)) {
+    ts_cpu_direct_bwd_data(g, w, dy, dx, ws);
+    return 0;
+  }
   memset(dx, 0, g->batch * image_in(g) * sizeof(float));
   for (size_t n0 = 0; n0 < g->batch; n0 += nb) {
     size_t cnt = g->batch - n0 < nb ? g->batch - n0 : nb;
@@ -222,10 +236,92 @@ int ts_cpu_conv2d_bwd_data(const ts_kernels_t *k, const ts_conv2d_t *g, const fl
   return 0;
 }
 
+/* Max pooling, fast path: every window inside the input across (no padding left or right),
+ * and an output row of at most ROW_MAX floats. One output row at a time, each window tap
+ * (ky, kx) in turn is compared with the whole row's running maximum: a loop over the row's
+ * out_w * C floats, which reads tap kx of element j = ox * C + c at col[j] + kx * C with
+ * col[j] = ox * stride_w * C + c (a gather where stride_w > 1), so it vectorises whatever C
+ * is (AVX-512 where the CPU has it). The taps go in the same order as the general loop below,
+ * so ties resolve the same way. */
+#define ROW_MAX 2048
+
+static bool pool_rows_fit(const ts_conv2d_t *g) {
+  return g->pad_left == 0 && (g->out_w - 1) * g->stride_w + g->win_w <= g->in_w &&
+         g->out_w * g->in_c <= ROW_MAX;
+}
+
+/* One window tap against the running maximum of an output row of `row` floats: src is the
+ * tap's input row, base its offset in the image. first: the row's first tap (copy it). */
+TS_CPU_BODY void pool_tap_body(size_t row, const int32_t *restrict col, const float *restrict src,
+                               int32_t base, bool first, float *restrict best,
+                               int32_t *restrict at) {
+  for (size_t j = 0; j < row; j++) {
+    float v = src[col[j]];
+    if (first || v > best[j]) { /* strict: the first maximum wins ties */
+      best[j] = v;
+      at[j] = base + col[j];
+    }
+  }
+}
+
+#ifdef TS_CPU_MULTI_ISA
+#include <immintrin.h>
+
+/* The same with AVX-512: 16 elements per step, a gather for the tap, a masked tail. GCC does
+ * not vectorise the loop above (the gather and the two selects). */
+TS_CPU_TARGET_AVX512 static void pool_tap_avx512(size_t row, const int32_t *restrict col,
+                                                 const float *restrict src, int32_t base,
+                                                 bool first, float *restrict best,
+                                                 int32_t *restrict at) {
+  __m512i vbase = _mm512_set1_epi32(base);
+  for (size_t j = 0; j < row; j += 16) {
+    __mmask16 live = row - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (row - j)) - 1);
+    __m512i idx = _mm512_maskz_loadu_epi32(live, col + j);
+    __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, idx, src, 4);
+    __m512i here = _mm512_add_epi32(vbase, idx);
+    __mmask16 take = live;
+    if (!first) take &= _mm512_cmp_ps_mask(v, _mm512_maskz_loadu_ps(live, best + j), _CMP_GT_OQ);
+    _mm512_mask_storeu_ps(best + j, take, v);
+    _mm512_mask_storeu_epi32(at + j, take, here);
+  }
+}
+#endif
+
+TS_CPU_DISPATCH_OWN_AVX512(pool_tap, pool_tap_avx512,
+                           (size_t row, const int32_t *col, const float *src, int32_t base,
+                            bool first, float *best, int32_t *at),
+                           (row, col, src, base, first, best, at))
+
+static void pool_rows(const ts_conv2d_t *g, const float *x, float *y, int32_t *argmax) {
+  size_t C = g->in_c, row = g->out_w * C;
+  int32_t col[ROW_MAX];
+  for (size_t j = 0; j < row; j++) col[j] = (int32_t)(j / C * g->stride_w * C + j % C);
+  for (size_t n = 0; n < g->batch; n++) {
+    const float *img = x + n * image_in(g);
+    for (size_t oy = 0; oy < g->out_h; oy++) {
+      size_t o = (n * g->out_h + oy) * row;
+      bool first = true; /* every window has an input row (ts_conv.h) */
+      for (size_t ky = 0; ky < g->win_h; ky++) {
+        size_t iy = oy * g->stride_h + ky - g->pad_top; /* wraps when in the padding */
+        if (iy >= g->in_h) continue;
+        for (size_t kx = 0; kx < g->win_w; kx++) {
+          int32_t base = (int32_t)((iy * g->in_w + kx) * C);
+          pool_tap(row, col, img + base, base, first, y + o, argmax + o);
+          first = false;
+        }
+      }
+    }
+  }
+}
+
 int ts_cpu_maxpool_fwd(const ts_kernels_t *k, const ts_conv2d_t *g, const float *x, float *y,
                        int32_t *argmax) {
   (void)k;
   if (!geometry_ok(g) || g->out_c != g->in_c || !x || !y || !argmax) return TS_EINVAL;
+  if (pool_rows_fit(g)) {
+    pool_rows(g, x, y, argmax);
+    return 0;
+  }
   size_t C = g->in_c;
   for (size_t n = 0; n < g->batch; n++) {
     const float *restrict img = x + n * image_in(g);

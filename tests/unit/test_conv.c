@@ -13,6 +13,11 @@
  * from float32 differences. Pooling inputs are distinct values spaced far wider than the
  * step, so no difference crosses a tie. The whole network's gradient, with its kinks and its
  * float32 loss, is checked by tests/unit/test_net.c.
+ *
+ * The CPU back end takes stride-1 convolutions of at most 4 input channels through its direct
+ * kernels (kernels/cpu/ts_kernels_cpu_direct.c) and the rest through im2col; the cases cover
+ * both, and the convolutions run once more for each narrower vector instruction set the CPU
+ * has (the back end compiles its loops for AVX-512, AVX2 and the baseline).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -24,6 +29,7 @@
 
 #include <cmocka.h>
 
+#include "cpu/ts_kernels_cpu_int.h"
 #include "rng_fixture.h"
 #include "ts_alloc.h"
 #include "ts_conv.h"
@@ -214,6 +220,9 @@ static const conv_case_t conv_cases[] = {
     {2, 4, 4, 2, 5, 5, 1, 1, TS_PAD_SAME, 2},   /* kernel larger than the input */
     {2, 11, 13, 3, 2, 4, 3, 2, TS_PAD_SAME, 5}, /* non-square everything */
     {3, 9, 7, 5, 3, 2, 2, 3, TS_PAD_VALID, 6},
+    {2, 12, 10, 1, 5, 5, 1, 1, TS_PAD_SAME, 6}, /* LeNet-5's first layer, smaller: direct */
+    {2, 9, 11, 4, 3, 4, 1, 1, TS_PAD_VALID, 7}, /* the widest input the direct path takes */
+    {1, 8, 8, 5, 3, 3, 1, 1, TS_PAD_SAME, 3},   /* one channel more: im2col */
 };
 
 static void case_name(const conv_case_t *c, char *buf, size_t len) {
@@ -270,6 +279,20 @@ static void test_conv_against_reference(void **state) {
     check_conv_case(&conv_cases[i], 0);
 }
 
+/* The same with the vector loops capped at each narrower instruction set than the CPU's. */
+static void test_conv_every_isa(void **state) {
+  (void)state;
+  ts_cpu_isa_t best = ts_cpu_isa();
+  for (int isa = TS_CPU_ISA_BASE; isa < (int)best; isa++) {
+    ts_cpu_isa_limit((ts_cpu_isa_t)isa);
+    assert_int_equal(ts_cpu_isa(), isa);
+    for (size_t i = 0; i < sizeof conv_cases / sizeof conv_cases[0]; i++)
+      check_conv_case(&conv_cases[i], 0);
+  }
+  ts_cpu_isa_limit(TS_CPU_ISA_AVX512);
+  assert_int_equal(ts_cpu_isa(), best);
+}
+
 /* A workspace of exactly one image's im2col matrix: the batch goes through in chunks, and the
  * filter gradient accumulates across them. */
 static void test_conv_chunked(void **state) {
@@ -317,10 +340,25 @@ static const conv_case_t pool_cases[] = {
     {2, 7, 7, 2, 3, 3, 2, 2, TS_PAD_SAME, 0}, /* overlapping windows */
     {1, 5, 6, 3, 3, 3, 1, 1, TS_PAD_VALID, 0}, {2, 28, 28, 1, 2, 2, 2, 2, TS_PAD_VALID, 0},
     {3, 5, 4, 4, 3, 2, 1, 2, TS_PAD_SAME, 0},
+    {2, 12, 12, 6, 2, 2, 2, 2, TS_PAD_VALID, 0}, /* LeNet-5's pools, smaller: rows of 36 */
+    {1, 10, 10, 16, 2, 2, 2, 2, TS_PAD_VALID, 0}, /* and 80 floats */
 };
+
+/* Each case against the reference, at each vector instruction set the CPU has (the fast path
+ * for windows inside the input across has an AVX-512 loop). */
+static void check_pool_cases(void);
 
 static void test_maxpool(void **state) {
   (void)state;
+  ts_cpu_isa_t best = ts_cpu_isa();
+  for (int isa = TS_CPU_ISA_BASE; isa <= (int)best; isa++) {
+    ts_cpu_isa_limit((ts_cpu_isa_t)isa);
+    check_pool_cases();
+  }
+  ts_cpu_isa_limit(TS_CPU_ISA_AVX512);
+}
+
+static void check_pool_cases(void) {
   for (size_t ci = 0; ci < sizeof pool_cases / sizeof pool_cases[0]; ci++) {
     const conv_case_t *c = &pool_cases[ci];
     char name[96];
@@ -363,8 +401,14 @@ static void test_maxpool_ties(void **state) {
   assert_int_equal(ts_conv_geometry(&g, 1, 2, 2, 1, 2, 2, 2, 2, TS_PAD_VALID, 0), 0);
   float x[4] = {1, 3, 3, 2}, y[1], dy[1] = {5}, dx[4];
   int32_t idx[1];
-  assert_int_equal(K->maxpool_fwd(K, &g, x, y, idx), 0);
-  assert_int_equal(idx[0], 1);
+  ts_cpu_isa_t best = ts_cpu_isa();
+  for (int isa = TS_CPU_ISA_BASE; isa <= (int)best; isa++) {
+    ts_cpu_isa_limit((ts_cpu_isa_t)isa);
+    idx[0] = -1;
+    assert_int_equal(K->maxpool_fwd(K, &g, x, y, idx), 0);
+    assert_int_equal(idx[0], 1);
+  }
+  ts_cpu_isa_limit(TS_CPU_ISA_AVX512);
   assert_int_equal(K->maxpool_bwd(K, &g, x, y, dy, idx, dx), 0);
   assert_true(dx[0] == 0.0f && dx[1] == 5.0f && dx[2] == 0.0f && dx[3] == 0.0f);
   idx[0] = 4; /* not an index maxpool_fwd writes */
@@ -386,6 +430,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_padding_arithmetic),
       cmocka_unit_test(test_conv_against_reference),
+      cmocka_unit_test(test_conv_every_isa),
       cmocka_unit_test(test_conv_chunked),
       cmocka_unit_test(test_conv_invalid),
       cmocka_unit_test(test_maxpool),

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "cpu/ts_kernels_cpu_int.h"
 #include "rng_fixture.h"
 #include "ts_alloc.h"
 #include "ts_err.h"
@@ -80,6 +81,7 @@ static void test_table_complete(void **state) {
       (const void *)K->softmax_xent,   (const void *)K->softmax_xent_grad,
       (const void *)K->argmax_correct, (const void *)K->host_alloc,
       (const void *)K->host_free,      (const void *)K->last_error,
+      (const void *)K->bias_relu,      (const void *)K->relu_bwd_bias_grad,
   };
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) assert_non_null(fns[i]);
   assert_ptr_equal(ts_kernels_cpu(), K);
@@ -264,6 +266,49 @@ static void test_elementwise_vs_reference(void **state) {
     ts_free(act);
     ts_free(want);
   }
+}
+
+/* bias_relu and relu_bwd_bias_grad against a double reference, on narrow rows (a
+ * convolution's channels: blocks of 16 rows, and a tail) and wide ones (row by row), at each
+ * vector instruction set the CPU has. */
+static void check_fused(size_t rows, size_t cols) {
+  size_t n = rows * cols;
+  float *y = rand_buf(n, -1.0f, 1.0f), *dy = rand_buf(n, -1.0f, 1.0f);
+  float *bias = rand_buf(cols, -0.5f, 0.5f), *dx = rand_buf(n, 0.0f, 1.0f);
+  float *db = rand_buf(cols, 0.0f, 1.0f);
+  double *want = dbuf(n), *want_db = dbuf(cols);
+  for (size_t i = 0; i < n; i++) want[i] = fmax((double)(y[i] + bias[i % cols]), 0.0);
+  assert_int_equal(K->bias_relu(K, rows, cols, bias, y), 0);
+  assert_all_close(y, want, n, 0.0, 0.0, "bias_relu");
+  for (size_t i = 0; i < n; i++) {
+    want[i] = y[i] > 0.0f ? (double)dy[i] : 0.0;
+    want_db[i % cols] += want[i];
+  }
+  assert_int_equal(K->relu_bwd_bias_grad(K, rows, cols, y, dy, dx, db), 0);
+  assert_all_close(dx, want, n, 0.0, 0.0, "relu_bwd_bias_grad dx");
+  assert_all_close(db, want_db, cols, 1e-5, 1e-5, "relu_bwd_bias_grad db");
+  ts_free(y), ts_free(dy), ts_free(bias), ts_free(dx), ts_free(db);
+  ts_free(want), ts_free(want_db);
+}
+
+static void test_fused_vs_reference(void **state) {
+  (void)state;
+  static const size_t shapes[][2] = {{1, 1},   {15, 6},  {16, 6},   {100, 6}, {333, 16},
+                                     {32, 64}, {37, 65}, {32, 120}, {5, 84},  {1, 300}};
+  ts_cpu_isa_t best = ts_cpu_isa();
+  for (int isa = TS_CPU_ISA_BASE; isa <= (int)best; isa++) {
+    ts_cpu_isa_limit((ts_cpu_isa_t)isa);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+      check_fused(shapes[i][0], shapes[i][1]);
+  }
+  ts_cpu_isa_limit(TS_CPU_ISA_AVX512);
+  float b[2] = {0}, out[2] = {5, 5};
+  assert_int_equal(K->bias_relu(K, 0, 3, NULL, NULL), 0);
+  assert_int_equal(K->bias_relu(K, 2, 1, NULL, b), TS_EINVAL);
+  assert_int_equal(K->relu_bwd_bias_grad(K, 0, 2, NULL, NULL, NULL, out), 0);
+  assert_true(out[0] == 0.0f && out[1] == 0.0f); /* no rows: zero gradient */
+  assert_int_equal(K->relu_bwd_bias_grad(K, 1, 2, b, NULL, out, out), TS_EINVAL);
+  assert_int_equal(K->relu_bwd_bias_grad(K, 1, 2, b, b, out, NULL), TS_EINVAL);
 }
 
 static void softmax_ref(size_t rows, size_t cols, const float *z, const int32_t *lab, double *probs,
@@ -516,6 +561,7 @@ int main(void) {
       cmocka_unit_test(test_gemm_vs_reference),
       cmocka_unit_test(test_elementwise_vs_reference),
       cmocka_unit_test(test_softmax_xent_vs_reference),
+      cmocka_unit_test(test_fused_vs_reference),
       cmocka_unit_test(test_fd_matmul),
       cmocka_unit_test(test_fd_bias_add),
       cmocka_unit_test(test_fd_activations),

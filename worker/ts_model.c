@@ -571,9 +571,10 @@ int ts_model_init_net_split(ts_model_t *model, const ts_layer_spec_t *specs, siz
     if (errmsg && errlen) snprintf(errmsg, errlen, "model: out of memory");
     return TS_ENOMEM;
   }
-  int rc = layer_kernels ? ts_net_init_split(net, specs, n, input, batch_capacity, layer_kernels,
-                                             errmsg, errlen)
-                         : ts_net_init(net, specs, n, input, batch_capacity, kernels, errmsg, errlen);
+  int rc =
+      layer_kernels
+          ? ts_net_init_split(net, specs, n, input, batch_capacity, layer_kernels, errmsg, errlen)
+          : ts_net_init(net, specs, n, input, batch_capacity, kernels, errmsg, errlen);
   if (rc < 0) {
     ts_free(net);
     return rc;

@@ -203,8 +203,8 @@ static int alloc_stage(ts_net_t *net, size_t j) {
   ts_net_segment_t *s = &net->seg[j];
   const ts_kernels_t *prev = net->seg[j - 1].kernels;
   const ts_kernels_t *k = !s->kernels->device_is_host ? s->kernels
-                          : !prev->device_is_host      ? prev
-                                                       : s->kernels;
+                          : !prev->device_is_host     ? prev
+                                                      : s->kernels;
   size_t elems = net->batch_capacity * ts_layers_elems(layer(net, s->first)->in);
   void *p = NULL;
   int rc = k->host_alloc(k, elems * sizeof(float), &p);
@@ -241,9 +241,9 @@ fail:
   return rc;
 }
 
-int ts_net_init_split(ts_net_t *net, const ts_layer_spec_t *specs, size_t n,
-                      ts_layer_shape_t input, size_t batch_capacity,
-                      const ts_kernels_t *const *layer_kernels, char *errmsg, size_t errlen) {
+int ts_net_init_split(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
+                      size_t batch_capacity, const ts_kernels_t *const *layer_kernels, char *errmsg,
+                      size_t errlen) {
   char scratch[8];
   if (!errmsg) {
     errmsg = scratch;
@@ -327,7 +327,8 @@ fail:;
 
 int ts_net_init(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
                 size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen) {
-  if (!kernels) return ts_net_init_split(net, specs, n, input, batch_capacity, NULL, errmsg, errlen);
+  if (!kernels)
+    return ts_net_init_split(net, specs, n, input, batch_capacity, NULL, errmsg, errlen);
   const ts_kernels_t **lk = ts_malloc((n ? n : 1) * sizeof *lk);
   if (!lk) {
     if (net) memset(net, 0, sizeof *net);
@@ -465,8 +466,7 @@ static int draw_mask(ts_net_t *n, size_t i, size_t count) {
     int rc = k->synchronize(k);
     if (rc < 0) return rc;
   }
-  for (size_t j = 0; j < count; j++)
-    host[j] = ts_init_uniform(key, j) >= rate ? keep_scale : 0.0f;
+  for (size_t j = 0; j < count; j++) host[j] = ts_init_uniform(key, j) >= rate ? keep_scale : 0.0f;
   return k->copy_to_device(k, n->mask[i], host, count * sizeof(float));
 }
 
@@ -498,8 +498,8 @@ static int forward_layer(ts_net_t *n, size_t i, size_t B) {
       break;
     }
     case TS_LAYER_DENSE: /* z = in W + b: (B x fan_in) (fan_in x units) */
-      rc = k->gemm(k, false, false, B, L->out.c, L->in.c, 1.0f, in, L->in.c,
-                   param(n, i, L->kernel), L->out.c, 0.0f, n->z[i], L->out.c);
+      rc = k->gemm(k, false, false, B, L->out.c, L->in.c, 1.0f, in, L->in.c, param(n, i, L->kernel),
+                   L->out.c, 0.0f, n->z[i], L->out.c);
       if (rc == 0) rc = k->bias_add(k, B, L->out.c, param(n, i, L->bias), n->z[i]);
       break;
     case TS_LAYER_MAX_POOL: {
@@ -524,8 +524,7 @@ static int load(ts_net_t *n, const float *x, const int32_t *labels, size_t B) {
   const ts_kernels_t *k = n->seg[0].kernels, *kl = last_seg(n)->kernels;
   for (size_t i = 0; i < B; i++)
     if (labels[i] < 0 || (size_t)labels[i] >= n->desc.classes) return TS_EINVAL;
-  int rc =
-      k->copy_to_device(k, n->seg[0].x, x, B * ts_layers_elems(n->desc.input) * sizeof(float));
+  int rc = k->copy_to_device(k, n->seg[0].x, x, B * ts_layers_elems(n->desc.input) * sizeof(float));
   if (rc < 0) return rc;
   return kl->copy_to_device(kl, n->labels, labels, B * sizeof(int32_t));
 }

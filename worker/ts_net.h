@@ -58,12 +58,12 @@ typedef struct {
   float *params, *grads;            /* device, param_count floats each */
 
   /* Private. */
-  float *x;            /* the input of layer first: the batch, or the previous segment's copy */
-  float *g0, *g1;      /* gradient scratch, batch_capacity x the largest activation each */
-  void *ws;            /* convolution workspace of its layers */
+  float *x;       /* the input of layer first: the batch, or the previous segment's copy */
+  float *g0, *g1; /* gradient scratch, batch_capacity x the largest activation each */
+  void *ws;       /* convolution workspace of its layers */
   size_t ws_bytes;
-  float *mask_host;    /* host staging of one dropout mask (k->host_alloc) */
-  float *stage;        /* host staging of the boundary into this segment (s > 0) */
+  float *mask_host;                  /* host staging of one dropout mask (k->host_alloc) */
+  float *stage;                      /* host staging of the boundary into this segment (s > 0) */
   const ts_kernels_t *stage_kernels; /* the table stage came from */
 } ts_net_segment_t;
 
@@ -72,8 +72,8 @@ typedef struct {
   ts_layers_t desc; /* the checked description: layers, shapes, tensors */
   size_t batch_capacity;
   const ts_kernels_t *kernels; /* the first segment's table */
-  float *params; /* device, desc.param_count floats; NULL when split */
-  float *grads;  /* device, desc.param_count floats; NULL when split */
+  float *params;               /* device, desc.param_count floats; NULL when split */
+  float *grads;                /* device, desc.param_count floats; NULL when split */
   ts_net_segment_t seg[TS_NET_SEGMENTS_MAX];
   size_t num_segments;
 
@@ -102,9 +102,9 @@ int ts_net_init(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_
  * on one table make a segment (above), at most TS_NET_SEGMENTS_MAX of them. One table for
  * every layer builds what ts_net_init builds. Errors as ts_net_init; TS_EINVAL also for too
  * many segments or a NULL table. */
-int ts_net_init_split(ts_net_t *net, const ts_layer_spec_t *specs, size_t n,
-                      ts_layer_shape_t input, size_t batch_capacity,
-                      const ts_kernels_t *const *layer_kernels, char *errmsg, size_t errlen);
+int ts_net_init_split(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
+                      size_t batch_capacity, const ts_kernels_t *const *layer_kernels, char *errmsg,
+                      size_t errlen);
 
 /* Free everything ts_net_init allocated and zero *net. Safe on a zeroed struct. */
 void ts_net_destroy(ts_net_t *net);

@@ -162,8 +162,7 @@ static int init_model(ts_model_t *m, const model_src_t *src, size_t capacity, co
     size_t n = src->nspecs < TS_LAYERS_MAX ? src->nspecs : TS_LAYERS_MAX;
     for (size_t i = 0; i < n; i++) lk[i] = src->cpu_layers[i] ? ts_kernels_cpu() : k;
     if (src->nspecs > TS_LAYERS_MAX) {
-      ts_errmsg_printf(errmsg, errlen, "model: %zu layers, at most %d", src->nspecs,
-                       TS_LAYERS_MAX);
+      ts_errmsg_printf(errmsg, errlen, "model: %zu layers, at most %d", src->nspecs, TS_LAYERS_MAX);
       return TS_EINVAL;
     }
     return ts_model_init_net_split(m, src->specs, src->nspecs, src->input, capacity, k, lk, errmsg,
@@ -223,8 +222,9 @@ static int init_towers(ts_towers_t *tw, const ts_kernels_t *const *kernels, size
     tw->reduce = TS_TOWERS_REDUCE_NONE;
   } else if (split) {
     tw->reduce = TS_TOWERS_REDUCE_PINNED;
-    ts_log_info("towers: averaging gradients through pinned host memory (each tower's model is "
-                "split over devices)");
+    ts_log_info(
+        "towers: averaging gradients through pinned host memory (each tower's model is "
+        "split over devices)");
   } else if (tw->zero_copy) {
     tw->reduce = TS_TOWERS_REDUCE_HOST;
   } else {

@@ -166,8 +166,7 @@ static int w_relu_fwd(const ts_kernels_t *k, size_t n, const float *x, float *y)
   return CPU->relu_fwd(CPU, n, x, y);
 }
 
-static int w_relu_bwd(const ts_kernels_t *k, size_t n, const float *y, const float *dy,
-                      float *dx) {
+static int w_relu_bwd(const ts_kernels_t *k, size_t n, const float *y, const float *dy, float *dx) {
   owned(k, y, "relu_bwd y");
   owned(k, dy, "relu_bwd dy");
   owned(k, dx, "relu_bwd dx");
@@ -355,8 +354,8 @@ static void test_lenet_split(void **state) {
                          {.type = TS_LAYER_DROPOUT, .rate = 0.25},
                          dense(5, TS_LAYER_LINEAR)};
   ts_layer_shape_t in = {14, 14, 1};
-  check_split(s, 8, in, "AAAABBBB", true); /* convs on one device, flatten and dense on another */
-  check_split(s, 8, in, "AAAAABBB", true); /* the boundary after the flatten */
+  check_split(s, 8, in, "AAAABBBB", true);  /* convs on one device, flatten and dense on another */
+  check_split(s, 8, in, "AAAAABBB", true);  /* the boundary after the flatten */
   check_split(s, 8, in, "ABBBBBBB", false); /* after the first convolution */
   check_split(s, 8, in, "AABBBBAA", true);  /* three segments; dropout crossed in the middle */
   check_split(s, 8, in, "AAAAAABB", true);  /* into a dropout layer */
@@ -399,17 +398,20 @@ static void test_split_errors(void **state) {
  * end), against one unsplit model on the whole batch. */
 static void test_split_towers(void **state) {
   (void)state;
-  ts_layer_spec_t s[] = {conv(3, 3, TS_PAD_SAME), pool2(), {.type = TS_LAYER_FLATTEN},
-                         dense(8, TS_LAYER_RELU), dense(4, TS_LAYER_LINEAR)};
+  ts_layer_spec_t s[] = {conv(3, 3, TS_PAD_SAME),
+                         pool2(),
+                         {.type = TS_LAYER_FLATTEN},
+                         dense(8, TS_LAYER_RELU),
+                         dense(4, TS_LAYER_LINEAR)};
   const bool on_cpu[] = {false, false, true, true, true};
   ts_layer_shape_t in = {8, 8, 1};
   const size_t batch = 8, dim = 64;
   const ts_kernels_t *tables[2] = {&table_b, &table_b};
   char err[256] = "";
   ts_towers_t tw;
-  assert_int_equal(ts_towers_init_net_split(&tw, tables, 2, s, 5, in, on_cpu, batch / 2, NULL,
-                                            err, sizeof err),
-                   0);
+  assert_int_equal(
+      ts_towers_init_net_split(&tw, tables, 2, s, 5, in, on_cpu, batch / 2, NULL, err, sizeof err),
+      0);
   assert_false(tw.zero_copy);
   assert_int_equal(tw.reduce, TS_TOWERS_REDUCE_PINNED);
   assert_true(ts_model_is_split(&tw.models[1]));

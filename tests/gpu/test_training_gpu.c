@@ -112,15 +112,65 @@ static void test_fashion_mnist_gpu(void **state) {
 
 /* --- (c) towers: exactness -------------------------------------------------------------- */
 
-static float *final_params(ts_cluster_t *c, size_t *count) {
+/* LeNet-5 (deploy/local/lenet5.cfg's layers) with its convolutions and pooling on /gpu:0 and
+ * its dense layers on /cpu:0 by device.rules, as `with tf.device()` scopes would put them. */
+#define SPLIT_LENET5                                                                            \
+  "model = { seed = 7; layers = (\n"                                                            \
+  "  { type = \"conv2d\"; filters = 6; kernel = 5; padding = \"same\"; activation = \"relu\"; " \
+  "},\n"                                                                                        \
+  "  { type = \"max_pool\"; size = 2; },\n"                                                     \
+  "  { type = \"conv2d\"; filters = 16; kernel = 5; activation = \"relu\"; },\n"                \
+  "  { type = \"max_pool\"; size = 2; },\n"                                                     \
+  "  { type = \"flatten\"; },\n"                                                                \
+  "  { type = \"dense\"; units = 120; activation = \"relu\"; },\n"                              \
+  "  { type = \"dense\"; units = 84; activation = \"relu\"; },\n"                               \
+  "  { type = \"dense\"; units = 10; }); };\n"
+#define SPLIT_RULES "rules = [\"conv*=/gpu:0\", \"pool*=/gpu:0\", \"fc*=/cpu:0\"];"
+
+/* The same layers as specs (worker/ts_layers.h). */
+static const ts_layer_spec_t lenet5_specs[] = {
+    {.type = TS_LAYER_CONV2D,
+     .filters = 6,
+     .win_h = 5,
+     .win_w = 5,
+     .padding = TS_PAD_SAME,
+     .activation = TS_LAYER_RELU},
+    {.type = TS_LAYER_MAX_POOL, .win_h = 2, .win_w = 2},
+    {.type = TS_LAYER_CONV2D, .filters = 16, .win_h = 5, .win_w = 5, .activation = TS_LAYER_RELU},
+    {.type = TS_LAYER_MAX_POOL, .win_h = 2, .win_w = 2},
+    {.type = TS_LAYER_FLATTEN},
+    {.type = TS_LAYER_DENSE, .units = 120, .activation = TS_LAYER_RELU},
+    {.type = TS_LAYER_DENSE, .units = 84, .activation = TS_LAYER_RELU},
+    {.type = TS_LAYER_DENSE, .units = 10}};
+
+/* The parameters the shards hold, as the MLP [784, 32, 10] (lenet5 false) or LeNet-5 lays
+ * them out. */
+static float *final_params(ts_cluster_t *c, bool lenet5, size_t *count) {
   ts_model_t m;
   char err[512];
   int widths[] = {784, 32, 10};
-  assert_int_equal(ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err),
-                   0);
+  ts_layer_shape_t in = {28, 28, 1};
+  int rc = lenet5 ? ts_model_init_net(&m, lenet5_specs, 8, in, 1, ts_kernels_cpu(), err, sizeof err)
+                  : ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err);
+  assert_int_equal(rc, 0);
   float *p = ts_pull_model_params(c, &m, 7, NULL);
   *count = m.param_count;
   ts_model_destroy(&m);
+  return p;
+}
+
+/* One worker and 2 shards run job to its end; the shards' final parameters. */
+static float *run_job_params(const char *job, bool lenet5, size_t *count) {
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 1, job), 0);
+  ts_proc_t w;
+  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
+  int rc = ts_proc_wait(&w, 120);
+  if (rc != 0) ts_proc_dump(&w);
+  assert_int_equal(rc, 0);
+  show_line(&w, "towers: ");
+  float *p = final_params(&c, lenet5, count);
+  assert_int_equal(ts_cluster_stop(&c), 0);
   return p;
 }
 
@@ -133,17 +183,7 @@ static float *run_exact(const char *placement, int towers, int batch, size_t *co
            "train = { batch_size = %d; max_steps = 25; };\n"
            "device = { placement = \"%s\"; allow_soft_placement = false; towers = %d; };\n",
            batch, placement, towers);
-  ts_cluster_t c;
-  assert_int_equal(ts_cluster_start(&c, 2, 1, job), 0);
-  ts_proc_t w;
-  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
-  int rc = ts_proc_wait(&w, 120);
-  if (rc != 0) ts_proc_dump(&w);
-  assert_int_equal(rc, 0);
-  show_line(&w, "towers: ");
-  float *p = final_params(&c, count);
-  assert_int_equal(ts_cluster_stop(&c), 0);
-  return p;
+  return run_job_params(job, false, count);
 }
 
 static double rel_diff(const char *what, const float *a, const float *b, size_t n) {
@@ -334,37 +374,6 @@ static void test_missing_gpu_placement(void **state) {
 
 /* --- (f) a model split over /gpu:0 and /cpu:0 ------------------------------------------- */
 
-/* LeNet-5 (deploy/local/lenet5.cfg's layers) with its convolutions and pooling on /gpu:0 and
- * its dense layers on /cpu:0 by device.rules, as `with tf.device()` scopes would put them. */
-#define SPLIT_LENET5                                                                            \
-  "model = { seed = 7; layers = (\n"                                                            \
-  "  { type = \"conv2d\"; filters = 6; kernel = 5; padding = \"same\"; activation = \"relu\"; " \
-  "},\n"                                                                                        \
-  "  { type = \"max_pool\"; size = 2; },\n"                                                     \
-  "  { type = \"conv2d\"; filters = 16; kernel = 5; activation = \"relu\"; },\n"                \
-  "  { type = \"max_pool\"; size = 2; },\n"                                                     \
-  "  { type = \"flatten\"; },\n"                                                                \
-  "  { type = \"dense\"; units = 120; activation = \"relu\"; },\n"                              \
-  "  { type = \"dense\"; units = 84; activation = \"relu\"; },\n"                               \
-  "  { type = \"dense\"; units = 10; }); };\n"
-#define SPLIT_RULES "rules = [\"conv*=/gpu:0\", \"pool*=/gpu:0\", \"fc*=/cpu:0\"];"
-
-/* The same layers as specs (worker/ts_layers.h). */
-static const ts_layer_spec_t lenet5_specs[] = {
-    {.type = TS_LAYER_CONV2D,
-     .filters = 6,
-     .win_h = 5,
-     .win_w = 5,
-     .padding = TS_PAD_SAME,
-     .activation = TS_LAYER_RELU},
-    {.type = TS_LAYER_MAX_POOL, .win_h = 2, .win_w = 2},
-    {.type = TS_LAYER_CONV2D, .filters = 16, .win_h = 5, .win_w = 5, .activation = TS_LAYER_RELU},
-    {.type = TS_LAYER_MAX_POOL, .win_h = 2, .win_w = 2},
-    {.type = TS_LAYER_FLATTEN},
-    {.type = TS_LAYER_DENSE, .units = 120, .activation = TS_LAYER_RELU},
-    {.type = TS_LAYER_DENSE, .units = 84, .activation = TS_LAYER_RELU},
-    {.type = TS_LAYER_DENSE, .units = 10}};
-
 /* Training the split LeNet-5 on Fashion-MNIST, one epoch, every op logged where it runs. */
 static void test_split_lenet5_training(void **state) {
   (void)state;
@@ -414,23 +423,7 @@ static float *run_split_exact(const char *device, size_t *count) {
            "train = { batch_size = 32; max_steps = 25; };\n"
            "device = { allow_soft_placement = false; towers = 1; %s };\n",
            device);
-  ts_cluster_t c;
-  assert_int_equal(ts_cluster_start(&c, 2, 1, job), 0);
-  ts_proc_t w;
-  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
-  int rc = ts_proc_wait(&w, 120);
-  if (rc != 0) ts_proc_dump(&w);
-  assert_int_equal(rc, 0);
-  char err[512] = "";
-  ts_layer_shape_t in = {28, 28, 1};
-  ts_model_t m;
-  assert_int_equal(ts_model_init_net(&m, lenet5_specs, 8, in, 1, ts_kernels_cpu(), err, sizeof err),
-                   0);
-  float *p = ts_pull_model_params(&c, &m, 7, NULL);
-  *count = m.param_count;
-  ts_model_destroy(&m);
-  assert_int_equal(ts_cluster_stop(&c), 0);
-  return p;
+  return run_job_params(job, true, count);
 }
 
 /* One step's loss and gradients of the split net (cuDNN and cuBLAS for the convolutions,

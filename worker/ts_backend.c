@@ -157,8 +157,22 @@ static rule_t *match_rule(rule_t *rules, size_t n, const char *op) {
   return NULL;
 }
 
-/* The model's layers run on one device (the towers' back end): ops left on two devices are
- * put on the CPU when nothing explicit keeps one of them on its GPU, else refused. */
+/* Whether every model op on /cpu:0 was put there explicitly (its own rule or the scope),
+ * not moved there by soft placement nor for want of a GPU kernel. */
+static bool cpu_ops_explicit(const ts_backend_plan_t *p) {
+  for (size_t i = p->num_input_ops; i < p->num_ops; i++) {
+    const ts_placement_t *pl = &p->placements[i];
+    if (pl->type == TS_DEVICE_CPU && (!pl->asked[0] || pl->soft)) return false;
+  }
+  return true;
+}
+
+/* Where the model's layers run when their ops landed on two devices. A network of layers
+ * whose ops on /cpu:0 are all there explicitly is split (TensorFlow's `with tf.device()`
+ * scopes): its layers on the GPU run there, the others on the CPU, with the copies between
+ * them (p->split). Otherwise the model runs on one device (the towers' back end): all on the
+ * CPU when nothing explicit keeps an op on its GPU, else refused. Two GPUs in one model are
+ * refused. */
 static int one_device(const ts_config_t *cfg, ts_backend_plan_t *p, const ts_placement_op_t *ops,
                       char *errmsg, size_t errlen) {
   size_t none = p->num_ops, gi = none, ci = none;
@@ -171,12 +185,17 @@ static int one_device(const ts_config_t *cfg, ts_backend_plan_t *p, const ts_pla
     } else if (p->placements[gi].index != pl->index) {
       ts_errmsg_printf(errmsg, errlen,
                        "%s is placed on /device:GPU:%d and %s on /device:GPU:%d: one model's "
-                       "layers run on one device (device.placement, device.rules)",
+                       "layers run on one GPU, or on one GPU and /device:CPU:0 "
+                       "(device.placement, device.rules)",
                        ops[gi].name, p->placements[gi].index, ops[i].name, pl->index);
       return TS_ECONFIG;
     }
   }
   if (gi == none || ci == none) return 0;
+  if (cfg->num_net_layers > 0 && cpu_ops_explicit(p)) {
+    p->split = true;
+    return 0;
+  }
   const ts_placement_t *cpu = &p->placements[ci];
   /* Which op holds the model on the CPU, and why. */
   char why[200];
@@ -286,8 +305,10 @@ int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why, 
     snprintf(p->soft_reason, sizeof p->soft_reason, "%s", p->placements[i].reason);
   }
 
-  const ts_placement_t *model0 =
-      p->num_ops > p->num_input_ops ? &p->placements[p->num_input_ops] : NULL;
+  /* The towers' device: the model's first op's, or in a split model its first GPU op's. */
+  const ts_placement_t *model0 = NULL;
+  for (size_t i = p->num_input_ops; i < p->num_ops && !model0; i++)
+    if (!p->split || p->placements[i].type == TS_DEVICE_GPU) model0 = &p->placements[i];
   p->type = model0 && model0->type == TS_DEVICE_GPU ? TS_DEVICE_GPU : TS_DEVICE_CPU;
   int first = p->type == TS_DEVICE_GPU ? model0->index : 0;
 
@@ -383,6 +404,32 @@ static void log_placement(const ts_config_t *cfg, int task, const ts_backend_pla
   }
 }
 
+/* A split model's segments, one line: "model split over devices: conv1..pool2 on /gpu:0,
+ * flatten1..fc2 on /cpu:0 (...)". */
+static void log_split(const ts_backend_plan_t *p) {
+  char line[768];
+  size_t len = 0, m = p->num_input_ops;
+  for (size_t i = m; i < p->num_ops && len < sizeof line; i++) {
+    const ts_placement_t *pl = &p->placements[i];
+    if (i > m && pl->type == p->placements[i - 1].type) continue;
+    size_t end = i + 1;
+    while (end < p->num_ops && p->placements[end].type == pl->type) end++;
+    len += (size_t)snprintf(line + len, sizeof line - len, "%s%.*s", i > m ? ", " : "",
+                            (int)strcspn(p->ops[i].name, "/"), p->ops[i].name);
+    if (end - 1 > i && len < sizeof line)
+      len += (size_t)snprintf(line + len, sizeof line - len, "..%.*s",
+                              (int)strcspn(p->ops[end - 1].name, "/"), p->ops[end - 1].name);
+    if (len < sizeof line)
+      len += (size_t)snprintf(line + len, sizeof line - len, " on /%s:%d",
+                              pl->type == TS_DEVICE_GPU ? "gpu" : "cpu",
+                              pl->type == TS_DEVICE_GPU ? p->tower_device[0] : 0);
+  }
+  ts_log_info(
+      "model split over devices: %s (each tower split alike; activations copied "
+      "device -> host -> device at each boundary, their gradients back)",
+      line);
+}
+
 int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, size_t capacity,
                      ts_towers_t *towers, char *errmsg, size_t errlen) {
   memset(towers, 0, sizeof *towers);
@@ -414,7 +461,7 @@ int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, s
   size_t cap = plan.micro_batch > capacity ? plan.micro_batch : capacity;
   const ts_kernels_t *tables[TS_TOWERS_MAX];
   ts_towers_release_cb release = NULL;
-  if (plan.type == TS_DEVICE_CPU) {
+  if (plan.type == TS_DEVICE_CPU || plan.split) {
     /* OPENBLAS_NUM_THREADS (or OMP_NUM_THREADS), when set, is the operator's choice. */
     const char *env = getenv("OPENBLAS_NUM_THREADS") ? "OPENBLAS_NUM_THREADS"
                       : getenv("OMP_NUM_THREADS")    ? "OMP_NUM_THREADS"
@@ -424,6 +471,8 @@ int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, s
     if (env && cfg->intra_op_threads == 0) snprintf(why, sizeof why, "%s", env);
     int threads = ts_kernels_cpu_set_threads(env && cfg->intra_op_threads == 0 ? 0 : want);
     ts_log_info("CPU ops use %d thread(s) each (%s)", threads, why);
+  }
+  if (plan.type == TS_DEVICE_CPU) {
     for (size_t t = 0; t < n; t++) tables[t] = ts_kernels_cpu();
   } else {
     ts_kernels_cuda_opts_t opts = {
@@ -453,9 +502,13 @@ int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, s
   if (cfg->num_net_layers > 0) {
     ts_layer_spec_t specs[TS_LAYERS_MAX];
     rc = ts_backend_layers(cfg, input, specs, errmsg, errlen);
+    bool on_cpu[TS_LAYERS_MAX] = {false};
+    for (size_t i = 0; plan.split && i < cfg->num_net_layers; i++)
+      on_cpu[i] = plan.placements[plan.num_input_ops + i].type == TS_DEVICE_CPU;
+    if (plan.split) log_split(&plan);
     if (rc == 0)
-      rc = ts_towers_init_net(towers, tables, n, specs, cfg->num_net_layers, input, cap, release,
-                              errmsg, errlen);
+      rc = ts_towers_init_net_split(towers, tables, n, specs, cfg->num_net_layers, input,
+                                    plan.split ? on_cpu : NULL, cap, release, errmsg, errlen);
     else if (release)
       for (size_t t = 0; t < n; t++) release(tables[t]);
   } else {
@@ -490,6 +543,9 @@ void ts_backend_device_name(const ts_towers_t *towers, char *buf, size_t n) {
     len += (size_t)snprintf(buf + len, n - len, "%s/%s:%d", len ? "," : "",
                             k->device_is_host ? "cpu" : "gpu", k->device_is_host ? 0 : k->device_index);
   }
+  /* A split model's layers on the CPU too. */
+  if (towers->n && ts_model_is_split(&towers->models[0]) && len < n)
+    snprintf(buf + len, n - len, "%s/cpu:0", len ? "," : "");
 }
 
 void ts_backend_log_memory(const ts_towers_t *towers) {

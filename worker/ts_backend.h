@@ -11,15 +11,25 @@
  * the input pipeline's ops, which are outside its scope) goes where TensorFlow's placer puts
  * it: /gpu:0 when one is visible and has its kernel, else /cpu:0. The input pipeline's ops
  * have CPU kernels only, so with a GPU the placement is mixed: decoding on the host, the
- * batch copied to the GPU, the model there. The model's own layers run on one back end (the
- * towers'): when some of them land on a GPU and others on /cpu:0, all go to /cpu:0 if
- * nothing explicit holds one on the GPU (soft placement, or no explicit device), and the
- * plan is refused otherwise.
+ * batch copied to the GPU, the model there.
+ *
+ * A model over two devices. When a network's layers (model.layers as a layer list) land on
+ * a GPU and on /cpu:0, and every one on /cpu:0 was put there explicitly (a device.rules glob
+ * or the device.placement scope, as `with tf.device()` scopes in TensorFlow), the plan is
+ * SPLIT (plan->split): each layer runs where it was placed, in segments of consecutive
+ * layers on one device, with the activations copied device -> host -> device at each
+ * boundary and their gradients back (worker/ts_net.h). Otherwise the model's layers run on
+ * one back end (the towers'): when some land on a GPU and others on /cpu:0 because soft
+ * placement moved them or they have no GPU kernel, all go to /cpu:0 if nothing explicit
+ * holds one on the GPU, and the plan is refused otherwise; an MLP given as widths is never
+ * split. Layers on two different GPUs in one model are refused.
  *
  * Towers (worker/ts_towers.h): device.towers of them, 0 meaning one per visible GPU when the
  * model runs on a GPU and 1 on the CPU. Tower t runs on GPU (N + t) mod G for the placed
- * /gpu:N and G visible GPUs, so more towers than GPUs share them round-robin; CPU towers all
- * use the CPU back end.
+ * /gpu:N (in a split model, the GPU its layers were placed on) and G visible GPUs, so more
+ * towers than GPUs share them round-robin; CPU towers all use the CPU back end. A split
+ * model's towers are split alike: tower t's GPU layers on its GPU, its /cpu:0 layers on the
+ * CPU back end, every tower with its own buffers on both.
  */
 #ifndef TS_BACKEND_H
 #define TS_BACKEND_H
@@ -44,6 +54,8 @@ typedef struct {
   ts_placement_t *placements;      /* one per op: where it runs */
   size_t num_ops;
   size_t num_input_ops;            /* ops[0..num_input_ops): the input pipeline's, run once */
+  bool split; /* a network's layers on a GPU (type) and on /cpu:0: placements[num_input_ops
+               * + i] is layer i's device (worker/ts_net.h segments) */
   bool soft;             /* soft placement moved an op */
   char soft_spec[48];    /* what the first moved op asked for, "/device:GPU:3", when soft */
   char soft_reason[256]; /* why, when soft */
@@ -82,7 +94,8 @@ int ts_backend_layers(const ts_config_t *cfg, ts_layer_shape_t input, ts_layer_s
                       char *errmsg, size_t errlen);
 
 /* The devices the towers run on, in the short form: "/cpu:0", "/gpu:0", or
- * "/gpu:0,/gpu:1" for towers on two GPUs (each GPU once). What the worker reports as its
+ * "/gpu:0,/gpu:1" for towers on two GPUs (each GPU once), then ",/cpu:0" when the model is
+ * split (some of its layers on the CPU). What the worker reports as its
  * device (psctl workers, its /status). */
 void ts_backend_device_name(const ts_towers_t *towers, char *buf, size_t n);
 

@@ -381,6 +381,7 @@ void ts_model_destroy(ts_model_t *model) {
 /* --- parameters ---------------------------------------------------------------------------- */
 
 int ts_model_init_params(ts_model_t *model, uint64_t seed) {
+  if (model && model->net) return ts_net_init_params(model->net, seed);
   if (!model || !model->params) return TS_EINVAL;
   /* Initialise on the host, tensor by tensor, and copy each to the device: the largest
    * tensor bounds the staging buffer. */
@@ -405,6 +406,7 @@ static bool range_ok(const ts_model_t *m, size_t offset, const void *p, size_t c
 }
 
 int ts_model_set_params(ts_model_t *model, size_t offset, const float *src, size_t count) {
+  if (model && model->net) return ts_net_set_params(model->net, offset, src, count);
   if (!range_ok(model, offset, src, count)) return TS_EINVAL;
   if (count == 0) return 0;
   const ts_kernels_t *k = model->kernels;
@@ -412,6 +414,7 @@ int ts_model_set_params(ts_model_t *model, size_t offset, const float *src, size
 }
 
 int ts_model_get_params(const ts_model_t *model, size_t offset, float *dst, size_t count) {
+  if (model && model->net) return ts_net_get_params(model->net, offset, dst, count);
   if (!range_ok(model, offset, dst, count)) return TS_EINVAL;
   if (count == 0) return 0;
   const ts_kernels_t *k = model->kernels;
@@ -419,6 +422,7 @@ int ts_model_get_params(const ts_model_t *model, size_t offset, float *dst, size
 }
 
 int ts_model_get_grads(const ts_model_t *model, size_t offset, float *dst, size_t count) {
+  if (model && model->net) return ts_net_get_grads(model->net, offset, dst, count);
   if (!range_ok(model, offset, dst, count)) return TS_EINVAL;
   if (count == 0) return 0;
   const ts_kernels_t *k = model->kernels;
@@ -528,8 +532,8 @@ int ts_model_forward_backward(ts_model_t *model, const float *x, const int32_t *
 
 int ts_model_evaluate(ts_model_t *model, const float *x, const int32_t *labels, size_t n,
                       float *accuracy, float *loss) {
+  if (model && model->net) return ts_net_evaluate(model->net, x, labels, n, accuracy, loss);
   if (!model || !model->params || !x || !labels || n < 1) return TS_EINVAL;
-  if (model->net) return ts_net_evaluate(model->net, x, labels, n, accuracy, loss);
   size_t in = width(model, 0), correct = 0;
   double loss_sum = 0.0;
   for (size_t start = 0; start < n; start += model->batch_capacity) {
@@ -552,6 +556,14 @@ int ts_model_evaluate(ts_model_t *model, const float *x, const int32_t *labels, 
 int ts_model_init_net(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
                       ts_layer_shape_t input, size_t batch_capacity, const ts_kernels_t *kernels,
                       char *errmsg, size_t errlen) {
+  return ts_model_init_net_split(model, specs, n, input, batch_capacity, kernels, NULL, errmsg,
+                                 errlen);
+}
+
+int ts_model_init_net_split(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
+                            ts_layer_shape_t input, size_t batch_capacity,
+                            const ts_kernels_t *kernels, const ts_kernels_t *const *layer_kernels,
+                            char *errmsg, size_t errlen) {
   if (!model) return TS_EINVAL;
   memset(model, 0, sizeof *model);
   ts_net_t *net = ts_calloc(1, sizeof *net);
@@ -559,7 +571,10 @@ int ts_model_init_net(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
     if (errmsg && errlen) snprintf(errmsg, errlen, "model: out of memory");
     return TS_ENOMEM;
   }
-  int rc = ts_net_init(net, specs, n, input, batch_capacity, kernels, errmsg, errlen);
+  int rc =
+      layer_kernels
+          ? ts_net_init_split(net, specs, n, input, batch_capacity, layer_kernels, errmsg, errlen)
+          : ts_net_init(net, specs, n, input, batch_capacity, kernels, errmsg, errlen);
   if (rc < 0) {
     ts_free(net);
     return rc;
@@ -587,9 +602,19 @@ int ts_model_init_net(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
   model->param_count = d->param_count;
   model->params = net->params;
   model->grads = net->grads;
-  model->kernels = kernels;
+  model->kernels = kernels ? kernels : net->kernels;
   model->batch_capacity = batch_capacity;
   return 0;
+}
+
+bool ts_model_is_split(const ts_model_t *model) {
+  return model && model->net && model->net->num_segments > 1;
+}
+
+int ts_model_synchronize(const ts_model_t *model) {
+  if (model && model->net) return ts_net_synchronize(model->net);
+  const ts_kernels_t *k = model ? model->kernels : NULL;
+  return k && k->synchronize ? k->synchronize(k) : 0;
 }
 
 void ts_model_set_dropout(ts_model_t *model, uint64_t seed, uint64_t stream) {

@@ -130,6 +130,21 @@ int ts_model_init_net(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
                       ts_layer_shape_t input, size_t batch_capacity, const ts_kernels_t *kernels,
                       char *errmsg, size_t errlen);
 
+/* ts_model_init_net with layer i on layer_kernels[i] (ts_net_init_split): a model split over
+ * devices. kernels (may be NULL: the first layer's) is the table the model reports as its
+ * own (the tower's). params and grads are NULL when the layers are on more than one table:
+ * the copies below (ts_model_set_params ...) reach every segment's slice of the layout. */
+int ts_model_init_net_split(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
+                            ts_layer_shape_t input, size_t batch_capacity,
+                            const ts_kernels_t *kernels, const ts_kernels_t *const *layer_kernels,
+                            char *errmsg, size_t errlen);
+
+/* Whether the model's layers run on more than one kernels table. */
+bool ts_model_is_split(const ts_model_t *model);
+
+/* Wait for the queued work of every table the model runs on. */
+int ts_model_synchronize(const ts_model_t *model);
+
 /* Training-mode dropout for the next steps: the mask's seed and stream (ts_net_set_training).
  * A no-op for an MLP, which has no dropout. */
 void ts_model_set_dropout(ts_model_t *model, uint64_t seed, uint64_t stream);

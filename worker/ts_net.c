@@ -14,9 +14,15 @@
  * gradient of conv, dense and pooling), then they swap, so two buffers of the largest
  * activation serve any depth. Dropout applies its mask in place; flatten does nothing. The
  * input gradient of the first layer with parameters is not computed (nothing needs it).
+ *
+ * Segments (ts_net.h): every buffer of layer i is on its segment's table (kern(n, i)); the
+ * input of a segment's first layer is the segment's x, filled by the crossing from the
+ * previous segment; the backward pass crosses back with the input gradient into the previous
+ * segment's g0 and carries on there.
  */
 #include "ts_net.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "ts_alloc.h"
@@ -27,10 +33,23 @@ static const ts_layer_t *layer(const ts_net_t *n, size_t i) {
   return &n->desc.layers[i];
 }
 
+static const ts_net_segment_t *seg_of(const ts_net_t *n, size_t i) {
+  return &n->seg[n->seg_of[i]];
+}
+
+static const ts_kernels_t *kern(const ts_net_t *n, size_t i) {
+  return seg_of(n, i)->kernels;
+}
+
+static const ts_net_segment_t *last_seg(const ts_net_t *n) {
+  return &n->seg[n->num_segments - 1];
+}
+
 static const float *out_of(const ts_net_t *n, size_t i);
 
 static const float *in_of(const ts_net_t *n, size_t i) {
-  return i == 0 ? n->x : out_of(n, i - 1);
+  const ts_net_segment_t *s = seg_of(n, i);
+  return i == s->first ? s->x : out_of(n, i - 1);
 }
 
 static bool dropout_active(const ts_net_t *n, size_t i) {
@@ -44,20 +63,23 @@ static const float *out_of(const ts_net_t *n, size_t i) {
   return n->a[i] ? n->a[i] : n->z[i];
 }
 
-static float *param(const ts_net_t *n, long t) {
-  return n->params + n->desc.tensors[t].offset;
+/* Tensor t of layer i, in its segment's slice. */
+static float *param(const ts_net_t *n, size_t i, long t) {
+  const ts_net_segment_t *s = seg_of(n, i);
+  return s->params + (n->desc.tensors[t].offset - s->param_offset);
 }
 
-static float *grad(const ts_net_t *n, long t) {
-  return n->grads + n->desc.tensors[t].offset;
+static float *grad(const ts_net_t *n, size_t i, long t) {
+  const ts_net_segment_t *s = seg_of(n, i);
+  return s->grads + (n->desc.tensors[t].offset - s->param_offset);
 }
 
 /* Layer i's bias and ReLU go through the fused kernels (see above). */
 static bool fused_relu(const ts_net_t *n, size_t i) {
   const ts_layer_t *L = layer(n, i);
   return (L->spec.type == TS_LAYER_CONV2D || L->spec.type == TS_LAYER_DENSE) &&
-         L->spec.activation == TS_LAYER_RELU && n->kernels->bias_relu &&
-         n->kernels->relu_bwd_bias_grad;
+         L->spec.activation == TS_LAYER_RELU && kern(n, i)->bias_relu &&
+         kern(n, i)->relu_bwd_bias_grad;
 }
 
 /* Where layer i's product goes: a[i] when fused, else z[i]. */
@@ -113,7 +135,8 @@ static const char *missing_kernel(const ts_kernels_t *k, const ts_layer_t *L) {
 }
 
 static int alloc_layer(ts_net_t *n, size_t i, size_t *mask_max) {
-  const ts_kernels_t *k = n->kernels;
+  ts_net_segment_t *s = &n->seg[n->seg_of[i]];
+  const ts_kernels_t *k = s->kernels;
   const ts_layer_t *L = layer(n, i);
   size_t B = n->batch_capacity, out = B * ts_layers_elems(L->out);
   int rc = 0;
@@ -134,7 +157,7 @@ static int alloc_layer(ts_net_t *n, size_t i, size_t *mask_max) {
       ts_conv2d_t g = geom(L, B);
       size_t ws = k->conv2d_workspace(k, &g);
       if (ws == 0) return TS_EINVAL;
-      if (ws > n->ws_bytes) n->ws_bytes = ws;
+      if (ws > s->ws_bytes) s->ws_bytes = ws;
       break;
     }
     case TS_LAYER_DENSE:
@@ -145,8 +168,98 @@ static int alloc_layer(ts_net_t *n, size_t i, size_t *mask_max) {
   return rc;
 }
 
-int ts_net_init(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
-                size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen) {
+/* Cut the layers into segments of one table each, and give each its range of the flat
+ * layout (its layers' tensors, contiguous: the tensor list is in layer order). */
+static int make_segments(ts_net_t *net, const ts_kernels_t *const *lk, char *errmsg,
+                         size_t errlen) {
+  size_t L = net->desc.num_layers;
+  for (size_t i = 0; i < L; i++) {
+    if (!lk[i]) {
+      ts_errmsg_printf(errmsg, errlen, "model: no kernels for layer %zu '%s'", i + 1,
+                       layer(net, i)->spec.name);
+      return TS_EINVAL;
+    }
+    if (i == 0 || lk[i] != lk[i - 1]) {
+      if (net->num_segments == TS_NET_SEGMENTS_MAX) {
+        ts_errmsg_printf(errmsg, errlen,
+                         "model: layer %zu '%s' starts a segment past the %d a model may have "
+                         "(runs of consecutive layers on one device)",
+                         i + 1, layer(net, i)->spec.name, TS_NET_SEGMENTS_MAX);
+        return TS_EINVAL;
+      }
+      ts_net_segment_t *s = &net->seg[net->num_segments++];
+      s->kernels = lk[i];
+      s->first = i;
+      s->param_offset = SIZE_MAX;
+    }
+    ts_net_segment_t *s = &net->seg[net->num_segments - 1];
+    s->end = i + 1;
+    net->seg_of[i] = net->num_segments - 1;
+    const ts_layer_t *Li = layer(net, i);
+    long ts[2] = {Li->kernel, Li->bias};
+    for (size_t j = 0; j < 2; j++) {
+      if (ts[j] < 0) continue;
+      const ts_layer_tensor_t *tn = &net->desc.tensors[ts[j]];
+      if (s->param_offset == SIZE_MAX) s->param_offset = tn->offset;
+      s->param_count = tn->offset + tn->count - s->param_offset;
+    }
+  }
+  /* A segment without parameters sits where the next tensor would start. */
+  size_t next = net->desc.param_count;
+  for (size_t j = net->num_segments; j-- > 0;) {
+    if (net->seg[j].param_offset == SIZE_MAX) net->seg[j].param_offset = next;
+    next = net->seg[j].param_offset;
+  }
+  return 0;
+}
+
+/* The host staging of the boundary into segment j: pinned memory of whichever side is a
+ * device (the receiving one first), ordinary memory when both are the host. */
+static int alloc_stage(ts_net_t *net, size_t j) {
+  ts_net_segment_t *s = &net->seg[j];
+  const ts_kernels_t *prev = net->seg[j - 1].kernels;
+  const ts_kernels_t *k = !s->kernels->device_is_host ? s->kernels
+                          : !prev->device_is_host     ? prev
+                                                      : s->kernels;
+  size_t elems = net->batch_capacity * ts_layers_elems(layer(net, s->first)->in);
+  void *p = NULL;
+  int rc = k->host_alloc(k, elems * sizeof(float), &p);
+  s->stage = p;
+  s->stage_kernels = rc == 0 ? k : NULL;
+  return rc;
+}
+
+/* Segment j's own buffers: parameters, gradients, input, scratch, its layers' buffers. */
+static int alloc_segment(ts_net_t *net, size_t j) {
+  ts_net_segment_t *s = &net->seg[j];
+  const ts_kernels_t *k = s->kernels;
+  size_t B = net->batch_capacity, mask_max = 0, max_elems = 0;
+  int rc = 0;
+  for (size_t i = s->first; i < s->end; i++) {
+    size_t in = ts_layers_elems(layer(net, i)->in), out = ts_layers_elems(layer(net, i)->out);
+    if (in > max_elems) max_elems = in;
+    if (out > max_elems) max_elems = out;
+  }
+  TS_CHECK(alloc_floats(k, s->param_count, &s->params));
+  TS_CHECK(alloc_floats(k, s->param_count, &s->grads));
+  TS_CHECK(alloc_floats(k, B * ts_layers_elems(layer(net, s->first)->in), &s->x));
+  for (size_t i = s->first; i < s->end; i++) TS_CHECK(alloc_layer(net, i, &mask_max));
+  TS_CHECK(alloc_floats(k, B * max_elems, &s->g0));
+  TS_CHECK(alloc_floats(k, B * max_elems, &s->g1));
+  if (s->ws_bytes) TS_CHECK(k->alloc(k, s->ws_bytes, &s->ws));
+  if (mask_max) {
+    void *p = NULL;
+    TS_CHECK(k->host_alloc(k, mask_max * sizeof(float), &p));
+    s->mask_host = p;
+  }
+  if (j > 0) TS_CHECK(alloc_stage(net, j));
+fail:
+  return rc;
+}
+
+int ts_net_init_split(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
+                      size_t batch_capacity, const ts_kernels_t *const *layer_kernels, char *errmsg,
+                      size_t errlen) {
   char scratch[8];
   if (!errmsg) {
     errmsg = scratch;
@@ -154,7 +267,7 @@ int ts_net_init(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_
   }
   if (!net) return TS_EINVAL;
   memset(net, 0, sizeof *net);
-  if (!kernels) {
+  if (!layer_kernels) {
     ts_errmsg_printf(errmsg, errlen, "model: no kernels");
     return TS_EINVAL;
   }
@@ -165,21 +278,34 @@ int ts_net_init(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_
   }
   int rc = ts_layers_check(specs, n, input, &net->desc, NULL, errmsg, errlen);
   if (rc < 0) return rc;
-  net->kernels = kernels;
   net->batch_capacity = batch_capacity;
-  const ts_kernels_t *k = kernels;
   size_t L = net->desc.num_layers;
-  for (size_t i = 0; i < L; i++) {
+  net->seg_of = ts_calloc(L, sizeof *net->seg_of);
+  if (!net->seg_of) {
+    ts_layers_free(&net->desc);
+    memset(net, 0, sizeof *net);
+    ts_errmsg_printf(errmsg, errlen, "model: out of memory");
+    return TS_ENOMEM;
+  }
+  rc = make_segments(net, layer_kernels, errmsg, errlen);
+  for (size_t i = 0; rc == 0 && i < L; i++) {
+    const ts_kernels_t *k = kern(net, i);
     const char *miss = missing_kernel(k, layer(net, i));
     if (miss) {
       ts_errmsg_printf(errmsg, errlen, "kernels '%s': no %s kernel for layer %zu '%s' (%s)",
                        k->name, miss, i + 1, layer(net, i)->spec.name,
                        ts_layers_type_name(layer(net, i)->spec.type));
-      ts_layers_free(&net->desc);
-      memset(net, 0, sizeof *net);
-      return TS_EINVAL;
+      rc = TS_EINVAL;
     }
   }
+  if (rc < 0) {
+    ts_free(net->seg_of);
+    ts_layers_free(&net->desc);
+    memset(net, 0, sizeof *net);
+    return rc;
+  }
+  net->kernels = net->seg[0].kernels;
+  size_t j = 0; /* the segment being allocated, for the error */
   net->z = ts_calloc(L, sizeof *net->z);
   net->a = ts_calloc(L, sizeof *net->a);
   net->argmax = ts_calloc(L, sizeof *net->argmax);
@@ -188,28 +314,23 @@ int ts_net_init(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_
     rc = TS_ENOMEM;
     goto fail;
   }
-  size_t B = batch_capacity, mask_max = 0;
-  TS_CHECK(alloc_floats(k, net->desc.param_count, &net->params));
-  TS_CHECK(alloc_floats(k, net->desc.param_count, &net->grads));
-  TS_CHECK(alloc_floats(k, B * ts_layers_elems(input), &net->x));
+  for (; j < net->num_segments; j++) TS_CHECK(alloc_segment(net, j));
+  const ts_kernels_t *kl = last_seg(net)->kernels;
+  j = net->num_segments - 1;
   {
     void *p = NULL;
-    TS_CHECK(k->alloc(k, B * sizeof(int32_t), &p));
+    TS_CHECK(kl->alloc(kl, batch_capacity * sizeof(int32_t), &p));
     net->labels = p;
   }
-  for (size_t i = 0; i < L; i++) TS_CHECK(alloc_layer(net, i, &mask_max));
-  TS_CHECK(alloc_floats(k, B * net->desc.classes, &net->probs));
-  TS_CHECK(alloc_floats(k, B * net->desc.max_elems, &net->g0));
-  TS_CHECK(alloc_floats(k, B * net->desc.max_elems, &net->g1));
-  if (net->ws_bytes) TS_CHECK(k->alloc(k, net->ws_bytes, &net->ws));
-  if (mask_max) {
-    void *p = NULL;
-    TS_CHECK(k->host_alloc(k, mask_max * sizeof(float), &p));
-    net->mask_host = p;
+  TS_CHECK(alloc_floats(kl, batch_capacity * net->desc.classes, &net->probs));
+  if (net->num_segments == 1) {
+    net->params = net->seg[0].params;
+    net->grads = net->seg[0].grads;
   }
   return 0;
 
-fail:
+fail:;
+  const ts_kernels_t *k = net->seg[j < net->num_segments ? j : 0].kernels;
   ts_errmsg_printf(errmsg, errlen,
                    "model: allocating the buffers of %zu layers (%zu parameters, batch %zu) on "
                    "kernels '%s': %s%s%s",
@@ -220,50 +341,120 @@ fail:
   return rc;
 }
 
+int ts_net_init(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
+                size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen) {
+  if (!kernels)
+    return ts_net_init_split(net, specs, n, input, batch_capacity, NULL, errmsg, errlen);
+  const ts_kernels_t **lk = ts_malloc((n ? n : 1) * sizeof *lk);
+  if (!lk) {
+    if (net) memset(net, 0, sizeof *net);
+    if (errmsg && errlen) ts_errmsg_printf(errmsg, errlen, "model: out of memory");
+    return TS_ENOMEM;
+  }
+  for (size_t i = 0; i < (n ? n : 1); i++) lk[i] = kernels;
+  int rc = ts_net_init_split(net, specs, n, input, batch_capacity, lk, errmsg, errlen);
+  ts_free(lk);
+  return rc;
+}
+
 void ts_net_destroy(ts_net_t *net) {
   if (!net) return;
-  const ts_kernels_t *k = net->kernels;
-  if (k) {
-    for (size_t i = 0; i < net->desc.num_layers; i++) {
-      if (net->z) k->free_buf(k, net->z[i]);
-      if (net->a) k->free_buf(k, net->a[i]);
-      if (net->argmax) k->free_buf(k, net->argmax[i]);
-      if (net->mask) k->free_buf(k, net->mask[i]);
-    }
-    k->free_buf(k, net->params);
-    k->free_buf(k, net->grads);
-    k->free_buf(k, net->x);
-    k->free_buf(k, net->labels);
-    k->free_buf(k, net->probs);
-    k->free_buf(k, net->g0);
-    k->free_buf(k, net->g1);
-    k->free_buf(k, net->ws);
-    if (net->mask_host) k->host_free(k, net->mask_host);
+  for (size_t i = 0; net->seg_of && i < net->desc.num_layers; i++) {
+    const ts_kernels_t *k = kern(net, i);
+    if (!k) continue;
+    if (net->z) k->free_buf(k, net->z[i]);
+    if (net->a) k->free_buf(k, net->a[i]);
+    if (net->argmax) k->free_buf(k, net->argmax[i]);
+    if (net->mask) k->free_buf(k, net->mask[i]);
+  }
+  for (size_t j = 0; j < net->num_segments; j++) {
+    ts_net_segment_t *s = &net->seg[j];
+    const ts_kernels_t *k = s->kernels;
+    k->free_buf(k, s->params);
+    k->free_buf(k, s->grads);
+    k->free_buf(k, s->x);
+    k->free_buf(k, s->g0);
+    k->free_buf(k, s->g1);
+    k->free_buf(k, s->ws);
+    if (s->mask_host) k->host_free(k, s->mask_host);
+    if (s->stage) s->stage_kernels->host_free(s->stage_kernels, s->stage);
+  }
+  if (net->num_segments) {
+    const ts_kernels_t *kl = last_seg(net)->kernels;
+    kl->free_buf(kl, net->labels);
+    kl->free_buf(kl, net->probs);
   }
   ts_free(net->z);
   ts_free(net->a);
   ts_free(net->argmax);
   ts_free(net->mask);
+  ts_free(net->seg_of);
   ts_layers_free(&net->desc);
   memset(net, 0, sizeof *net);
 }
 
+/* --- the flat layout ----------------------------------------------------------------------- */
+
+/* Copy [offset, offset + count) of the flat layout between host and the segments' params
+ * (or grads) that hold it. */
+static int flat_io(const ts_net_t *net, bool grads, bool to_device, size_t offset, float *host,
+                   size_t count) {
+  if (!net || net->num_segments == 0 || (!host && count) || offset > net->desc.param_count ||
+      count > net->desc.param_count - offset)
+    return TS_EINVAL;
+  for (size_t j = 0; j < net->num_segments && count; j++) {
+    const ts_net_segment_t *s = &net->seg[j];
+    size_t lo = s->param_offset, hi = lo + s->param_count;
+    size_t a = offset > lo ? offset : lo, b = offset + count < hi ? offset + count : hi;
+    if (a >= b) continue;
+    const ts_kernels_t *k = s->kernels;
+    float *dev = (grads ? s->grads : s->params) + (a - lo);
+    float *h = host + (a - offset);
+    int rc = to_device ? k->copy_to_device(k, dev, h, (b - a) * sizeof(float))
+                       : k->copy_to_host(k, h, dev, (b - a) * sizeof(float));
+    if (rc < 0) return rc;
+  }
+  return 0;
+}
+
+int ts_net_set_params(ts_net_t *net, size_t offset, const float *src, size_t count) {
+  /* flat_io only reads host when copying to the device. */
+  return flat_io(net, false, true, offset, (float *)(uintptr_t)src, count);
+}
+
+int ts_net_get_params(const ts_net_t *net, size_t offset, float *dst, size_t count) {
+  return flat_io(net, false, false, offset, dst, count);
+}
+
+int ts_net_get_grads(const ts_net_t *net, size_t offset, float *dst, size_t count) {
+  return flat_io(net, true, false, offset, dst, count);
+}
+
+int ts_net_synchronize(const ts_net_t *net) {
+  int rc = 0;
+  for (size_t j = 0; net && j < net->num_segments; j++) {
+    const ts_kernels_t *k = net->seg[j].kernels;
+    int r = k->synchronize ? k->synchronize(k) : 0;
+    if (rc == 0) rc = r;
+  }
+  return rc;
+}
+
 int ts_net_init_params(ts_net_t *net, uint64_t seed) {
-  if (!net || !net->params) return TS_EINVAL;
+  if (!net || net->num_segments == 0) return TS_EINVAL;
   size_t largest = 0;
   for (size_t t = 0; t < net->desc.num_tensors; t++)
     if (net->desc.tensors[t].count > largest) largest = net->desc.tensors[t].count;
   float *host = ts_malloc((largest ? largest : 1) * sizeof(float));
   if (!host) return TS_ENOMEM;
   int rc = 0;
-  const ts_kernels_t *k = net->kernels;
   for (size_t t = 0; t < net->desc.num_tensors && rc == 0; t++) {
     const ts_layer_tensor_t *tn = &net->desc.tensors[t];
     ts_init_fill(host, tn->init, seed, tn->name, tn->shape, tn->rank, 0, tn->count);
-    rc = k->copy_to_device(k, net->params + tn->offset, host, tn->count * sizeof(float));
+    rc = ts_net_set_params(net, tn->offset, host, tn->count);
+    /* The staging buffer is reused per tensor: wait for the copies before refilling it. */
+    if (rc == 0) rc = ts_net_synchronize(net);
   }
-  /* The staging buffer is reused per tensor: wait for the copies before freeing it. */
-  if (rc == 0 && k->synchronize) rc = k->synchronize(k);
   ts_free(host);
   return rc;
 }
@@ -279,7 +470,8 @@ void ts_net_set_training(ts_net_t *net, bool on, uint64_t seed, uint64_t stream)
 
 /* Draw layer i's mask for `count` units on the host and copy it to the device. */
 static int draw_mask(ts_net_t *n, size_t i, size_t count) {
-  const ts_kernels_t *k = n->kernels;
+  const ts_kernels_t *k = kern(n, i);
+  float *host = seg_of(n, i)->mask_host;
   double rate = layer(n, i)->spec.rate;
   float keep_scale = (float)(1.0 / (1.0 - rate));
   uint64_t key = ts_init_key(n->seed, layer(n, i)->spec.name) ^
@@ -290,13 +482,12 @@ static int draw_mask(ts_net_t *n, size_t i, size_t count) {
     int rc = k->synchronize(k);
     if (rc < 0) return rc;
   }
-  for (size_t j = 0; j < count; j++)
-    n->mask_host[j] = ts_init_uniform(key, j) >= rate ? keep_scale : 0.0f;
-  return k->copy_to_device(k, n->mask[i], n->mask_host, count * sizeof(float));
+  for (size_t j = 0; j < count; j++) host[j] = ts_init_uniform(key, j) >= rate ? keep_scale : 0.0f;
+  return k->copy_to_device(k, n->mask[i], host, count * sizeof(float));
 }
 
 static int activate(const ts_net_t *n, size_t i, size_t count) {
-  const ts_kernels_t *k = n->kernels;
+  const ts_kernels_t *k = kern(n, i);
   switch (layer(n, i)->spec.activation) {
     case TS_LAYER_RELU:
       return k->relu_fwd(k, count, n->z[i], n->a[i]);
@@ -310,14 +501,15 @@ static int activate(const ts_net_t *n, size_t i, size_t count) {
 
 /* The product's bias, and its ReLU when fused; rows x cols of the product. */
 static int add_bias(ts_net_t *n, size_t i, size_t rows, size_t cols, float *prod) {
-  const ts_kernels_t *k = n->kernels;
-  const float *b = param(n, layer(n, i)->bias);
+  const ts_kernels_t *k = kern(n, i);
+  const float *b = param(n, i, layer(n, i)->bias);
   return fused_relu(n, i) ? k->bias_relu(k, rows, cols, b, prod)
                           : k->bias_add(k, rows, cols, b, prod);
 }
 
 static int forward_layer(ts_net_t *n, size_t i, size_t B) {
-  const ts_kernels_t *k = n->kernels;
+  const ts_kernels_t *k = kern(n, i);
+  const ts_net_segment_t *s = seg_of(n, i);
   const ts_layer_t *L = layer(n, i);
   const float *in = in_of(n, i);
   size_t out = B * ts_layers_elems(L->out);
@@ -326,12 +518,12 @@ static int forward_layer(ts_net_t *n, size_t i, size_t B) {
   switch (L->spec.type) {
     case TS_LAYER_CONV2D: {
       ts_conv2d_t g = geom(L, B);
-      rc = k->conv2d_fwd(k, &g, in, param(n, L->kernel), prod, n->ws, n->ws_bytes);
+      rc = k->conv2d_fwd(k, &g, in, param(n, i, L->kernel), prod, s->ws, s->ws_bytes);
       if (rc == 0) rc = add_bias(n, i, out / L->out.c, L->out.c, prod);
       break;
     }
     case TS_LAYER_DENSE: /* z = in W + b: (B x fan_in) (fan_in x units) */
-      rc = k->gemm(k, false, false, B, L->out.c, L->in.c, 1.0f, in, L->in.c, param(n, L->kernel),
+      rc = k->gemm(k, false, false, B, L->out.c, L->in.c, 1.0f, in, L->in.c, param(n, i, L->kernel),
                    L->out.c, 0.0f, prod, L->out.c);
       if (rc == 0) rc = add_bias(n, i, B, L->out.c, prod);
       break;
@@ -354,20 +546,36 @@ static int forward_layer(ts_net_t *n, size_t i, size_t B) {
 
 /* Labels are checked on the host, so every back end reports a bad one the same way. */
 static int load(ts_net_t *n, const float *x, const int32_t *labels, size_t B) {
-  const ts_kernels_t *k = n->kernels;
+  const ts_kernels_t *k = n->seg[0].kernels, *kl = last_seg(n)->kernels;
   for (size_t i = 0; i < B; i++)
     if (labels[i] < 0 || (size_t)labels[i] >= n->desc.classes) return TS_EINVAL;
-  int rc = k->copy_to_device(k, n->x, x, B * ts_layers_elems(n->desc.input) * sizeof(float));
+  int rc = k->copy_to_device(k, n->seg[0].x, x, B * ts_layers_elems(n->desc.input) * sizeof(float));
   if (rc < 0) return rc;
-  return k->copy_to_device(k, n->labels, labels, B * sizeof(int32_t));
+  return kl->copy_to_device(kl, n->labels, labels, B * sizeof(int32_t));
+}
+
+/* A boundary crossing: `bytes` from src on table `from` to dst on table `to` through the host
+ * staging of segment s. copy_to_host waits for `from`; `to` is waited for before returning,
+ * as the staging is refilled by the next crossing. */
+static int cross(const ts_net_segment_t *s, const ts_kernels_t *from, const void *src,
+                 const ts_kernels_t *to, void *dst, size_t bytes) {
+  int rc = from->copy_to_host(from, s->stage, src, bytes);
+  if (rc == 0) rc = to->copy_to_device(to, dst, s->stage, bytes);
+  if (rc == 0 && to->synchronize) rc = to->synchronize(to);
+  return rc;
 }
 
 static int forward(ts_net_t *n, size_t B, float *loss) {
   for (size_t i = 0; i < n->desc.num_layers; i++) {
-    int rc = forward_layer(n, i, B);
+    const ts_net_segment_t *s = seg_of(n, i);
+    int rc = 0;
+    if (i == s->first && i > 0) /* into this segment: the previous one's output */
+      rc = cross(s, kern(n, i - 1), out_of(n, i - 1), s->kernels, s->x,
+                 B * ts_layers_elems(layer(n, i)->in) * sizeof(float));
+    if (rc == 0) rc = forward_layer(n, i, B);
     if (rc < 0) return rc;
   }
-  const ts_kernels_t *k = n->kernels;
+  const ts_kernels_t *k = last_seg(n)->kernels;
   return k->softmax_xent(k, B, n->desc.classes, out_of(n, n->desc.num_layers - 1), n->labels,
                          n->probs, loss);
 }
@@ -377,14 +585,14 @@ static int forward(ts_net_t *n, size_t B, float *loss) {
 /* The gradient through layer i's activation: cur holds d out(i); *cur becomes d z[i]. With
  * the fused kernels it also writes the bias gradient (rows x cols is the product). */
 static int activation_grad(ts_net_t *n, size_t i, size_t count, float **cur, float **oth) {
-  const ts_kernels_t *k = n->kernels;
+  const ts_kernels_t *k = kern(n, i);
   const ts_layer_t *L = layer(n, i);
   int rc;
   switch (L->spec.activation) {
     case TS_LAYER_RELU:
       if (fused_relu(n, i)) {
         rc = k->relu_bwd_bias_grad(k, count / L->out.c, L->out.c, n->a[i], *cur, *oth,
-                                   grad(n, L->bias));
+                                   grad(n, i, L->bias));
         break;
       }
       rc = k->relu_bwd(k, count, n->a[i], *cur, *oth);
@@ -404,7 +612,8 @@ static int activation_grad(ts_net_t *n, size_t i, size_t count, float **cur, flo
 
 /* Layer i's parameter gradients from d z (cur), and, when need_in, d in(i) into oth. */
 static int backward_layer(ts_net_t *n, size_t i, size_t B, bool need_in, float **cur, float **oth) {
-  const ts_kernels_t *k = n->kernels;
+  const ts_kernels_t *k = kern(n, i);
+  const ts_net_segment_t *s = seg_of(n, i);
   const ts_layer_t *L = layer(n, i);
   const float *in = in_of(n, i);
   size_t out = B * ts_layers_elems(L->out);
@@ -414,21 +623,22 @@ static int backward_layer(ts_net_t *n, size_t i, size_t B, bool need_in, float *
   switch (L->spec.type) {
     case TS_LAYER_CONV2D: {
       ts_conv2d_t g = geom(L, B);
-      rc = k->conv2d_bwd_filter(k, &g, in, *cur, grad(n, L->kernel), n->ws, n->ws_bytes);
+      rc = k->conv2d_bwd_filter(k, &g, in, *cur, grad(n, i, L->kernel), s->ws, s->ws_bytes);
       if (rc == 0 && !fused_relu(n, i))
-        rc = k->bias_grad(k, out / L->out.c, L->out.c, *cur, grad(n, L->bias));
+        rc = k->bias_grad(k, out / L->out.c, L->out.c, *cur, grad(n, i, L->bias));
       if (rc == 0 && need_in)
-        rc = k->conv2d_bwd_data(k, &g, param(n, L->kernel), *cur, *oth, n->ws, n->ws_bytes);
+        rc = k->conv2d_bwd_data(k, &g, param(n, i, L->kernel), *cur, *oth, s->ws, s->ws_bytes);
       wrote = need_in;
       break;
     }
     case TS_LAYER_DENSE: /* dW = in^T dz, db = colsum dz, d in = dz W^T */
       rc = k->gemm(k, true, false, L->in.c, L->out.c, B, 1.0f, in, L->in.c, *cur, L->out.c, 0.0f,
-                   grad(n, L->kernel), L->out.c);
-      if (rc == 0 && !fused_relu(n, i)) rc = k->bias_grad(k, B, L->out.c, *cur, grad(n, L->bias));
+                   grad(n, i, L->kernel), L->out.c);
+      if (rc == 0 && !fused_relu(n, i))
+        rc = k->bias_grad(k, B, L->out.c, *cur, grad(n, i, L->bias));
       if (rc == 0 && need_in)
         rc = k->gemm(k, false, true, B, L->in.c, L->out.c, 1.0f, *cur, L->out.c,
-                     param(n, L->kernel), L->out.c, 0.0f, *oth, L->in.c);
+                     param(n, i, L->kernel), L->out.c, 0.0f, *oth, L->in.c);
       wrote = need_in;
       break;
     case TS_LAYER_MAX_POOL:
@@ -453,21 +663,32 @@ static int backward_layer(ts_net_t *n, size_t i, size_t B, bool need_in, float *
 }
 
 static int backward(ts_net_t *n, size_t B) {
-  const ts_kernels_t *k = n->kernels;
+  const ts_net_segment_t *s = last_seg(n);
+  const ts_kernels_t *k = s->kernels;
   size_t first_param = n->desc.num_layers;
   for (size_t i = 0; i < n->desc.num_layers && first_param == n->desc.num_layers; i++)
     if (layer(n, i)->kernel >= 0) first_param = i;
-  float *cur = n->g0, *oth = n->g1;
+  float *cur = s->g0, *oth = s->g1;
   int rc = k->softmax_xent_grad(k, B, n->desc.classes, n->probs, n->labels, cur);
-  for (size_t i = n->desc.num_layers; rc == 0 && i-- > first_param;)
+  for (size_t i = n->desc.num_layers; rc == 0 && i-- > first_param;) {
     rc = backward_layer(n, i, B, i > first_param, &cur, &oth);
+    s = seg_of(n, i);
+    if (rc == 0 && i == s->first && i > first_param) {
+      /* Out of this segment: d in(i) to the previous segment's scratch. */
+      const ts_net_segment_t *prev = seg_of(n, i - 1);
+      rc = cross(s, s->kernels, cur, prev->kernels, prev->g0,
+                 B * ts_layers_elems(layer(n, i)->in) * sizeof(float));
+      cur = prev->g0;
+      oth = prev->g1;
+    }
+  }
   return rc;
 }
 
 /* --- entry points -------------------------------------------------------------------------- */
 
 static bool batch_ok(const ts_net_t *n, const void *x, const void *labels, size_t B) {
-  return n && n->params && x && labels && B >= 1 && B <= n->batch_capacity;
+  return n && n->num_segments && x && labels && B >= 1 && B <= n->batch_capacity;
 }
 
 int ts_net_forward_backward(ts_net_t *net, const float *x, const int32_t *labels, size_t batch,
@@ -490,7 +711,7 @@ int ts_net_loss(ts_net_t *net, const float *x, const int32_t *labels, size_t bat
 int ts_net_evaluate(ts_net_t *net, const float *x, const int32_t *labels, size_t n, float *accuracy,
                     float *loss) {
   if (!batch_ok(net, x, labels, 1) || n < 1) return TS_EINVAL;
-  const ts_kernels_t *k = net->kernels;
+  const ts_kernels_t *k = last_seg(net)->kernels;
   bool training = net->training;
   net->training = false;
   size_t in = ts_layers_elems(net->desc.input), correct = 0;
@@ -521,7 +742,7 @@ int ts_net_load_batch(ts_net_t *net, const float *x, const int32_t *labels, size
 }
 
 int ts_net_compute(ts_net_t *net, size_t batch, float *loss) {
-  if (!net || !net->params || batch < 1 || batch > net->batch_capacity) return TS_EINVAL;
+  if (!net || !net->num_segments || batch < 1 || batch > net->batch_capacity) return TS_EINVAL;
   float l = 0.0f;
   int rc = forward(net, batch, &l);
   if (rc == 0) rc = backward(net, batch);

@@ -18,9 +18,25 @@
  * exactly, and every back end applies the same mask (it is copied to the device and applied
  * with k->mul both ways).
  *
+ * Segments (TensorFlow's `with tf.device()` scopes over one model). A net built by
+ * ts_net_init_split runs each layer on its own kernels table; consecutive layers on one table
+ * form a SEGMENT, which owns everything of its layers on its device: its slice of params and
+ * grads (the tensors of its layers, which are contiguous in the flat layout), their
+ * activations, its gradient scratch and convolution workspace. At a boundary the forward pass
+ * copies the activation device -> host -> device (the first table's copy_to_host into host
+ * staging, k->host_alloc of the non-host side, then the second's copy_to_device), and the
+ * backward pass copies the gradient with respect to that activation back the other way. The
+ * batch is loaded into the first segment, the labels and the loss live on the last. The
+ * result is the unsplit net's, up to the order of float operations the back ends choose (the
+ * CPU back end twice gives the same bits). The flat layout stays the interface: the
+ * ts_net_set_params / ts_net_get_params / ts_net_get_grads copies take ranges of it and reach
+ * each segment's slice; params and grads below are the buffers themselves only when there is
+ * one segment (NULL in a split net).
+ *
  * Ownership: the caller owns the ts_net_t struct; ts_net_init fills it and allocates
- * everything it points to, ts_net_destroy frees that. The kernels table must outlive the net.
- * Host pointers passed in are read during the call only. Not thread-safe: one net per thread.
+ * everything it points to, ts_net_destroy frees that. The kernels tables must outlive the
+ * net. Host pointers passed in are read during the call only. Not thread-safe: one net per
+ * thread.
  */
 #ifndef TS_NET_H
 #define TS_NET_H
@@ -32,29 +48,46 @@
 #include "ts_kernels.h"
 #include "ts_layers.h"
 
+#define TS_NET_SEGMENTS_MAX 8
+
+typedef struct {
+  /* Public, read-only after init. */
+  const ts_kernels_t *kernels;
+  size_t first, end;                /* its layers: [first, end) */
+  size_t param_offset, param_count; /* its range of the flat layout */
+  float *params, *grads;            /* device, param_count floats each */
+
+  /* Private. */
+  float *x;       /* the input of layer first: the batch, or the previous segment's copy */
+  float *g0, *g1; /* gradient scratch, batch_capacity x the largest activation each */
+  void *ws;       /* convolution workspace of its layers */
+  size_t ws_bytes;
+  float *mask_host;                  /* host staging of one dropout mask (k->host_alloc) */
+  float *stage;                      /* host staging of the boundary into this segment (s > 0) */
+  const ts_kernels_t *stage_kernels; /* the table stage came from */
+} ts_net_segment_t;
+
 typedef struct {
   /* Public, read-only after init. */
   ts_layers_t desc; /* the checked description: layers, shapes, tensors */
   size_t batch_capacity;
-  const ts_kernels_t *kernels;
-  float *params; /* device, desc.param_count floats */
-  float *grads;  /* device, desc.param_count floats */
+  const ts_kernels_t *kernels; /* the first segment's table */
+  float *params;               /* device, desc.param_count floats; NULL when split */
+  float *grads;                /* device, desc.param_count floats; NULL when split */
+  ts_net_segment_t seg[TS_NET_SEGMENTS_MAX];
+  size_t num_segments;
 
   /* Private. */
   bool training;
   uint64_t seed, stream;
-  float *x;         /* input batch, batch_capacity x input elems */
-  int32_t *labels;  /* batch_capacity */
+  size_t *seg_of;   /* per layer: its segment */
+  int32_t *labels;  /* batch_capacity, on the last segment */
   float **z;        /* per layer: output before the activation (NULL for flatten, and for a
                      * conv or dense ReLU layer on fused kernels: see ts_net.c) */
   float **a;        /* per layer: output after a non-linear activation (else NULL) */
   int32_t **argmax; /* per max_pool layer */
   float **mask;     /* per dropout layer: device mask */
-  float *mask_host; /* host staging of one mask (k->host_alloc) */
-  float *probs;     /* softmax of the logits */
-  float *g0, *g1;   /* gradient scratch, batch_capacity x desc.max_elems each */
-  void *ws;         /* convolution workspace (k->conv2d_workspace) */
-  size_t ws_bytes;
+  float *probs;     /* softmax of the logits, on the last segment */
 } ts_net_t;
 
 /* Check the description (ts_layers_check) and build the net for batches of up to
@@ -66,8 +99,26 @@ typedef struct {
 int ts_net_init(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
                 size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen);
 
+/* ts_net_init with layer i on layer_kernels[i] (n entries, one per spec): consecutive layers
+ * on one table make a segment (above), at most TS_NET_SEGMENTS_MAX of them. One table for
+ * every layer builds what ts_net_init builds. Errors as ts_net_init; TS_EINVAL also for too
+ * many segments or a NULL table. */
+int ts_net_init_split(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
+                      size_t batch_capacity, const ts_kernels_t *const *layer_kernels, char *errmsg,
+                      size_t errlen);
+
 /* Free everything ts_net_init allocated and zero *net. Safe on a zeroed struct. */
 void ts_net_destroy(ts_net_t *net);
+
+/* Copies of count elements at element offset of the flat layout between host memory and the
+ * parameters / gradients, whatever segments the range spans (each part through its
+ * segment's table). Returns 0, TS_EINVAL (out of range, NULL) or a copy error. */
+int ts_net_set_params(ts_net_t *net, size_t offset, const float *src, size_t count);
+int ts_net_get_params(const ts_net_t *net, size_t offset, float *dst, size_t count);
+int ts_net_get_grads(const ts_net_t *net, size_t offset, float *dst, size_t count);
+
+/* Wait for the queued work of every segment's table. */
+int ts_net_synchronize(const ts_net_t *net);
 
 /* Initialise every tensor as the parameter servers do (ts_init_fill with seed, its name,
  * shape and kind). Returns 0, TS_ENOMEM or a copy error. */

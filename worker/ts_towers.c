@@ -87,7 +87,7 @@ static int alloc_common(ts_towers_t *tw, size_t n) {
 int ts_towers_wrap(ts_towers_t *tw, ts_model_t *model, char *errmsg, size_t errlen) {
   if (!tw) return TS_EINVAL;
   memset(tw, 0, sizeof *tw);
-  if (!model || !model->kernels || !model->params) {
+  if (!model || !model->kernels || (!model->params && !model->net)) {
     ts_errmsg_printf(errmsg, errlen, "towers: no model");
     return TS_EINVAL;
   }
@@ -96,7 +96,7 @@ int ts_towers_wrap(ts_towers_t *tw, ts_model_t *model, char *errmsg, size_t errl
   tw->borrowed_model = true;
   tw->models[0] = *model; /* a shallow copy: the buffers stay the caller's */
   tw->kernels[0] = model->kernels;
-  tw->zero_copy = model->kernels->device_is_host;
+  tw->zero_copy = model->kernels->device_is_host && !ts_model_is_split(model);
   if (!tw->zero_copy) {
     void *p = NULL;
     tw->stage_grads = ts_calloc(1, sizeof *tw->stage_grads);
@@ -152,10 +152,22 @@ typedef struct {
   const ts_layer_spec_t *specs; /* non-NULL: a network */
   size_t nspecs;
   ts_layer_shape_t input;
+  const bool *cpu_layers; /* non-NULL: per layer, whether it runs on the CPU back end */
 } model_src_t;
 
 static int init_model(ts_model_t *m, const model_src_t *src, size_t capacity, const ts_kernels_t *k,
                       char *errmsg, size_t errlen) {
+  if (src->specs && src->cpu_layers) {
+    const ts_kernels_t *lk[TS_LAYERS_MAX];
+    size_t n = src->nspecs < TS_LAYERS_MAX ? src->nspecs : TS_LAYERS_MAX;
+    for (size_t i = 0; i < n; i++) lk[i] = src->cpu_layers[i] ? ts_kernels_cpu() : k;
+    if (src->nspecs > TS_LAYERS_MAX) {
+      ts_errmsg_printf(errmsg, errlen, "model: %zu layers, at most %d", src->nspecs, TS_LAYERS_MAX);
+      return TS_EINVAL;
+    }
+    return ts_model_init_net_split(m, src->specs, src->nspecs, src->input, capacity, k, lk, errmsg,
+                                   errlen);
+  }
   if (src->specs)
     return ts_model_init_net(m, src->specs, src->nspecs, src->input, capacity, k, errmsg, errlen);
   return ts_model_init(m, src->widths, src->nw, src->activation, capacity, k, errmsg, errlen);
@@ -202,10 +214,17 @@ static int init_towers(ts_towers_t *tw, const ts_kernels_t *const *kernels, size
   }
   const ts_model_t *m0 = &tw->models[0];
   size_t bytes = m0->param_count * sizeof(float);
+  bool split = ts_model_is_split(m0);
+  if (split) tw->zero_copy = false; /* the flat layout is in pieces on several devices */
 
   /* How the towers' gradients meet. */
   if (n == 1) {
     tw->reduce = TS_TOWERS_REDUCE_NONE;
+  } else if (split) {
+    tw->reduce = TS_TOWERS_REDUCE_PINNED;
+    ts_log_info(
+        "towers: averaging gradients through pinned host memory (each tower's model is "
+        "split over devices)");
   } else if (tw->zero_copy) {
     tw->reduce = TS_TOWERS_REDUCE_HOST;
   } else {
@@ -258,7 +277,15 @@ int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n
 int ts_towers_init_net(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
                        const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
                        size_t capacity, ts_towers_release_cb release, char *errmsg, size_t errlen) {
-  model_src_t src = {.specs = specs, .nspecs = nspecs, .input = input};
+  return ts_towers_init_net_split(tw, kernels, n, specs, nspecs, input, NULL, capacity, release,
+                                  errmsg, errlen);
+}
+
+int ts_towers_init_net_split(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
+                             const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
+                             const bool *cpu_layers, size_t capacity, ts_towers_release_cb release,
+                             char *errmsg, size_t errlen) {
+  model_src_t src = {.specs = specs, .nspecs = nspecs, .input = input, .cpu_layers = cpu_layers};
   return init_towers(tw, kernels, n, &src, capacity, release, errmsg, errlen);
 }
 
@@ -275,6 +302,7 @@ void ts_towers_set_dropout(ts_towers_t *tw, uint64_t seed, uint64_t step, uint64
 static void sync_all(const ts_towers_t *tw) {
   for (size_t t = 0; tw->kernels && t < tw->n; t++)
     if (tw->kernels[t]) tw->kernels[t]->synchronize(tw->kernels[t]);
+  for (size_t t = 0; tw->models && t < tw->n; t++) ts_model_synchronize(&tw->models[t]);
 }
 
 void ts_towers_destroy(ts_towers_t *tw) {
@@ -371,7 +399,7 @@ static void run_tower(ts_towers_t *tw, size_t t) {
   ts_model_t *m = &tw->models[t];
   float loss = 0.0f;
   int rc = ts_model_compute(m, tw->micro, &loss);
-  if (rc == 0) rc = m->kernels->synchronize(m->kernels);
+  if (rc == 0) rc = ts_model_synchronize(m);
   tw->tower_loss[t] = loss;
   tw->tower_rc[t] = rc;
 }
@@ -386,7 +414,7 @@ static void *tower_thread(void *arg) {
 static int average(ts_towers_t *tw, char *errmsg, size_t errlen) {
   const ts_kernels_t *k0 = tw->kernels[0];
   const ts_kernels_t *cpu = ts_kernels_cpu();
-  size_t count = tw->models[0].param_count, bytes = count * sizeof(float);
+  size_t count = tw->models[0].param_count;
   float *g0 = tw->models[0].grads;
   float inv = 1.0f / (float)tw->n;
   int rc = 0;
@@ -412,8 +440,7 @@ static int average(ts_towers_t *tw, char *errmsg, size_t errlen) {
     }
     case TS_TOWERS_REDUCE_PINNED:
       for (size_t t = 0; t < tw->n; t++) {
-        const ts_kernels_t *k = tw->kernels[t];
-        rc = k->copy_to_host(k, tw->stage_grads[t], tw->models[t].grads, bytes);
+        rc = ts_model_get_grads(&tw->models[t], 0, tw->stage_grads[t], count);
         if (rc < 0) {
           kernel_error(tw, t, "copying the gradients to the host", rc, errmsg, errlen);
           return rc;
@@ -425,7 +452,7 @@ static int average(ts_towers_t *tw, char *errmsg, size_t errlen) {
       return 0; /* already in the push source */
   }
   if (!tw->zero_copy) {
-    rc = k0->copy_to_host(k0, tw->stage_grads[0], g0, bytes);
+    rc = ts_model_get_grads(&tw->models[0], 0, tw->stage_grads[0], count);
     if (rc < 0) {
       kernel_error(tw, 0, "copying the gradients to the host", rc, errmsg, errlen);
       return rc;

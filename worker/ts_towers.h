@@ -27,6 +27,15 @@
  *   "nccl"    towers on distinct GPUs, NCCL built in: ncclReduce(ncclAvg) to tower 0's GPU.
  *   "pinned"  otherwise: each tower's gradient copied to pinned host memory, summed there.
  *
+ * Split models (TensorFlow's `with tf.device()` over one model, worker/ts_net.h segments):
+ * every tower is split the same way. Tower t's table is its GPU, as without a split, and
+ * the layers placed on /cpu:0 run on the CPU back end, with the copies between them inside
+ * the tower's step. The flat host layout stays what pulls fill and pushes send: after a pull
+ * each segment's slice is copied from the staging to its own device (memcpy for the CPU
+ * segment), and before a push each slice is copied back; T > 1 towers average in host
+ * memory ("pinned"). So a split model gives every tower the same work, and the micro-batch
+ * rule above is unchanged.
+ *
  * Threads. A step runs the towers of GPU back ends on one thread each (the caller's thread
  * runs tower 0), so several GPUs compute at once; CPU towers run one after the other (OpenBLAS
  * has threads of its own). Otherwise a ts_towers_t is used by one thread.
@@ -99,6 +108,14 @@ int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n
 int ts_towers_init_net(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
                        const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
                        size_t capacity, ts_towers_release_cb release, char *errmsg, size_t errlen);
+
+/* ts_towers_init_net with a split model (above): layer i runs on the CPU back end
+ * (ts_kernels_cpu) when cpu_layers[i], else on the tower's table. cpu_layers NULL is
+ * ts_towers_init_net. Errors as ts_towers_init_net. */
+int ts_towers_init_net_split(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
+                             const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
+                             const bool *cpu_layers, size_t capacity, ts_towers_release_cb release,
+                             char *errmsg, size_t errlen);
 
 /* Dropout masks for the next step: every tower draws its own stream of (step, worker,
  * tower), so the towers and workers of one step never share a mask and a run repeats. A

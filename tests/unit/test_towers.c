@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -387,6 +388,118 @@ static void test_plan_rules(void **state) {
   ts_config_free(&cfg);
 }
 
+/* LeNet-5 as a layer list in the job file's form. */
+static void lenet5(ts_config_t *cfg) {
+  static const struct {
+    const char *type;
+    int filters, units, k;
+    const char *padding, *act;
+  } L[] = {{"conv2d", 6, 0, 5, "same", "relu"},   {"max_pool", 0, 0, 2, "", ""},
+           {"conv2d", 16, 0, 5, "valid", "relu"}, {"max_pool", 0, 0, 2, "", ""},
+           {"flatten", 0, 0, 0, "", ""},          {"dense", 0, 120, 0, "", "relu"},
+           {"dense", 0, 84, 0, "", "relu"},       {"dense", 0, 10, 0, "", ""}};
+  ts_free(cfg->net_layers);
+  cfg->net_layers = ts_calloc(TS_CONFIG_LAYERS_MAX, sizeof *cfg->net_layers);
+  assert_non_null(cfg->net_layers);
+  for (size_t i = 0; i < 8; i++) {
+    ts_config_layer_t *l = &cfg->net_layers[i];
+    snprintf(l->type, sizeof l->type, "%s", L[i].type);
+    l->filters = L[i].filters;
+    l->units = L[i].units;
+    l->kernel[0] = l->kernel[1] = L[i].k;
+    snprintf(l->padding, sizeof l->padding, "%s", L[i].padding);
+    snprintf(l->activation, sizeof l->activation, "%s", L[i].act);
+    snprintf(l->where, sizeof l->where, "job.cfg:%zu", 10 + i);
+  }
+  cfg->num_net_layers = 8;
+  cfg->num_layers = 0;
+}
+
+/* The device of the model op called name. */
+static const ts_placement_t *placed(const ts_backend_plan_t *p, const char *name) {
+  for (size_t i = 0; i < p->num_ops; i++)
+    if (strcmp(p->ops[i].name, name) == 0) return &p->placements[i];
+  fail_msg("no op %s", name);
+  return NULL;
+}
+
+/* A network's layers placed on a GPU and on /cpu:0 explicitly: a split plan (TensorFlow's
+ * `with tf.device()` scopes), each tower split alike; what is moved or impossible is not. */
+static void test_plan_split(void **state) {
+  (void)state;
+  ts_config_t cfg;
+  ts_backend_plan_t p;
+  char err[512] = "";
+  /* Convolutions on /gpu:0, dense layers on /cpu:0, the rest by TensorFlow's default. */
+  const char *convs_gpu[] = {"conv*=/gpu:0", "fc*=/cpu:0"};
+  config(&cfg, "", false, 0, 64);
+  lenet5(&cfg);
+  rules(&cfg, convs_gpu, 2);
+  const ts_kernels_t *cuda = ts_kernels_cuda_ops();
+  const ts_kernels_t *tables[] = {ts_kernels_cpu(),
+                                  cuda && ts_kernels_cuda_have_cudnn() ? cuda : NULL};
+  for (size_t t = 0; t < 2 && tables[t]; t++) {
+    assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, tables[t], &p, err, sizeof err), 0);
+    assert_true(p.split);
+    assert_int_equal(p.type, TS_DEVICE_GPU);
+    assert_int_equal(p.towers, 1);
+    assert_false(p.soft);
+    assert_int_equal(placed(&p, "input/decode")->type, TS_DEVICE_CPU);
+    assert_int_equal(placed(&p, "conv1/Conv2D")->type, TS_DEVICE_GPU);
+    assert_int_equal(placed(&p, "pool1/MaxPool")->type, TS_DEVICE_GPU);
+    assert_int_equal(placed(&p, "conv2/Conv2D")->type, TS_DEVICE_GPU);
+    assert_int_equal(placed(&p, "flatten1/Reshape")->type, TS_DEVICE_GPU);
+    assert_int_equal(placed(&p, "fc1/MatMul")->type, TS_DEVICE_CPU);
+    assert_int_equal(placed(&p, "fc3/MatMul")->type, TS_DEVICE_CPU);
+    assert_string_equal(placed(&p, "fc3/MatMul")->asked, "/device:CPU:0");
+    ts_backend_plan_free(&p);
+  }
+  ts_config_free(&cfg);
+  /* The scope /cpu:0, convolutions on /gpu:1: two GPUs give two towers, each split alike, the
+   * first on /gpu:1. */
+  const char *convs_gpu1[] = {"conv*=/gpu:1"};
+  config(&cfg, "/cpu:0", false, 0, 64);
+  lenet5(&cfg);
+  rules(&cfg, convs_gpu1, 1);
+  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err), 0);
+  assert_true(p.split);
+  assert_int_equal(p.towers, 2);
+  assert_int_equal(p.tower_device[0], 1);
+  assert_int_equal(p.tower_device[1], 0);
+  assert_int_equal(p.micro_batch, 32);
+  assert_int_equal(placed(&p, "conv2/Conv2D")->index, 1);
+  assert_int_equal(placed(&p, "pool1/MaxPool")->type, TS_DEVICE_CPU);
+  ts_backend_plan_free(&p);
+  ts_config_free(&cfg);
+  /* Convolutions without a GPU kernel (no cuDNN) moved by soft placement: not a split, the
+   * whole model on /cpu:0 as before; without soft placement, TensorFlow's message. */
+  ts_kernels_t no_conv = *ts_kernels_cpu();
+  no_conv.conv2d_fwd = NULL;
+  config(&cfg, "/gpu:0", true, 0, 64);
+  lenet5(&cfg);
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, &no_conv, &p, err, sizeof err), 0);
+  assert_false(p.split);
+  assert_int_equal(p.type, TS_DEVICE_CPU);
+  assert_true(p.soft);
+  ts_backend_plan_free(&p);
+  cfg.allow_soft_placement = false;
+  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, &no_conv, &p, err, sizeof err), TS_ECONFIG);
+  assert_contains(err, "Cannot assign a device for operation conv1/Conv2D");
+  ts_config_free(&cfg);
+  /* Two GPUs in one model: refused, naming both ops. */
+  const char *two[] = {"fc*=/gpu:1"};
+  config(&cfg, "/gpu:0", false, 0, 64);
+  lenet5(&cfg);
+  rules(&cfg, two, 1);
+  assert_int_equal(ts_backend_plan(&cfg, 2, NULL, 0, ts_kernels_cpu(), &p, err, sizeof err),
+                   TS_ECONFIG);
+  assert_contains(err,
+                  "conv1/Conv2D is placed on /device:GPU:0 and fc1/MatMul on "
+                  "/device:GPU:1: one model's layers run on one GPU, or on one GPU and "
+                  "/device:CPU:0");
+  ts_config_free(&cfg);
+}
+
 /* device.intra_op_parallelism_threads = 0: the CPUs shared by the job's workers on this
  * worker's host. */
 static void test_cpu_share(void **state) {
@@ -488,6 +601,7 @@ int main(void) {
       cmocka_unit_test(test_plan_op_without_gpu_kernel),
       cmocka_unit_test(test_plan_default_placement),
       cmocka_unit_test(test_plan_rules),
+      cmocka_unit_test(test_plan_split),
       cmocka_unit_test(test_plan_unused_rules_long),
       cmocka_unit_test(test_cpu_share),
       cmocka_unit_test(test_model_ops_match),

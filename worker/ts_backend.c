@@ -157,22 +157,22 @@ static rule_t *match_rule(rule_t *rules, size_t n, const char *op) {
   return NULL;
 }
 
-/* Whether every model op on /cpu:0 was put there explicitly (its own rule or the scope),
- * not moved there by soft placement nor for want of a GPU kernel. */
-static bool cpu_ops_explicit(const ts_backend_plan_t *p) {
-  for (size_t i = p->num_input_ops; i < p->num_ops; i++) {
-    const ts_placement_t *pl = &p->placements[i];
-    if (pl->type == TS_DEVICE_CPU && (!pl->asked[0] || pl->soft)) return false;
-  }
-  return true;
+/* How many runs of consecutive model ops on one device (a split net's segments). */
+static size_t device_runs(const ts_backend_plan_t *p) {
+  size_t runs = 0;
+  for (size_t i = p->num_input_ops; i < p->num_ops; i++)
+    if (i == p->num_input_ops || p->placements[i].type != p->placements[i - 1].type) runs++;
+  return runs;
 }
 
-/* Where the model's layers run when their ops landed on two devices. A network of layers
- * whose ops on /cpu:0 are all there explicitly is split (TensorFlow's `with tf.device()`
- * scopes): its layers on the GPU run there, the others on the CPU, with the copies between
- * them (p->split). Otherwise the model runs on one device (the towers' back end): all on the
- * CPU when nothing explicit keeps an op on its GPU, else refused. Two GPUs in one model are
- * refused. */
+/* Where the model's layers run when their ops landed on two devices. A network of layers is
+ * split, as TensorFlow places each op on its own device: the layers on the GPU run there,
+ * the others on the CPU (placed there explicitly by `with tf.device()`-like rules, moved by
+ * soft placement, or without a GPU kernel under the default placement), with the copies
+ * between them (p->split). An MLP of widths, or a network that would alternate between the
+ * devices more than TS_NET_SEGMENTS_MAX times, runs on one device (the towers' back end):
+ * all on the CPU when nothing explicit keeps an op on its GPU, else refused. Two GPUs in one
+ * model are refused. */
 static int one_device(const ts_config_t *cfg, ts_backend_plan_t *p, const ts_placement_op_t *ops,
                       char *errmsg, size_t errlen) {
   size_t none = p->num_ops, gi = none, ci = none;
@@ -192,19 +192,25 @@ static int one_device(const ts_config_t *cfg, ts_backend_plan_t *p, const ts_pla
     }
   }
   if (gi == none || ci == none) return 0;
-  if (cfg->num_net_layers > 0 && cpu_ops_explicit(p)) {
+  size_t runs = device_runs(p);
+  if (cfg->num_net_layers > 0 && runs <= TS_NET_SEGMENTS_MAX) {
     p->split = true;
     return 0;
   }
   const ts_placement_t *cpu = &p->placements[ci];
   /* Which op holds the model on the CPU, and why. */
+  char one[80];
+  if (cfg->num_net_layers > 0)
+    snprintf(one, sizeof one, "the model's layers would change devices %zu times (at most %d)",
+             runs - 1, TS_NET_SEGMENTS_MAX - 1);
+  else
+    snprintf(one, sizeof one, "the model's layers run on one device");
   char why[200];
   if (cpu->soft || !cpu->asked[0])
-    snprintf(why, sizeof why, "op %s (%s) has no GPU kernel and the model's layers run on one device",
-             ops[ci].name, ops[ci].type);
+    snprintf(why, sizeof why, "op %s (%s) has no GPU kernel and %s", ops[ci].name, ops[ci].type,
+             one);
   else
-    snprintf(why, sizeof why, "%s is placed on /device:CPU:0 and the model's layers run on one device",
-             ops[ci].name);
+    snprintf(why, sizeof why, "%s is placed on /device:CPU:0 and %s", ops[ci].name, one);
   for (size_t i = p->num_input_ops; i < p->num_ops; i++) {
     ts_placement_t *pl = &p->placements[i];
     if (pl->type != TS_DEVICE_GPU) continue;

@@ -14,15 +14,15 @@
  * batch copied to the GPU, the model there.
  *
  * A model over two devices. When a network's layers (model.layers as a layer list) land on
- * a GPU and on /cpu:0, and every one on /cpu:0 was put there explicitly (a device.rules glob
- * or the device.placement scope, as `with tf.device()` scopes in TensorFlow), the plan is
- * SPLIT (plan->split): each layer runs where it was placed, in segments of consecutive
- * layers on one device, with the activations copied device -> host -> device at each
- * boundary and their gradients back (worker/ts_net.h). Otherwise the model's layers run on
- * one back end (the towers'): when some land on a GPU and others on /cpu:0 because soft
- * placement moved them or they have no GPU kernel, all go to /cpu:0 if nothing explicit
- * holds one on the GPU, and the plan is refused otherwise; an MLP given as widths is never
- * split. Layers on two different GPUs in one model are refused.
+ * a GPU and on /cpu:0 (put there by a device.rules glob or the device.placement scope, as
+ * `with tf.device()` scopes in TensorFlow, moved by soft placement, or placed there by
+ * default for want of a GPU kernel: TensorFlow places each op on its own), the plan is SPLIT
+ * (plan->split): each layer runs where it was placed, in segments of consecutive layers on
+ * one device (at most TS_NET_SEGMENTS_MAX), with the activations copied device -> host ->
+ * device at each boundary and their gradients back (worker/ts_net.h). An MLP given as
+ * widths, or a network with more segments, runs on one back end (the towers'): all on
+ * /cpu:0 if nothing explicit holds a layer on the GPU, the plan refused otherwise. Layers on
+ * two different GPUs in one model are refused.
  *
  * Towers (worker/ts_towers.h): device.towers of them, 0 meaning one per visible GPU when the
  * model runs on a GPU and 1 on the CPU. Tower t runs on GPU (N + t) mod G for the placed

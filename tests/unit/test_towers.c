@@ -471,17 +471,30 @@ static void test_plan_split(void **state) {
   assert_int_equal(placed(&p, "pool1/MaxPool")->type, TS_DEVICE_CPU);
   ts_backend_plan_free(&p);
   ts_config_free(&cfg);
-  /* Convolutions without a GPU kernel (no cuDNN) moved by soft placement: not a split, the
-   * whole model on /cpu:0 as before; without soft placement, TensorFlow's message. */
+  /* Convolutions without a GPU kernel (no cuDNN) moved by soft placement: only they move, as
+   * in TensorFlow, so the model alternates CPU, GPU, CPU, GPU (pooling has its kernel); the
+   * same under the default placement, without soft placement; with /gpu:0 explicit and no
+   * soft placement, TensorFlow's message. */
   ts_kernels_t no_conv = *ts_kernels_cpu();
   no_conv.conv2d_fwd = NULL;
+  for (int dflt = 0; dflt < 2; dflt++) {
+    config(&cfg, dflt ? "" : "/gpu:0", !dflt, 0, 64);
+    lenet5(&cfg);
+    assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, &no_conv, &p, err, sizeof err), 0);
+    assert_true(p.split);
+    assert_int_equal(p.type, TS_DEVICE_GPU);
+    assert_int_equal(p.soft, !dflt);
+    assert_int_equal(placed(&p, "conv1/Conv2D")->type, TS_DEVICE_CPU);
+    assert_int_equal(placed(&p, "conv1/Conv2D")->soft, !dflt);
+    assert_int_equal(placed(&p, "pool1/MaxPool")->type, TS_DEVICE_GPU);
+    assert_int_equal(placed(&p, "conv2/Conv2D")->type, TS_DEVICE_CPU);
+    assert_int_equal(placed(&p, "fc1/MatMul")->type, TS_DEVICE_GPU);
+    assert_false(placed(&p, "fc1/MatMul")->soft);
+    ts_backend_plan_free(&p);
+    ts_config_free(&cfg);
+  }
   config(&cfg, "/gpu:0", true, 0, 64);
   lenet5(&cfg);
-  assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, &no_conv, &p, err, sizeof err), 0);
-  assert_false(p.split);
-  assert_int_equal(p.type, TS_DEVICE_CPU);
-  assert_true(p.soft);
-  ts_backend_plan_free(&p);
   cfg.allow_soft_placement = false;
   assert_int_equal(ts_backend_plan(&cfg, 1, NULL, 0, &no_conv, &p, err, sizeof err), TS_ECONFIG);
   assert_contains(err, "Cannot assign a device for operation conv1/Conv2D");

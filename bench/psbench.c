@@ -15,7 +15,10 @@
  * trip of every iteration of every worker (p50_us, p99_us), and the shards' CPU time per
  * byte moved: the ps-server processes' user + system CPU seconds (/proc/PID/stat) over the
  * timed runs, divided by the GB pushed plus pulled in them (cpu_s_per_gb; clock-tick
- * resolution, 10 ms, so short runs of small tensors give a coarse figure). Modes: async (push tagged
+ * resolution, 10 ms, so short runs of small tensors give a coarse figure), and the same for the
+ * clients (client_cpu_s_per_gb: this process's user + system CPU seconds, getrusage
+ * RUSAGE_SELF, over the timed runs; the worker threads are this process's only busy
+ * threads, so it is the clients' CPU time, their busy-polling included). Modes: async (push tagged
  * with the worker's clock, then pull) and sync (push_pulled with the version pulled, then
  * pull_next, which waits for the barrier of every worker); either way the push and the pull
  * travel together (one TS_CLIENT_PUSH_PULL request): one round trip, as the
@@ -357,6 +360,14 @@ static double shards_cpu_s(const ts_cluster_t *c) {
   return sum;
 }
 
+/* This process's CPU seconds so far (user + system, every thread): the clients' CPU time. */
+static double self_cpu_s(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) < 0) return -1;
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+         (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
 /* param and grad are separate allocations, as push_pull requires. */
 static int one_iteration(worker_t *w, uint64_t clock) {
   float *dst[1] = {w->param};
@@ -524,6 +535,7 @@ int main(int argc, char **argv) {
   double gbps_run[MAX_RUNS];
   double lat_all_p50 = NAN, lat_all_p99 = NAN;
   double cpu_s = 0, gb_moved = 0;   /* over the timed runs; cpu_s < 0: unknown */
+  double client_cpu_s = 0;          /* likewise, this process (the clients) */
   size_t iters_total = 0;
   int threads = 0;
   pthread_t th[MAX_WORKERS];
@@ -541,6 +553,7 @@ int main(int argc, char **argv) {
     if (sync_iters > 10000000) sync_iters = 10000000;
     for (int r = 0; r < opt.runs; r++) {
       double cpu0 = shards_cpu_s(&cluster);
+      double self0 = self_cpu_s();
       pthread_barrier_wait(&barrier);
       run_start[r] = now_s();
       run_deadline = run_start[r] + opt.seconds;
@@ -548,8 +561,11 @@ int main(int argc, char **argv) {
       pthread_barrier_wait(&barrier);
       run_end[r] = now_s();
       double cpu1 = shards_cpu_s(&cluster);
+      double self1 = self_cpu_s();
       if (cpu0 < 0 || cpu1 < 0 || cpu_s < 0) cpu_s = -1;
       else cpu_s += cpu1 - cpu0;
+      if (self0 < 0 || self1 < 0 || client_cpu_s < 0) client_cpu_s = -1;
+      else client_cpu_s += self1 - self0;
       long n = 0;
       for (int i = 0; i < opt.workers; i++) n += w[i].iters[r];
       gb_moved += (double)n * 2.0 * (double)opt.size / 1e9;
@@ -620,6 +636,8 @@ int main(int argc, char **argv) {
   }
   double ratio = isnan(ip) ? (double)NAN : gbps / ip;
   double cpu_per_gb = cpu_s >= 0 && gb_moved > 0 ? cpu_s / gb_moved : (double)NAN;
+  double client_cpu_per_gb =
+      client_cpu_s >= 0 && gb_moved > 0 ? client_cpu_s / gb_moved : (double)NAN;
   double load[3] = {NAN, NAN, NAN};
   if (getloadavg(load, 3) < 0) load[0] = NAN;
   const char *mode = opt.sync ? "sync" : "async";
@@ -644,6 +662,8 @@ int main(int argc, char **argv) {
       print_null_or(stdout, 1, lat_all_p99);
       printf(", \"cpu_s_per_gb\": ");
       print_null_or(stdout, 4, cpu_per_gb);
+      printf(", \"client_cpu_s_per_gb\": ");
+      print_null_or(stdout, 4, client_cpu_per_gb);
       printf(", \"busy_poll_us\": %ld", opt.busy_poll_us);
       printf(", \"shard_rss_kib\": %ld, \"loadavg\": ", shard_rss_kib);
       print_null_or(stdout, 2, load[0]);
@@ -651,7 +671,7 @@ int main(int argc, char **argv) {
       break;
     case OUT_CSV:
       printf("size,workers,shards,mode,runs,iterations,gbps,gbps_min,gbps_max,iperf3_gbps,ratio,"
-             "p50_us,p99_us,shard_rss_kib,loadavg,cpu_s_per_gb\n");
+             "p50_us,p99_us,shard_rss_kib,loadavg,cpu_s_per_gb,client_cpu_s_per_gb\n");
       printf("%" PRIu64 ",%d,%d,%s,%d,%zu,%.4f,%.4f,%.4f,", opt.size, opt.workers, opt.shards,
              mode, opt.runs, iters_total, gbps, gmin, gmax);
       if (!isnan(ip)) printf("%.4f", ip);
@@ -659,6 +679,8 @@ int main(int argc, char **argv) {
       if (!isnan(ratio)) printf("%.4f", ratio);
       printf(",%.1f,%.1f,%ld,%.2f,", lat_all_p50, lat_all_p99, shard_rss_kib, load[0]);
       if (!isnan(cpu_per_gb)) printf("%.4f", cpu_per_gb);
+      putchar(',');
+      if (!isnan(client_cpu_per_gb)) printf("%.4f", client_cpu_per_gb);
       putchar('\n');
       break;
     case OUT_TABLE:
@@ -670,8 +692,9 @@ int main(int argc, char **argv) {
       else printf("%8.3f %6.3f ", ip, ratio);
       printf("%9.1f %9.1f\n", lat_all_p50, lat_all_p99);
       printf("(%d runs, %zu iterations, busy_poll_us %ld, shard peak RSS now %ld KiB, "
-             "shard CPU s per GB moved %.3f, load %.2f)\n",
-             opt.runs, iters_total, opt.busy_poll_us, shard_rss_kib, cpu_per_gb, load[0]);
+             "shard CPU s per GB moved %.3f, client %.3f, load %.2f)\n",
+             opt.runs, iters_total, opt.busy_poll_us, shard_rss_kib, cpu_per_gb,
+             client_cpu_per_gb, load[0]);
       break;
   }
   return 0;

@@ -12,10 +12,12 @@ for mode in async sync; do
 import json, sys
 o = json.loads(sys.argv[1])
 for k in ("size", "workers", "shards", "mode", "runs", "gbps", "gbps_min", "gbps_max",
-          "iperf3_gbps", "ratio", "p50_us", "p99_us", "cpu_s_per_gb"):
+          "iperf3_gbps", "ratio", "p50_us", "p99_us", "cpu_s_per_gb", "client_cpu_s_per_gb"):
     assert k in o, "missing field " + k
 # the shards' CPU seconds per GB moved: a number (0 when the runs took under a clock tick)
 assert isinstance(o["cpu_s_per_gb"], (int, float)) and o["cpu_s_per_gb"] >= 0, o["cpu_s_per_gb"]
+# the clients' (psbench's own) CPU seconds per GB moved, likewise
+assert isinstance(o["client_cpu_s_per_gb"], (int, float)) and o["client_cpu_s_per_gb"] >= 0
 assert o["mode"] == sys.argv[2] and o["size"] == 4096 and o["workers"] == 2
 assert o["iterations"] == 6, o["iterations"]
 assert o["iperf3_gbps"] is None and o["ratio"] is None
@@ -25,7 +27,7 @@ done
 # A run that keeps the shard busy for a tenth of a second or more shows its CPU time.
 out=$(timeout 120 "$psbench" --size 4MiB --runs 1 --iters 50 --no-iperf --output json)
 echo "$out"
-python3 -c 'import json, sys; v = json.loads(sys.argv[1])["cpu_s_per_gb"]; assert v > 0, v' "$out"
+python3 -c 'import json, sys; o = json.loads(sys.argv[1]); assert o["cpu_s_per_gb"] > 0 and o["client_cpu_s_per_gb"] > 0, o' "$out"
 "$psbench" --output table --size 8KiB --runs 1 --iters 2 --no-iperf | grep -q 'GB/s'
 "$psbench" --output csv --size 8KiB --runs 1 --iters 2 --no-iperf | head -1 | grep -q '^size,workers'
 if "$psbench" --size 3 --no-iperf 2>/dev/null; then echo "bad size accepted"; exit 1; fi

@@ -11,7 +11,7 @@ Prints one line like bench/train.sh:
 Every task process stops by itself: it exits when the coordinator writes DIR/stop, or after
 --deadline seconds, and writes its peak RSS first.
 
-usage: bench/peers/.venv/bin/python bench/peers/tf_pss.py --layers 784,128,10 --steps 300
+usage: $(python/venv.sh)/bin/python bench/peers/tf_pss.py --layers 784,128,10 --steps 300
 """
 import argparse
 import gzip

@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static atomic_long fail_countdown = 0;
 
@@ -45,6 +46,23 @@ void *ts_aligned_alloc(size_t n) {
   if (should_fail()) return NULL;
   void *p = NULL;
   if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
+  return p;
+}
+
+/* Transparent huge pages are 2 MiB on x86-64 and arm64 with 4 KiB base pages. */
+#define HUGE_PAGE ((size_t)2 << 20)
+
+void *ts_huge_alloc(size_t n) {
+  if (n < HUGE_PAGE) return ts_aligned_alloc(n);
+  if (should_fail()) return NULL;
+  void *p = NULL;
+  if (posix_memalign(&p, HUGE_PAGE, n) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+  /* A hint: where transparent huge pages are off ("never") or none is free, the kernel
+   * simply uses 4 KiB pages. Only the whole 2 MiB extents of [p, p + n) can be huge, so a
+   * tail of less than 2 MiB costs no more memory than before. */
+  (void)madvise(p, n & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
+#endif
   return p;
 }
 

@@ -33,7 +33,7 @@ int ts_stage_acquire(ts_stage_t *st, ts_stage_waiter_t *w, float **out) {
       return 0;
     }
     if (st->count < st->cap) {
-      float *b = ts_aligned_alloc(st->buf_bytes);
+      float *b = ts_huge_alloc(st->buf_bytes);
       if (b) {
         st->count++;
         st->in_use++;

@@ -22,10 +22,11 @@ void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard) {
 void ts_store_model_free(ts_store_model_t *m) {
   for (size_t i = 0; i < m->num_parts; i++) {
     ts_spart_t *p = &m->parts[i];
-    ts_free(p->w);
-    ts_free(p->s0);
-    ts_free(p->s1);
-    ts_free(p->accum);
+    size_t bytes = p->plan ? p->plan->count * sizeof(float) : 0; /* no plan: no buffers */
+    ts_huge_free(p->w, bytes);
+    ts_huge_free(p->s0, bytes);
+    ts_huge_free(p->s1, bytes);
+    ts_huge_free(p->accum, bytes);
     ts_free(p->contributed);
   }
   ts_free(m->parts);

@@ -95,7 +95,7 @@ static void test_alloc_failure(void **state) {
 
 /* From 2 MiB on, ts_huge_alloc's memory starts on a 2 MiB boundary (a transparent huge page
  * can back it whole); below, it is ts_aligned_alloc's (64-byte aligned). Both are written
- * whole and freed with ts_free, and an injected failure is an error. */
+ * whole and freed with ts_huge_free, and an injected failure is an error. */
 static void test_huge_alloc(void **state) {
   (void)state;
   size_t sizes[] = {64, MIB, 2 * MIB, 4 * MIB + 4096, 5 * MIB};
@@ -106,7 +106,7 @@ static void test_huge_alloc(void **state) {
     assert_int_equal((uintptr_t)p % align, 0);
     memset(p, 0x5a, sizes[i]);
     assert_int_equal(p[sizes[i] - 1], 0x5a);
-    ts_free(p);
+    ts_huge_free(p, sizes[i]);
   }
   ts_alloc_fail_after(1);
   assert_null(ts_huge_alloc(4 * MIB));

@@ -9,6 +9,9 @@
 #include "ts_log.h"
 
 #define SCRATCH_SIZE (64 * 1024)
+/* The read-ahead at frame boundaries: a 4 KiB push with the pull behind it, or a pull reply
+ * of 4 KiB with the push reply before it, with room to spare. */
+#define TS_CONN_READ_AHEAD (8 * 1024)
 #define SOCKET_BUFFER (4 * 1024 * 1024)
 
 typedef struct {
@@ -27,6 +30,7 @@ typedef struct {
 static void on_close(uv_handle_t *h);
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+static void feed(ts_conn_t *c);
 
 int ts_conn_init(uv_loop_t *loop, ts_conn_t *c, const ts_conn_cbs_t *cbs, uint64_t max_data,
                  void *data) {
@@ -109,6 +113,9 @@ static void on_close(uv_handle_t *h) {
   c->meta = NULL;
   ts_free(c->scratch);
   c->scratch = NULL;
+  ts_free(c->ra);
+  c->ra = NULL;
+  c->ra_off = c->ra_len = 0;
   ts_msg_free(c->msg);
   c->msg = NULL;
   if (c->cbs->on_close) c->cbs->on_close(c, c->close_err);
@@ -122,8 +129,18 @@ static bool mid_frame(const ts_conn_t *c) {
   return c->state != TS_CONN_READ_HEADER || c->got > 0;
 }
 
+static bool may_read(const ts_conn_t *c) {
+  return !c->closing && !c->close_after_write && !c->held && !c->paused;
+}
+
 static void update_reading(ts_conn_t *c) {
-  bool want = !c->closing && !c->close_after_write && !c->held && !c->paused;
+  /* Bytes read ahead go first: the socket is read once they are all handed on. */
+  if (may_read(c) && c->ra_off < c->ra_len && !c->feeding) feed(c);
+  if (c->closing) return;
+  /* While the read-ahead is being handed on (feed), reading follows may_read alone: the
+   * socket is read no earlier than feed returns with nothing left, and when it returns with
+   * bytes left, reading was stopped by what stopped it (held, paused, closing). */
+  bool want = may_read(c) && (c->feeding || c->ra_off == c->ra_len);
   uint64_t now = uv_now(c->handle.loop);
   if (want && !c->reading) {
     if (uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read) == 0) c->reading = true;
@@ -143,9 +160,8 @@ uint64_t ts_conn_frame_age_ms(const ts_conn_t *c, uint64_t now_ms) {
   return age;
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  (void)suggested;
-  ts_conn_t *c = h->data;
+/* Where the next bytes of the frame go: at most what the current piece still needs. */
+static void next_buf(ts_conn_t *c, uv_buf_t *buf) {
   switch (c->state) {
     case TS_CONN_READ_HEADER:
       *buf = uv_buf_init((char *)c->header + c->got, (unsigned)(TS_FRAME_HEADER_SIZE - c->got));
@@ -171,6 +187,21 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       return;
     }
   }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  ts_conn_t *c = h->data;
+  /* Reading is started only once the read-ahead is used up (update_reading). */
+  ts_require(c->ra_off == c->ra_len);
+  if (c->state == TS_CONN_READ_HEADER && c->got == 0) {
+    if (!c->ra) c->ra = ts_malloc(TS_CONN_READ_AHEAD); /* without it: the header alone */
+    if (c->ra) {
+      *buf = uv_buf_init((char *)c->ra, TS_CONN_READ_AHEAD);
+      return;
+    }
+  }
+  next_buf(c, buf);
 }
 
 static void reset_frame(ts_conn_t *c) {
@@ -294,8 +325,9 @@ void ts_conn_resume(ts_conn_t *c) {
   if (!c->closing) update_reading(c);
 }
 
+static void advance(ts_conn_t *c, size_t n);
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-  (void)buf;
   ts_conn_t *c = s->data;
   if (c->closing) return;
   if (nread < 0) {
@@ -309,9 +341,42 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   if (nread == 0) return;
+  c->read_progress_ms = uv_now(c->handle.loop);
+  c->bytes_in += (uint64_t)nread;
+  if (c->ra && buf->base == (char *)c->ra) {
+    c->ra_off = 0;
+    c->ra_len = (size_t)nread;
+    feed(c);
+    return;
+  }
+  advance(c, (size_t)nread);
+}
+
+/* Hand the read-ahead on, piece by piece, as if each piece had just been read into the
+ * buffer next_buf names, until it is used up or reading stops (held, paused, closing). */
+static void feed(ts_conn_t *c) {
+  c->feeding = true;
+  while (c->ra_off < c->ra_len && may_read(c)) {
+    uv_buf_t b;
+    next_buf(c, &b);
+    if (!b.base || b.len == 0) { /* no scratch memory for a discarded payload */
+      ts_conn_close(c, UV_ENOBUFS);
+      break;
+    }
+    size_t n = c->ra_len - c->ra_off < b.len ? c->ra_len - c->ra_off : b.len;
+    memcpy(b.base, c->ra + c->ra_off, n);
+    c->ra_off += n;
+    advance(c, n);
+  }
+  c->feeding = false;
+  if (c->ra_off == c->ra_len) c->ra_off = c->ra_len = 0;
+}
+
+/* n bytes of the frame have landed in the buffer next_buf named. */
+static void advance(ts_conn_t *c, size_t n) {
+  ssize_t nread = (ssize_t)n;
   uint64_t now = uv_now(c->handle.loop);
-  c->read_progress_ms = now;
-  /* on_alloc never hands out more than the current piece, so a read belongs to one frame. */
+  /* next_buf never hands out more than the current piece, so n bytes belong to one frame. */
   if (!mid_frame(c)) {
     c->frame_bytes = 0;
     c->frame_active_ms = 0;
@@ -319,7 +384,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   c->frame_bytes += (uint64_t)nread;
   c->got += (size_t)nread;
-  c->bytes_in += (uint64_t)nread;
   switch (c->state) {
     case TS_CONN_READ_HEADER: {
       const char *desc = NULL;

@@ -97,6 +97,15 @@ struct ts_conn {
   unsigned dst_n, dst_i;      /* buffers, and the one being filled */
   size_t dst_off;             /* bytes filled in dst[dst_i] */
   uint8_t *scratch;           /* 64 KiB for discarded payload */
+  /* Read-ahead (TS_CONN_READ_AHEAD bytes, allocated at the first read): at a frame boundary
+   * the socket is read into it rather than into the 16-byte header, so the frames of a small
+   * request (a 4 KiB push and the pull behind it) come in with one read() instead of one
+   * each for every header, meta and payload. Its unprocessed bytes [ra_off, ra_len) are
+   * handed on to the frame state machine as if they had just been read, and the socket is
+   * not read again until they are gone. */
+  uint8_t *ra;
+  size_t ra_off, ra_len;
+  bool feeding;               /* handing the read-ahead on (not re-entered) */
 
   uint64_t max_data;          /* largest payload accepted */
   uint32_t max_meta;          /* largest meta accepted (TS_FRAME_MAX_META unless lowered) */

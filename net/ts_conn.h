@@ -106,6 +106,13 @@ struct ts_conn {
   uint8_t *ra;
   size_t ra_off, ra_len;
   bool feeding;               /* handing the read-ahead on (not re-entered) */
+  /* Replies made while the read-ahead is handed on (a push's reply, with the pull behind it
+   * still to answer), payload-less and without a callback, wait here: they go out in the
+   * same write as the next frame sent, or when the read-ahead has been handed on. One
+   * write() for a push reply and the pull reply behind it, and one segment for the peer. */
+  uint8_t *cork;
+  size_t cork_len, cork_cap;
+  unsigned cork_frames;
 
   uint64_t max_data;          /* largest payload accepted */
   uint32_t max_meta;          /* largest meta accepted (TS_FRAME_MAX_META unless lowered) */

@@ -18,6 +18,15 @@ char *ts_strdup(const char *s);
  * Freed with ts_free. */
 void *ts_aligned_alloc(size_t n);
 
+/* As ts_aligned_alloc, for the large buffers every pushed and pulled byte passes through
+ * (parameters, optimizer state, sync accumulators, push staging): from 2 MiB on, aligned to
+ * 2 MiB and advised as transparent huge pages (madvise MADV_HUGEPAGE; the default THP mode
+ * "madvise" uses them only when asked), so the optimizer's pass and the kernel's copies into
+ * and out of them take a TLB miss every 2 MiB rather than every 4 KiB. Zero-filled from
+ * 2 MiB on (a mapping of its own). Freed with ts_huge_free and the same n, never ts_free. */
+void *ts_huge_alloc(size_t n);
+void ts_huge_free(void *p, size_t n);
+
 /* What an allocation of n bytes costs the heap, approximately: glibc's malloc rounds a
  * request plus its 8-byte header up to 16 bytes, and never hands out less than 32. For
  * budgets of memory a peer makes us hold (server.max_reply_bytes). */

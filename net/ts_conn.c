@@ -9,6 +9,11 @@
 #include "ts_log.h"
 
 #define SCRATCH_SIZE (64 * 1024)
+/* The read-ahead at frame boundaries: a 4 KiB push with the pull behind it, or a pull reply
+ * of 4 KiB with the push reply before it, with room to spare. */
+#define TS_CONN_READ_AHEAD (8 * 1024)
+/* The most bytes of small replies held back to go out with the next write (ts_conn.h). */
+#define CORK_MAX 4096
 #define SOCKET_BUFFER (4 * 1024 * 1024)
 
 typedef struct {
@@ -19,6 +24,7 @@ typedef struct {
   void *arg;
   unsigned first, count;    /* pcb: the payload buffers this request carries */
   bool last;                /* the frame's final request */
+  unsigned corked;          /* whole frames held back (cork) that went out before it */
   size_t mem;               /* charged to write_mem while queued */
   unsigned nbufs;
   uv_buf_t bufs[];
@@ -27,6 +33,8 @@ typedef struct {
 static void on_close(uv_handle_t *h);
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+static void feed(ts_conn_t *c);
+static void flush_cork(ts_conn_t *c);
 
 int ts_conn_init(uv_loop_t *loop, ts_conn_t *c, const ts_conn_cbs_t *cbs, uint64_t max_data,
                  void *data) {
@@ -109,6 +117,13 @@ static void on_close(uv_handle_t *h) {
   c->meta = NULL;
   ts_free(c->scratch);
   c->scratch = NULL;
+  ts_free(c->ra);
+  c->ra = NULL;
+  c->ra_off = c->ra_len = 0;
+  ts_free(c->cork);
+  c->cork = NULL;
+  c->cork_len = c->cork_cap = 0;
+  c->cork_frames = 0;
   ts_msg_free(c->msg);
   c->msg = NULL;
   if (c->cbs->on_close) c->cbs->on_close(c, c->close_err);
@@ -122,8 +137,18 @@ static bool mid_frame(const ts_conn_t *c) {
   return c->state != TS_CONN_READ_HEADER || c->got > 0;
 }
 
+static bool may_read(const ts_conn_t *c) {
+  return !c->closing && !c->close_after_write && !c->held && !c->paused;
+}
+
 static void update_reading(ts_conn_t *c) {
-  bool want = !c->closing && !c->close_after_write && !c->held && !c->paused;
+  /* Bytes read ahead go first: the socket is read once they are all handed on. */
+  if (may_read(c) && c->ra_off < c->ra_len && !c->feeding) feed(c);
+  if (c->closing) return;
+  /* While the read-ahead is being handed on (feed), reading follows may_read alone: the
+   * socket is read no earlier than feed returns with nothing left, and when it returns with
+   * bytes left, reading was stopped by what stopped it (held, paused, closing). */
+  bool want = may_read(c) && (c->feeding || c->ra_off == c->ra_len);
   uint64_t now = uv_now(c->handle.loop);
   if (want && !c->reading) {
     if (uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read) == 0) c->reading = true;
@@ -143,9 +168,8 @@ uint64_t ts_conn_frame_age_ms(const ts_conn_t *c, uint64_t now_ms) {
   return age;
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  (void)suggested;
-  ts_conn_t *c = h->data;
+/* Where the next bytes of the frame go: at most what the current piece still needs. */
+static void next_buf(ts_conn_t *c, uv_buf_t *buf) {
   switch (c->state) {
     case TS_CONN_READ_HEADER:
       *buf = uv_buf_init((char *)c->header + c->got, (unsigned)(TS_FRAME_HEADER_SIZE - c->got));
@@ -171,6 +195,21 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       return;
     }
   }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  ts_conn_t *c = h->data;
+  /* Reading is started only once the read-ahead is used up (update_reading). */
+  ts_require(c->ra_off == c->ra_len);
+  if (c->state == TS_CONN_READ_HEADER && c->got == 0) {
+    if (!c->ra) c->ra = ts_malloc(TS_CONN_READ_AHEAD); /* without it: the header alone */
+    if (c->ra) {
+      *buf = uv_buf_init((char *)c->ra, TS_CONN_READ_AHEAD);
+      return;
+    }
+  }
+  next_buf(c, buf);
 }
 
 static void reset_frame(ts_conn_t *c) {
@@ -294,8 +333,9 @@ void ts_conn_resume(ts_conn_t *c) {
   if (!c->closing) update_reading(c);
 }
 
+static void advance(ts_conn_t *c, size_t n);
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-  (void)buf;
   ts_conn_t *c = s->data;
   if (c->closing) return;
   if (nread < 0) {
@@ -309,9 +349,43 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   if (nread == 0) return;
+  c->read_progress_ms = uv_now(c->handle.loop);
+  c->bytes_in += (uint64_t)nread;
+  if (c->ra && buf->base == (char *)c->ra) {
+    c->ra_off = 0;
+    c->ra_len = (size_t)nread;
+    feed(c);
+    return;
+  }
+  advance(c, (size_t)nread);
+}
+
+/* Hand the read-ahead on, piece by piece, as if each piece had just been read into the
+ * buffer next_buf names, until it is used up or reading stops (held, paused, closing). */
+static void feed(ts_conn_t *c) {
+  c->feeding = true;
+  while (c->ra_off < c->ra_len && may_read(c)) {
+    uv_buf_t b;
+    next_buf(c, &b);
+    if (!b.base || b.len == 0) { /* no scratch memory for a discarded payload */
+      ts_conn_close(c, UV_ENOBUFS);
+      break;
+    }
+    size_t n = c->ra_len - c->ra_off < b.len ? c->ra_len - c->ra_off : b.len;
+    memcpy(b.base, c->ra + c->ra_off, n);
+    c->ra_off += n;
+    advance(c, n);
+  }
+  c->feeding = false;
+  if (c->ra_off == c->ra_len) c->ra_off = c->ra_len = 0;
+  flush_cork(c);
+}
+
+/* n bytes of the frame have landed in the buffer next_buf named. */
+static void advance(ts_conn_t *c, size_t n) {
+  ssize_t nread = (ssize_t)n;
   uint64_t now = uv_now(c->handle.loop);
-  c->read_progress_ms = now;
-  /* on_alloc never hands out more than the current piece, so a read belongs to one frame. */
+  /* next_buf never hands out more than the current piece, so n bytes belong to one frame. */
   if (!mid_frame(c)) {
     c->frame_bytes = 0;
     c->frame_active_ms = 0;
@@ -319,7 +393,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   c->frame_bytes += (uint64_t)nread;
   c->got += (size_t)nread;
-  c->bytes_in += (uint64_t)nread;
   switch (c->state) {
     case TS_CONN_READ_HEADER: {
       const char *desc = NULL;
@@ -362,7 +435,7 @@ static void on_write(uv_write_t *req, int status) {
   write_req_t *w = (write_req_t *)req;
   ts_conn_t *c = w->conn;
   c->write_progress_ms = uv_now(c->handle.loop);
-  if (status == 0 && w->last) c->frames_out++;
+  if (status == 0) c->frames_out += w->corked + (w->last ? 1u : 0u);
   if (w->cb) w->cb(c, w->arg, status);
   if (w->pcb) w->pcb(c, w->arg, w->first, w->count, w->last, status);
   ts_conn_charge(c, -(int64_t)w->mem);
@@ -421,19 +494,25 @@ static write_req_t *frame_req(ts_conn_t *c, uint16_t type, const ProtobufCMessag
                               uint64_t *frame_bytes, size_t *alloc_bytes) {
   size_t frame = ts_msg_frame_size(msg);
   size_t head = sizeof(write_req_t) + (first + 1) * sizeof(uv_buf_t);
-  write_req_t *w = ts_malloc(head + frame);
+  /* Replies held back (cork) go first, in the same buffer. */
+  size_t pre = c->cork_len;
+  write_req_t *w = ts_malloc(head + pre + frame);
   if (!w) return NULL;
-  *alloc_bytes = head + frame;
+  *alloc_bytes = head + pre + frame;
   uint8_t *bytes = (uint8_t *)w + head;
   uint64_t data_len = 0;
   for (unsigned i = 0; i < n; i++) data_len += payload[i].len;
-  size_t len = ts_msg_encode(type, msg, data_len, bytes);
+  if (pre) memcpy(bytes, c->cork, pre);
+  size_t len = ts_msg_encode(type, msg, data_len, bytes + pre);
   memset(w, 0, sizeof *w);
   w->conn = c;
   w->count = first;
   w->last = first == n;
+  w->corked = c->cork_frames;
+  c->cork_len = 0;
+  c->cork_frames = 0;
   w->nbufs = first + 1;
-  w->bufs[0] = uv_buf_init((char *)bytes, (unsigned)len);
+  w->bufs[0] = uv_buf_init((char *)bytes, (unsigned)(pre + len));
   for (unsigned i = 0; i < first; i++) w->bufs[i + 1] = payload[i];
   *frame_bytes = len + data_len;
   return w;
@@ -449,9 +528,59 @@ static int queue_frame(ts_conn_t *c, write_req_t *w, uint64_t frame_bytes, size_
   return 0;
 }
 
+/* Hold a payload-less frame back while the read-ahead is handed on (ts_conn.h). Returns
+ * true when it was (its bytes count as sent). */
+static bool cork(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg) {
+  if (!c->feeding || c->close_after_write) return false;
+  size_t frame = ts_msg_frame_size(msg);
+  if (c->cork_len + frame > CORK_MAX) return false; /* the cork goes out with this one */
+  if (!c->cork) {
+    c->cork = ts_malloc(CORK_MAX);
+    if (!c->cork) return false;
+    c->cork_cap = CORK_MAX;
+  }
+  size_t len = ts_msg_encode(type, msg, 0, c->cork + c->cork_len);
+  c->cork_len += len;
+  c->cork_frames++;
+  c->bytes_out += len;
+  return true;
+}
+
+/* Send what the cork holds, alone (nothing followed it while the read-ahead was handed on). */
+static void flush_cork(ts_conn_t *c) {
+  if (c->cork_len == 0) return;
+  if (c->closing) {
+    c->cork_len = 0;
+    c->cork_frames = 0;
+    return;
+  }
+  size_t alloc = sizeof(write_req_t) + sizeof(uv_buf_t) + c->cork_len;
+  write_req_t *w = ts_malloc(alloc);
+  if (!w) {
+    ts_conn_close(c, TS_ENOMEM);
+    return;
+  }
+  memset(w, 0, sizeof *w);
+  uint8_t *bytes = (uint8_t *)w + sizeof(write_req_t) + sizeof(uv_buf_t);
+  memcpy(bytes, c->cork, c->cork_len);
+  w->conn = c;
+  w->corked = c->cork_frames;
+  w->nbufs = 1;
+  w->bufs[0] = uv_buf_init((char *)bytes, (unsigned)c->cork_len);
+  c->cork_len = 0;
+  c->cork_frames = 0;
+  int rc = queue_write(c, w, alloc);
+  if (rc < 0) {
+    ts_free(w);
+    ts_log_err("%s: cannot queue a write: %s; closing", c->peer, ts_strerror(rc));
+    ts_conn_close(c, rc);
+  }
+}
+
 int ts_conn_send(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg, const uv_buf_t *payload,
                  unsigned n, ts_conn_write_cb cb, void *arg) {
   if (c->closing) return TS_ECLOSED;
+  if (n == 0 && !cb && cork(c, type, msg)) return 0;
   uint64_t bytes;
   size_t alloc;
   write_req_t *w = frame_req(c, type, msg, payload, n, n, &bytes, &alloc);
@@ -542,6 +671,8 @@ void ts_conn_fail(ts_conn_t *c, uint64_t request_id, int code, const char *detai
 }
 
 void ts_conn_close_graceful(ts_conn_t *c, int err) {
+  if (c->closing) return;
+  flush_cork(c); /* what was held back goes before the close */
   if (c->closing) return;
   if (ts_conn_write_queue(c) == 0) {
     ts_conn_close(c, err);

@@ -97,6 +97,22 @@ struct ts_conn {
   unsigned dst_n, dst_i;      /* buffers, and the one being filled */
   size_t dst_off;             /* bytes filled in dst[dst_i] */
   uint8_t *scratch;           /* 64 KiB for discarded payload */
+  /* Read-ahead (TS_CONN_READ_AHEAD bytes, allocated at the first read): at a frame boundary
+   * the socket is read into it rather than into the 16-byte header, so the frames of a small
+   * request (a 4 KiB push and the pull behind it) come in with one read() instead of one
+   * each for every header, meta and payload. Its unprocessed bytes [ra_off, ra_len) are
+   * handed on to the frame state machine as if they had just been read, and the socket is
+   * not read again until they are gone. */
+  uint8_t *ra;
+  size_t ra_off, ra_len;
+  bool feeding;               /* handing the read-ahead on (not re-entered) */
+  /* Replies made while the read-ahead is handed on (a push's reply, with the pull behind it
+   * still to answer), payload-less and without a callback, wait here: they go out in the
+   * same write as the next frame sent, or when the read-ahead has been handed on. One
+   * write() for a push reply and the pull reply behind it, and one segment for the peer. */
+  uint8_t *cork;
+  size_t cork_len, cork_cap;
+  unsigned cork_frames;
 
   uint64_t max_data;          /* largest payload accepted */
   uint32_t max_meta;          /* largest meta accepted (TS_FRAME_MAX_META unless lowered) */

@@ -18,7 +18,7 @@ int ts_stage_init(ts_stage_t *st, size_t buf_bytes, size_t budget_bytes) {
 }
 
 void ts_stage_free(ts_stage_t *st) {
-  for (unsigned i = 0; i < st->nfree; i++) ts_free(st->free[i]);
+  for (unsigned i = 0; i < st->nfree; i++) ts_huge_free(st->free[i], st->buf_bytes);
   ts_free(st->free);
   memset(st, 0, sizeof *st);
 }
@@ -33,7 +33,7 @@ int ts_stage_acquire(ts_stage_t *st, ts_stage_waiter_t *w, float **out) {
       return 0;
     }
     if (st->count < st->cap) {
-      float *b = ts_aligned_alloc(st->buf_bytes);
+      float *b = ts_huge_alloc(st->buf_bytes);
       if (b) {
         st->count++;
         st->in_use++;

@@ -22,10 +22,11 @@ void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard) {
 void ts_store_model_free(ts_store_model_t *m) {
   for (size_t i = 0; i < m->num_parts; i++) {
     ts_spart_t *p = &m->parts[i];
-    ts_free(p->w);
-    ts_free(p->s0);
-    ts_free(p->s1);
-    ts_free(p->accum);
+    size_t bytes = p->plan ? p->plan->count * sizeof(float) : 0; /* no plan: no buffers */
+    ts_huge_free(p->w, bytes);
+    ts_huge_free(p->s0, bytes);
+    ts_huge_free(p->s1, bytes);
+    ts_huge_free(p->accum, bytes);
     ts_free(p->contributed);
   }
   ts_free(m->parts);
@@ -276,17 +277,17 @@ int ts_store_build(ts_store_model_t *m, char *errmsg, size_t errlen) {
     ts_spart_t *p = &m->parts[i];
     const ts_part_t *pp = p->plan;
     size_t bytes = pp->count * sizeof(float);
-    if (!(p->w = ts_aligned_alloc(bytes))) goto nomem;
+    if (!(p->w = ts_huge_alloc(bytes))) goto nomem;
     const ts_tensor_t *t = &m->tensors[pp->tensor];
     ts_init_fill(p->w, t->init, m->seed, t->name, t->shape, t->rank, pp->offset, pp->count);
     m->bytes += bytes;
-    if (m->nstate >= 1 && !(p->s0 = ts_aligned_alloc(bytes))) goto nomem;
-    if (m->nstate >= 2 && !(p->s1 = ts_aligned_alloc(bytes))) goto nomem;
+    if (m->nstate >= 1 && !(p->s0 = ts_huge_alloc(bytes))) goto nomem;
+    if (m->nstate >= 2 && !(p->s1 = ts_huge_alloc(bytes))) goto nomem;
     if (p->s0) memset(p->s0, 0, bytes);
     if (p->s1) memset(p->s1, 0, bytes);
     m->state_bytes += (size_t)m->nstate * bytes;
     if (m->mode == TS_MODE_SYNC) {
-      if (!(p->accum = ts_aligned_alloc(bytes))) goto nomem;
+      if (!(p->accum = ts_huge_alloc(bytes))) goto nomem;
       if (!(p->contributed = ts_calloc(m->num_workers ? m->num_workers : 1, 1))) goto nomem;
       m->state_bytes += bytes;
     }

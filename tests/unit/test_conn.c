@@ -4,7 +4,10 @@
  * final call); the write stall counts bytes moving, not whole requests completing; the
  * memory of queued writes is counted and given back; a frame's age and bytes are
  * measured from its first byte; a meta over max_meta is refused before anything is
- * allocated for it. */
+ * allocated for it; frames that come in together (read ahead in one read) are handed on
+ * in order, their payloads whole, and nothing after a held frame is handed on before it
+ * resumes; the replies made meanwhile go out in order, the small ones held back to share
+ * a write with the next. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -274,6 +277,180 @@ static void test_meta_over_limit(void **state) {
   assert_int_equal(f->conn.meta_cap, 0); /* nothing was allocated for it */
 }
 
+/* --- read-ahead ----------------------------------------------------------------------- */
+
+#define RA_FLOATS 1024 /* a 4 KiB push: with the frames around it, past the 8 KiB read-ahead */
+#define RA_FRAMES 4
+
+typedef struct {
+  int held;                 /* on_meta calls that returned TS_CONN_HOLD */
+  int n;                    /* frames handed on */
+  uint64_t ids[RA_FRAMES];  /* their request ids, in order */
+  float data[2][RA_FLOATS]; /* the two pushes' payloads */
+  uv_buf_t iov[2][2];
+} ra_t;
+
+static ra_t ra_state;
+
+static int ra_on_meta(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                      const uv_buf_t **iov, unsigned *niov) {
+  (void)c;
+  if (h->type != TS_MSG_PUSH) return 0;
+  uint64_t id = ((Tessera__Push *)msg)->request_id;
+  int k = id == 1 ? 0 : 1;
+  /* Two pieces per payload: a piece boundary inside the read-ahead too. */
+  ra_state.iov[k][0] = uv_buf_init((char *)ra_state.data[k], RA_FLOATS * 2);
+  ra_state.iov[k][1] = uv_buf_init((char *)ra_state.data[k] + RA_FLOATS * 2, RA_FLOATS * 2);
+  *iov = ra_state.iov[k];
+  *niov = 2;
+  if (id == 1) {
+    ra_state.held++;
+    return TS_CONN_HOLD; /* the first push waits (as for a staging buffer) */
+  }
+  return 0;
+}
+
+static void ra_on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                        bool discarded) {
+  (void)c;
+  assert_false(discarded);
+  assert_true(ra_state.n < RA_FRAMES);
+  ra_state.ids[ra_state.n++] = h->type == TS_MSG_PUSH ? ((Tessera__Push *)msg)->request_id
+                                                      : ((Tessera__Status *)msg)->request_id;
+  ts_msg_free(msg);
+}
+
+static const ts_conn_cbs_t ra_cbs = {
+    .on_meta = ra_on_meta, .on_frame = ra_on_frame, .on_close = on_conn_close};
+
+/* Append a frame to out at *len: a push of RA_FLOATS floats of value v, or (v < 0) a status
+ * request. */
+static void ra_frame(uint8_t *out, size_t *len, uint64_t id, float v) {
+  if (v < 0) {
+    Tessera__Status st = TESSERA__STATUS__INIT;
+    st.request_id = id;
+    *len += ts_msg_encode(TS_MSG_STATUS, &st.base, 0, out + *len);
+    return;
+  }
+  Tessera__PartSlice sl = TESSERA__PART_SLICE__INIT;
+  sl.count = RA_FLOATS;
+  Tessera__PartSlice *slices[] = {&sl};
+  Tessera__Push m = TESSERA__PUSH__INIT;
+  m.request_id = id;
+  m.n_parts = 1;
+  m.parts = slices;
+  *len += ts_msg_encode(TS_MSG_PUSH, &m.base, RA_FLOATS * sizeof(float), out + *len);
+  for (size_t i = 0; i < RA_FLOATS; i++) {
+    float x = v + (float)i;
+    memcpy(out + *len + i * sizeof x, &x, sizeof x);
+  }
+  *len += RA_FLOATS * sizeof(float);
+}
+
+static void test_read_ahead_in_order(void **state) {
+  fixture_t *f = *state;
+  memset(&ra_state, 0, sizeof ra_state);
+  f->conn.cbs = &ra_cbs;
+  static uint8_t wire[4 * RA_FLOATS * sizeof(float)];
+  size_t len = 0;
+  ra_frame(wire, &len, 1, 1000.0f); /* push, held at its meta */
+  ra_frame(wire, &len, 2, -1.0f);   /* status */
+  ra_frame(wire, &len, 3, 5000.0f); /* push */
+  ra_frame(wire, &len, 4, -1.0f);   /* status */
+  assert_true(len > 8 * 1024);      /* more than one read-ahead */
+  peer_sends(f, wire, len);
+  for (int i = 0; i < 200; i++) uv_run(&f->loop, UV_RUN_NOWAIT);
+  /* Held at the first push's meta: nothing after it is handed on meanwhile. */
+  assert_int_equal(ra_state.held, 1);
+  assert_int_equal(ra_state.n, 0);
+  assert_true(f->conn.held);
+  assert_true(f->conn.ra_off < f->conn.ra_len); /* the rest waits in the read-ahead */
+  ts_conn_resume(&f->conn);
+  for (int i = 0; i < 1000 && ra_state.n < RA_FRAMES; i++) uv_run(&f->loop, UV_RUN_NOWAIT);
+  assert_int_equal(ra_state.n, RA_FRAMES);
+  for (int i = 0; i < RA_FRAMES; i++) assert_int_equal(ra_state.ids[i], (uint64_t)i + 1);
+  for (size_t i = 0; i < RA_FLOATS; i++) {
+    assert_true(ra_state.data[0][i] == 1000.0f + (float)i);
+    assert_true(ra_state.data[1][i] == 5000.0f + (float)i);
+  }
+  assert_false(f->closed);
+  assert_int_equal(f->conn.frames_in, RA_FRAMES);
+}
+
+/* Replies made while frames read ahead are handed on: a payload-less one is held back
+ * (cork) and goes out in front of the next frame sent, or alone once the read-ahead is
+ * used up; the peer gets every reply, in order, and frames_out counts each. */
+static void cork_on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                          bool discarded) {
+  (void)h, (void)discarded;
+  uint64_t id = ((Tessera__Status *)msg)->request_id;
+  ts_msg_free(msg);
+  ra_state.ids[ra_state.n++] = id;
+  if (id == 2) { /* a reply with a payload: the held-back reply of 1 goes in front of it */
+    static float four[4] = {1, 2, 3, 4};
+    Tessera__PartSlice sl = TESSERA__PART_SLICE__INIT;
+    sl.count = 4;
+    Tessera__PartSlice *slices[] = {&sl};
+    Tessera__Push m = TESSERA__PUSH__INIT;
+    m.request_id = id;
+    m.n_parts = 1;
+    m.parts = slices;
+    uv_buf_t b = uv_buf_init((char *)four, sizeof four);
+    assert_int_equal(ts_conn_send(c, TS_MSG_PUSH, &m.base, &b, 1, NULL, NULL), 0);
+    return;
+  }
+  Tessera__Status st = TESSERA__STATUS__INIT;
+  st.request_id = id;
+  assert_int_equal(ts_conn_send(c, TS_MSG_STATUS, &st.base, NULL, 0, NULL, NULL), 0);
+  assert_true(c->cork_len > 0); /* held back: more frames wait in the read-ahead, or none */
+}
+
+static const ts_conn_cbs_t cork_cbs = {
+    .on_meta = on_meta, .on_frame = cork_on_frame, .on_close = on_conn_close};
+
+static void test_replies_while_reading_ahead(void **state) {
+  fixture_t *f = *state;
+  memset(&ra_state, 0, sizeof ra_state);
+  f->conn.cbs = &cork_cbs;
+  uint8_t wire[256];
+  size_t len = 0;
+  for (uint64_t id = 1; id <= 3; id++) ra_frame(wire, &len, id, -1.0f);
+  peer_sends(f, wire, len);
+  for (int i = 0; i < 1000 && f->conn.frames_out < 3; i++) uv_run(&f->loop, UV_RUN_NOWAIT);
+  assert_int_equal(ra_state.n, 3);
+  assert_int_equal(f->conn.frames_out, 3);
+  /* The peer reads them: 1 (status), 2 (push with 16 bytes), 3 (status). */
+  int fd;
+  assert_int_equal(uv_fileno((uv_handle_t *)&f->peer, &fd), 0);
+  uint8_t in[512];
+  size_t got = 0;
+  for (int i = 0; i < 1000 && got < (size_t)f->conn.bytes_out; i++) {
+    ssize_t r = read(fd, in + got, sizeof in - got);
+    if (r > 0) got += (size_t)r;
+  }
+  assert_int_equal(got, f->conn.bytes_out);
+  size_t off = 0;
+  for (uint64_t id = 1; id <= 3; id++) {
+    ts_frame_header_t h;
+    const char *why = NULL;
+    assert_true(off + TS_FRAME_HEADER_SIZE <= got);
+    assert_int_equal(ts_frame_decode_header(in + off, TS_FRAME_HEADER_SIZE, 1 << 20, &h, &why),
+                     TS_FRAME_HEADER_SIZE);
+    off += TS_FRAME_HEADER_SIZE;
+    ProtobufCMessage *m = NULL;
+    char err[128];
+    assert_int_equal(ts_msg_decode(h.type, in + off, h.meta_len, h.data_len, &m, err, sizeof err),
+                     0);
+    uint64_t rid = h.type == TS_MSG_PUSH ? ((Tessera__Push *)m)->request_id
+                                         : ((Tessera__Status *)m)->request_id;
+    assert_int_equal(rid, id);
+    assert_int_equal(h.data_len, id == 2 ? 16 : 0);
+    ts_msg_free(m);
+    off += h.meta_len + h.data_len;
+  }
+  assert_int_equal(off, got);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_send_parts_fails_first, setup, teardown),
@@ -282,6 +459,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_write_memory_is_counted, setup, teardown),
       cmocka_unit_test_setup_teardown(test_frame_age, setup, teardown),
       cmocka_unit_test_setup_teardown(test_meta_over_limit, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_read_ahead_in_order, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_replies_while_reading_ahead, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

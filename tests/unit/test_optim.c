@@ -338,6 +338,61 @@ static void test_all_finite(void **state) {
   }
 }
 
+/* The same three updates as one float at a time, volatile so the compiler cannot vectorise
+ * them: whichever vector width ts_optim_apply runs at on this CPU (ts_optim.c picks an AVX2
+ * build where it can), its results must be these, bit for bit. */
+static void scalar_apply(const ts_optim_t *o, float *w, const float *g, float scale, size_t n,
+                         float *s0, float *s1, uint64_t t) {
+  const float lr = ts_optim_rate(o, t);
+  for (volatile size_t i = 0; i < n; i++) {
+    if (o->kind == TS_OPT_SGD) {
+      w[i] -= lr * scale * g[i];
+    } else if (o->kind == TS_OPT_MOMENTUM) {
+      s0[i] = o->momentum * s0[i] + scale * g[i];
+      w[i] -= lr * s0[i];
+    } else {
+      const double tt = (double)t;
+      const float c1 = (float)(1.0 - pow((double)o->beta1, tt));
+      const float c2 = (float)(1.0 - pow((double)o->beta2, tt));
+      const float step = lr * sqrtf(c2) / c1;
+      float gi = scale * g[i];
+      s0[i] = o->beta1 * s0[i] + (1.0f - o->beta1) * gi;
+      s1[i] = o->beta2 * s1[i] + (1.0f - o->beta2) * gi * gi;
+      w[i] -= step * s0[i] / (sqrtf(s1[i]) + o->epsilon);
+    }
+  }
+}
+
+static void test_bit_identical(void **state) {
+  (void)state;
+  const size_t n = 1037; /* vector body and a tail, at any width */
+  float *buf = calloc(8 * n, sizeof *buf);
+  assert_non_null(buf);
+  float *w = buf, *s0 = buf + n, *s1 = buf + 2 * n, *g = buf + 3 * n;
+  float *rw = buf + 4 * n, *rs0 = buf + 5 * n, *rs1 = buf + 6 * n;
+  for (int k = TS_OPT_SGD; k <= TS_OPT_ADAM; k++) {
+    ts_optim_t o = make((ts_optimizer_t)k);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < n; i++) {
+      x = x * 1664525u + 1013904223u;
+      w[i] = rw[i] = (float)(x >> 8) / 16777216.0f - 0.5f;
+      s0[i] = rs0[i] = s1[i] = rs1[i] = 0.0f;
+    }
+    for (uint64_t t = 1; t <= 5; t++) {
+      for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        g[i] = ((float)(x >> 8) / 16777216.0f - 0.5f) * 3.0f;
+      }
+      ts_optim_apply(&o, w, g, 0.5f, n, s0, s1, t);
+      scalar_apply(&o, rw, g, 0.5f, n, rs0, rs1, t);
+    }
+    assert_memory_equal(w, rw, n * sizeof *w);
+    assert_memory_equal(s0, rs0, n * sizeof *s0);
+    assert_memory_equal(s1, rs1, n * sizeof *s1);
+  }
+  free(buf);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_state_buffers),
@@ -351,6 +406,7 @@ int main(void) {
       cmocka_unit_test(test_adam_bias_correction),
       cmocka_unit_test(test_all_finite),
       cmocka_unit_test(test_rate_schedules),
+      cmocka_unit_test(test_bit_identical),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

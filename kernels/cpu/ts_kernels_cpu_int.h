@@ -13,7 +13,11 @@
  * with GCC or Clang the hot loops are compiled three times, for AVX-512, for AVX2 + FMA and
  * for the baseline, and ts_cpu_isa() picks one when they run: a loop is written once, as a
  * plain C body the compiler vectorises (TS_CPU_BODY), and TS_CPU_DISPATCH makes the three
- * copies and the function that chooses. Elsewhere only the baseline copy exists. */
+ * copies and the function that chooses. Elsewhere only the baseline copy exists. The C
+ * bodies are built in ISO C mode, where GCC does not contract a * b + c (-ffp-contract=off):
+ * their AVX2 and AVX-512 copies use wider vectors but a multiply and an add, not FMA (Clang
+ * contracts by default and does use it); the hand-written AVX-512 loops (intrinsics) use FMA
+ * with either compiler. */
 typedef enum { TS_CPU_ISA_BASE = 0, TS_CPU_ISA_AVX2 = 1, TS_CPU_ISA_AVX512 = 2 } ts_cpu_isa_t;
 
 /* The widest set this CPU supports (and this build compiled), lowered by ts_cpu_isa_limit. */

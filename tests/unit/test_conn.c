@@ -7,7 +7,8 @@
  * allocated for it; frames that come in together (read ahead in one read) are handed on
  * in order, their payloads whole, and nothing after a held frame is handed on before it
  * resumes; the replies made meanwhile go out in order, the small ones held back to share
- * a write with the next. */
+ * a write with the next; and the same for a random stream of frames written in chunks of
+ * random sizes, with holds at the meta and after a piece at random. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -323,9 +324,9 @@ static void ra_on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessa
 static const ts_conn_cbs_t ra_cbs = {
     .on_meta = ra_on_meta, .on_frame = ra_on_frame, .on_close = on_conn_close};
 
-/* Append a frame to out at *len: a push of RA_FLOATS floats of value v, or (v < 0) a status
+/* Append a frame to out at *len: a push of `floats` floats v, v + 1, ..., or (v < 0) a status
  * request. */
-static void ra_frame(uint8_t *out, size_t *len, uint64_t id, float v) {
+static void ra_frame(uint8_t *out, size_t *len, uint64_t id, float v, size_t floats) {
   if (v < 0) {
     Tessera__Status st = TESSERA__STATUS__INIT;
     st.request_id = id;
@@ -333,18 +334,18 @@ static void ra_frame(uint8_t *out, size_t *len, uint64_t id, float v) {
     return;
   }
   Tessera__PartSlice sl = TESSERA__PART_SLICE__INIT;
-  sl.count = RA_FLOATS;
+  sl.count = floats;
   Tessera__PartSlice *slices[] = {&sl};
   Tessera__Push m = TESSERA__PUSH__INIT;
   m.request_id = id;
   m.n_parts = 1;
   m.parts = slices;
-  *len += ts_msg_encode(TS_MSG_PUSH, &m.base, RA_FLOATS * sizeof(float), out + *len);
-  for (size_t i = 0; i < RA_FLOATS; i++) {
+  *len += ts_msg_encode(TS_MSG_PUSH, &m.base, floats * sizeof(float), out + *len);
+  for (size_t i = 0; i < floats; i++) {
     float x = v + (float)i;
     memcpy(out + *len + i * sizeof x, &x, sizeof x);
   }
-  *len += RA_FLOATS * sizeof(float);
+  *len += floats * sizeof(float);
 }
 
 static void test_read_ahead_in_order(void **state) {
@@ -353,11 +354,11 @@ static void test_read_ahead_in_order(void **state) {
   f->conn.cbs = &ra_cbs;
   static uint8_t wire[4 * RA_FLOATS * sizeof(float)];
   size_t len = 0;
-  ra_frame(wire, &len, 1, 1000.0f); /* push, held at its meta */
-  ra_frame(wire, &len, 2, -1.0f);   /* status */
-  ra_frame(wire, &len, 3, 5000.0f); /* push */
-  ra_frame(wire, &len, 4, -1.0f);   /* status */
-  assert_true(len > 8 * 1024);      /* more than one read-ahead */
+  ra_frame(wire, &len, 1, 1000.0f, RA_FLOATS); /* push, held at its meta */
+  ra_frame(wire, &len, 2, -1.0f, 0);           /* status */
+  ra_frame(wire, &len, 3, 5000.0f, RA_FLOATS); /* push */
+  ra_frame(wire, &len, 4, -1.0f, 0);           /* status */
+  assert_true(len > 8 * 1024);                 /* more than one read-ahead */
   peer_sends(f, wire, len);
   for (int i = 0; i < 200; i++) uv_run(&f->loop, UV_RUN_NOWAIT);
   /* Held at the first push's meta: nothing after it is handed on meanwhile. */
@@ -375,6 +376,39 @@ static void test_read_ahead_in_order(void **state) {
   }
   assert_false(f->closed);
   assert_int_equal(f->conn.frames_in, RA_FRAMES);
+}
+
+/* The peer reads the want bytes the conn sent into in. */
+static void peer_reads(fixture_t *f, uint8_t *in, size_t want) {
+  int fd;
+  assert_int_equal(uv_fileno((uv_handle_t *)&f->peer, &fd), 0);
+  size_t got = 0;
+  for (int i = 0; i < 100000 && got < want; i++) {
+    ssize_t r = read(fd, in + got, want - got);
+    if (r > 0) got += (size_t)r;
+  }
+  assert_int_equal(got, want);
+}
+
+/* The reply at *off of in[0, got) (a status or a push): its request id and payload bytes;
+ * *off moves past it. */
+static uint64_t next_reply(const uint8_t *in, size_t got, size_t *off, uint64_t *data_len) {
+  ts_frame_header_t h;
+  const char *why = NULL;
+  assert_true(*off + TS_FRAME_HEADER_SIZE <= got);
+  assert_int_equal(ts_frame_decode_header(in + *off, TS_FRAME_HEADER_SIZE, 1 << 20, &h, &why),
+                   TS_FRAME_HEADER_SIZE);
+  *off += TS_FRAME_HEADER_SIZE;
+  ProtobufCMessage *m = NULL;
+  char err[128];
+  assert_int_equal(ts_msg_decode(h.type, in + *off, h.meta_len, h.data_len, &m, err, sizeof err),
+                   0);
+  uint64_t id =
+      h.type == TS_MSG_PUSH ? ((Tessera__Push *)m)->request_id : ((Tessera__Status *)m)->request_id;
+  ts_msg_free(m);
+  *off += h.meta_len + h.data_len;
+  *data_len = h.data_len;
+  return id;
 }
 
 /* Replies made while frames read ahead are handed on: a payload-less one is held back
@@ -414,41 +448,164 @@ static void test_replies_while_reading_ahead(void **state) {
   f->conn.cbs = &cork_cbs;
   uint8_t wire[256];
   size_t len = 0;
-  for (uint64_t id = 1; id <= 3; id++) ra_frame(wire, &len, id, -1.0f);
+  for (uint64_t id = 1; id <= 3; id++) ra_frame(wire, &len, id, -1.0f, 0);
   peer_sends(f, wire, len);
   for (int i = 0; i < 1000 && f->conn.frames_out < 3; i++) uv_run(&f->loop, UV_RUN_NOWAIT);
   assert_int_equal(ra_state.n, 3);
   assert_int_equal(f->conn.frames_out, 3);
   /* The peer reads them: 1 (status), 2 (push with 16 bytes), 3 (status). */
-  int fd;
-  assert_int_equal(uv_fileno((uv_handle_t *)&f->peer, &fd), 0);
   uint8_t in[512];
-  size_t got = 0;
-  for (int i = 0; i < 1000 && got < (size_t)f->conn.bytes_out; i++) {
-    ssize_t r = read(fd, in + got, sizeof in - got);
-    if (r > 0) got += (size_t)r;
-  }
-  assert_int_equal(got, f->conn.bytes_out);
-  size_t off = 0;
+  size_t got = (size_t)f->conn.bytes_out, off = 0;
+  assert_true(got <= sizeof in);
+  peer_reads(f, in, got);
   for (uint64_t id = 1; id <= 3; id++) {
-    ts_frame_header_t h;
-    const char *why = NULL;
-    assert_true(off + TS_FRAME_HEADER_SIZE <= got);
-    assert_int_equal(ts_frame_decode_header(in + off, TS_FRAME_HEADER_SIZE, 1 << 20, &h, &why),
-                     TS_FRAME_HEADER_SIZE);
-    off += TS_FRAME_HEADER_SIZE;
-    ProtobufCMessage *m = NULL;
-    char err[128];
-    assert_int_equal(ts_msg_decode(h.type, in + off, h.meta_len, h.data_len, &m, err, sizeof err),
-                     0);
-    uint64_t rid = h.type == TS_MSG_PUSH ? ((Tessera__Push *)m)->request_id
-                                         : ((Tessera__Status *)m)->request_id;
-    assert_int_equal(rid, id);
-    assert_int_equal(h.data_len, id == 2 ? 16 : 0);
-    ts_msg_free(m);
-    off += h.meta_len + h.data_len;
+    uint64_t data_len = 0;
+    assert_int_equal(next_reply(in, got, &off, &data_len), id);
+    assert_int_equal(data_len, id == 2 ? 16 : 0);
   }
   assert_int_equal(off, got);
+}
+
+/* --- read-ahead, randomised ------------------------------------------------------------ */
+
+/* Frames of random kinds and sizes, written by the peer in chunks of random sizes (so frame,
+ * header, meta and piece boundaries fall anywhere in and across the read-ahead), with holds
+ * at the meta and after a piece at random; each frame answered with a payload-less reply
+ * (held back while frames read ahead are handed on). Every frame arrives once, in order, its
+ * payload whole, and the peer reads every reply, in order. */
+#define FZ_FRAMES 300
+#define FZ_MAX_FLOATS 3000 /* a push carries 1 .. FZ_MAX_FLOATS + 1 */
+
+typedef struct {
+  uint32_t rng;
+  int n; /* frames handed on */
+  int held_meta, held_piece;
+  bool want_resume; /* a hold waits for the pump to resume it */
+  uint64_t id;      /* the frame being read */
+  uint32_t floats;  /* its payload */
+  float data[FZ_MAX_FLOATS + 1];
+  uv_buf_t iov[2];
+  bool bad;
+} fz_t;
+
+static fz_t fz;
+
+static uint32_t fz_next(uint32_t *s) {
+  *s ^= *s << 13, *s ^= *s >> 17, *s ^= *s << 5;
+  return *s;
+}
+
+static int fz_on_meta(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                      const uv_buf_t **iov, unsigned *niov) {
+  (void)c;
+  if (h->type != TS_MSG_PUSH) return 0;
+  fz.id = ((Tessera__Push *)msg)->request_id;
+  fz.floats = (uint32_t)(h->data_len / sizeof(float));
+  memset(fz.data, 0xff, sizeof fz.data);
+  size_t half = fz.floats / 2 * sizeof(float);
+  fz.iov[0] = uv_buf_init((char *)fz.data, (unsigned)half);
+  fz.iov[1] = uv_buf_init((char *)fz.data + half, (unsigned)(h->data_len - half));
+  *iov = fz.iov;
+  *niov = 2;
+  if (fz_next(&fz.rng) % 4 == 0) {
+    fz.held_meta++;
+    fz.want_resume = true;
+    return TS_CONN_HOLD;
+  }
+  return 0;
+}
+
+static int fz_on_piece(ts_conn_t *c, unsigned i) {
+  (void)c, (void)i;
+  if (fz_next(&fz.rng) % 4 == 0) {
+    fz.held_piece++;
+    fz.want_resume = true;
+    return TS_CONN_HOLD;
+  }
+  return 0;
+}
+
+static void fz_on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
+                        bool discarded) {
+  uint64_t id = h->type == TS_MSG_PUSH ? ((Tessera__Push *)msg)->request_id
+                                       : ((Tessera__Status *)msg)->request_id;
+  if (discarded || id != (uint64_t)fz.n + 1) fz.bad = true;
+  if (h->type == TS_MSG_PUSH)
+    for (uint32_t i = 0; i < fz.floats; i++)
+      if (fz.data[i] != (float)id + (float)i) fz.bad = true;
+  ts_msg_free(msg);
+  fz.n++;
+  Tessera__Status st = TESSERA__STATUS__INIT;
+  st.request_id = id;
+  if (ts_conn_send(c, TS_MSG_STATUS, &st.base, NULL, 0, NULL, NULL) < 0) fz.bad = true;
+}
+
+static const ts_conn_cbs_t fz_cbs = {.on_meta = fz_on_meta,
+                                     .on_piece = fz_on_piece,
+                                     .on_frame = fz_on_frame,
+                                     .on_close = on_conn_close};
+
+/* Let the loop run; resume a held frame now and then. */
+static void fz_pump(fixture_t *f) {
+  for (int i = 0; i < 4; i++) uv_run(&f->loop, UV_RUN_NOWAIT);
+  if (fz.want_resume && fz_next(&fz.rng) % 2 == 0) {
+    fz.want_resume = false;
+    ts_conn_resume(&f->conn);
+  }
+}
+
+static void test_read_ahead_random(void **state) {
+  fixture_t *f = *state;
+  memset(&fz, 0, sizeof fz);
+  fz.rng = 12345;
+  f->conn.cbs = &fz_cbs;
+  size_t cap = FZ_FRAMES * (64 + (FZ_MAX_FLOATS + 1) * sizeof(float)), len = 0;
+  uint8_t *wire = malloc(cap);
+  assert_non_null(wire);
+  for (uint64_t id = 1; id <= FZ_FRAMES; id++) {
+    uint32_t kind = fz_next(&fz.rng) % 3;
+    /* Status requests, mostly small pushes (a few in the read-ahead at once), some larger. */
+    size_t floats = 1 + (kind == 1 ? fz_next(&fz.rng) % 64 : fz_next(&fz.rng) % FZ_MAX_FLOATS);
+    ra_frame(wire, &len, id, kind == 0 ? -1.0f : (float)id, floats);
+  }
+  assert_true(len <= cap);
+  int fd;
+  assert_int_equal(uv_fileno((uv_handle_t *)&f->peer, &fd), 0);
+  size_t off = 0;
+  for (int spins = 0; off < len && spins < 200000 && !f->closed; spins++) {
+    size_t chunk = 1 + fz_next(&fz.rng) % 10000;
+    if (chunk > len - off) chunk = len - off;
+    ssize_t w = write(fd, wire + off, chunk);
+    if (w > 0) off += (size_t)w;
+    fz_pump(f);
+  }
+  assert_int_equal(off, len);
+  for (int i = 0; i < 200000 && fz.n < FZ_FRAMES && !f->closed; i++) {
+    fz_pump(f);
+    if (fz.want_resume) { /* nothing left to race with: resume at once */
+      fz.want_resume = false;
+      ts_conn_resume(&f->conn);
+    }
+  }
+  assert_false(f->closed);
+  assert_false(fz.bad);
+  assert_int_equal(fz.n, FZ_FRAMES);
+  assert_true(fz.held_meta > 0 && fz.held_piece > 0);
+  for (int i = 0; i < 1000 && f->conn.frames_out < FZ_FRAMES; i++) uv_run(&f->loop, UV_RUN_NOWAIT);
+  assert_int_equal(f->conn.frames_out, FZ_FRAMES);
+  /* The peer reads the replies: one status per frame, in order. */
+  size_t got = (size_t)f->conn.bytes_out, at = 0;
+  uint8_t *in = malloc(got);
+  assert_non_null(in);
+  peer_reads(f, in, got);
+  for (uint64_t id = 1; id <= FZ_FRAMES; id++) {
+    uint64_t data_len = 0;
+    assert_int_equal(next_reply(in, got, &at, &data_len), id);
+    assert_int_equal(data_len, 0);
+  }
+  assert_int_equal(at, got);
+  free(in);
+  free(wire);
 }
 
 int main(void) {
@@ -461,6 +618,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_meta_over_limit, setup, teardown),
       cmocka_unit_test_setup_teardown(test_read_ahead_in_order, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replies_while_reading_ahead, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_read_ahead_random, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,7 +11,7 @@
 #
 # usage: bench/peers/run.sh [BUILD_DIR]
 #   env: RUNS (5), MODELS ("small large"), TF_STEPS_SMALL (600), TF_STEPS_LARGE (40),
-#        STEPS_SMALL (3000), STEPS_LARGE (60) for Tessera, VENV (default: python/venv.sh's)
+#        STEPS_SMALL (900: within train.sh's one epoch), STEPS_LARGE (60) for Tessera, VENV (default: python/venv.sh's)
 # Output: train.sh's and the peers' lines (run=R), then "# summary" lines: medians with
 # min-max, and the medians of the round-by-round ratios Tessera / TensorFlow per mode.
 set -uo pipefail
@@ -29,7 +29,7 @@ for model in $models; do
   if [ "$model" = small ]; then layers=784,128,10 tf_steps=${TF_STEPS_SMALL:-600}
   else layers=784,2048,2048,10 tf_steps=${TF_STEPS_LARGE:-40}; fi
   for run in $(seq 1 "$runs"); do
-    RUNS=1 MODELS=$model MODES="async sync" STEPS_SMALL=${STEPS_SMALL:-3000} \
+    RUNS=1 MODELS=$model MODES="async sync" STEPS_SMALL=${STEPS_SMALL:-900} \
       STEPS_LARGE=${STEPS_LARGE:-60} bench/train.sh "$build" 2>&1 |
       grep '^what=cluster' | sed "s/ run=1 / run=$run /" | tee -a "$lines"
     for peer in tf_pss tf_sync; do

@@ -171,7 +171,7 @@ def coordinator_main(args):
             except OSError:
                 rss.append("%s%d:?" % (short, i))
     rss.append("coordinator:%d" % peak_rss_kib())
-    model_name = "small" if layers == [784, 128, 10] else args.layers
+    model_name = {(784, 128, 10): "small", (784, 2048, 2048, 10): "large"}.get(tuple(layers), args.layers)
     subprocess.run(["rm", "-rf", d])
     print("what=tf_pss model=%s mode=async steps=%d examples_per_sec=%.1f rss_kib=[%s] load=%.2f"
           % (model_name, args.steps, eps, " ".join(rss), os.getloadavg()[0]), flush=True)

@@ -227,7 +227,7 @@ def launcher_main(args):
             except OSError:
                 rss.append("ps%d:?" % i)
         rss += ["w%d:%d" % (i, r["rss"]) for i, r in enumerate(results)]
-        model_name = "small" if args.layers == "784,128,10" else args.layers
+        model_name = {"784,128,10": "small", "784,2048,2048,10": "large"}.get(args.layers, args.layers)
         print("what=tf_sync model=%s mode=sync steps=%d examples_per_sec=%.1f rss_kib=[%s] "
               "load=%.2f" % (model_name, args.steps, eps, " ".join(rss), os.getloadavg()[0]),
               flush=True)

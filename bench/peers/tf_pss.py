@@ -14,31 +14,15 @@ Every task process stops by itself: it exits when the coordinator writes DIR/sto
 usage: $(python/venv.sh)/bin/python bench/peers/tf_pss.py --layers 784,128,10 --steps 300
 """
 import argparse
-import gzip
 import json
 import os
-import resource
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-DATA = "/usr/share/datasets/fashion-mnist"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def peak_rss_kib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+from peer_common import free_port, load_idx, peak_rss_kib  # bench/peers/peer_common.py
 
 
 def task_main(args):
@@ -59,16 +43,6 @@ def task_main(args):
     server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=args.role,
                                   task_index=args.index, protocol="grpc", start=True)
     server.join()
-
-
-def load_idx(n):
-    with gzip.open(os.path.join(DATA, "train-images-idx3-ubyte.gz")) as f:
-        _, cnt, rows, cols = struct.unpack(">IIII", f.read(16))
-        x = f.read(n * rows * cols)
-    with gzip.open(os.path.join(DATA, "train-labels-idx1-ubyte.gz")) as f:
-        f.read(8)
-        y = f.read(n)
-    return x, y, rows * cols
 
 
 def coordinator_main(args):

@@ -53,6 +53,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench_size.h"
 #include "harness.h"
 #include "tessera/client.h"
 #include "ts_config.h"
@@ -120,23 +121,6 @@ static double median(double *v, size_t n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* "40MiB", "4KiB", "1GB", "4096" -> bytes; 0 on error. */
-static uint64_t parse_size(const char *s) {
-  char *end;
-  double v = strtod(s, &end);
-  if (end == s || v <= 0) return 0;
-  uint64_t mul = 1;
-  if (*end == 0 || strcasecmp(end, "b") == 0) mul = 1;
-  else if (strcasecmp(end, "kib") == 0 || strcasecmp(end, "k") == 0) mul = 1ull << 10;
-  else if (strcasecmp(end, "mib") == 0 || strcasecmp(end, "m") == 0) mul = 1ull << 20;
-  else if (strcasecmp(end, "gib") == 0 || strcasecmp(end, "g") == 0) mul = 1ull << 30;
-  else if (strcasecmp(end, "kb") == 0) mul = 1000;
-  else if (strcasecmp(end, "mb") == 0) mul = 1000000;
-  else if (strcasecmp(end, "gb") == 0) mul = 1000000000;
-  else return 0;
-  return (uint64_t)(v * (double)mul);
-}
-
 static void usage(FILE *f) {
   fprintf(f,
           "usage: psbench [options]\n"
@@ -176,7 +160,7 @@ static int parse_args(int argc, char **argv) {
       exit(0);
     } else if (strcmp(a, "--size") == 0) {
       NEED_VALUE();
-      opt.size = parse_size(v);
+      opt.size = bench_parse_size(v);
     } else if (strcmp(a, "--workers") == 0) {
       NEED_VALUE();
       opt.workers = atoi(v);
@@ -194,7 +178,7 @@ static int parse_args(int argc, char **argv) {
       opt.iters = atol(v);
     } else if (strcmp(a, "--partition-bytes") == 0) {
       NEED_VALUE();
-      opt.partition_bytes = parse_size(v);
+      opt.partition_bytes = bench_parse_size(v);
     } else if (strcmp(a, "--optimizer") == 0) {
       NEED_VALUE();
       opt.optimizer = v;

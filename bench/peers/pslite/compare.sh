@@ -10,6 +10,10 @@
 #   pslite-tuned  LD_PRELOAD=libjemalloc.so.2 with MALLOC_CONF=$JEMALLOC_CONF (every ps-lite
 #                 process) and the pull reply sent from the store itself (no copy)
 #   iperf3        one stream for 1+1; for 2+2 two client/server pairs at once, summed
+#   bare-sgd      bench/bare_pushpull --apply sgd: the same push+pull over bare blocking
+#                 sockets, a thread per connection, the shards' SGD loop and nothing else
+#                 (no framing, check, event loop): what this machine allows a parameter server
+#   bare          bench/bare_pushpull --apply none: only the bytes moved
 #
 # Every system is measured with the same byte accounting: workers x iterations x 2 x SIZE
 # (pushed plus pulled) / wall time of the timed run, GB/s = 1e9 B/s; iperf3: bytes received /
@@ -18,7 +22,8 @@
 #
 # usage: PSLITE_DIR=/path/to/ps-lite bench/peers/pslite/compare.sh [BUILD_DIR]
 #   env: ROUNDS (5), SIZES ("4MiB 40MiB 400MiB"), CONFIGS ("1+1 2+2"), SECS (1),
-#        LARGE_SECS (3), JEMALLOC (libjemalloc.so.2), PSLITE_OP (push-pull, or pushpull)
+#        LARGE_SECS (3), JEMALLOC (libjemalloc.so.2), PSLITE_OP (push-pull, or pushpull),
+#        SYSTEMS ("tessera pslite-stock pslite-tuned iperf3 bare-sgd bare")
 # Output: a "# ..." header, one line per measurement,
 #   what=pslite-tuned size=40MiB config=1+1 run=3 gbps=1.234 load=1.52
 # then "# summary" lines: per size and config, each system's median (min-max) over the rounds
@@ -38,7 +43,7 @@ jemalloc=${JEMALLOC:-libjemalloc.so.2}
 jemalloc_conf=${JEMALLOC_CONF:-oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1}
 op=${PSLITE_OP:-push-pull}
 
-for b in bench/psbench server/ps-server; do
+for b in bench/psbench server/ps-server bench/bare_pushpull; do
   [ -x "$build/$b" ] || { echo "compare.sh: $build/$b is not built (meson compile -C $build)" >&2; exit 1; }
 done
 command -v iperf3 >/dev/null || { echo "compare.sh: iperf3 is missing (apt-get install iperf3)" >&2; exit 1; }
@@ -139,18 +144,32 @@ PY
   [ -n "$g" ] || g=FAILED
 }
 
-systems=(tessera pslite-stock pslite-tuned iperf3)
+bare() {   # apply size n
+  timeout 300 "$build/bench/bare_pushpull" --apply "$1" --size "$2" --workers "$3" --shards "$3" \
+    --seconds "$(secs_of "$2")" >"$dir/bare.out" 2>"$dir/bare.log" </dev/null &
+  pids+=($!)
+  wait $!
+  stop_all
+  g=$(sed -n 's/^bare_run .* gbps=\([0-9.]*\)$/\1/p' "$dir/bare.out")
+  [ -n "$g" ] || { tail -3 "$dir/bare.log" >&2; g=FAILED; }
+}
+
+read -ra systems <<<"${SYSTEMS:-tessera pslite-stock pslite-tuned iperf3 bare-sgd bare}"
+nsys=${#systems[@]}
 for run in $(seq "$rounds"); do
   for config in $configs; do
     n=${config%+*}
     for size in $sizes; do
-      for k in 0 1 2 3; do   # the order rotates with the round
-        what=${systems[$(( (k + run - 1) % 4 ))]}
+      for k in $(seq 0 $((nsys - 1))); do   # the order rotates with the round
+        what=${systems[$(( (k + run - 1) % nsys ))]}
         case $what in
           tessera) tessera "$size" "$n" ;;
           pslite-stock) pslite stock "$size" "$n" ;;
           pslite-tuned) pslite tuned "$size" "$n" ;;
           iperf3) iperf "$n" ;;
+          bare-sgd) bare sgd "$size" "$n" ;;
+          bare) bare none "$size" "$n" ;;
+          *) echo "compare.sh: unknown system $what" >&2; exit 2 ;;
         esac
         echo "what=$what size=$size config=$config run=$run gbps=$g load=$(load)" | tee -a "$dir/lines.txt"
       done
@@ -170,16 +189,22 @@ def med(rs):
 for (size, config), whats in groups.items():
     parts, m = [], {}
     loads = [float(r['load']) for rs in whats.values() for r in rs]
-    for what in ('tessera', 'pslite-stock', 'pslite-tuned', 'iperf3'):
+    for what in ('tessera', 'pslite-stock', 'pslite-tuned', 'iperf3', 'bare-sgd', 'bare'):
         s = med(whats.get(what, []))
         if s:
             m[what] = s[0]
             parts.append(f"{what}={s[0]:.3f}({s[1]:.3f}-{s[2]:.3f},n={s[3]})")
     ratios = []
-    for other, name in (('pslite-tuned', 'tessera/tuned'), ('pslite-stock', 'tessera/stock'),
-                        ('iperf3', 'tessera/iperf3')):
-        if 'tessera' in m and other in m and m[other] > 0:
-            ratios.append(f"{name}={m['tessera'] / m[other]:.2f}")
+    for one, other, name in (('tessera', 'pslite-tuned', 'tessera/tuned'),
+                             ('tessera', 'pslite-stock', 'tessera/stock'),
+                             ('tessera', 'iperf3', 'tessera/iperf3'),
+                             ('tessera', 'bare-sgd', 'tessera/bare-sgd'),
+                             ('bare-sgd', 'pslite-tuned', 'bare-sgd/tuned'),
+                             ('bare-sgd', 'pslite-stock', 'bare-sgd/stock'),
+                             ('bare-sgd', 'iperf3', 'bare-sgd/iperf3'),
+                             ('bare', 'iperf3', 'bare/iperf3')):
+        if one in m and other in m and m[other] > 0:
+            ratios.append(f"{name}={m[one] / m[other]:.2f}")
     print(f"# summary size={size} config={config} " + " ".join(parts + ratios) +
           f" load={statistics.median(loads):.2f}({min(loads):.2f}-{max(loads):.2f})")
 PY

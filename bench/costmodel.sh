@@ -9,20 +9,28 @@
 #                                2-vCPU machine, less under other engineers' load)
 #   {"kind": "psbench", ...}     build/bench/psbench --output json (its own fields): async
 #                                1+1 and 2+2 at SIZES (push+pull time per iteration, the
-#                                shards' and the clients' CPU seconds per GB moved, loopback
-#                                iperf3 in the same invocation), and sync 1+1 and 2+2 at
-#                                SYNC_SIZES
+#                                shards' and the clients' CPU seconds per GB moved, also split
+#                                into user and system time: shard_user_s_per_gb, the check and
+#                                the optimizer, against shard_sys_s_per_gb, the kernel's copies;
+#                                loopback iperf3 in the same invocation), and sync 1+1 and 2+2
+#                                at SYNC_SIZES
 #   {"kind": "train_local", ...} the scaling job's model alone, no parameter server
 #                                (model [784,32,10], batch 32, one OpenBLAS thread as each of
 #                                several ps-workers sharing a host; SGD, since Adam's step in
 #                                train_local slows ~10x between step 300 and 5000, below):
-#                                compute per step
+#                                compute per step; and with Adam (deploy/local/cluster.cfg's
+#                                optimizer, which bench/scaling.sh runs) over STEPS_SHORT
+#                                steps, as long as scaling.sh's runs: what Adam adds per step
 #   {"kind": "run", ...}         2 ps-server shards + N ps-worker (N in RUN_WORKERS), the job
 #                                of bench/scaling.sh, at STEPS_SHORT and STEPS_LONG steps: the
 #                                CPU seconds of the workers (/usr/bin/time) and of every
 #                                process of the run (this shell's children times), so the
 #                                per-step CPU of the workers and of the shards is the
-#                                difference over the extra steps (loading and start-up cancel).
+#                                difference over the extra steps (loading and start-up cancel);
+#                                train_s, the median over the workers of their "done:" lines'
+#                                finished_at - started_at, gives the training's start-up
+#                                (train_s at STEPS_SHORT minus STEPS_SHORT steps), which
+#                                scaling.sh's done-line figures (short runs) include.
 #                                optimizer.name = "sgd" here: with the job's Adam the shards'
 #                                step grows over thousands of steps (as train_local's does),
 #                                while bench/scaling.sh runs 300 steps, where Adam costs
@@ -109,17 +117,21 @@ part_psbench() {
 }
 
 part_train_local() {
-  local line eps
-  for _ in $(seq "$repeats"); do
-    line=$(OPENBLAS_NUM_THREADS=1 "$build/bench/train_local" --layers 784,32,10 --batch 32 \
-           --steps "$long" --optimizer sgd --data "$data" | grep '^done:')
-    eps=$(echo "$line" | sed -n 's/.*examples_per_sec=\([0-9.]*\).*/\1/p')
-    echo "{\"kind\": \"train_local\", \"layers\": [784, 32, 10], \"batch\": 32, \"steps\": $long, \"optimizer\": \"sgd\", \"openblas_threads\": 1, \"examples_per_sec\": ${eps:-null}, \"load\": $(load)}" | tee -a "$out"
+  local line eps steps optimizer steps_optimizer
+  # SGD over STEPS_LONG steps: the compute; Adam over STEPS_SHORT: what Adam adds
+  for steps_optimizer in "$long sgd" "$short adam"; do
+    read -r steps optimizer <<<"$steps_optimizer"
+    for _ in $(seq "$repeats"); do
+      line=$(OPENBLAS_NUM_THREADS=1 "$build/bench/train_local" --layers 784,32,10 --batch 32 \
+             --steps "$steps" --optimizer "$optimizer" --data "$data" | grep '^done:')
+      eps=$(echo "$line" | sed -n 's/.*examples_per_sec=\([0-9.]*\).*/\1/p')
+      echo "{\"kind\": \"train_local\", \"layers\": [784, 32, 10], \"batch\": 32, \"steps\": $steps, \"optimizer\": \"$optimizer\", \"openblas_threads\": 1, \"examples_per_sec\": ${eps:-null}, \"load\": $(load)}" | tee -a "$out"
+    done
   done
 }
 
 part_run() {
-  local n steps wcpu c0 c1 p t
+  local n steps wcpu c0 c1 p t train
   worker_cmd=(/usr/bin/time -f "costmodel_cpu %U %S" "$build/worker/ps-worker")
   for n in $run_workers; do
     for _ in $(seq "$repeats"); do
@@ -143,7 +155,12 @@ part_run() {
         fi
         children_cpu c1
         wcpu=$(cat "$dir"/w*.log | awk '/^costmodel_cpu/ {s += $2 + $3} END {print s}')
-        echo "{\"kind\": \"run\", \"workers\": $n, \"shards\": 2, \"optimizer\": \"sgd\", \"steps\": $steps, \"worker_cpu_s\": ${wcpu:-null}, \"total_cpu_s\": $(printf '%.3f' "$(echo "$c1 - $c0" | bc -l)"), \"wall_s\": $(printf '%.3f' "$workers_s"), \"load\": $(load)}" | tee -a "$out"
+        train=$(python3 -c 'import re, statistics, sys
+v = [float(d["finished_at"]) - float(d["started_at"])
+     for d in (dict(re.findall(r"(\w+)=([0-9.]+)", open(f).read())) for f in sys.argv[1:])
+     if "finished_at" in d and "started_at" in d]
+print("%.4f" % statistics.median(v) if v else "null")' "$dir"/w*.out)
+        echo "{\"kind\": \"run\", \"workers\": $n, \"shards\": 2, \"optimizer\": \"sgd\", \"steps\": $steps, \"worker_cpu_s\": ${wcpu:-null}, \"total_cpu_s\": $(printf '%.3f' "$(echo "$c1 - $c0" | bc -l)"), \"wall_s\": $(printf '%.3f' "$workers_s"), \"load\": $(load), \"train_s\": $train}" | tee -a "$out"
       done
     done
   done

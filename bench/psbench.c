@@ -18,7 +18,10 @@
  * resolution, 10 ms, so short runs of small tensors give a coarse figure), and the same for the
  * clients (client_cpu_s_per_gb: this process's user + system CPU seconds, getrusage
  * RUSAGE_SELF, over the timed runs; the worker threads are this process's only busy
- * threads, so it is the clients' CPU time, their busy-polling included). Modes: async (push tagged
+ * threads, so it is the clients' CPU time, their busy-polling included), and both split into
+ * user and system time (shard_user_s_per_gb, shard_sys_s_per_gb, client_user_s_per_gb,
+ * client_sys_s_per_gb: on the shard, user time is mostly the NaN/Inf check and the optimizer,
+ * system time the kernel's copies of the push and the pull reply). Modes: async (push tagged
  * with the worker's clock, then pull) and sync (push_pulled with the version pulled, then
  * pull_next, which waits for the barrier of every worker); either way the push and the pull
  * travel together (one TS_CLIENT_PUSH_PULL request): one round trip, as the
@@ -333,24 +336,64 @@ static long sync_iters;               /* sync mode: steps per run, set after cal
 static volatile double run_deadline;   /* set by the main thread before each run */
 static double run_start[MAX_RUNS], run_end[MAX_RUNS];
 
-/* The shards' CPU seconds so far (user + system, summed), or -1 when one is unreadable. */
-static double shards_cpu_s(const ts_cluster_t *c) {
-  double sum = 0;
+/* CPU seconds so far, split as the kernel accounts them; negative when unreadable. */
+typedef struct {
+  double user, sys;
+} cpu_t;
+
+/* A process's user and system CPU seconds (/proc/PID/stat), or {-1, -1}. */
+static cpu_t proc_cpu(pid_t pid) {
+  cpu_t bad = {-1, -1};
+  char path[64], line[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return bad;
+  size_t got = fread(line, 1, sizeof line - 1, f);
+  fclose(f);
+  line[got] = 0;
+  /* The command name may hold spaces and parentheses: fields start after the last ')'. */
+  char *p = strrchr(line, ')');
+  unsigned long long utime, stime;
+  long tck = sysconf(_SC_CLK_TCK);
+  if (!p || tck <= 0 ||
+      sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2)
+    return bad;
+  return (cpu_t){(double)utime / (double)tck, (double)stime / (double)tck};
+}
+
+/* The shards' CPU seconds so far (summed over the shards), or {-1, -1} when one is
+ * unreadable. */
+static cpu_t shards_cpu(const ts_cluster_t *c) {
+  cpu_t sum = {0, 0};
   for (int i = 0; i < opt.shards; i++) {
-    double s = ts_proc_cpu_s(c->pid[i]);
-    if (s < 0) return -1;
-    sum += s;
+    cpu_t s = proc_cpu(c->pid[i]);
+    if (s.user < 0) return s;
+    sum.user += s.user;
+    sum.sys += s.sys;
   }
   return sum;
 }
 
-/* This process's CPU seconds so far (user + system, every thread): the clients' CPU time. */
-static double self_cpu_s(void) {
+/* This process's CPU seconds so far (every thread): the clients' CPU time. */
+static cpu_t self_cpu(void) {
   struct rusage ru;
-  if (getrusage(RUSAGE_SELF, &ru) < 0) return -1;
-  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
-         (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+  if (getrusage(RUSAGE_SELF, &ru) < 0) return (cpu_t){-1, -1};
+  return (cpu_t){(double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6,
+                 (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6};
 }
+
+/* acc += b - a, or acc = unknown (-1) once a reading failed. */
+static void cpu_add(cpu_t *acc, cpu_t a, cpu_t b) {
+  if (a.user < 0 || b.user < 0 || acc->user < 0) {
+    *acc = (cpu_t){-1, -1};
+    return;
+  }
+  acc->user += b.user - a.user;
+  acc->sys += b.sys - a.sys;
+}
+
+/* Seconds per GB of a CPU figure, NaN when unknown. */
+static double per_gb(double s, double gb) { return s >= 0 && gb > 0 ? s / gb : (double)NAN; }
 
 /* param and grad are separate allocations, as push_pull requires. */
 static int one_iteration(worker_t *w, uint64_t clock) {
@@ -518,8 +561,9 @@ int main(int argc, char **argv) {
 
   double gbps_run[MAX_RUNS];
   double lat_all_p50 = NAN, lat_all_p99 = NAN;
-  double cpu_s = 0, gb_moved = 0;   /* over the timed runs; cpu_s < 0: unknown */
-  double client_cpu_s = 0;          /* likewise, this process (the clients) */
+  double gb_moved = 0;
+  cpu_t shard_cpu = {0, 0};    /* over the timed runs; user < 0: unknown */
+  cpu_t client_cpu = {0, 0};   /* likewise, this process (the clients) */
   size_t iters_total = 0;
   int threads = 0;
   pthread_t th[MAX_WORKERS];
@@ -536,20 +580,16 @@ int main(int argc, char **argv) {
     if (sync_iters < 2) sync_iters = 2;
     if (sync_iters > 10000000) sync_iters = 10000000;
     for (int r = 0; r < opt.runs; r++) {
-      double cpu0 = shards_cpu_s(&cluster);
-      double self0 = self_cpu_s();
+      cpu_t cpu0 = shards_cpu(&cluster);
+      cpu_t self0 = self_cpu();
       pthread_barrier_wait(&barrier);
       run_start[r] = now_s();
       run_deadline = run_start[r] + opt.seconds;
       pthread_barrier_wait(&barrier);
       pthread_barrier_wait(&barrier);
       run_end[r] = now_s();
-      double cpu1 = shards_cpu_s(&cluster);
-      double self1 = self_cpu_s();
-      if (cpu0 < 0 || cpu1 < 0 || cpu_s < 0) cpu_s = -1;
-      else cpu_s += cpu1 - cpu0;
-      if (self0 < 0 || self1 < 0 || client_cpu_s < 0) client_cpu_s = -1;
-      else client_cpu_s += self1 - self0;
+      cpu_add(&shard_cpu, cpu0, shards_cpu(&cluster));
+      cpu_add(&client_cpu, self0, self_cpu());
       long n = 0;
       for (int i = 0; i < opt.workers; i++) n += w[i].iters[r];
       gb_moved += (double)n * 2.0 * (double)opt.size / 1e9;
@@ -619,9 +659,13 @@ int main(int argc, char **argv) {
     ip_max = iperf[n_iperf - 1];
   }
   double ratio = isnan(ip) ? (double)NAN : gbps / ip;
-  double cpu_per_gb = cpu_s >= 0 && gb_moved > 0 ? cpu_s / gb_moved : (double)NAN;
-  double client_cpu_per_gb =
-      client_cpu_s >= 0 && gb_moved > 0 ? client_cpu_s / gb_moved : (double)NAN;
+  double cpu_per_gb = per_gb(shard_cpu.user + shard_cpu.sys, gb_moved);
+  double client_cpu_per_gb = per_gb(client_cpu.user + client_cpu.sys, gb_moved);
+  /* user, system: shards, then clients */
+  double split[4] = {per_gb(shard_cpu.user, gb_moved), per_gb(shard_cpu.sys, gb_moved),
+                     per_gb(client_cpu.user, gb_moved), per_gb(client_cpu.sys, gb_moved)};
+  static const char *const split_name[4] = {"shard_user_s_per_gb", "shard_sys_s_per_gb",
+                                            "client_user_s_per_gb", "client_sys_s_per_gb"};
   double load[3] = {NAN, NAN, NAN};
   if (getloadavg(load, 3) < 0) load[0] = NAN;
   const char *mode = opt.sync ? "sync" : "async";
@@ -651,11 +695,17 @@ int main(int argc, char **argv) {
       printf(", \"busy_poll_us\": %ld", opt.busy_poll_us);
       printf(", \"shard_rss_kib\": %ld, \"loadavg\": ", shard_rss_kib);
       print_null_or(stdout, 2, load[0]);
+      for (int i = 0; i < 4; i++) {
+        printf(", \"%s\": ", split_name[i]);
+        print_null_or(stdout, 4, split[i]);
+      }
       printf("}\n");
       break;
     case OUT_CSV:
       printf("size,workers,shards,mode,runs,iterations,gbps,gbps_min,gbps_max,iperf3_gbps,ratio,"
-             "p50_us,p99_us,shard_rss_kib,loadavg,cpu_s_per_gb,client_cpu_s_per_gb\n");
+             "p50_us,p99_us,shard_rss_kib,loadavg,cpu_s_per_gb,client_cpu_s_per_gb");
+      for (int i = 0; i < 4; i++) printf(",%s", split_name[i]);
+      putchar('\n');
       printf("%" PRIu64 ",%d,%d,%s,%d,%zu,%.4f,%.4f,%.4f,", opt.size, opt.workers, opt.shards,
              mode, opt.runs, iters_total, gbps, gmin, gmax);
       if (!isnan(ip)) printf("%.4f", ip);
@@ -665,6 +715,10 @@ int main(int argc, char **argv) {
       if (!isnan(cpu_per_gb)) printf("%.4f", cpu_per_gb);
       putchar(',');
       if (!isnan(client_cpu_per_gb)) printf("%.4f", client_cpu_per_gb);
+      for (int i = 0; i < 4; i++) {
+        putchar(',');
+        if (!isnan(split[i])) printf("%.4f", split[i]);
+      }
       putchar('\n');
       break;
     case OUT_TABLE:
@@ -679,6 +733,8 @@ int main(int argc, char **argv) {
              "shard CPU s per GB moved %.3f, client %.3f, load %.2f)\n",
              opt.runs, iters_total, opt.busy_poll_us, shard_rss_kib, cpu_per_gb,
              client_cpu_per_gb, load[0]);
+      printf("(CPU s per GB moved: shard user %.3f, system %.3f; client user %.3f, system %.3f)\n",
+             split[0], split[1], split[2], split[3]);
       break;
   }
   return 0;

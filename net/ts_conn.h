@@ -151,7 +151,8 @@ struct ts_conn {
 int ts_conn_init(uv_loop_t *loop, ts_conn_t *c, const ts_conn_cbs_t *cbs, uint64_t max_data,
                  void *data);
 
-/* Set TCP_NODELAY and large socket buffers, record the peer address, and start reading. */
+/* Set TCP_NODELAY and a 4 MiB receive buffer (the send buffer autotuned), record the peer
+ * address, and start reading. */
 int ts_conn_start(ts_conn_t *c);
 
 /* Send one frame: header + packed meta, then the payload buffers payload[0..n) whose lengths

@@ -343,22 +343,9 @@ typedef struct {
 
 /* A process's user and system CPU seconds (/proc/PID/stat), or {-1, -1}. */
 static cpu_t proc_cpu(pid_t pid) {
-  cpu_t bad = {-1, -1};
-  char path[64], line[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return bad;
-  size_t got = fread(line, 1, sizeof line - 1, f);
-  fclose(f);
-  line[got] = 0;
-  /* The command name may hold spaces and parentheses: fields start after the last ')'. */
-  char *p = strrchr(line, ')');
-  unsigned long long utime, stime;
-  long tck = sysconf(_SC_CLK_TCK);
-  if (!p || tck <= 0 ||
-      sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2)
-    return bad;
-  return (cpu_t){(double)utime / (double)tck, (double)stime / (double)tck};
+  cpu_t c;
+  if (ts_proc_cpu_split(pid, &c.user, &c.sys) < 0) return (cpu_t){-1, -1};
+  return c;
 }
 
 /* The shards' CPU seconds so far (summed over the shards), or {-1, -1} when one is

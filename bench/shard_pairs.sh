@@ -13,7 +13,9 @@ run() { # build tag size workers shards mode runs seconds
          --runs "$7" --seconds "$8" --no-iperf --output csv 2>/dev/null | tail -1)
   echo "$2,$(date -u +%H:%M:%S),$line"
 }
-echo "build,time,size,workers,shards,mode,runs,iterations,gbps,gbps_min,gbps_max,iperf3_gbps,ratio,p50_us,p99_us,shard_rss_kib,loadavg,cpu_s_per_gb"
+# psbench's CSV columns; a build older than the column split (psbench.c) stops after
+# client_cpu_s_per_gb, or after cpu_s_per_gb.
+echo "build,time,size,workers,shards,mode,runs,iterations,gbps,gbps_min,gbps_max,iperf3_gbps,ratio,p50_us,p99_us,shard_rss_kib,loadavg,cpu_s_per_gb,client_cpu_s_per_gb,shard_user_s_per_gb,shard_sys_s_per_gb,client_user_s_per_gb,client_sys_s_per_gb"
 for i in $(seq "$n"); do
   for cfg in "4KiB 1 1 async 3 1" "4KiB 1 1 sync 3 1" "40MiB 1 1 async 1 2" "40MiB 2 2 async 1 2" \
              "400MiB 1 1 async 1 3" "400MiB 2 2 async 1 3"; do

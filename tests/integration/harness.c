@@ -331,7 +331,7 @@ long ts_proc_rss_kib(pid_t pid) {
   return kib;
 }
 
-double ts_proc_cpu_s(pid_t pid) {
+int ts_proc_cpu_split(pid_t pid, double *user, double *sys) {
   char path[64], line[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
   FILE *f = fopen(path, "r");
@@ -346,7 +346,14 @@ double ts_proc_cpu_s(pid_t pid) {
   if (!p || tck <= 0 ||
       sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2)
     return -1;
-  return (double)(utime + stime) / (double)tck;
+  *user = (double)utime / (double)tck;
+  *sys = (double)stime / (double)tck;
+  return 0;
+}
+
+double ts_proc_cpu_s(pid_t pid) {
+  double user, sys;
+  return ts_proc_cpu_split(pid, &user, &sys) < 0 ? -1 : user + sys;
 }
 
 int ts_run_capture(const char *const *argv, char *out, size_t n, char *err, size_t errn) {

@@ -60,6 +60,8 @@ long ts_proc_rss_kib(pid_t pid);
 /* CPU time of a process so far, user + system, in seconds (/proc/PID/stat's utime + stime,
  * clock-tick resolution); -1 when unknown. */
 double ts_proc_cpu_s(pid_t pid);
+/* The same split into user and system seconds; 0, or -1 when unreadable. */
+int ts_proc_cpu_split(pid_t pid, double *user, double *sys);
 
 /* The content of shard i's log (malloc'd, caller frees), or NULL. */
 char *ts_cluster_log(const ts_cluster_t *c, int i);

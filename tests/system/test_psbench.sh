@@ -12,7 +12,9 @@ for mode in async sync; do
 import json, sys
 o = json.loads(sys.argv[1])
 for k in ("size", "workers", "shards", "mode", "runs", "gbps", "gbps_min", "gbps_max",
-          "iperf3_gbps", "ratio", "p50_us", "p99_us", "cpu_s_per_gb", "client_cpu_s_per_gb"):
+          "iperf3_gbps", "ratio", "p50_us", "p99_us", "cpu_s_per_gb", "client_cpu_s_per_gb",
+          "shard_user_s_per_gb", "shard_sys_s_per_gb", "client_user_s_per_gb",
+          "client_sys_s_per_gb"):
     assert k in o, "missing field " + k
 # the shards' CPU seconds per GB moved: a number (0 when the runs took under a clock tick)
 assert isinstance(o["cpu_s_per_gb"], (int, float)) and o["cpu_s_per_gb"] >= 0, o["cpu_s_per_gb"]

@@ -23,7 +23,8 @@
 # usage: PSLITE_DIR=/path/to/ps-lite bench/peers/pslite/compare.sh [BUILD_DIR]
 #   env: ROUNDS (5), SIZES ("4MiB 40MiB 400MiB"), CONFIGS ("1+1 2+2"), SECS (1),
 #        LARGE_SECS (3), JEMALLOC (libjemalloc.so.2), PSLITE_OP (push-pull, or pushpull),
-#        SYSTEMS ("tessera pslite-stock pslite-tuned iperf3 bare-sgd bare")
+#        SYSTEMS ("tessera pslite-stock pslite-tuned iperf3 bare-sgd bare"), SETTLE (3: seconds
+#        of pause after each run)
 # Output: a "# ..." header, one line per measurement,
 #   what=pslite-tuned size=40MiB config=1+1 run=3 gbps=1.234 load=1.52
 # then "# summary" lines: per size and config, each system's median (min-max) over the rounds
@@ -42,12 +43,14 @@ large_secs=${LARGE_SECS:-3}
 jemalloc=${JEMALLOC:-libjemalloc.so.2}
 jemalloc_conf=${JEMALLOC_CONF:-oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1}
 op=${PSLITE_OP:-push-pull}
+settle=${SETTLE:-3}
 
 for b in bench/psbench server/ps-server bench/bare_pushpull; do
   [ -x "$build/$b" ] || { echo "compare.sh: $build/$b is not built (meson compile -C $build)" >&2; exit 1; }
 done
 command -v iperf3 >/dev/null || { echo "compare.sh: iperf3 is missing (apt-get install iperf3)" >&2; exit 1; }
-if ! ldconfig -p | grep -q "${jemalloc##*/}"; then
+# grep reads all of ldconfig's list (grep -q would stop early, and pipefail then sees SIGPIPE)
+if ! ldconfig -p | grep "${jemalloc##*/}" >/dev/null; then
   [ -f "$jemalloc" ] || { echo "compare.sh: $jemalloc not found (apt-get install libjemalloc2)" >&2; exit 1; }
 fi
 pslite_bin=$(bench/peers/pslite/build.sh "$build/bench/peers/pslite") || exit 1
@@ -172,6 +175,9 @@ for run in $(seq "$rounds"); do
           *) echo "compare.sh: unknown system $what" >&2; exit 2 ;;
         esac
         echo "what=$what size=$size config=$config run=$run gbps=$g load=$(load)" | tee -a "$dir/lines.txt"
+        # Let the machine settle: the run before freed up to GBs of memory (bare_pushpull's
+        # huge pages, jemalloc's arenas), and on this VM the next run was 6 % slower for it.
+        sleep "$settle"
       done
     done
   done

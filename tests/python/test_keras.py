@@ -100,20 +100,69 @@ def test_xla_compiled_step_is_refused_with_a_clear_error(cluster):
         assert model.optimizer.tessera_steps == 1
 
 
-def test_initial_values_from_the_shards(cluster):
+def test_initial_values_are_the_models_own(cluster):
+    """The job starts from task 0's values (Keras's initialisers, a bias_initializer of
+    ones, weights set by hand), not from the shards' own initialisation; another worker
+    receives them; a later worker of the same job goes on from the shards' values."""
     import keras
     import tessera.keras as tk
-    cl = cluster(2, 1, 'job = { mode = "async"; };\nmodel = { seed = 3; };\n')
+    cl = cluster(2, 2, 'job = { mode = "async"; };\nmodel = { seed = 3; };\n')
+    m = keras.Sequential([keras.Input((4,)),
+                          keras.layers.Dense(8, name="h", bias_initializer="ones"),
+                          keras.layers.Dense(2, name="out")], name="mlp")
+    m.get_layer("out").set_weights([np.full((8, 2), 0.25, np.float32),
+                                    np.array([1.5, -2.0], np.float32)])
+    own = {v.path: v.numpy().copy() for v in m.trainable_variables}
     with tessera.Client(str(cl.config), task=0) as c:
-        m = _mlp(keras)
-        before = [v.numpy().copy() for v in m.trainable_variables]
         opt = tk.Optimizer(c)
         opt.build(m.trainable_variables)
-        after = {v.path: v.numpy() for v in m.trainable_variables}
-    assert not np.array_equal(before[0], after["mlp/h/kernel"])     # pulled, not Keras's own
-    assert np.all(after["mlp/h/bias"] == 0) and np.all(after["mlp/out/bias"] == 0)
-    lim = np.sqrt(6.0 / (4 + 8))                                # glorot uniform
-    assert 0 < np.abs(after["mlp/h/kernel"]).max() <= lim
+        assert c.values_source == "this worker"
+        shard = opt.pull()
+        for n, v in own.items():
+            np.testing.assert_array_equal(shard[n], v)             # exactly the model's own
+            np.testing.assert_array_equal(
+                {w.path: w for w in m.trainable_variables}[n].numpy(), v)
+        # task 1: another process's model (other random values) receives task 0's.
+        with tessera.Client(str(cl.config), task=1) as c1:
+            m1 = _mlp(keras)
+            tk.Optimizer(c1).build(m1.trainable_variables)
+            assert c1.values_source in ("the chief", "the shards")   # set before it came
+            for v in m1.trainable_variables:
+                np.testing.assert_array_equal(v.numpy(), own[v.path])
+    # A new task 0 on shards that hold the model: theirs win, not its own.
+    with tessera.Client(str(cl.config), task=0) as c:
+        m2 = _mlp(keras)
+        tk.Optimizer(c).build(m2.trainable_variables)
+        assert c.values_source == "the shards"
+        for v in m2.trainable_variables:
+            np.testing.assert_array_equal(v.numpy(), own[v.path])
+
+
+def test_batchnorm_state_on_the_shards(cluster):
+    """BatchNormalization: gamma starts at Keras's ones (not zeros), the moving statistics
+    are state tensors on the shards, updated from the workers' values."""
+    import keras
+    import tessera.keras as tk
+    cl = cluster(2, 1, 'job = { mode = "sync"; partition_bytes = 64; };\n'
+                       'optimizer = { name = "sgd"; learning_rate = 0.1; };\n')
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="h"),
+                          keras.layers.BatchNormalization(name="bn"),
+                          keras.layers.Dense(2, name="out")], name="bnm")
+    with tessera.Client(str(cl.config), task=0) as c:
+        opt = tk.Optimizer(c)
+        m.compile(optimizer=opt, loss="mse")
+        x = np.random.default_rng(1).standard_normal((32, 4)).astype(np.float32) + 3.0
+        m.fit(x, x[:, :2], batch_size=16, epochs=1, shuffle=False, verbose=0)
+        assert opt.state_names == ["bnm/bn/moving_mean", "bnm/bn/moving_variance"]
+        assert opt.tessera_steps == 2
+        shard = opt.pull()
+        bn = m.get_layer("bn")
+        np.testing.assert_array_equal(shard["bnm/bn/moving_mean"], bn.moving_mean.numpy())
+        np.testing.assert_array_equal(shard["bnm/bn/moving_variance"],
+                                      bn.moving_variance.numpy())
+        assert np.abs(shard["bnm/bn/moving_mean"]).max() > 0       # moved from zeros
+        assert np.abs(shard["bnm/bn/gamma"] - 1).max() < 0.5        # from ones
+        assert c.status(0).tensors + c.status(1).tensors >= 2
 
 
 def test_no_trainable_variables_raises(cluster):
@@ -146,7 +195,7 @@ def test_mismatched_redeclare_raises(cluster):
     with tessera.Client(str(cl.config), task=0) as c:
         tk.Optimizer(c).build(_mlp(keras, hidden=8).trainable_variables)
     with tessera.Client(str(cl.config), task=0) as c:
-        with pytest.raises(tessera.ShapeError, match="another shape"):
+        with pytest.raises(tessera.ShapeError, match="shape"):
             tk.Optimizer(c).build(_mlp(keras, hidden=16).trainable_variables)
 
 
@@ -177,6 +226,9 @@ def test_worker_identity_from_tf_config(cluster, monkeypatch):
     cl = cluster(2, 2, 'job = { mode = "async"; };\n')
     tf_config = {"cluster": {"ps": cl.addrs, "worker": ["127.0.0.1:1", "127.0.0.1:2"]},
                  "task": {"type": "worker", "index": 1}}
+    # The chief (task 0) declares the model and sends its values first.
+    with tessera.Client(str(cl.config), task=0) as c0:
+        tk.Optimizer(c0).build(_mlp(keras).trainable_variables)
     monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
     opt = tk.optimizer(str(cl.config))
     try:

@@ -241,3 +241,52 @@ def test_worker_identity_from_tf_config(cluster, monkeypatch):
         assert any(w.task == 1 for w in st.workers), st.workers
     finally:
         opt.close()
+
+
+def test_fine_tuning_and_restore_best_weights_reach_the_shards(cluster):
+    """Weights loaded before fit are the shards' values at step 0 (exactly); after
+    EarlyStopping(restore_best_weights=True) the model and the shards hold the same
+    values (exactly), so the next fit goes on from the restored weights."""
+    import keras
+    import tessera.keras as tk
+    cl = cluster(2, 1, 'job = { mode = "sync"; partition_bytes = 64; };\n'
+                       'optimizer = { name = "sgd"; learning_rate = 0.05; };\n')
+    x = np.random.default_rng(2).standard_normal((64, 4)).astype(np.float32)
+    y = np.stack([x[:, 0] - x[:, 1], x[:, 2]], 1).astype(np.float32)
+    src = _mlp(keras)
+    for v in src.trainable_variables:       # "pretrained" weights, saved and loaded
+        v.assign(np.random.default_rng(5).uniform(-1, 1, v.shape).astype(np.float32))
+    path = str(cl.dir / "pre.weights.h5")
+    src.save_weights(path)
+    m = _mlp(keras)
+    m.load_weights(path)
+    loaded = {v.path: v.numpy().copy() for v in m.trainable_variables}
+
+    class AtStart(keras.callbacks.Callback):
+        seen = None
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 0 and AtStart.seen is None:
+                AtStart.seen = opt.pull()
+
+    with tessera.Client(str(cl.config), task=0) as c:
+        opt = tk.Optimizer(c)
+        m.compile(optimizer=opt, loss="mse")
+        es = keras.callbacks.EarlyStopping(monitor="loss", mode="max", patience=1,
+                                           restore_best_weights=True)
+        m.fit(x, y, batch_size=16, epochs=6, shuffle=False, verbose=0,
+              callbacks=[AtStart(), es, tk.ProgressCallback(opt, 16)])
+        for n, v in loaded.items():
+            np.testing.assert_array_equal(AtStart.seen[n], v)
+        assert es.stopped_epoch > 0 and opt.tessera_steps == 4 * (es.stopped_epoch + 1)
+        shard = opt.pull()
+        for v in m.trainable_variables:
+            np.testing.assert_array_equal(shard[v.path], v.numpy())
+        # The best epoch (the first: mode="max" on a falling loss) is what both hold.
+        assert float(m.evaluate(x, y, verbose=0)) > 0.0
+        # set_weights by hand, then finish(): the shards take them too.
+        m.set_weights([w * 0.5 for w in m.get_weights()])
+        opt.finish()
+        shard = opt.pull()
+        for v in m.trainable_variables:
+            np.testing.assert_array_equal(shard[v.path], v.numpy())

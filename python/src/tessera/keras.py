@@ -427,6 +427,10 @@ class ProgressCallback(keras.callbacks.Callback):
             # Keras never calls the optimizer of a model without trainable variables.
             raise ValueError("tessera.keras: the model has no trainable variables to train "
                              "on the shards")
+        if not self.opt.built and self.model is not None:
+            # Declared now (Keras would at its first step): the shards hold the job's
+            # values from the first batch on, for callbacks that look at them.
+            self.opt.build(self.model.trainable_variables)
         self.opt.sync_weights()
         self._t0 = time.monotonic()
 

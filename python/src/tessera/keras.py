@@ -38,6 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from . import _mismatch
 from . import client as _client_mod
 from ._errors import ShapeError
 
@@ -160,9 +161,7 @@ class Optimizer(keras.optimizers.Optimizer):
         try:
             params = self.client.declare(model)
         except ShapeError as e:
-            raise ShapeError(f"tessera.keras.Optimizer: the job's shards hold a tensor of "
-                             f"this model under another shape (another model on the same "
-                             f"shards?): {e}", e.code) from e
+            raise _model_mismatch(e, len(model)) from e
         self._tessera_names = names
         self._params = [params[n] for n in names]
         self._grads = [np.zeros(p.shape, np.float32) for p in self._params]
@@ -309,6 +308,16 @@ class Optimizer(keras.optimizers.Optimizer):
         """Close the client if the optimizer opened it."""
         if self._owns_client:
             self.client.close()
+
+
+def _model_mismatch(e: ShapeError, num_tensors: int) -> ShapeError:
+    """The declare's ShapeError, saying what differs between this model (of num_tensors
+    tensors) and the one the shards hold, with the code once."""
+    if not e.code:                  # the Python layer's own (a dimension of 0)
+        return ShapeError(f"tessera.keras.Optimizer: {e.message}", e.code)
+    what = _mismatch.describe(e.message, num_tensors) or e.message
+    return ShapeError(f"tessera.keras.Optimizer: this model is not the one the job's shards "
+                      f"hold (another model on the same shards?): {what}", e.code)
 
 
 def _refuse_xla() -> None:

@@ -189,14 +189,62 @@ def test_no_trainable_variables_raises(cluster):
 
 
 def test_mismatched_redeclare_raises(cluster):
+    """Another model on the same shards: the error says what differs, the code once."""
     import keras
     import tessera.keras as tk
     cl = cluster(2, 1, 'job = { mode = "async"; };\n')
     with tessera.Client(str(cl.config), task=0) as c:
         tk.Optimizer(c).build(_mlp(keras, hidden=8).trainable_variables)
-    with tessera.Client(str(cl.config), task=0) as c:
-        with pytest.raises(tessera.ShapeError, match="shape"):
-            tk.Optimizer(c).build(_mlp(keras, hidden=16).trainable_variables)
+
+    def extra(where):           # _mlp with one more Dense layer "x" before or after "out"
+        layers = [keras.layers.Dense(8, name="h"), keras.layers.Dense(2, name="out")]
+        layers.insert(where, keras.layers.Dense(3, name="x"))
+        return keras.Sequential([keras.Input((4,))] + layers, name="mlp")
+
+    short = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="h")], name="mlp")
+    cases = [
+        (_mlp(keras, hidden=16),
+         r"'mlp/h/kernel' is \(4, 8\) on the shards, \(4, 16\) in this model \[ESHAPE\]$"),
+        (extra(1), r"'mlp/x/kernel' of this model is not part of the model the shards hold "
+                   r"\(4 tensors on the shards, 6 in this model\)"),
+        (extra(2), r"'mlp/x/kernel' of this model is not part of the model the shards hold"),
+        (short, r"the shards' model has tensors this one lacks: 'mlp/out/kernel' and 1 more "
+                r"\(4 tensors on the shards, 2 in this model\)"),
+    ]
+    for model, want in cases:
+        with tessera.Client(str(cl.config), task=0) as c:
+            with pytest.raises(tessera.ShapeError, match=want) as e:
+                tk.Optimizer(c).build(model.trainable_variables)
+        text = str(e.value)
+        assert text.startswith("tessera.keras.Optimizer: this model is not the one the job's "
+                               "shards hold"), text
+        assert text.count("ESHAPE") == 1 and e.value.name == "ESHAPE", text
+
+
+@pytest.mark.parametrize("detail,want", [
+    ("shard 1 (127.0.0.1:9): tensor 'a/k' is already declared with shape [3,4], not [4,4]",
+     "'a/k' is (3, 4) on the shards, (4, 4) in this model"),
+    ("tensor 'b' is already declared with shape [7], not [8] (and another initializer)",
+     "'b' is (7,) on the shards, (8,) in this model, and another initializer"),
+    ("tensor 'n/kernel' is not part of the declared model (2 tensors)",
+     "'n/kernel' of this model is not part of the model the shards hold (2 tensors on the "
+     "shards, 3 in this model)"),
+    ("model already declared with 4 tensors, not 3 (tensor 'o/bias' is missing)",
+     "the shards' model has tensors this one lacks: 'o/bias' (4 tensors on the shards, 3 in "
+     "this model)"),
+    ("tensor 'h/bias' is declared at position 3, not 1",
+     "'h/bias' is tensor 3 of the shards' model, 1 of this one (counting from 0: layers in "
+     "another order?)"),
+    ("tensor 'h/bias' is already declared with initializer zeros, not ones",
+     "'h/bias' is initialised zeros on the shards, ones in this model"),
+    ("model already declared with seed 7, not 8",
+     "the shards' model was declared with seed 7, this one with 8 (model.seed)"),
+    ("something else entirely", None),
+])
+def test_mismatch_texts(detail, want):
+    """Each ESHAPE detail of server/ts_store.c's same_model, said of the declared model."""
+    from tessera import _mismatch
+    assert _mismatch.describe(detail, 3) == want
 
 
 def test_optimizer_from_job_file_and_bad_arguments(cluster):

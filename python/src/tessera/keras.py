@@ -25,18 +25,25 @@ gradients of a step and drop stale ones, as TensorFlow's SyncReplicasOptimizer; 
 each push is applied as it comes). The Keras-side optimizer does no arithmetic: its
 learning rate, weight decay, gradient clipping, EMA and loss scaling are not used.
 
+Saved models (``model.save``, ``keras.callbacks.ModelCheckpoint``) load anywhere with
+``keras.models.load_model`` once ``tessera.keras`` is imported (the optimizer is registered
+as ``tessera>Optimizer``; its config holds nothing of the job), with no shard reachable:
+the loaded model predicts as the saving worker's did, and its optimizer is inert (it
+warns, and refuses to train). Without the import, ``load_model(path, compile=False)``.
+
 TensorFlow and Keras are imported when this module is, not by ``import tessera``.
 """
 from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Dict, List, Optional, Sequence, Union
-
 import logging
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from . import _mismatch
 from . import client as _client_mod
 from ._errors import ShapeError
 
@@ -58,9 +65,24 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover
 
 _log = logging.getLogger("tessera")
 
-__all__ = ["Optimizer", "optimizer", "buckets", "ProgressCallback"]
+__all__ = ["Optimizer", "optimizer", "buckets", "ProgressCallback", "InertOptimizerWarning"]
 
 
+class InertOptimizerWarning(UserWarning):
+    """An Optimizer was rebuilt from a saved config (load_model, clone_model): it has no
+    job, so the model predicts and evaluates but cannot train."""
+
+
+_INERT_WARNING = ("tessera.keras.Optimizer rebuilt from a saved config (load_model, "
+                  "clone_model) is inert: no job, no connection to shards. The model can "
+                  "predict and evaluate; to train on shards, compile with "
+                  "tessera.keras.optimizer(JOBFILE, task=T)")
+_INERT_ERROR = ("tessera.keras.Optimizer: this optimizer was rebuilt from a saved config "
+                "(load_model, clone_model) and has no job, so it cannot train; compile the "
+                "model with tessera.keras.optimizer(JOBFILE, task=T) to train on shards")
+
+
+@keras.saving.register_keras_serializable(package="tessera")
 class Optimizer(keras.optimizers.Optimizer):
     """A Keras optimizer whose update runs on Tessera shards.
 
@@ -71,6 +93,11 @@ class Optimizer(keras.optimizers.Optimizer):
     ``bucket_bytes``: the variables' gradients go in buckets of consecutive variables of
     at least this many bytes, one ``push_pull`` each (default: see ``buckets``).
 
+    ``client=None`` makes an inert optimizer, what ``from_config`` (``load_model``,
+    ``clone_model``) rebuilds: no client and no connection; ``build`` declares nothing,
+    and training (``apply``), ``pull`` and ``finish`` raise RuntimeError. The saved config
+    holds no job: training again needs a new ``optimizer(JOBFILE, task=T)``.
+
     On ``build`` (Keras calls it once, eagerly, before the first step of ``fit``) the
     model's trainable variables are declared on the shards under their paths and their
     values pulled from the shards. ``apply``/``apply_gradients`` push the gradients and
@@ -80,7 +107,7 @@ class Optimizer(keras.optimizers.Optimizer):
     raises a RuntimeError saying so.
     """
 
-    def __init__(self, client: Union["_client_mod.Client", str, os.PathLike], *,
+    def __init__(self, client: Union["_client_mod.Client", str, os.PathLike, None], *,
                  task: Optional[int] = None, overrides: Sequence[str] = (),
                  bucket_bytes: Optional[int] = None, name: str = "tessera",
                  model: Optional["keras.Model"] = None, state_every: int = 1,
@@ -95,7 +122,13 @@ class Optimizer(keras.optimizers.Optimizer):
         if bucket_bytes is not None and int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
         self.bucket_bytes = None if bucket_bytes is None else int(bucket_bytes)
-        if isinstance(client, _client_mod.Client):
+        if client is None:                       # inert (from_config)
+            if task is not None or overrides or client_kwargs:
+                raise TypeError("task, overrides and client keyword arguments go with a job "
+                                "file, not with client=None")
+            self.client = None
+            self._owns_client = False
+        elif isinstance(client, _client_mod.Client):
             if task is not None or overrides or client_kwargs:
                 raise TypeError("task, overrides and client keyword arguments go with a job "
                                 "file, not with a Client")
@@ -120,6 +153,8 @@ class Optimizer(keras.optimizers.Optimizer):
     def build(self, variables):
         if self.built:
             return
+        if self.client is None:                  # inert: nothing to declare
+            return keras.optimizers.Optimizer.build(self, list(variables))
         variables = list(variables)
         if not variables:
             raise ValueError("tessera.keras.Optimizer: the model has no trainable variables "
@@ -154,9 +189,7 @@ class Optimizer(keras.optimizers.Optimizer):
             try:
                 params = self.client.declare(model, values=own)
             except ShapeError as e:
-                raise ShapeError(f"tessera.keras.Optimizer: this model is not the one the "
-                                 f"job's shards hold (another model on the same shards?): "
-                                 f"{e.args[0] if e.args else e}", e.code) from e
+                raise _model_mismatch(e, len(model)) from e
             _log.info("tessera.keras: the job starts from %s's values",
                       self.client.values_source)
             self._tessera_names = names + snames
@@ -225,6 +258,8 @@ class Optimizer(keras.optimizers.Optimizer):
         return [p.copy() for p in self._params]
 
     def apply(self, grads, trainable_variables=None):
+        if self.client is None:
+            raise RuntimeError(_INERT_ERROR)
         if trainable_variables is None:
             trainable_variables = self._trainable_variables
         else:
@@ -271,9 +306,24 @@ class Optimizer(keras.optimizers.Optimizer):
         raise NotImplementedError("tessera.keras.Optimizer updates on the shards")
 
     def get_config(self):
+        """Keras's optimizer config and ``bucket_bytes``; nothing of the job (its path,
+        addresses, tokens are the saving host's), so a saved model loads anywhere."""
         cfg = super().get_config()
-        cfg["job"] = getattr(self.client.job, "source", None) if self.client.job else None
+        cfg["bucket_bytes"] = self.bucket_bytes
         return cfg
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """An inert optimizer (see the class): what ``load_model`` and ``clone_model`` give
+        the model, with a warning (InertOptimizerWarning) that it cannot train."""
+        warnings.warn(_INERT_WARNING, InertOptimizerWarning, stacklevel=2)
+        return cls(None, name=config.get("name", "tessera"),
+                   bucket_bytes=config.get("bucket_bytes"))
+
+    @property
+    def inert(self) -> bool:
+        """True for an optimizer with no client (from a saved config): it cannot train."""
+        return self.client is None
 
     # -- Tessera -------------------------------------------------------------------------
 
@@ -291,6 +341,8 @@ class Optimizer(keras.optimizers.Optimizer):
     def pull(self) -> Dict[str, np.ndarray]:
         """The shards' current parameters and state (new arrays, by name), without
         changing the model's variables."""
+        if self.client is None:
+            raise RuntimeError(_INERT_ERROR)
         return self.client.pull({n: np.zeros(p.shape, np.float32)
                                  for n, p in zip(self._tessera_names, self._params)},
                                 min_version=0)
@@ -327,6 +379,8 @@ class Optimizer(keras.optimizers.Optimizer):
     def finish(self, loss: float = 0.0, examples_per_sec: float = 0.0) -> None:
         """Tell the shards this worker is done (sync barriers go on without it), after
         sending weights changed since the last step (``sync_weights``)."""
+        if self.client is None:
+            raise RuntimeError(_INERT_ERROR)
         self.sync_weights()
         self.client.set_progress(self.tessera_steps, float(loss), float(examples_per_sec),
                                  1.0, done=True)
@@ -366,6 +420,16 @@ def _state_variables(model: Optional["keras.Model"], trainable: Sequence[Any]) -
         seen.add(id(v))
         out.append(v)
     return out
+
+
+def _model_mismatch(e: ShapeError, num_tensors: int) -> ShapeError:
+    """The declare's ShapeError, saying what differs between this model (of num_tensors
+    tensors) and the one the shards hold, with the code once."""
+    if not e.code:                  # the Python layer's own (a dimension of 0)
+        return ShapeError(f"tessera.keras.Optimizer: {e.message}", e.code)
+    what = _mismatch.describe(e.message, num_tensors) or e.message
+    return ShapeError(f"tessera.keras.Optimizer: this model is not the one the job's shards "
+                      f"hold (another model on the same shards?): {what}", e.code)
 
 
 def _refuse_xla() -> None:

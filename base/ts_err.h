@@ -38,7 +38,8 @@
   X(EDEVICE, -30022, "device error")                                                   \
   X(ENOTDECLARED, -30023, "no model declared yet")                                     \
   X(EROLE, -30024, "request not allowed for this role")                                \
-  X(EBUSY, -30025, "resource busy")
+  X(EBUSY, -30025, "resource busy")                                                   \
+  X(ENOTREADY, -30026, "the model's initial values are not set yet")
 
 typedef enum {
   TS_OK = 0,

@@ -430,8 +430,27 @@ int ts_client_part(const ts_client_t *c, size_t k, ts_client_part_t *out) {
   return 0;
 }
 
+void ts_client_declare_opts_init(ts_client_declare_opts_t *opts) {
+  memset(opts, 0, sizeof *opts);
+  opts->struct_size = sizeof *opts;
+}
+
 int ts_client_declare(ts_client_t *c, const ts_client_tensor_t *tensors, size_t n, uint64_t seed,
                       char *errmsg, size_t errlen) {
+  ts_client_declare_opts_t o;
+  ts_client_declare_opts_init(&o);
+  o.seed = seed;
+  return ts_client_declare_ex(c, tensors, n, &o, errmsg, errlen);
+}
+
+int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size_t n,
+                         ts_client_declare_opts_t *opts, char *errmsg, size_t errlen) {
+  if (!opts || opts->struct_size != sizeof *opts) {
+    ts_cl_err(errmsg, errlen, "declare options missing or of another library version");
+    return TS_EINVAL;
+  }
+  uint64_t seed = opts->seed;
+  opts->awaiting_values = false;
   if (!c || (!tensors && n)) {
     ts_cl_err(errmsg, errlen, "no client or no tensor list");
     return TS_EINVAL;
@@ -468,6 +487,7 @@ int ts_client_declare(ts_client_t *c, const ts_client_tensor_t *tensors, size_t 
   if (!elems || !c->decl_t || !c->decl_p) goto fail;
   tessera__declare__init(&c->decl);
   c->decl.seed = seed;
+  c->decl.values_follow = opts->values_follow;
   c->decl.n_tensors = n;
   c->decl.tensors = c->decl_p;
   for (size_t i = 0; i < n; i++) {
@@ -484,6 +504,8 @@ int ts_client_declare(ts_client_t *c, const ts_client_tensor_t *tensors, size_t 
       elems[i] *= tensors[i].shape[k];
     }
     t->init = (Tessera__Init)tensors[i].init;
+    t->kind = opts->kinds && opts->kinds[i] == TS_CLIENT_STATE ? TESSERA__TENSOR_KIND__TENSOR_STATE
+                                                               : TESSERA__TENSOR_KIND__TENSOR_TRAINABLE;
   }
   rc = ts_plan_build(elems, (uint32_t)n, c->n, pbytes, &c->plan);
   if (rc < 0) {
@@ -506,6 +528,7 @@ int ts_client_declare(ts_client_t *c, const ts_client_tensor_t *tensors, size_t 
   elems = NULL;
   ts_cl_op_t op = {.kind = OP_DECLARE, .wait_ready = true};
   rc = ts_cl_run_op(c, &op, errmsg, errlen);
+  opts->awaiting_values = rc == 0 && op.awaiting;
   uv_mutex_lock(&c->mu);
   if (rc == 0)
     c->declared = true; /* from now on a reconnect re-declares */

@@ -100,6 +100,8 @@ typedef struct ts_cl_op {
   ts_cl_staged_t *stage;    /* OP_PUSH_PULL: one per shard (owned) */
   bool checkpoint;          /* shutdown: final checkpoint */
   bool force;               /* model reset: close the worker connections first */
+  int push_kind;            /* OP_PUSH: Tessera__PushKind (gradients, or values to assign) */
+  bool awaiting;            /* declare: a shard's model waits for its initial values */
   uint32_t shard;
   /* results */
   uint64_t version_min;

@@ -285,8 +285,10 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       break;
     }
     case TS_MSG_DECLARE_REPLY: {
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, ((const Tessera__DeclareReply *)msg)->request_id);
+      const Tessera__DeclareReply *m = (const Tessera__DeclareReply *)msg;
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
       if (!r) break;
+      if (r->op && m->awaiting_values) r->op->awaiting = true;
       bool internal = r->internal;
       ts_cl_complete_req(r, 0, NULL);
       if (internal && sh->state == SH_DECLARING) became_ready(sh);

@@ -332,6 +332,7 @@ static void send_req(ts_cl_wreq_t *r) {
       m.step = r->op ? (r->op->step == TS_CLIENT_STEP_PULLED ? sh->pulled_version : r->op->step) : 0;
       m.push_id = r->op ? r->op->push_id : 0;
       m.client_incarnation = m.push_id ? c->incarnation : 0;
+      m.kind = r->op ? (Tessera__PushKind)r->op->push_kind : TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT;
       rc = ts_conn_send(conn, TS_MSG_PUSH, &m.base, r->iov, (unsigned)r->n, NULL, NULL);
       break;
     }

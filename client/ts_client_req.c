@@ -131,7 +131,8 @@ static int make_subset(const ts_plan_t *plan, const ts_client_req_t *req, ts_cl_
 
 static int check_buffers(const ts_plan_t *plan, const ts_client_req_t *req, const bool *covered,
                          const char **why) {
-  bool pull = req->kind != TS_CLIENT_PUSH, push = req->kind != TS_CLIENT_PULL;
+  bool pull = req->kind == TS_CLIENT_PULL || req->kind == TS_CLIENT_PUSH_PULL;
+  bool push = req->kind != TS_CLIENT_PULL;
   if ((pull && !req->dst) || (push && !req->grad)) {
     *why = pull && !req->dst ? "no dst for the pull" : "no grad for the push";
     return TS_EINVAL;
@@ -163,7 +164,9 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
     return TS_EBUSY;
   if (!c) return refuse(req, TS_EINVAL, "no client");
-  if (req->kind != TS_CLIENT_PULL && req->kind != TS_CLIENT_PUSH && req->kind != TS_CLIENT_PUSH_PULL)
+  if (req->kind != TS_CLIENT_PULL && req->kind != TS_CLIENT_PUSH &&
+      req->kind != TS_CLIENT_PUSH_PULL && req->kind != TS_CLIENT_ASSIGN &&
+      req->kind != TS_CLIENT_ASSIGN_INITIAL)
     return refuse(req, TS_EINVAL, "unknown request kind");
   const ts_plan_t *plan = &c->plan;
   if (!plan->parts) return refuse(req, TS_ENOTDECLARED, "declare the model first");
@@ -179,7 +182,7 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
   ts_free(covered);
   /* What a pull takes becomes each shard's last pulled version only when the whole request
    * succeeds, so a retry after a failure asks for the same versions (client.h). */
-  if (rc == 0 && req->kind != TS_CLIENT_PUSH &&
+  if (rc == 0 && (req->kind == TS_CLIENT_PULL || req->kind == TS_CLIENT_PUSH_PULL) &&
       !(op->stage = ts_calloc(c->n, sizeof *op->stage))) {
     rc = TS_ENOMEM;
     why = "out of memory";
@@ -188,7 +191,12 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
     ts_cl_free_op(op);
     return refuse(req, rc, why);
   }
-  op->kind = req->kind == TS_CLIENT_PULL ? OP_PULL : req->kind == TS_CLIENT_PUSH ? OP_PUSH : OP_PUSH_PULL;
+  op->kind = req->kind == TS_CLIENT_PULL        ? OP_PULL
+             : req->kind == TS_CLIENT_PUSH_PULL ? OP_PUSH_PULL
+                                                : OP_PUSH;
+  op->push_kind = req->kind == TS_CLIENT_ASSIGN           ? TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN
+                  : req->kind == TS_CLIENT_ASSIGN_INITIAL ? TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN_INITIAL
+                                                          : TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT;
   op->wait_ready = true;
   op->timeout_s = req->timeout_s > 0 ? req->timeout_s : c->timeout_s;
   op->req = req;

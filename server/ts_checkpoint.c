@@ -53,6 +53,12 @@ int ts_checkpoint_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snaps
     snprintf(errmsg, errlen, "no model is declared on this shard: nothing to checkpoint");
     return TS_ENOTDECLARED;
   }
+  if (s->awaiting) {
+    snprintf(errmsg, errlen,
+             "%zu partition(s) still wait for the model's initial values: nothing to checkpoint",
+             s->awaiting);
+    return TS_ENOTREADY;
+  }
   int nstate = ts_optim_state_buffers(&s->optim);
   size_t total = 0;
   for (size_t i = 0; i < s->num_parts; i++) total += s->parts[i].plan->count * (size_t)(1 + nstate);
@@ -102,6 +108,8 @@ int ts_checkpoint_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snaps
     td[t].shape = shapes + (size_t)t * 8;
     memcpy(td[t].shape, s->tensors[t].shape, s->tensors[t].rank * sizeof(uint64_t));
     td[t].init = (Tessera__Init)s->tensors[t].init;
+    td[t].kind = s->tensors[t].state ? TESSERA__TENSOR_KIND__TENSOR_STATE
+                                     : TESSERA__TENSOR_KIND__TENSOR_TRAINABLE;
     tp[t] = &td[t];
   }
   m.n_tensors = s->num_tensors;

@@ -159,7 +159,8 @@ static bool same_tensors(const Tessera__CheckpointMeta *a, const Tessera__Checkp
   if (a->n_tensors != b->n_tensors || a->seed != b->seed) return false;
   for (size_t t = 0; t < a->n_tensors; t++) {
     const Tessera__TensorDecl *x = a->tensors[t], *y = b->tensors[t];
-    if (strcmp(x->name, y->name) != 0 || x->n_shape != y->n_shape || x->init != y->init)
+    if (strcmp(x->name, y->name) != 0 || x->n_shape != y->n_shape || x->init != y->init ||
+        x->kind != y->kind)
       return false;
     for (size_t k = 0; k < x->n_shape; k++)
       if (x->shape[k] != y->shape[k]) return false;

@@ -149,7 +149,9 @@ static int start_checkpoint(ts_server_t *srv, ckpt_kind_t kind, uint64_t session
 static void on_ckpt_timer(uv_timer_t *t) {
   ts_server_t *srv = t->data;
   /* Only when something changed since the last one. */
-  if (!srv->store.declared || srv->ckpt_busy || srv->store.applied == srv->ckpt_applied) return;
+  if (!srv->store.declared || srv->store.awaiting || srv->ckpt_busy ||
+      srv->store.applied == srv->ckpt_applied)
+    return;
   char err[512];
   int rc = start_checkpoint(srv, CKPT_TIMER, 0, 0, err, sizeof err);
   if (rc < 0) ts_log_err("periodic checkpoint skipped: %s", err);
@@ -192,7 +194,7 @@ out:
 
 bool ts_ckpt_sched_final(ts_server_t *srv) {
   if (!srv->cfg->checkpoint_dir || !*srv->cfg->checkpoint_dir || !srv->store.declared ||
-      srv->store.applied == srv->ckpt_applied)
+      srv->store.awaiting || srv->store.applied == srv->ckpt_applied)
     return false;
   char err[512];
   if (srv->ckpt_busy) {

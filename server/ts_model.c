@@ -58,6 +58,7 @@ static void reply_declared(ts_session_t *s, uint64_t request_id, bool created) {
   r.partitions = (uint32_t)srv->store.num_parts;
   r.bytes = srv->store.bytes;
   r.version = ts_store_min_version(&srv->store);
+  r.awaiting_values = srv->store.awaiting > 0;
   ts_session_reply(s, TS_MSG_DECLARE_REPLY, &r.base);
 }
 

@@ -210,6 +210,7 @@ void ts_pull_handle(ts_session_t *s, Tessera__Pull *m) {
   char err[256];
   uint64_t request_id = m->request_id, timeout_ms = m->timeout_ms;
   int rc = ts_store_check_slices(&srv->store, m->parts, m->n_parts, err, sizeof err);
+  if (rc == 0) rc = ts_store_check_ready(&srv->store, m->parts, m->n_parts, err, sizeof err);
   ts_pull_req_t *q = NULL;
   if (rc == 0) {
     q = compact(m, s->frame_ns);

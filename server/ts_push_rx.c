@@ -122,7 +122,16 @@ int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__
     return push_refuse(rx, TS_EROLE, "only workers push gradients");
   int rc = ts_store_check_slices(st, m->parts, m->n_parts, rx->refuse_msg, sizeof rx->refuse_msg);
   if (rc < 0) return push_refuse(rx, rc, NULL);
-  if (st->mode == TS_MODE_SYNC) {
+  if (m->kind != TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT &&
+      m->kind != TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN &&
+      m->kind != TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN_INITIAL)
+    return push_refuse(rx, TS_EINVAL, "unknown push kind");
+  bool assign = m->kind != TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT;
+  /* A gradient needs values to apply to; an assign is how they come. */
+  if (!assign && (rc = ts_store_check_ready(st, m->parts, m->n_parts, rx->refuse_msg,
+                                            sizeof rx->refuse_msg)) < 0)
+    return push_refuse(rx, rc, NULL);
+  if (st->mode == TS_MODE_SYNC && !assign) {
     for (size_t i = 0; i < m->n_parts; i++) {
       ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
       if (m->step > p->version) {
@@ -184,6 +193,20 @@ int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__
   return 0;
 }
 
+/* A pull reply is being written from p: keep the piece from slice i (its values at g) and
+ * wait for it (ts_push_rx_wake_held goes on from there). */
+static int hold_on(ts_session_t *s, ts_spart_t *p, size_t i, const float *g) {
+  ts_push_rx_t *rx = &s->rx;
+  rx->next = i;
+  rx->next_off = (size_t)(g - rx->buf);
+  rx->held_on = p;
+  p->held_pushes++;
+  s->srv->metrics.push_waits_reply++;
+  rx->held_next = s->srv->held;
+  s->srv->held = s;
+  return TS_CONN_HOLD;
+}
+
 /* Apply the piece in the staging buffer, from slice rx->next on; fresh: the piece has just
  * landed (its chunks were checked as they came: rx->piece_bad). A piece with a non-finite
  * value is refused whole. Returns TS_CONN_HOLD when an async update has to wait for a pull
@@ -194,7 +217,8 @@ static int push_piece(ts_session_t *s, bool fresh) {
   ts_push_rx_t *rx = &s->rx;
   const Tessera__Push *m = rx->m;
   size_t a = rx->first[rx->piece], b = rx->first[rx->piece + 1];
-  bool sync = st->mode == TS_MODE_SYNC;
+  bool assign = m->kind != TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT;
+  bool sync = st->mode == TS_MODE_SYNC && !assign;
   uint64_t now = ts_server_now_ms(srv);
   if (fresh && rx->piece_bad) {
     /* Name the first bad partition (the error path only: a second pass is fine). */
@@ -204,7 +228,7 @@ static int push_piece(ts_session_t *s, bool fresh) {
       if (!ts_optim_all_finite(g, count)) {
         if (!rx->refused_detail[0])
           snprintf(rx->refused_detail, sizeof rx->refused_detail,
-                   "gradient of '%s' part %u contains NaN or Inf",
+                   "%s of '%s' part %u contains NaN or Inf", assign ? "value" : "gradient",
                    st->tensors[m->parts[i]->tensor].name, m->parts[i]->part);
         rx->refused += b - a;
         /* In sync mode the worker was heard from for this step: its barrier does not wait. */
@@ -240,6 +264,10 @@ static int push_piece(ts_session_t *s, bool fresh) {
       /* A retry of a push this partition already has: not applied twice. */
       r = TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
       rx->duplicates++;
+    } else if (assign) {
+      if (!ts_store_assign(st, p, g, m->kind == TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN_INITIAL, &r))
+        return hold_on(s, p, i, g);
+      if (r == TESSERA__PUSH_RESULT__PUSH_STALE) rx->stale++;
     } else if (sync) {
       r = ts_store_sync_push(st, p, g, s->task, m->step, now,
                              ts_barrier_required(&srv->barrier, p->contributed));
@@ -247,15 +275,7 @@ static int push_piece(ts_session_t *s, bool fresh) {
       if (r == TESSERA__PUSH_RESULT__PUSH_APPLIED) /* a barrier that this gradient closed */
         ts_prom_hist_observe(&srv->metrics.barrier_wait, 0.0);
     } else if (!ts_store_async_push(st, p, g)) {
-      /* A pull reply is being written from p: keep the piece and wait for it. */
-      rx->next = i;
-      rx->next_off = (size_t)(g - rx->buf);
-      rx->held_on = p;
-      p->held_pushes++;
-      srv->metrics.push_waits_reply++;
-      rx->held_next = srv->held;
-      srv->held = s;
-      return TS_CONN_HOLD;
+      return hold_on(s, p, i, g);
     }
     if (w &&
         (r == TESSERA__PUSH_RESULT__PUSH_APPLIED || r == TESSERA__PUSH_RESULT__PUSH_ACCUMULATED))
@@ -399,13 +419,26 @@ void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
                 (unsigned long long)m->client_incarnation, (unsigned long long)rx->duplicates,
                 m->n_parts);
   }
-  if (rx->stale) {
+  bool assign = m->kind != TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT;
+  if (assign) {
+    uint64_t set = 0;
+    for (size_t i = 0; i < m->n_parts; i++) set += rx->results[i] == TESSERA__PUSH_RESULT__PUSH_APPLIED;
+    if (m->kind == TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN_INITIAL)
+      ts_log_info("%s: task %d set the initial values of %llu partition(s)%s", s->conn.peer,
+                  s->task, (unsigned long long)set,
+                  set && st->awaiting == 0 ? ": the model is ready" : "");
+    else
+      ts_log_notice("%s: task %d assigned new values to %llu partition(s) at version %llu%s",
+                    s->conn.peer, s->task, (unsigned long long)set,
+                    (unsigned long long)ts_store_min_version(st),
+                    rx->stale ? " (others refused: their sync step is open)" : "");
+  } else if (rx->stale) {
     ts_log_debug("task %d: %llu stale gradient partition(s) for step %llu dropped", s->task,
                  (unsigned long long)rx->stale, (unsigned long long)m->step);
     if (s->task >= 0 && (uint32_t)s->task < srv->num_workers)
       srv->workers[s->task].stale_dropped += rx->stale;
   }
-  if (rx->applied_slices > 0 || m->n_parts == 0) {
+  if (!assign && (rx->applied_slices > 0 || m->n_parts == 0)) {
     srv->pushes++;
     ts_barrier_pushed(&srv->barrier, s->task, m->step);
     if (s->task >= 0 && (uint32_t)s->task < srv->num_workers) {

@@ -54,6 +54,7 @@ static void free_parts(ts_store_t *s) {
   s->local = NULL;
   s->declared = false;
   s->bytes = s->state_bytes = 0;
+  s->awaiting = 0;
 }
 
 void ts_store_free(ts_store_t *s) { free_parts(s); }
@@ -96,6 +97,11 @@ static int same_model(uint64_t seed, const ts_tensor_t *tensors, uint32_t num_te
     }
     bool same = have->rank == t->n_shape;
     for (size_t k = 0; same && k < t->n_shape; k++) same = have->shape[k] == t->shape[k];
+    if (same && have->state != (t->kind == TESSERA__TENSOR_KIND__TENSOR_STATE)) {
+      snprintf(errmsg, errlen, "tensor '%s' is already declared as a %s tensor, not a %s one",
+               t->name, have->state ? "state" : "trainable", have->state ? "trainable" : "state");
+      return TS_ESHAPE;
+    }
     if (same && have->init != (ts_init_kind_t)t->init) {
       snprintf(errmsg, errlen, "tensor '%s' is already declared with initializer %s, not %s",
                t->name, init_name(have->init), init_name((ts_init_kind_t)t->init));
@@ -224,6 +230,7 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
       dst->elems *= t->shape[k];
     }
     dst->init = (ts_init_kind_t)t->init;
+    dst->state = t->kind == TESSERA__TENSOR_KIND__TENSOR_STATE;
     elems[i] = dst->elems;
   }
   rc = ts_plan_build(elems, m->num_tensors, s->num_shards, s->partition_bytes, &m->plan);
@@ -259,6 +266,7 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
     m->parts[m->num_parts++].plan = pp;
   }
   m->seed = d->seed;
+  m->values_follow = d->values_follow;
   m->num_workers = s->num_workers;
   m->mode = s->mode;
   m->nstate = nstate;
@@ -279,7 +287,12 @@ int ts_store_build(ts_store_model_t *m, char *errmsg, size_t errlen) {
     size_t bytes = pp->count * sizeof(float);
     if (!(p->w = ts_huge_alloc(bytes))) goto nomem;
     const ts_tensor_t *t = &m->tensors[pp->tensor];
-    ts_init_fill(p->w, t->init, m->seed, t->name, t->shape, t->rank, pp->offset, pp->count);
+    if (m->values_follow) {
+      memset(p->w, 0, bytes); /* until the chief's values come (ts_store_assign) */
+      p->unset = true;
+    } else {
+      ts_init_fill(p->w, t->init, m->seed, t->name, t->shape, t->rank, pp->offset, pp->count);
+    }
     m->bytes += bytes;
     if (m->nstate >= 1 && !(p->s0 = ts_huge_alloc(bytes))) goto nomem;
     if (m->nstate >= 2 && !(p->s1 = ts_huge_alloc(bytes))) goto nomem;
@@ -310,6 +323,8 @@ void ts_store_install(ts_store_t *s, ts_store_model_t *m) {
   s->local = m->local;
   s->bytes = m->bytes;
   s->state_bytes = m->state_bytes;
+  s->awaiting = 0;
+  for (size_t i = 0; i < s->num_parts; i++) s->awaiting += s->parts[i].unset;
   s->declared = true;
   memset(m, 0, sizeof *m);
 }
@@ -368,6 +383,43 @@ int ts_store_check_slices(ts_store_t *s, Tessera__PartSlice *const *slices, size
   return 0;
 }
 
+int ts_store_check_ready(ts_store_t *s, Tessera__PartSlice *const *slices, size_t n,
+                         char *errmsg, size_t errlen) {
+  if (s->awaiting == 0) return 0;
+  for (size_t i = 0; i < n; i++) {
+    ts_spart_t *p = ts_store_find(s, slices[i]->tensor, slices[i]->part);
+    if (p && p->unset) {
+      snprintf(errmsg, errlen,
+               "tensor '%s' partition %u has no values yet: the model's initial values come "
+               "from the job's first worker (task 0), which has not sent them",
+               s->tensors[slices[i]->tensor].name, slices[i]->part);
+      return TS_ENOTREADY;
+    }
+  }
+  return 0;
+}
+
+bool ts_store_assign(ts_store_t *s, ts_spart_t *p, const float *v, bool initial,
+                     Tessera__PushResult *result) {
+  if (p->writers > 0) return false;
+  if (initial && !p->unset) {
+    *result = TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
+    return true;
+  }
+  if (s->mode == TS_MODE_SYNC && (p->accum_n + p->skip_n > 0 || p->apply_pending)) {
+    *result = TESSERA__PUSH_RESULT__PUSH_STALE;
+    return true;
+  }
+  memcpy(p->w, v, p->plan->count * sizeof(float));
+  s->applied++; /* a change a checkpoint should hold */
+  if (p->unset) {
+    p->unset = false;
+    s->awaiting--;
+  }
+  *result = TESSERA__PUSH_RESULT__PUSH_APPLIED;
+  return true;
+}
+
 uint64_t ts_store_min_version(const ts_store_t *s) {
   if (s->num_parts == 0) return 0;
   uint64_t v = s->parts[0].version;
@@ -376,9 +428,26 @@ uint64_t ts_store_min_version(const ts_store_t *s) {
   return v;
 }
 
+/* A state tensor's update: the pushed values are its workers' own (BatchNormalization's
+ * moving statistics after their step). Sync: g is the sum of the step's values, scale
+ * 1/count: the mean replaces the values. Async and ssp: each worker's value moves the
+ * shard's by 1/num_workers of the difference, so the shard follows the workers' mean. */
+static void apply_state(const ts_store_t *s, ts_spart_t *p, const float *g, float scale) {
+  size_t n = p->plan->count;
+  if (s->mode == TS_MODE_SYNC) {
+    for (size_t i = 0; i < n; i++) p->w[i] = g[i] * scale;
+  } else {
+    float k = 1.0f / (float)(s->num_workers ? s->num_workers : 1);
+    for (size_t i = 0; i < n; i++) p->w[i] += (g[i] - p->w[i]) * k;
+  }
+}
+
 static void apply(ts_store_t *s, ts_spart_t *p, const float *g, float scale) {
   p->updates++;
-  ts_optim_apply(&s->optim, p->w, g, scale, p->plan->count, p->s0, p->s1, p->updates);
+  if (s->tensors[p->plan->tensor].state)
+    apply_state(s, p, g, scale);
+  else
+    ts_optim_apply(&s->optim, p->w, g, scale, p->plan->count, p->s0, p->s1, p->updates);
   p->version++;
   s->applied++;
 }

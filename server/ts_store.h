@@ -31,6 +31,7 @@ typedef struct {
   size_t rank;
   uint64_t elems;
   ts_init_kind_t init;
+  bool state; /* a state tensor (TENSOR_STATE): pushes carry values, kept as their mean */
 } ts_tensor_t;
 
 typedef struct {
@@ -48,6 +49,7 @@ typedef struct {
   uint64_t opened_ms;  /* sync: when the first gradient of this version arrived */
   int writers;
   bool apply_pending;  /* sync: the barrier is complete; apply when writers reaches 0 */
+  bool unset;          /* waits for its initial values (Declare.values_follow) */
 } ts_spart_t;
 
 typedef struct {
@@ -68,8 +70,9 @@ typedef struct {
   uint64_t bytes;      /* parameter bytes held */
   uint64_t state_bytes; /* optimizer state + accumulators */
 
-  uint64_t applied;    /* optimizer updates applied (all partitions) */
+  uint64_t applied;    /* updates applied (all partitions): optimizer steps and assigns */
   uint64_t stale_dropped;
+  size_t awaiting;     /* partitions still waiting for their initial values (unset) */
 } ts_store_t;
 
 void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard);
@@ -97,6 +100,7 @@ typedef struct {
   uint32_t num_workers;
   ts_mode_t mode;
   int nstate;
+  bool values_follow; /* the Declare's: partitions are left unset for the chief's values */
 } ts_store_model_t;
 
 /* What declaring d would make this shard allocate, in bytes: its partitions' parameters,
@@ -152,6 +156,20 @@ ts_spart_t *ts_store_find(ts_store_t *s, uint32_t tensor, uint32_t part);
  * TS_ESHAPE with errmsg. */
 int ts_store_check_slices(ts_store_t *s, Tessera__PartSlice *const *slices, size_t n,
                           char *errmsg, size_t errlen);
+
+/* Check that none of the slices names a partition still waiting for its initial values.
+ * Returns 0, or TS_ENOTREADY with errmsg. */
+int ts_store_check_ready(ts_store_t *s, Tessera__PartSlice *const *slices, size_t n,
+                         char *errmsg, size_t errlen);
+
+/* Replace p's values with v (a Push of kind ASSIGN or ASSIGN_INITIAL; initial: only while
+ * p is unset). Returns false, changing nothing, while a pull reply is being written from p
+ * (the caller retries as for ts_store_async_push); else true with *result:
+ * PUSH_APPLIED (replaced), PUSH_DUPLICATE (initial, but p's values were set already) or
+ * PUSH_STALE (sync: p's barrier is open, the job is between a step's pushes). The optimizer
+ * state and the version stay. */
+bool ts_store_assign(ts_store_t *s, ts_spart_t *p, const float *v, bool initial,
+                     Tessera__PushResult *result);
 
 /* Lowest version over this shard's partitions (0 when none). */
 uint64_t ts_store_min_version(const ts_store_t *s);

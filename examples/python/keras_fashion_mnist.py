@@ -71,7 +71,23 @@ def worker_indices(seed: int, epoch: int, n: int, workers: int, task: int, batch
     return group[:, task, :].reshape(-1)
 
 
-def build_model(keras):
+def build_bn_model(keras):
+    """A functional CNN with BatchNormalization (Conv2D, BatchNormalization, ReLU, max
+    pooling, twice, then Dense 10): its gammas start at ones and its moving statistics are
+    state on the shards."""
+    x = inp = keras.Input((28, 28, 1))
+    for i, f in enumerate((16, 32), 1):
+        x = keras.layers.Conv2D(f, 3, padding="same", use_bias=False, name=f"conv{i}")(x)
+        x = keras.layers.BatchNormalization(name=f"bn{i}")(x)
+        x = keras.layers.ReLU(name=f"relu{i}")(x)
+        x = keras.layers.MaxPooling2D(2, name=f"pool{i}")(x)
+    x = keras.layers.Flatten()(x)
+    return keras.Model(inp, keras.layers.Dense(10, name="logits")(x), name="fashion_bn_cnn")
+
+
+def build_model(keras, kind: str = "cnn"):
+    if kind == "bn-cnn":
+        return build_bn_model(keras)
     return keras.Sequential([
         keras.Input((28, 28, 1)),
         keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv1"),
@@ -98,6 +114,14 @@ def main(argv=None) -> int:
     ap.add_argument("--local", action="store_true",
                     help="no shards: one process, Keras's own Adam with the job's "
                          "optimizer settings, train.batch_size per step (bench baseline)")
+    ap.add_argument("--model", choices=("cnn", "bn-cnn"), default="cnn",
+                    help="cnn: the Sequential CNN; bn-cnn: a functional CNN with "
+                         "BatchNormalization")
+    ap.add_argument("--train-examples", type=int, default=0,
+                    help="train on the first N examples of the training set (0 = all)")
+    ap.add_argument("--evaluate", action="store_true",
+                    help="no training: build the model, take the job's parameters and "
+                         "state from the shards, print the test accuracy (an evaluator)")
     ap.add_argument("--verbose", type=int, default=0, help="Keras fit verbosity (0, 1, 2)")
     ap.add_argument("--timeout", type=float, default=120.0, help="request deadline (s)")
     args = ap.parse_args(argv)
@@ -125,6 +149,8 @@ def main(argv=None) -> int:
         tf.config.experimental.enable_op_determinism()
 
     xtr, ytr, xte, yte = load(job)
+    if args.train_examples > 0:
+        xtr, ytr = xtr[:args.train_examples], ytr[:args.train_examples]
     n = len(ytr)
     if args.local:
         opt = keras.optimizers.Adam(job.learning_rate, beta_1=job.beta1, beta_2=job.beta2,
@@ -148,7 +174,7 @@ def main(argv=None) -> int:
     if job.max_steps > 0:
         total = min(total, job.max_steps)
 
-    model = build_model(keras)
+    model = build_model(keras, args.model)
     model.compile(optimizer=opt, jit_compile=False,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
@@ -156,6 +182,16 @@ def main(argv=None) -> int:
     def prep(a):
         return ((a.astype(np.float32) * np.float32(1.0 / 255.0) - np.float32(0.2860))
                 * np.float32(1.0 / 0.3530))[..., None]
+    if args.evaluate:
+        if args.local:
+            print("keras_fashion_mnist: --evaluate needs the job's shards", file=sys.stderr)
+            return 2
+        opt.build(model.trainable_variables)    # the shards' parameters and state
+        _, acc = model.evaluate(prep(xte), yte.astype(np.int32), batch_size=1000, verbose=0)
+        print(f"evaluated: test_accuracy={acc:.4f} values={opt.client.values_source!r}",
+              flush=True)
+        opt.close()
+        return 0
     t0 = time.monotonic()
     done, loss, epoch = 0, float("nan"), 0
     callbacks = [] if args.local else [tk.ProgressCallback(opt, B)]

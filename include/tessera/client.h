@@ -116,6 +116,7 @@ enum {
   TS_CLIENT_ENOTDECLARED = -30023, /* no model declared (or the shard lost it) */
   TS_CLIENT_EROLE = -30024,
   TS_CLIENT_EBUSY = -30025,        /* the request is already in flight */
+  TS_CLIENT_ENOTREADY = -30026,    /* the model waits for its initial values (the chief's) */
 };
 
 /* A person-readable message for any code the library returns. Never NULL; static. */
@@ -264,6 +265,30 @@ typedef struct {
   ts_client_init_t init;
 } ts_client_tensor_t;
 
+/* What a tensor is for (ts_client_declare_ex). A state tensor (BatchNormalization's moving
+ * statistics, any non-trainable variable a layer updates) is pushed as its values, not a
+ * gradient, and the shards keep the mean over the workers: sync, the mean of a step's
+ * values; async and ssp, each push moves it by 1/num_workers of the difference. */
+typedef enum {
+  TS_CLIENT_TRAINABLE = 0,
+  TS_CLIENT_STATE = 1,
+} ts_client_kind_t;
+
+typedef struct {
+  uint32_t struct_size; /* set by ts_client_declare_opts_init */
+  uint64_t seed;        /* of the shards' initialisation (without values_follow) */
+  /* The model's values come from a worker, as TensorFlow's chief initialises the
+   * variables: a model this declare creates is not initialised by the shards; pulls and
+   * pushes of it fail with TS_CLIENT_ENOTREADY until one worker (the job's task 0) has
+   * sent the values with a TS_CLIENT_ASSIGN_INITIAL request. */
+  bool values_follow;
+  const ts_client_kind_t *kinds; /* per tensor; NULL = every tensor trainable */
+  /* out: some shard's model still waits for its initial values */
+  bool awaiting_values;
+} ts_client_declare_opts_t;
+
+TS_CLIENT_API void ts_client_declare_opts_init(ts_client_declare_opts_t *opts);
+
 /* Declare the model (the same tensor list, in the same order, on every worker) and compute
  * the partition plan. The list is copied. Needs a shard to have answered (else
  * TS_CLIENT_EUNAVAIL); waits for every shard to be connected, up to the request timeout.
@@ -271,6 +296,15 @@ typedef struct {
  * with the server's detail in errmsg). Not concurrently with requests in flight. */
 TS_CLIENT_API int ts_client_declare(ts_client_t *c, const ts_client_tensor_t *tensors, size_t n,
                                     uint64_t seed, char *errmsg, size_t errlen);
+
+/* ts_client_declare with the options above (opts->seed as its seed). A declare of a model
+ * the shards hold already (declared before, restored from a checkpoint) leaves its values
+ * as they are, values_follow or not: awaiting_values then tells the caller whether it has
+ * initial values to send. Declaring again (the same model) is how another worker waits for
+ * them: it polls until awaiting_values is false. */
+TS_CLIENT_API int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors,
+                                       size_t n, ts_client_declare_opts_t *opts, char *errmsg,
+                                       size_t errlen);
 
 /* One partition of the plan: elements [offset, offset + count) of tensor `tensor`, held by
  * shard `shard`; `part` is its index among the tensor's partitions. */
@@ -297,6 +331,14 @@ typedef enum {
   TS_CLIENT_PULL = 1,      /* read parameters into dst */
   TS_CLIENT_PUSH = 2,      /* send gradients from grad */
   TS_CLIENT_PUSH_PULL = 3, /* push then pull, in one round trip (see below) */
+  /* Values, not gradients, from grad: they replace the shards' values of the partitions
+   * (the optimizer state and the versions stay). Counted in applied; in sync mode a
+   * partition whose step is open (some worker pushed for it) refuses and counts in stale:
+   * assign between steps. step, min_version and clock are not used. */
+  TS_CLIENT_ASSIGN = 4,
+  /* The model's initial values (ts_client_declare_ex's values_follow): set only where a
+   * shard's partition still waits for them (applied); the others count in duplicate. */
+  TS_CLIENT_ASSIGN_INITIAL = 5,
 } ts_client_req_kind_t;
 
 /* step: tag each shard's push with the version last pulled from that shard (sync mode:

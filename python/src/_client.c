@@ -269,11 +269,12 @@ PyObject *Client_drain_logs(ClientObject *self, PyObject *Py_UNUSED(a)) {
   Py_RETURN_NONE;
 }
 
-/* declare([(name, shape, init), ...], seed) */
+/* declare([(name, shape, init[, kind]), ...], seed[, values_follow]) -> awaiting_values */
 static PyObject *Client_declare(ClientObject *self, PyObject *args) {
   PyObject *list;
   unsigned long long seed;
-  if (!PyArg_ParseTuple(args, "OK", &list, &seed)) return NULL;
+  int values_follow = 0;
+  if (!PyArg_ParseTuple(args, "OK|p", &list, &seed, &values_follow)) return NULL;
   if (check_open(self) < 0 || check_no_declare(self) < 0) return NULL;
   if (PyList_GET_SIZE(self->inflight) > 0) {
     return raise_code(TS_CLIENT_EBUSY, "declare with requests in flight: wait for them first");
@@ -287,23 +288,26 @@ static PyObject *Client_declare(ClientObject *self, PyObject *args) {
     return PyErr_NoMemory();
   }
   j->seed = seed;
+  j->values_follow = values_follow;
   j->tensors = calloc((size_t)n + 1, sizeof *j->tensors);
   j->names = calloc((size_t)n + 1, sizeof *j->names);
   j->shapes = calloc((size_t)n + 1, sizeof *j->shapes);
-  if (!j->tensors || !j->names || !j->shapes) {
+  j->kinds = calloc((size_t)n + 1, sizeof *j->kinds);
+  if (!j->tensors || !j->names || !j->shapes || !j->kinds) {
     PyErr_NoMemory();
     goto fail;
   }
   j->ntensors = (size_t)n;
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *name, *shape;
-    int init;
+    int init, kind = TS_CLIENT_TRAINABLE;
     PyObject *t = PySequence_Fast_GET_ITEM(seq, i);
-    if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "UOi", &name, &shape, &init)) {
+    if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "UOi|i", &name, &shape, &init, &kind)) {
       if (!PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "each tensor must be a tuple (name, shape, init)");
+        PyErr_SetString(PyExc_TypeError, "each tensor must be a tuple (name, shape, init[, kind])");
       goto fail;
     }
+    j->kinds[i] = kind == TS_CLIENT_STATE ? TS_CLIENT_STATE : TS_CLIENT_TRAINABLE;
     if (!(j->names[i] = dup_utf8(name))) goto fail;
     PyObject *sh = PySequence_Fast(shape, "a shape must be a sequence of ints");
     if (!sh) goto fail;
@@ -331,10 +335,11 @@ static PyObject *Client_declare(ClientObject *self, PyObject *args) {
   Py_DECREF(seq);
   if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
   int rc = j->rc;
+  bool awaiting = j->awaiting;
   if (rc < 0) raise_code(rc, j->errmsg);
   job_free(j);
   if (rc < 0) return NULL;
-  Py_RETURN_NONE;
+  return PyBool_FromLong(awaiting);
 fail:
   Py_DECREF(seq);
   job_free(j);
@@ -701,7 +706,8 @@ PyMODINIT_FUNC PyInit__client(void) {
     long long value;
   } consts[] = {
 #define C(x) {#x, x}
-      C(TS_CLIENT_PULL), C(TS_CLIENT_PUSH), C(TS_CLIENT_PUSH_PULL),
+      C(TS_CLIENT_PULL), C(TS_CLIENT_PUSH), C(TS_CLIENT_PUSH_PULL), C(TS_CLIENT_ASSIGN),
+      C(TS_CLIENT_ASSIGN_INITIAL), C(TS_CLIENT_TRAINABLE), C(TS_CLIENT_STATE),
       C(TS_CLIENT_INIT_ZEROS), C(TS_CLIENT_INIT_GLOROT_UNIFORM), C(TS_CLIENT_INIT_ONES),
       C(TS_CLIENT_LOG_ERR), C(TS_CLIENT_LOG_WARN), C(TS_CLIENT_LOG_NOTICE), C(TS_CLIENT_LOG_INFO),
       C(TS_CLIENT_LOG_DEBUG),
@@ -711,7 +717,7 @@ PyMODINIT_FUNC PyInit__client(void) {
       C(TS_CLIENT_ECONFIG), C(TS_CLIENT_EINVAL), C(TS_CLIENT_ENOMEM), C(TS_CLIENT_ETIMEDOUT),
       C(TS_CLIENT_EUNAVAIL), C(TS_CLIENT_ECLOSED), C(TS_CLIENT_ESHUTDOWN),
       C(TS_CLIENT_EINTERNAL), C(TS_CLIENT_EDATA), C(TS_CLIENT_EDEVICE),
-      C(TS_CLIENT_ENOTDECLARED), C(TS_CLIENT_EROLE), C(TS_CLIENT_EBUSY),
+      C(TS_CLIENT_ENOTDECLARED), C(TS_CLIENT_EROLE), C(TS_CLIENT_EBUSY), C(TS_CLIENT_ENOTREADY),
 #undef C
   };
   for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)

@@ -78,6 +78,9 @@ typedef struct job {
   char **names;
   size_t ntensors;
   uint64_t seed;
+  ts_client_kind_t *kinds; /* per tensor */
+  bool values_follow;
+  bool awaiting;           /* out */
   /* JOB_STATUS, JOB_CHECKPOINT, JOB_SHUTDOWN */
   uint32_t shard;
   bool checkpoint;

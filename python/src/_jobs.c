@@ -133,6 +133,7 @@ void job_free(job_t *j) {
   free(j->names);
   free(j->shapes);
   free(j->tensors);
+  free(j->kinds);
   if (j->status) ts_client_status_free(j->status);
   pthread_mutex_destroy(&j->mu);
   pthread_cond_destroy(&j->cv);
@@ -157,7 +158,15 @@ static void *job_main(void *arg) {
     j->rc = ts_client_open(&j->opened, &j->opts, j->errmsg, sizeof j->errmsg);
     break;
   case JOB_DECLARE:
-    j->rc = ts_client_declare(c, j->tensors, j->ntensors, j->seed, j->errmsg, sizeof j->errmsg);
+  {
+    ts_client_declare_opts_t o;
+    ts_client_declare_opts_init(&o);
+    o.seed = j->seed;
+    o.values_follow = j->values_follow;
+    o.kinds = j->kinds;
+    j->rc = ts_client_declare_ex(c, j->tensors, j->ntensors, &o, j->errmsg, sizeof j->errmsg);
+    j->awaiting = o.awaiting_values;
+  }
     break;
   case JOB_STATUS:
     j->rc = ts_client_status(c, j->shard, &j->status, j->errmsg, sizeof j->errmsg);

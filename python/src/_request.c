@@ -121,7 +121,8 @@ PyObject *Client_submit(ClientObject *self, PyObject *args) {
   ts_client_t *c = self->sh->c;
   size_t nt = ts_client_num_tensors(c);
   if (nt == 0) return raise_code(TS_CLIENT_ENOTDECLARED, "no model declared");
-  bool push = kind == TS_CLIENT_PUSH || kind == TS_CLIENT_PUSH_PULL;
+  bool push = kind == TS_CLIENT_PUSH || kind == TS_CLIENT_PUSH_PULL || kind == TS_CLIENT_ASSIGN ||
+              kind == TS_CLIENT_ASSIGN_INITIAL;
   bool pull = kind == TS_CLIENT_PULL || kind == TS_CLIENT_PUSH_PULL;
   if (!push && !pull) {
     PyErr_SetString(PyExc_ValueError, "bad request kind");

@@ -100,20 +100,69 @@ def test_xla_compiled_step_is_refused_with_a_clear_error(cluster):
         assert model.optimizer.tessera_steps == 1
 
 
-def test_initial_values_from_the_shards(cluster):
+def test_initial_values_are_the_models_own(cluster):
+    """The job starts from task 0's values (Keras's initialisers, a bias_initializer of
+    ones, weights set by hand), not from the shards' own initialisation; another worker
+    receives them; a later worker of the same job goes on from the shards' values."""
     import keras
     import tessera.keras as tk
-    cl = cluster(2, 1, 'job = { mode = "async"; };\nmodel = { seed = 3; };\n')
+    cl = cluster(2, 2, 'job = { mode = "async"; };\nmodel = { seed = 3; };\n')
+    m = keras.Sequential([keras.Input((4,)),
+                          keras.layers.Dense(8, name="h", bias_initializer="ones"),
+                          keras.layers.Dense(2, name="out")], name="mlp")
+    m.get_layer("out").set_weights([np.full((8, 2), 0.25, np.float32),
+                                    np.array([1.5, -2.0], np.float32)])
+    own = {v.path: v.numpy().copy() for v in m.trainable_variables}
     with tessera.Client(str(cl.config), task=0) as c:
-        m = _mlp(keras)
-        before = [v.numpy().copy() for v in m.trainable_variables]
         opt = tk.Optimizer(c)
         opt.build(m.trainable_variables)
-        after = {v.path: v.numpy() for v in m.trainable_variables}
-    assert not np.array_equal(before[0], after["mlp/h/kernel"])     # pulled, not Keras's own
-    assert np.all(after["mlp/h/bias"] == 0) and np.all(after["mlp/out/bias"] == 0)
-    lim = np.sqrt(6.0 / (4 + 8))                                # glorot uniform
-    assert 0 < np.abs(after["mlp/h/kernel"]).max() <= lim
+        assert c.values_source == "this worker"
+        shard = opt.pull()
+        for n, v in own.items():
+            np.testing.assert_array_equal(shard[n], v)             # exactly the model's own
+            np.testing.assert_array_equal(
+                {w.path: w for w in m.trainable_variables}[n].numpy(), v)
+        # task 1: another process's model (other random values) receives task 0's.
+        with tessera.Client(str(cl.config), task=1) as c1:
+            m1 = _mlp(keras)
+            tk.Optimizer(c1).build(m1.trainable_variables)
+            assert c1.values_source in ("the chief", "the shards")   # set before it came
+            for v in m1.trainable_variables:
+                np.testing.assert_array_equal(v.numpy(), own[v.path])
+    # A new task 0 on shards that hold the model: theirs win, not its own.
+    with tessera.Client(str(cl.config), task=0) as c:
+        m2 = _mlp(keras)
+        tk.Optimizer(c).build(m2.trainable_variables)
+        assert c.values_source == "the shards"
+        for v in m2.trainable_variables:
+            np.testing.assert_array_equal(v.numpy(), own[v.path])
+
+
+def test_batchnorm_state_on_the_shards(cluster):
+    """BatchNormalization: gamma starts at Keras's ones (not zeros), the moving statistics
+    are state tensors on the shards, updated from the workers' values."""
+    import keras
+    import tessera.keras as tk
+    cl = cluster(2, 1, 'job = { mode = "sync"; partition_bytes = 64; };\n'
+                       'optimizer = { name = "sgd"; learning_rate = 0.1; };\n')
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="h"),
+                          keras.layers.BatchNormalization(name="bn"),
+                          keras.layers.Dense(2, name="out")], name="bnm")
+    with tessera.Client(str(cl.config), task=0) as c:
+        opt = tk.Optimizer(c)
+        m.compile(optimizer=opt, loss="mse")
+        x = np.random.default_rng(1).standard_normal((32, 4)).astype(np.float32) + 3.0
+        m.fit(x, x[:, :2], batch_size=16, epochs=1, shuffle=False, verbose=0)
+        assert opt.state_names == ["bnm/bn/moving_mean", "bnm/bn/moving_variance"]
+        assert opt.tessera_steps == 2
+        shard = opt.pull()
+        bn = m.get_layer("bn")
+        np.testing.assert_array_equal(shard["bnm/bn/moving_mean"], bn.moving_mean.numpy())
+        np.testing.assert_array_equal(shard["bnm/bn/moving_variance"],
+                                      bn.moving_variance.numpy())
+        assert np.abs(shard["bnm/bn/moving_mean"]).max() > 0       # moved from zeros
+        assert np.abs(shard["bnm/bn/gamma"] - 1).max() < 0.5        # from ones
+        assert c.status(0).tensors + c.status(1).tensors >= 2
 
 
 def test_no_trainable_variables_raises(cluster):
@@ -140,14 +189,62 @@ def test_no_trainable_variables_raises(cluster):
 
 
 def test_mismatched_redeclare_raises(cluster):
+    """Another model on the same shards: the error says what differs, the code once."""
     import keras
     import tessera.keras as tk
     cl = cluster(2, 1, 'job = { mode = "async"; };\n')
     with tessera.Client(str(cl.config), task=0) as c:
         tk.Optimizer(c).build(_mlp(keras, hidden=8).trainable_variables)
-    with tessera.Client(str(cl.config), task=0) as c:
-        with pytest.raises(tessera.ShapeError, match="another shape"):
-            tk.Optimizer(c).build(_mlp(keras, hidden=16).trainable_variables)
+
+    def extra(where):           # _mlp with one more Dense layer "x" before or after "out"
+        layers = [keras.layers.Dense(8, name="h"), keras.layers.Dense(2, name="out")]
+        layers.insert(where, keras.layers.Dense(3, name="x"))
+        return keras.Sequential([keras.Input((4,))] + layers, name="mlp")
+
+    short = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="h")], name="mlp")
+    cases = [
+        (_mlp(keras, hidden=16),
+         r"'mlp/h/kernel' is \(4, 8\) on the shards, \(4, 16\) in this model \[ESHAPE\]$"),
+        (extra(1), r"'mlp/x/kernel' of this model is not part of the model the shards hold "
+                   r"\(4 tensors on the shards, 6 in this model\)"),
+        (extra(2), r"'mlp/x/kernel' of this model is not part of the model the shards hold"),
+        (short, r"the shards' model has tensors this one lacks: 'mlp/out/kernel' and 1 more "
+                r"\(4 tensors on the shards, 2 in this model\)"),
+    ]
+    for model, want in cases:
+        with tessera.Client(str(cl.config), task=0) as c:
+            with pytest.raises(tessera.ShapeError, match=want) as e:
+                tk.Optimizer(c).build(model.trainable_variables)
+        text = str(e.value)
+        assert text.startswith("tessera.keras.Optimizer: this model is not the one the job's "
+                               "shards hold"), text
+        assert text.count("ESHAPE") == 1 and e.value.name == "ESHAPE", text
+
+
+@pytest.mark.parametrize("detail,want", [
+    ("shard 1 (127.0.0.1:9): tensor 'a/k' is already declared with shape [3,4], not [4,4]",
+     "'a/k' is (3, 4) on the shards, (4, 4) in this model"),
+    ("tensor 'b' is already declared with shape [7], not [8] (and another initializer)",
+     "'b' is (7,) on the shards, (8,) in this model, and another initializer"),
+    ("tensor 'n/kernel' is not part of the declared model (2 tensors)",
+     "'n/kernel' of this model is not part of the model the shards hold (2 tensors on the "
+     "shards, 3 in this model)"),
+    ("model already declared with 4 tensors, not 3 (tensor 'o/bias' is missing)",
+     "the shards' model has tensors this one lacks: 'o/bias' (4 tensors on the shards, 3 in "
+     "this model)"),
+    ("tensor 'h/bias' is declared at position 3, not 1",
+     "'h/bias' is tensor 3 of the shards' model, 1 of this one (counting from 0: layers in "
+     "another order?)"),
+    ("tensor 'h/bias' is already declared with initializer zeros, not ones",
+     "'h/bias' is initialised zeros on the shards, ones in this model"),
+    ("model already declared with seed 7, not 8",
+     "the shards' model was declared with seed 7, this one with 8 (model.seed)"),
+    ("something else entirely", None),
+])
+def test_mismatch_texts(detail, want):
+    """Each ESHAPE detail of server/ts_store.c's same_model, said of the declared model."""
+    from tessera import _mismatch
+    assert _mismatch.describe(detail, 3) == want
 
 
 def test_optimizer_from_job_file_and_bad_arguments(cluster):
@@ -177,6 +274,9 @@ def test_worker_identity_from_tf_config(cluster, monkeypatch):
     cl = cluster(2, 2, 'job = { mode = "async"; };\n')
     tf_config = {"cluster": {"ps": cl.addrs, "worker": ["127.0.0.1:1", "127.0.0.1:2"]},
                  "task": {"type": "worker", "index": 1}}
+    # The chief (task 0) declares the model and sends its values first.
+    with tessera.Client(str(cl.config), task=0) as c0:
+        tk.Optimizer(c0).build(_mlp(keras).trainable_variables)
     monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
     opt = tk.optimizer(str(cl.config))
     try:
@@ -189,3 +289,52 @@ def test_worker_identity_from_tf_config(cluster, monkeypatch):
         assert any(w.task == 1 for w in st.workers), st.workers
     finally:
         opt.close()
+
+
+def test_fine_tuning_and_restore_best_weights_reach_the_shards(cluster):
+    """Weights loaded before fit are the shards' values at step 0 (exactly); after
+    EarlyStopping(restore_best_weights=True) the model and the shards hold the same
+    values (exactly), so the next fit goes on from the restored weights."""
+    import keras
+    import tessera.keras as tk
+    cl = cluster(2, 1, 'job = { mode = "sync"; partition_bytes = 64; };\n'
+                       'optimizer = { name = "sgd"; learning_rate = 0.05; };\n')
+    x = np.random.default_rng(2).standard_normal((64, 4)).astype(np.float32)
+    y = np.stack([x[:, 0] - x[:, 1], x[:, 2]], 1).astype(np.float32)
+    src = _mlp(keras)
+    for v in src.trainable_variables:       # "pretrained" weights, saved and loaded
+        v.assign(np.random.default_rng(5).uniform(-1, 1, v.shape).astype(np.float32))
+    path = str(cl.dir / "pre.weights.h5")
+    src.save_weights(path)
+    m = _mlp(keras)
+    m.load_weights(path)
+    loaded = {v.path: v.numpy().copy() for v in m.trainable_variables}
+
+    class AtStart(keras.callbacks.Callback):
+        seen = None
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 0 and AtStart.seen is None:
+                AtStart.seen = opt.pull()
+
+    with tessera.Client(str(cl.config), task=0) as c:
+        opt = tk.Optimizer(c)
+        m.compile(optimizer=opt, loss="mse")
+        es = keras.callbacks.EarlyStopping(monitor="loss", mode="max", patience=1,
+                                           restore_best_weights=True)
+        m.fit(x, y, batch_size=16, epochs=6, shuffle=False, verbose=0,
+              callbacks=[AtStart(), es, tk.ProgressCallback(opt, 16)])
+        for n, v in loaded.items():
+            np.testing.assert_array_equal(AtStart.seen[n], v)
+        assert es.stopped_epoch > 0 and opt.tessera_steps == 4 * (es.stopped_epoch + 1)
+        shard = opt.pull()
+        for v in m.trainable_variables:
+            np.testing.assert_array_equal(shard[v.path], v.numpy())
+        # The best epoch (the first: mode="max" on a falling loss) is what both hold.
+        assert float(m.evaluate(x, y, verbose=0)) > 0.0
+        # set_weights by hand, then finish(): the shards take them too.
+        m.set_weights([w * 0.5 for w in m.get_weights()])
+        opt.finish()
+        shard = opt.pull()
+        for v in m.trainable_variables:
+            np.testing.assert_array_equal(shard[v.path], v.numpy())

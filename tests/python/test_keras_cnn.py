@@ -122,3 +122,34 @@ def test_keras_sync_two_workers_equal_one_with_twice_the_batch(cluster):
         worst = max(worst, rel)
         assert rel <= 1e-5, (var, rel)
     print(f"keras sync exactness (sgd): max relative difference {worst:.2e}")
+
+
+# --- a model with BatchNormalization, as users write it -----------------------------------
+
+@needs_data
+def test_keras_batchnorm_cnn_matches_plain_keras_and_an_evaluator(cluster):
+    """The issue's functional CNN with BatchNormalization, sync, 2 shards x 2 workers: it
+    trains (it stayed at ln 10 while the shards replaced gamma's ones with zeros), reaches
+    plain Keras's test accuracy with the same global batch and data order (-0.02), and a
+    fresh process that builds the model and takes the shards' parameters and moving
+    statistics scores what the workers score (+-0.005). A subset of the training set
+    keeps it to about a minute on 2 cores."""
+    examples, epochs, B = 8000, 2, 32
+    extra = ["--model", "bn-cnn", "--train-examples", str(examples), "--deterministic"]
+    cl = cluster(2, 2, _job("sync", B, epochs))
+    res = _run_workers(cl.config, 2, extra)
+    assert res[0]["steps"] == res[1]["steps"] == epochs * (examples // (2 * B))
+    # Plain Keras: one process, the global batch, the same order and Adam settings.
+    local = _run_workers(cl.config, 1, extra + ["--local", "--set",
+                                                f"train.batch_size={2 * B}"])[0]
+    assert local["acc"] > 0.6, local                      # the reference model learns
+    for r in res:
+        assert r["acc"] >= local["acc"] - 0.02, (res, local)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, str(EXAMPLE), "-c", str(cl.config), "--task", "0",
+                        "--threads", "1", *extra, "--evaluate"], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = re.search(r"^evaluated: test_accuracy=([0-9.]+) values='the shards'$", p.stdout, re.M)
+    assert m, p.stdout + p.stderr[-2000:]
+    assert abs(float(m.group(1)) - res[0]["acc"]) <= 0.005, (m.group(0), res)

@@ -10,7 +10,7 @@ class                  codes                                           also a
 =====================  ==============================================  ====================
 ShapeError             ESHAPE, ESIZE; arrays of the wrong size          ValueError
 UnknownTensor          ENOTENSOR (alias: NotFound)                      KeyError
-NotDeclared            ENOTDECLARED
+NotDeclared            ENOTDECLARED, ENOTREADY (initial values not set)
 Unavailable            EUNAVAIL, ECLOSED, -errno (connect failures)     ConnectionError
 DeadlineExceeded       ETIMEDOUT (a subclass of Unavailable)            TimeoutError
 AuthError              EAUTH
@@ -127,7 +127,7 @@ class Busy(TesseraError):
 
 _BY_NAME: Dict[str, Type[TesseraError]] = {
     "ESHAPE": ShapeError, "ESIZE": ShapeError,
-    "ENOTENSOR": UnknownTensor, "ENOTDECLARED": NotDeclared,
+    "ENOTENSOR": UnknownTensor, "ENOTDECLARED": NotDeclared, "ENOTREADY": NotDeclared,
     "EUNAVAIL": Unavailable, "ECLOSED": Unavailable, "ETIMEDOUT": DeadlineExceeded,
     "EAUTH": AuthError, "EPERM": PermissionDenied,
     "ESHUTDOWN": Interrupted, "EINVAL": InvalidArgument, "ENONFINITE": NonFiniteGradient,

@@ -12,13 +12,14 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _client
-from ._errors import ShapeError, TesseraError, UnknownTensor
+from ._errors import Busy, DeadlineExceeded, ShapeError, TesseraError, UnknownTensor
 from ._job import Job, load_job
 
 __all__ = ["Client", "PushResult", "Request", "ShardStatus", "Tensor", "WorkerStatus"]
@@ -51,11 +52,23 @@ class Tensor:
 
     init: "glorot" (Glorot/Xavier uniform), "zeros" or "ones"; None = "glorot" for rank >= 2,
     "zeros" otherwise (biases). The values are deterministic in the declare's seed and the
-    tensor's name, identical on every shard and every worker.
+    tensor's name, identical on every shard and every worker (unless the declare brings the
+    model's own values: ``declare(..., values=...)``).
+
+    kind: "trainable" (updated by the job's optimizer from the gradients pushed) or "state"
+    (a non-trainable variable such as BatchNormalization's moving mean: a push carries its
+    values and the shards keep their mean over the workers).
     """
 
     shape: Shape
     init: Optional[str] = None
+    kind: str = "trainable"
+
+    def kind_code(self) -> int:
+        try:
+            return {"trainable": _client.TRAINABLE, "state": _client.STATE}[self.kind]
+        except KeyError:
+            raise ValueError(f"unknown kind {self.kind!r}: 'trainable' or 'state'") from None
 
     def init_code(self) -> int:
         init = self.init or ("glorot" if len(self.shape) >= 2 else "zeros")
@@ -177,7 +190,8 @@ class Request:
     result = wait
 
     def __repr__(self) -> str:
-        kind = {_client.PULL: "pull", _client.PUSH: "push", _client.PUSH_PULL: "push_pull"}
+        kind = {_client.PULL: "pull", _client.PUSH: "push", _client.PUSH_PULL: "push_pull",
+                _client.ASSIGN: "assign", _client.ASSIGN_INITIAL: "assign"}
         return f"<tessera.Request {kind[self._kind]} {'done' if self.done else 'in flight'}>"
 
 
@@ -356,17 +370,29 @@ class Client:
 
     def declare(self, model: Mapping[str, Union[np.ndarray, Sequence[int], int, Tensor]], *,
                 seed: Optional[int] = None,
-                init: Union[None, str, Mapping[str, str]] = None) -> Dict[str, np.ndarray]:
+                init: Union[None, str, Mapping[str, str]] = None,
+                values: Optional[Mapping[str, np.ndarray]] = None,
+                chief: Optional[bool] = None,
+                wait: Optional[float] = None) -> Dict[str, np.ndarray]:
         """Declare the model: the same tensors, in the same (dict) order, on every worker.
 
-        Each value is an array (its shape is taken), a shape, or a Tensor(shape, init).
-        ``init`` sets the initialisation of every tensor ("glorot", "zeros", "ones") or,
-        as a dict, of some; by default glorot for rank >= 2 and zeros for rank 1. ``seed``
-        defaults to the job's model.seed (0 without a job file).
+        Each value is an array (its shape is taken), a shape, or a Tensor(shape, init,
+        kind). ``init`` sets the initialisation of every tensor ("glorot", "zeros", "ones")
+        or, as a dict, of some; by default glorot for rank >= 2 and zeros for rank 1.
+        ``seed`` defaults to the job's model.seed (0 without a job file).
+
+        ``values`` (name -> array, every tensor): the model's own initial values, as
+        TensorFlow's chief initialises the variables. The chief (``chief``, default: task 0)
+        sends them when the shards' model is new; every other worker waits (up to ``wait``
+        seconds, default the client's timeout) until the chief has, and all then start from
+        the chief's values. When the shards hold the model already (trained before, or
+        restored from a checkpoint) its values stay: ``values_source`` says which won
+        ("this worker", "the chief", "the shards"), and the returned arrays hold them.
 
         Returns a dict name -> float32 array to pull into: the given array itself where it
-        is a writable C-contiguous float32 ndarray, else a new zero-filled one. Raises
-        ShapeError when the job already holds a tensor of that name with another shape.
+        is a writable C-contiguous float32 ndarray, else a new zero-filled one (with
+        ``values``, filled with the job's initial values). Raises ShapeError when the job
+        already holds a tensor of that name with another shape.
         """
         specs: List[Tuple[str, Tensor]] = []
         if isinstance(init, Mapping) and set(init) - set(model):
@@ -382,15 +408,25 @@ class Client:
             else:
                 spec = Tensor(tuple(int(d) for d in v))
             if isinstance(init, str):
-                spec = Tensor(spec.shape, init)
+                spec = Tensor(spec.shape, init, spec.kind)
             elif init is not None and name in init:
-                spec = Tensor(spec.shape, init[name])
+                spec = Tensor(spec.shape, init[name], spec.kind)
             if any(d <= 0 for d in spec.shape) or not spec.shape:
                 raise ShapeError(f"tensor {name!r}: shape {spec.shape} must have dimensions > 0")
             specs.append((str(name), spec))
         if seed is None:
             seed = self.job.seed if self.job is not None else 0
-        self._live().declare([(n, s.shape, s.init_code()) for n, s in specs], int(seed))
+        if values is not None:
+            missing = [n for n, _ in specs if n not in values]
+            if missing:
+                raise UnknownTensor(f"values: no value for {missing}", _client.ENOTENSOR)
+            for n, s in specs:
+                v = values[n]
+                if not isinstance(v, np.ndarray) or v.size != int(np.prod(s.shape)):
+                    raise ShapeError(f"values of {n!r}: need an array of shape {s.shape}",
+                                     _client.ESHAPE)
+        decl = [(n, s.shape, s.init_code(), s.kind_code()) for n, s in specs]
+        awaiting = self._live().declare(decl, int(seed), values is not None)
         with self._lock:
             self._names = [n for n, _ in specs]
             self._index = {n: i for i, n in enumerate(self._names)}
@@ -406,7 +442,66 @@ class Client:
                 out[name] = v
             else:
                 out[name] = np.zeros(spec.shape, dtype=np.float32)
+        self.values_source = "the shards"
+        if values is not None:
+            self._initial_values(decl, int(seed), values, out, awaiting, chief, wait)
         return out
+
+    def _initial_values(self, decl, seed: int, values: Mapping[str, np.ndarray],
+                        out: Dict[str, np.ndarray], awaiting: bool, chief: Optional[bool],
+                        wait: Optional[float]) -> None:
+        """declare(values=...): the chief sends the model's values where the shards wait
+        for them; the others wait until it has. Then every worker pulls them."""
+        chief = (self.task == 0) if chief is None else bool(chief)
+        if awaiting and chief:
+            vals = {n: np.ascontiguousarray(values[n], np.float32).reshape(out[n].shape)
+                    for n in out}
+            self.assign(vals, initial=True)
+            self.values_source = "this worker"
+        elif awaiting:
+            deadline = time.monotonic() + (self.timeout if wait is None else float(wait))
+            pause = 0.01
+            logged = False
+            while awaiting:
+                if time.monotonic() >= deadline:
+                    raise DeadlineExceeded(
+                        f"task {self.task}: the model's initial values did not come within "
+                        f"{self.timeout if wait is None else wait:g} s: they come from the "
+                        f"job's chief (task 0) when it declares the model; is it running?",
+                        _client.ETIMEDOUT)
+                if not logged and pause >= 0.1:
+                    logger.info("task %d: waiting for the chief (task 0) to send the "
+                                "model's initial values", self.task)
+                    logged = True
+                time.sleep(pause)
+                pause = min(0.2, pause * 2)
+                awaiting = self._live().declare(decl, seed, True)
+            self.values_source = "the chief"
+        else:
+            logger.info("task %d: the shards hold this model already (trained, or restored "
+                        "from a checkpoint): the job goes on from their values, not this "
+                        "worker's", self.task)
+        self.pull(out, min_version=0)
+
+    def assign(self, values: Arrays, *, initial: bool = False,
+               timeout: Optional[float] = None) -> "PushResult":
+        """Replace the shards' values of the given tensors (dict name -> array, or a list
+        of one per declared tensor) with these: restore-best-weights, set_weights, loading
+        weights to fine-tune. The optimizer state and the versions stay. In sync mode a
+        partition whose step is open (some worker has pushed its gradient for it) refuses:
+        raises Busy, with the partitions that took the values changed; assign between
+        steps (e.g. from one worker after fit). ``initial``: only where the shards still
+        wait for the model's initial values (declare's ``values``)."""
+        idx, arrs = self._select(values, "value", False)
+        kind = _client.ASSIGN_INITIAL if initial else _client.ASSIGN
+        req = self._live().submit(kind, idx, arrs, None, 0, 0, self._clock,
+                                  self._timeout(timeout))
+        res = Request(req, kind, None, self).wait()
+        if res.stale and not initial:
+            raise Busy(f"assign: {res.stale} partition(s) refused the values because their "
+                       f"sync step is open (a worker has pushed for it); {res.applied} took "
+                       f"them. Assign between steps.", _client.EBUSY)
+        return res
 
     def zeros(self) -> Dict[str, np.ndarray]:
         """New zero-filled float32 arrays of the declared shapes (name -> array)."""

@@ -9,11 +9,15 @@ Change only the optimizer of a standard Keras training loop::
     model.fit(x, y, batch_size=64, epochs=3, shuffle=False)
 
 The optimizer declares the model's trainable variables on the job's shards under their
-Keras paths (``variable.path``, e.g. ``conv2d/kernel``), in the model's order, and pulls
-their initial values (initialised on the shards: glorot for rank >= 2, zeros for rank 1,
-deterministic in the job's ``model.seed``) into the variables before step 1, so every
-worker starts from the same parameters. Each step it pushes the gradients and assigns the
-parameters pulled back: one round trip per bucket of variables, each bucket sent as soon
+Keras paths (``variable.path``, e.g. ``conv2d/kernel``), in the model's order, and after
+them the model's non-trainable float variables (BatchNormalization's moving mean and
+variance, frozen layers' weights) as state tensors. The job starts from the model's own
+values, as TensorFlow's chief initialises the variables: task 0 sends its variables' values
+with the declaration (Keras's initialisers, loaded or pretrained weights, ``set_weights``
+before ``fit``) and every other worker receives them before step 1; a job whose shards hold
+the model already (restored from a checkpoint, or trained before) goes on from theirs.
+Each step it pushes the gradients (and the state variables' values: the shards keep their
+mean over the workers) and assigns the parameters pulled back: one round trip per bucket of variables, each bucket sent as soon
 as backpropagation has produced its gradients (the last layers' first), while the earlier
 layers' gradients are still being computed; the update itself runs on the shards with the
 job's ``optimizer`` section, in the job's mode (sync: the shards average the workers'
@@ -21,16 +25,25 @@ gradients of a step and drop stale ones, as TensorFlow's SyncReplicasOptimizer; 
 each push is applied as it comes). The Keras-side optimizer does no arithmetic: its
 learning rate, weight decay, gradient clipping, EMA and loss scaling are not used.
 
+Saved models (``model.save``, ``keras.callbacks.ModelCheckpoint``) load anywhere with
+``keras.models.load_model`` once ``tessera.keras`` is imported (the optimizer is registered
+as ``tessera>Optimizer``; its config holds nothing of the job), with no shard reachable:
+the loaded model predicts as the saving worker's did, and its optimizer is inert (it
+warns, and refuses to train). Without the import, ``load_model(path, compile=False)``.
+
 TensorFlow and Keras are imported when this module is, not by ``import tessera``.
 """
 from __future__ import annotations
 
 import functools
 import os
+import logging
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from . import _mismatch
 from . import client as _client_mod
 from ._errors import ShapeError
 
@@ -50,9 +63,26 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover
     raise ImportError(f"tessera.keras needs the TensorFlow backend of Keras, not "
                       f"{keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)")
 
-__all__ = ["Optimizer", "optimizer", "buckets", "ProgressCallback"]
+_log = logging.getLogger("tessera")
+
+__all__ = ["Optimizer", "optimizer", "buckets", "ProgressCallback", "InertOptimizerWarning"]
 
 
+class InertOptimizerWarning(UserWarning):
+    """An Optimizer was rebuilt from a saved config (load_model, clone_model): it has no
+    job, so the model predicts and evaluates but cannot train."""
+
+
+_INERT_WARNING = ("tessera.keras.Optimizer rebuilt from a saved config (load_model, "
+                  "clone_model) is inert: no job, no connection to shards. The model can "
+                  "predict and evaluate; to train on shards, compile with "
+                  "tessera.keras.optimizer(JOBFILE, task=T)")
+_INERT_ERROR = ("tessera.keras.Optimizer: this optimizer was rebuilt from a saved config "
+                "(load_model, clone_model) and has no job, so it cannot train; compile the "
+                "model with tessera.keras.optimizer(JOBFILE, task=T) to train on shards")
+
+
+@keras.saving.register_keras_serializable(package="tessera")
 class Optimizer(keras.optimizers.Optimizer):
     """A Keras optimizer whose update runs on Tessera shards.
 
@@ -63,6 +93,11 @@ class Optimizer(keras.optimizers.Optimizer):
     ``bucket_bytes``: the variables' gradients go in buckets of consecutive variables of
     at least this many bytes, one ``push_pull`` each (default: see ``buckets``).
 
+    ``client=None`` makes an inert optimizer, what ``from_config`` (``load_model``,
+    ``clone_model``) rebuilds: no client and no connection; ``build`` declares nothing,
+    and training (``apply``), ``pull`` and ``finish`` raise RuntimeError. The saved config
+    holds no job: training again needs a new ``optimizer(JOBFILE, task=T)``.
+
     On ``build`` (Keras calls it once, eagerly, before the first step of ``fit``) the
     model's trainable variables are declared on the shards under their paths and their
     values pulled from the shards. ``apply``/``apply_gradients`` push the gradients and
@@ -72,15 +107,28 @@ class Optimizer(keras.optimizers.Optimizer):
     raises a RuntimeError saying so.
     """
 
-    def __init__(self, client: Union["_client_mod.Client", str, os.PathLike], *,
+    def __init__(self, client: Union["_client_mod.Client", str, os.PathLike, None], *,
                  task: Optional[int] = None, overrides: Sequence[str] = (),
                  bucket_bytes: Optional[int] = None, name: str = "tessera",
+                 model: Optional["keras.Model"] = None, state_every: int = 1,
                  **client_kwargs: Any):
         super().__init__(learning_rate=0.0, name=name)
+        if int(state_every) <= 0:
+            raise ValueError(f"state_every must be positive, not {state_every}")
+        self.state_every = int(state_every)
+        self._model = model
+        self._state_vars: List[Any] = []
+        self._n_train = 0
         if bucket_bytes is not None and int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
         self.bucket_bytes = None if bucket_bytes is None else int(bucket_bytes)
-        if isinstance(client, _client_mod.Client):
+        if client is None:                       # inert (from_config)
+            if task is not None or overrides or client_kwargs:
+                raise TypeError("task, overrides and client keyword arguments go with a job "
+                                "file, not with client=None")
+            self.client = None
+            self._owns_client = False
+        elif isinstance(client, _client_mod.Client):
             if task is not None or overrides or client_kwargs:
                 raise TypeError("task, overrides and client keyword arguments go with a job "
                                 "file, not with a Client")
@@ -105,6 +153,8 @@ class Optimizer(keras.optimizers.Optimizer):
     def build(self, variables):
         if self.built:
             return
+        if self.client is None:                  # inert: nothing to declare
+            return keras.optimizers.Optimizer.build(self, list(variables))
         variables = list(variables)
         if not variables:
             raise ValueError("tessera.keras.Optimizer: the model has no trainable variables "
@@ -120,28 +170,44 @@ class Optimizer(keras.optimizers.Optimizer):
                 raise ValueError(f"tessera.keras.Optimizer: variable {v.path} is {v.dtype}; "
                                  f"the shards hold float32 (no mixed-precision policy)")
         super().build(variables)
+        state = _state_variables(self._model or _model_of(self), variables)
+        snames = [v.path for v in state]
+        clash = sorted(set(names) & set(snames))
+        if clash:
+            raise ValueError(f"tessera.keras.Optimizer: variables share the path(s) {clash}; "
+                             f"give the layers distinct names")
         model = {n: _client_mod.Tensor(tuple(int(d) for d in v.shape))
                  for n, v in zip(names, variables)}
-        try:
-            params = self.client.declare(model)
-        except ShapeError as e:
-            raise ShapeError(f"tessera.keras.Optimizer: the job's shards hold a tensor of "
-                             f"this model under another shape (another model on the same "
-                             f"shards?): {e}", e.code) from e
-        self._tessera_names = names
-        self._params = [params[n] for n in names]
-        self._grads = [np.zeros(p.shape, np.float32) for p in self._params]
-        self._buckets = buckets([p.nbytes for p in self._params], self.bucket_bytes)
-        self._bucket_args = [({names[i]: self._grads[i] for i in b},
-                              {names[i]: self._params[i] for i in b}) for b in self._buckets]
-        self._inflight = [None] * len(self._buckets)
+        model.update({n: _client_mod.Tensor(tuple(int(d) for d in v.shape), kind="state")
+                      for n, v in zip(snames, state)})
+        every = list(variables) + state
         # Keras builds the optimizer while it traces the first train step (tf.function):
-        # the initial values are assigned eagerly, before that step runs, not as ops of
+        # the values are read and assigned eagerly, before that step runs, not as ops of
         # the traced step.
         with tf.init_scope():
-            self.client.pull(self._params)      # the shards' initial values
+            own = {n: np.array(v.numpy(), np.float32) for n, v in zip(names + snames, every)}
+            try:
+                params = self.client.declare(model, values=own)
+            except ShapeError as e:
+                raise _model_mismatch(e, len(model)) from e
+            _log.info("tessera.keras: the job starts from %s's values",
+                      self.client.values_source)
+            self._tessera_names = names + snames
+            self._state_vars = state
+            self._n_train = len(names)
+            self._params = [params[n] for n in self._tessera_names]
+            self._grads = [np.zeros(p.shape, np.float32) for p in self._params]
+            self._buckets = buckets([p.nbytes for p in self._params[:self._n_train]],
+                                    self.bucket_bytes)
+            if state:  # last, in a bucket of its own: values, not gradients
+                self._buckets.append(list(range(self._n_train, len(self._params))))
+            allnames = self._tessera_names
+            self._bucket_args = [({allnames[i]: self._grads[i] for i in b},
+                                  {allnames[i]: self._params[i] for i in b})
+                                 for b in self._buckets]
+            self._inflight = [None] * len(self._buckets)
             self._versions = [self.client.last_version] * len(self._buckets)
-            for v, p in zip(variables, self._params):
+            for v, p in zip(every, self._params):
                 v.assign(p)
 
     def _submit(self, b: int, *grads) -> np.int64:
@@ -155,6 +221,11 @@ class Optimizer(keras.optimizers.Optimizer):
                 pass
         for i, g in zip(self._buckets[b], grads):
             np.copyto(self._grads[i], np.asarray(g).reshape(self._grads[i].shape))
+        if self._buckets[b][0] >= self._n_train and self.tessera_steps % self.state_every:
+            # The state's values stay this worker's own until its next exchange.
+            for i in self._buckets[b]:
+                np.copyto(self._params[i], self._grads[i])
+            return np.int64(b)
         g, into = self._bucket_args[b]
         if self.client.mode == "sync":
             # Tagged with the version these parameters came from; the pull waits for the
@@ -171,6 +242,8 @@ class Optimizer(keras.optimizers.Optimizer):
         applied = accumulated = stale = duplicate = 0
         version = None
         for b, r in enumerate(self._inflight):
+            if r is None:                        # state not exchanged this step
+                continue
             self._inflight[b] = None
             res = r.wait()
             self._versions[b] = res.version
@@ -185,6 +258,8 @@ class Optimizer(keras.optimizers.Optimizer):
         return [p.copy() for p in self._params]
 
     def apply(self, grads, trainable_variables=None):
+        if self.client is None:
+            raise RuntimeError(_INERT_ERROR)
         if trainable_variables is None:
             trainable_variables = self._trainable_variables
         else:
@@ -194,7 +269,7 @@ class Optimizer(keras.optimizers.Optimizer):
             self.build(trainable_variables)
             self.built = True
         _refuse_xla()
-        if [v.path for v in trainable_variables] != self._tessera_names:
+        if [v.path for v in trainable_variables] != self._tessera_names[:self._n_train]:
             raise ValueError("tessera.keras.Optimizer: the variables given are not the ones "
                              "declared on the shards (in the same order)")
         grads = list(grads)
@@ -206,14 +281,19 @@ class Optimizer(keras.optimizers.Optimizer):
         # are stateful, so tf.function keeps them in this order, and each depends only
         # on its own gradients: TensorFlow runs it while the earlier layers' gradients
         # are still being computed.
+        # The state variables' values after this step's forward pass (BatchNormalization
+        # updated its moving statistics there): read after those updates, as TensorFlow
+        # orders the operations on a variable as written.
+        sent = grads + [tf.convert_to_tensor(v) for v in self._state_vars]
         order = [tf.numpy_function(functools.partial(self._submit, b),
-                                   [tf.convert_to_tensor(grads[i], tf.float32)
+                                   [tf.convert_to_tensor(sent[i], tf.float32)
                                     for i in bucket],
                                    Tout=tf.int64, name=f"tessera_push_{b}")
                  for b, bucket in enumerate(self._buckets)]
-        new = tf.numpy_function(self._collect, order, Tout=[tf.float32] * len(grads),
+        every = trainable_variables + self._state_vars
+        new = tf.numpy_function(self._collect, order, Tout=[tf.float32] * len(every),
                                 name="tessera_pull")
-        for v, p in zip(trainable_variables, new):
+        for v, p in zip(every, new):
             v.assign(tf.reshape(p, v.shape))
         self.iterations.assign_add(1)
 
@@ -226,26 +306,82 @@ class Optimizer(keras.optimizers.Optimizer):
         raise NotImplementedError("tessera.keras.Optimizer updates on the shards")
 
     def get_config(self):
+        """Keras's optimizer config and ``bucket_bytes``; nothing of the job (its path,
+        addresses, tokens are the saving host's), so a saved model loads anywhere."""
         cfg = super().get_config()
-        cfg["job"] = getattr(self.client.job, "source", None) if self.client.job else None
+        cfg["bucket_bytes"] = self.bucket_bytes
         return cfg
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """An inert optimizer (see the class): what ``load_model`` and ``clone_model`` give
+        the model, with a warning (InertOptimizerWarning) that it cannot train."""
+        warnings.warn(_INERT_WARNING, InertOptimizerWarning, stacklevel=2)
+        return cls(None, name=config.get("name", "tessera"),
+                   bucket_bytes=config.get("bucket_bytes"))
+
+    @property
+    def inert(self) -> bool:
+        """True for an optimizer with no client (from a saved config): it cannot train."""
+        return self.client is None
 
     # -- Tessera -------------------------------------------------------------------------
 
     @property
     def tessera_names(self) -> List[str]:
-        """The names the variables are declared under on the shards, in model order."""
+        """The names the variables are declared under on the shards: the trainable ones in
+        model order, then the state (non-trainable) ones."""
         return list(self._tessera_names)
 
+    @property
+    def state_names(self) -> List[str]:
+        """The model's non-trainable variables held on the shards as state tensors."""
+        return list(self._tessera_names[self._n_train:])
+
     def pull(self) -> Dict[str, np.ndarray]:
-        """The shards' current parameters (new arrays, by name), without changing the
-        model's variables."""
+        """The shards' current parameters and state (new arrays, by name), without
+        changing the model's variables."""
+        if self.client is None:
+            raise RuntimeError(_INERT_ERROR)
         return self.client.pull({n: np.zeros(p.shape, np.float32)
                                  for n, p in zip(self._tessera_names, self._params)},
                                 min_version=0)
 
+    def sync_weights(self) -> List[str]:
+        """Send the model's values that changed outside a train step (``set_weights``,
+        ``load_weights``, EarlyStopping's ``restore_best_weights``) to the shards, which
+        take them as the job's (an assign), so the next step goes on from them. Returns
+        the names assigned ([] when nothing changed). ``ProgressCallback`` calls it at the
+        start and end of ``fit`` and ``finish`` calls it; call it after changing weights
+        by hand. In sync mode, do it between steps (after ``fit``) from one worker or
+        from all with the same values."""
+        if not self.built:
+            return []
+        every = self._declared_variables()
+        with tf.init_scope():
+            changed = {}
+            for n, v, p in zip(self._tessera_names, every, self._params):
+                now = np.asarray(v.numpy(), np.float32).reshape(p.shape)
+                if not np.array_equal(now, p):
+                    changed[n] = np.ascontiguousarray(now)
+            if changed:
+                self.client.assign(changed)
+                for n, p in zip(self._tessera_names, self._params):
+                    if n in changed:
+                        np.copyto(p, changed[n])
+                _log.info("tessera.keras: %d variable(s) changed outside a train step were "
+                          "assigned on the shards: %s", len(changed), sorted(changed)[:8])
+        return sorted(changed)
+
+    def _declared_variables(self) -> List[Any]:
+        return list(self._trainable_variables) + list(self._state_vars)
+
     def finish(self, loss: float = 0.0, examples_per_sec: float = 0.0) -> None:
-        """Tell the shards this worker is done (sync barriers go on without it)."""
+        """Tell the shards this worker is done (sync barriers go on without it), after
+        sending weights changed since the last step (``sync_weights``)."""
+        if self.client is None:
+            raise RuntimeError(_INERT_ERROR)
+        self.sync_weights()
         self.client.set_progress(self.tessera_steps, float(loss), float(examples_per_sec),
                                  1.0, done=True)
 
@@ -253,6 +389,47 @@ class Optimizer(keras.optimizers.Optimizer):
         """Close the client if the optimizer opened it."""
         if self._owns_client:
             self.client.close()
+
+
+def _model_of(opt: "Optimizer") -> Optional["keras.Model"]:
+    """The model compiled with opt (``model.optimizer is opt``), found among the objects
+    that refer to the optimizer; None when there is none (a custom loop without compile:
+    pass ``model=`` to the optimizer to have its state tracked)."""
+    import gc
+    for ref in gc.get_referrers(opt):
+        if isinstance(ref, dict):
+            for owner in gc.get_referrers(ref):
+                if isinstance(owner, keras.Model) and getattr(owner, "optimizer", None) is opt:
+                    return owner
+        elif isinstance(ref, keras.Model) and getattr(ref, "optimizer", None) is opt:
+            return ref
+    return None
+
+
+def _state_variables(model: Optional["keras.Model"], trainable: Sequence[Any]) -> List[Any]:
+    """The model's non-trainable float32 variables (BatchNormalization's moving statistics,
+    frozen layers' weights, a Normalization layer's adapted mean), in model order: held on
+    the shards as state tensors. Integer variables (seed generators' state) stay local."""
+    if model is None:
+        return []
+    ids = {id(v) for v in trainable}
+    out, seen = [], set()
+    for v in model.non_trainable_variables:
+        if id(v) in ids or id(v) in seen or v.dtype != "float32":
+            continue
+        seen.add(id(v))
+        out.append(v)
+    return out
+
+
+def _model_mismatch(e: ShapeError, num_tensors: int) -> ShapeError:
+    """The declare's ShapeError, saying what differs between this model (of num_tensors
+    tensors) and the one the shards hold, with the code once."""
+    if not e.code:                  # the Python layer's own (a dimension of 0)
+        return ShapeError(f"tessera.keras.Optimizer: {e.message}", e.code)
+    what = _mismatch.describe(e.message, num_tensors) or e.message
+    return ShapeError(f"tessera.keras.Optimizer: this model is not the one the job's shards "
+                      f"hold (another model on the same shards?): {what}", e.code)
 
 
 def _refuse_xla() -> None:
@@ -314,7 +491,17 @@ class ProgressCallback(keras.callbacks.Callback):
             # Keras never calls the optimizer of a model without trainable variables.
             raise ValueError("tessera.keras: the model has no trainable variables to train "
                              "on the shards")
+        if not self.opt.built and self.model is not None:
+            # Declared now (Keras would at its first step): the shards hold the job's
+            # values from the first batch on, for callbacks that look at them.
+            self.opt.build(self.model.trainable_variables)
+        self.opt.sync_weights()
         self._t0 = time.monotonic()
+
+    def on_train_end(self, logs=None):
+        # After EarlyStopping(restore_best_weights=True) when listed after it; finish()
+        # checks again.
+        self.opt.sync_weights()
 
     def on_train_batch_end(self, batch, logs=None):
         import time

@@ -624,7 +624,7 @@ static PyObject *mod_load_config(PyObject *Py_UNUSED(m), PyObject *args) {
 #define S(x) ((x) ? (x) : "")
   PyObject *d = layers ? Py_BuildValue(
       "{s:N,s:N,s:N,s:s,s:i,s:i,s:d,s:d,s:d,s:i,s:L,s:L,s:i,s:s,s:d,s:d,s:d,s:d,s:d,s:N,s:L,"
-      "s:i,s:i,s:L,s:s,s:d,s:s,s:d,s:i,s:s,s:s,s:s,s:i,s:s}",
+      "s:i,s:i,s:L,s:s,s:d,s:i,s:s,s:d,s:i,s:s,s:s,s:s,s:i,s:s}",
       "ps", str_list(cfg.ps, cfg.num_ps), "ps_http", str_list(cfg.ps_http, cfg.num_ps_http),
       "workers", str_list(cfg.workers, cfg.num_workers), "mode", ts_mode_name(cfg.mode),
       "replicas_to_aggregate", cfg.replicas_to_aggregate, "staleness", cfg.staleness,
@@ -636,7 +636,7 @@ static PyObject *mod_load_config(PyObject *Py_UNUSED(m), PyObject *args) {
       cfg.momentum, "beta1", cfg.beta1, "beta2", cfg.beta2, "epsilon", cfg.epsilon, "layers",
       layers, "seed", (long long)cfg.seed, "batch_size", cfg.batch_size, "epochs", cfg.epochs,
       "max_steps", (long long)cfg.max_steps, "logdir", S(cfg.logdir), "log_interval_s",
-      cfg.log_interval_s, "checkpoint_dir", S(cfg.checkpoint_dir), "checkpoint_interval_s",
+      cfg.log_interval_s, "state_every", cfg.state_every, "checkpoint_dir", S(cfg.checkpoint_dir), "checkpoint_interval_s",
       cfg.checkpoint_interval_s, "checkpoint_keep", cfg.checkpoint_keep, "token_file",
       S(cfg.token_file), "admin_token_file", S(cfg.admin_token_file), "task_role",
       role_name(cfg.task_role), "task_index", cfg.task_index, "source", S(cfg.source))

@@ -110,12 +110,12 @@ class Optimizer(keras.optimizers.Optimizer):
     def __init__(self, client: Union["_client_mod.Client", str, os.PathLike, None], *,
                  task: Optional[int] = None, overrides: Sequence[str] = (),
                  bucket_bytes: Optional[int] = None, name: str = "tessera",
-                 model: Optional["keras.Model"] = None, state_every: int = 1,
+                 model: Optional["keras.Model"] = None, state_every: Optional[int] = None,
                  **client_kwargs: Any):
         super().__init__(learning_rate=0.0, name=name)
-        if int(state_every) <= 0:
+        if state_every is not None and int(state_every) <= 0:
             raise ValueError(f"state_every must be positive, not {state_every}")
-        self.state_every = int(state_every)
+        self._state_every = None if state_every is None else int(state_every)
         self._model = model
         self._state_vars: List[Any] = []
         self._n_train = 0
@@ -332,6 +332,15 @@ class Optimizer(keras.optimizers.Optimizer):
         """The names the variables are declared under on the shards: the trainable ones in
         model order, then the state (non-trainable) ones."""
         return list(self._tessera_names)
+
+    @property
+    def state_every(self) -> int:
+        """Steps between this worker's pushes of the state tensors' values: the
+        ``state_every`` argument, else the job's ``train.state_every`` (default 1)."""
+        if self._state_every is not None:
+            return self._state_every
+        job = getattr(self.client, "job", None) if self.client is not None else None
+        return int(getattr(job, "state_every", 1) or 1)
 
     @property
     def state_names(self) -> List[str]:

@@ -1,14 +1,18 @@
 """Ctrl-C (SIGINT) during a wait, on the main thread and on others (tessera.Request).
 
 The sync jobs here have 2 workers and only task 0 runs, so a pull of the next version (or
-a push_pull) waits for a barrier that never closes, and the signal comes while it does.
-The bound checked is the one docs/python.md promises: KeyboardInterrupt within 0.5 s of
-the signal.
+a push_pull) waits for a barrier that never closes, and the signal comes while it does
+(or, where said, just before). The bound checked is the acceptance bound, 0.5 s from the
+signal to the KeyboardInterrupt where the user catches it (docs/python.md gives the
+measured figures; each test prints its own with -s).
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,6 +20,7 @@ import numpy as np
 import pytest
 
 import tessera
+from test_keras import _why as _no_tf
 
 SGD1 = 'optimizer = { name = "sgd"; learning_rate = 1.0; };\n'
 SYNC = 'job = { mode = "sync"; sync_timeout_s = 60.0; };\n' + SGD1
@@ -60,8 +65,8 @@ def _waiting_client(cl) -> tuple:
 MODEL = {"w": (64, 64), "b": (64,)}
 
 
-def _shards_still_train(cl, model=MODEL) -> None:
-    """Both workers, as new clients, close a sync step together."""
+def _shards_still_train(cl, model=MODEL, workers=2) -> None:
+    """Every worker, as a new client, closes a sync step with the others."""
     out: dict = {}
 
     def worker(task: int) -> None:
@@ -72,12 +77,12 @@ def _shards_still_train(cl, model=MODEL) -> None:
             r = c.push_pull({n: np.ones(s, np.float32) for n, s in model.items()}, p)
             out[task] = (v, r.version)
 
-    ts = [threading.Thread(target=worker, args=(t,)) for t in (0, 1)]
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(workers)]
     for t in ts:
         t.start()
     for t in ts:
         t.join(30)
-    assert set(out) == {0, 1}, out
+    assert set(out) == set(range(workers)), out
     for v, after in out.values():
         assert after > v, out
 
@@ -235,3 +240,145 @@ def test_a_handler_of_the_users_own_is_respected(cluster):
         signal.signal(signal.SIGINT, old)
         c.close()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# --- (c) Keras: a worker blocked at the barrier inside fit, a loop or evaluate ----------
+
+KERAS_WORKER = r"""
+import json, os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)   # also under a background shell
+import numpy as np
+import keras, tensorflow as tf
+import tessera.keras as tk
+
+config, mode = sys.argv[1], sys.argv[2]
+opt = tk.optimizer(config, task=0, timeout=120)
+sent = []
+
+def sigint_once(a):                              # mode "compute": Ctrl-C in the forward pass
+    if not sent:
+        sent.append(time.monotonic())
+        print(json.dumps({"sent": sent[0]}), flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)                          # more to compute, then the barrier
+    return a
+
+class SigintOnce(keras.layers.Layer):
+    def call(self, x):
+        return tf.reshape(tf.numpy_function(sigint_once, [x], tf.float32), tf.shape(x))
+
+layers = [keras.Input((4,))] + ([SigintOnce()] if mode == "compute" else [])
+model = keras.Sequential(layers + [keras.layers.Dense(8, name="h"),
+                                   keras.layers.Dense(2, name="out")], name="m")
+model.compile(optimizer=opt, loss="mse")
+x = np.zeros((32, 4), np.float32)
+y = np.zeros((32, 2), np.float32)
+opt.build(model.trainable_variables)
+print(json.dumps({"names": opt.tessera_names,
+                  "shapes": [list(v.shape) for v in model.trainable_variables]}), flush=True)
+
+def loss_grads():
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((model(x) - y) ** 2)
+    return tape.gradient(loss, model.trainable_variables)
+
+@tf.function
+def step():
+    opt.apply_gradients(zip(loss_grads(), model.trainable_variables))
+
+try:
+    if mode == "stopped":                        # the test stops a shard first
+        sys.stdin.readline()
+    if mode in ("fit", "compute", "stopped"):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    elif mode == "loop":                         # a custom loop, its step a tf.function
+        for _ in range(3):
+            step()
+    elif mode == "eager":                        # a custom loop, eager
+        for _ in range(3):
+            opt.apply_gradients(zip(loss_grads(), model.trainable_variables))
+    elif mode == "evaluate":                     # no request: TensorFlow's own steps
+        endless = tf.data.Dataset.from_tensors((x, y)).repeat()
+        print(json.dumps({"evaluating": True}), flush=True)
+        model.evaluate(endless, steps=10**9, verbose=0)
+    print(json.dumps({"error": "no KeyboardInterrupt"}), flush=True)
+except KeyboardInterrupt:
+    at = time.monotonic()
+    print(json.dumps({"interrupted": at}), flush=True)
+except BaseException as e:
+    print(json.dumps({"error": f"{type(e).__name__}: {e}"[:2000]}), flush=True)
+"""
+
+
+def _lines(proc, until: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        line = line.strip()
+        if line.startswith("{"):
+            d = json.loads(line)
+            if until in d or "error" in d:
+                return d
+    raise AssertionError(f"no {until!r} line from the worker")
+
+
+@pytest.mark.skipif(bool(_no_tf), reason=_no_tf or "-")
+@pytest.mark.parametrize("mode", ["fit", "compute", "stopped", "loop", "eager", "evaluate"])
+def test_sigint_stops_a_keras_worker_at_the_barrier(cluster, mode):
+    """fit, a custom loop (its step a tf.function, or eager) and evaluate, blocked at the
+    barrier of the first step (2 workers, only task 0 there), in the forward pass
+    ("compute": the SIGINT comes from inside the step, which then waits), or for a shard
+    that does not answer ("stopped": 1 worker, shard 1 stopped)."""
+    workers = 1 if mode == "stopped" else 2
+    cl = cluster(2, workers, 'job = { mode = "sync"; sync_timeout_s = 60.0; '
+                             'partition_bytes = 64; };\n' + SGD1)
+    proc = subprocess.Popen([sys.executable, "-c", KERAS_WORKER, str(cl.config), mode],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        model = _lines(proc, "names", 120)
+        assert "error" not in model, model
+        if mode == "stopped":
+            cl.signal(1, signal.SIGSTOP)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        if mode == "compute":   # the worker sends it itself, then waits at the barrier
+            sent = _lines(proc, "sent", 60)
+        elif mode == "evaluate":
+            assert "error" not in _lines(proc, "evaluating", 60)
+            time.sleep(1.0)
+        else:
+            # Blocked in its first step: its push is on the shards, its pull parked.
+            with tessera.Client(str(cl.config), admin=True, timeout=10, require_all=False,
+                                connect_timeout=2) as watch:
+                deadline = time.monotonic() + 60
+                while watch.status(0).pushes == 0:
+                    assert time.monotonic() < deadline and proc.poll() is None
+                    time.sleep(0.05)
+            time.sleep(0.5)
+        if mode == "compute":
+            assert "error" not in sent, sent
+            sent = sent["sent"] + 0.2           # from the start of the barrier's wait
+        else:
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+        out = _lines(proc, "interrupted", 30)
+        assert "error" not in out, (out, proc.stderr.read()[-3000:] if proc.poll() is not None
+                                    else "")
+        took = out["interrupted"] - sent
+        print(f"{mode}: KeyboardInterrupt {took * 1000:.0f} ms after SIGINT")
+        assert took < BOUND_S, f"{mode}: KeyboardInterrupt {took:.3f} s after SIGINT"
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # The shards are fine: a new client pulls the model, and the workers, new clients,
+    # close a step.
+    cl.signal(1, signal.SIGCONT)
+    shapes = {n: tuple(s) for n, s in zip(model["names"], model["shapes"])}
+    with tessera.Client(str(cl.config), task=0, timeout=20) as c:
+        c.pull(c.declare(shapes), min_version=0)
+    _shards_still_train(cl, shapes, workers)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -184,6 +185,13 @@ class Optimizer(keras.optimizers.Optimizer):
         self.tessera_steps += 1
         return [p.copy() for p in self._params]
 
+    def _unchanged(self, *_order) -> List[np.ndarray]:
+        """The step was stopped by Ctrl-C (see _stoppable): its requests failed; hand
+        TensorFlow the parameters the variables have (those of the last step pulled; a
+        pull reply cut off half-way leaves some of the next step's values in)."""
+        self._inflight = [None] * len(self._buckets)
+        return [p.copy() for p in self._params]
+
     def apply(self, grads, trainable_variables=None):
         if trainable_variables is None:
             trainable_variables = self._trainable_variables
@@ -206,12 +214,14 @@ class Optimizer(keras.optimizers.Optimizer):
         # are stateful, so tf.function keeps them in this order, and each depends only
         # on its own gradients: TensorFlow runs it while the earlier layers' gradients
         # are still being computed.
-        order = [tf.numpy_function(functools.partial(self._submit, b),
+        order = [tf.numpy_function(_stoppable(functools.partial(self._submit, b),
+                                              lambda *_g, b=b: np.int64(b)),
                                    [tf.convert_to_tensor(grads[i], tf.float32)
                                     for i in bucket],
                                    Tout=tf.int64, name=f"tessera_push_{b}")
                  for b, bucket in enumerate(self._buckets)]
-        new = tf.numpy_function(self._collect, order, Tout=[tf.float32] * len(grads),
+        new = tf.numpy_function(_stoppable(self._collect, self._unchanged), order,
+                                Tout=[tf.float32] * len(grads),
                                 name="tessera_pull")
         for v, p in zip(trainable_variables, new):
             v.assign(tf.reshape(p, v.shape))
@@ -253,6 +263,32 @@ class Optimizer(keras.optimizers.Optimizer):
         """Close the client if the optimizer opened it."""
         if self._owns_client:
             self.client.close()
+
+
+def _stoppable(fn, stopped):
+    """A tf.numpy_function callback that, once Ctrl-C stopped the step, returns
+    ``stopped(*args)`` instead of raising.
+
+    In a train step traced by tf.function (``fit``, a custom loop's step) the callbacks run
+    on a TensorFlow thread while the main thread waits in TensorFlow's C++ for the step:
+    Python cannot run its SIGINT handler there, so a wait of the client on this thread
+    raises KeyboardInterrupt itself (tessera.Request) and interrupts the client, and the
+    other callbacks of the step then fail with Interrupted. Raising any of that into
+    TensorFlow would fail the step while Python's own KeyboardInterrupt is still pending
+    for the main thread: it would go off while TensorFlow builds its error, which pybind11
+    turns into a RuntimeError. So the step ends normally (nothing pushed or pulled any
+    more), and the main thread raises the KeyboardInterrupt as soon as it is back in
+    Python, right after the step. On the main thread (an eager step) the exception is
+    Python's own and goes through as it is."""
+    def run(*args):
+        try:
+            return fn(*args)
+        except BaseException:
+            if (threading.current_thread() is threading.main_thread()
+                    or not _client_mod._sigint_unhandled()):
+                raise
+            return stopped(*args)
+    return run
 
 
 def _refuse_xla() -> None:

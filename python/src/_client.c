@@ -14,12 +14,14 @@
  *  - Request: one ts_client_req_t, embedded in the Python object, submitted with a
  *    completion callback. The callback (client thread) touches no Python object: under the
  *    request's mutex it marks the request done and signals its condition variable. wait()
- *    waits on it in slices like above. Buffers: the request holds a Py_buffer of every
- *    array it reads or writes (so the arrays stay alive and numpy refuses to resize them)
+ *    waits on it in slices of at most 50 ms, and sees Ctrl-C on any thread (_sigint.h);
+ *    an interrupted wait interrupts the client, so nothing writes into its arrays after
+ *    the exception (_request.c, request_abandon). Buffers: the request holds a Py_buffer
+ *    of every array it reads or writes (so the arrays stay alive and numpy refuses to resize them)
  *    and the client holds a strong reference to every request in flight (so its memory,
  *    where the client thread writes the results, stays alive), both until the request is
  *    done and a Python thread noticed it ("reaped": wait(), done, or any later call on the
- *    client). A request abandoned by Ctrl-C thus keeps running, and keeps its buffers,
+ *    client). A request whose wait timed out thus keeps running, and keeps its buffers,
  *    until the library completes it.
  *
  *  - Logs: the library's log callback runs on the client thread; it only appends the line
@@ -28,7 +30,8 @@
  *    every call, and every wait slice. No GIL is ever taken on a thread Python did not
  *    start, so nothing here can deadlock at interpreter shutdown.
  *
- * Nothing process-wide is changed: no signal handler, no logging configuration.
+ * Process-wide: a C-level SIGINT handler installed over Python's (which it calls first),
+ * and its helper thread (_sigint.h); no logging configuration.
  */
 #include "_client_int.h"
 

@@ -354,6 +354,11 @@ const ts_config_def_t ts_config_defs[] = {
         "65536 so one batch of activations fits device memory."),
     INT("train.epochs", epochs, 1, 1000000, "1",
         "Passes over the training set. At least 1; train.max_steps can stop earlier."),
+    INT("train.state_every", state_every, 1, 1000000, "1",
+        "Steps between a worker's pushes of its state tensors' values (a Keras model's "
+        "BatchNormalization moving statistics and other non-trainable variables, which the "
+        "shards keep as the workers' mean). 1 = every step; more saves the bytes of large "
+        "frozen layers. At least 1; at most a million."),
     INT64("train.max_steps", max_steps, 0, INT64_MAX, "0",
           "Stop when the job's global step reaches this; 0 = no step limit. The global step "
           "is TensorFlow's: the number of updates the shards applied. In sync mode one update "

@@ -128,6 +128,7 @@ typedef struct {
   int64_t max_steps;          /* 0 = no limit */
   char *logdir;
   double log_interval_s;
+  int state_every;        /* train.state_every: steps between the workers' state pushes */
   double stall_timeout_s; /* train.stall_timeout_s: the worker's /livez threshold (0: auto,
                              ts_config_stall_timeout_s) */
 

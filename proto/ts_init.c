@@ -23,6 +23,25 @@ double ts_init_uniform(uint64_t key, uint64_t counter) {
   return (double)(r >> 11) * (1.0 / 9007199254740992.0);
 }
 
+void ts_init_fans(const uint64_t *shape, size_t rank, double *fan_in, double *fan_out) {
+  if (rank < 2) {
+    *fan_in = *fan_out = rank == 1 ? (double)shape[0] : 1.0;
+    return;
+  }
+  /* The leading dimensions are a kernel's window (none for a dense kernel): each input and
+   * each output unit is connected through all of it. */
+  double receptive = 1.0;
+  for (size_t k = 0; k + 2 < rank; k++) receptive *= (double)shape[k];
+  *fan_in = (double)shape[rank - 2] * receptive;
+  *fan_out = (double)shape[rank - 1] * receptive;
+}
+
+double ts_init_glorot_limit(const uint64_t *shape, size_t rank) {
+  double fan_in, fan_out;
+  ts_init_fans(shape, rank, &fan_in, &fan_out);
+  return sqrt(6.0 / (fan_in + fan_out));
+}
+
 void ts_init_fill(float *dst, ts_init_kind_t kind, uint64_t seed, const char *name,
                   const uint64_t *shape, size_t rank, uint64_t offset, uint64_t count) {
   if (kind == TS_INIT_ZEROS || kind == TS_INIT_ONES) {
@@ -30,10 +49,7 @@ void ts_init_fill(float *dst, ts_init_kind_t kind, uint64_t seed, const char *na
     for (uint64_t i = 0; i < count; i++) dst[i] = v;
     return;
   }
-  double fan_in = (double)shape[0], fan_out = 1.0;
-  for (size_t k = 1; k < rank; k++) fan_out *= (double)shape[k];
-  if (rank == 1) fan_out = fan_in;
-  double limit = sqrt(6.0 / (fan_in + fan_out));
+  double limit = ts_init_glorot_limit(shape, rank);
   uint64_t key = ts_init_key(seed, name);
   for (uint64_t i = 0; i < count; i++)
     dst[i] = (float)((2.0 * ts_init_uniform(key, offset + i) - 1.0) * limit);

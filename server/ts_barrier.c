@@ -71,6 +71,10 @@ bool ts_barrier_done(ts_barrier_t *b, int task) {
   return true;
 }
 
+void ts_barrier_forget_done(ts_barrier_t *b) {
+  for (uint32_t t = 0; t < b->num_workers; t++) b->w[t].done = false;
+}
+
 /* later - earlier > span, with no wrap-around should a caller's clock lag. */
 static bool older_than(uint64_t later, uint64_t earlier, uint64_t span) {
   return later > earlier && later - earlier > span;

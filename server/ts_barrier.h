@@ -74,6 +74,10 @@ bool ts_barrier_heard(ts_barrier_t *b, int task, uint64_t now_ms);
  * the open barriers: one may have been waiting for it). */
 bool ts_barrier_done(ts_barrier_t *b, int task);
 
+/* A model reset: every worker's done was the old model's (a worker heard from in the same
+ * millisecond as the reset would otherwise still count as finished for the new one). */
+void ts_barrier_forget_done(ts_barrier_t *b);
+
 /* The end of the job: `task` has finished when it is done, or when it has been silent for
  * longer than heartbeat_ms at now_ms: not live (dead, or every connection closed) and
  * last heard from that long ago, or never seen and the shard up (since_ms) that long. A

@@ -14,12 +14,14 @@
  *  - Request: one ts_client_req_t, embedded in the Python object, submitted with a
  *    completion callback. The callback (client thread) touches no Python object: under the
  *    request's mutex it marks the request done and signals its condition variable. wait()
- *    waits on it in slices like above. Buffers: the request holds a Py_buffer of every
- *    array it reads or writes (so the arrays stay alive and numpy refuses to resize them)
+ *    waits on it in slices of at most 50 ms, and sees Ctrl-C on any thread (_sigint.h);
+ *    an interrupted wait interrupts the client, so nothing writes into its arrays after
+ *    the exception (_request.c, request_abandon). Buffers: the request holds a Py_buffer
+ *    of every array it reads or writes (so the arrays stay alive and numpy refuses to resize them)
  *    and the client holds a strong reference to every request in flight (so its memory,
  *    where the client thread writes the results, stays alive), both until the request is
  *    done and a Python thread noticed it ("reaped": wait(), done, or any later call on the
- *    client). A request abandoned by Ctrl-C thus keeps running, and keeps its buffers,
+ *    client). A request whose wait timed out thus keeps running, and keeps its buffers,
  *    until the library completes it.
  *
  *  - Logs: the library's log callback runs on the client thread; it only appends the line
@@ -28,7 +30,8 @@
  *    every call, and every wait slice. No GIL is ever taken on a thread Python did not
  *    start, so nothing here can deadlock at interpreter shutdown.
  *
- * Nothing process-wide is changed: no signal handler, no logging configuration.
+ * Process-wide: a C-level SIGINT handler installed over Python's (which it calls first),
+ * and its helper thread (_sigint.h); no logging configuration.
  */
 #include "_client_int.h"
 
@@ -624,7 +627,7 @@ static PyObject *mod_load_config(PyObject *Py_UNUSED(m), PyObject *args) {
 #define S(x) ((x) ? (x) : "")
   PyObject *d = layers ? Py_BuildValue(
       "{s:N,s:N,s:N,s:s,s:i,s:i,s:d,s:d,s:d,s:i,s:L,s:L,s:i,s:s,s:d,s:d,s:d,s:d,s:d,s:N,s:L,"
-      "s:i,s:i,s:L,s:s,s:d,s:s,s:d,s:i,s:s,s:s,s:s,s:i,s:s}",
+      "s:i,s:i,s:L,s:s,s:d,s:i,s:s,s:d,s:i,s:s,s:s,s:s,s:i,s:s}",
       "ps", str_list(cfg.ps, cfg.num_ps), "ps_http", str_list(cfg.ps_http, cfg.num_ps_http),
       "workers", str_list(cfg.workers, cfg.num_workers), "mode", ts_mode_name(cfg.mode),
       "replicas_to_aggregate", cfg.replicas_to_aggregate, "staleness", cfg.staleness,
@@ -636,7 +639,7 @@ static PyObject *mod_load_config(PyObject *Py_UNUSED(m), PyObject *args) {
       cfg.momentum, "beta1", cfg.beta1, "beta2", cfg.beta2, "epsilon", cfg.epsilon, "layers",
       layers, "seed", (long long)cfg.seed, "batch_size", cfg.batch_size, "epochs", cfg.epochs,
       "max_steps", (long long)cfg.max_steps, "logdir", S(cfg.logdir), "log_interval_s",
-      cfg.log_interval_s, "checkpoint_dir", S(cfg.checkpoint_dir), "checkpoint_interval_s",
+      cfg.log_interval_s, "state_every", cfg.state_every, "checkpoint_dir", S(cfg.checkpoint_dir), "checkpoint_interval_s",
       cfg.checkpoint_interval_s, "checkpoint_keep", cfg.checkpoint_keep, "token_file",
       S(cfg.token_file), "admin_token_file", S(cfg.admin_token_file), "task_role",
       role_name(cfg.task_role), "task_index", cfg.task_index, "source", S(cfg.source))

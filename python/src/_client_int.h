@@ -5,6 +5,7 @@
  *   _client.c   the Client type, the module's functions, PyInit__client
  *   _request.c  the Request type: submit, completion, wait, buffers
  *   _jobs.c     errors, clocks, the log queue, helper-thread jobs for the blocking calls
+ *   _sigint.c   SIGINT seen from any thread, for the waits of _request.c (_sigint.h)
  */
 #ifndef TESSERA_PY_CLIENT_INT_H
 #define TESSERA_PY_CLIENT_INT_H
@@ -29,7 +30,7 @@
 #include "ts_config.h"
 #include "ts_config_job.h"
 
-#define SLICE_S 0.1 /* longest wait between two signal checks */
+#define SLICE_S 0.1 /* job_run's longest wait between two signal checks (requests: _sigint.h) */
 #define LOGQ_MAX 512
 #define LOGQ_LINE 512
 
@@ -96,6 +97,7 @@ typedef struct {
   PyObject *inflight;  /* list of Request objects submitted and not yet reaped */
   uint32_t busy_poll_us;
   bool closed;
+  bool sigint_interrupted; /* a wait abandoned on a signal interrupted it (_request.c) */
 } ClientObject;
 
 typedef struct {

@@ -1,6 +1,13 @@
 /* tessera._client: the Request type (_client_int.h). */
 #include "_client_int.h"
 
+#include "_sigint.h"
+
+/* How long an abandoned wait waits for the interrupted client to fail its request (it
+ * does so on its next loop turn: microseconds) before it gives up and leaves the request
+ * referenced until it ends. */
+#define ABANDON_WAIT_S 5.0
+
 /* --- Request ------------------------------------------------------------------------------ */
 
 static void on_done(ts_client_req_t *req, void *arg) {
@@ -11,6 +18,16 @@ static void on_done(ts_client_req_t *req, void *arg) {
   atomic_store(&r->done_hint, 1);
   pthread_cond_broadcast(&r->cv);
   pthread_mutex_unlock(&r->mu);
+}
+
+/* The message of a request refused or failed because a wait on its client was abandoned. */
+static const char *interrupted_msg(ClientObject *c, int rc, const char *msg) {
+  if (rc == TS_CLIENT_ESHUTDOWN && c && c->sigint_interrupted)
+    return "interrupted: a wait on this client was stopped (Ctrl-C, or an exception of a "
+           "signal handler), and every request in flight on it was failed so that none "
+           "reads or writes its arrays any more; the client takes no more requests: close "
+           "it and open a new Client";
+  return msg;
 }
 
 static void request_release_buffers(RequestObject *r) {
@@ -208,7 +225,7 @@ PyObject *Client_submit(ClientObject *self, PyObject *args) {
   if (rc < 0) {
     r->state = 0;
     PySequence_DelItem(self->inflight, PyList_GET_SIZE(self->inflight) - 1);
-    raise_code(rc, r->req.errmsg);
+    raise_code(rc, interrupted_msg(self, rc, r->req.errmsg));
     goto fail;
   }
   Py_XDECREF(gs);
@@ -223,15 +240,53 @@ fail:
   return NULL;
 }
 
+/* A wait is abandoned (a signal handler raised, or a SIGINT reached a wait on another thread
+ * than the main thread): the library would go on writing into the request's destination
+ * arrays, or reading its gradients, after the exception reached the caller, and it has no
+ * way to cancel one request. So the whole client is interrupted (ts_client_interrupt: every
+ * request in flight fails with ESHUTDOWN on the client thread's next turn, which closes a
+ * connection still reading into or writing from their memory) and, with the GIL released,
+ * this request's completion is awaited: once it ran the library no longer touches its
+ * buffers (client.h), and they are released here. The client refuses every later request
+ * (Interrupted, saying why). Returns NULL with the exception given on entry. */
+static PyObject *request_abandon(RequestObject *self) {
+  PyObject *t, *v, *tb;
+  PyErr_Fetch(&t, &v, &tb);
+  ClientObject *c = self->client;
+  pthread_mutex_lock(&self->mu);
+  bool inflight = self->state == 1;
+  pthread_mutex_unlock(&self->mu);
+  if (inflight && c && c->sh && c->sh->c && !c->closed) {
+    c->sigint_interrupted = true;
+    ts_client_interrupt(c->sh->c);
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec dl;
+    deadline_in(&dl, ABANDON_WAIT_S);
+    pthread_mutex_lock(&self->mu);
+    while (self->state == 1 && pthread_cond_timedwait(&self->cv, &self->mu, &dl) != ETIMEDOUT) {
+    }
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+  }
+  request_reap(self); /* else it stays referenced until it ends, as any request does */
+  if (c && c->sh) logq_drain(c->sh->logq, c->logfn);
+  PyErr_Restore(t, v, tb);
+  return NULL;
+}
+
 /* wait(timeout=-1) -> bool: True once done (the results readable), False when timeout (s,
- * >= 0) passed first. Interruptible: a signal handler's exception is raised while the
- * request stays in flight. */
+ * >= 0) passed first. Interruptible from any thread (_sigint.h): on the main thread a
+ * signal handler's exception is raised (PyErr_CheckSignals); on another thread a SIGINT
+ * the main thread does not handle (it waits in C, e.g. for this thread inside TensorFlow)
+ * raises KeyboardInterrupt here. Either way the client is interrupted (request_abandon). */
 static PyObject *Request_wait(RequestObject *self, PyObject *args) {
   double timeout = -1;
   if (!PyArg_ParseTuple(args, "|d", &timeout)) return NULL;
   double start = mono_s();
   ClientObject *c = self->client;
   uint32_t busy = c ? c->busy_poll_us : 0;
+  bool armed = false, main = true;
+  sigint_wait_t sw;
   for (int turn = 0;; turn++) {
     pthread_mutex_lock(&self->mu);
     int st = self->state;
@@ -245,9 +300,20 @@ static PyObject *Request_wait(RequestObject *self, PyObject *args) {
       if (c && c->sh) logq_drain(c->sh->logq, c->logfn);
       Py_RETURN_TRUE;
     }
-    double left = timeout < 0 ? SLICE_S : timeout - (mono_s() - start);
+    double left = timeout < 0 ? SIGINT_SLICE_S : timeout - (mono_s() - start);
     if (timeout >= 0 && left <= 0) Py_RETURN_FALSE;
-    double slice = left < SLICE_S ? left : SLICE_S;
+    double slice = left < SIGINT_SLICE_S ? left : SIGINT_SLICE_S;
+    if (!armed) { /* about to sleep: make sure a SIGINT will be seen */
+      sigint_arm();
+      main = sigint_is_main_thread();
+      sigint_wait_start(&sw);
+      armed = true;
+      if (!main) { /* one that came while this thread computed, unhandled since? */
+        int p = sigint_pending(&sw);
+        if (p > 0) PyErr_SetNone(PyExc_KeyboardInterrupt);
+        if (p != 0) return request_abandon(self);
+      }
+    }
     Py_BEGIN_ALLOW_THREADS
     if (turn == 0 && busy > 0) { /* the job's busy_poll_us: spin a little before sleeping */
       double until = mono_s() + busy * 1e-6;
@@ -261,7 +327,16 @@ static PyObject *Request_wait(RequestObject *self, PyObject *args) {
     pthread_mutex_unlock(&self->mu);
     Py_END_ALLOW_THREADS
     if (c && c->sh) logq_drain(c->sh->logq, c->logfn);
-    if (PyErr_CheckSignals() < 0) return NULL;
+    if (main) {
+      uint64_t g = sigint_generation();
+      int rc = PyErr_CheckSignals();
+      sigint_handled(g);
+      if (rc < 0) return request_abandon(self);
+    } else {
+      int p = sigint_pending(&sw);
+      if (p > 0) PyErr_SetNone(PyExc_KeyboardInterrupt);
+      if (p != 0) return request_abandon(self);
+    }
   }
 }
 
@@ -291,8 +366,15 @@ PyObject *Request_check(RequestObject *self, PyObject *Py_UNUSED(a)) {
     PyErr_SetString(PyExc_RuntimeError, "request still in flight");
     return NULL;
   }
-  if (self->req.rc < 0) return raise_code(self->req.rc, self->req.errmsg);
+  if (self->req.rc < 0)
+    return raise_code(self->req.rc, interrupted_msg(self->client, self->req.rc, self->req.errmsg));
   Py_RETURN_NONE;
+}
+
+/* sigint_unhandled() -> bool: whether a SIGINT arrived that the main thread has not handled
+ * yet (it has not run Python code since: it waits in C, e.g. in a TensorFlow step). */
+static PyObject *Request_sigint_unhandled(PyObject *Py_UNUSED(cls), PyObject *Py_UNUSED(a)) {
+  return PyBool_FromLong(sigint_unhandled());
 }
 
 static PyMethodDef Request_methods[] = {
@@ -300,6 +382,8 @@ static PyMethodDef Request_methods[] = {
      "wait(timeout=-1) -> bool: wait until done (True) or timeout seconds passed (False)."},
     {"result", (PyCFunction)Request_result, METH_NOARGS, "The results of a done request."},
     {"check", (PyCFunction)Request_check, METH_NOARGS, "Raise the error of a failed request."},
+    {"sigint_unhandled", (PyCFunction)Request_sigint_unhandled, METH_NOARGS | METH_STATIC,
+     "Whether a SIGINT arrived that the main thread has not handled yet."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Request_getset[] = {

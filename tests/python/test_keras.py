@@ -163,6 +163,22 @@ def test_batchnorm_state_on_the_shards(cluster):
         assert np.abs(shard["bnm/bn/moving_mean"]).max() > 0       # moved from zeros
         assert np.abs(shard["bnm/bn/gamma"] - 1).max() < 0.5        # from ones
         assert c.status(0).tensors + c.status(1).tensors >= 2
+        assert opt.state_every == 1
+    # train.state_every: the state is exchanged every N steps, kept local in between.
+    opt3 = tk.optimizer(str(cl.config), task=0, overrides=["train.state_every=3"])
+    try:
+        assert opt3.state_every == 3
+        m3 = keras.models.clone_model(m)
+        m3.compile(optimizer=opt3, loss="mse")
+        m3.fit(x, x[:, :2], batch_size=16, epochs=2, shuffle=False, verbose=0)
+        assert opt3.tessera_steps == 4
+        # Pushed at steps 0 and 3 (the 1st and 4th): the shards hold step 3's mean, the
+        # model its own later values equal to them after that step.
+        shard = opt3.pull()
+        np.testing.assert_array_equal(shard["bnm/bn/moving_mean"],
+                                      m3.get_layer("bn").moving_mean.numpy())
+    finally:
+        opt3.close()
 
 
 def test_no_trainable_variables_raises(cluster):

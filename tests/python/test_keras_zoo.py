@@ -20,7 +20,7 @@ Keras's, or its accuracy within 0.03.
 tests/python/zoo_worker.py trains every model in sequence in one process (one TensorFlow
 start-up): as the reference (2 TensorFlow threads), then twice at once as the two tessera
 workers (task 0 and 1, one TensorFlow thread each, a freshly started 2-shard cluster per
-model). About 2 to 2.5 minutes on 2 quiet cores (120 to 135 s; 165 to 190 s of CPU, most of
+model). About 2 minutes on 2 quiet cores (100 to 135 s; 150 to 190 s of CPU, most of
 it TensorFlow tracing the train steps; 3.7 minutes measured while other jobs loaded the
 machine). Skipped where TensorFlow cannot be imported.
 """

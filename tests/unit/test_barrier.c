@@ -323,6 +323,12 @@ static void test_finished(void **state) {
    * counts as never seen (finished a heartbeat timeout after the reset). */
   assert_false(ts_barrier_finished(&b, 0, 9000 + HB_MS, 9000));
   assert_true(ts_barrier_finished(&b, 0, 9001 + HB_MS, 9000));
+  /* Heard from in the reset's own millisecond (the loop's clock is cached): its done is
+   * the old model's too, once the reset forgets it. */
+  ts_barrier_heard(&b, 0, 9000);
+  assert_true(ts_barrier_finished(&b, 0, 9001, 9000));
+  ts_barrier_forget_done(&b);
+  assert_false(ts_barrier_finished(&b, 0, 9001, 9000));
   assert_false(ts_barrier_finished(&b, 3, 99999, since)); /* not a task of the job */
   assert_false(ts_barrier_finished(&b, -1, 99999, since));
   ts_barrier_free(&b);

@@ -1,6 +1,7 @@
 /*
  * Deterministic initialisation (proto/ts_init.h): same (seed, name) gives the same values,
- * anything else does not; Glorot bounds and mean; offsets compose; zeros and ones.
+ * anything else does not; Glorot bounds and mean, with Keras's fans; offsets compose;
+ * zeros and ones.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -113,11 +114,41 @@ static void test_glorot_bounds_and_mean(void **state) {
   const uint64_t s2[] = {784, 256};
   check_glorot(s2, 2, 784, 256);
   const uint64_t s1[] = {10};
-  check_glorot(s1, 1, 10, 10); /* rank 1: fan_in = fan_out = n */
-  const uint64_t s4[] = {3, 5, 5, 16};
-  check_glorot(s4, 4, 3, 5 * 5 * 16);
+  check_glorot(s1, 1, 10, 10);         /* rank 1: fan_in = fan_out = n */
+  const uint64_t s4[] = {3, 5, 5, 16}; /* a 3x5 window, 5 -> 16 channels */
+  check_glorot(s4, 4, 3 * 5 * 5, 3 * 5 * 16);
   const uint64_t big[] = {100000, 100000};
   check_glorot(big, 2, 100000, 100000);
+}
+
+/* The fans and limits Keras's GlorotUniform gives these shapes (keras.initializers'
+ * compute_fans; conv kernels HWIO, as ps-worker's and TensorFlow's), written out. */
+static void check_fans(const uint64_t *shape, size_t rank, double fan_in, double fan_out,
+                       double limit) {
+  double in = 0, out = 0;
+  ts_init_fans(shape, rank, &in, &out);
+  if (in != fan_in || out != fan_out)
+    fail_msg("rank %zu: fans %g, %g, not %g, %g", rank, in, out, fan_in, fan_out);
+  double l = ts_init_glorot_limit(shape, rank);
+  if (fabs(l - limit) > 1e-16) fail_msg("rank %zu: limit %.17g, not %.17g", rank, l, limit);
+}
+
+static void test_glorot_fans_as_keras(void **state) {
+  (void)state;
+  /* 3x3 conv, 1 -> 16: receptive 9, fan_in 9, fan_out 144, sqrt(6/153). */
+  check_fans((const uint64_t[]){3, 3, 1, 16}, 4, 9, 144, 0.19802950859533486);
+  /* 3x3 conv, 16 -> 32: fan_in 144, fan_out 288, sqrt(6/432). */
+  check_fans((const uint64_t[]){3, 3, 16, 32}, 4, 144, 288, 0.11785113019775792);
+  /* LeNet-5's first layer, 5x5, 1 -> 6: fan_in 25, fan_out 150, sqrt(6/175). */
+  check_fans((const uint64_t[]){5, 5, 1, 6}, 4, 25, 150, 0.1851640199545103);
+  /* A dense kernel [in, out]: sqrt(6/912). */
+  check_fans((const uint64_t[]){784, 128}, 2, 784, 128, 0.08111071056538127);
+  check_fans((const uint64_t[]){10}, 1, 10, 10, sqrt(6.0 / 20));
+  /* A 1-D conv kernel [w, in, out] and a 3-D one [d, h, w, in, out]. */
+  check_fans((const uint64_t[]){3, 8, 4}, 3, 24, 12, sqrt(6.0 / 36));
+  check_fans((const uint64_t[]){2, 3, 3, 4, 5}, 5, 72, 90, sqrt(6.0 / 162));
+  /* The draws of a conv kernel fill exactly Keras's interval. */
+  check_glorot((const uint64_t[]){3, 3, 16, 32}, 4, 144, 288);
 }
 
 /* Filling [0, n) at once equals filling the two halves with offsets, at any split. */
@@ -167,6 +198,7 @@ int main(void) {
       cmocka_unit_test(test_different_name_or_seed),
       cmocka_unit_test(test_uniform_range),
       cmocka_unit_test(test_glorot_bounds_and_mean),
+      cmocka_unit_test(test_glorot_fans_as_keras),
       cmocka_unit_test(test_offset_consistency),
       cmocka_unit_test(test_zeros_ones),
   };

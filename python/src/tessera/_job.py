@@ -45,6 +45,7 @@ class Job:
     max_steps: int
     logdir: str
     log_interval_s: float
+    state_every: int                   #: train.state_every: steps between state pushes
     checkpoint_dir: str
     checkpoint_interval_s: float
     checkpoint_keep: int

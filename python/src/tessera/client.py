@@ -152,9 +152,18 @@ class Request:
     """A request in flight (``pull``/``push``/``push_pull`` with ``wait=False``).
 
     The arrays it reads or writes stay referenced until it is done. ``wait()`` blocks (GIL
-    released, Ctrl-C honoured within 0.1 s) and returns what the blocking call would have
-    returned, or raises its error. Interrupting a wait leaves the request running: it keeps
-    its arrays until the shards answer or its deadline passes.
+    released) and returns what the blocking call would have returned, or raises its error.
+
+    Ctrl-C: a wait looks for signals every 50 ms. On the main thread it runs Python's
+    handlers (PyErr_CheckSignals) and raises what they raise, ``KeyboardInterrupt`` by
+    default. On another thread (the thread TensorFlow runs a ``tf.numpy_function`` on) it
+    raises ``KeyboardInterrupt`` when a SIGINT arrived that the main thread does not handle
+    within 0.1 s (it is not running Python: it waits in C, as in a TensorFlow step) and
+    Python's handler of SIGINT is the default one; a SIGINT the main thread handles is its
+    own, and waits on other threads go on, as Python's rules have it. An interrupted wait
+    interrupts its client (``Client.interrupt()``): every request in flight on it fails, so
+    that none reads or writes its arrays after the exception; the client then refuses
+    requests with ``Interrupted`` (close it, open a new one).
     """
 
     __slots__ = ("_req", "_kind", "_value", "_client", "__weakref__")
@@ -193,6 +202,13 @@ class Request:
         kind = {_client.PULL: "pull", _client.PUSH: "push", _client.PUSH_PULL: "push_pull",
                 _client.ASSIGN: "assign", _client.ASSIGN_INITIAL: "assign"}
         return f"<tessera.Request {kind[self._kind]} {'done' if self.done else 'in flight'}>"
+
+
+def _sigint_unhandled() -> bool:
+    """Whether a SIGINT arrived that the main thread has not handled yet: it has not run
+    Python code since (it waits in C, e.g. for the thread calling this inside a TensorFlow
+    step); Python's handler runs there as soon as it does."""
+    return bool(_client.Request.sigint_unhandled())
 
 
 class Client:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import os
 import logging
+import threading
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -110,12 +111,12 @@ class Optimizer(keras.optimizers.Optimizer):
     def __init__(self, client: Union["_client_mod.Client", str, os.PathLike, None], *,
                  task: Optional[int] = None, overrides: Sequence[str] = (),
                  bucket_bytes: Optional[int] = None, name: str = "tessera",
-                 model: Optional["keras.Model"] = None, state_every: int = 1,
+                 model: Optional["keras.Model"] = None, state_every: Optional[int] = None,
                  **client_kwargs: Any):
         super().__init__(learning_rate=0.0, name=name)
-        if int(state_every) <= 0:
+        if state_every is not None and int(state_every) <= 0:
             raise ValueError(f"state_every must be positive, not {state_every}")
-        self.state_every = int(state_every)
+        self._state_every = None if state_every is None else int(state_every)
         self._model = model
         self._state_vars: List[Any] = []
         self._n_train = 0
@@ -257,6 +258,13 @@ class Optimizer(keras.optimizers.Optimizer):
         self.tessera_steps += 1
         return [p.copy() for p in self._params]
 
+    def _unchanged(self, *_order) -> List[np.ndarray]:
+        """The step was stopped by Ctrl-C (see _stoppable): its requests failed; hand
+        TensorFlow the parameters the variables have (those of the last step pulled; a
+        pull reply cut off half-way leaves some of the next step's values in)."""
+        self._inflight = [None] * len(self._buckets)
+        return [p.copy() for p in self._params]
+
     def apply(self, grads, trainable_variables=None):
         if self.client is None:
             raise RuntimeError(_INERT_ERROR)
@@ -285,13 +293,15 @@ class Optimizer(keras.optimizers.Optimizer):
         # updated its moving statistics there): read after those updates, as TensorFlow
         # orders the operations on a variable as written.
         sent = grads + [tf.convert_to_tensor(v) for v in self._state_vars]
-        order = [tf.numpy_function(functools.partial(self._submit, b),
+        order = [tf.numpy_function(_stoppable(functools.partial(self._submit, b),
+                                              lambda *_g, b=b: np.int64(b)),
                                    [tf.convert_to_tensor(sent[i], tf.float32)
                                     for i in bucket],
                                    Tout=tf.int64, name=f"tessera_push_{b}")
                  for b, bucket in enumerate(self._buckets)]
         every = trainable_variables + self._state_vars
-        new = tf.numpy_function(self._collect, order, Tout=[tf.float32] * len(every),
+        new = tf.numpy_function(_stoppable(self._collect, self._unchanged), order,
+                                Tout=[tf.float32] * len(every),
                                 name="tessera_pull")
         for v, p in zip(every, new):
             v.assign(tf.reshape(p, v.shape))
@@ -332,6 +342,15 @@ class Optimizer(keras.optimizers.Optimizer):
         """The names the variables are declared under on the shards: the trainable ones in
         model order, then the state (non-trainable) ones."""
         return list(self._tessera_names)
+
+    @property
+    def state_every(self) -> int:
+        """Steps between this worker's pushes of the state tensors' values: the
+        ``state_every`` argument, else the job's ``train.state_every`` (default 1)."""
+        if self._state_every is not None:
+            return self._state_every
+        job = getattr(self.client, "job", None) if self.client is not None else None
+        return int(getattr(job, "state_every", 1) or 1)
 
     @property
     def state_names(self) -> List[str]:
@@ -430,6 +449,32 @@ def _model_mismatch(e: ShapeError, num_tensors: int) -> ShapeError:
     what = _mismatch.describe(e.message, num_tensors) or e.message
     return ShapeError(f"tessera.keras.Optimizer: this model is not the one the job's shards "
                       f"hold (another model on the same shards?): {what}", e.code)
+
+
+def _stoppable(fn, stopped):
+    """A tf.numpy_function callback that, once Ctrl-C stopped the step, returns
+    ``stopped(*args)`` instead of raising.
+
+    In a train step traced by tf.function (``fit``, a custom loop's step) the callbacks run
+    on a TensorFlow thread while the main thread waits in TensorFlow's C++ for the step:
+    Python cannot run its SIGINT handler there, so a wait of the client on this thread
+    raises KeyboardInterrupt itself (tessera.Request) and interrupts the client, and the
+    other callbacks of the step then fail with Interrupted. Raising any of that into
+    TensorFlow would fail the step while Python's own KeyboardInterrupt is still pending
+    for the main thread: it would go off while TensorFlow builds its error, which pybind11
+    turns into a RuntimeError. So the step ends normally (nothing pushed or pulled any
+    more), and the main thread raises the KeyboardInterrupt as soon as it is back in
+    Python, right after the step. On the main thread (an eager step) the exception is
+    Python's own and goes through as it is."""
+    def run(*args):
+        try:
+            return fn(*args)
+        except BaseException:
+            if (threading.current_thread() is threading.main_thread()
+                    or not _client_mod._sigint_unhandled()):
+                raise
+            return stopped(*args)
+    return run
 
 
 def _refuse_xla() -> None:

@@ -8,11 +8,13 @@
  * Values are dyadic, so every comparison is exact.
  */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -70,14 +72,34 @@ static int run(ts_client_t *cl, ts_client_req_kind_t k, float *b0, float *b1, ui
   return rc;
 }
 
-/* 2 shards, 2 workers, the job's mode, several partitions per tensor, sgd at rate 1. */
-static void start(ts_cluster_t *c, const char *mode) {
-  char cfg[256];
+/* 2 shards, 2 workers, the job's mode, several partitions per tensor, sgd at rate 1;
+ * checkpoints in ckpt_dir when not NULL. */
+static void start(ts_cluster_t *c, const char *mode, const char *ckpt_dir) {
+  char cfg[1024], ck[600] = "";
+  if (ckpt_dir)
+    snprintf(ck, sizeof ck, "checkpoint = { dir = \"%s\"; interval_s = 3600; keep = 2; };",
+             ckpt_dir);
   snprintf(cfg, sizeof cfg,
            "job = { mode = \"%s\"; partition_bytes = 32; };\n"
-           "optimizer = { name = \"sgd\"; learning_rate = 1.0; };",
-           mode);
+           "optimizer = { name = \"sgd\"; learning_rate = 1.0; };\n%s",
+           mode, ck);
   assert_int_equal(ts_cluster_start(c, 2, 2, cfg), 0);
+}
+
+/* Admin: have every shard write a checkpoint now; returns the first failure's code. */
+static int checkpoint_all(ts_cluster_t *c, char *err, size_t errlen) {
+  ts_client_opts_t o;
+  tc_opts(&o, c->addrs, (size_t)c->num_shards);
+  o.admin = true;
+  o.task = -1;
+  o.require_all = true;
+  ts_client_t *a = NULL;
+  assert_int_equal(tc_open(&a, &o, NULL, 0, 0), 0);
+  int rc = 0;
+  for (uint32_t i = 0; i < (uint32_t)c->num_shards && rc == 0; i++)
+    rc = ts_client_checkpoint(a, i, NULL, 0, NULL, err, errlen);
+  ts_client_close(a);
+  return rc;
 }
 
 static void fill(float *v, size_t n, float base) {
@@ -87,7 +109,7 @@ static void fill(float *v, size_t n, float base) {
 static void test_chief_values_then_assign(void **state) {
   (void)state;
   ts_cluster_t c;
-  start(&c, "async");
+  start(&c, "async", NULL);
   bool awaiting = false;
   ts_client_t *w1 = open_declared(&c, 1, &awaiting);
   assert_true(awaiting); /* task 1 came first: the model waits for the chief's values */
@@ -145,7 +167,7 @@ static void test_chief_values_then_assign(void **state) {
 static void test_sync_state_mean_and_assign_between_steps(void **state) {
   (void)state;
   ts_cluster_t c;
-  start(&c, "sync");
+  start(&c, "sync", NULL);
   bool awaiting = false;
   ts_client_t *w[2];
   w[0] = open_declared(&c, 0, &awaiting);
@@ -184,8 +206,59 @@ static void test_sync_state_mean_and_assign_between_steps(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* No checkpoint while the chief's values are awaited (there is nothing to keep yet); once
+ * set, the values and the state tensors' kind are in the checkpoint: restarted from it the
+ * shards hold them, answer a values_follow declare as not waiting (the chief's values stay
+ * unsent) and refuse the tensor declared as trainable. */
+static void test_checkpoint_keeps_values_and_kinds(void **state) {
+  (void)state;
+  char dir[] = "/tmp/tessera-values-XXXXXX", cmd[600];
+  assert_non_null(mkdtemp(dir));
+  ts_cluster_t c;
+  start(&c, "async", dir);
+  bool awaiting = false;
+  ts_client_t *w0 = open_declared(&c, 0, &awaiting);
+  assert_true(awaiting);
+  char err[512];
+  assert_int_equal(checkpoint_all(&c, err, sizeof err), TS_CLIENT_ENOTREADY);
+  assert_non_null(strstr(err, "initial values"));
+  float own0[N0], own1[N1], v0[N0], v1[N1];
+  fill(own0, N0, -1.0f);
+  fill(own1, N1, 2.0f);
+  assert_int_equal(run(w0, TS_CLIENT_ASSIGN_INITIAL, own0, own1, 0, 0, NULL), 0);
+  assert_int_equal(checkpoint_all(&c, err, sizeof err), 0);
+  ts_client_close(w0);
+  for (int i = 0; i < 2; i++) {
+    ts_cluster_signal(&c, i, SIGKILL);
+    assert_int_equal(ts_cluster_start_shard(&c, i), 0);
+    assert_true(ts_cluster_log_has(&c, i, "restored checkpoint"));
+  }
+  w0 = open_declared(&c, 0, &awaiting);
+  assert_false(awaiting);
+  assert_int_equal(run(w0, TS_CLIENT_PULL, v0, v1, 0, 0, NULL), 0);
+  assert_memory_equal(v0, own0, sizeof v0);
+  assert_memory_equal(v1, own1, sizeof v1);
+  ts_client_close(w0);
+  ts_client_opts_t o;
+  tc_opts(&o, c.addrs, (size_t)c.num_shards);
+  o.require_all = true;
+  ts_client_t *cl = NULL;
+  assert_int_equal(tc_open(&cl, &o, NULL, 0, 0), 0);
+  ts_client_declare_opts_t d;
+  ts_client_declare_opts_init(&d);
+  d.seed = 3;
+  d.values_follow = true; /* kinds NULL: every tensor trainable */
+  assert_int_equal(ts_client_declare_ex(cl, model, NT, &d, err, sizeof err), TS_CLIENT_ESHAPE);
+  assert_non_null(strstr(err, "state tensor"));
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_checkpoint_keeps_values_and_kinds),
       cmocka_unit_test(test_chief_values_then_assign),
       cmocka_unit_test(test_sync_state_mean_and_assign_between_steps),
   };

@@ -33,6 +33,20 @@ static const ts_client_tensor_t model[NT] = {
 static const ts_client_kind_t kinds[NT] = {TS_CLIENT_TRAINABLE, TS_CLIENT_STATE};
 
 /* A client of task t with the model declared (values_follow); *awaiting gets the reply's. */
+/* Declare the model with values_follow and the given kinds (NULL: all trainable); *awaiting
+ * gets the reply's. Returns the declare's code, errmsg in err. */
+static int declare(ts_client_t *cl, const ts_client_kind_t *k, bool *awaiting, char *err,
+                   size_t errlen) {
+  ts_client_declare_opts_t d;
+  ts_client_declare_opts_init(&d);
+  d.seed = 3;
+  d.values_follow = true;
+  d.kinds = k;
+  int rc = ts_client_declare_ex(cl, model, NT, &d, err, errlen);
+  *awaiting = d.awaiting_values;
+  return rc;
+}
+
 static ts_client_t *open_declared(ts_cluster_t *c, int task, bool *awaiting) {
   ts_client_opts_t o;
   tc_opts(&o, c->addrs, (size_t)c->num_shards);
@@ -41,15 +55,8 @@ static ts_client_t *open_declared(ts_cluster_t *c, int task, bool *awaiting) {
   o.require_all = true;
   ts_client_t *cl = NULL;
   assert_int_equal(tc_open(&cl, &o, NULL, 0, 0), 0);
-  ts_client_declare_opts_t d;
-  ts_client_declare_opts_init(&d);
-  d.seed = 3;
-  d.values_follow = true;
-  d.kinds = kinds;
   char err[256];
-  int rc = ts_client_declare_ex(cl, model, NT, &d, err, sizeof err);
-  if (rc != 0) fail_msg("declare: %s", err);
-  *awaiting = d.awaiting_values;
+  if (declare(cl, kinds, awaiting, err, sizeof err) != 0) fail_msg("declare: %s", err);
   return cl;
 }
 
@@ -244,11 +251,8 @@ static void test_checkpoint_keeps_values_and_kinds(void **state) {
   o.require_all = true;
   ts_client_t *cl = NULL;
   assert_int_equal(tc_open(&cl, &o, NULL, 0, 0), 0);
-  ts_client_declare_opts_t d;
-  ts_client_declare_opts_init(&d);
-  d.seed = 3;
-  d.values_follow = true; /* kinds NULL: every tensor trainable */
-  assert_int_equal(ts_client_declare_ex(cl, model, NT, &d, err, sizeof err), TS_CLIENT_ESHAPE);
+  /* kinds NULL: every tensor trainable */
+  assert_int_equal(declare(cl, NULL, &awaiting, err, sizeof err), TS_CLIENT_ESHAPE);
   assert_non_null(strstr(err, "state tensor"));
   ts_client_close(cl);
   assert_int_equal(ts_cluster_stop(&c), 0);

@@ -1,5 +1,5 @@
 /*
- * Re-sharding at restore (ts_checkpoint_int.h): a shard that has no checkpoint of its own
+ * Re-sharding at restore (ts_ckpt_reshard.h): a shard that has no checkpoint of its own
  * layout takes its partitions out of a complete set of another layout's files.
  *
  * Why a set, and which: a file holds one old shard's partitions, so the new plan's
@@ -25,7 +25,8 @@
 #include <sys/stat.h>
 
 #include "ts_alloc.h"
-#include "ts_checkpoint_int.h"
+#include "ts_ckpt_file.h"
+#include "ts_ckpt_reshard.h"
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_msg.h"
@@ -66,7 +67,7 @@ static int collect(const ts_store_t *s, char *const *dirs, size_t ndirs, found_t
   for (size_t d = 0; d < ndirs; d++) {
     char **names;
     uint32_t *shards;
-    int n = ts_ckpt_list(dirs[d], -1, &names, &shards);
+    int n = ts_ckpt_file_list(dirs[d], -1, &names, &shards);
     if (n < 0) {
       ts_log_warn("re-sharding: cannot read checkpoint directory %s: %s", dirs[d], strerror(-n));
       continue;
@@ -75,7 +76,7 @@ static int collect(const ts_store_t *s, char *const *dirs, size_t ndirs, found_t
       char path[600], err[512];
       snprintf(path, sizeof path, "%s/%s", dirs[d], names[i]);
       Tessera__CheckpointMeta *m;
-      if (ts_ckpt_read_meta(path, &m, err, sizeof err) < 0) {
+      if (ts_ckpt_file_read_meta(path, &m, err, sizeof err) < 0) {
         ts_log_warn("re-sharding: skipping %s", err);
         continue;
       }
@@ -83,7 +84,7 @@ static int collect(const ts_store_t *s, char *const *dirs, size_t ndirs, found_t
                   m->num_shards <= 256 && m->n_tensors > 0;
       for (size_t t = 0; sane && t < m->n_tensors; t++) sane = m->tensors[t]->n_shape <= 8;
       if (!sane) ts_log_warn("re-sharding: skipping %s: its header is inconsistent", path);
-      if (!sane || ts_ckpt_same_layout(s, m)) {
+      if (!sane || ts_ckpt_file_same_layout(m, s->num_shards, s->partition_bytes)) {
         ts_msg_free(&m->base); /* this layout's own files are not re-sharding's */
         continue;
       }
@@ -92,7 +93,7 @@ static int collect(const ts_store_t *s, char *const *dirs, size_t ndirs, found_t
         cand_t *nc = ts_realloc(f->cands, cap * sizeof *nc);
         if (!nc) {
           ts_msg_free(&m->base);
-          ts_ckpt_free_names(names, n);
+          ts_ckpt_file_free_names(names, n);
           ts_free(shards);
           return TS_ENOMEM;
         }
@@ -101,13 +102,13 @@ static int collect(const ts_store_t *s, char *const *dirs, size_t ndirs, found_t
       f->cands[f->ncands].meta = m;
       if (!(f->cands[f->ncands].path = ts_strdup(path))) {
         ts_msg_free(&m->base);
-        ts_ckpt_free_names(names, n);
+        ts_ckpt_file_free_names(names, n);
         ts_free(shards);
         return TS_ENOMEM;
       }
       f->ncands++;
     }
-    ts_ckpt_free_names(names, n);
+    ts_ckpt_file_free_names(names, n);
     ts_free(shards);
   }
   return 0;
@@ -203,14 +204,14 @@ static int copy_part(copy_t *c, FILE *f, const Tessera__CheckpointPart *cp, char
   if (!wanted(s, cp->tensor, lo, hi)) {
     long skip = (long)((1 + cp->state_buffers) * cp->count * sizeof(float));
     if (fseek(f, skip, SEEK_CUR) == 0) return 0;
-    snprintf(why, whylen, "cannot seek past tensor %u part %u", cp->tensor, cp->part);
+    ts_errmsg_printf(why, whylen, "cannot seek past tensor %u part %u", cp->tensor, cp->part);
     return TS_EDATA;
   }
   bool keep_state = cp->state_buffers == (uint32_t)c->nstate;
   if (!keep_state) c->state_dropped = true;
   for (uint32_t b = 0; b <= cp->state_buffers; b++) {
     if (fread(c->tmp, sizeof(float), cp->count, f) != cp->count) {
-      snprintf(why, whylen, "truncated while reading tensor %u part %u", cp->tensor, cp->part);
+      ts_errmsg_printf(why, whylen, "truncated while reading tensor %u part %u", cp->tensor, cp->part);
       return TS_EDATA;
     }
     if (b > 0 && !keep_state) continue;
@@ -220,13 +221,14 @@ static int copy_part(copy_t *c, FILE *f, const Tessera__CheckpointPart *cp, char
       uint64_t z = pp->offset + pp->count < hi ? pp->offset + pp->count : hi;
       ts_spart_t *p = a < z ? ts_store_find(s, cp->tensor, q) : NULL;
       if (!p) continue;
-      float *bufs[3] = {p->w, p->s0, p->s1};
-      memcpy(bufs[b] + (a - pp->offset), c->tmp + (a - lo), (z - a) * sizeof(float));
+      ts_store_record_t r;
+      ts_store_record(s, p, &r);
+      memcpy(r.bufs[b] + (a - pp->offset), c->tmp + (a - lo), (z - a) * sizeof(float));
       if (b > 0) continue;
-      dst_t *d = &c->dst[p - s->parts];
+      dst_t *d = &c->dst[ts_store_part_index(s, p)];
       uint64_t updates = keep_state ? cp->updates : 0;
       if (d->seen && (d->version != cp->version || d->updates != updates)) {
-        snprintf(why, whylen,
+        ts_errmsg_printf(why, whylen,
                  "tensor '%s' partition %u would gather old partitions at version %llu and "
                  "%llu (updates %llu and %llu): a partition made of several old ones needs "
                  "them equal",
@@ -250,19 +252,19 @@ static int copy_file(copy_t *c, const group_t *g, uint32_t shard, char *why, siz
   FILE *f;
   Tessera__CheckpointMeta *m;
   char err[512];
-  int rc = ts_ckpt_open_checked(path, &f, &m, err, sizeof err);
+  int rc = ts_ckpt_file_open(path, &f, &m, err, sizeof err);
   if (rc < 0) {
-    snprintf(why, whylen, "%s", err);
+    ts_errmsg_printf(why, whylen, "%s", err);
     return TS_EDATA;
   }
   rc = TS_EDATA;
   if (m->shard != shard || m->num_shards != g->num_shards || m->step != g->step ||
       m->partition_bytes != g->partition_bytes || !same_tensors(m, g->files[0]->meta)) {
-    snprintf(why, whylen, "%s changed while it was being read", path);
+    ts_errmsg_printf(why, whylen, "%s changed while it was being read", path);
     goto out;
   }
   if (m->n_parts != c->old->shard_parts[shard]) {
-    snprintf(why, whylen, "%s holds %zu partitions, the old plan gives shard %u %u", path,
+    ts_errmsg_printf(why, whylen, "%s holds %zu partitions, the old plan gives shard %u %u", path,
              m->n_parts, shard, c->old->shard_parts[shard]);
     goto out;
   }
@@ -271,14 +273,14 @@ static int copy_file(copy_t *c, const group_t *g, uint32_t shard, char *why, siz
     const ts_part_t *pp = ts_plan_part(c->old, cp->tensor, cp->part);
     if (!pp || pp->shard != shard || pp->offset != cp->offset || pp->count != cp->count ||
         cp->state_buffers > 2 || c->old_seen[pp - c->old->parts]) {
-      snprintf(why, whylen, "%s: tensor %u part %u is not the old plan's, or listed twice", path,
+      ts_errmsg_printf(why, whylen, "%s: tensor %u part %u is not the old plan's, or listed twice", path,
                cp->tensor, cp->part);
       goto out;
     }
     c->old_seen[pp - c->old->parts] = 1;
     char w[300];
     if (copy_part(c, f, cp, w, sizeof w) < 0) {
-      snprintf(why, whylen, "%s: %s", path, w);
+      ts_errmsg_printf(why, whylen, "%s: %s", path, w);
       goto out;
     }
   }
@@ -298,7 +300,7 @@ out:
 static int check_set(const group_t *g, char *why, size_t whylen) {
   const Tessera__CheckpointMeta *ref = g->files[0]->meta;
   if (g->partition_bytes < 4) {
-    snprintf(why, whylen, "its partition_bytes %llu is below 4 (one float)",
+    ts_errmsg_printf(why, whylen, "its partition_bytes %llu is below 4 (one float)",
              (unsigned long long)g->partition_bytes);
     return TS_EDATA;
   }
@@ -308,13 +310,13 @@ static int check_set(const group_t *g, char *why, size_t whylen) {
     for (size_t k = 0; k < ref->tensors[t]->n_shape; k++) {
       uint64_t d = ref->tensors[t]->shape[k];
       if (d == 0 || e > (UINT64_MAX / 4) / d) {
-        snprintf(why, whylen, "tensor '%s' has an impossible shape", ref->tensors[t]->name);
+        ts_errmsg_printf(why, whylen, "tensor '%s' has an impossible shape", ref->tensors[t]->name);
         return TS_EDATA;
       }
       e *= d;
     }
     if (e > UINT64_MAX / 4 - elems) {
-      snprintf(why, whylen, "its model is larger than 2^64 bytes");
+      ts_errmsg_printf(why, whylen, "its model is larger than 2^64 bytes");
       return TS_EDATA;
     }
     elems += e;
@@ -323,14 +325,14 @@ static int check_set(const group_t *g, char *why, size_t whylen) {
   for (uint32_t i = 0; i < g->num_shards; i++) {
     struct stat st;
     if (stat(g->files[i]->path, &st) < 0) {
-      snprintf(why, whylen, "cannot stat %s: %s", g->files[i]->path, strerror(errno));
+      ts_errmsg_printf(why, whylen, "cannot stat %s: %s", g->files[i]->path, strerror(errno));
       return TS_EDATA;
     }
     bytes += (uint64_t)st.st_size;
     listed += g->files[i]->meta->n_parts;
   }
   if (elems > bytes / 4) {
-    snprintf(why, whylen,
+    ts_errmsg_printf(why, whylen,
              "its files hold %llu bytes in all, too few for the %llu parameters (%.1f MiB) its "
              "headers declare: a truncated or forged set",
              (unsigned long long)bytes, (unsigned long long)elems,
@@ -338,7 +340,7 @@ static int check_set(const group_t *g, char *why, size_t whylen) {
     return TS_EDATA;
   }
   if (parts != listed) {
-    snprintf(why, whylen,
+    ts_errmsg_printf(why, whylen,
              "its partition_bytes %llu cuts the model into %llu partitions, but its files list "
              "%llu: a truncated or forged set",
              (unsigned long long)g->partition_bytes, (unsigned long long)parts,
@@ -353,7 +355,7 @@ static int load_set(ts_store_t *s, const group_t *g, char *why, size_t whylen) {
   const Tessera__CheckpointMeta *ref = g->files[0]->meta;
   for (uint32_t i = 1; i < g->num_shards; i++)
     if (!same_tensors(ref, g->files[i]->meta)) {
-      snprintf(why, whylen, "%s and %s hold different models", g->files[0]->path,
+      ts_errmsg_printf(why, whylen, "%s and %s hold different models", g->files[0]->path,
                g->files[i]->path);
       return TS_EDATA;
     }
@@ -367,7 +369,7 @@ static int load_set(ts_store_t *s, const group_t *g, char *why, size_t whylen) {
   char err[256];
   rc = ts_store_declare(s, &d, &created, err, sizeof err);
   if (rc < 0) {
-    snprintf(why, whylen, "cannot declare its model: %s", err);
+    ts_errmsg_printf(why, whylen, "cannot declare its model: %s", err);
     return TS_EDATA;
   }
   ts_plan_t old;
@@ -390,15 +392,16 @@ static int load_set(ts_store_t *s, const group_t *g, char *why, size_t whylen) {
   for (uint32_t i = 0; i < g->num_shards; i++)
     if ((rc = copy_file(&c, g, i, why, whylen)) < 0) goto out;
   for (size_t i = 0; i < s->num_parts; i++) {
-    ts_spart_t *p = &s->parts[i];
-    if (c.dst[i].got != p->plan->count) {
-      snprintf(why, whylen, "tensor '%s' partition %u is not covered by the set",
-               s->tensors[p->plan->tensor].name, p->plan->part);
+    ts_spart_t *p = ts_store_part_at(s, i);
+    ts_store_record_t r;
+    ts_store_record(s, p, &r);
+    if (c.dst[i].got != r.count) {
+      ts_errmsg_printf(why, whylen, "tensor '%s' partition %u is not covered by the set",
+               s->tensors[r.tensor].name, r.part);
       rc = TS_EDATA;
       goto out;
     }
-    p->version = c.dst[i].version;
-    p->updates = c.dst[i].updates;
+    ts_store_restored(p, c.dst[i].version, c.dst[i].updates);
   }
   if (c.state_dropped)
     ts_log_warn(
@@ -407,7 +410,7 @@ static int load_set(ts_store_t *s, const group_t *g, char *why, size_t whylen) {
         ref->optimizer);
   rc = 0;
 out:
-  if (rc == TS_ENOMEM) snprintf(why, whylen, "out of memory");
+  if (rc == TS_ENOMEM) ts_errmsg_printf(why, whylen, "out of memory");
   if (rc < 0) ts_store_free(s);
   ts_free(c.tmp);
   ts_free(c.old_seen);
@@ -442,14 +445,14 @@ static int find(const ts_store_t *s, char *const *dirs, size_t ndirs, found_t *f
   int rc = collect(s, dirs, ndirs, f);
   if (rc == 0) rc = group(f);
   if (rc < 0) {
-    snprintf(errmsg, errlen, "out of memory while looking for checkpoints to re-shard");
+    ts_errmsg_printf(errmsg, errlen, "out of memory while looking for checkpoints to re-shard");
     return rc;
   }
   qsort(f->groups, f->ngroups, sizeof *f->groups, by_age);
   return 0;
 }
 
-int ts_ckpt_newest_set(const ts_store_t *s, char *const *dirs, size_t ndirs, double *wall) {
+int ts_ckpt_reshard_newest_set(const ts_store_t *s, char *const *dirs, size_t ndirs, double *wall) {
   found_t f = {0};
   char err[128];
   int found = 0;
@@ -495,11 +498,11 @@ int ts_ckpt_reshard(ts_store_t *s, char *const *dirs, size_t ndirs, double newer
   if (newer_than >= 0) {
     /* This shard has a checkpoint of its own to fall back on. */
     found_free(&f);
-    snprintf(errmsg, errlen, "no newer checkpoint set of another layout could be used");
+    ts_errmsg_printf(errmsg, errlen, "no newer checkpoint set of another layout could be used");
     return 0;
   }
   if (tried > 0) {
-    snprintf(errmsg, errlen,
+    ts_errmsg_printf(errmsg, errlen,
              "every complete checkpoint set of another layout was rejected (%d of them, "
              "each logged above); the last: %s",
              tried, why);

@@ -1,5 +1,5 @@
 /*
- * When checkpoints are written (the format is ts_checkpoint.h): periodically while the
+ * When checkpoints are written (the format is ts_ckpt_file.h): periodically while the
  * store changes, on an admin's request (psctl checkpoint), before a requested shutdown and
  * on SIGTERM/SIGINT. A snapshot is taken on the loop and written in the thread pool; one
  * at a time.
@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "ts_alloc.h"
-#include "ts_checkpoint.h"
+#include "ts_ckpt.h"
 #include "ts_err.h"
 #include "ts_log.h"
 
@@ -39,8 +39,8 @@ static void ckpt_work(uv_work_t *req) {
   ckpt_job_t *j = req->data;
   const ts_config_t *cfg = j->srv->cfg;
   uint64_t t0 = uv_hrtime();
-  j->rc = ts_checkpoint_write(j->snap, cfg->checkpoint_dir, cfg->checkpoint_keep, j->path,
-                              sizeof j->path, &j->bytes, j->err, sizeof j->err);
+  j->rc = ts_ckpt_file_write(j->snap, cfg->checkpoint_dir, cfg->checkpoint_keep, j->path,
+                             sizeof j->path, &j->bytes, j->err, sizeof j->err);
   j->seconds = (double)(uv_hrtime() - t0) / 1e9;
 }
 
@@ -51,9 +51,9 @@ static void ckpt_done(uv_work_t *req, int status) {
   srv->ckpt_busy = false;
   if (status < 0 && j->rc == 0) {
     j->rc = status;
-    snprintf(j->err, sizeof j->err, "checkpoint cancelled: %s", uv_strerror(status));
+    ts_errmsg_printf(j->err, sizeof j->err, "checkpoint cancelled: %s", uv_strerror(status));
   }
-  uint64_t step = ts_checkpoint_snapshot_step(j->snap);
+  uint64_t step = j->snap->step;
   if (j->rc == 0) {
     srv->ckpts_written++;
     srv->metrics.checkpoints_ok++;
@@ -90,7 +90,7 @@ static void ckpt_done(uv_work_t *req, int status) {
     r.checkpoint_path = j->rc == 0 ? j->path : (char *)"";
     ts_session_reply(s, TS_MSG_SHUTDOWN_REPLY, &r.base);
   }
-  ts_checkpoint_snapshot_free(j->snap);
+  ts_ckpt_snapshot_free(j->snap);
   bool stop = j->kind == CKPT_SHUTDOWN || j->kind == CKPT_SIGNAL || srv->stop_after_ckpt;
   ts_free(j);
   if (stop) ts_server_stop(srv);
@@ -100,20 +100,20 @@ static void ckpt_done(uv_work_t *req, int status) {
 static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t session_id,
                                 uint64_t request_id, char *errmsg, size_t errlen) {
   if (!srv->cfg->checkpoint_dir || !*srv->cfg->checkpoint_dir) {
-    snprintf(errmsg, errlen, "checkpoint.dir is not set: this job keeps no checkpoints");
+    ts_errmsg_printf(errmsg, errlen, "checkpoint.dir is not set: this job keeps no checkpoints");
     return TS_ECONFIG;
   }
   if (srv->ckpt_busy) {
-    snprintf(errmsg, errlen, "a checkpoint is being written; try again when it is done");
+    ts_errmsg_printf(errmsg, errlen, "a checkpoint is being written; try again when it is done");
     return TS_EBUSY;
   }
   ts_ckpt_snapshot_t *snap = NULL;
-  int rc = ts_checkpoint_snapshot(&srv->store, srv->ckpt_seq + 1, &snap, errmsg, errlen);
+  int rc = ts_ckpt_snapshot(&srv->store, srv->ckpt_seq + 1, &snap, errmsg, errlen);
   if (rc < 0) return rc;
   ckpt_job_t *j = ts_calloc(1, sizeof *j);
   if (!j) {
-    ts_checkpoint_snapshot_free(snap);
-    snprintf(errmsg, errlen, "out of memory");
+    ts_ckpt_snapshot_free(snap);
+    ts_errmsg_printf(errmsg, errlen, "out of memory");
     return TS_ENOMEM;
   }
   j->req.data = j;
@@ -124,9 +124,9 @@ static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t ses
   j->request_id = request_id;
   rc = uv_queue_work(srv->loop, &j->req, ckpt_work, ckpt_done);
   if (rc < 0) {
-    ts_checkpoint_snapshot_free(snap);
+    ts_ckpt_snapshot_free(snap);
     ts_free(j);
-    snprintf(errmsg, errlen, "cannot start the checkpoint: %s", uv_strerror(rc));
+    ts_errmsg_printf(errmsg, errlen, "cannot start the checkpoint: %s", uv_strerror(rc));
     return rc;
   }
   srv->ckpt_seq++;
@@ -213,16 +213,16 @@ bool ts_ckpt_sched_final(ts_server_t *srv) {
 int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen) {
   const ts_config_t *cfg = srv->cfg;
   if (!cfg->checkpoint_dir || !*cfg->checkpoint_dir) return 0;
-  ts_checkpoint_clean_tmp(cfg->checkpoint_dir, srv->shard);
+  ts_ckpt_file_clean_tmp(cfg->checkpoint_dir, srv->shard);
   uint64_t t0 = uv_hrtime(), seq = 0;
   char path[600], err[1536];
-  int r = ts_checkpoint_restore(&srv->store, cfg->checkpoint_dir, cfg->checkpoint_restore_from,
-                                cfg->num_checkpoint_restore_from, path, sizeof path, &seq, err,
-                                sizeof err);
+  int r =
+      ts_ckpt_restore(&srv->store, cfg->checkpoint_dir, cfg->checkpoint_restore_from,
+                      cfg->num_checkpoint_restore_from, path, sizeof path, &seq, err, sizeof err);
   if (r == TS_EDATA || r == TS_ENOMEM) {
     /* Old checkpoints exist but none can be used: starting fresh would quietly throw the
      * training away, so the operator decides (docs/operations.md). */
-    snprintf(errmsg, errlen, "%s", err);
+    ts_errmsg_printf(errmsg, errlen, "%s", err);
     return TS_ECONFIG;
   }
   if (r < 0) {
@@ -240,7 +240,7 @@ int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen) {
   } else {
     ts_log_info("no checkpoint in %s: starting fresh", cfg->checkpoint_dir);
   }
-  uint64_t last = ts_checkpoint_last_sequence(cfg->checkpoint_dir, srv->shard);
+  uint64_t last = ts_ckpt_file_last_sequence(cfg->checkpoint_dir, srv->shard);
   srv->ckpt_seq = last > seq ? last : seq;
   return 0;
 }

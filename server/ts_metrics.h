@@ -91,11 +91,11 @@ typedef struct {
   ts_prom_hist_t barrier_wait;
   /* How late each run of the shard's tick was (ts_server.c): the event loop's lag. */
   ts_prom_hist_t loop_lag;
-  /* Checkpoints (ts_checkpoint.h): the last-success gauge is absent until one succeeds. */
+  /* Checkpoints (ts_ckpt.h): the last-success gauge is absent until one succeeds. */
   uint64_t checkpoints_ok, checkpoints_failed;
   ts_prom_hist_t checkpoint_duration;
   double checkpoint_last_success_unix; /* 0 = none yet */
-  /* The model (server/ts_model.c): bytes its declare made this shard allocate (parameters,
+  /* The model (server/ts_declare.c): bytes its declare made this shard allocate (parameters,
    * optimizer state, sync accumulators), the budget (server.max_model_bytes), and how many
    * times an admin dropped it (psctl model reset). Refused declares are counted in refused[]
    * (request="declare"). */

@@ -62,7 +62,7 @@ static void on_pull_written(ts_conn_t *c, void *arg, unsigned first, unsigned n,
   ts_require((size_t)first + n <= pw->n);
   for (size_t i = first; i < (size_t)first + n; i++) {
     moved |= ts_store_writer_done(&srv->store, pw->parts[i]);
-    freed |= pw->parts[i]->writers == 0 && pw->parts[i]->held_pushes > 0;
+    freed |= ts_store_held_free(pw->parts[i]);
   }
   pw->done = (size_t)first + n;
   if (last) {
@@ -79,8 +79,7 @@ bool ts_pull_ready(ts_server_t *srv, const ts_pull_req_t *q) {
     /* ts_pull_handle checked the slices, and partitions never go once declared. */
     ts_spart_t *p = ts_store_find(st, q->slices[i].tensor, q->slices[i].part);
     ts_require(p != NULL);
-    if (p->apply_pending || p->held_pushes > 0) return false;
-    if (p->version < q->min_version) return false;
+    if (!ts_store_pull_ready(p, q->min_version)) return false;
   }
   if (st->mode == TS_MODE_SSP && !ts_barrier_ssp_ready(&srv->barrier, q->clock)) return false;
   return true;
@@ -108,19 +107,20 @@ void ts_pull_send(ts_session_t *s, const ts_pull_req_t *q) {
     tessera__part_slice__init(&slices[i]);
     slices[i].tensor = q->slices[i].tensor;
     slices[i].part = q->slices[i].part;
-    slices[i].count = p->plan->count;
-    slices[i].version = p->version;
+    slices[i].count = ts_store_part_count(p);
+    slices[i].version = ts_store_part_version(p);
     ptrs[i] = &slices[i];
-    bufs[i] = uv_buf_init((char *)p->w, (unsigned)(p->plan->count * sizeof(float)));
     pw->parts[i] = p;
   }
   Tessera__PullReply r = TESSERA__PULL_REPLY__INIT;
   r.request_id = q->request_id;
   r.n_parts = n;
   r.parts = ptrs;
-  /* Partitions are written straight from parameter memory: mark them as being read so no
-   * update lands while the reply is on its way. */
-  for (size_t i = 0; i < n; i++) pw->parts[i]->writers++;
+  /* Partitions are written straight from parameter memory, each with a writer so no update
+   * lands while the reply is on its way. */
+  for (size_t i = 0; i < n; i++)
+    bufs[i] = uv_buf_init((char *)ts_store_read_begin(pw->parts[i]),
+                          (unsigned)(slices[i].count * sizeof(float)));
   int rc = ts_conn_send_parts(&s->conn, TS_MSG_PULL_REPLY, &r.base, bufs, (unsigned)n,
                               on_pull_written, pw);
   if (rc < 0) {
@@ -186,7 +186,7 @@ static int check_repeats(const ts_store_t *st, const ts_pull_req_t *q, char *err
   if (q->n < 2) return 0;
   uint64_t *keys = ts_malloc(q->n * sizeof *keys);
   if (!keys) {
-    snprintf(err, n, "out of memory for a pull request");
+    ts_errmsg_printf(err, n, "out of memory for a pull request");
     return TS_ENOMEM;
   }
   for (size_t i = 0; i < q->n; i++)
@@ -196,7 +196,7 @@ static int check_repeats(const ts_store_t *st, const ts_pull_req_t *q, char *err
   for (size_t i = 1; i < q->n; i++) {
     if (keys[i] != keys[i - 1]) continue;
     uint32_t t = (uint32_t)(keys[i] >> 32), part = (uint32_t)keys[i];
-    snprintf(err, n, "pull lists '%s' part %u more than once: each partition may be asked for once",
+    ts_errmsg_printf(err, n, "pull lists '%s' part %u more than once: each partition may be asked for once",
              st->tensors[t].name, part);
     rc = TS_EINVAL;
     break;
@@ -216,7 +216,7 @@ void ts_pull_handle(ts_session_t *s, Tessera__Pull *m) {
     q = compact(m, s->frame_ns);
     if (!q) {
       rc = TS_ENOMEM;
-      snprintf(err, sizeof err, "out of memory for a pull request");
+      ts_errmsg_printf(err, sizeof err, "out of memory for a pull request");
     }
   }
   /* From here only the compact copy: the protobuf (and any unknown fields) goes now. */
@@ -245,7 +245,7 @@ void ts_pull_handle(ts_session_t *s, Tessera__Pull *m) {
 /* Does the unwritten rest of pw keep an update waiting? */
 static bool holds_update(const ts_pull_write_t *pw) {
   for (size_t i = pw->done; i < pw->n; i++)
-    if (pw->parts[i]->held_pushes > 0 || pw->parts[i]->apply_pending) return true;
+    if (ts_store_update_waiting(pw->parts[i])) return true;
   return false;
 }
 

@@ -34,10 +34,8 @@
 static int stage_ready(ts_server_t *srv) {
   if (srv->stage.buf_bytes) return 0;
   size_t largest = STAGE_MIN_BYTES;
-  for (size_t i = 0; i < srv->store.num_parts; i++) {
-    size_t bytes = srv->store.parts[i].plan->count * sizeof(float);
-    if (bytes > largest) largest = bytes;
-  }
+  uint64_t bytes = ts_store_max_part_count(&srv->store) * sizeof(float);
+  if (bytes > largest) largest = (size_t)bytes;
   return ts_stage_init(&srv->stage, largest, STAGE_BUDGET_BYTES);
 }
 
@@ -101,7 +99,7 @@ static void rx_free(ts_push_rx_t *rx) {
 static int push_refuse(ts_push_rx_t *rx, int code, const char *msg) {
   rx->active = false;
   rx->refuse_code = code;
-  if (msg) snprintf(rx->refuse_msg, sizeof rx->refuse_msg, "%s", msg);
+  if (msg) ts_errmsg_printf(rx->refuse_msg, sizeof rx->refuse_msg, "%s", msg);
   return 0; /* no destination: the payload is read and dropped, then ts_push_rx_handle replies */
 }
 
@@ -131,18 +129,10 @@ int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__
   if (!assign && (rc = ts_store_check_ready(st, m->parts, m->n_parts, rx->refuse_msg,
                                             sizeof rx->refuse_msg)) < 0)
     return push_refuse(rx, rc, NULL);
-  if (st->mode == TS_MODE_SYNC && !assign) {
-    for (size_t i = 0; i < m->n_parts; i++) {
-      ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
-      if (m->step > p->version) {
-        snprintf(rx->refuse_msg, sizeof rx->refuse_msg,
-                 "push for step %llu but '%s' part %u is at version %llu: pull first",
-                 (unsigned long long)m->step, st->tensors[p->plan->tensor].name, p->plan->part,
-                 (unsigned long long)p->version);
-        return push_refuse(rx, TS_EFUTURE, NULL);
-      }
-    }
-  }
+  if (st->mode == TS_MODE_SYNC && !assign &&
+      (rc = ts_store_check_step(st, m->parts, m->n_parts, m->step, rx->refuse_msg,
+                                sizeof rx->refuse_msg)) < 0)
+    return push_refuse(rx, rc, NULL);
   if (stage_ready(srv) < 0 ||
       rx_reserve(rx, m->n_parts, h->data_len / (CHUNK_FLOATS * sizeof(float)) + m->n_parts) < 0)
     return push_refuse(rx, TS_ENOMEM, "out of memory for the push payload");
@@ -200,7 +190,7 @@ static int hold_on(ts_session_t *s, ts_spart_t *p, size_t i, const float *g) {
   rx->next = i;
   rx->next_off = (size_t)(g - rx->buf);
   rx->held_on = p;
-  p->held_pushes++;
+  ts_store_hold(p);
   s->srv->metrics.push_waits_reply++;
   rx->held_next = s->srv->held;
   s->srv->held = s;
@@ -227,7 +217,7 @@ static int push_piece(ts_session_t *s, bool fresh) {
       uint64_t count = m->parts[i]->count;
       if (!ts_optim_all_finite(g, count)) {
         if (!rx->refused_detail[0])
-          snprintf(rx->refused_detail, sizeof rx->refused_detail,
+          ts_errmsg_printf(rx->refused_detail, sizeof rx->refused_detail,
                    "%s of '%s' part %u contains NaN or Inf", assign ? "value" : "gradient",
                    st->tensors[m->parts[i]->tensor].name, m->parts[i]->part);
         rx->refused += b - a;
@@ -259,7 +249,7 @@ static int push_piece(ts_session_t *s, bool fresh) {
     ts_spart_t *p = ts_store_find(st, m->parts[i]->tensor, m->parts[i]->part);
     ts_require(p != NULL); /* ts_push_rx_meta checked the slices */
     Tessera__PushResult r = TESSERA__PUSH_RESULT__PUSH_APPLIED;
-    ts_pushid_window_t *w = wins ? &wins[p - st->parts] : NULL;
+    ts_pushid_window_t *w = wins ? &wins[ts_store_part_index(st, p)] : NULL;
     if (w && ts_pushid_seen(w, m->push_id)) {
       /* A retry of a push this partition already has: not applied twice. */
       r = TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
@@ -270,7 +260,7 @@ static int push_piece(ts_session_t *s, bool fresh) {
       if (r == TESSERA__PUSH_RESULT__PUSH_STALE) rx->stale++;
     } else if (sync) {
       r = ts_store_sync_push(st, p, g, s->task, m->step, now,
-                             ts_barrier_required(&srv->barrier, p->contributed));
+                             ts_barrier_required(&srv->barrier, ts_store_contributed(p)));
       if (r == TESSERA__PUSH_RESULT__PUSH_STALE) rx->stale++;
       if (r == TESSERA__PUSH_RESULT__PUSH_APPLIED) /* a barrier that this gradient closed */
         ts_prom_hist_observe(&srv->metrics.barrier_wait, 0.0);
@@ -283,7 +273,7 @@ static int push_piece(ts_session_t *s, bool fresh) {
     rx->results[i] = r;
     if ((unsigned)r < 4) srv->metrics.push_parts[r]++;
     rx->applied_slices++;
-    g += p->plan->count;
+    g += ts_store_part_count(p);
   }
   rx->next = b;
   return 0;
@@ -340,7 +330,7 @@ void ts_push_rx_wake_held(ts_server_t *srv) {
   ts_session_t *ready = NULL, **tail = &ready;
   for (ts_session_t **pp = &srv->held; *pp;) {
     ts_session_t *s = *pp;
-    if (s->rx.held_on->writers > 0) {
+    if (ts_store_busy(s->rx.held_on)) {
       pp = &s->rx.held_next;
       continue;
     }
@@ -357,8 +347,7 @@ void ts_push_rx_wake_held(ts_server_t *srv) {
     s->rx.held_on = NULL;
     int rc = 0;
     if (!s->conn.closing && s->rx.active) rc = push_piece(s, false); /* may hold again */
-    ts_require(was->held_pushes > 0);
-    was->held_pushes--;
+    ts_store_unhold(was);
     if (rc == 0 && !s->conn.closing && s->rx.active) rc = take_turns(s);
     if (rc < 0)
       ts_conn_close(&s->conn, rc);
@@ -375,8 +364,7 @@ static void unhold(ts_server_t *srv, ts_session_t *s) {
       break;
     }
   }
-  ts_require(s->rx.held_on->held_pushes > 0);
-  s->rx.held_on->held_pushes--;
+  ts_store_unhold(s->rx.held_on);
   s->rx.held_on = NULL;
   s->rx.held_next = NULL;
 }
@@ -401,10 +389,10 @@ void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
     char detail[512];
     srv->nonfinite++;
     if (rx->applied_slices == 0)
-      snprintf(detail, sizeof detail, "%s; the push was refused and no parameter changed",
+      ts_errmsg_printf(detail, sizeof detail, "%s; the push was refused and no parameter changed",
                rx->refused_detail);
     else
-      snprintf(detail, sizeof detail,
+      ts_errmsg_printf(detail, sizeof detail,
                "%s; %llu of %zu partitions were refused, the others %s (a push is checked one "
                "piece of up to %zu bytes at a time)",
                rx->refused_detail, (unsigned long long)rx->refused, m->n_parts,
@@ -459,7 +447,7 @@ void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
       ts_prom_hist_observe(&srv->metrics.push_duration,
                            (double)(uv_hrtime() - rx->start_ns) * 1e-9);
   }
-  if (st->mode == TS_MODE_SYNC) ts_server_check_barriers(srv, false);
+  if (st->mode == TS_MODE_SYNC) ts_sync_check_barriers(srv, false);
   ts_waitq_serve(srv);
 out:
   ts_msg_free(&m->base);

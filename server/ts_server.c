@@ -21,41 +21,6 @@
 #include "ts_notify.h"
 #include "ts_server_int.h"
 
-void ts_server_check_barriers(ts_server_t *srv, bool timeouts) {
-  if (srv->store.mode != TS_MODE_SYNC || !srv->store.declared) return;
-  uint64_t now = ts_server_now_ms(srv);
-  bool moved = false;
-  for (size_t i = 0; i < srv->store.num_parts; i++) {
-    ts_spart_t *p = &srv->store.parts[i];
-    uint32_t have = ts_store_sync_count(p);
-    if (have == 0 || p->apply_pending) continue;
-    ts_barrier_verdict_t v =
-        ts_barrier_check(&srv->barrier, p->contributed, have, p->opened_ms, now, timeouts);
-    if (v == TS_BARRIER_WAIT) continue;
-    if (v == TS_BARRIER_TIMEOUT) {
-      uint32_t need = ts_barrier_required(&srv->barrier, p->contributed);
-      char missing[256] = "";
-      size_t len = 0;
-      for (uint32_t t = 0; t < srv->num_workers && len < sizeof missing - 8; t++)
-        if (!p->contributed[t])
-          len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%u", len ? "," : "", t);
-      ts_log_warn(
-          "sync barrier of '%s' part %u version %llu proceeds after %.1f s with %u of %u "
-          "gradients; missing tasks [%s]",
-          srv->store.tensors[p->plan->tensor].name, p->plan->part, (unsigned long long)p->version,
-          srv->cfg->sync_timeout_s, have, need, missing);
-    }
-    ts_prom_hist_observe(&srv->metrics.barrier_wait, (double)(now - p->opened_ms) / 1000.0);
-    moved |= ts_store_sync_complete(&srv->store, p);
-  }
-  if (moved) ts_waitq_serve(srv);
-}
-
-void ts_server_worker_seen(ts_server_t *srv, int task) {
-  if (ts_barrier_heard(&srv->barrier, task, ts_server_now_ms(srv)))
-    ts_log_notice("worker %d is alive again", task);
-}
-
 /* A stopping shard drops a peer that does not read its last replies after this long at
  * most: the connection would otherwise keep the shard from ever exiting. */
 #define STOP_STALL_MS 1000
@@ -159,9 +124,9 @@ static void on_tick(uv_timer_t *t) {
   ts_push_rx_drop_slow(srv, now, late);
   ts_pull_drop_slow_readers(srv, now, late);
   ts_replyq_tick(srv, now);
-  ts_server_check_barriers(srv, true);
+  ts_sync_check_barriers(srv, true);
   ts_waitq_serve(srv);
-  ts_status_publish(srv);
+  ts_shard_status_publish(srv);
 }
 
 static void on_handle_closed(uv_handle_t *h) {
@@ -180,7 +145,7 @@ void ts_server_stop(ts_server_t *srv) {
   if (srv->stopping) return;
   srv->stopping = true;
   ts_notify("STOPPING=1");
-  ts_status_publish(srv);
+  ts_shard_status_publish(srv);
   ts_log_info("shutting down: closing %zu connection(s)", srv->num_sessions);
   uv_close((uv_handle_t *)&srv->listener, on_handle_closed);
   uv_close((uv_handle_t *)&srv->sigterm, on_handle_closed);
@@ -215,12 +180,12 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   *out = NULL;
   const ts_config_t *cfg = opts->cfg;
   if (opts->shard >= cfg->num_ps) {
-    snprintf(errmsg, errlen, "shard %u does not exist: cluster.ps lists %zu shard(s)", opts->shard,
+    ts_errmsg_printf(errmsg, errlen, "shard %u does not exist: cluster.ps lists %zu shard(s)", opts->shard,
              cfg->num_ps);
     return TS_ECONFIG;
   }
   if (sodium_init() < 0) {
-    snprintf(errmsg, errlen, "libsodium failed to initialise");
+    ts_errmsg_printf(errmsg, errlen, "libsodium failed to initialise");
     return TS_EINTERNAL;
   }
   ts_server_t *srv = ts_calloc(1, sizeof *srv);
@@ -262,12 +227,12 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   struct addrinfo *ai = NULL;
   char why[300];
   if (ts_addr_resolve(srv->address, false, &ai, why, sizeof why) < 0) {
-    snprintf(errmsg, errlen, "cluster.ps[%u]: %s", opts->shard, why);
+    ts_errmsg_printf(errmsg, errlen, "cluster.ps[%u]: %s", opts->shard, why);
     rc = TS_ECONFIG;
     goto fail;
   }
   if (!is_loopback(ai->ai_addr) && !srv->token && !opts->insecure) {
-    snprintf(errmsg, errlen,
+    ts_errmsg_printf(errmsg, errlen,
              "refusing to listen on %s without authentication: set auth.token_file, or start "
              "with --insecure on a trusted network",
              srv->address);
@@ -301,7 +266,7 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   freeaddrinfo(ai);
   if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 512, ts_session_accept);
   if (rc < 0) {
-    snprintf(errmsg, errlen, "cannot listen on %s: %s", srv->address, uv_strerror(rc));
+    ts_errmsg_printf(errmsg, errlen, "cannot listen on %s: %s", srv->address, uv_strerror(rc));
     uv_close((uv_handle_t *)&srv->listener, on_handle_closed);
     uv_run(loop, UV_RUN_NOWAIT);
     goto fail;
@@ -325,7 +290,7 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
 
   srv->notify = ts_notify_available() && getenv("NOTIFY_SOCKET") != NULL;
   srv->watchdog_ms = ts_notify_watchdog_interval_ms();
-  ts_status_publish(srv);
+  ts_shard_status_publish(srv);
   char decay[96] = "";
   if (cfg->decay != TS_DECAY_NONE)
     snprintf(decay, sizeof decay, ", %s decay over %lld updates", ts_decay_name(cfg->decay),

@@ -4,21 +4,24 @@
  * (ts_server.h); nothing outside server/ includes it.
  *
  * Modules, by job:
- *   ts_server.c      lifecycle: start, stop, signals, the tick (heartbeats, barrier
- *                    timeouts, stalled peers); drives ts_barrier from the loop's clock
- *   ts_session.c     accept, the handshake and authentication, frame dispatch, the small
- *                    requests (declare, heartbeat), error replies, close
- *   ts_push_rx.c     a push received piece by piece into staging buffers, applied as it lands
- *   ts_pull.c        pull replies written straight from parameter memory
- *   ts_waitq.c       pulls parked until their version (or ssp clock) is there
- *   ts_replyq.c      the memory budgets of the replies queued to peers
- *   ts_barrier.c     the pure rules of who is waited for (ts_barrier.h)
- *   ts_pushid.c      the push ids applied per task, client and partition, so a retried
- *                    push is applied once (pure: ts_pushid.h)
- *   ts_status.c      the ShardStatus for STATUS requests, /status, /metrics and systemd
- *   ts_ckpt_sched.c  when checkpoints are written: the timer, psctl, shutdown, signals
- *   ts_model.c       the model's lifecycle: a Declare checked against the budget, built in
- *                    the thread pool, concurrent declares; psctl model reset
+ *   ts_server.c        lifecycle: start, stop, signals, the tick (heartbeats, barrier
+ *                      timeouts, stalled peers); drives ts_barrier from the loop's clock
+ *   ts_session.c       accept, the handshake and authentication, frame dispatch, the small
+ *                      requests (heartbeat), error replies, close
+ *   ts_declare.c       the model's lifecycle: a Declare checked against the budget, built in
+ *                      the thread pool, concurrent declares; psctl model reset
+ *   ts_push_rx.c       a push received piece by piece into staging buffers, applied as it lands
+ *   ts_pull.c          pull replies written straight from parameter memory
+ *   ts_waitq.c         pulls parked until their version (or ssp clock) is there
+ *   ts_sync.c          the sync barrier applied to the store: steps closed, pulls answered
+ *   ts_replyq.c        the memory budgets of the replies queued to peers
+ *   ts_shard_status.c  the ShardStatus for STATUS requests, /status, /metrics and systemd
+ *   ts_ckpt_sched.c    when checkpoints are written: the timer, psctl, shutdown, signals
+ * and what they use, each with a header of its own: the store (ts_store.h: the modules above
+ * call its functions and never look inside a partition), the pure rules of who is waited
+ * for (ts_barrier.h) and of retried pushes (ts_pushid.h), staging buffers (ts_stage.h),
+ * checkpoints (ts_ckpt.h: store to snapshot and back; ts_ckpt_file.h: the format;
+ * ts_ckpt_reshard.h), metrics and the admin endpoint.
  *
  * Everything runs on the shard's one loop thread (CONTRIBUTING.md); only a checkpoint's
  * write (on a snapshot) and a declared model's allocation and initialisation (on a model
@@ -51,17 +54,17 @@
 
 typedef struct ts_session ts_session_t;
 
-/* The model's lifecycle (ts_model.c). */
-typedef struct ts_model_build ts_model_build_t;
+/* The model's lifecycle (ts_declare.c). */
+typedef struct ts_declare_build ts_declare_build_t;
 typedef struct {
-  ts_model_build_t *build; /* the declare being built in the thread pool, or NULL */
+  ts_declare_build_t *build; /* the declare being built in the thread pool, or NULL */
   /* psctl model reset waiting for the partitions to be free (pull replies written, worker
    * connections closed) */
   bool reset_pending;
   uv_timer_t *reset_timer; /* polls while a reset waits (owned; freed when closed) */
   uint64_t reset_session, reset_request, reset_deadline_ms;
   uint32_t reset_closed;
-} ts_model_state_t;
+} ts_declare_state_t;
 
 /* One partition a pull asks for. */
 typedef struct {
@@ -166,7 +169,7 @@ struct ts_server {
   bool stopping;
 
   ts_store_t store;
-  ts_model_state_t model; /* a declare being built, a reset waiting (ts_model.c) */
+  ts_declare_state_t model; /* a declare being built, a reset waiting (ts_declare.c) */
   ts_stage_t stage;   /* staging buffers for push payloads (ts_stage.h) */
   ts_session_t *held; /* sessions whose push waits for pull replies to be written */
   ts_session_t *sessions;
@@ -228,16 +231,19 @@ static inline uint64_t ts_server_now_ms(const ts_server_t *srv) {
   return uv_now(srv->loop);
 }
 
-/* --- ts_server.c ----------------------------------------------------------------------- */
+/* --- ts_sync.c ------------------------------------------------------------------------- */
 
 /* Close the sync barriers that have enough gradients (and, when timeouts, those open for
  * sync_timeout_s with at least one), then answer the pulls that waited for them. */
-void ts_server_check_barriers(ts_server_t *srv, bool timeouts);
+void ts_sync_check_barriers(ts_server_t *srv, bool timeouts);
 
 /* A frame of `task` arrived (any task; admin sessions pass -1). */
-void ts_server_worker_seen(ts_server_t *srv, int task);
+void ts_sync_worker_seen(ts_server_t *srv, int task);
 
-/* A stopping server closes its tick once the last session is gone. */
+/* --- ts_server.c ----------------------------------------------------------------------- */
+
+/* The one call from a handler back into the lifecycle: a stopping server closes its tick once the
+ * last session is gone. */
 void ts_server_stop_tick_when_idle(ts_server_t *srv);
 
 /* --- ts_session.c ---------------------------------------------------------------------- */
@@ -353,7 +359,7 @@ void ts_replyq_enforce(ts_server_t *srv);
  * for server.reply_full_timeout_s, then ts_replyq_enforce. */
 void ts_replyq_tick(ts_server_t *srv, uint64_t now_ms);
 
-/* --- ts_status.c ----------------------------------------------------------------------- */
+/* --- ts_shard_status.c ----------------------------------------------------------------------- */
 
 /* A ShardStatus and the arrays it points into. */
 typedef struct {
@@ -361,20 +367,20 @@ typedef struct {
   Tessera__WorkerStatus *ws;
   Tessera__WorkerStatus **wp;
   int32_t *waiting;
-} ts_status_msg_t;
+} ts_shard_status_msg_t;
 
 /* Fill *sm with the shard's state now. Returns 0 or TS_ENOMEM; release it in both cases. */
-int ts_status_build(ts_server_t *srv, ts_status_msg_t *sm);
-void ts_status_release(ts_status_msg_t *sm);
+int ts_shard_status_build(ts_server_t *srv, ts_shard_status_msg_t *sm);
+void ts_shard_status_release(ts_shard_status_msg_t *sm);
 
 /* A Status request. Takes m. */
-void ts_status_handle(ts_session_t *s, Tessera__Status *m);
+void ts_shard_status_handle(ts_session_t *s, Tessera__Status *m);
 
 /* From the tick (and at start and stop): publish the admin endpoint's snapshot, tell
  * systemd how the shard is doing, pet its watchdog. */
-void ts_status_publish(ts_server_t *srv);
+void ts_shard_status_publish(ts_server_t *srv);
 
-/* --- ts_model.c ----------------------------------------------------------------------- */
+/* --- ts_declare.c ----------------------------------------------------------------------- */
 
 /* A Declare: answered at once when a model is there (same model or TS_ESHAPE) or refused
  * (role, server.max_model_bytes: TS_ETOOBIG, before anything is allocated); else the model
@@ -383,19 +389,19 @@ void ts_status_publish(ts_server_t *srv);
  * Frames that follow a Declare on its connection are handled meanwhile (a pull finds no
  * model yet: TS_ENOTDECLARED); the client library sends nothing else to a shard before
  * its Declare is answered. Takes m. */
-void ts_model_declare(ts_session_t *s, Tessera__Declare *m);
+void ts_declare_handle(ts_session_t *s, Tessera__Declare *m);
 
 /* psctl model reset (admin role): drop the model and its optimizer state. Refused
  * (TS_EBUSY) while worker connections are open unless m->force, which closes them first,
  * and while a declare is being built. The reply follows once nothing points into the
  * partitions. Takes m. */
-void ts_model_reset(ts_session_t *s, Tessera__ModelReset *m);
+void ts_declare_reset(ts_session_t *s, Tessera__ModelReset *m);
 
 /* --- ts_ckpt_sched.c ------------------------------------------------------------------- */
 
 /* At start, before listening (a client that can connect finds the restored model): delete
  * temporary files of interrupted writes, restore the newest checkpoint of checkpoint.dir
- * (or re-shard one of another layout, also from checkpoint.restore_from: ts_checkpoint.h),
+ * (or re-shard one of another layout, also from checkpoint.restore_from: ts_ckpt.h),
  * and learn the sequence to go on from. Returns 0, also when nothing could be read (logged;
  * the shard starts fresh), or TS_ECONFIG with errmsg when checkpoints of another layout
  * exist but hold no usable set (or no memory to look at them): the shard must not start. */

@@ -1,6 +1,6 @@
 /*
  * Sessions: accept, the Hello and the handshake (authentication), frame dispatch, the
- * small requests (heartbeat; declares are ts_model.c's), the admin check, and the close of
+ * small requests (heartbeat; declares are ts_declare.c's), the admin check, and the close of
  * a connection, which lets go of everything the session held (parked pulls, a push, its
  * worker's place in the barrier).
  */
@@ -51,12 +51,12 @@ bool ts_session_admin_allowed(ts_session_t *s, uint16_t type, uint64_t request_i
   ts_server_t *srv = s->srv;
   char err[200];
   if (s->role != TESSERA__ROLE__ROLE_ADMIN) {
-    snprintf(err, sizeof err, "%s needs the admin role (psctl)", what);
+    ts_errmsg_printf(err, sizeof err, "%s needs the admin role (psctl)", what);
     ts_session_reply_error(s, type, request_id, TS_EPERM, err);
     return false;
   }
   if (srv->token && !srv->admin_token) {
-    snprintf(err, sizeof err,
+    ts_errmsg_printf(err, sizeof err,
              "%s needs an admin token: set auth.admin_token_file (the worker token is not enough)",
              what);
     ts_session_reply_error(s, type, request_id, TS_EPERM, err);
@@ -115,7 +115,7 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
     if (m->device && *m->device) snprintf(w->device, sizeof w->device, "%s", m->device);
     if (m->done && ts_barrier_done(&srv->barrier, s->task)) {
       ts_log_info("worker %d finished at step %llu", s->task, (unsigned long long)m->step);
-      ts_server_check_barriers(srv, false);
+      ts_sync_check_barriers(srv, false);
       ts_waitq_serve(srv);
     }
     if (m->has_final_test_accuracy) job_accuracy(srv, s->task, m->final_test_accuracy);
@@ -187,7 +187,7 @@ void ts_session_preauth_expire(ts_server_t *srv, uint64_t now_ms) {
   uint64_t limit = (uint64_t)(srv->cfg->handshake_timeout_s * 1000.0);
   char why[160];
   while (srv->preauth_head && now_ms - srv->preauth_head->accepted_ms >= limit) {
-    snprintf(why, sizeof why, "no handshake within %.2f s (server.handshake_timeout_s)",
+    ts_errmsg_printf(why, sizeof why, "no handshake within %.2f s (server.handshake_timeout_s)",
              srv->cfg->handshake_timeout_s);
     preauth_drop(srv, srv->preauth_head, TS_METRICS_DROP_HANDSHAKE_TIMEOUT, TS_ETIMEDOUT, why);
   }
@@ -200,7 +200,7 @@ static bool authenticate(ts_server_t *srv, ts_session_t *s, uint64_t request_id)
   preauth_remove(srv, s);
   if (srv->num_authed >= (size_t)srv->cfg->max_connections) {
     char why[160];
-    snprintf(why, sizeof why,
+    ts_errmsg_printf(why, sizeof why,
              "too many connections: %d authenticated is the limit (server.max_connections)",
              srv->cfg->max_connections);
     srv->metrics.dropped[TS_METRICS_DROP_MAX_CONNECTIONS]++;
@@ -238,7 +238,7 @@ static bool job_matches(ts_session_t *s, const Tessera__Handshake *m) {
                 "has %.300s",
                 s->conn.peer, m->task, m->identity ? m->identity : "", j->key,
                 j->value ? j->value : "", mine);
-    snprintf(detail, sizeof detail, "%.127s: this worker has %.300s, shard %u has %.300s", j->key,
+    ts_errmsg_printf(detail, sizeof detail, "%.127s: this worker has %.300s, shard %u has %.300s", j->key,
              j->value ? j->value : "", srv->shard, mine);
     ts_conn_fail(&s->conn, m->request_id, TS_ECONFIG, detail);
     return false;
@@ -250,7 +250,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
   ts_server_t *srv = s->srv;
   char err[256];
   if (m->protocol != TS_PROTOCOL_VERSION) {
-    snprintf(err, sizeof err, "client speaks protocol %u, this server %d", m->protocol,
+    ts_errmsg_printf(err, sizeof err, "client speaks protocol %u, this server %d", m->protocol,
              TS_PROTOCOL_VERSION);
     protocol_error(s, m->request_id, TS_EVERSION, err);
     goto out;
@@ -261,7 +261,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
   }
   if (m->role == TESSERA__ROLE__ROLE_WORKER &&
       (m->task < 0 || (uint32_t)m->task >= srv->num_workers)) {
-    snprintf(err, sizeof err, "worker task %d is outside the job's %u workers (cluster.workers)",
+    ts_errmsg_printf(err, sizeof err, "worker task %d is outside the job's %u workers (cluster.workers)",
              m->task, srv->num_workers);
     protocol_error(s, m->request_id, TS_EINVAL, err);
     goto out;
@@ -271,7 +271,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
   if (check_mac(token, s->nonce, &m->mac) < 0) {
     srv->auth_failures++;
     srv->metrics.auth_failures++;
-    snprintf(err, sizeof err, "authentication failed for %s role from %s",
+    ts_errmsg_printf(err, sizeof err, "authentication failed for %s role from %s",
              m->role == TESSERA__ROLE__ROLE_ADMIN ? "admin" : "worker", s->conn.peer);
     protocol_error(s, m->request_id, TS_EAUTH, err);
     goto out;
@@ -285,7 +285,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
     ts_worker_info_t *w = &srv->workers[s->task];
     bool first = ts_barrier_join(&srv->barrier, s->task, ts_server_now_ms(srv));
     snprintf(w->identity, sizeof w->identity, "%s", m->identity ? m->identity : "");
-    ts_server_worker_seen(srv, s->task);
+    ts_sync_worker_seen(srv, s->task);
     ts_log_info("worker %d %s from %s (%s)", s->task, first ? "joined" : "reconnected",
                 s->conn.peer, w->identity);
   } else {
@@ -334,10 +334,10 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
     handle_handshake(s, (Tessera__Handshake *)msg);
     return;
   }
-  ts_server_worker_seen(srv, s->task);
+  ts_sync_worker_seen(srv, s->task);
   switch (h->type) {
     case TS_MSG_DECLARE:
-      ts_model_declare(s, (Tessera__Declare *)msg);
+      ts_declare_handle(s, (Tessera__Declare *)msg);
       return;
     case TS_MSG_PULL:
       ts_pull_handle(s, (Tessera__Pull *)msg);
@@ -349,7 +349,7 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
       handle_heartbeat(s, (Tessera__Heartbeat *)msg);
       return;
     case TS_MSG_STATUS:
-      ts_status_handle(s, (Tessera__Status *)msg);
+      ts_shard_status_handle(s, (Tessera__Status *)msg);
       return;
     case TS_MSG_CHECKPOINT:
       ts_ckpt_sched_checkpoint(s, (Tessera__Checkpoint *)msg);
@@ -358,11 +358,11 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
       ts_ckpt_sched_shutdown(s, (Tessera__Shutdown *)msg);
       return;
     case TS_MSG_MODEL_RESET:
-      ts_model_reset(s, (Tessera__ModelReset *)msg);
+      ts_declare_reset(s, (Tessera__ModelReset *)msg);
       return;
     default: {
       char err[128];
-      snprintf(err, sizeof err, "a client may not send %s frames", ts_frame_type_name(h->type));
+      ts_errmsg_printf(err, sizeof err, "a client may not send %s frames", ts_frame_type_name(h->type));
       protocol_error(s, 0, TS_EPROTO, err);
       ts_msg_free(msg);
       return;
@@ -398,7 +398,7 @@ static void on_session_close(ts_conn_t *c, int err) {
       if (!srv->barrier.w[s->task].done)
         ts_log_warn("worker %d disconnected (%s)", s->task,
                     err == TS_ECLOSED ? "connection closed" : ts_strerror(err));
-      ts_server_check_barriers(srv, false);
+      ts_sync_check_barriers(srv, false);
       ts_waitq_serve(srv);
     }
   } else if (err != TS_ECLOSED && err != 0) {
@@ -458,7 +458,7 @@ void ts_session_accept(uv_stream_t *listener, int status) {
   preauth_push(srv, s);
   while (srv->num_preauth > (size_t)srv->cfg->max_preauth_connections) {
     char why[160];
-    snprintf(why, sizeof why,
+    ts_errmsg_printf(why, sizeof why,
              "%d connections waiting for their handshake is the limit "
              "(server.max_preauth_connections); the oldest is closed",
              srv->cfg->max_preauth_connections);

@@ -7,6 +7,7 @@
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_msg.h"
+#include "ts_store_int.h"
 
 void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard) {
   memset(s, 0, sizeof *s);
@@ -81,7 +82,7 @@ static const char *init_name(ts_init_kind_t k) {
 static int same_model(uint64_t seed, const ts_tensor_t *tensors, uint32_t num_tensors,
                       const Tessera__Declare *d, char *errmsg, size_t errlen) {
   if (d->seed != seed) {
-    snprintf(errmsg, errlen, "model already declared with seed %llu, not %llu",
+    ts_errmsg_printf(errmsg, errlen, "model already declared with seed %llu, not %llu",
              (unsigned long long)seed, (unsigned long long)d->seed);
     return TS_ESHAPE;
   }
@@ -91,19 +92,19 @@ static int same_model(uint64_t seed, const ts_tensor_t *tensors, uint32_t num_te
     for (uint32_t k = 0; k < num_tensors; k++)
       if (strcmp(tensors[k].name, t->name) == 0) have = &tensors[k];
     if (!have) {
-      snprintf(errmsg, errlen, "tensor '%s' is not part of the declared model (%u tensors)",
+      ts_errmsg_printf(errmsg, errlen, "tensor '%s' is not part of the declared model (%u tensors)",
                t->name, num_tensors);
       return TS_ESHAPE;
     }
     bool same = have->rank == t->n_shape;
     for (size_t k = 0; same && k < t->n_shape; k++) same = have->shape[k] == t->shape[k];
     if (same && have->state != (t->kind == TESSERA__TENSOR_KIND__TENSOR_STATE)) {
-      snprintf(errmsg, errlen, "tensor '%s' is already declared as a %s tensor, not a %s one",
+      ts_errmsg_printf(errmsg, errlen, "tensor '%s' is already declared as a %s tensor, not a %s one",
                t->name, have->state ? "state" : "trainable", have->state ? "trainable" : "state");
       return TS_ESHAPE;
     }
     if (same && have->init != (ts_init_kind_t)t->init) {
-      snprintf(errmsg, errlen, "tensor '%s' is already declared with initializer %s, not %s",
+      ts_errmsg_printf(errmsg, errlen, "tensor '%s' is already declared with initializer %s, not %s",
                t->name, init_name(have->init), init_name((ts_init_kind_t)t->init));
       return TS_ESHAPE;
     }
@@ -116,20 +117,20 @@ static int same_model(uint64_t seed, const ts_tensor_t *tensors, uint32_t num_te
       for (size_t k = 0; k < t->n_shape; k++)
         lb += (size_t)snprintf(b + lb, sizeof b - lb, "%s%llu", k ? "," : "",
                                (unsigned long long)t->shape[k]);
-      snprintf(errmsg, errlen,
+      ts_errmsg_printf(errmsg, errlen,
                "tensor '%s' is already declared with shape [%s], not [%s]%s", t->name, a, b,
                have->init != (ts_init_kind_t)t->init ? " (and another initializer)" : "");
       return TS_ESHAPE;
     }
     if (&tensors[i] != have) {
-      snprintf(errmsg, errlen, "tensor '%s' is declared at position %zu, not %zu", t->name,
+      ts_errmsg_printf(errmsg, errlen, "tensor '%s' is declared at position %zu, not %zu", t->name,
                (size_t)(have - tensors), i);
       return TS_ESHAPE;
     }
   }
   if (d->n_tensors != num_tensors) {
     /* Every listed tensor matched its position, so the first unlisted one is missing. */
-    snprintf(errmsg, errlen,
+    ts_errmsg_printf(errmsg, errlen,
              "model already declared with %u tensors, not %zu (tensor '%s' is missing)",
              num_tensors, d->n_tensors, tensors[d->n_tensors].name);
     return TS_ESHAPE;
@@ -170,7 +171,7 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
   /* A Declare frame lists at most TS_MSG_MAX_TENSORS (its codec checks); a checkpoint file
    * is held to the same, which also bounds the pairwise name check below. */
   if (d->n_tensors > TS_MSG_MAX_TENSORS) {
-    snprintf(errmsg, errlen, "the model lists %zu tensors: at most %d", d->n_tensors,
+    ts_errmsg_printf(errmsg, errlen, "the model lists %zu tensors: at most %d", d->n_tensors,
              TS_MSG_MAX_TENSORS);
     return TS_EINVAL;
   }
@@ -183,7 +184,7 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
     /* A Declare frame's rank is checked by its codec; a checkpoint file's is not (its hash
      * is not keyed), and ts_tensor_t keeps 8 dimensions. */
     if (t->n_shape > sizeof m->tensors->shape / sizeof m->tensors->shape[0]) {
-      snprintf(errmsg, errlen, "tensor '%s' has rank %zu: at most %zu dimensions", t->name,
+      ts_errmsg_printf(errmsg, errlen, "tensor '%s' has rank %zu: at most %zu dimensions", t->name,
                t->n_shape, sizeof m->tensors->shape / sizeof m->tensors->shape[0]);
       return TS_EINVAL;
     }
@@ -197,7 +198,7 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
   uint64_t need = ts_store_model_bytes(share, 0, total_parts, (uint32_t)d->n_tensors, nstate,
                                        sync, s->num_workers);
   if (total == UINT64_MAX || need > s->max_model_bytes) {
-    snprintf(errmsg, errlen,
+    ts_errmsg_printf(errmsg, errlen,
              "the model needs %.1f MiB per shard on average over %u shard(s) (%.1f MiB of "
              "parameters in all, x%d with optimizer state%s), more than "
              "server.max_model_bytes = %.1f MiB",
@@ -215,7 +216,7 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
     const Tessera__TensorDecl *t = d->tensors[i];
     for (size_t k = 0; k < i; k++) {
       if (strcmp(d->tensors[k]->name, t->name) == 0) {
-        snprintf(errmsg, errlen, "tensor '%s' is declared twice", t->name);
+        ts_errmsg_printf(errmsg, errlen, "tensor '%s' is declared twice", t->name);
         rc = TS_ESHAPE;
         goto fail;
       }
@@ -235,7 +236,7 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
   }
   rc = ts_plan_build(elems, m->num_tensors, s->num_shards, s->partition_bytes, &m->plan);
   if (rc < 0) {
-    snprintf(errmsg, errlen, "cannot plan partitions: %s", ts_strerror(rc));
+    ts_errmsg_printf(errmsg, errlen, "cannot plan partitions: %s", ts_strerror(rc));
     goto fail;
   }
   /* The exact figure: this shard's own share of the plan. */
@@ -243,7 +244,7 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
   m->need_bytes = ts_store_model_bytes(m->plan.shard_bytes[s->shard], mine, m->plan.num_parts,
                                        m->num_tensors, nstate, sync, s->num_workers);
   if (m->need_bytes > s->max_model_bytes) {
-    snprintf(errmsg, errlen,
+    ts_errmsg_printf(errmsg, errlen,
              "the model needs %.1f MiB on shard %u (%.1f MiB of parameters, x%d with optimizer "
              "state%s), more than server.max_model_bytes = %.1f MiB",
              mib(m->need_bytes), s->shard, mib(m->plan.shard_bytes[s->shard]),
@@ -274,7 +275,7 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
   return 0;
 
 fail:
-  if (rc == TS_ENOMEM) snprintf(errmsg, errlen, "out of memory while planning the model");
+  if (rc == TS_ENOMEM) ts_errmsg_printf(errmsg, errlen, "out of memory while planning the model");
   ts_free(elems);
   ts_store_model_free(m);
   return rc;
@@ -307,7 +308,7 @@ int ts_store_build(ts_store_model_t *m, char *errmsg, size_t errlen) {
   }
   return 0;
 nomem:
-  snprintf(errmsg, errlen, "out of memory while creating the model's partitions (%.1f MiB)",
+  ts_errmsg_printf(errmsg, errlen, "out of memory while creating the model's partitions (%.1f MiB)",
            mib(m->need_bytes));
   return TS_ENOMEM;
 }
@@ -344,191 +345,6 @@ int ts_store_declare(ts_store_t *s, const Tessera__Declare *d, bool *created, ch
   ts_store_install(s, &m);
   *created = true;
   return 0;
-}
-
-ts_spart_t *ts_store_find(ts_store_t *s, uint32_t tensor, uint32_t part) {
-  if (!s->declared) return NULL;
-  const ts_part_t *pp = ts_plan_part(&s->plan, tensor, part);
-  if (!pp) return NULL;
-  int32_t li = s->local[pp - s->plan.parts];
-  return li < 0 ? NULL : &s->parts[li];
-}
-
-int ts_store_check_slices(ts_store_t *s, Tessera__PartSlice *const *slices, size_t n,
-                          char *errmsg, size_t errlen) {
-  if (!s->declared) {
-    snprintf(errmsg, errlen, "no model is declared on shard %u yet", s->shard);
-    return TS_ENOTDECLARED;
-  }
-  for (size_t i = 0; i < n; i++) {
-    const Tessera__PartSlice *sl = slices[i];
-    if (sl->tensor >= s->num_tensors) {
-      snprintf(errmsg, errlen, "unknown tensor index %u (the model has %u tensors)", sl->tensor,
-               s->num_tensors);
-      return TS_ENOTENSOR;
-    }
-    ts_spart_t *p = ts_store_find(s, sl->tensor, sl->part);
-    if (!p) {
-      snprintf(errmsg, errlen, "tensor '%s' partition %u is not held by shard %u",
-               s->tensors[sl->tensor].name, sl->part, s->shard);
-      return TS_ENOTENSOR;
-    }
-    if (sl->count != p->plan->count) {
-      snprintf(errmsg, errlen, "tensor '%s' partition %u has %llu values, not %llu",
-               s->tensors[sl->tensor].name, sl->part, (unsigned long long)p->plan->count,
-               (unsigned long long)sl->count);
-      return TS_ESHAPE;
-    }
-  }
-  return 0;
-}
-
-int ts_store_check_ready(ts_store_t *s, Tessera__PartSlice *const *slices, size_t n,
-                         char *errmsg, size_t errlen) {
-  if (s->awaiting == 0) return 0;
-  for (size_t i = 0; i < n; i++) {
-    ts_spart_t *p = ts_store_find(s, slices[i]->tensor, slices[i]->part);
-    if (p && p->unset) {
-      snprintf(errmsg, errlen,
-               "tensor '%s' partition %u has no values yet: the model's initial values come "
-               "from the job's first worker (task 0), which has not sent them",
-               s->tensors[slices[i]->tensor].name, slices[i]->part);
-      return TS_ENOTREADY;
-    }
-  }
-  return 0;
-}
-
-bool ts_store_assign(ts_store_t *s, ts_spart_t *p, const float *v, bool initial,
-                     Tessera__PushResult *result) {
-  if (p->writers > 0) return false;
-  if (initial && !p->unset) {
-    *result = TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
-    return true;
-  }
-  if (s->mode == TS_MODE_SYNC && (p->accum_n + p->skip_n > 0 || p->apply_pending)) {
-    *result = TESSERA__PUSH_RESULT__PUSH_STALE;
-    return true;
-  }
-  memcpy(p->w, v, p->plan->count * sizeof(float));
-  s->applied++; /* a change a checkpoint should hold */
-  if (p->unset) {
-    p->unset = false;
-    s->awaiting--;
-  }
-  *result = TESSERA__PUSH_RESULT__PUSH_APPLIED;
-  return true;
-}
-
-uint64_t ts_store_min_version(const ts_store_t *s) {
-  if (s->num_parts == 0) return 0;
-  uint64_t v = s->parts[0].version;
-  for (size_t i = 1; i < s->num_parts; i++)
-    if (s->parts[i].version < v) v = s->parts[i].version;
-  return v;
-}
-
-/* A state tensor's update: the pushed values are its workers' own (BatchNormalization's
- * moving statistics after their step). Sync: g is the sum of the step's values, scale
- * 1/count: the mean replaces the values. Async and ssp: each worker's value moves the
- * shard's by 1/num_workers of the difference, so the shard follows the workers' mean. */
-static void apply_state(const ts_store_t *s, ts_spart_t *p, const float *g, float scale) {
-  size_t n = p->plan->count;
-  if (s->mode == TS_MODE_SYNC) {
-    for (size_t i = 0; i < n; i++) p->w[i] = g[i] * scale;
-  } else {
-    float k = 1.0f / (float)(s->num_workers ? s->num_workers : 1);
-    for (size_t i = 0; i < n; i++) p->w[i] += (g[i] - p->w[i]) * k;
-  }
-}
-
-static void apply(ts_store_t *s, ts_spart_t *p, const float *g, float scale) {
-  p->updates++;
-  if (s->tensors[p->plan->tensor].state)
-    apply_state(s, p, g, scale);
-  else
-    ts_optim_apply(&s->optim, p->w, g, scale, p->plan->count, p->s0, p->s1, p->updates);
-  p->version++;
-  s->applied++;
-}
-
-bool ts_store_async_push(ts_store_t *s, ts_spart_t *p, const float *g) {
-  if (p->writers > 0) return false;
-  apply(s, p, g, 1.0f);
-  return true;
-}
-
-Tessera__PushResult ts_store_sync_push(ts_store_t *s, ts_spart_t *p, const float *g, int task,
-                                       uint64_t step, uint64_t now_ms, uint32_t need) {
-  /* A barrier that is complete but not yet applied belongs to the old version. */
-  uint64_t open_version = p->version + (p->apply_pending ? 1 : 0);
-  if (step < open_version) {
-    s->stale_dropped++;
-    return TESSERA__PUSH_RESULT__PUSH_STALE;
-  }
-  if (task >= 0 && (uint32_t)task < s->num_workers && p->contributed[task])
-    return TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
-  size_t n = p->plan->count;
-  if (p->accum_n + p->skip_n == 0) {
-    if (need <= 1 && p->writers == 0 && !p->apply_pending) {
-      /* The barrier closes with this gradient alone: the average is g itself. */
-      apply(s, p, g, 1.0f);
-      return TESSERA__PUSH_RESULT__PUSH_APPLIED;
-    }
-    p->opened_ms = now_ms;
-  }
-  if (p->accum_n == 0) {
-    memcpy(p->accum, g, n * sizeof(float));
-  } else {
-    for (size_t i = 0; i < n; i++) p->accum[i] += g[i];
-  }
-  p->accum_n++;
-  if (task >= 0 && (uint32_t)task < s->num_workers) p->contributed[task] = 1;
-  return TESSERA__PUSH_RESULT__PUSH_ACCUMULATED;
-}
-
-bool ts_store_sync_skip(ts_store_t *s, ts_spart_t *p, int task, uint64_t step, uint64_t now_ms) {
-  if (p->apply_pending || step != p->version || task < 0 || (uint32_t)task >= s->num_workers ||
-      p->contributed[task])
-    return false;
-  if (p->accum_n + p->skip_n == 0) p->opened_ms = now_ms;
-  p->contributed[task] = 1;
-  p->skip_n++;
-  return true;
-}
-
-uint32_t ts_store_sync_count(const ts_spart_t *p) { return p->accum_n + p->skip_n; }
-
-static void sync_apply(ts_store_t *s, ts_spart_t *p) {
-  if (p->accum_n > 0) {
-    apply(s, p, p->accum, 1.0f / (float)p->accum_n);
-  } else {
-    p->version++; /* every gradient of this step was refused: the step is skipped */
-  }
-  p->accum_n = 0;
-  p->skip_n = 0;
-  p->apply_pending = false;
-  memset(p->contributed, 0, s->num_workers ? s->num_workers : 1);
-}
-
-bool ts_store_sync_complete(ts_store_t *s, ts_spart_t *p) {
-  if (p->accum_n + p->skip_n == 0 || p->apply_pending) return false;
-  if (p->writers > 0) {
-    p->apply_pending = true;
-    return false;
-  }
-  sync_apply(s, p);
-  return true;
-}
-
-bool ts_store_writer_done(ts_store_t *s, ts_spart_t *p) {
-  if (p->writers > 0) p->writers--;
-  if (p->writers > 0) return false;
-  if (p->apply_pending) {
-    sync_apply(s, p);
-    return true;
-  }
-  return false;
 }
 
 Tessera__Mode ts_store_wire_mode(ts_mode_t mode) {

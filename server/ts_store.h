@@ -34,23 +34,8 @@ typedef struct {
   bool state; /* a state tensor (TENSOR_STATE): pushes carry values, kept as their mean */
 } ts_tensor_t;
 
-typedef struct {
-  const ts_part_t *plan;
-  float *w;            /* parameters, plan->count values */
-  float *s0, *s1;      /* optimizer state (NULL when the optimizer needs none) */
-  float *accum;        /* sync: sum of this step's gradients */
-  uint32_t held_pushes; /* async/ssp: pushes waiting for the writers to finish (the server
-                          keeps new pulls of p waiting meanwhile, so pushes never starve) */
-  uint64_t version;
-  uint64_t updates;    /* optimizer steps taken (Adam's t) */
-  uint32_t accum_n;    /* sync: gradients in accum */
-  uint32_t skip_n;     /* sync: workers whose gradient for this version was refused */
-  uint8_t *contributed; /* sync: per task, 1 when it pushed for this version */
-  uint64_t opened_ms;  /* sync: when the first gradient of this version arrived */
-  int writers;
-  bool apply_pending;  /* sync: the barrier is complete; apply when writers reaches 0 */
-  bool unset;          /* waits for its initial values (Declare.values_follow) */
-} ts_spart_t;
+/* A partition this shard holds: opaque outside the store (ts_store_int.h). */
+typedef struct ts_spart ts_spart_t;
 
 typedef struct {
   uint32_t shard, num_shards, num_workers;
@@ -79,7 +64,7 @@ void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard);
 void ts_store_free(ts_store_t *s);
 
 /* A model on its way into the store. Declaring is three steps, so that the allocation and
- * initialisation, the slow part, can leave the loop (server/ts_model.c):
+ * initialisation, the slow part, can leave the loop (server/ts_declare.c):
  *   ts_store_prepare  (loop)        check the Declare and the budget, plan; no partition
  *                                   memory yet
  *   ts_store_build    (any thread)  allocate and initialise this shard's partitions; touches
@@ -202,8 +187,69 @@ bool ts_store_sync_complete(ts_store_t *s, ts_spart_t *p);
 
 /* A pull reply written from p finished; runs a sync update that waited for it. Returns true
  * when an update was applied. Async pushes that waited (ts_store_async_push returned false)
- * are the caller's to retry once p->writers is 0. */
+ * are the caller's to retry once ts_store_busy says p is free. */
 bool ts_store_writer_done(ts_store_t *s, ts_spart_t *p);
+
+/* --- The interface of a unit of the store ------------------------------------------ *
+ * Push receive, pull replies, the wait queue, the sync barrier glue, status and
+ * checkpoints use these (and the ts_store_t fields as read-only facts: mode, declared,
+ * num_parts, num_tensors, tensors, plan, awaiting), never a partition's fields. A unit is a
+ * dense partition today; another kind of unit answers the same calls. */
+
+/* Partition i (< s->num_parts) of this shard, in plan order; and back. */
+ts_spart_t *ts_store_part_at(const ts_store_t *s, size_t i);
+size_t ts_store_part_index(const ts_store_t *s, const ts_spart_t *p);
+
+/* What a checkpoint holds of a unit, and where it lives: its place in its tensor, version
+ * and update count, and its buffers (values, then nstate optimizer state buffers), which a
+ * snapshot reads and a restore into an undeclared-then-declared store writes. */
+typedef struct {
+  uint32_t tensor, part;
+  uint64_t offset, count;
+  uint64_t version, updates;
+  float *bufs[3];
+  int nstate;
+} ts_store_record_t;
+void ts_store_record(const ts_store_t *s, const ts_spart_t *p, ts_store_record_t *r);
+/* A restore wrote p's buffers: its version and update count come with them. */
+void ts_store_restored(ts_spart_t *p, uint64_t version, uint64_t updates);
+
+/* Floats a push or pull of p carries; the most of any unit of the shard (0 when none). */
+uint64_t ts_store_part_count(const ts_spart_t *p);
+uint64_t ts_store_max_part_count(const ts_store_t *s);
+uint64_t ts_store_part_version(const ts_spart_t *p);
+/* The unit with the lowest version (NULL when none): the one a sync step waits on. */
+ts_spart_t *ts_store_oldest_part(ts_store_t *s);
+
+/* Sync: refuse a gradient push for a step no slice has reached. Returns 0, or TS_EFUTURE
+ * with errmsg naming the first such unit. The slices were checked (ts_store_check_slices). */
+int ts_store_check_step(ts_store_t *s, Tessera__PartSlice *const *slices, size_t n, uint64_t step,
+                        char *errmsg, size_t errlen);
+
+/* Pulls. A unit is ready for a pull when no update waits on it and it is at min_version.
+ * A reply is sent from the unit's own memory: ts_store_read_begin counts a writer and
+ * returns the values (ts_store_part_count floats), valid until the matching
+ * ts_store_writer_done; no update lands on a unit while it has a writer. */
+bool ts_store_pull_ready(const ts_spart_t *p, uint64_t min_version);
+const float *ts_store_read_begin(ts_spart_t *p);
+/* An update waits for p's writers: a push held on it, or a closed sync step to apply. */
+bool ts_store_update_waiting(const ts_spart_t *p);
+
+/* Pushes held back by writers (the caller keeps the payload and retries). busy: a writer is
+ * on p. hold/unhold count a push waiting on p (new pulls of p wait behind it, so it never
+ * starves); held_free: p has held pushes and no writer left, so they may go on. */
+bool ts_store_busy(const ts_spart_t *p);
+void ts_store_hold(ts_spart_t *p);
+void ts_store_unhold(ts_spart_t *p);
+bool ts_store_held_free(const ts_spart_t *p);
+/* Anything points into the units (a writer or a held push): the model cannot be dropped. */
+bool ts_store_in_use(const ts_store_t *s);
+
+/* Sync: the tasks counted towards p's open step (num_workers bytes, 1 = counted), when its
+ * first gradient came, and whether the step is closed but waits for writers to apply. */
+const uint8_t *ts_store_contributed(const ts_spart_t *p);
+uint64_t ts_store_opened_ms(const ts_spart_t *p);
+bool ts_store_sync_pending(const ts_spart_t *p);
 
 /* The wire form of a training mode (Hello, handshake reply, status, checkpoints). */
 Tessera__Mode ts_store_wire_mode(ts_mode_t mode);

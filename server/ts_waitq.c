@@ -28,7 +28,7 @@ void ts_waitq_park(ts_session_t *s, ts_pull_req_t *q, uint64_t timeout_ms) {
   const ts_config_t *cfg = srv->cfg;
   if (s->parked >= (uint32_t)cfg->max_parked_pulls) {
     char detail[200];
-    snprintf(detail, sizeof detail,
+    ts_errmsg_printf(detail, sizeof detail,
              "%u pulls of this connection already wait for a version "
              "(server.max_parked_pulls)",
              s->parked);

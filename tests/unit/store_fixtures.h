@@ -21,6 +21,7 @@
 #include "ts_config.h"
 #include "ts_err.h"
 #include "ts_store.h"
+#include "ts_store_int.h" /* the store's own tests look inside a partition */
 
 #define LR 0.5f
 

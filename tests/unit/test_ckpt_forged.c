@@ -21,7 +21,7 @@
 
 #include "tessera.pb-c.h"
 #include "ts_alloc.h"
-#include "ts_checkpoint.h"
+#include "ts_ckpt.h"
 #include "ts_config.h"
 #include "ts_err.h"
 #include "ts_log.h"
@@ -58,7 +58,7 @@ static void file_path(char *path, size_t n) {
   snprintf(path, n, "%s/shard-0-%020llu.ckpt", dir, 1ull);
 }
 
-/* Write the directory's checkpoint file as ts_checkpoint_write lays it out (magic, meta
+/* Write the directory's checkpoint file as ts_ckpt_file_write lays it out (magic, meta
  * length, meta, data, BLAKE2b of all that), with whatever meta the test forged. */
 static void write_forged(const Tessera__CheckpointMeta *m, const float *data, size_t ndata) {
   char path[600];
@@ -152,7 +152,7 @@ static int restore(ts_store_t *s, char *err, size_t errlen) {
   store_init(s);
   char got[600] = "";
   uint64_t seq = 0;
-  return ts_checkpoint_restore(s, dir, NULL, 0, got, sizeof got, &seq, err, errlen);
+  return ts_ckpt_restore(s, dir, NULL, 0, got, sizeof got, &seq, err, errlen);
 }
 
 /* Restore must reject the file and leave the store undeclared. */
@@ -337,7 +337,9 @@ static void test_well_formed_restores(void **state) {
   if (rc != 1) fail_msg("restore: %d %s", rc, err);
   assert_true(s.declared);
   assert_int_equal(s.num_parts, 2);
-  assert_true(s.parts[1].w[10] == 266.0f);
+  ts_store_record_t r;
+  ts_store_record(&s, ts_store_part_at(&s, 1), &r);
+  assert_true(r.bufs[0][10] == 266.0f);
   ts_store_free(&s);
 }
 

@@ -19,6 +19,7 @@
 #include "ts_config.h"
 #include "ts_err.h"
 #include "ts_store.h"
+#include "ts_store_int.h" /* the store's own tests look inside a partition */
 
 static void assert_contains(const char *hay, const char *needle) {
   if (!strstr(hay, needle)) fail_msg("'%s' does not contain '%s'", hay, needle);

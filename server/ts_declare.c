@@ -32,7 +32,7 @@ typedef struct waiter {
   bool first; /* its Declare started the build: its reply says created */
 } waiter_t;
 
-struct ts_model_build {
+struct ts_declare_build {
   uv_work_t req;
   ts_server_t *srv;
   ts_store_model_t m;
@@ -62,7 +62,7 @@ static void reply_declared(ts_session_t *s, uint64_t request_id, bool created) {
   ts_session_reply(s, TS_MSG_DECLARE_REPLY, &r.base);
 }
 
-static void free_build(ts_model_build_t *b) {
+static void free_build(ts_declare_build_t *b) {
   while (b->waiters) {
     waiter_t *w = b->waiters;
     b->waiters = w->next;
@@ -72,7 +72,7 @@ static void free_build(ts_model_build_t *b) {
   ts_free(b);
 }
 
-static int add_waiter(ts_model_build_t *b, ts_session_t *s, uint64_t request_id, bool first) {
+static int add_waiter(ts_declare_build_t *b, ts_session_t *s, uint64_t request_id, bool first) {
   waiter_t *w = ts_calloc(1, sizeof *w);
   if (!w) return TS_ENOMEM;
   w->session_id = s->id;
@@ -84,18 +84,18 @@ static int add_waiter(ts_model_build_t *b, ts_session_t *s, uint64_t request_id,
 }
 
 static void build_work(uv_work_t *req) {
-  ts_model_build_t *b = req->data;
+  ts_declare_build_t *b = req->data;
   b->rc = ts_store_build(&b->m, b->err, sizeof b->err);
 }
 
 static void build_done(uv_work_t *req, int status) {
-  ts_model_build_t *b = req->data;
+  ts_declare_build_t *b = req->data;
   ts_server_t *srv = b->srv;
   ts_require(srv->model.build == b);
   srv->model.build = NULL;
   if (status < 0 && b->rc == 0) {
     b->rc = status;
-    snprintf(b->err, sizeof b->err, "building the model was cancelled: %s", uv_strerror(status));
+    ts_errmsg_printf(b->err, sizeof b->err, "building the model was cancelled: %s", uv_strerror(status));
   }
   if (srv->stopping) {
     free_build(b);
@@ -130,7 +130,7 @@ static void build_done(uv_work_t *req, int status) {
 static void start_build(ts_session_t *s, Tessera__Declare *d) {
   ts_server_t *srv = s->srv;
   char err[256];
-  ts_model_build_t *b = ts_calloc(1, sizeof *b);
+  ts_declare_build_t *b = ts_calloc(1, sizeof *b);
   if (!b) {
     ts_session_reply_error(s, TS_MSG_DECLARE, d->request_id, TS_ENOMEM, "out of memory");
     return;
@@ -150,7 +150,7 @@ static void start_build(ts_session_t *s, Tessera__Declare *d) {
   b->start_ns = uv_hrtime();
   if ((rc = add_waiter(b, s, d->request_id, true)) < 0 ||
       (rc = uv_queue_work(srv->loop, &b->req, build_work, build_done)) < 0) {
-    snprintf(err, sizeof err, "cannot start building the model: %s", ts_strerror(rc));
+    ts_errmsg_printf(err, sizeof err, "cannot start building the model: %s", ts_strerror(rc));
     ts_session_reply_error(s, TS_MSG_DECLARE, d->request_id, ts_err_is_ts(rc) ? rc : TS_EINTERNAL,
                            err);
     free_build(b);
@@ -161,10 +161,10 @@ static void start_build(ts_session_t *s, Tessera__Declare *d) {
                (double)b->m.need_bytes / (1024.0 * 1024.0));
 }
 
-void ts_model_declare(ts_session_t *s, Tessera__Declare *m) {
+void ts_declare_handle(ts_session_t *s, Tessera__Declare *m) {
   ts_server_t *srv = s->srv;
   char err[256];
-  ts_model_build_t *b = srv->model.build;
+  ts_declare_build_t *b = srv->model.build;
   if (s->role != TESSERA__ROLE__ROLE_WORKER) {
     ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, TS_EROLE,
                            "only workers declare tensors");
@@ -183,7 +183,7 @@ void ts_model_declare(ts_session_t *s, Tessera__Declare *m) {
     for (waiter_t *w = b->waiters; w && rc == 0; w = w->next) waiting |= w->session_id == s->id;
     if (rc == 0 && waiting) {
       rc = TS_EBUSY;
-      snprintf(err, sizeof err, "this connection's declare of the model is still being built");
+      ts_errmsg_printf(err, sizeof err, "this connection's declare of the model is still being built");
     }
     if (rc == 0) rc = add_waiter(b, s, m->request_id, false);
     if (rc < 0)
@@ -207,9 +207,7 @@ static bool partitions_free(ts_server_t *srv) {
   for (ts_session_t *s = srv->sessions; s; s = s->next)
     if (is_worker(s) || s->rx.active) return false;
   if (srv->held || srv->waiting) return false;
-  for (size_t i = 0; i < srv->store.num_parts; i++)
-    if (srv->store.parts[i].writers > 0 || srv->store.parts[i].held_pushes > 0) return false;
-  return true;
+  return !ts_store_in_use(&srv->store);
 }
 
 static void on_reset_timer_closed(uv_handle_t *h) {
@@ -219,7 +217,7 @@ static void on_reset_timer_closed(uv_handle_t *h) {
 }
 
 static void finish_reset(ts_server_t *srv, int rc, const char *why) {
-  ts_model_state_t *ms = &srv->model;
+  ts_declare_state_t *ms = &srv->model;
   ms->reset_pending = false;
   if (ms->reset_timer) {
     uv_close((uv_handle_t *)ms->reset_timer, on_reset_timer_closed);
@@ -285,9 +283,9 @@ static void on_reset_timer(uv_timer_t *t) {
   try_reset(t->data);
 }
 
-void ts_model_reset(ts_session_t *s, Tessera__ModelReset *m) {
+void ts_declare_reset(ts_session_t *s, Tessera__ModelReset *m) {
   ts_server_t *srv = s->srv;
-  ts_model_state_t *ms = &srv->model;
+  ts_declare_state_t *ms = &srv->model;
   char err[256];
   if (!ts_session_admin_allowed(s, TS_MSG_MODEL_RESET, m->request_id, "model reset")) goto out;
   if (ms->build || ms->reset_pending) {
@@ -299,7 +297,7 @@ void ts_model_reset(ts_session_t *s, Tessera__ModelReset *m) {
   uint32_t workers = 0;
   for (ts_session_t *w = srv->sessions; w; w = w->next) workers += is_worker(w) && !w->conn.closing;
   if (workers > 0 && !m->force) {
-    snprintf(err, sizeof err,
+    ts_errmsg_printf(err, sizeof err,
              "%u worker connection(s) are open: stop the workers first, or pass --force to "
              "close them (their clients reconnect and declare again)",
              workers);

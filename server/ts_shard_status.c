@@ -11,14 +11,14 @@
 #include "ts_err.h"
 #include "ts_notify.h"
 
-void ts_status_release(ts_status_msg_t *sm) {
+void ts_shard_status_release(ts_shard_status_msg_t *sm) {
   ts_free(sm->ws);
   ts_free(sm->wp);
   ts_free(sm->waiting);
 }
 
 /* Fill *sm with the shard's state now. Returns 0 or TS_ENOMEM; release it in both cases. */
-int ts_status_build(ts_server_t *srv, ts_status_msg_t *sm) {
+int ts_shard_status_build(ts_server_t *srv, ts_shard_status_msg_t *sm) {
   uint64_t now = ts_server_now_ms(srv);
   uint32_t nw = srv->num_workers;
   memset(sm, 0, sizeof *sm);
@@ -50,13 +50,10 @@ int ts_status_build(ts_server_t *srv, ts_status_msg_t *sm) {
     n++;
   }
   /* The open barrier waits for the live workers that have not pushed for it yet. */
-  if (srv->store.mode == TS_MODE_SYNC && srv->store.num_parts > 0) {
-    const ts_spart_t *p = &srv->store.parts[0];
-    for (size_t i = 1; i < srv->store.num_parts; i++)
-      if (srv->store.parts[i].version < p->version) p = &srv->store.parts[i];
-    if (ts_store_sync_count(p) > 0)
-      nwait = ts_barrier_waiting_for(&srv->barrier, p->contributed, waiting);
-  }
+  const ts_spart_t *oldest =
+      srv->store.mode == TS_MODE_SYNC ? ts_store_oldest_part(&srv->store) : NULL;
+  if (oldest && ts_store_sync_count(oldest) > 0)
+    nwait = ts_barrier_waiting_for(&srv->barrier, ts_store_contributed(oldest), waiting);
   Tessera__ShardStatus *r = &sm->r;
   tessera__shard_status__init(r);
   r->shard = srv->shard;
@@ -92,15 +89,15 @@ int ts_status_build(ts_server_t *srv, ts_status_msg_t *sm) {
   return 0;
 }
 
-void ts_status_handle(ts_session_t *s, Tessera__Status *m) {
-  ts_status_msg_t sm;
-  if (ts_status_build(s->srv, &sm) < 0) {
+void ts_shard_status_handle(ts_session_t *s, Tessera__Status *m) {
+  ts_shard_status_msg_t sm;
+  if (ts_shard_status_build(s->srv, &sm) < 0) {
     ts_session_reply_error(s, TS_MSG_STATUS, m->request_id, TS_ENOMEM, "out of memory");
   } else {
     sm.r.request_id = m->request_id;
     ts_session_reply(s, TS_MSG_STATUS_REPLY, &sm.r.base);
   }
-  ts_status_release(&sm);
+  ts_shard_status_release(&sm);
   ts_msg_free(&m->base);
 }
 
@@ -110,13 +107,13 @@ void ts_status_handle(ts_session_t *s, Tessera__Status *m) {
 /* On the loop, from the tick (and at start and stop): publish the snapshot the admin
  * endpoint renders, tell systemd how the shard is doing and pet its watchdog. The
  * watchdog is only petted here, so a stuck loop gets the shard restarted. */
-void ts_status_publish(ts_server_t *srv) {
+void ts_shard_status_publish(ts_server_t *srv) {
   uint64_t now = ts_server_now_ms(srv);
   bool publish = srv->admin && (now >= srv->next_publish_ms || srv->stopping);
   bool status = srv->notify && now >= srv->next_status_ms;
   if (publish || status) {
-    ts_status_msg_t sm;
-    if (ts_status_build(srv, &sm) == 0) {
+    ts_shard_status_msg_t sm;
+    if (ts_shard_status_build(srv, &sm) == 0) {
       if (publish) {
         ts_metrics_t *m = &srv->metrics;
         m->bytes_in = m->bytes_in_closed;
@@ -158,7 +155,7 @@ void ts_status_publish(ts_server_t *srv) {
         srv->next_status_ms = now + NOTIFY_STATUS_MS;
       }
     }
-    ts_status_release(&sm);
+    ts_shard_status_release(&sm);
   }
   if (srv->watchdog_ms && now >= srv->next_watchdog_ms && !srv->stopping) {
     ts_notify("WATCHDOG=1");

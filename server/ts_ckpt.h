@@ -1,0 +1,43 @@
+/*
+ * Checkpoints of a shard's store (docs/operations.md): its partitions, optimizer state and
+ * versions. Writing happens in two halves so the network loop never waits on the disk:
+ * ts_ckpt_snapshot copies the state (loop thread, a memcpy), ts_ckpt_file_write
+ * (ts_ckpt_file.h) puts the snapshot on disk (any thread). When they are written is
+ * ts_ckpt_sched.c's business. On start the newest valid checkpoint is restored, or, when
+ * the shard count or partition size changed, re-sharded from a complete set of the old
+ * layout's files (ts_ckpt_reshard.h).
+ */
+#ifndef TS_CKPT_H
+#define TS_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ts_ckpt_file.h"
+#include "ts_store.h"
+
+/* Copy the store's state. Returns 0, TS_ENOTDECLARED (nothing to save), TS_ENOTREADY
+ * (initial values still awaited), TS_ENONFINITE (a parameter or state value is NaN or Inf:
+ * such a state is never checkpointed; errmsg names the tensor) or TS_ENOMEM. */
+int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t **out, char *errmsg,
+                     size_t errlen);
+void ts_ckpt_snapshot_free(ts_ckpt_snapshot_t *snap);
+
+/* Restore into an undeclared store, at start (docs/operations.md, "Changing the number of
+ * shards"):
+ *  1. the newest valid checkpoint of this shard in its own layout (the same shard count and
+ *     partition size) in dir; invalid ones (truncated, hash mismatch, unreadable) are logged
+ *     with the reason and an older one is tried. Returns 1 (path, *sequence set), unless a
+ *     complete set of another layout (below) was written after it, as when the shard count
+ *     changed and then changed back: the newest state wins, and that set is restored.
+ *  2. when there is none: re-sharding. The files of another layout found in dir and in the
+ *     nfrom directories `from` (checkpoint.restore_from) must hold one complete set, a file
+ *     of every old shard at one step; the newest such set is taken and this shard copies the
+ *     partitions it holds under its own plan out of it. Returns 2 (path gets a description).
+ *     Files of another layout but no usable set: TS_EDATA, errmsg lists what was found.
+ * Returns 0 when there is nothing to restore, or a negative error for an unreadable
+ * directory. The store stays undeclared unless something was restored. */
+int ts_ckpt_restore(ts_store_t *s, const char *dir, char *const *from, size_t nfrom, char *path,
+                    size_t pathlen, uint64_t *sequence, char *errmsg, size_t errlen);
+
+#endif

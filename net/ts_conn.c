@@ -1,3 +1,11 @@
+/*
+ * The framed connection (ts_conn.h): reading is the state machine of header, meta, payload
+ * and discard, fed by libuv's alloc_cb with exactly the buffer expected next (or an 8 KiB
+ * read-ahead at a frame boundary, handed on piece by piece as if read into each buffer);
+ * writing queues header + meta in one allocation and the payload from the caller's memory
+ * in one uv_write, with corking while read-ahead frames are still being handed on, budgets
+ * on what is queued, and one way out, ts_conn_close. ts_require marks each state change.
+ */
 #include "ts_conn.h"
 
 #include <stdio.h>
@@ -226,6 +234,8 @@ static void reset_frame(ts_conn_t *c) {
 }
 
 static void deliver(ts_conn_t *c, bool discarded) {
+  /* A frame is handed on once, whole: every payload byte is in (or thrown away). */
+  ts_require(c->got == c->hdr.data_len || c->hdr.data_len == 0);
   ProtobufCMessage *msg = c->msg;
   ts_frame_header_t h = c->hdr;
   reset_frame(c);
@@ -240,6 +250,8 @@ static void deliver(ts_conn_t *c, bool discarded) {
 }
 
 static void meta_done(ts_conn_t *c) {
+  /* From the header (no meta) or the meta state, and a frame's meta is decoded once. */
+  ts_require((c->state == TS_CONN_READ_META || c->state == TS_CONN_READ_HEADER) && !c->msg);
   char err[256];
   int rc = ts_msg_decode(c->hdr.type, c->meta, c->hdr.meta_len, c->hdr.data_len, &c->msg, err,
                          sizeof err);
@@ -282,6 +294,7 @@ static void meta_done(ts_conn_t *c) {
 }
 
 static void header_done(ts_conn_t *c) {
+  ts_require(c->state == TS_CONN_READ_HEADER);
   if (c->hdr.meta_len > c->meta_cap) {
     size_t cap = c->meta_cap ? c->meta_cap : 256;
     while (cap < c->hdr.meta_len) cap *= 2;
@@ -311,6 +324,7 @@ static void next_piece(ts_conn_t *c) {
 }
 
 static void piece_done(ts_conn_t *c) {
+  ts_require(c->state == TS_CONN_READ_DATA && c->dst_off == c->dst[c->dst_i].len);
   if (c->cbs->on_piece) {
     int rc = c->cbs->on_piece(c, c->dst_i);
     if (rc < 0) {

@@ -98,7 +98,7 @@ struct ts_conn {
   size_t dst_off;             /* bytes filled in dst[dst_i] */
   uint8_t *scratch;           /* 64 KiB for discarded payload */
   /* Read-ahead (TS_CONN_READ_AHEAD bytes, allocated at the first read): at a frame boundary
-   * the socket is read into it rather than into the 16-byte header, so the frames of a small
+   * the socket is read into it rather than into the 20-byte header, so the frames of a small
    * request (a 4 KiB push and the pull behind it) come in with one read() instead of one
    * each for every header, meta and payload. Its unprocessed bytes [ra_off, ra_len) are
    * handed on to the frame state machine as if they had just been read, and the socket is

@@ -1,3 +1,9 @@
+/*
+ * The store's model (ts_store.h): declaring in three steps (prepare and budget on the loop,
+ * build anywhere, install on the loop), comparing a later Declare with the model held,
+ * the memory a model costs, and dropping it. What requests do to the partitions once they
+ * exist is ts_store_part.c's.
+ */
 #include "ts_store.h"
 
 #include <stdio.h>

@@ -1,3 +1,9 @@
+/*
+ * The system tests' small network (netemu.h): the namespaces and their TUN devices, set up
+ * with iproute2 and removed at exit or on a fatal signal, and the switch thread that
+ * forwards each packet between them with the delay, jitter, loss and partitions a test
+ * asks for, counting what it did.
+ */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

@@ -76,6 +76,7 @@ bool ts_assert_log(const char *expr, const char *file, int line, const char *fun
 }
 
 void ts_errmsg_printf(char *buf, size_t n, const char *fmt, ...) {
+  if (!buf || n == 0) return; /* the caller asked for no message */
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(buf, n, fmt, ap);
@@ -83,6 +84,7 @@ void ts_errmsg_printf(char *buf, size_t n, const char *fmt, ...) {
 }
 
 void ts_errmsg_wrapf(char *buf, size_t n, const char *fmt, ...) {
+  if (!buf || n == 0) return;
   char prefix[256];
   char old[512];
   va_list ap;

@@ -77,7 +77,8 @@ bool ts_assert_log(const char *expr, const char *file, int line, const char *fun
 void ts_errmsg_wrapf(char *buf, size_t n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Format into buf, replacing its content. */
+/* Format into buf, replacing its content. Both take a NULL buf (or n == 0) as "no message
+ * wanted" and write nothing. */
 void ts_errmsg_printf(char *buf, size_t n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -74,7 +74,7 @@ static int read_text(ts_config_loader_t *ld, const char *path, char **out) {
         size_t ncap = cap ? cap * 2 : 4096;
         char *nbuf = ts_realloc(buf, ncap);
         if (!nbuf) {
-          snprintf(ld->errmsg, ld->errlen, "%s: out of memory", path);
+          ts_errmsg_printf(ld->errmsg, ld->errlen, "%s: out of memory", path);
           rc = TS_ENOMEM;
           break;
         }
@@ -337,14 +337,14 @@ int ts_config_load(ts_config_t *cfg, const char *path, const char *tf_config,
   if (!ld) {
     memset(cfg, 0, sizeof *cfg);
     cfg->task_index = -1;
-    snprintf(errmsg, errlen, "loading the configuration: out of memory");
+    ts_errmsg_printf(errmsg, errlen, "loading the configuration: out of memory");
     return TS_ENOMEM;
   }
   ld->cfg = cfg;
   ld->errmsg = errmsg;
   ld->errlen = errlen;
   int rc = apply_defaults(ld);
-  if (rc < 0) snprintf(errmsg, errlen, "applying the defaults: out of memory");
+  if (rc < 0) ts_errmsg_printf(errmsg, errlen, "applying the defaults: out of memory");
   if (rc == 0 && path) rc = load_file(ld, path);
   if (rc == 0 && tf_config) rc = ts_tfconfig_apply(ld, tf_config);
   for (size_t i = 0; rc == 0 && i < n; i++) rc = apply_override(ld, overrides[i]);

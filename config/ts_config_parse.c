@@ -129,14 +129,15 @@ int ts_config_parse_text(ts_config_loader_t *ld, config_t *c, const char *text, 
   long added = widen_ints(text, NULL, &bad_line);
   if (added < 0) {
     if (label)
-      snprintf(ld->errmsg, ld->errlen, "%s:%d: integer out of the 64-bit range", label, bad_line);
+      ts_errmsg_printf(ld->errmsg, ld->errlen, "%s:%d: integer out of the 64-bit range", label,
+                       bad_line);
     else
-      snprintf(ld->errmsg, ld->errlen, "integer out of the 64-bit range");
+      ts_errmsg_printf(ld->errmsg, ld->errlen, "integer out of the 64-bit range");
     return TS_ECONFIG;
   }
   char *wide = ts_malloc(strlen(text) + (size_t)added + 1);
   if (!wide) {
-    snprintf(ld->errmsg, ld->errlen, "%s: out of memory", label ? label : ld->where);
+    ts_errmsg_printf(ld->errmsg, ld->errlen, "%s: out of memory", label ? label : ld->where);
     return TS_ENOMEM;
   }
   widen_ints(text, wide, &bad_line);
@@ -146,10 +147,10 @@ int ts_config_parse_text(ts_config_loader_t *ld, config_t *c, const char *text, 
   if (!ok) {
     const char *file = config_error_file(c) ? config_error_file(c) : label;
     if (file)
-      snprintf(ld->errmsg, ld->errlen, "%s:%d: %s", file, config_error_line(c),
-               config_error_text(c));
+      ts_errmsg_printf(ld->errmsg, ld->errlen, "%s:%d: %s", file, config_error_line(c),
+                       config_error_text(c));
     else
-      snprintf(ld->errmsg, ld->errlen, "%s", config_error_text(c));
+      ts_errmsg_printf(ld->errmsg, ld->errlen, "%s", config_error_text(c));
     return TS_ECONFIG;
   }
   return 0;

@@ -25,14 +25,14 @@ int ts_config_fail(ts_config_loader_t *ld, const char *name, const char *fmt, ..
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   if (name)
-    snprintf(ld->errmsg, ld->errlen, "%s: %s: %s", ld->where, name, msg);
+    ts_errmsg_printf(ld->errmsg, ld->errlen, "%s: %s: %s", ld->where, name, msg);
   else
-    snprintf(ld->errmsg, ld->errlen, "%s: %s", ld->where, msg);
+    ts_errmsg_printf(ld->errmsg, ld->errlen, "%s: %s", ld->where, msg);
   return TS_ECONFIG;
 }
 
 int ts_config_oom(ts_config_loader_t *ld, const char *name) {
-  snprintf(ld->errmsg, ld->errlen, "%s: %s: out of memory", ld->where, name);
+  ts_errmsg_printf(ld->errmsg, ld->errlen, "%s: %s: out of memory", ld->where, name);
   return TS_ENOMEM;
 }
 

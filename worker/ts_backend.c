@@ -74,7 +74,7 @@ static int net_ops(const ts_config_t *cfg, const ts_kernels_t *gpu_ops, ts_backe
     op->layer = i + 1;
     (*out)[i].name = op->name;
     (*out)[i].type = op->type;
-    (*out)[i].gpu_kernel = gpu_ops && !ts_net_layer_kernel_missing(gpu_ops, &specs[i]);
+    (*out)[i].gpu_kernel = gpu_ops && !ts_seq_layer_kernel_missing(gpu_ops, &specs[i]);
     if (gpu_ops && !(*out)[i].gpu_kernel && !no_cudnn_logged && !ts_kernels_cuda_have_cudnn() &&
         (specs[i].type == TS_LAYER_CONV2D || specs[i].type == TS_LAYER_MAX_POOL)) {
       no_cudnn_logged = true;
@@ -170,7 +170,7 @@ static size_t device_runs(const ts_backend_plan_t *p) {
  * the others on the CPU (placed there explicitly by `with tf.device()`-like rules, moved by
  * soft placement, or without a GPU kernel under the default placement), with the copies
  * between them (p->split). An MLP of widths, or a network that would alternate between the
- * devices more than TS_NET_SEGMENTS_MAX times, runs on one device (the towers' back end):
+ * devices more than TS_SEQ_SEGMENTS_MAX times, runs on one device (the towers' back end):
  * all on the CPU when nothing explicit keeps an op on its GPU, else refused. Two GPUs in one
  * model are refused. */
 static int one_device(const ts_config_t *cfg, ts_backend_plan_t *p, const ts_placement_op_t *ops,
@@ -193,7 +193,7 @@ static int one_device(const ts_config_t *cfg, ts_backend_plan_t *p, const ts_pla
   }
   if (gi == none || ci == none) return 0;
   size_t runs = device_runs(p);
-  if (cfg->num_net_layers > 0 && runs <= TS_NET_SEGMENTS_MAX) {
+  if (cfg->num_net_layers > 0 && runs <= TS_SEQ_SEGMENTS_MAX) {
     p->split = true;
     return 0;
   }
@@ -202,7 +202,7 @@ static int one_device(const ts_config_t *cfg, ts_backend_plan_t *p, const ts_pla
   char one[80];
   if (cfg->num_net_layers > 0)
     snprintf(one, sizeof one, "the model's layers would change devices %zu times (at most %d)",
-             runs - 1, TS_NET_SEGMENTS_MAX - 1);
+             runs - 1, TS_SEQ_SEGMENTS_MAX - 1);
   else
     snprintf(one, sizeof one, "the model's layers run on one device");
   char why[200];

@@ -350,7 +350,7 @@ fail_msg:
 void ts_model_destroy(ts_model_t *model) {
   if (!model) return;
   if (model->net) {
-    ts_net_destroy(model->net);
+    ts_seq_destroy(model->net);
     ts_free(model->net);
     ts_free(model->tensors);
     memset(model, 0, sizeof *model);
@@ -381,7 +381,7 @@ void ts_model_destroy(ts_model_t *model) {
 /* --- parameters ---------------------------------------------------------------------------- */
 
 int ts_model_init_params(ts_model_t *model, uint64_t seed) {
-  if (model && model->net) return ts_net_init_params(model->net, seed);
+  if (model && model->net) return ts_seq_init_params(model->net, seed);
   if (!model || !model->params) return TS_EINVAL;
   /* Initialise on the host, tensor by tensor, and copy each to the device: the largest
    * tensor bounds the staging buffer. */
@@ -406,7 +406,7 @@ static bool range_ok(const ts_model_t *m, size_t offset, const void *p, size_t c
 }
 
 int ts_model_set_params(ts_model_t *model, size_t offset, const float *src, size_t count) {
-  if (model && model->net) return ts_net_set_params(model->net, offset, src, count);
+  if (model && model->net) return ts_seq_set_params(model->net, offset, src, count);
   if (!range_ok(model, offset, src, count)) return TS_EINVAL;
   if (count == 0) return 0;
   const ts_kernels_t *k = model->kernels;
@@ -414,7 +414,7 @@ int ts_model_set_params(ts_model_t *model, size_t offset, const float *src, size
 }
 
 int ts_model_get_params(const ts_model_t *model, size_t offset, float *dst, size_t count) {
-  if (model && model->net) return ts_net_get_params(model->net, offset, dst, count);
+  if (model && model->net) return ts_seq_get_params(model->net, offset, dst, count);
   if (!range_ok(model, offset, dst, count)) return TS_EINVAL;
   if (count == 0) return 0;
   const ts_kernels_t *k = model->kernels;
@@ -422,7 +422,7 @@ int ts_model_get_params(const ts_model_t *model, size_t offset, float *dst, size
 }
 
 int ts_model_get_grads(const ts_model_t *model, size_t offset, float *dst, size_t count) {
-  if (model && model->net) return ts_net_get_grads(model->net, offset, dst, count);
+  if (model && model->net) return ts_seq_get_grads(model->net, offset, dst, count);
   if (!range_ok(model, offset, dst, count)) return TS_EINVAL;
   if (count == 0) return 0;
   const ts_kernels_t *k = model->kernels;
@@ -507,14 +507,14 @@ static int run_phases(ts_model_t *m, bool backward, bool eval, run_state_t *st) 
 }
 
 int ts_model_load_batch(ts_model_t *model, const float *x, const int32_t *labels, size_t batch) {
-  if (model && model->net) return ts_net_load_batch(model->net, x, labels, batch);
+  if (model && model->net) return ts_seq_load_batch(model->net, x, labels, batch);
   if (!model || !model->params || !x || !labels || batch < 1 || batch > model->batch_capacity)
     return TS_EINVAL;
   return load_batch(model, x, labels, batch);
 }
 
 int ts_model_compute(ts_model_t *model, size_t batch, float *loss) {
-  if (model && model->net) return ts_net_compute(model->net, batch, loss);
+  if (model && model->net) return ts_seq_compute(model->net, batch, loss);
   if (!model || !model->params || batch < 1 || batch > model->batch_capacity) return TS_EINVAL;
   run_state_t st = {.batch = batch};
   int rc = run_phases(model, true, false, &st);
@@ -532,7 +532,7 @@ int ts_model_forward_backward(ts_model_t *model, const float *x, const int32_t *
 
 int ts_model_evaluate(ts_model_t *model, const float *x, const int32_t *labels, size_t n,
                       float *accuracy, float *loss) {
-  if (model && model->net) return ts_net_evaluate(model->net, x, labels, n, accuracy, loss);
+  if (model && model->net) return ts_seq_evaluate(model->net, x, labels, n, accuracy, loss);
   if (!model || !model->params || !x || !labels || n < 1) return TS_EINVAL;
   size_t in = width(model, 0), correct = 0;
   double loss_sum = 0.0;
@@ -566,15 +566,15 @@ int ts_model_init_net_split(ts_model_t *model, const ts_layer_spec_t *specs, siz
                             char *errmsg, size_t errlen) {
   if (!model) return TS_EINVAL;
   memset(model, 0, sizeof *model);
-  ts_net_t *net = ts_calloc(1, sizeof *net);
+  ts_seq_t *net = ts_calloc(1, sizeof *net);
   if (!net) {
     if (errmsg && errlen) snprintf(errmsg, errlen, "model: out of memory");
     return TS_ENOMEM;
   }
   int rc =
       layer_kernels
-          ? ts_net_init_split(net, specs, n, input, batch_capacity, layer_kernels, errmsg, errlen)
-          : ts_net_init(net, specs, n, input, batch_capacity, kernels, errmsg, errlen);
+          ? ts_seq_init_split(net, specs, n, input, batch_capacity, layer_kernels, errmsg, errlen)
+          : ts_seq_init(net, specs, n, input, batch_capacity, kernels, errmsg, errlen);
   if (rc < 0) {
     ts_free(net);
     return rc;
@@ -582,7 +582,7 @@ int ts_model_init_net_split(ts_model_t *model, const ts_layer_spec_t *specs, siz
   const ts_layers_t *d = &net->desc;
   model->tensors = ts_calloc(d->num_tensors ? d->num_tensors : 1, sizeof *model->tensors);
   if (!model->tensors) {
-    ts_net_destroy(net);
+    ts_seq_destroy(net);
     ts_free(net);
     if (errmsg && errlen) snprintf(errmsg, errlen, "model: out of memory");
     return TS_ENOMEM;
@@ -612,11 +612,11 @@ bool ts_model_is_split(const ts_model_t *model) {
 }
 
 int ts_model_synchronize(const ts_model_t *model) {
-  if (model && model->net) return ts_net_synchronize(model->net);
+  if (model && model->net) return ts_seq_synchronize(model->net);
   const ts_kernels_t *k = model ? model->kernels : NULL;
   return k && k->synchronize ? k->synchronize(k) : 0;
 }
 
 void ts_model_set_dropout(ts_model_t *model, uint64_t seed, uint64_t stream) {
-  if (model && model->net) ts_net_set_training(model->net, true, seed, stream);
+  if (model && model->net) ts_seq_set_training(model->net, true, seed, stream);
 }

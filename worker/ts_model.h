@@ -34,7 +34,7 @@
 #include "ts_config.h" /* ts_activation_t */
 #include "ts_init.h"
 #include "ts_kernels.h"
-#include "ts_net.h"
+#include "ts_seq.h"
 
 #define TS_MODEL_MAX_LAYERS TS_CONFIG_MAX_LAYERS /* widths, input and output included */
 #define TS_MODEL_NAME_MAX 64
@@ -99,7 +99,7 @@ typedef struct {
 
   /* A model built by ts_model_init_net runs this network (owned, ts_malloc'd): tensors,
    * params and grads are the net's, widths and ops are empty, and the scratch below unused. */
-  ts_net_t *net;
+  ts_seq_t *net;
 
   /* Private: device scratch, one per layer output, sized for batch_capacity. */
   float *x;        /* input batch: batch_capacity x widths[0] */
@@ -125,12 +125,12 @@ int ts_model_init(ts_model_t *model, const int *widths, size_t n, ts_activation_
 
 /* Build the model as a network of layers (worker/ts_layers.h) instead of widths: the same
  * tensors / params / grads interface, so the towers, the trainer and the declaration to the
- * shards need not know which it is. Errors as ts_net_init (TS_EINVAL names the layer). */
+ * shards need not know which it is. Errors as ts_seq_init (TS_EINVAL names the layer). */
 int ts_model_init_net(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
                       ts_layer_shape_t input, size_t batch_capacity, const ts_kernels_t *kernels,
                       char *errmsg, size_t errlen);
 
-/* ts_model_init_net with layer i on layer_kernels[i] (ts_net_init_split): a model split over
+/* ts_model_init_net with layer i on layer_kernels[i] (ts_seq_init_split): a model split over
  * devices. kernels (may be NULL: the first layer's) is the table the model reports as its
  * own (the tower's). params and grads are NULL when the layers are on more than one table:
  * the copies below (ts_model_set_params ...) reach every segment's slice of the layout. */
@@ -145,7 +145,7 @@ bool ts_model_is_split(const ts_model_t *model);
 /* Wait for the queued work of every table the model runs on. */
 int ts_model_synchronize(const ts_model_t *model);
 
-/* Training-mode dropout for the next steps: the mask's seed and stream (ts_net_set_training).
+/* Training-mode dropout for the next steps: the mask's seed and stream (ts_seq_set_training).
  * A no-op for an MLP, which has no dropout. */
 void ts_model_set_dropout(ts_model_t *model, uint64_t seed, uint64_t stream);
 

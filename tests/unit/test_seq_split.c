@@ -415,9 +415,12 @@ static void test_split_towers(void **state) {
   assert_false(tw.zero_copy);
   assert_int_equal(tw.reduce, TS_TOWERS_REDUCE_PINNED);
   assert_true(ts_model_is_split(&tw.models[1]));
-  assert_ptr_equal(tw.models[1].net->seg[1].kernels, CPU);
+  /* White-box: a layer list's engine state is its network (worker/ts_model_seq.c). */
+  assert_ptr_equal(((const ts_seq_t *)tw.models[1].impl)->seg[1].kernels, CPU);
   ts_model_t one;
   assert_int_equal(ts_model_init_net(&one, s, 5, in, batch, CPU, err, sizeof err), 0);
+  assert_string_equal(ts_model_engine_name(&one), "layers");
+  assert_false(ts_model_is_split(&one));
   assert_int_equal(ts_model_init_params(&one, 2), 0);
   float *x = rand_floats(batch * dim, -1.0, 1.0);
   int32_t y[8];

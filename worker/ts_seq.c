@@ -1,5 +1,6 @@
 /*
- * Running a layer list (ts_seq.h).
+ * The sequential network (ts_seq.h): running a checked layer list over one or several
+ * kernels tables.
  *
  * Forward: layer i reads out(i - 1) (the input batch for i = 0) and writes z[i] (the conv or
  * dense product plus bias, the pooled maximum, the dropped-out units), then a[i] = act(z[i])

@@ -263,7 +263,7 @@ int main(int argc, char **argv) {
   }
   if (cfg.log_device_placement) log_variable_placement(client, model);
   ts_log_info("model [%s] declared on %zu shard(s): %zu parameters in %zu tensors",
-              model->net ? "layers" : "mlp", cfg.num_ps, model->param_count, model->num_tensors);
+              ts_model_engine_name(model), cfg.num_ps, model->param_count, model->num_tensors);
 
   uint64_t per_epoch = ts_trainer_steps_per_epoch(train.n, (int)cfg.num_workers, cfg.batch_size);
   uint64_t planned = per_epoch * (uint64_t)cfg.epochs;

@@ -1,3 +1,11 @@
+/*
+ * Back-end selection (ts_backend.h): the plan, a pure function of the job file and the GPUs
+ * visible (the model's ops, the input pipeline's ops ahead of them, each placed by
+ * TensorFlow's rules and device.rules, soft placement, a split over devices, the towers),
+ * then the setup that carries it out: the GPUs discovered and logged, the placement and
+ * log_device_placement lines printed, the back ends created and the towers built. The MLP's
+ * ops come from ts_model_ops; a layer list's are one op per layer, made here (layer_ops).
+ */
 #include "ts_backend.h"
 
 #include <stdint.h>
@@ -48,8 +56,8 @@ int ts_backend_layers(const ts_config_t *cfg, ts_layer_shape_t input, ts_layer_s
 
 /* A network's ops for placement: one per layer, named as its layer and typed as
  * TensorFlow's op ("conv1/Conv2D"), and whether gpu_ops has the layer's kernels. */
-static int net_ops(const ts_config_t *cfg, const ts_kernels_t *gpu_ops, ts_backend_plan_t *p,
-                   ts_placement_op_t **out) {
+static int layer_ops(const ts_config_t *cfg, const ts_kernels_t *gpu_ops, ts_backend_plan_t *p,
+                     ts_placement_op_t **out) {
   static const char *const prefixes[] = {"", "conv", "pool", "flatten", "fc", "dropout"};
   static const char *const types[] = {"", "Conv2D", "MaxPool", "Reshape", "MatMul", "Dropout"};
   size_t n = cfg->num_net_layers, counts[6] = {0};
@@ -74,7 +82,7 @@ static int net_ops(const ts_config_t *cfg, const ts_kernels_t *gpu_ops, ts_backe
     op->layer = i + 1;
     (*out)[i].name = op->name;
     (*out)[i].type = op->type;
-    (*out)[i].gpu_kernel = gpu_ops && !ts_net_layer_kernel_missing(gpu_ops, &specs[i]);
+    (*out)[i].gpu_kernel = gpu_ops && !ts_seq_layer_kernel_missing(gpu_ops, &specs[i]);
     if (gpu_ops && !(*out)[i].gpu_kernel && !no_cudnn_logged && !ts_kernels_cuda_have_cudnn() &&
         (specs[i].type == TS_LAYER_CONV2D || specs[i].type == TS_LAYER_MAX_POOL)) {
       no_cudnn_logged = true;
@@ -157,7 +165,7 @@ static rule_t *match_rule(rule_t *rules, size_t n, const char *op) {
   return NULL;
 }
 
-/* How many runs of consecutive model ops on one device (a split net's segments). */
+/* How many runs of consecutive model ops on one device (a split network's segments). */
 static size_t device_runs(const ts_backend_plan_t *p) {
   size_t runs = 0;
   for (size_t i = p->num_input_ops; i < p->num_ops; i++)
@@ -170,7 +178,7 @@ static size_t device_runs(const ts_backend_plan_t *p) {
  * the others on the CPU (placed there explicitly by `with tf.device()`-like rules, moved by
  * soft placement, or without a GPU kernel under the default placement), with the copies
  * between them (p->split). An MLP of widths, or a network that would alternate between the
- * devices more than TS_NET_SEGMENTS_MAX times, runs on one device (the towers' back end):
+ * devices more than TS_SEQ_SEGMENTS_MAX times, runs on one device (the towers' back end):
  * all on the CPU when nothing explicit keeps an op on its GPU, else refused. Two GPUs in one
  * model are refused. */
 static int one_device(const ts_config_t *cfg, ts_backend_plan_t *p, const ts_placement_op_t *ops,
@@ -193,7 +201,7 @@ static int one_device(const ts_config_t *cfg, ts_backend_plan_t *p, const ts_pla
   }
   if (gi == none || ci == none) return 0;
   size_t runs = device_runs(p);
-  if (cfg->num_net_layers > 0 && runs <= TS_NET_SEGMENTS_MAX) {
+  if (cfg->num_net_layers > 0 && runs <= TS_SEQ_SEGMENTS_MAX) {
     p->split = true;
     return 0;
   }
@@ -202,7 +210,7 @@ static int one_device(const ts_config_t *cfg, ts_backend_plan_t *p, const ts_pla
   char one[80];
   if (cfg->num_net_layers > 0)
     snprintf(one, sizeof one, "the model's layers would change devices %zu times (at most %d)",
-             runs - 1, TS_NET_SEGMENTS_MAX - 1);
+             runs - 1, TS_SEQ_SEGMENTS_MAX - 1);
   else
     snprintf(one, sizeof one, "the model's layers run on one device");
   char why[200];
@@ -246,9 +254,9 @@ int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why, 
     ts_free(rules);
     return rc;
   }
-  ts_placement_op_t *ops = NULL, *net = NULL;
+  ts_placement_op_t *ops = NULL, *layers = NULL;
   if (cfg->num_net_layers > 0) {
-    rc = net_ops(cfg, gpu_ops, p, &net);
+    rc = layer_ops(cfg, gpu_ops, p, &layers);
   } else {
     rc = ts_model_ops(cfg->layers, cfg->num_layers, cfg->activation, &p->ops, &p->num_ops);
   }
@@ -259,9 +267,9 @@ int ts_backend_plan(const ts_config_t *cfg, int gpu_count, const char *gpu_why, 
     if (!ops || !p->placements) rc = TS_ENOMEM;
   }
   for (size_t i = p->num_input_ops; rc == 0 && i < p->num_ops; i++)
-    ops[i].gpu_kernel = net ? net[i - p->num_input_ops].gpu_kernel
-                            : gpu_ops && ts_model_op_has_kernel(gpu_ops, p->ops[i].kind);
-  ts_free(net);
+    ops[i].gpu_kernel = layers ? layers[i - p->num_input_ops].gpu_kernel
+                               : gpu_ops && ts_model_op_has_kernel(gpu_ops, p->ops[i].kind);
+  ts_free(layers);
   if (rc < 0) {
     ts_free(ops);
     ts_free(rules);

@@ -18,8 +18,8 @@
  * `with tf.device()` scopes in TensorFlow, moved by soft placement, or placed there by
  * default for want of a GPU kernel: TensorFlow places each op on its own), the plan is SPLIT
  * (plan->split): each layer runs where it was placed, in segments of consecutive layers on
- * one device (at most TS_NET_SEGMENTS_MAX), with the activations copied device -> host ->
- * device at each boundary and their gradients back (worker/ts_net.h). An MLP given as
+ * one device (at most TS_SEQ_SEGMENTS_MAX), with the activations copied device -> host ->
+ * device at each boundary and their gradients back (worker/ts_seq.h). An MLP given as
  * widths, or a network with more segments, runs on one back end (the towers'): all on
  * /cpu:0 if nothing explicit holds a layer on the GPU, the plan refused otherwise. Layers on
  * two different GPUs in one model are refused.
@@ -42,7 +42,7 @@
 #include "ts_kernels.h"
 #include "ts_layers.h"
 #include "ts_model.h"
-#include "ts_net.h"
+#include "ts_seq.h"
 #include "ts_towers.h"
 
 typedef struct {
@@ -55,7 +55,7 @@ typedef struct {
   size_t num_ops;
   size_t num_input_ops;            /* ops[0..num_input_ops): the input pipeline's, run once */
   bool split; /* a network's layers on a GPU (type) and on /cpu:0: placements[num_input_ops
-               * + i] is layer i's device (worker/ts_net.h segments) */
+               * + i] is layer i's device (worker/ts_seq.h segments) */
   bool soft;             /* soft placement moved an op */
   char soft_spec[48];    /* what the first moved op asked for, "/device:GPU:3", when soft */
   char soft_reason[256]; /* why, when soft */

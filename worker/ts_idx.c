@@ -1,7 +1,10 @@
 /*
- * IDX reader. zlib's gzread reads gzip and plain files alike (a file without the gzip magic
- * is passed through), so one path serves both. Pixels are converted to floats in chunks, so
- * the raw bytes never need a second full-size buffer.
+ * IDX reader (ts_idx.h): one function, read_idx, reads both kinds of file, images and
+ * labels; a kind (idx_kind_t) says which magic and how many dimensions to expect, what its
+ * messages call the data, and how a byte becomes a value (a pixel scaled to [0, 1], or a
+ * label). zlib's gzread reads gzip and plain files alike (a file without the gzip magic is
+ * passed through), so one path serves both. Bytes are converted in chunks, so the raw bytes
+ * never need a second full-size buffer.
  */
 #include "ts_idx.h"
 
@@ -170,36 +173,70 @@ static int truncated(reader_t *r, uint64_t expected, uint64_t found, const char 
   return TS_EDATA;
 }
 
-int ts_idx_read_images(const char *path, size_t *n, size_t *rows, size_t *cols, float **x,
-                       char *errmsg, size_t errlen) {
+/* The two kinds of file this reader knows, and how each turns its bytes into values. */
+typedef struct {
+  uint32_t magic;
+  unsigned ndims;
+  const char *kind;  /* "images": the wrong-dimensions message */
+  const char *what;  /* "pixel data": the truncated and trailing-data messages */
+  const char *units; /* "pixels": the out-of-memory message */
+  size_t elem_size;  /* bytes of one converted value */
+  /* Convert buf[0..n) into values at..at+n of out; *max is the largest byte seen so far. */
+  void (*convert)(void *out, uint64_t at, const unsigned char *buf, size_t n, int32_t *max);
+} idx_kind_t;
+
+static void convert_pixels(void *out, uint64_t at, const unsigned char *buf, size_t n,
+                           int32_t *max) {
+  (void)max;
+  float *x = (float *)out + at;
+  for (size_t i = 0; i < n; i++) x[i] = (float)buf[i] / 255.0f;
+}
+
+static void convert_labels(void *out, uint64_t at, const unsigned char *buf, size_t n,
+                           int32_t *max) {
+  int32_t *labels = (int32_t *)out + at;
+  for (size_t i = 0; i < n; i++) {
+    labels[i] = buf[i];
+    if (buf[i] > *max) *max = buf[i];
+  }
+}
+
+static const idx_kind_t images_kind = {
+    TS_IDX_MAGIC_IMAGES, 3, "images", "pixel data", "pixels", sizeof(float), convert_pixels};
+static const idx_kind_t labels_kind = {
+    TS_IDX_MAGIC_LABELS, 1, "labels", "labels", "labels", sizeof(int32_t), convert_labels};
+
+/* Read a whole file of this kind: dims[0..kind->ndims) and *out (ts_malloc'd, the caller's on
+ * success: dims' product values of kind->elem_size bytes), *max the largest byte. On error
+ * nothing is allocated and the outputs are untouched. args_ok: the caller's own outputs are
+ * there (else "idx: invalid argument"). */
+static int read_idx(const char *path, const idx_kind_t *kind, bool args_ok, uint32_t *dims,
+                    void **out, int32_t *max, char *errmsg, size_t errlen) {
   char scratch[8];
   if (!errmsg) {
     errmsg = scratch;
     errlen = sizeof scratch;
   }
-  if (!path || !n || !rows || !cols || !x) {
+  if (!path || !args_ok) {
     ts_errmsg_printf(errmsg, errlen, "idx: invalid argument");
     return TS_EINVAL;
   }
   reader_t r;
   int rc = open_reader(&r, path, errmsg, errlen);
   if (rc < 0) return rc;
-  float *out = NULL;
+  void *values = NULL;
   unsigned char *buf = NULL;
-  uint32_t dims[3];
   uint64_t total = 0;
-  TS_CHECK(read_header(&r, TS_IDX_MAGIC_IMAGES, "images", dims, 3, &total));
-
-  out = ts_malloc((size_t)total * sizeof(float));
-  buf = ts_malloc(CHUNK);
-  if (!out || !buf) {
-    ts_errmsg_printf(errmsg, errlen, "%s: out of memory for %llu pixels", path,
-                     (unsigned long long)total);
+  TS_CHECK(read_header(&r, kind->magic, kind->kind, dims, kind->ndims, &total));
+  values = ts_malloc((size_t)total * kind->elem_size);
+  buf = ts_malloc(total < CHUNK ? (size_t)total : CHUNK);
+  if (!values || !buf) {
+    ts_errmsg_printf(errmsg, errlen, "%s: out of memory for %llu %s", path,
+                     (unsigned long long)total, kind->units);
     rc = TS_ENOMEM;
     goto fail;
   }
-  float scale[256];
-  for (int v = 0; v < 256; v++) scale[v] = (float)v / 255.0f;
+  int32_t largest = 0;
   uint64_t done = 0;
   while (done < total) {
     size_t want = total - done > CHUNK ? CHUNK : (size_t)(total - done);
@@ -208,88 +245,53 @@ int ts_idx_read_images(const char *path, size_t *n, size_t *rows, size_t *cols, 
       rc = (int)got;
       goto fail;
     }
-    for (long i = 0; i < got; i++) out[done + (uint64_t)i] = scale[buf[i]];
+    kind->convert(values, done, buf, (size_t)got, &largest);
     done += (uint64_t)got;
     if ((size_t)got < want) {
-      rc = truncated(&r, total, done, "pixel data", 16);
+      rc = truncated(&r, total, done, kind->what, 4 + 4 * (size_t)kind->ndims);
       goto fail;
     }
   }
-  TS_CHECK(check_end(&r, total, "pixel data"));
+  TS_CHECK(check_end(&r, total, kind->what));
   gzclose(r.f);
   ts_free(buf);
-  *n = dims[0];
-  *rows = dims[1];
-  *cols = dims[2];
-  *x = out;
+  *out = values; /* ownership: the caller's */
+  *max = largest;
   return 0;
 
 fail:
   gzclose(r.f);
   ts_free(buf);
-  ts_free(out);
+  ts_free(values);
   return rc;
+}
+
+int ts_idx_read_images(const char *path, size_t *n, size_t *rows, size_t *cols, float **x,
+                       char *errmsg, size_t errlen) {
+  uint32_t dims[3];
+  void *values = NULL;
+  int32_t max = 0;
+  int rc =
+      read_idx(path, &images_kind, n && rows && cols && x, dims, &values, &max, errmsg, errlen);
+  if (rc < 0) return rc;
+  *n = dims[0];
+  *rows = dims[1];
+  *cols = dims[2];
+  *x = values;
+  return 0;
 }
 
 int ts_idx_read_labels(const char *path, size_t *n, int32_t **labels, int32_t *max_label,
                        char *errmsg, size_t errlen) {
-  char scratch[8];
-  if (!errmsg) {
-    errmsg = scratch;
-    errlen = sizeof scratch;
-  }
-  if (!path || !n || !labels) {
-    ts_errmsg_printf(errmsg, errlen, "idx: invalid argument");
-    return TS_EINVAL;
-  }
-  reader_t r;
-  int rc = open_reader(&r, path, errmsg, errlen);
-  if (rc < 0) return rc;
-  int32_t *out = NULL;
-  unsigned char *buf = NULL;
   uint32_t dims[1];
-  uint64_t total = 0;
-  TS_CHECK(read_header(&r, TS_IDX_MAGIC_LABELS, "labels", dims, 1, &total));
-  out = ts_malloc((size_t)total * sizeof(int32_t));
-  buf = ts_malloc(total < CHUNK ? (size_t)total : CHUNK);
-  if (!out || !buf) {
-    ts_errmsg_printf(errmsg, errlen, "%s: out of memory for %llu labels", path,
-                     (unsigned long long)total);
-    rc = TS_ENOMEM;
-    goto fail;
-  }
+  void *values = NULL;
   int32_t max = 0;
-  uint64_t done = 0;
-  while (done < total) {
-    size_t want = total - done > CHUNK ? CHUNK : (size_t)(total - done);
-    long got = read_some(&r, buf, want);
-    if (got < 0) {
-      rc = (int)got;
-      goto fail;
-    }
-    for (long i = 0; i < got; i++) {
-      out[done + (uint64_t)i] = buf[i];
-      if (buf[i] > max) max = buf[i];
-    }
-    done += (uint64_t)got;
-    if ((size_t)got < want) {
-      rc = truncated(&r, total, done, "labels", 8);
-      goto fail;
-    }
-  }
-  TS_CHECK(check_end(&r, total, "labels"));
-  gzclose(r.f);
-  ts_free(buf);
+  int rc = read_idx(path, &labels_kind, n && labels, dims, &values, &max, errmsg, errlen);
+  if (rc < 0) return rc;
   *n = dims[0];
-  *labels = out;
+  *labels = values;
   if (max_label) *max_label = max;
   return 0;
-
-fail:
-  gzclose(r.f);
-  ts_free(buf);
-  ts_free(out);
-  return rc;
 }
 
 int ts_idx_load_pair(const char *images_path, const char *labels_path, ts_dataset_t *ds,

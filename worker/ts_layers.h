@@ -1,7 +1,7 @@
 /*
  * A sequential model described layer by layer (issue 16): what each layer is, the defaults
  * Keras gives it, its name, the shape it takes and gives, and its parameters, all checked
- * before anything is allocated. worker/ts_net.h runs such a description on a back end.
+ * before anything is allocated. worker/ts_seq.h runs such a description on a back end.
  *
  * Glossary.
  *   shape      an activation of one example, h x w x c (NHWC without the batch). The input

@@ -1,28 +1,33 @@
 /*
- * The model: a multi-layer perceptron as a list of ops over the kernels interface
- * (docs/architecture.md).
+ * The model: one interface over the worker's model engines (docs/architecture.md). The
+ * towers, the trainer and the declaration to the shards see only this; which engine runs
+ * the model is chosen once, by the init function that builds it.
  *
  * Glossary.
- *   layers     widths [in, h1, ..., out]: n widths make n - 1 fully connected layers
- *              fc1..fc{n-1}. [in, out] is logistic regression (no hidden layer).
- *   tensor     a parameter: "fcK/weights" of shape [width[K-1], width[K]] (Glorot uniform)
- *              and "fcK/biases" of shape [width[K]] (zeros), in that order, fc1 first. This
- *              list is what the worker declares to the parameter servers.
- *   op         one step of the computation, named like TensorFlow's ("fc1/matmul", type
+ *   engine     what computes: the MLP of model.layers widths (ts_model_init: a list of ops,
+ *              worker/ts_model_mlp.c) or a sequential network of a layer list
+ *              (ts_model_init_net: worker/ts_seq.h, through worker/ts_model_seq.c). An engine
+ *              fills the public fields below and the function table of ts_model_int.h.
+ *   tensor     a parameter as the worker declares it: a name, a shape, an initialiser. The
+ *              MLP's are "fcK/weights" of shape [width[K-1], width[K]] (Glorot uniform) and
+ *              "fcK/biases" of shape [width[K]] (zeros), fc1 first; a network's are its
+ *              layers' (worker/ts_layers.h).
+ *   params     the flat layout: every tensor, tensor after tensor in list order (tensor t at
+ *              element tensors[t].offset, tensors[t].count elements), so a pull or a push of
+ *              a tensor or partition is one contiguous range. grads has the same layout.
+ *   op         one step of the MLP's computation, named like TensorFlow's ("fc1/matmul", type
  *              "MatMul"), on which device placement works and logs one line.
- *   params     one flat device buffer holding every tensor, tensor after tensor in list
- *              order (tensor t at params + tensors[t].offset, tensors[t].count elements),
- *              so a pull or a push of a tensor or partition is one contiguous range.
- *   grads      a flat device buffer with exactly the layout of params.
  *
- * The forward pass of layer K is z = a W + b, then a' = activation(z) for hidden layers;
- * the last layer's z are the logits of softmax cross-entropy. Loss and gradients are means
- * over the batch.
+ * The MLP's forward pass of layer K is z = a W + b, then a' = activation(z) for hidden
+ * layers; the last layer's z are the logits of softmax cross-entropy. Loss and gradients are
+ * means over the batch, for every engine.
  *
- * Ownership: the caller owns the ts_model_t struct; ts_model_init fills it and allocates
- * everything it points to, ts_model_destroy frees that. The kernels table must outlive the
- * model. Host pointers passed in (x, labels) are read during the call only. Not
- * thread-safe: one model per thread (one per tower).
+ * Ownership: the caller owns the ts_model_t struct; an init function fills it and allocates
+ * everything it points to (the engine's state, the tensor and op lists, the device buffers),
+ * ts_model_destroy frees all of that. A struct copy shares them (ts_towers_wrap borrows one
+ * this way): destroy only one copy, once. The kernels tables must outlive the model. Host
+ * pointers passed in (x, labels) are read during the call only, unless a call says
+ * otherwise. Not thread-safe: one model per thread (one per tower).
  */
 #ifndef TS_MODEL_H
 #define TS_MODEL_H
@@ -34,20 +39,16 @@
 #include "ts_config.h" /* ts_activation_t */
 #include "ts_init.h"
 #include "ts_kernels.h"
-#include "ts_net.h"
+#include "ts_layers.h"
 
 #define TS_MODEL_MAX_LAYERS TS_CONFIG_MAX_LAYERS /* widths, input and output included */
 #define TS_MODEL_NAME_MAX 64
 #define TS_MODEL_MAX_WIDTH (1 << 20) /* one layer's width; keeps every size far from overflow */
 
-typedef struct {
-  char name[TS_MODEL_NAME_MAX]; /* "fc1/weights" */
-  uint64_t shape[4]; /* [in, out] for weights, [out] for biases; a conv kernel [kh, kw, in, out] */
-  size_t rank;       /* 2 or 1; 4 for a convolution's kernel */
-  size_t count;      /* elements: the product of the shape */
-  size_t offset;     /* elements from the start of params / grads */
-  ts_init_kind_t init; /* TS_INIT_GLOROT_UNIFORM for weights, TS_INIT_ZEROS biases */
-} ts_model_tensor_t;
+/* A tensor of the model, for every engine: worker/ts_layers.h's description of a parameter
+ * (its name, shape, rank, count, offset in the flat layout and init kind). An MLP's weights
+ * are [in, out] (rank 2) and its biases [out] (rank 1). */
+typedef ts_layer_tensor_t ts_model_tensor_t;
 
 typedef enum {
   /* forward */
@@ -80,57 +81,51 @@ typedef struct {
   size_t layer; /* 1-based fc layer; 0 for the loss and metric ops */
 } ts_model_op_t;
 
+/* The engine's function table (worker/ts_model_int.h: only the model's own files see it). */
+typedef struct ts_model_engine ts_model_engine_t;
+
 typedef struct {
-  /* Public, read-only after init. */
-  size_t num_widths; /* n: layers count is n - 1 */
-  int widths[TS_MODEL_MAX_LAYERS];
-  ts_activation_t activation;
-  size_t batch_capacity; /* largest batch a call may pass */
-  const ts_kernels_t *kernels;
-
-  ts_model_tensor_t *tensors; /* 2 * (n - 1) tensors, fc1/weights, fc1/biases, fc2/... */
+  /* Public, read-only after init: what every engine fills in. */
+  size_t batch_capacity;       /* largest batch a call may pass */
+  const ts_kernels_t *kernels; /* the table the model reports as its own (the tower's) */
+  ts_model_tensor_t *tensors;  /* num_tensors, in declaration (and layout) order */
   size_t num_tensors;
-  size_t param_count; /* elements of params (and of grads) */
-  float *params;      /* device buffer, param_count floats */
-  float *grads;       /* device buffer, param_count floats */
-
-  ts_model_op_t *ops; /* forward ops in order, then backward ops, then evaluation ops */
+  size_t param_count;       /* elements of the flat layout (params and grads) */
+  float *params;            /* device buffer, param_count floats; NULL when split over tables */
+  float *grads;             /* device buffer, param_count floats; NULL when split over tables */
+  const ts_model_op_t *ops; /* the MLP's ops: forward in order, then backward, then
+                             * evaluation; NULL (and num_ops 0) for a network of layers */
   size_t num_ops;
 
-  /* A model built by ts_model_init_net runs this network (owned, ts_malloc'd): tensors,
-   * params and grads are the net's, widths and ops are empty, and the scratch below unused. */
-  ts_net_t *net;
-
-  /* Private: device scratch, one per layer output, sized for batch_capacity. */
-  float *x;        /* input batch: batch_capacity x widths[0] */
-  int32_t *labels; /* batch_capacity labels */
-  float **z;       /* z[K], K = 1..L: pre-activations (z[L] are the logits) */
-  float **a;       /* a[K], K = 1..L-1: activations of hidden layers */
-  float *probs;    /* softmax of the logits */
-  float *g0, *g1;  /* gradient scratch, batch_capacity x the widest layer each */
+  /* Private: the engine chosen at init and its state (both NULL in a zeroed struct). */
+  const ts_model_engine_t *engine;
+  void *impl;
 } ts_model_t;
 
 /* "relu" / "tanh" <-> ts_activation_t. parse returns false for an unknown name. */
 bool ts_model_parse_activation(const char *s, ts_activation_t *out);
 const char *ts_model_activation_name(ts_activation_t act);
 
-/* Build the model: widths[0..n) (2 <= n <= TS_MODEL_MAX_LAYERS, each in
+/* --- building: one init per engine ----------------------------------------------------- */
+
+/* The MLP engine: widths[0..n) (2 <= n <= TS_MODEL_MAX_LAYERS, each in
  * 1..TS_MODEL_MAX_WIDTH), the hidden activation, the largest batch (>= 1) and the back end.
  * Parameters are allocated but NOT initialised: call ts_model_init_params, or fill params
  * from a pull. On failure nothing is left allocated, *model is zeroed and errmsg (errlen
  * bytes, may be NULL) says why. Returns 0, TS_EINVAL (a bad width, count, activation or
- * batch), TS_ENOMEM, or an error of kernels->alloc. */
+ * batch; a back end without a kernel one of the ops needs), TS_ENOMEM, or an error of
+ * kernels->alloc. */
 int ts_model_init(ts_model_t *model, const int *widths, size_t n, ts_activation_t activation,
                   size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen);
 
-/* Build the model as a network of layers (worker/ts_layers.h) instead of widths: the same
- * tensors / params / grads interface, so the towers, the trainer and the declaration to the
- * shards need not know which it is. Errors as ts_net_init (TS_EINVAL names the layer). */
+/* The sequential-network engine: a network of layers (worker/ts_layers.h) instead of
+ * widths, on an input of one example's shape. Errors as ts_seq_init (TS_EINVAL names the
+ * layer). */
 int ts_model_init_net(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
                       ts_layer_shape_t input, size_t batch_capacity, const ts_kernels_t *kernels,
                       char *errmsg, size_t errlen);
 
-/* ts_model_init_net with layer i on layer_kernels[i] (ts_net_init_split): a model split over
+/* ts_model_init_net with layer i on layer_kernels[i] (ts_seq_init_split): a model split over
  * devices. kernels (may be NULL: the first layer's) is the table the model reports as its
  * own (the tower's). params and grads are NULL when the layers are on more than one table:
  * the copies below (ts_model_set_params ...) reach every segment's slice of the layout. */
@@ -139,19 +134,14 @@ int ts_model_init_net_split(ts_model_t *model, const ts_layer_spec_t *specs, siz
                             const ts_kernels_t *kernels, const ts_kernels_t *const *layer_kernels,
                             char *errmsg, size_t errlen);
 
-/* Whether the model's layers run on more than one kernels table. */
-bool ts_model_is_split(const ts_model_t *model);
+/* Free everything the init allocated and zero *model. Safe on a zeroed struct. */
+void ts_model_destroy(ts_model_t *model);
 
-/* Wait for the queued work of every table the model runs on. */
-int ts_model_synchronize(const ts_model_t *model);
+/* --- the MLP's op list, before any model is built ---------------------------------------- */
 
-/* Training-mode dropout for the next steps: the mask's seed and stream (ts_net_set_training).
- * A no-op for an MLP, which has no dropout. */
-void ts_model_set_dropout(ts_model_t *model, uint64_t seed, uint64_t stream);
-
-/* The op list a model of these widths and activation has (the ops of ts_model_t, in the
- * same order), without allocating anything on a device: device placement runs on it before
- * the back end is chosen. *ops is ts_malloc'd (the caller ts_frees it). Returns 0, TS_EINVAL
+/* The op list an MLP of these widths and activation has (the ops of ts_model_t, in the same
+ * order), without allocating anything on a device: device placement runs on it before the
+ * back end is chosen. *ops is ts_malloc'd (the caller ts_frees it). Returns 0, TS_EINVAL
  * (bad widths or activation, as ts_model_init) or TS_ENOMEM. */
 int ts_model_ops(const int *widths, size_t n, ts_activation_t activation, ts_model_op_t **ops,
                  size_t *num_ops);
@@ -165,16 +155,30 @@ bool ts_model_op_has_kernel(const ts_kernels_t *k, ts_op_kind_t kind);
  * and capacity planning; 0 for invalid widths. */
 size_t ts_model_device_bytes(const int *widths, size_t n, size_t batch_capacity);
 
-/* Free everything ts_model_init allocated and zero *model. Safe on a zeroed struct. */
-void ts_model_destroy(ts_model_t *model);
+/* --- any engine ---------------------------------------------------------------------------- */
+
+/* What the engine is called in the worker's log: "mlp" or "layers" ("" for a zeroed model). */
+const char *ts_model_engine_name(const ts_model_t *model);
+
+/* Whether the model's layers run on more than one kernels table. */
+bool ts_model_is_split(const ts_model_t *model);
+
+/* Wait for the queued work of every table the model runs on. Returns 0 or the first
+ * table's error; 0 for a zeroed model. */
+int ts_model_synchronize(const ts_model_t *model);
+
+/* Training-mode dropout for the next steps: the mask's seed and stream (ts_seq_set_training).
+ * A no-op for an engine without dropout (the MLP). */
+void ts_model_set_dropout(ts_model_t *model, uint64_t seed, uint64_t stream);
 
 /* Initialise every parameter as the parameter servers do (ts_init_fill with seed and the
- * tensor's name and init kind), so a local run starts where a cluster run starts. Returns 0,
- * TS_ENOMEM or a copy error. */
+ * tensor's name, shape and init kind), so a local run starts where a cluster run starts.
+ * Returns 0, TS_EINVAL (a zeroed model), TS_ENOMEM or a copy error. */
 int ts_model_init_params(ts_model_t *model, uint64_t seed);
 
-/* Copy count elements at element offset between host memory and params / grads (bounds are
- * checked: TS_EINVAL when offset + count > param_count). For the worker's pull and push. */
+/* Copy count elements at element offset of the flat layout between host memory and params /
+ * grads, whatever devices hold them (bounds are checked: TS_EINVAL when offset + count >
+ * param_count, or for NULL memory with a count). For the worker's pull and push. */
 int ts_model_set_params(ts_model_t *model, size_t offset, const float *src, size_t count);
 int ts_model_get_params(const ts_model_t *model, size_t offset, float *dst, size_t count);
 int ts_model_get_grads(const ts_model_t *model, size_t offset, float *dst, size_t count);
@@ -182,12 +186,13 @@ int ts_model_get_grads(const ts_model_t *model, size_t offset, float *dst, size_
 /* The index of the tensor called name, or -1. */
 long ts_model_find_tensor(const ts_model_t *model, const char *name);
 
-/* One training step's computation on a batch of host data: x is batch x widths[0] floats
- * (row-major), labels batch int32 values in [0, widths[n-1]). Overwrites grads with the
- * gradient of the mean loss and stores the mean loss in *loss (may be NULL). 1 <= batch <=
- * batch_capacity. Returns 0, TS_EINVAL (batch, NULL data, a label out of range: the
- * message names none, the caller knows its data) or a kernel's error. params are not
- * changed: the optimizer lives on the parameter server (or in the caller). */
+/* One training step's computation on a batch of host data: x is batch examples of the
+ * input (the MLP: widths[0] floats each, row-major; a network: its input shape, NHWC),
+ * labels batch int32 values in [0, classes). Overwrites grads with the gradient of the mean
+ * loss and stores the mean loss in *loss (may be NULL). 1 <= batch <= batch_capacity.
+ * Returns 0, TS_EINVAL (batch, NULL data, a label out of range: the message names none, the
+ * caller knows its data) or a kernel's error. params are not changed: the optimizer lives on
+ * the parameter server (or in the caller). */
 int ts_model_forward_backward(ts_model_t *model, const float *x, const int32_t *labels,
                               size_t batch, float *loss);
 
@@ -199,9 +204,10 @@ int ts_model_forward_backward(ts_model_t *model, const float *x, const int32_t *
 int ts_model_load_batch(ts_model_t *model, const float *x, const int32_t *labels, size_t batch);
 int ts_model_compute(ts_model_t *model, size_t batch, float *loss);
 
-/* Evaluate on n host examples (any n >= 1) in chunks of batch_capacity: *accuracy = the
- * fraction whose argmax equals the label, *loss = mean softmax cross-entropy. Either output
- * may be NULL. Labels must be in range as above. Does not touch grads. */
+/* Evaluate on n host examples (any n >= 1) in chunks of batch_capacity, dropout off:
+ * *accuracy = the fraction whose argmax equals the label, *loss = mean softmax
+ * cross-entropy. Either output may be NULL. Labels must be in range as above. Does not touch
+ * grads. */
 int ts_model_evaluate(ts_model_t *model, const float *x, const int32_t *labels, size_t n,
                       float *accuracy, float *loss);
 

@@ -87,7 +87,7 @@ static int alloc_common(ts_towers_t *tw, size_t n) {
 int ts_towers_wrap(ts_towers_t *tw, ts_model_t *model, char *errmsg, size_t errlen) {
   if (!tw) return TS_EINVAL;
   memset(tw, 0, sizeof *tw);
-  if (!model || !model->kernels || (!model->params && !model->net)) {
+  if (!model || !model->kernels || !model->engine) {
     ts_errmsg_printf(errmsg, errlen, "towers: no model");
     return TS_EINVAL;
   }

@@ -27,7 +27,7 @@
  *   "nccl"    towers on distinct GPUs, NCCL built in: ncclReduce(ncclAvg) to tower 0's GPU.
  *   "pinned"  otherwise: each tower's gradient copied to pinned host memory, summed there.
  *
- * Split models (TensorFlow's `with tf.device()` over one model, worker/ts_net.h segments):
+ * Split models (TensorFlow's `with tf.device()` over one model, worker/ts_seq.h segments):
  * every tower is split the same way. Tower t's table is its GPU, as without a split, and
  * the layers placed on /cpu:0 run on the CPU back end, with the copies between them inside
  * the tower's step. The flat host layout stays what pulls fill and pushes send: after a pull

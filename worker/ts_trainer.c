@@ -1,3 +1,10 @@
+/*
+ * The training loop (ts_trainer.h): each step loads its slice of the epoch's order into the
+ * towers, pulls (or, in sync mode, gets the pull with the previous push), computes and
+ * pushes the towers' mean gradient, retrying what the shards answer as transient; progress
+ * and every step go to the observer's callbacks. At the end the final parameters are pulled
+ * and evaluated on the test set.
+ */
 #include "ts_trainer.h"
 
 #include <math.h>

@@ -39,7 +39,7 @@
 #include "ts_kernels.h"
 #include "ts_kernels_cuda.h"
 #include "ts_model.h"
-#include "ts_net.h"
+#include "ts_seq.h"
 
 #define DATA "/usr/share/datasets/fashion-mnist/"
 
@@ -426,7 +426,7 @@ static float *run_split_exact(const char *device, size_t *count) {
   return run_job_params(job, true, count);
 }
 
-/* One step's loss and gradients of the split net (cuDNN and cuBLAS for the convolutions,
+/* One step's loss and gradients of the split network (cuDNN and cuBLAS for the convolutions,
  * OpenBLAS for the dense layers, the boundary copied through pinned memory) against the CPU
  * back end alone; then 25 steps of the cluster, split against /cpu:0. */
 static void test_split_gradients_vs_cpu(void **state) {
@@ -440,12 +440,12 @@ static void test_split_gradients_vs_cpu(void **state) {
   const ts_kernels_t *lk[8] = {gpu, gpu, gpu, gpu, gpu, cpu, cpu, cpu};
   ts_layer_shape_t in = {28, 28, 1};
   enum { B = 32 };
-  ts_net_t split, ref;
-  assert_int_equal(ts_net_init_split(&split, s, 8, in, B, lk, err, sizeof err), 0);
+  ts_seq_t split, ref;
+  assert_int_equal(ts_seq_init_split(&split, s, 8, in, B, lk, err, sizeof err), 0);
   assert_int_equal(split.num_segments, 2);
-  assert_int_equal(ts_net_init(&ref, s, 8, in, B, cpu, err, sizeof err), 0);
-  assert_int_equal(ts_net_init_params(&split, 3), 0);
-  assert_int_equal(ts_net_init_params(&ref, 3), 0);
+  assert_int_equal(ts_seq_init(&ref, s, 8, in, B, cpu, err, sizeof err), 0);
+  assert_int_equal(ts_seq_init_params(&split, 3), 0);
+  assert_int_equal(ts_seq_init_params(&ref, 3), 0);
   size_t P = ref.desc.param_count;
   float *x = malloc(B * 784 * sizeof *x), *g = malloc(P * sizeof *g);
   assert_non_null(x);
@@ -454,11 +454,11 @@ static void test_split_gradients_vs_cpu(void **state) {
   int32_t y[B];
   for (int i = 0; i < B; i++) y[i] = i % 10;
   float ls = 0, lr = 0;
-  assert_int_equal(ts_net_forward_backward(&split, x, y, B, &ls), 0);
-  assert_int_equal(ts_net_forward_backward(&ref, x, y, B, &lr), 0);
-  fprintf(stderr, "split net vs CPU: loss %.7f vs %.7f\n", (double)ls, (double)lr);
+  assert_int_equal(ts_seq_forward_backward(&split, x, y, B, &ls), 0);
+  assert_int_equal(ts_seq_forward_backward(&ref, x, y, B, &lr), 0);
+  fprintf(stderr, "split network vs CPU: loss %.7f vs %.7f\n", (double)ls, (double)lr);
   assert_true(fabsf(ls - lr) <= 1e-5f * fabsf(lr));
-  assert_int_equal(ts_net_get_grads(&split, 0, g, P), 0);
+  assert_int_equal(ts_seq_get_grads(&split, 0, g, P), 0);
   for (size_t t = 0; t < ref.desc.num_tensors; t++) {
     const ts_layer_tensor_t *tn = &ref.desc.tensors[t];
     char what[96];
@@ -466,14 +466,14 @@ static void test_split_gradients_vs_cpu(void **state) {
     assert_true(rel_diff(what, g + tn->offset, ref.grads + tn->offset, tn->count) < 1e-4);
   }
   float as = 0, ar = 0;
-  assert_int_equal(ts_net_evaluate(&split, x, y, B, &as, &ls), 0);
-  assert_int_equal(ts_net_evaluate(&ref, x, y, B, &ar, &lr), 0);
+  assert_int_equal(ts_seq_evaluate(&split, x, y, B, &as, &ls), 0);
+  assert_int_equal(ts_seq_evaluate(&ref, x, y, B, &ar, &lr), 0);
   assert_true(fabsf(as - ar) <= 1.0f / B + 1e-6f);
   assert_true(fabsf(ls - lr) <= 1e-5f * fabsf(lr));
   free(x);
   free(g);
-  ts_net_destroy(&split);
-  ts_net_destroy(&ref);
+  ts_seq_destroy(&split);
+  ts_seq_destroy(&ref);
   ts_kernels_cuda_destroy(gpu);
 
   size_t ns = 0, nc = 0;

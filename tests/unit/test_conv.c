@@ -12,7 +12,7 @@
  * of short sums (relative 1e-4 plus absolute 1e-5), with no step size to tune and no noise
  * from float32 differences. Pooling inputs are distinct values spaced far wider than the
  * step, so no difference crosses a tie. The whole network's gradient, with its kinks and its
- * float32 loss, is checked by tests/unit/test_net.c.
+ * float32 loss, is checked by tests/unit/test_seq.c.
  *
  * The CPU back end takes stride-1 convolutions of at most 4 input channels through its direct
  * kernels (kernels/cpu/ts_kernels_cpu_direct.c) and the rest through im2col; the cases cover

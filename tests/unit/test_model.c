@@ -58,8 +58,22 @@ static void test_invalid_arguments(void **state) {
   assert_int_equal(ts_model_get_params(&m, m.param_count - 3, p, 4), TS_EINVAL);
   assert_int_equal(ts_model_set_params(&m, m.param_count + 1, p, 0), TS_EINVAL);
   assert_int_equal(ts_model_get_grads(&m, m.param_count - 4, p, 4), 0);
+  assert_string_equal(ts_model_engine_name(&m), "mlp");
+  assert_false(ts_model_is_split(&m));
+  ts_model_set_dropout(&m, 1, 2); /* the MLP has no dropout: nothing to do */
   ts_model_destroy(&m);
   ts_model_destroy(&m); /* safe on a zeroed struct */
+  /* A zeroed model has no engine: every call is refused, none reaches an engine. */
+  assert_string_equal(ts_model_engine_name(&m), "");
+  assert_false(ts_model_is_split(&m));
+  assert_int_equal(ts_model_synchronize(&m), 0);
+  assert_int_equal(ts_model_init_params(&m, 1), TS_EINVAL);
+  assert_int_equal(ts_model_set_params(&m, 0, p, 0), TS_EINVAL);
+  assert_int_equal(ts_model_get_params(&m, 0, p, 1), TS_EINVAL);
+  assert_int_equal(ts_model_load_batch(&m, x, lab, 1), TS_EINVAL);
+  assert_int_equal(ts_model_compute(&m, 1, &loss), TS_EINVAL);
+  assert_int_equal(ts_model_evaluate(&m, x, lab, 1, &acc, &loss), TS_EINVAL);
+  assert_int_equal(ts_model_find_tensor(&m, "fc1/weights"), -1);
 
   ts_activation_t act;
   assert_true(ts_model_parse_activation("tanh", &act));

@@ -1,5 +1,5 @@
 /*
- * The layer description (worker/ts_layers.h) and the network that runs it (worker/ts_net.h)
+ * The layer description (worker/ts_layers.h) and the network that runs it (worker/ts_seq.h)
  * on the CPU kernels:
  *   - a bad description is refused with the layer's index, name and type and the shape that
  *     does not fit; LeNet-5's shapes, names and parameter count are Keras's;
@@ -8,11 +8,11 @@
  *     fixed by the seed, dense layers, tanh and relu) against central finite differences of
  *     the float32 loss;
  *   - dropout's mask: reproducible, of the right rate and scale, off in evaluation;
- *   - a dense-only net computes exactly what the MLP of worker/ts_model.h computes.
+ *   - a dense-only network computes exactly what the MLP of worker/ts_model.h computes.
  *
  * Finite differences in float32: the loss (about 1) carries a rounding noise of about 1e-7,
  * so a central difference with step h = 1e-3 is good to about 1e-4 absolute, and the
- * truncation error h^2 f''' / 6 is smaller still for these smooth-almost-everywhere nets.
+ * truncation error h^2 f''' / 6 is smaller still for these smooth-almost-everywhere networks.
  * Each element must agree within 1e-2 relative plus 2e-4 absolute: a misplaced index or a
  * missing term is off by far more (tens of percent), and per-kernel precision is checked
  * tightly, in double precision, by tests/unit/test_conv.c. Everything is seeded and
@@ -36,7 +36,7 @@
 #include "ts_err.h"
 #include "ts_kernels.h"
 #include "ts_model.h"
-#include "ts_net.h"
+#include "ts_seq.h"
 
 static const ts_kernels_t *K;
 
@@ -233,10 +233,10 @@ static void test_bad_descriptions(void **state) {
   no_conv.conv2d_fwd = NULL;
   ts_layer_spec_t ok[] = {conv(2, 3, 1, TS_PAD_SAME, TS_LAYER_RELU), FLATTEN,
                           dense(3, TS_LAYER_LINEAR)};
-  ts_net_t net;
+  ts_seq_t net;
   char err[256] = "";
   assert_int_equal(
-      ts_net_init(&net, ok, 3, (ts_layer_shape_t){5, 5, 1}, 4, &no_conv, err, sizeof err),
+      ts_seq_init(&net, ok, 3, (ts_layer_shape_t){5, 5, 1}, 4, &no_conv, err, sizeof err),
       TS_EINVAL);
   assert_non_null(strstr(err, "no conv2d kernel for layer 1 'conv1' (conv2d)"));
   assert_null(net.params);
@@ -256,10 +256,10 @@ static void test_bad_descriptions(void **state) {
  * rounding); at most a twentieth of the parameters may be such points. */
 static void check_net_gradient(const ts_layer_spec_t *s, size_t n, ts_layer_shape_t in,
                                size_t batch, bool training) {
-  ts_net_t net;
+  ts_seq_t net;
   char err[256] = "";
-  int rc = ts_net_init(&net, s, n, in, batch, K, err, sizeof err);
-  if (rc != 0) fail_msg("ts_net_init: %s", err);
+  int rc = ts_seq_init(&net, s, n, in, batch, K, err, sizeof err);
+  if (rc != 0) fail_msg("ts_seq_init: %s", err);
   /* A generic point, not the initial one: weights in [-0.5, 0.5) and biases away from zero.
    * (Glorot's limits for the small kernels here are 0.2 to 0.4, which puts many ReLU
    * inputs and max-pool pairs within the step h of a kink, where a central difference
@@ -269,13 +269,13 @@ static void check_net_gradient(const ts_layer_spec_t *s, size_t n, ts_layer_shap
     for (size_t j = 0; j < net.desc.tensors[t].count; j++)
       net.params[net.desc.tensors[t].offset + j] = (float)(span * (urand() - 0.5));
   }
-  ts_net_set_training(&net, training, 5, 3);
+  ts_seq_set_training(&net, training, 5, 3);
   size_t elems = ts_layers_elems(in);
   float *x = rand_floats(batch * elems, -1.0, 1.0);
   int32_t labels[16];
   for (size_t i = 0; i < batch; i++) labels[i] = (int32_t)(i % net.desc.classes);
   float loss = 0.0f;
-  assert_int_equal(ts_net_forward_backward(&net, x, labels, batch, &loss), 0);
+  assert_int_equal(ts_seq_forward_backward(&net, x, labels, batch, &loss), 0);
   assert_true(isfinite(loss) && loss > 0.0f);
   size_t P = net.desc.param_count;
   float *g = ts_malloc(P * sizeof *g);
@@ -283,7 +283,7 @@ static void check_net_gradient(const ts_layer_spec_t *s, size_t n, ts_layer_shap
   memcpy(g, net.grads, P * sizeof *g);
   const float h = 1e-3f;
   float at = 0.0f;
-  assert_int_equal(ts_net_loss(&net, x, labels, batch, &at), 0);
+  assert_int_equal(ts_seq_loss(&net, x, labels, batch, &at), 0);
   double worst = 0.0;
   size_t kinks = 0;
   for (size_t t = 0; t < net.desc.num_tensors; t++) {
@@ -292,9 +292,9 @@ static void check_net_gradient(const ts_layer_spec_t *s, size_t n, ts_layer_shap
       float *p = &net.params[tn->offset + j], keep = *p;
       float up = 0.0f, down = 0.0f;
       *p = keep + h;
-      assert_int_equal(ts_net_loss(&net, x, labels, batch, &up), 0);
+      assert_int_equal(ts_seq_loss(&net, x, labels, batch, &up), 0);
       *p = keep - h;
-      assert_int_equal(ts_net_loss(&net, x, labels, batch, &down), 0);
+      assert_int_equal(ts_seq_loss(&net, x, labels, batch, &down), 0);
       *p = keep;
       double fd = ((double)up - (double)down) / (2.0 * (double)h), an = g[tn->offset + j];
       double diff = fabs(fd - an), lim = 2e-4 + 1e-2 * fmax(fabs(fd), fabs(an));
@@ -319,7 +319,7 @@ static void check_net_gradient(const ts_layer_spec_t *s, size_t n, ts_layer_shap
   assert_true(kinks <= P / 20);
   ts_free(g);
   ts_free(x);
-  ts_net_destroy(&net);
+  ts_seq_destroy(&net);
 }
 
 /* conv same stride 1 on an odd 9x7 input with 2 channels, pooling with same padding on an
@@ -365,7 +365,7 @@ static void test_gradient_small_cnn_relu(void **state) {
   check_net_gradient(s, 6, (ts_layer_shape_t){11, 9, 3}, 4, false);
 }
 
-/* A dropout layer right after the input and a dense-only net (no image layers). */
+/* A dropout layer right after the input and a dense-only network (no image layers). */
 static void test_gradient_dense_dropout(void **state) {
   (void)state;
   ts_layer_spec_t s[] = {
@@ -383,16 +383,16 @@ static void test_gradient_dense_dropout(void **state) {
 static void test_dropout_mask(void **state) {
   (void)state;
   ts_layer_spec_t s[] = {{.type = TS_LAYER_DROPOUT, .rate = 0.25}, dense(3, TS_LAYER_LINEAR)};
-  ts_net_t net;
+  ts_seq_t net;
   size_t B = 50, D = 200;
-  assert_int_equal(ts_net_init(&net, s, 2, (ts_layer_shape_t){1, 1, D}, B, K, NULL, 0), 0);
-  assert_int_equal(ts_net_init_params(&net, 1), 0);
+  assert_int_equal(ts_seq_init(&net, s, 2, (ts_layer_shape_t){1, 1, D}, B, K, NULL, 0), 0);
+  assert_int_equal(ts_seq_init_params(&net, 1), 0);
   float *x = rand_floats(B * D, -1.0, 1.0);
   int32_t labels[50] = {0};
   float off = 0, on1 = 0, on2 = 0, other = 0, eval = 0;
-  assert_int_equal(ts_net_loss(&net, x, labels, B, &off), 0);
-  ts_net_set_training(&net, true, 9, 1);
-  assert_int_equal(ts_net_loss(&net, x, labels, B, &on1), 0);
+  assert_int_equal(ts_seq_loss(&net, x, labels, B, &off), 0);
+  ts_seq_set_training(&net, true, 9, 1);
+  assert_int_equal(ts_seq_loss(&net, x, labels, B, &on1), 0);
   /* the mask: zeros or 1 / (1 - rate), about a quarter of them zeros */
   size_t zeros = 0;
   for (size_t i = 0; i < B * D; i++) {
@@ -402,18 +402,18 @@ static void test_dropout_mask(void **state) {
   }
   double frac = (double)zeros / (double)(B * D); /* 10000 draws: sd 0.0043 */
   if (fabs(frac - 0.25) > 0.02) fail_msg("dropped fraction %.4f, want 0.25", frac);
-  assert_int_equal(ts_net_loss(&net, x, labels, B, &on2), 0);
+  assert_int_equal(ts_seq_loss(&net, x, labels, B, &on2), 0);
   assert_true(on1 == on2); /* same seed and stream: same mask */
-  ts_net_set_training(&net, true, 9, 2);
-  assert_int_equal(ts_net_loss(&net, x, labels, B, &other), 0);
+  ts_seq_set_training(&net, true, 9, 2);
+  assert_int_equal(ts_seq_loss(&net, x, labels, B, &other), 0);
   assert_true(other != on1);
   assert_true(on1 != off);
   /* evaluation switches dropout off and leaves training mode as it was */
-  assert_int_equal(ts_net_evaluate(&net, x, labels, B, NULL, &eval), 0);
+  assert_int_equal(ts_seq_evaluate(&net, x, labels, B, NULL, &eval), 0);
   assert_true(fabsf(eval - off) <= 1e-6f * fabsf(off));
   assert_true(net.training);
   ts_free(x);
-  ts_net_destroy(&net);
+  ts_seq_destroy(&net);
 }
 
 /* --- the MLP as layers --------------------------------------------------------------------- */
@@ -426,8 +426,8 @@ static void test_dense_net_equals_mlp(void **state) {
   assert_int_equal(ts_model_init_params(&mlp, 3), 0);
   ts_layer_spec_t s[] = {dense(16, TS_LAYER_TANH), dense(12, TS_LAYER_TANH),
                          dense(5, TS_LAYER_LINEAR)};
-  ts_net_t net;
-  assert_int_equal(ts_net_init(&net, s, 3, (ts_layer_shape_t){1, 1, 20}, 8, K, NULL, 0), 0);
+  ts_seq_t net;
+  assert_int_equal(ts_seq_init(&net, s, 3, (ts_layer_shape_t){1, 1, 20}, 8, K, NULL, 0), 0);
   /* the same layout: kernel [in, out] then bias, layer after layer */
   assert_int_equal(net.desc.param_count, mlp.param_count);
   for (size_t t = 0; t < net.desc.num_tensors; t++) {
@@ -439,23 +439,23 @@ static void test_dense_net_equals_mlp(void **state) {
   int32_t labels[8] = {0, 1, 2, 3, 4, 0, 1, 2};
   float l1 = 0, l2 = 0, a1 = 0, a2 = 0;
   assert_int_equal(ts_model_forward_backward(&mlp, x, labels, 8, &l1), 0);
-  assert_int_equal(ts_net_forward_backward(&net, x, labels, 8, &l2), 0);
+  assert_int_equal(ts_seq_forward_backward(&net, x, labels, 8, &l2), 0);
   assert_true(l1 == l2);
   assert_memory_equal(mlp.grads, net.grads, mlp.param_count * sizeof(float));
   assert_int_equal(ts_model_evaluate(&mlp, x, labels, 8, &a1, &l1), 0);
-  assert_int_equal(ts_net_evaluate(&net, x, labels, 8, &a2, &l2), 0);
+  assert_int_equal(ts_seq_evaluate(&net, x, labels, 8, &a2, &l2), 0);
   assert_true(a1 == a2 && l1 == l2);
   /* bad input is refused, not computed */
   labels[3] = 5;
-  assert_int_equal(ts_net_forward_backward(&net, x, labels, 8, &l2), TS_EINVAL);
-  assert_int_equal(ts_net_forward_backward(&net, x, labels, 9, &l2), TS_EINVAL);
+  assert_int_equal(ts_seq_forward_backward(&net, x, labels, 8, &l2), TS_EINVAL);
+  assert_int_equal(ts_seq_forward_backward(&net, x, labels, 9, &l2), TS_EINVAL);
   ts_free(x);
-  ts_net_destroy(&net);
+  ts_seq_destroy(&net);
   ts_model_destroy(&mlp);
 }
 
 /* A back end without the fused bias + ReLU kernels (the CUDA back end) runs the separate
- * kernels: the same loss and gradients, and the same outputs of ts_net_evaluate. */
+ * kernels: the same loss and gradients, and the same outputs of ts_seq_evaluate. */
 static void test_fused_equals_unfused(void **state) {
   (void)state;
   ts_kernels_t plain = *K;
@@ -467,30 +467,30 @@ static void test_fused_equals_unfused(void **state) {
                          FLATTEN,
                          dense(6, TS_LAYER_RELU),
                          dense(3, TS_LAYER_LINEAR)};
-  ts_net_t a, b;
+  ts_seq_t a, b;
   ts_layer_shape_t in = {8, 9, 1};
-  assert_int_equal(ts_net_init(&a, s, 6, in, 5, K, NULL, 0), 0);
-  assert_int_equal(ts_net_init(&b, s, 6, in, 5, &plain, NULL, 0), 0);
-  assert_int_equal(ts_net_init_params(&a, 11), 0);
-  assert_int_equal(ts_net_init_params(&b, 11), 0);
+  assert_int_equal(ts_seq_init(&a, s, 6, in, 5, K, NULL, 0), 0);
+  assert_int_equal(ts_seq_init(&b, s, 6, in, 5, &plain, NULL, 0), 0);
+  assert_int_equal(ts_seq_init_params(&a, 11), 0);
+  assert_int_equal(ts_seq_init_params(&b, 11), 0);
   assert_null(a.z[0]); /* fused: the product goes straight into a[0] */
   assert_non_null(b.z[0]);
   float *x = rand_floats(5 * 72, -1.0, 1.0);
   int32_t labels[5] = {0, 1, 2, 0, 1};
   float la = 0, lb = 0, acc_a = 0, acc_b = 0;
-  assert_int_equal(ts_net_forward_backward(&a, x, labels, 5, &la), 0);
-  assert_int_equal(ts_net_forward_backward(&b, x, labels, 5, &lb), 0);
+  assert_int_equal(ts_seq_forward_backward(&a, x, labels, 5, &la), 0);
+  assert_int_equal(ts_seq_forward_backward(&b, x, labels, 5, &lb), 0);
   assert_true(la == lb);
   for (size_t i = 0; i < a.desc.param_count; i++)
     if (fabsf(a.grads[i] - b.grads[i]) > 1e-6f + 1e-5f * fabsf(b.grads[i]))
       fail_msg("gradient %zu: fused %.9g, separate %.9g", i, (double)a.grads[i],
                (double)b.grads[i]);
-  assert_int_equal(ts_net_evaluate(&a, x, labels, 5, &acc_a, &la), 0);
-  assert_int_equal(ts_net_evaluate(&b, x, labels, 5, &acc_b, &lb), 0);
+  assert_int_equal(ts_seq_evaluate(&a, x, labels, 5, &acc_a, &la), 0);
+  assert_int_equal(ts_seq_evaluate(&b, x, labels, 5, &acc_b, &lb), 0);
   assert_true(acc_a == acc_b && la == lb);
   ts_free(x);
-  ts_net_destroy(&a);
-  ts_net_destroy(&b);
+  ts_seq_destroy(&a);
+  ts_seq_destroy(&b);
 }
 
 /* Every allocation of init failing in turn: an error, nothing leaked (ASan's leak check). */
@@ -502,14 +502,14 @@ static void test_alloc_failures(void **state) {
                          {.type = TS_LAYER_DROPOUT, .rate = 0.5},
                          dense(3, TS_LAYER_LINEAR)};
   for (long fail = 1;; fail++) {
-    ts_net_t net;
+    ts_seq_t net;
     char err[256] = "";
     ts_alloc_fail_after(fail);
-    int rc = ts_net_init(&net, s, 5, (ts_layer_shape_t){6, 6, 1}, 4, K, err, sizeof err);
+    int rc = ts_seq_init(&net, s, 5, (ts_layer_shape_t){6, 6, 1}, 4, K, err, sizeof err);
     ts_alloc_fail_after(0);
     if (rc == 0) {
       assert_true(fail > 10);
-      ts_net_destroy(&net);
+      ts_seq_destroy(&net);
       break;
     }
     assert_int_equal(rc, TS_ENOMEM);

@@ -1,5 +1,6 @@
 /*
- * Running a layer list (ts_net.h).
+ * The sequential network (ts_seq.h): running a checked layer list over one or several
+ * kernels tables.
  *
  * Forward: layer i reads out(i - 1) (the input batch for i = 0) and writes z[i] (the conv or
  * dense product plus bias, the pooled maximum, the dropped-out units), then a[i] = act(z[i])
@@ -15,12 +16,12 @@
  * activation serve any depth. Dropout applies its mask in place; flatten does nothing. The
  * input gradient of the first layer with parameters is not computed (nothing needs it).
  *
- * Segments (ts_net.h): every buffer of layer i is on its segment's table (kern(n, i)); the
+ * Segments (ts_seq.h): every buffer of layer i is on its segment's table (kern(n, i)); the
  * input of a segment's first layer is the segment's x, filled by the crossing from the
  * previous segment; the backward pass crosses back with the input gradient into the previous
  * segment's g0 and carries on there.
  */
-#include "ts_net.h"
+#include "ts_seq.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -29,34 +30,34 @@
 #include "ts_err.h"
 #include "ts_init.h"
 
-static const ts_layer_t *layer(const ts_net_t *n, size_t i) {
+static const ts_layer_t *layer(const ts_seq_t *n, size_t i) {
   return &n->desc.layers[i];
 }
 
-static const ts_net_segment_t *seg_of(const ts_net_t *n, size_t i) {
+static const ts_seq_segment_t *seg_of(const ts_seq_t *n, size_t i) {
   return &n->seg[n->seg_of[i]];
 }
 
-static const ts_kernels_t *kern(const ts_net_t *n, size_t i) {
+static const ts_kernels_t *kern(const ts_seq_t *n, size_t i) {
   return seg_of(n, i)->kernels;
 }
 
-static const ts_net_segment_t *last_seg(const ts_net_t *n) {
+static const ts_seq_segment_t *last_seg(const ts_seq_t *n) {
   return &n->seg[n->num_segments - 1];
 }
 
-static const float *out_of(const ts_net_t *n, size_t i);
+static const float *out_of(const ts_seq_t *n, size_t i);
 
-static const float *in_of(const ts_net_t *n, size_t i) {
-  const ts_net_segment_t *s = seg_of(n, i);
+static const float *in_of(const ts_seq_t *n, size_t i) {
+  const ts_seq_segment_t *s = seg_of(n, i);
   return i == s->first ? s->x : out_of(n, i - 1);
 }
 
-static bool dropout_active(const ts_net_t *n, size_t i) {
+static bool dropout_active(const ts_seq_t *n, size_t i) {
   return n->training && layer(n, i)->spec.rate > 0.0;
 }
 
-static const float *out_of(const ts_net_t *n, size_t i) {
+static const float *out_of(const ts_seq_t *n, size_t i) {
   const ts_layer_t *L = layer(n, i);
   if (L->spec.type == TS_LAYER_FLATTEN) return in_of(n, i);
   if (L->spec.type == TS_LAYER_DROPOUT && !dropout_active(n, i)) return in_of(n, i);
@@ -64,18 +65,18 @@ static const float *out_of(const ts_net_t *n, size_t i) {
 }
 
 /* Tensor t of layer i, in its segment's slice. */
-static float *param(const ts_net_t *n, size_t i, long t) {
-  const ts_net_segment_t *s = seg_of(n, i);
+static float *param(const ts_seq_t *n, size_t i, long t) {
+  const ts_seq_segment_t *s = seg_of(n, i);
   return s->params + (n->desc.tensors[t].offset - s->param_offset);
 }
 
-static float *grad(const ts_net_t *n, size_t i, long t) {
-  const ts_net_segment_t *s = seg_of(n, i);
+static float *grad(const ts_seq_t *n, size_t i, long t) {
+  const ts_seq_segment_t *s = seg_of(n, i);
   return s->grads + (n->desc.tensors[t].offset - s->param_offset);
 }
 
 /* Layer i's bias and ReLU go through the fused kernels (see above). */
-static bool fused_relu(const ts_net_t *n, size_t i) {
+static bool fused_relu(const ts_seq_t *n, size_t i) {
   const ts_layer_t *L = layer(n, i);
   return (L->spec.type == TS_LAYER_CONV2D || L->spec.type == TS_LAYER_DENSE) &&
          L->spec.activation == TS_LAYER_RELU && kern(n, i)->bias_relu &&
@@ -83,7 +84,7 @@ static bool fused_relu(const ts_net_t *n, size_t i) {
 }
 
 /* Where layer i's product goes: a[i] when fused, else z[i]. */
-static float *product_of(const ts_net_t *n, size_t i) {
+static float *product_of(const ts_seq_t *n, size_t i) {
   return fused_relu(n, i) ? n->a[i] : n->z[i];
 }
 
@@ -102,7 +103,7 @@ static int alloc_floats(const ts_kernels_t *k, size_t n, float **out) {
   return rc;
 }
 
-const char *ts_net_layer_kernel_missing(const ts_kernels_t *k, const ts_layer_spec_t *spec) {
+const char *ts_seq_layer_kernel_missing(const ts_kernels_t *k, const ts_layer_spec_t *spec) {
   switch (spec->type) {
     case TS_LAYER_CONV2D:
       if (!k->conv2d_workspace || !k->conv2d_fwd || !k->conv2d_bwd_data || !k->conv2d_bwd_filter)
@@ -131,11 +132,11 @@ const char *ts_net_layer_kernel_missing(const ts_kernels_t *k, const ts_layer_sp
 static const char *missing_kernel(const ts_kernels_t *k, const ts_layer_t *L) {
   if (!k->alloc || !k->free_buf || !k->copy_to_device || !k->copy_to_host) return "memory";
   if (!k->softmax_xent || !k->softmax_xent_grad || !k->argmax_correct) return "softmax_xent";
-  return ts_net_layer_kernel_missing(k, &L->spec);
+  return ts_seq_layer_kernel_missing(k, &L->spec);
 }
 
-static int alloc_layer(ts_net_t *n, size_t i, size_t *mask_max) {
-  ts_net_segment_t *s = &n->seg[n->seg_of[i]];
+static int alloc_layer(ts_seq_t *n, size_t i, size_t *mask_max) {
+  ts_seq_segment_t *s = &n->seg[n->seg_of[i]];
   const ts_kernels_t *k = s->kernels;
   const ts_layer_t *L = layer(n, i);
   size_t B = n->batch_capacity, out = B * ts_layers_elems(L->out);
@@ -170,58 +171,58 @@ static int alloc_layer(ts_net_t *n, size_t i, size_t *mask_max) {
 
 /* Cut the layers into segments of one table each, and give each its range of the flat
  * layout (its layers' tensors, contiguous: the tensor list is in layer order). */
-static int make_segments(ts_net_t *net, const ts_kernels_t *const *lk, char *errmsg,
+static int make_segments(ts_seq_t *seq, const ts_kernels_t *const *lk, char *errmsg,
                          size_t errlen) {
-  size_t L = net->desc.num_layers;
+  size_t L = seq->desc.num_layers;
   for (size_t i = 0; i < L; i++) {
     if (!lk[i]) {
       ts_errmsg_printf(errmsg, errlen, "model: no kernels for layer %zu '%s'", i + 1,
-                       layer(net, i)->spec.name);
+                       layer(seq, i)->spec.name);
       return TS_EINVAL;
     }
     if (i == 0 || lk[i] != lk[i - 1]) {
-      if (net->num_segments == TS_NET_SEGMENTS_MAX) {
+      if (seq->num_segments == TS_SEQ_SEGMENTS_MAX) {
         ts_errmsg_printf(errmsg, errlen,
                          "model: layer %zu '%s' starts a segment past the %d a model may have "
                          "(runs of consecutive layers on one device)",
-                         i + 1, layer(net, i)->spec.name, TS_NET_SEGMENTS_MAX);
+                         i + 1, layer(seq, i)->spec.name, TS_SEQ_SEGMENTS_MAX);
         return TS_EINVAL;
       }
-      ts_net_segment_t *s = &net->seg[net->num_segments++];
+      ts_seq_segment_t *s = &seq->seg[seq->num_segments++];
       s->kernels = lk[i];
       s->first = i;
       s->param_offset = SIZE_MAX;
     }
-    ts_net_segment_t *s = &net->seg[net->num_segments - 1];
+    ts_seq_segment_t *s = &seq->seg[seq->num_segments - 1];
     s->end = i + 1;
-    net->seg_of[i] = net->num_segments - 1;
-    const ts_layer_t *Li = layer(net, i);
+    seq->seg_of[i] = seq->num_segments - 1;
+    const ts_layer_t *Li = layer(seq, i);
     long ts[2] = {Li->kernel, Li->bias};
     for (size_t j = 0; j < 2; j++) {
       if (ts[j] < 0) continue;
-      const ts_layer_tensor_t *tn = &net->desc.tensors[ts[j]];
+      const ts_layer_tensor_t *tn = &seq->desc.tensors[ts[j]];
       if (s->param_offset == SIZE_MAX) s->param_offset = tn->offset;
       s->param_count = tn->offset + tn->count - s->param_offset;
     }
   }
   /* A segment without parameters sits where the next tensor would start. */
-  size_t next = net->desc.param_count;
-  for (size_t j = net->num_segments; j-- > 0;) {
-    if (net->seg[j].param_offset == SIZE_MAX) net->seg[j].param_offset = next;
-    next = net->seg[j].param_offset;
+  size_t next = seq->desc.param_count;
+  for (size_t j = seq->num_segments; j-- > 0;) {
+    if (seq->seg[j].param_offset == SIZE_MAX) seq->seg[j].param_offset = next;
+    next = seq->seg[j].param_offset;
   }
   return 0;
 }
 
 /* The host staging of the boundary into segment j: pinned memory of whichever side is a
  * device (the receiving one first), ordinary memory when both are the host. */
-static int alloc_stage(ts_net_t *net, size_t j) {
-  ts_net_segment_t *s = &net->seg[j];
-  const ts_kernels_t *prev = net->seg[j - 1].kernels;
+static int alloc_stage(ts_seq_t *seq, size_t j) {
+  ts_seq_segment_t *s = &seq->seg[j];
+  const ts_kernels_t *prev = seq->seg[j - 1].kernels;
   const ts_kernels_t *k = !s->kernels->device_is_host ? s->kernels
                           : !prev->device_is_host     ? prev
                                                       : s->kernels;
-  size_t elems = net->batch_capacity * ts_layers_elems(layer(net, s->first)->in);
+  size_t elems = seq->batch_capacity * ts_layers_elems(layer(seq, s->first)->in);
   void *p = NULL;
   int rc = k->host_alloc(k, elems * sizeof(float), &p);
   s->stage = p;
@@ -230,20 +231,20 @@ static int alloc_stage(ts_net_t *net, size_t j) {
 }
 
 /* Segment j's own buffers: parameters, gradients, input, scratch, its layers' buffers. */
-static int alloc_segment(ts_net_t *net, size_t j) {
-  ts_net_segment_t *s = &net->seg[j];
+static int alloc_segment(ts_seq_t *seq, size_t j) {
+  ts_seq_segment_t *s = &seq->seg[j];
   const ts_kernels_t *k = s->kernels;
-  size_t B = net->batch_capacity, mask_max = 0, max_elems = 0;
+  size_t B = seq->batch_capacity, mask_max = 0, max_elems = 0;
   int rc = 0;
   for (size_t i = s->first; i < s->end; i++) {
-    size_t in = ts_layers_elems(layer(net, i)->in), out = ts_layers_elems(layer(net, i)->out);
+    size_t in = ts_layers_elems(layer(seq, i)->in), out = ts_layers_elems(layer(seq, i)->out);
     if (in > max_elems) max_elems = in;
     if (out > max_elems) max_elems = out;
   }
   TS_CHECK(alloc_floats(k, s->param_count, &s->params));
   TS_CHECK(alloc_floats(k, s->param_count, &s->grads));
-  TS_CHECK(alloc_floats(k, B * ts_layers_elems(layer(net, s->first)->in), &s->x));
-  for (size_t i = s->first; i < s->end; i++) TS_CHECK(alloc_layer(net, i, &mask_max));
+  TS_CHECK(alloc_floats(k, B * ts_layers_elems(layer(seq, s->first)->in), &s->x));
+  for (size_t i = s->first; i < s->end; i++) TS_CHECK(alloc_layer(seq, i, &mask_max));
   TS_CHECK(alloc_floats(k, B * max_elems, &s->g0));
   TS_CHECK(alloc_floats(k, B * max_elems, &s->g1));
   if (s->ws_bytes) TS_CHECK(k->alloc(k, s->ws_bytes, &s->ws));
@@ -252,12 +253,12 @@ static int alloc_segment(ts_net_t *net, size_t j) {
     TS_CHECK(k->host_alloc(k, mask_max * sizeof(float), &p));
     s->mask_host = p;
   }
-  if (j > 0) TS_CHECK(alloc_stage(net, j));
+  if (j > 0) TS_CHECK(alloc_stage(seq, j));
 fail:
   return rc;
 }
 
-int ts_net_init_split(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
+int ts_seq_init_split(ts_seq_t *seq, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
                       size_t batch_capacity, const ts_kernels_t *const *layer_kernels, char *errmsg,
                       size_t errlen) {
   char scratch[8];
@@ -265,8 +266,8 @@ int ts_net_init_split(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_
     errmsg = scratch;
     errlen = sizeof scratch;
   }
-  if (!net) return TS_EINVAL;
-  memset(net, 0, sizeof *net);
+  if (!seq) return TS_EINVAL;
+  memset(seq, 0, sizeof *seq);
   if (!layer_kernels) {
     ts_errmsg_printf(errmsg, errlen, "model: no kernels");
     return TS_EINVAL;
@@ -276,99 +277,99 @@ int ts_net_init_split(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_
                      TS_CONV_MAX_BATCH);
     return TS_EINVAL;
   }
-  int rc = ts_layers_check(specs, n, input, &net->desc, NULL, errmsg, errlen);
+  int rc = ts_layers_check(specs, n, input, &seq->desc, NULL, errmsg, errlen);
   if (rc < 0) return rc;
-  net->batch_capacity = batch_capacity;
-  size_t L = net->desc.num_layers;
-  net->seg_of = ts_calloc(L, sizeof *net->seg_of);
-  if (!net->seg_of) {
-    ts_layers_free(&net->desc);
-    memset(net, 0, sizeof *net);
+  seq->batch_capacity = batch_capacity;
+  size_t L = seq->desc.num_layers;
+  seq->seg_of = ts_calloc(L, sizeof *seq->seg_of);
+  if (!seq->seg_of) {
+    ts_layers_free(&seq->desc);
+    memset(seq, 0, sizeof *seq);
     ts_errmsg_printf(errmsg, errlen, "model: out of memory");
     return TS_ENOMEM;
   }
-  rc = make_segments(net, layer_kernels, errmsg, errlen);
+  rc = make_segments(seq, layer_kernels, errmsg, errlen);
   for (size_t i = 0; rc == 0 && i < L; i++) {
-    const ts_kernels_t *k = kern(net, i);
-    const char *miss = missing_kernel(k, layer(net, i));
+    const ts_kernels_t *k = kern(seq, i);
+    const char *miss = missing_kernel(k, layer(seq, i));
     if (miss) {
       ts_errmsg_printf(errmsg, errlen, "kernels '%s': no %s kernel for layer %zu '%s' (%s)",
-                       k->name, miss, i + 1, layer(net, i)->spec.name,
-                       ts_layers_type_name(layer(net, i)->spec.type));
+                       k->name, miss, i + 1, layer(seq, i)->spec.name,
+                       ts_layers_type_name(layer(seq, i)->spec.type));
       rc = TS_EINVAL;
     }
   }
   if (rc < 0) {
-    ts_free(net->seg_of);
-    ts_layers_free(&net->desc);
-    memset(net, 0, sizeof *net);
+    ts_free(seq->seg_of);
+    ts_layers_free(&seq->desc);
+    memset(seq, 0, sizeof *seq);
     return rc;
   }
-  net->kernels = net->seg[0].kernels;
+  seq->kernels = seq->seg[0].kernels;
   size_t j = 0; /* the segment being allocated, for the error */
-  net->z = ts_calloc(L, sizeof *net->z);
-  net->a = ts_calloc(L, sizeof *net->a);
-  net->argmax = ts_calloc(L, sizeof *net->argmax);
-  net->mask = ts_calloc(L, sizeof *net->mask);
-  if (!net->z || !net->a || !net->argmax || !net->mask) {
+  seq->z = ts_calloc(L, sizeof *seq->z);
+  seq->a = ts_calloc(L, sizeof *seq->a);
+  seq->argmax = ts_calloc(L, sizeof *seq->argmax);
+  seq->mask = ts_calloc(L, sizeof *seq->mask);
+  if (!seq->z || !seq->a || !seq->argmax || !seq->mask) {
     rc = TS_ENOMEM;
     goto fail;
   }
-  for (; j < net->num_segments; j++) TS_CHECK(alloc_segment(net, j));
-  const ts_kernels_t *kl = last_seg(net)->kernels;
-  j = net->num_segments - 1;
+  for (; j < seq->num_segments; j++) TS_CHECK(alloc_segment(seq, j));
+  const ts_kernels_t *kl = last_seg(seq)->kernels;
+  j = seq->num_segments - 1;
   {
     void *p = NULL;
     TS_CHECK(kl->alloc(kl, batch_capacity * sizeof(int32_t), &p));
-    net->labels = p;
+    seq->labels = p;
   }
-  TS_CHECK(alloc_floats(kl, batch_capacity * net->desc.classes, &net->probs));
-  if (net->num_segments == 1) {
-    net->params = net->seg[0].params;
-    net->grads = net->seg[0].grads;
+  TS_CHECK(alloc_floats(kl, batch_capacity * seq->desc.classes, &seq->probs));
+  if (seq->num_segments == 1) {
+    seq->params = seq->seg[0].params;
+    seq->grads = seq->seg[0].grads;
   }
   return 0;
 
 fail:;
-  const ts_kernels_t *k = net->seg[j < net->num_segments ? j : 0].kernels;
+  const ts_kernels_t *k = seq->seg[j < seq->num_segments ? j : 0].kernels;
   ts_errmsg_printf(errmsg, errlen,
                    "model: allocating the buffers of %zu layers (%zu parameters, batch %zu) on "
                    "kernels '%s': %s%s%s",
-                   L, net->desc.param_count, batch_capacity, k->name, ts_strerror(rc),
+                   L, seq->desc.param_count, batch_capacity, k->name, ts_strerror(rc),
                    k->last_error && k->last_error(k)[0] ? ": " : "",
                    k->last_error ? k->last_error(k) : "");
-  ts_net_destroy(net);
+  ts_seq_destroy(seq);
   return rc;
 }
 
-int ts_net_init(ts_net_t *net, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
+int ts_seq_init(ts_seq_t *seq, const ts_layer_spec_t *specs, size_t n, ts_layer_shape_t input,
                 size_t batch_capacity, const ts_kernels_t *kernels, char *errmsg, size_t errlen) {
   if (!kernels)
-    return ts_net_init_split(net, specs, n, input, batch_capacity, NULL, errmsg, errlen);
+    return ts_seq_init_split(seq, specs, n, input, batch_capacity, NULL, errmsg, errlen);
   const ts_kernels_t **lk = ts_malloc((n ? n : 1) * sizeof *lk);
   if (!lk) {
-    if (net) memset(net, 0, sizeof *net);
+    if (seq) memset(seq, 0, sizeof *seq);
     if (errmsg && errlen) ts_errmsg_printf(errmsg, errlen, "model: out of memory");
     return TS_ENOMEM;
   }
   for (size_t i = 0; i < (n ? n : 1); i++) lk[i] = kernels;
-  int rc = ts_net_init_split(net, specs, n, input, batch_capacity, lk, errmsg, errlen);
+  int rc = ts_seq_init_split(seq, specs, n, input, batch_capacity, lk, errmsg, errlen);
   ts_free(lk);
   return rc;
 }
 
-void ts_net_destroy(ts_net_t *net) {
-  if (!net) return;
-  for (size_t i = 0; net->seg_of && i < net->desc.num_layers; i++) {
-    const ts_kernels_t *k = kern(net, i);
+void ts_seq_destroy(ts_seq_t *seq) {
+  if (!seq) return;
+  for (size_t i = 0; seq->seg_of && i < seq->desc.num_layers; i++) {
+    const ts_kernels_t *k = kern(seq, i);
     if (!k) continue;
-    if (net->z) k->free_buf(k, net->z[i]);
-    if (net->a) k->free_buf(k, net->a[i]);
-    if (net->argmax) k->free_buf(k, net->argmax[i]);
-    if (net->mask) k->free_buf(k, net->mask[i]);
+    if (seq->z) k->free_buf(k, seq->z[i]);
+    if (seq->a) k->free_buf(k, seq->a[i]);
+    if (seq->argmax) k->free_buf(k, seq->argmax[i]);
+    if (seq->mask) k->free_buf(k, seq->mask[i]);
   }
-  for (size_t j = 0; j < net->num_segments; j++) {
-    ts_net_segment_t *s = &net->seg[j];
+  for (size_t j = 0; j < seq->num_segments; j++) {
+    ts_seq_segment_t *s = &seq->seg[j];
     const ts_kernels_t *k = s->kernels;
     k->free_buf(k, s->params);
     k->free_buf(k, s->grads);
@@ -379,31 +380,31 @@ void ts_net_destroy(ts_net_t *net) {
     if (s->mask_host) k->host_free(k, s->mask_host);
     if (s->stage) s->stage_kernels->host_free(s->stage_kernels, s->stage);
   }
-  if (net->num_segments) {
-    const ts_kernels_t *kl = last_seg(net)->kernels;
-    kl->free_buf(kl, net->labels);
-    kl->free_buf(kl, net->probs);
+  if (seq->num_segments) {
+    const ts_kernels_t *kl = last_seg(seq)->kernels;
+    kl->free_buf(kl, seq->labels);
+    kl->free_buf(kl, seq->probs);
   }
-  ts_free(net->z);
-  ts_free(net->a);
-  ts_free(net->argmax);
-  ts_free(net->mask);
-  ts_free(net->seg_of);
-  ts_layers_free(&net->desc);
-  memset(net, 0, sizeof *net);
+  ts_free(seq->z);
+  ts_free(seq->a);
+  ts_free(seq->argmax);
+  ts_free(seq->mask);
+  ts_free(seq->seg_of);
+  ts_layers_free(&seq->desc);
+  memset(seq, 0, sizeof *seq);
 }
 
 /* --- the flat layout ----------------------------------------------------------------------- */
 
 /* Copy [offset, offset + count) of the flat layout between host and the segments' params
  * (or grads) that hold it. */
-static int flat_io(const ts_net_t *net, bool grads, bool to_device, size_t offset, float *host,
+static int flat_io(const ts_seq_t *seq, bool grads, bool to_device, size_t offset, float *host,
                    size_t count) {
-  if (!net || net->num_segments == 0 || (!host && count) || offset > net->desc.param_count ||
-      count > net->desc.param_count - offset)
+  if (!seq || seq->num_segments == 0 || (!host && count) || offset > seq->desc.param_count ||
+      count > seq->desc.param_count - offset)
     return TS_EINVAL;
-  for (size_t j = 0; j < net->num_segments && count; j++) {
-    const ts_net_segment_t *s = &net->seg[j];
+  for (size_t j = 0; j < seq->num_segments && count; j++) {
+    const ts_seq_segment_t *s = &seq->seg[j];
     size_t lo = s->param_offset, hi = lo + s->param_count;
     size_t a = offset > lo ? offset : lo, b = offset + count < hi ? offset + count : hi;
     if (a >= b) continue;
@@ -417,59 +418,59 @@ static int flat_io(const ts_net_t *net, bool grads, bool to_device, size_t offse
   return 0;
 }
 
-int ts_net_set_params(ts_net_t *net, size_t offset, const float *src, size_t count) {
+int ts_seq_set_params(ts_seq_t *seq, size_t offset, const float *src, size_t count) {
   /* flat_io only reads host when copying to the device. */
-  return flat_io(net, false, true, offset, (float *)(uintptr_t)src, count);
+  return flat_io(seq, false, true, offset, (float *)(uintptr_t)src, count);
 }
 
-int ts_net_get_params(const ts_net_t *net, size_t offset, float *dst, size_t count) {
-  return flat_io(net, false, false, offset, dst, count);
+int ts_seq_get_params(const ts_seq_t *seq, size_t offset, float *dst, size_t count) {
+  return flat_io(seq, false, false, offset, dst, count);
 }
 
-int ts_net_get_grads(const ts_net_t *net, size_t offset, float *dst, size_t count) {
-  return flat_io(net, true, false, offset, dst, count);
+int ts_seq_get_grads(const ts_seq_t *seq, size_t offset, float *dst, size_t count) {
+  return flat_io(seq, true, false, offset, dst, count);
 }
 
-int ts_net_synchronize(const ts_net_t *net) {
+int ts_seq_synchronize(const ts_seq_t *seq) {
   int rc = 0;
-  for (size_t j = 0; net && j < net->num_segments; j++) {
-    const ts_kernels_t *k = net->seg[j].kernels;
+  for (size_t j = 0; seq && j < seq->num_segments; j++) {
+    const ts_kernels_t *k = seq->seg[j].kernels;
     int r = k->synchronize ? k->synchronize(k) : 0;
     if (rc == 0) rc = r;
   }
   return rc;
 }
 
-int ts_net_init_params(ts_net_t *net, uint64_t seed) {
-  if (!net || net->num_segments == 0) return TS_EINVAL;
+int ts_seq_init_params(ts_seq_t *seq, uint64_t seed) {
+  if (!seq || seq->num_segments == 0) return TS_EINVAL;
   size_t largest = 0;
-  for (size_t t = 0; t < net->desc.num_tensors; t++)
-    if (net->desc.tensors[t].count > largest) largest = net->desc.tensors[t].count;
+  for (size_t t = 0; t < seq->desc.num_tensors; t++)
+    if (seq->desc.tensors[t].count > largest) largest = seq->desc.tensors[t].count;
   float *host = ts_malloc((largest ? largest : 1) * sizeof(float));
   if (!host) return TS_ENOMEM;
   int rc = 0;
-  for (size_t t = 0; t < net->desc.num_tensors && rc == 0; t++) {
-    const ts_layer_tensor_t *tn = &net->desc.tensors[t];
+  for (size_t t = 0; t < seq->desc.num_tensors && rc == 0; t++) {
+    const ts_layer_tensor_t *tn = &seq->desc.tensors[t];
     ts_init_fill(host, tn->init, seed, tn->name, tn->shape, tn->rank, 0, tn->count);
-    rc = ts_net_set_params(net, tn->offset, host, tn->count);
+    rc = ts_seq_set_params(seq, tn->offset, host, tn->count);
     /* The staging buffer is reused per tensor: wait for the copies before refilling it. */
-    if (rc == 0) rc = ts_net_synchronize(net);
+    if (rc == 0) rc = ts_seq_synchronize(seq);
   }
   ts_free(host);
   return rc;
 }
 
-void ts_net_set_training(ts_net_t *net, bool on, uint64_t seed, uint64_t stream) {
-  if (!net) return;
-  net->training = on;
-  net->seed = seed;
-  net->stream = stream;
+void ts_seq_set_training(ts_seq_t *seq, bool on, uint64_t seed, uint64_t stream) {
+  if (!seq) return;
+  seq->training = on;
+  seq->seed = seed;
+  seq->stream = stream;
 }
 
 /* --- forward ------------------------------------------------------------------------------- */
 
 /* Draw layer i's mask for `count` units on the host and copy it to the device. */
-static int draw_mask(ts_net_t *n, size_t i, size_t count) {
+static int draw_mask(ts_seq_t *n, size_t i, size_t count) {
   const ts_kernels_t *k = kern(n, i);
   float *host = seg_of(n, i)->mask_host;
   double rate = layer(n, i)->spec.rate;
@@ -486,7 +487,7 @@ static int draw_mask(ts_net_t *n, size_t i, size_t count) {
   return k->copy_to_device(k, n->mask[i], host, count * sizeof(float));
 }
 
-static int activate(const ts_net_t *n, size_t i, size_t count) {
+static int activate(const ts_seq_t *n, size_t i, size_t count) {
   const ts_kernels_t *k = kern(n, i);
   switch (layer(n, i)->spec.activation) {
     case TS_LAYER_RELU:
@@ -500,16 +501,16 @@ static int activate(const ts_net_t *n, size_t i, size_t count) {
 }
 
 /* The product's bias, and its ReLU when fused; rows x cols of the product. */
-static int add_bias(ts_net_t *n, size_t i, size_t rows, size_t cols, float *prod) {
+static int add_bias(ts_seq_t *n, size_t i, size_t rows, size_t cols, float *prod) {
   const ts_kernels_t *k = kern(n, i);
   const float *b = param(n, i, layer(n, i)->bias);
   return fused_relu(n, i) ? k->bias_relu(k, rows, cols, b, prod)
                           : k->bias_add(k, rows, cols, b, prod);
 }
 
-static int forward_layer(ts_net_t *n, size_t i, size_t B) {
+static int forward_layer(ts_seq_t *n, size_t i, size_t B) {
   const ts_kernels_t *k = kern(n, i);
-  const ts_net_segment_t *s = seg_of(n, i);
+  const ts_seq_segment_t *s = seg_of(n, i);
   const ts_layer_t *L = layer(n, i);
   const float *in = in_of(n, i);
   size_t out = B * ts_layers_elems(L->out);
@@ -545,7 +546,7 @@ static int forward_layer(ts_net_t *n, size_t i, size_t B) {
 }
 
 /* Labels are checked on the host, so every back end reports a bad one the same way. */
-static int load(ts_net_t *n, const float *x, const int32_t *labels, size_t B) {
+static int load(ts_seq_t *n, const float *x, const int32_t *labels, size_t B) {
   const ts_kernels_t *k = n->seg[0].kernels, *kl = last_seg(n)->kernels;
   for (size_t i = 0; i < B; i++)
     if (labels[i] < 0 || (size_t)labels[i] >= n->desc.classes) return TS_EINVAL;
@@ -557,7 +558,7 @@ static int load(ts_net_t *n, const float *x, const int32_t *labels, size_t B) {
 /* A boundary crossing: `bytes` from src on table `from` to dst on table `to` through the host
  * staging of segment s. copy_to_host waits for `from`; `to` is waited for before returning,
  * as the staging is refilled by the next crossing. */
-static int cross(const ts_net_segment_t *s, const ts_kernels_t *from, const void *src,
+static int cross(const ts_seq_segment_t *s, const ts_kernels_t *from, const void *src,
                  const ts_kernels_t *to, void *dst, size_t bytes) {
   int rc = from->copy_to_host(from, s->stage, src, bytes);
   if (rc == 0) rc = to->copy_to_device(to, dst, s->stage, bytes);
@@ -565,9 +566,9 @@ static int cross(const ts_net_segment_t *s, const ts_kernels_t *from, const void
   return rc;
 }
 
-static int forward(ts_net_t *n, size_t B, float *loss) {
+static int forward(ts_seq_t *n, size_t B, float *loss) {
   for (size_t i = 0; i < n->desc.num_layers; i++) {
-    const ts_net_segment_t *s = seg_of(n, i);
+    const ts_seq_segment_t *s = seg_of(n, i);
     int rc = 0;
     if (i == s->first && i > 0) /* into this segment: the previous one's output */
       rc = cross(s, kern(n, i - 1), out_of(n, i - 1), s->kernels, s->x,
@@ -584,7 +585,7 @@ static int forward(ts_net_t *n, size_t B, float *loss) {
 
 /* The gradient through layer i's activation: cur holds d out(i); *cur becomes d z[i]. With
  * the fused kernels it also writes the bias gradient (rows x cols is the product). */
-static int activation_grad(ts_net_t *n, size_t i, size_t count, float **cur, float **oth) {
+static int activation_grad(ts_seq_t *n, size_t i, size_t count, float **cur, float **oth) {
   const ts_kernels_t *k = kern(n, i);
   const ts_layer_t *L = layer(n, i);
   int rc;
@@ -611,9 +612,9 @@ static int activation_grad(ts_net_t *n, size_t i, size_t count, float **cur, flo
 }
 
 /* Layer i's parameter gradients from d z (cur), and, when need_in, d in(i) into oth. */
-static int backward_layer(ts_net_t *n, size_t i, size_t B, bool need_in, float **cur, float **oth) {
+static int backward_layer(ts_seq_t *n, size_t i, size_t B, bool need_in, float **cur, float **oth) {
   const ts_kernels_t *k = kern(n, i);
-  const ts_net_segment_t *s = seg_of(n, i);
+  const ts_seq_segment_t *s = seg_of(n, i);
   const ts_layer_t *L = layer(n, i);
   const float *in = in_of(n, i);
   size_t out = B * ts_layers_elems(L->out);
@@ -662,8 +663,8 @@ static int backward_layer(ts_net_t *n, size_t i, size_t B, bool need_in, float *
   return rc;
 }
 
-static int backward(ts_net_t *n, size_t B) {
-  const ts_net_segment_t *s = last_seg(n);
+static int backward(ts_seq_t *n, size_t B) {
+  const ts_seq_segment_t *s = last_seg(n);
   const ts_kernels_t *k = s->kernels;
   size_t first_param = n->desc.num_layers;
   for (size_t i = 0; i < n->desc.num_layers && first_param == n->desc.num_layers; i++)
@@ -675,7 +676,7 @@ static int backward(ts_net_t *n, size_t B) {
     s = seg_of(n, i);
     if (rc == 0 && i == s->first && i > first_param) {
       /* Out of this segment: d in(i) to the previous segment's scratch. */
-      const ts_net_segment_t *prev = seg_of(n, i - 1);
+      const ts_seq_segment_t *prev = seg_of(n, i - 1);
       rc = cross(s, s->kernels, cur, prev->kernels, prev->g0,
                  B * ts_layers_elems(layer(n, i)->in) * sizeof(float));
       cur = prev->g0;
@@ -687,65 +688,65 @@ static int backward(ts_net_t *n, size_t B) {
 
 /* --- entry points -------------------------------------------------------------------------- */
 
-static bool batch_ok(const ts_net_t *n, const void *x, const void *labels, size_t B) {
+static bool batch_ok(const ts_seq_t *n, const void *x, const void *labels, size_t B) {
   return n && n->num_segments && x && labels && B >= 1 && B <= n->batch_capacity;
 }
 
-int ts_net_forward_backward(ts_net_t *net, const float *x, const int32_t *labels, size_t batch,
+int ts_seq_forward_backward(ts_seq_t *seq, const float *x, const int32_t *labels, size_t batch,
                             float *loss) {
-  if (!batch_ok(net, x, labels, batch)) return TS_EINVAL;
+  if (!batch_ok(seq, x, labels, batch)) return TS_EINVAL;
   float l = 0.0f;
-  int rc = load(net, x, labels, batch);
-  if (rc == 0) rc = forward(net, batch, &l);
-  if (rc == 0) rc = backward(net, batch);
+  int rc = load(seq, x, labels, batch);
+  if (rc == 0) rc = forward(seq, batch, &l);
+  if (rc == 0) rc = backward(seq, batch);
   if (rc == 0 && loss) *loss = l;
   return rc;
 }
 
-int ts_net_loss(ts_net_t *net, const float *x, const int32_t *labels, size_t batch, float *loss) {
-  if (!batch_ok(net, x, labels, batch) || !loss) return TS_EINVAL;
-  int rc = load(net, x, labels, batch);
-  return rc < 0 ? rc : forward(net, batch, loss);
+int ts_seq_loss(ts_seq_t *seq, const float *x, const int32_t *labels, size_t batch, float *loss) {
+  if (!batch_ok(seq, x, labels, batch) || !loss) return TS_EINVAL;
+  int rc = load(seq, x, labels, batch);
+  return rc < 0 ? rc : forward(seq, batch, loss);
 }
 
-int ts_net_evaluate(ts_net_t *net, const float *x, const int32_t *labels, size_t n, float *accuracy,
+int ts_seq_evaluate(ts_seq_t *seq, const float *x, const int32_t *labels, size_t n, float *accuracy,
                     float *loss) {
-  if (!batch_ok(net, x, labels, 1) || n < 1) return TS_EINVAL;
-  const ts_kernels_t *k = last_seg(net)->kernels;
-  bool training = net->training;
-  net->training = false;
-  size_t in = ts_layers_elems(net->desc.input), correct = 0;
+  if (!batch_ok(seq, x, labels, 1) || n < 1) return TS_EINVAL;
+  const ts_kernels_t *k = last_seg(seq)->kernels;
+  bool training = seq->training;
+  seq->training = false;
+  size_t in = ts_layers_elems(seq->desc.input), correct = 0;
   double loss_sum = 0.0;
   int rc = 0;
-  for (size_t start = 0; start < n && rc == 0; start += net->batch_capacity) {
-    size_t b = n - start < net->batch_capacity ? n - start : net->batch_capacity;
+  for (size_t start = 0; start < n && rc == 0; start += seq->batch_capacity) {
+    size_t b = n - start < seq->batch_capacity ? n - start : seq->batch_capacity;
     float l = 0.0f;
     size_t c = 0;
-    rc = load(net, x + start * in, labels + start, b);
-    if (rc == 0) rc = forward(net, b, &l);
+    rc = load(seq, x + start * in, labels + start, b);
+    if (rc == 0) rc = forward(seq, b, &l);
     if (rc == 0)
-      rc = k->argmax_correct(k, b, net->desc.classes, out_of(net, net->desc.num_layers - 1),
-                             net->labels, &c);
+      rc = k->argmax_correct(k, b, seq->desc.classes, out_of(seq, seq->desc.num_layers - 1),
+                             seq->labels, &c);
     correct += c;
     loss_sum += (double)l * (double)b;
   }
-  net->training = training;
+  seq->training = training;
   if (rc < 0) return rc;
   if (accuracy) *accuracy = (float)((double)correct / (double)n);
   if (loss) *loss = (float)(loss_sum / (double)n);
   return 0;
 }
 
-int ts_net_load_batch(ts_net_t *net, const float *x, const int32_t *labels, size_t batch) {
-  if (!batch_ok(net, x, labels, batch)) return TS_EINVAL;
-  return load(net, x, labels, batch);
+int ts_seq_load_batch(ts_seq_t *seq, const float *x, const int32_t *labels, size_t batch) {
+  if (!batch_ok(seq, x, labels, batch)) return TS_EINVAL;
+  return load(seq, x, labels, batch);
 }
 
-int ts_net_compute(ts_net_t *net, size_t batch, float *loss) {
-  if (!net || !net->num_segments || batch < 1 || batch > net->batch_capacity) return TS_EINVAL;
+int ts_seq_compute(ts_seq_t *seq, size_t batch, float *loss) {
+  if (!seq || !seq->num_segments || batch < 1 || batch > seq->batch_capacity) return TS_EINVAL;
   float l = 0.0f;
-  int rc = forward(net, batch, &l);
-  if (rc == 0) rc = backward(net, batch);
+  int rc = forward(seq, batch, &l);
+  if (rc == 0) rc = backward(seq, batch);
   if (rc == 0 && loss) *loss = l;
   return rc;
 }

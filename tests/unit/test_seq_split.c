@@ -1,18 +1,18 @@
 /*
- * A network split over devices (worker/ts_net.h segments; TensorFlow's `with tf.device()`
+ * A network split over devices (worker/ts_seq.h segments; TensorFlow's `with tf.device()`
  * scopes over one model), without a GPU: the CPU back end twice, as two tables A and B that
  * each keep a registry of the buffers they allocated. Every kernel that the tests route
  * through a table checks that the device pointers it gets are that table's own, so a layer
  * that reads another segment's buffer, or a copy that skips the staging, fails the test; the
  * boundary copies go through the tables' copy_to_host / copy_to_device, which count them.
  *
- * Checked, for an MLP-shaped net (dense layers) and a LeNet-like CNN (convolutions, pooling,
- * flatten, dropout in training), over several cuts (two and three segments, a boundary at a
- * flatten, at a pooling layer, one between dense layers): the loss and EVERY gradient equal
- * the unsplit net's on one table bit for bit (the same CPU kernels in the same order), and
- * evaluation (accuracy and loss) too; the flat layout's copies across segments; towers whose
- * model is split (two towers, each with its CPU layers on the CPU back end) against one
- * unsplit tower.
+ * Checked, for an MLP-shaped network (dense layers) and a LeNet-like CNN (convolutions,
+ * pooling, flatten, dropout in training), over several cuts (two and three segments, a
+ * boundary at a flatten, at a pooling layer, one between dense layers): the loss and EVERY
+ * gradient equal the unsplit network's on one table bit for bit (the same CPU kernels in the
+ * same order), and evaluation (accuracy and loss) too; the flat layout's copies across
+ * segments; towers whose model is split (two towers, each with its CPU layers on the CPU back
+ * end) against one unsplit tower.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -29,7 +29,7 @@
 #include "ts_err.h"
 #include "ts_kernels.h"
 #include "ts_model.h"
-#include "ts_net.h"
+#include "ts_seq.h"
 #include "ts_towers.h"
 
 /* --- two tables over the CPU back end, each checking its buffers ------------------------- */
@@ -210,7 +210,7 @@ static void make_table(ts_kernels_t *t, reg_t *r) {
   t->softmax_xent = w_xent;
 }
 
-/* --- nets ---------------------------------------------------------------------------------- */
+/* --- networks ------------------------------------------------------------------------------ */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15u;
 
@@ -240,8 +240,8 @@ static ts_layer_spec_t dense(size_t units, ts_layer_act_t act) {
 
 #define BATCH 6
 
-/* The unsplit net on A and the net with layer i on tables cut[i] ('A' or 'B'), from the same
- * parameters and batch: loss, every gradient, evaluation, all equal bit for bit; the
+/* The unsplit network on A and the network with layer i on tables cut[i] ('A' or 'B'), from
+ * the same parameters and batch: loss, every gradient, evaluation, all equal bit for bit; the
  * boundaries copied through the tables' copy functions. */
 static void check_split(const ts_layer_spec_t *s, size_t n, ts_layer_shape_t in, const char *cut,
                         bool dropout) {
@@ -253,14 +253,14 @@ static void check_split(const ts_layer_spec_t *s, size_t n, ts_layer_shape_t in,
     if (i > 0 && cut[i] != cut[i - 1]) boundaries++;
   }
   char err[256] = "";
-  ts_net_t ref, split;
-  assert_int_equal(ts_net_init_split(&ref, s, n, in, BATCH, one, err, sizeof err), 0);
-  assert_int_equal(ts_net_init_split(&split, s, n, in, BATCH, lk, err, sizeof err), 0);
+  ts_seq_t ref, split;
+  assert_int_equal(ts_seq_init_split(&ref, s, n, in, BATCH, one, err, sizeof err), 0);
+  assert_int_equal(ts_seq_init_split(&split, s, n, in, BATCH, lk, err, sizeof err), 0);
   assert_int_equal(ref.num_segments, 1);
   assert_int_equal(split.num_segments, boundaries + 1);
   assert_null(split.params);
-  assert_int_equal(ts_net_init_params(&ref, 11), 0);
-  assert_int_equal(ts_net_init_params(&split, 11), 0);
+  assert_int_equal(ts_seq_init_params(&ref, 11), 0);
+  assert_int_equal(ts_seq_init_params(&split, 11), 0);
   size_t P = ref.desc.param_count, dim = ts_layers_elems(in);
   float *p1 = ts_malloc(P * sizeof *p1), *p2 = ts_malloc(P * sizeof *p2);
   float *g1 = ts_malloc(P * sizeof *g1), *g2 = ts_malloc(P * sizeof *g2);
@@ -269,31 +269,31 @@ static void check_split(const ts_layer_spec_t *s, size_t n, ts_layer_shape_t in,
   assert_non_null(g1);
   assert_non_null(g2);
   /* The same initial parameters through the flat layout; then bias terms made non-zero. */
-  assert_int_equal(ts_net_get_params(&ref, 0, p1, P), 0);
-  assert_int_equal(ts_net_get_params(&split, 0, p2, P), 0);
+  assert_int_equal(ts_seq_get_params(&ref, 0, p1, P), 0);
+  assert_int_equal(ts_seq_get_params(&split, 0, p2, P), 0);
   assert_memory_equal(p1, p2, P * sizeof *p1);
   for (size_t i = 0; i < P; i++) p1[i] += 0.01f * ((float)(i % 7) - 3.0f);
-  assert_int_equal(ts_net_set_params(&ref, 0, p1, P), 0);
-  assert_int_equal(ts_net_set_params(&split, 0, p1, P), 0);
+  assert_int_equal(ts_seq_set_params(&ref, 0, p1, P), 0);
+  assert_int_equal(ts_seq_set_params(&split, 0, p1, P), 0);
 
   float *x = rand_floats(BATCH * dim, 0.0, 1.0);
   int32_t y[BATCH];
   for (size_t i = 0; i < BATCH; i++) y[i] = (int32_t)(i % ref.desc.classes);
-  ts_net_set_training(&ref, dropout, 5, 9);
-  ts_net_set_training(&split, dropout, 5, 9);
+  ts_seq_set_training(&ref, dropout, 5, 9);
+  ts_seq_set_training(&split, dropout, 5, 9);
   size_t out_before = reg_a.to_host + reg_b.to_host;
   float l1 = -1, l2 = -2;
-  assert_int_equal(ts_net_forward_backward(&ref, x, y, BATCH, &l1), 0);
+  assert_int_equal(ts_seq_forward_backward(&ref, x, y, BATCH, &l1), 0);
   size_t out_ref = reg_a.to_host + reg_b.to_host - out_before;
-  assert_int_equal(ts_net_forward_backward(&split, x, y, BATCH, &l2), 0);
+  assert_int_equal(ts_seq_forward_backward(&split, x, y, BATCH, &l2), 0);
   size_t out_split = reg_a.to_host + reg_b.to_host - out_before - out_ref;
   /* One copy to the host per boundary forward, and one back for each that the backward pass
    * crosses (all of them here: the first layer has parameters). */
   assert_int_equal(out_ref, 0);
   assert_int_equal(out_split, 2 * boundaries);
   if (!(l1 == l2)) fail_msg("cut %s: loss %.9g unsplit, %.9g split", cut, (double)l1, (double)l2);
-  assert_int_equal(ts_net_get_grads(&ref, 0, g1, P), 0);
-  assert_int_equal(ts_net_get_grads(&split, 0, g2, P), 0);
+  assert_int_equal(ts_seq_get_grads(&ref, 0, g1, P), 0);
+  assert_int_equal(ts_seq_get_grads(&split, 0, g2, P), 0);
   for (size_t t = 0; t < ref.desc.num_tensors; t++) {
     const ts_layer_tensor_t *tn = &ref.desc.tensors[t];
     if (memcmp(g1 + tn->offset, g2 + tn->offset, tn->count * sizeof(float)) != 0)
@@ -304,28 +304,28 @@ static void check_split(const ts_layer_spec_t *s, size_t n, ts_layer_shape_t in,
   float *xe = rand_floats(3 * BATCH * dim, 0.0, 1.0);
   int32_t ye[3 * BATCH];
   for (size_t i = 0; i < 3 * BATCH; i++) ye[i] = (int32_t)((i * 7) % ref.desc.classes);
-  assert_int_equal(ts_net_evaluate(&ref, xe, ye, 3 * BATCH - 1, &a1, &e1), 0);
-  assert_int_equal(ts_net_evaluate(&split, xe, ye, 3 * BATCH - 1, &a2, &e2), 0);
+  assert_int_equal(ts_seq_evaluate(&ref, xe, ye, 3 * BATCH - 1, &a1, &e1), 0);
+  assert_int_equal(ts_seq_evaluate(&split, xe, ye, 3 * BATCH - 1, &a2, &e2), 0);
   assert_true(a1 == a2);
   assert_true(e1 == e2);
   /* The flat layout read back across the segments, also from a range that straddles them. */
-  assert_int_equal(ts_net_get_params(&split, 0, p2, P), 0);
+  assert_int_equal(ts_seq_get_params(&split, 0, p2, P), 0);
   assert_memory_equal(p1, p2, P * sizeof *p1);
   if (P > 4) {
     memset(p2, 0, P * sizeof *p2);
-    assert_int_equal(ts_net_get_params(&split, 1, p2 + 1, P - 2), 0);
+    assert_int_equal(ts_seq_get_params(&split, 1, p2 + 1, P - 2), 0);
     assert_memory_equal(p1 + 1, p2 + 1, (P - 2) * sizeof *p1);
   }
-  assert_int_equal(ts_net_get_params(&split, 1, p2, P), TS_EINVAL);
-  assert_int_equal(ts_net_set_params(&split, P + 1, p1, 0), TS_EINVAL);
+  assert_int_equal(ts_seq_get_params(&split, 1, p2, P), TS_EINVAL);
+  assert_int_equal(ts_seq_set_params(&split, P + 1, p1, 0), TS_EINVAL);
   ts_free(xe);
   ts_free(x);
   ts_free(p1);
   ts_free(p2);
   ts_free(g1);
   ts_free(g2);
-  ts_net_destroy(&ref);
-  ts_net_destroy(&split);
+  ts_seq_destroy(&ref);
+  ts_seq_destroy(&split);
   /* Every buffer freed by the table that allocated it. */
   assert_int_equal(reg_a.n, 0);
   assert_int_equal(reg_b.n, 0);
@@ -361,7 +361,7 @@ static void test_lenet_split(void **state) {
   check_split(s, 8, in, "AAAAAABB", true);  /* into a dropout layer */
 }
 
-/* Refused: a NULL table, more segments than TS_NET_SEGMENTS_MAX. */
+/* Refused: a NULL table, more segments than TS_SEQ_SEGMENTS_MAX. */
 static void test_split_errors(void **state) {
   (void)state;
   ts_layer_spec_t s[12];
@@ -371,22 +371,22 @@ static void test_split_errors(void **state) {
     lk[i] = i % 2 ? &table_b : &table_a;
   }
   char err[256] = "";
-  ts_net_t net;
+  ts_seq_t net;
   ts_layer_shape_t in = {1, 1, 4};
-  assert_int_equal(ts_net_init_split(&net, s, 12, in, 4, lk, err, sizeof err), TS_EINVAL);
+  assert_int_equal(ts_seq_init_split(&net, s, 12, in, 4, lk, err, sizeof err), TS_EINVAL);
   assert_non_null(strstr(err, "starts a segment past the 8 a model may have"));
   lk[3] = NULL;
-  assert_int_equal(ts_net_init_split(&net, s, 12, in, 4, lk, err, sizeof err), TS_EINVAL);
+  assert_int_equal(ts_seq_init_split(&net, s, 12, in, 4, lk, err, sizeof err), TS_EINVAL);
   assert_non_null(strstr(err, "no kernels for layer 4 'fc4'"));
   assert_int_equal(reg_a.n + reg_b.n, 0);
   /* Every allocation failing in turn: an error, nothing left on either table. */
   for (size_t i = 0; i < 12; i++) lk[i] = i < 6 ? &table_a : &table_b;
   for (long fail = 1;; fail++) {
     ts_alloc_fail_after(fail);
-    int rc = ts_net_init_split(&net, s, 12, in, 4, lk, err, sizeof err);
+    int rc = ts_seq_init_split(&net, s, 12, in, 4, lk, err, sizeof err);
     ts_alloc_fail_after(0);
     if (rc == 0) {
-      ts_net_destroy(&net);
+      ts_seq_destroy(&net);
       break;
     }
     assert_int_equal(rc, TS_ENOMEM);
@@ -415,9 +415,12 @@ static void test_split_towers(void **state) {
   assert_false(tw.zero_copy);
   assert_int_equal(tw.reduce, TS_TOWERS_REDUCE_PINNED);
   assert_true(ts_model_is_split(&tw.models[1]));
-  assert_ptr_equal(tw.models[1].net->seg[1].kernels, CPU);
+  /* White-box: a layer list's engine state is its network (worker/ts_model_seq.c). */
+  assert_ptr_equal(((const ts_seq_t *)tw.models[1].impl)->seg[1].kernels, CPU);
   ts_model_t one;
   assert_int_equal(ts_model_init_net(&one, s, 5, in, batch, CPU, err, sizeof err), 0);
+  assert_string_equal(ts_model_engine_name(&one), "layers");
+  assert_false(ts_model_is_split(&one));
   assert_int_equal(ts_model_init_params(&one, 2), 0);
   float *x = rand_floats(batch * dim, -1.0, 1.0);
   int32_t y[8];

@@ -75,35 +75,35 @@ _Static_assert(sizeof(ts_activation_t) == sizeof(int), "enum fields must be int-
 /* Shorthand for the common entries; the unusual ones below are spelt out. */
 #define HOSTS(key, field, count, lo, dflt, text)                                              \
   {                                                                                           \
-    .name = key, .type = TS_CT_STRINGS, .offset = FIELD(field), .count_offset = FIELD(count), \
+    .name = key, .type = TS_CT_STRINGS, .offset = FIELD(field), .member = #field, .count_offset = FIELD(count), \
     .min_len = lo, .max_len = TS_CONFIG_MAX_HOSTS, .check = check_address,                    \
     .check_doc = "host:port", .def = dflt, .doc = text                                        \
   }
 #define INT(key, field, lo, hi, dflt, text)                                                      \
   {                                                                                              \
-    .name = key, .type = TS_CT_INT, .offset = FIELD(field), .imin = lo, .imax = hi, .def = dflt, \
+    .name = key, .type = TS_CT_INT, .offset = FIELD(field), .member = #field, .imin = lo, .imax = hi, .def = dflt, \
     .doc = text                                                                                  \
   }
 #define INT64(key, field, lo, hi, dflt, text)                                                      \
   {                                                                                                \
-    .name = key, .type = TS_CT_INT64, .offset = FIELD(field), .imin = lo, .imax = hi, .def = dflt, \
+    .name = key, .type = TS_CT_INT64, .offset = FIELD(field), .member = #field, .imin = lo, .imax = hi, .def = dflt, \
     .doc = text                                                                                    \
   }
 #define FLOAT(key, field, lo, hi, fl, dflt, text)                                                  \
   {                                                                                                \
-    .name = key, .type = TS_CT_FLOAT, .offset = FIELD(field), .fmin = lo, .fmax = hi, .flags = fl, \
+    .name = key, .type = TS_CT_FLOAT, .offset = FIELD(field), .member = #field, .fmin = lo, .fmax = hi, .flags = fl, \
     .def = dflt, .doc = text                                                                       \
   }
 #define BOOL(key, field, dflt, text) \
-  { .name = key, .type = TS_CT_BOOL, .offset = FIELD(field), .def = dflt, .doc = text }
+  { .name = key, .type = TS_CT_BOOL, .offset = FIELD(field), .member = #field, .def = dflt, .doc = text }
 #define STRING(key, field, lo, hi, dflt, text)                                               \
   {                                                                                          \
-    .name = key, .type = TS_CT_STRING, .offset = FIELD(field), .min_len = lo, .max_len = hi, \
+    .name = key, .type = TS_CT_STRING, .offset = FIELD(field), .member = #field, .min_len = lo, .max_len = hi, \
     .def = dflt, .doc = text                                                                 \
   }
 #define ENUM(key, field, names, values, dflt, text)                            \
   {                                                                            \
-    .name = key, .type = TS_CT_ENUM, .offset = FIELD(field), .choices = names, \
+    .name = key, .type = TS_CT_ENUM, .offset = FIELD(field), .member = #field, .choices = names, \
     .choice_values = values, .def = dflt, .doc = text                          \
   }
 
@@ -151,6 +151,7 @@ const ts_config_def_t ts_config_defs[] = {
     {.name = "job.partition_bytes",
      .type = TS_CT_INT64,
      .offset = FIELD(partition_bytes),
+     .member = "partition_bytes",
      .imin = 4,
      .imax = GIB,
      .multiple = 4,
@@ -305,6 +306,7 @@ const ts_config_def_t ts_config_defs[] = {
     {.name = "model.layers",
      .type = TS_CT_LAYERS,
      .offset = FIELD(layers),
+     .member = "layers",
      .count_offset = FIELD(num_layers),
      .imin = 1,
      .imax = 1048576,
@@ -329,6 +331,7 @@ const ts_config_def_t ts_config_defs[] = {
     {.name = "data.format",
      .type = TS_CT_STRING,
      .offset = FIELD(data_format),
+     .member = "data_format",
      .min_len = 1,
      .max_len = 16,
      .choices = format_names,
@@ -385,6 +388,7 @@ const ts_config_def_t ts_config_defs[] = {
     {.name = "device.placement",
      .type = TS_CT_STRING,
      .offset = FIELD(placement),
+     .member = "placement",
      .min_len = 0,
      .max_len = 255,
      .check = check_device,
@@ -398,6 +402,7 @@ const ts_config_def_t ts_config_defs[] = {
     {.name = "device.rules",
      .type = TS_CT_STRINGS,
      .offset = FIELD(placement_rules),
+     .member = "placement_rules",
      .count_offset = FIELD(num_placement_rules),
      .min_len = 0,
      .max_len = 64,
@@ -455,6 +460,7 @@ const ts_config_def_t ts_config_defs[] = {
     {.name = "checkpoint.restore_from",
      .type = TS_CT_STRINGS,
      .offset = FIELD(checkpoint_restore_from),
+     .member = "checkpoint_restore_from",
      .count_offset = FIELD(num_checkpoint_restore_from),
      .min_len = 0,
      .max_len = TS_CONFIG_MAX_HOSTS,

@@ -196,4 +196,38 @@ const char *ts_decay_name(ts_decay_t decay);
  * from the table, to f. docs/configuration.md is made from it. */
 void ts_config_write_reference(FILE *f);
 
+/* Every key's value, read generically from the key table (the Python package builds its Job
+ * from these, so a new key needs no code there). */
+typedef enum {
+  TS_CONFIG_VALUE_BOOL,    /* b */
+  TS_CONFIG_VALUE_INT,     /* i (int and int64 keys) */
+  TS_CONFIG_VALUE_FLOAT,   /* f */
+  TS_CONFIG_VALUE_STRING,  /* s, never NULL ("" for unset); enums give their spelling */
+  TS_CONFIG_VALUE_STRINGS, /* strs[0..n) */
+  TS_CONFIG_VALUE_INTS,    /* ints[0..n) (model.layers: the widths) */
+} ts_config_value_kind_t;
+
+typedef struct {
+  const char *key;   /* "train.batch_size" */
+  const char *field; /* "batch_size": the ts_config_t member, and Python's Job attribute */
+  const char *doc;   /* the reference's text for the key */
+  ts_config_value_kind_t kind;
+  bool b;
+  int64_t i;
+  double f;
+  const char *s;
+  char *const *strs;
+  const int *ints;
+  size_t n;
+} ts_config_value_t;
+
+/* How many keys the table has; key i's value in cfg (i < ts_config_num_keys()). Pointers
+ * in *out point into cfg or the table: valid while cfg is. */
+size_t ts_config_num_keys(void);
+void ts_config_value(const ts_config_t *cfg, size_t i, ts_config_value_t *out);
+
+/* Write the Python module of the job's keys (python/src/tessera/_job_keys.py: a frozen
+ * dataclass with one typed field per key), generated from the table, to f. */
+void ts_config_write_python(FILE *f);
+
 #endif

@@ -50,6 +50,7 @@ typedef struct {
   const char *name; /* dotted key, "section.key" */
   ts_config_type_t type;
   size_t offset;              /* target field in ts_config_t */
+  const char *member;         /* its name ("batch_size"): Python's Job calls the key so */
   size_t count_offset;        /* TS_CT_STRINGS, TS_CT_INTS: the size_t element count */
   int64_t imin, imax;         /* TS_CT_INT, TS_CT_INT64, TS_CT_INTS (each element) */
   int64_t multiple;           /* integers: the value must be a multiple of this (0 = any) */

@@ -142,3 +142,51 @@ void ts_config_write_reference(FILE *f) {
       "  `cluster.workers`.\n",
       f);
 }
+
+/* --- the Python module ------------------------------------------------------------------ */
+
+static const char *python_type(const ts_config_def_t *d) {
+  switch (d->type) {
+    case TS_CT_BOOL:
+      return "bool";
+    case TS_CT_INT:
+    case TS_CT_INT64:
+      return "int";
+    case TS_CT_FLOAT:
+      return "float";
+    case TS_CT_STRING:
+    case TS_CT_ENUM:
+      return "str";
+    case TS_CT_STRINGS:
+      return "List[str]";
+    case TS_CT_INTS:
+    case TS_CT_LAYERS:
+      return "List[int]";
+  }
+  return "object";
+}
+
+void ts_config_write_python(FILE *f) {
+  fputs("# Generated from the key table (config/ts_config.c) by\n"
+        "#   build/config/ts-config-reference --python > python/src/tessera/_job_keys.py\n"
+        "# Do not edit: the config_python unit test fails while this file is not what the table\n"
+        "# makes.\n"
+        "\"\"\"Every key of a job file, one typed field each (docs/configuration.md).\"\"\"\n"
+        "from __future__ import annotations\n\n"
+        "from dataclasses import dataclass\n"
+        "from typing import Dict, List\n\n"
+        "#: key of a job file -> the field of JobKeys that holds its value\n"
+        "KEYS: Dict[str, str] = {\n",
+        f);
+  for (size_t i = 0; i < ts_config_ndefs; i++)
+    fprintf(f, "    \"%s\": \"%s\",\n", ts_config_defs[i].name, ts_config_defs[i].member);
+  fputs("}\n\n\n"
+        "@dataclass(frozen=True)\n"
+        "class JobKeys:\n"
+        "    \"\"\"The value of every key of a loaded job, under its field name (the key's\n"
+        "    last part, or the name KEYS gives).\"\"\"\n\n",
+        f);
+  for (size_t i = 0; i < ts_config_ndefs; i++)
+    fprintf(f, "    %s: %s  #: %s\n", ts_config_defs[i].member, python_type(&ts_config_defs[i]),
+            ts_config_defs[i].name);
+}

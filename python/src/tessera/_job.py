@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 from . import _client
 
@@ -63,12 +63,32 @@ class Job:
         return len(self.workers)
 
 
-def load_job(path: Optional[str] = None, overrides: Sequence[str] = (),
+def load_job(path: Optional[Union[str, "os.PathLike[str]"]] = None, overrides: Sequence[str] = (),
              tf_config: Optional[str] = None, use_env: bool = True) -> Job:
-    """Load a job: defaults, then the file ``path`` (None: none), then TF_CONFIG
-    (``tf_config``, or the environment's when ``use_env`` and tf_config is None), then each
-    ``"KEY=VALUE"`` override in order. Raises ConfigError with the loader's message
-    ("job.cfg:12: job.mode: must be one of ...")."""
+    """Load a job as ps-worker does: the defaults, then the file, then TF_CONFIG, then each
+    override in order.
+
+    Parameters
+    ----------
+    path : str or os.PathLike, optional
+        The job file (None: none, the defaults and TF_CONFIG only).
+    overrides : sequence of str, default ()
+        ``"KEY=VALUE"`` overrides, as ``--set``.
+    tf_config : str, optional
+        A TF_CONFIG JSON text (default: the environment's, when ``use_env``).
+    use_env : bool, default True
+        Read TF_CONFIG from the environment when ``tf_config`` is None.
+
+    Returns
+    -------
+    Job
+        Every key's value, and this process's identity from TF_CONFIG.
+
+    Raises
+    ------
+    ConfigError
+        With the loader's message ("job.cfg:12: job.mode: must be one of ...").
+    """
     if tf_config is None and use_env:
         tf_config = os.environ.get("TF_CONFIG")
     d = _client.load_config(None if path is None else os.fspath(path), tf_config,

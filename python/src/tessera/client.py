@@ -14,7 +14,8 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, TypeVar,
+                    Union, overload)
 
 import numpy as np
 
@@ -44,6 +45,8 @@ _LEVELS = {
 
 Shape = Tuple[int, ...]
 Arrays = Union[Mapping[str, np.ndarray], Sequence[np.ndarray]]
+#: the type of a destination, which a pull returns filled
+A = TypeVar("A", bound=Arrays)
 
 
 @dataclass(frozen=True)
@@ -214,28 +217,47 @@ def _sigint_unhandled() -> bool:
 class Client:
     """Connections to every shard of a Tessera job, and the declared model.
 
-    Args:
-        config: a job file (libconfig, docs/configuration.md). Its ``cluster.ps`` names the
-            shards; ``auth.token_file``, ``job.busy_poll_us``, ``job.heartbeat_*`` and
-            ``model.seed`` apply unless given here. TF_CONFIG, when set, applies on top of
-            it as it does for ps-worker.
-        cluster: the shards' "host:port" addresses, in shard order (instead of a file).
-            With neither, the cluster comes from TF_CONFIG (the ``ps`` list; ``task.index``
-            of a ``worker`` task gives ``task``).
-        task: this worker's index (default: TF_CONFIG's, else 0).
-        token_file: the shared token (default: the job's ``auth.token_file``, or
-            ``auth.admin_token_file`` for an admin client).
-        admin: connect in the admin role (status of every worker, checkpoint, shutdown).
-        timeout: default deadline of every request, in seconds: a request that a shard does
-            not answer in time raises DeadlineExceeded (an Unavailable).
-        connect_timeout: how long opening waits for the shards (default min(timeout, 30)).
-        overrides: ``"KEY=VALUE"`` overrides of the job file, as ps-worker's ``--set``.
-        require_all: fail unless every shard answers the handshake (default True).
-        busy_poll_us, heartbeat_interval, heartbeat_timeout: the job's by default.
-        identity: free text for the shards' logs (default "python task T pid P@host").
-
     The library's diagnostics go to the ``logging`` logger "tessera". Use the client as a
     context manager, or call ``close()``.
+
+    Parameters
+    ----------
+    config : str or os.PathLike, optional
+        A job file (libconfig, docs/configuration.md). Its ``cluster.ps`` names the shards;
+        ``auth.token_file``, ``job.busy_poll_us``, ``job.heartbeat_*`` and ``model.seed``
+        apply unless given here. TF_CONFIG, when set, applies on top of it as it does for
+        ps-worker.
+    cluster : sequence of str, optional
+        The shards' "host:port" addresses, in shard order (instead of a file). With
+        neither, the cluster comes from TF_CONFIG (the ``ps`` list; ``task.index`` of a
+        ``worker`` task gives ``task``).
+    task : int, optional
+        This worker's index (default: TF_CONFIG's, else 0).
+    token_file : str, optional
+        The shared token (default: the job's ``auth.token_file``, or
+        ``auth.admin_token_file`` for an admin client).
+    admin : bool, default False
+        Connect in the admin role (status of every worker, checkpoint, shutdown).
+    timeout : float, default 60.0
+        Default deadline of every request, in seconds: a request that a shard does not
+        answer in time raises DeadlineExceeded (an Unavailable).
+    connect_timeout : float, optional
+        How long opening waits for the shards (default min(timeout, 30)).
+    overrides : sequence of str, default ()
+        ``"KEY=VALUE"`` overrides of the job file, as ps-worker's ``--set``.
+    require_all : bool, default True
+        Fail unless every shard answers the handshake.
+    busy_poll_us, heartbeat_interval, heartbeat_timeout : optional
+        The job's by default.
+    identity : str, optional
+        Free text for the shards' logs (default "python task T pid P@host").
+
+    Raises
+    ------
+    ConfigError
+        The job file, an override or TF_CONFIG is invalid, or the shards run another job.
+    Unavailable, AuthError
+        The shards do not answer within ``connect_timeout``, or refuse the token.
     """
 
     def __init__(self, config: Optional[Union[str, os.PathLike]] = None, *,
@@ -260,7 +282,11 @@ class Client:
         elif overrides:
             raise ValueError("overrides apply to a job file: give config= as well")
         job = self.job
-        addrs = [str(a) for a in cluster] if cluster is not None else list(job.ps)
+        if cluster is not None:
+            addrs = [str(a) for a in cluster]
+        else:
+            assert job is not None  # a job file or TF_CONFIG gave the cluster
+            addrs = list(job.ps)
         if task is None:
             task = job.task_index if job and job.task_index >= 0 and job.task_role != "ps" else 0
         if token_file is None and job is not None:
@@ -392,23 +418,48 @@ class Client:
                 wait: Optional[float] = None) -> Dict[str, np.ndarray]:
         """Declare the model: the same tensors, in the same (dict) order, on every worker.
 
-        Each value is an array (its shape is taken), a shape, or a Tensor(shape, init,
-        kind). ``init`` sets the initialisation of every tensor ("glorot", "zeros", "ones")
-        or, as a dict, of some; by default glorot for rank >= 2 and zeros for rank 1.
-        ``seed`` defaults to the job's model.seed (0 without a job file).
+        When the shards hold the model already (trained before, or restored from a
+        checkpoint) its values stay: ``values_source`` says which won ("this worker", "the
+        chief", "the shards"), and the returned arrays hold them.
 
-        ``values`` (name -> array, every tensor): the model's own initial values, as
-        TensorFlow's chief initialises the variables. The chief (``chief``, default: task 0)
-        sends them when the shards' model is new; every other worker waits (up to ``wait``
-        seconds, default the client's timeout) until the chief has, and all then start from
-        the chief's values. When the shards hold the model already (trained before, or
-        restored from a checkpoint) its values stay: ``values_source`` says which won
-        ("this worker", "the chief", "the shards"), and the returned arrays hold them.
+        Parameters
+        ----------
+        model : dict of str to ndarray, shape, int or Tensor
+            Each tensor: an array (its shape is taken), a shape, or a Tensor(shape, init,
+            kind).
+        seed : int, optional
+            Seed of the shards' initialisation (default: the job's model.seed, 0 without a
+            job file).
+        init : str or dict of str to str, optional
+            The initialisation of every tensor ("glorot", "zeros", "ones") or, as a dict, of
+            some; by default glorot for rank >= 2 and zeros for rank 1.
+        values : dict of str to ndarray, optional
+            The model's own initial values (every tensor), as TensorFlow's chief
+            initialises the variables. The chief sends them when the shards' model is new;
+            every other worker waits until it has, and all then start from them.
+        chief : bool, optional
+            Whether this worker sends ``values`` (default: task 0 does).
+        wait : float, optional
+            How long a worker other than the chief waits for the chief's values, in seconds
+            (default: the client's timeout).
 
-        Returns a dict name -> float32 array to pull into: the given array itself where it
-        is a writable C-contiguous float32 ndarray, else a new zero-filled one (with
-        ``values``, filled with the job's initial values). Raises ShapeError when the job
-        already holds a tensor of that name with another shape.
+        Returns
+        -------
+        dict of str to ndarray
+            float32 arrays to pull into: the given array itself where it is a writable
+            C-contiguous float32 ndarray, else a new one (zeros, or with ``values`` the
+            job's initial values).
+
+        Raises
+        ------
+        ShapeError
+            The job already holds a tensor of that name with another shape, or a value has
+            the wrong size.
+        UnknownTensor
+            ``init`` or ``values`` names a tensor that is not in the model, or ``values``
+            misses one.
+        DeadlineExceeded
+            The chief's values did not come within ``wait``.
         """
         specs: List[Tuple[str, Tensor]] = []
         if isinstance(init, Mapping) and set(init) - set(model):
@@ -501,13 +552,32 @@ class Client:
 
     def assign(self, values: Arrays, *, initial: bool = False,
                timeout: Optional[float] = None) -> "PushResult":
-        """Replace the shards' values of the given tensors (dict name -> array, or a list
-        of one per declared tensor) with these: restore-best-weights, set_weights, loading
-        weights to fine-tune. The optimizer state and the versions stay. In sync mode a
-        partition whose step is open (some worker has pushed its gradient for it) refuses:
-        raises Busy, with the partitions that took the values changed; assign between
-        steps (e.g. from one worker after fit). ``initial``: only where the shards still
-        wait for the model's initial values (declare's ``values``)."""
+        """Replace the shards' values of the given tensors with these.
+
+        For restore-best-weights, set_weights, loading weights to fine-tune. The optimizer
+        state and the versions stay. Assign between steps (e.g. from one worker after fit).
+
+        Parameters
+        ----------
+        values : dict of str to ndarray, or sequence of ndarray
+            The values: a dict name -> array, or one array per declared tensor.
+        initial : bool, default False
+            Only where the shards still wait for the model's initial values (declare's
+            ``values``).
+        timeout : float, optional
+            This request's deadline in seconds (default: the client's).
+
+        Returns
+        -------
+        PushResult
+            How many partitions took the values.
+
+        Raises
+        ------
+        Busy
+            Sync mode: a partition whose step is open (some worker has pushed its gradient
+            for it) refused; the partitions that took the values are changed.
+        """
         idx, arrs = self._select(values, "value", False)
         kind = _client.ASSIGN_INITIAL if initial else _client.ASSIGN
         req = self._live().submit(kind, idx, arrs, None, 0, 0, self._clock,
@@ -573,17 +643,51 @@ class Client:
     def _timeout(self, timeout: Optional[float]) -> float:
         return 0.0 if timeout is None else float(timeout)
 
+    @overload
+    def pull(self, into: None = None, *, wait: Literal[True] = True,
+             min_version: Optional[int] = None,
+             timeout: Optional[float] = None) -> Dict[str, np.ndarray]: ...
+
+    @overload
+    def pull(self, into: A, *, wait: Literal[True] = True, min_version: Optional[int] = None,
+             timeout: Optional[float] = None) -> A: ...
+
+    @overload
+    def pull(self, into: Optional[Arrays] = None, *, wait: Literal[False],
+             min_version: Optional[int] = None, timeout: Optional[float] = None) -> Request: ...
+
     def pull(self, into: Optional[Arrays] = None, *, wait: bool = True,
              min_version: Optional[int] = None, timeout: Optional[float] = None) -> Any:
-        """Read parameters into the arrays of ``into``: a dict name -> array (those
-        tensors), or a list of one array per declared tensor, in order; None: new arrays
-        of every tensor (returned as a dict). Sync mode waits for the next version of each
-        shard (the step after the one last pulled); async and ssp take what is there.
+        """Read the parameters into the caller's arrays.
 
-        Returns ``into`` (filled), or with ``wait=False`` a Request whose ``wait()`` does.
-        ``min_version``: wait until every partition pulled is at least this version
-        (overrides the mode's rule; 0 = take what is there). ``timeout``: this request's
-        deadline (default: the client's).
+        Sync mode waits for the next version of each shard (the step after the one last
+        pulled); async and ssp take what is there.
+
+        Parameters
+        ----------
+        into : dict of str to ndarray, or sequence of ndarray, optional
+            The destination: a dict name -> array (those tensors), or one array per
+            declared tensor in order; each float32, C-contiguous and writable, of the
+            tensor's element count. None: new arrays of every tensor.
+        wait : bool, default True
+            False: return at once with a Request whose ``wait()`` returns the result.
+        min_version : int, optional
+            Wait until every partition pulled is at least this version (overrides the
+            mode's rule; 0 = take what is there).
+        timeout : float, optional
+            This request's deadline in seconds (default: the client's).
+
+        Returns
+        -------
+        dict of str to ndarray, or sequence of ndarray, or Request
+            ``into`` filled (a new dict when ``into`` was None), or the Request.
+
+        Raises
+        ------
+        ShapeError, UnknownTensor
+            An array of the wrong size or dtype, or a name not declared.
+        DeadlineExceeded
+            A shard did not answer within the deadline.
         """
         if into is None:
             into = self.zeros()
@@ -595,14 +699,46 @@ class Client:
         r = Request(req, _client.PULL, into, self)
         return r.wait() if wait else r
 
+    @overload
+    def push(self, grads: Arrays, *, wait: Literal[True] = True, step: Optional[int] = None,
+             timeout: Optional[float] = None) -> PushResult: ...
+
+    @overload
+    def push(self, grads: Arrays, *, wait: Literal[False], step: Optional[int] = None,
+             timeout: Optional[float] = None) -> Request: ...
+
     def push(self, grads: Arrays, *, wait: bool = True, step: Optional[int] = None,
              timeout: Optional[float] = None) -> Any:
-        """Send gradients from the arrays of ``grads`` (dict name -> array, or a list of
-        one per declared tensor). Sync mode tags each shard's push with the version last
-        pulled from it (the barrier of that step counts it); async and ssp tag it with
-        ``clock`` (or ``step``). Returns a PushResult, or with ``wait=False`` a Request; do
-        not change the arrays until it is done. Several pushes in flight (one per tensor,
-        as backpropagation produces them) are applied in submission order on every shard.
+        """Send gradients to the shards.
+
+        Sync mode tags each shard's push with the version last pulled from it (the barrier
+        of that step counts it); async and ssp tag it with ``clock``. Several pushes in
+        flight (one per tensor, as backpropagation produces them) are applied in
+        submission order on every shard.
+
+        Parameters
+        ----------
+        grads : dict of str to ndarray, or sequence of ndarray
+            The gradients: a dict name -> array, or one array per declared tensor; float32,
+            C-contiguous. Do not change them until the push is done.
+        wait : bool, default True
+            False: return at once with a Request.
+        step : int, optional
+            The step to tag the push with instead of the mode's rule.
+        timeout : float, optional
+            This request's deadline in seconds (default: the client's).
+
+        Returns
+        -------
+        PushResult or Request
+            What the shards did with each partition, or the Request.
+
+        Raises
+        ------
+        ShapeError, UnknownTensor
+            An array of the wrong size or dtype, or a name not declared.
+        NonFiniteGradient
+            A gradient held NaN or Inf (the shards refused it).
         """
         idx, arrs = self._select(grads, "gradient", False)
         with self._lock:
@@ -614,21 +750,55 @@ class Client:
         r = Request(req, _client.PUSH, None, self)
         return r.wait() if wait else r
 
+    @overload
+    def push_pull(self, grads: Arrays, into: Arrays, *, wait: Literal[True] = True,
+                  step: Optional[int] = None, min_version: Optional[int] = None,
+                  timeout: Optional[float] = None) -> PushResult: ...
+
+    @overload
+    def push_pull(self, grads: Arrays, into: Arrays, *, wait: Literal[False],
+                  step: Optional[int] = None, min_version: Optional[int] = None,
+                  timeout: Optional[float] = None) -> Request: ...
+
     def push_pull(self, grads: Arrays, into: Arrays, *, wait: bool = True,
                   step: Optional[int] = None, min_version: Optional[int] = None,
                   timeout: Optional[float] = None) -> Any:
-        """Push ``grads`` and pull the next parameters into ``into`` in one round trip
-        (each shard applies the push before it answers the pull; sync: waits for the
-        version the push takes part in). ``grads`` and ``into`` must cover the same
-        tensors and must not share memory. Returns a PushResult (its ``version`` is the
-        pulled one), or with ``wait=False`` a Request.
+        """Push gradients and pull the next parameters in one round trip.
 
-        ``step`` and ``min_version`` as in ``push`` and ``pull``. By default sync mode tags
-        the push with the version last pulled from each shard and waits for the next one;
-        a caller with several push_pulls of one step in flight (one per bucket of
-        tensors) passes both itself (``step=v, min_version=v + 1``, ``v`` the version its
-        parameters of those tensors came from), since an earlier bucket's reply may move
-        what was last pulled before a later bucket is sent."""
+        Each shard applies the push before it answers the pull; in sync mode the pull
+        waits for the version the push takes part in. By default sync mode tags the push
+        with the version last pulled from each shard and waits for the next one; a caller
+        with several push_pulls of one step in flight (one per bucket of tensors) passes
+        both itself (``step=v, min_version=v + 1``, ``v`` the version its parameters of
+        those tensors came from), since an earlier bucket's reply may move what was last
+        pulled before a later bucket is sent.
+
+        Parameters
+        ----------
+        grads : dict of str to ndarray, or sequence of ndarray
+            The gradients, as for ``push``.
+        into : dict of str to ndarray, or sequence of ndarray
+            The destination, as for ``pull``: the same tensors as ``grads``, and no memory
+            shared with them.
+        wait : bool, default True
+            False: return at once with a Request.
+        step, min_version : int, optional
+            As in ``push`` and ``pull``.
+        timeout : float, optional
+            This request's deadline in seconds (default: the client's).
+
+        Returns
+        -------
+        PushResult or Request
+            The push's outcome (its ``version`` is the one pulled), or the Request.
+
+        Raises
+        ------
+        ValueError
+            ``grads`` and ``into`` name different tensors.
+        ShapeError, UnknownTensor, NonFiniteGradient, DeadlineExceeded
+            As for ``push`` and ``pull``.
+        """
         gidx, garrs = self._select(grads, "gradient", False)
         didx, darrs = self._select(into, "destination", True)
         if gidx != didx:

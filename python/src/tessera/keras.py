@@ -87,13 +87,39 @@ _INERT_ERROR = ("tessera.keras.Optimizer: this optimizer was rebuilt from a save
 class Optimizer(keras.optimizers.Optimizer):
     """A Keras optimizer whose update runs on Tessera shards.
 
-    ``client``: a connected ``tessera.Client`` (the optimizer does not close it), or a job
-    file path (then ``task``, ``overrides`` and the other keyword arguments go to
-    ``tessera.Client``, and the optimizer owns and closes the client: ``close()``).
+    Parameters
+    ----------
+    client : tessera.Client, str, os.PathLike or None
+        A connected ``tessera.Client`` (the optimizer does not close it), or a job file
+        path (then ``task``, ``overrides`` and the other keyword arguments go to
+        ``tessera.Client``, and the optimizer owns and closes the client: ``close()``), or
+        None for an inert optimizer (below).
+    task : int, optional
+        This worker's task, with a job file.
+    overrides : sequence of str, default ()
+        ``"KEY=VALUE"`` overrides of the job file.
+    bucket_bytes : int, optional
+        The variables' gradients go in buckets of consecutive variables of at least this
+        many bytes, one ``push_pull`` each (default: see ``buckets``).
+    name : str, default "tessera"
+        The optimizer's Keras name.
+    model : keras.Model, optional
+        The model it trains (default: found from its variables), whose non-trainable
+        float variables (BatchNorm's moving statistics) are kept on the shards as state.
+    state_every : int, optional
+        Steps between pushes of the state (default: the job's train.state_every).
+    **client_kwargs
+        More ``tessera.Client`` arguments, with a job file.
 
-    ``bucket_bytes``: the variables' gradients go in buckets of consecutive variables of
-    at least this many bytes, one ``push_pull`` each (default: see ``buckets``).
+    Raises
+    ------
+    ValueError
+        ``bucket_bytes`` or ``state_every`` is not positive.
+    TypeError
+        Client arguments given with a Client or with None.
 
+    Notes
+    -----
     ``client=None`` makes an inert optimizer, what ``from_config`` (``load_model``,
     ``clone_model``) rebuilds: no client and no connection; ``build`` declares nothing,
     and training (``apply``), ``pull`` and ``finish`` raise RuntimeError. The saved config
@@ -373,7 +399,13 @@ class Optimizer(keras.optimizers.Optimizer):
         the names assigned ([] when nothing changed). ``ProgressCallback`` calls it at the
         start and end of ``fit`` and ``finish`` calls it; call it after changing weights
         by hand. In sync mode, do it between steps (after ``fit``) from one worker or
-        from all with the same values."""
+        from all with the same values.
+
+        Returns
+        -------
+        list of str
+            The tensors assigned ([] when nothing changed).
+        """
         if not self.built:
             return []
         every = self._declared_variables()
@@ -516,13 +548,40 @@ def buckets(sizes: Sequence[int], bucket_bytes: Optional[int] = None) -> List[Li
 
 def optimizer(config: Union[str, os.PathLike], task: Optional[int] = None, *,
               overrides: Sequence[str] = (), **client_kwargs: Any) -> Optimizer:
-    """``Optimizer`` over a new ``tessera.Client(config, task=task, overrides=...)``."""
+    """An ``Optimizer`` over a new ``tessera.Client(config, task=task, overrides=...)``.
+
+    Parameters
+    ----------
+    config : str or os.PathLike
+        The job file.
+    task : int, optional
+        This worker's task (default: TF_CONFIG's, else 0).
+    overrides : sequence of str, default ()
+        ``"KEY=VALUE"`` overrides of the job file.
+    **client_kwargs
+        More ``tessera.Client`` arguments.
+
+    Returns
+    -------
+    Optimizer
+        It owns its client (``close()``).
+    """
     return Optimizer(config, task=task, overrides=overrides, **client_kwargs)
 
 
 class ProgressCallback(keras.callbacks.Callback):
     """Feeds the shards' status (``psctl status``) with the step, loss and examples/s, and
-    marks the worker done at the end of ``fit``."""
+    marks the worker done at the end of ``fit``.
+
+    Parameters
+    ----------
+    opt : Optimizer
+        The model's Tessera optimizer.
+    batch_size : int
+        Examples per step, for examples/s.
+    every : int, default 50
+        Steps between two progress reports.
+    """
 
     def __init__(self, opt: Optimizer, batch_size: int, every: int = 50):
         super().__init__()

@@ -155,7 +155,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   if (token_file != Py_None) {
     PyObject *b = PyUnicode_EncodeFSDefault(token_file);
     if (!b) goto fail;
-    j->token = ts_auth_read_token(PyBytes_AS_STRING(b), j->errmsg, sizeof j->errmsg);
+    j->token = ts_client_token_read(PyBytes_AS_STRING(b), j->errmsg, sizeof j->errmsg);
     Py_DECREF(b);
     if (!j->token) {
       raise_code(TS_CLIENT_ECONFIG, j->errmsg);

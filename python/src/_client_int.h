@@ -26,7 +26,6 @@
 
 #include <tessera/client.h>
 
-#include "ts_auth.h"
 #include "ts_config.h"
 #include "ts_config_job.h"
 

@@ -125,7 +125,7 @@ void job_free(job_t *j) {
   for (size_t i = 0; j->job_str && i < 2 * j->njob; i++) free(j->job_str[i]);
   free(j->job_str);
   free(j->job_kv);
-  if (j->token) ts_auth_free_token(j->token);
+  ts_client_token_free(j->token);
   for (size_t i = 0; i < j->ntensors; i++) {
     free(j->names ? j->names[i] : NULL);
     free(j->shapes ? j->shapes[i] : NULL);

@@ -77,6 +77,8 @@ extern "C" {
 #define TS_CLIENT_API
 #endif
 
+/* The version of this header: the one in the repository's VERSION file, which the build
+ * reads; a unit test (tests/unit/test_client_offline.c) checks that these agree with it. */
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1
 #define TESSERA_VERSION_PATCH 0

@@ -116,11 +116,15 @@ def main():
         if not e["file"].endswith(".c"):
             continue
         file = os.path.join(e["directory"], e["file"])
-        folder = folder_of(file, src, build)
-        unit = os.path.relpath(os.path.realpath(file), src).startswith("tests/unit/")
+        name = os.path.relpath(os.path.realpath(file), src)
+        # The layer is the folder of the target that compiles the file (its object's place
+        # in the build tree): the libFuzzer targets of tests/fuzz compile base/ and proto/
+        # files with their own include path.
+        output = os.path.join(e["directory"], e.get("output", e["file"]))
+        folder = folder_of(output if "output" in e else file, src, build)
+        unit = folder == "tests" and name.startswith("tests/unit/")
         if folder in NOT_LAYERS and not unit:
             continue
-        name = os.path.relpath(os.path.realpath(file), src)
         if folder not in table and not unit:
             failures.append(f"{name}: {folder}/ builds C code but has no row in the layer "
                             "table of docs/dev/ARCHITECTURE.md")

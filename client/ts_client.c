@@ -46,6 +46,17 @@ void ts_cl_err(char *errmsg, size_t errlen, const char *fmt, ...) {
   va_end(ap);
 }
 
+char *ts_client_token_read(const char *path, char *errmsg, size_t errlen) {
+  if (!path) {
+    ts_cl_err(errmsg, errlen, "no token file named");
+    return NULL;
+  }
+  char none[1]; /* errmsg may be NULL; ts_auth_read_token always writes its reason */
+  return ts_auth_read_token(path, errmsg ? errmsg : none, errmsg ? errlen : sizeof none);
+}
+
+void ts_client_token_free(char *token) { ts_auth_free_token(token); }
+
 void ts_client_opts_init(ts_client_opts_t *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);

@@ -5,7 +5,9 @@
  *   ts_client_link.c  a shard's connection state machine: connect, hello, handshake,
  *                     re-declare, backoff, liveness; decoding every reply.
  *   ts_client_ops.c   operations: a caller's request (an op) split into wire requests per
- *                     shard, their encoding and completion, deadlines, the client thread.
+ *                     shard, their encoding and completion, deadlines.
+ *   ts_client_thread.c  the client thread: its loop, timers and shutdown, ops handed in
+ *                     from the callers' threads and their waits for the results.
  *   ts_client.c       the public API: open/close, declare, submit/wait/run, admin, status.
  *
  * Threads: everything in an op, a shard and a wire request belongs to the client thread
@@ -251,6 +253,21 @@ void ts_cl_complete_req(ts_cl_wreq_t *r, int rc, const char *detail);
 ts_cl_wreq_t *ts_cl_take_pending(ts_cl_shard_t *sh, uint64_t id);
 ts_cl_wreq_t *ts_cl_find_pending(ts_cl_shard_t *sh, uint64_t id);
 void ts_cl_free_wreq(ts_cl_wreq_t *r);
+void ts_cl_free_op(ts_cl_op_t *op);
+/* Forget the failed pushes remembered for retries (closing the client). */
+void ts_cl_free_failed_pushes(ts_client_t *c);
+/* An op handed to the client thread: split it into wire requests and send them (or queue
+ * them for shards not ready); it completes as they are answered. */
+void ts_cl_start_op(ts_client_t *c, ts_cl_op_t *op);
+/* Abort every op in flight whose deadline is at or before now (loop time, ms) with
+ * TS_ETIMEDOUT, naming the shards that did not answer. */
+void ts_cl_expire_ops(ts_client_t *c, uint64_t now);
+/* Abort every op in flight with rc and msg (interrupt, close). */
+void ts_cl_abort_ops(ts_client_t *c, int rc, const char *msg);
+/* Complete an op handed over but never started (the client is stopping) with rc and msg. */
+void ts_cl_refuse_op(ts_client_t *c, ts_cl_op_t *op, int rc, const char *msg);
+
+/* ts_client_thread.c */
 /* Hand op to the client thread (fails with TS_ESHUTDOWN, op untouched, when stopping). */
 int ts_cl_enqueue(ts_client_t *c, ts_cl_op_t *op);
 /* Run an internal op and wait for it; errmsg gets its error. */
@@ -259,9 +276,6 @@ bool ts_cl_on_client_thread(ts_client_t *c);
 /* Wait (busy-polling first, per the options) until done(arg), which the client thread
  * makes true under c->mu with a broadcast of c->cv. */
 void ts_cl_wait_flag(ts_client_t *c, bool (*done)(void *), void *arg);
-void ts_cl_free_op(ts_cl_op_t *op);
-/* Forget the failed pushes remembered for retries (closing the client). */
-void ts_cl_free_failed_pushes(ts_client_t *c);
 void ts_cl_thread_main(void *arg);
 void ts_cl_on_wake(uv_async_t *a);
 void ts_cl_on_tick(uv_timer_t *t);

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "ts_alloc.h"
-#include "ts_auth.h"
 #include "ts_build_config.h"
 #include "tessera/client.h"
 #include "ts_config.h"
@@ -34,7 +33,7 @@ static int gather(cluster_view_t *v, double timeout) {
                       : cfg->token_file && *cfg->token_file          ? cfg->token_file
                                                                      : NULL;
   char *token = NULL;
-  if (tfile && !(token = ts_auth_read_token(tfile, err, sizeof err))) {
+  if (tfile && !(token = ts_client_token_read(tfile, err, sizeof err))) {
     fprintf(stderr, "psctl: %s\n", err);
     return TS_EXIT_CONFIG;
   }
@@ -53,7 +52,7 @@ static int gather(cluster_view_t *v, double timeout) {
   o.log = ts_log_forward;
   o.log_level = TS_CLIENT_LOG_DEBUG;
   int rc = ts_client_open(&v->client, &o, err, sizeof err);
-  ts_auth_free_token(token);
+  ts_client_token_free(token);
   if (rc < 0) {
     fprintf(stderr, "psctl: %s\n", err);
     return rc == TS_EINVAL ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;

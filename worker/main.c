@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include "ts_alloc.h"
-#include "ts_auth.h"
 #include "ts_cli.h"
 #include "tessera/client.h"
 #include "ts_config.h"
@@ -169,7 +168,7 @@ int main(int argc, char **argv) {
   ts_model_t *model = &towers.models[0];
   char device[64];
   ts_backend_device_name(&towers, device, sizeof device);
-  if (cfg.token_file && *cfg.token_file && !(token = ts_auth_read_token(cfg.token_file, err, sizeof err))) {
+  if (cfg.token_file && *cfg.token_file && !(token = ts_client_token_read(cfg.token_file, err, sizeof err))) {
     ts_log_err("%s", err);
     goto out;
   }
@@ -305,7 +304,7 @@ out:
   ts_towers_destroy(&towers);
   ts_dataset_free(&train);
   ts_dataset_free(&test);
-  ts_auth_free_token(token);
+  ts_client_token_free(token);
   ts_config_free(&cfg);
   return exit_code;
 }

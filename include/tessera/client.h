@@ -77,6 +77,8 @@ extern "C" {
 #define TS_CLIENT_API
 #endif
 
+/* The version of this header: the one in the repository's VERSION file, which the build
+ * reads; a unit test (tests/unit/test_client_offline.c) checks that these agree with it. */
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1
 #define TESSERA_VERSION_PATCH 0
@@ -148,7 +150,9 @@ typedef struct {
   bool admin;                    /* admin role (psctl) instead of worker (default false) */
   int task;                      /* worker index (ignored for admin; default 0) */
   const char *identity;          /* free text for logs (copied, cut to 127 bytes; may be NULL) */
-  const char *token;             /* shared secret for the handshake MAC; NULL = none */
+  const char *token;             /* shared secret for the handshake MAC (copied); NULL = none.
+                                    A token file (auth.token_file) is read with
+                                    ts_client_token_read */
   double connect_timeout_s;      /* ts_client_open waits this long for the shards (5) */
   double request_timeout_s;      /* default deadline of a request (60) */
   double heartbeat_interval_s;   /* 0 = no heartbeats (default 0) */
@@ -193,6 +197,17 @@ typedef struct ts_client_job_setting {
  * (A zeroed struct with only struct_size set means the same defaults: every 0 above stands
  * for its default.) */
 TS_CLIENT_API void ts_client_opts_init(ts_client_opts_t *opts);
+
+/* Read a token file (a job file's auth.token_file or auth.admin_token_file) for
+ * ts_client_opts_t.token: the file's content less trailing white space (spaces, tabs, line
+ * ends), which must be at least 16 bytes. Returns the token, to be freed with
+ * ts_client_token_free (once ts_client_open returned: the client keeps its own copy), or
+ * NULL with errmsg naming the file and why: it cannot be read, the token is too short, or
+ * memory ran out. Reads at most the first 1023 bytes. Any thread; no client needed. */
+TS_CLIENT_API char *ts_client_token_read(const char *path, char *errmsg, size_t errlen);
+
+/* Wipe a token of ts_client_token_read from memory and free it. NULL is ignored. */
+TS_CLIENT_API void ts_client_token_free(char *token);
 
 typedef struct ts_client ts_client_t;
 

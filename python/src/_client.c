@@ -155,7 +155,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   if (token_file != Py_None) {
     PyObject *b = PyUnicode_EncodeFSDefault(token_file);
     if (!b) goto fail;
-    j->token = ts_auth_read_token(PyBytes_AS_STRING(b), j->errmsg, sizeof j->errmsg);
+    j->token = ts_client_token_read(PyBytes_AS_STRING(b), j->errmsg, sizeof j->errmsg);
     Py_DECREF(b);
     if (!j->token) {
       raise_code(TS_CLIENT_ECONFIG, j->errmsg);
@@ -272,6 +272,27 @@ PyObject *Client_drain_logs(ClientObject *self, PyObject *Py_UNUSED(a)) {
   Py_RETURN_NONE;
 }
 
+/* --- the blocking calls: each a job on a helper thread (_jobs.c) ------------------------ */
+
+/* A job of kind on this client, once check_open passed; NULL with an exception set. */
+static job_t *client_job(ClientObject *self, job_kind_t kind) {
+  if (check_open(self) < 0) return NULL;
+  job_t *j = job_new(kind, self->sh);
+  if (!j) PyErr_NoMemory();
+  return j;
+}
+
+/* Run j and make the call's return value: the library's error raised, or result(j) (None
+ * without result). Frees j (job_run does when the wait is abandoned). */
+static PyObject *client_run(ClientObject *self, job_t *j, PyObject *(*result)(const job_t *)) {
+  if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
+  PyObject *r = j->rc < 0 ? raise_code(j->rc, j->errmsg) : result ? result(j) : Py_NewRef(Py_None);
+  job_free(j);
+  return r;
+}
+
+static PyObject *declare_result(const job_t *j) { return PyBool_FromLong(j->awaiting); }
+
 /* declare([(name, shape, init[, kind]), ...], seed[, values_follow]) -> awaiting_values */
 static PyObject *Client_declare(ClientObject *self, PyObject *args) {
   PyObject *list;
@@ -336,13 +357,7 @@ static PyObject *Client_declare(ClientObject *self, PyObject *args) {
     j->tensors[i].init = (ts_client_init_t)init;
   }
   Py_DECREF(seq);
-  if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
-  int rc = j->rc;
-  bool awaiting = j->awaiting;
-  if (rc < 0) raise_code(rc, j->errmsg);
-  job_free(j);
-  if (rc < 0) return NULL;
-  return PyBool_FromLong(awaiting);
+  return client_run(self, j, declare_result);
 fail:
   Py_DECREF(seq);
   job_free(j);
@@ -414,58 +429,44 @@ static PyObject *status_dict(const ts_client_shard_status_t *s) {
   return d;
 }
 
+static PyObject *status_result(const job_t *j) { return status_dict(j->status); }
+static PyObject *checkpoint_result(const job_t *j) {
+  return Py_BuildValue("(sK)", j->path, (unsigned long long)j->step);
+}
+static PyObject *path_result(const job_t *j) { return PyUnicode_FromString(j->path); }
+
 static PyObject *Client_status(ClientObject *self, PyObject *args) {
   unsigned int shard;
-  if (!PyArg_ParseTuple(args, "I", &shard)) return NULL;
-  if (check_open(self) < 0) return NULL;
-  job_t *j = job_new(JOB_STATUS, self->sh);
-  if (!j) return PyErr_NoMemory();
+  job_t *j;
+  if (!PyArg_ParseTuple(args, "I", &shard) || !(j = client_job(self, JOB_STATUS))) return NULL;
   j->shard = shard;
-  if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
-  PyObject *r = j->rc < 0 ? raise_code(j->rc, j->errmsg) : status_dict(j->status);
-  job_free(j);
-  return r;
+  return client_run(self, j, status_result);
 }
 
 PyObject *Client_heartbeat(ClientObject *self, PyObject *Py_UNUSED(a)) {
-  if (check_open(self) < 0) return NULL;
-  job_t *j = job_new(JOB_HEARTBEAT, self->sh);
-  if (!j) return PyErr_NoMemory();
-  if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
-  int rc = j->rc;
-  if (rc < 0) raise_code(rc, j->errmsg);
-  job_free(j);
-  if (rc < 0) return NULL;
-  Py_RETURN_NONE;
+  job_t *j = client_job(self, JOB_HEARTBEAT);
+  return j ? client_run(self, j, NULL) : NULL;
 }
 
 static PyObject *Client_checkpoint(ClientObject *self, PyObject *args) {
   unsigned int shard;
-  if (!PyArg_ParseTuple(args, "I", &shard)) return NULL;
-  if (check_open(self) < 0) return NULL;
-  job_t *j = job_new(JOB_CHECKPOINT, self->sh);
-  if (!j) return PyErr_NoMemory();
+  job_t *j;
+  if (!PyArg_ParseTuple(args, "I", &shard) || !(j = client_job(self, JOB_CHECKPOINT)))
+    return NULL;
   j->shard = shard;
-  if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
-  PyObject *r = j->rc < 0 ? raise_code(j->rc, j->errmsg)
-                          : Py_BuildValue("(sK)", j->path, (unsigned long long)j->step);
-  job_free(j);
-  return r;
+  return client_run(self, j, checkpoint_result);
 }
 
 static PyObject *Client_shutdown(ClientObject *self, PyObject *args) {
   unsigned int shard;
   int checkpoint = 1;
-  if (!PyArg_ParseTuple(args, "I|p", &shard, &checkpoint)) return NULL;
-  if (check_open(self) < 0) return NULL;
-  job_t *j = job_new(JOB_SHUTDOWN, self->sh);
-  if (!j) return PyErr_NoMemory();
+  job_t *j;
+  if (!PyArg_ParseTuple(args, "I|p", &shard, &checkpoint) ||
+      !(j = client_job(self, JOB_SHUTDOWN)))
+    return NULL;
   j->shard = shard;
   j->checkpoint = checkpoint;
-  if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
-  PyObject *r = j->rc < 0 ? raise_code(j->rc, j->errmsg) : PyUnicode_FromString(j->path);
-  job_free(j);
-  return r;
+  return client_run(self, j, path_result);
 }
 
 static PyObject *Client_set_timeout(ClientObject *self, PyObject *args) {

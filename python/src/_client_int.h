@@ -26,7 +26,6 @@
 
 #include <tessera/client.h>
 
-#include "ts_auth.h"
 #include "ts_config.h"
 #include "ts_config_job.h"
 
@@ -124,8 +123,11 @@ extern PyTypeObject RequestType;
 
 PyObject *raise_code(int code, const char *msg);
 double mono_s(void);
-void deadline_in(struct timespec *ts, double s);
 void cond_init_mono(pthread_cond_t *cv);
+/* Wait on cv (made by cond_init_mono) while pending(arg), read with mu held, is true, for at
+ * most s seconds; returns whether it has become false. Takes and releases mu; no GIL. */
+bool cond_wait_while(pthread_mutex_t *mu, pthread_cond_t *cv, bool (*pending)(const void *),
+                     const void *arg, double s);
 logq_t *logq_new(void);
 void logq_free(logq_t *q);
 void logq_push(void *arg, int level, const char *msg);

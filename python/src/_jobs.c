@@ -26,7 +26,7 @@ double mono_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-void deadline_in(struct timespec *ts, double s) {
+static void deadline_in(struct timespec *ts, double s) {
   clock_gettime(CLOCK_MONOTONIC, ts);
   long ns = ts->tv_nsec + (long)(s * 1e9);
   ts->tv_sec += ns / 1000000000L;
@@ -39,6 +39,18 @@ void cond_init_mono(pthread_cond_t *cv) {
   pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
   pthread_cond_init(cv, &a);
   pthread_condattr_destroy(&a);
+}
+
+bool cond_wait_while(pthread_mutex_t *mu, pthread_cond_t *cv, bool (*pending)(const void *),
+                     const void *arg, double s) {
+  struct timespec dl;
+  deadline_in(&dl, s);
+  pthread_mutex_lock(mu);
+  while (pending(arg) && pthread_cond_timedwait(cv, mu, &dl) != ETIMEDOUT) {
+  }
+  bool over = !pending(arg);
+  pthread_mutex_unlock(mu);
+  return over;
 }
 
 /* --- the log queue ------------------------------------------------------------------------ */
@@ -125,7 +137,7 @@ void job_free(job_t *j) {
   for (size_t i = 0; j->job_str && i < 2 * j->njob; i++) free(j->job_str[i]);
   free(j->job_str);
   free(j->job_kv);
-  if (j->token) ts_auth_free_token(j->token);
+  ts_client_token_free(j->token);
   for (size_t i = 0; i < j->ntensors; i++) {
     free(j->names ? j->names[i] : NULL);
     free(j->shapes ? j->shapes[i] : NULL);
@@ -149,6 +161,8 @@ job_t *job_new(job_kind_t kind, shared_t *sh) {
   j->sh = sh;
   return j;
 }
+
+static bool job_pending(const void *arg) { return !((const job_t *)arg)->done; }
 
 static void *job_main(void *arg) {
   job_t *j = arg;
@@ -220,13 +234,7 @@ int job_run(job_t *j, logq_t *logq, PyObject *logfn) {
   for (;;) {
     bool done;
     Py_BEGIN_ALLOW_THREADS
-    struct timespec dl;
-    deadline_in(&dl, SLICE_S);
-    pthread_mutex_lock(&j->mu);
-    while (!j->done && pthread_cond_timedwait(&j->cv, &j->mu, &dl) != ETIMEDOUT) {
-    }
-    done = j->done;
-    pthread_mutex_unlock(&j->mu);
+    done = cond_wait_while(&j->mu, &j->cv, job_pending, j, SLICE_S);
     Py_END_ALLOW_THREADS
     logq_drain(logq, logfn);
     if (done) return 0;

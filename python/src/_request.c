@@ -30,6 +30,9 @@ static const char *interrupted_msg(ClientObject *c, int rc, const char *msg) {
   return msg;
 }
 
+/* With r->mu held: submitted, and its callback has not run yet. */
+static bool request_inflight(const void *arg) { return ((const RequestObject *)arg)->state == 1; }
+
 static void request_release_buffers(RequestObject *r) {
   for (size_t i = 0; i < r->nviews; i++) PyBuffer_Release(&r->views[i]);
   r->nviews = 0;
@@ -260,18 +263,21 @@ static PyObject *request_abandon(RequestObject *self) {
     c->sigint_interrupted = true;
     ts_client_interrupt(c->sh->c);
     Py_BEGIN_ALLOW_THREADS
-    struct timespec dl;
-    deadline_in(&dl, ABANDON_WAIT_S);
-    pthread_mutex_lock(&self->mu);
-    while (self->state == 1 && pthread_cond_timedwait(&self->cv, &self->mu, &dl) != ETIMEDOUT) {
-    }
-    pthread_mutex_unlock(&self->mu);
+    cond_wait_while(&self->mu, &self->cv, request_inflight, self, ABANDON_WAIT_S);
     Py_END_ALLOW_THREADS
   }
   request_reap(self); /* else it stays referenced until it ends, as any request does */
   if (c && c->sh) logq_drain(c->sh->logq, c->logfn);
   PyErr_Restore(t, v, tb);
   return NULL;
+}
+
+/* For a wait on a thread other than the main thread: whether a SIGINT stops it
+ * (sigint_pending), with KeyboardInterrupt set (or the error of asking Python). */
+static bool sigint_stops(sigint_wait_t *sw) {
+  int p = sigint_pending(sw);
+  if (p > 0) PyErr_SetNone(PyExc_KeyboardInterrupt);
+  return p != 0;
 }
 
 /* wait(timeout=-1) -> bool: True once done (the results readable), False when timeout (s,
@@ -308,23 +314,15 @@ static PyObject *Request_wait(RequestObject *self, PyObject *args) {
       main = sigint_is_main_thread();
       sigint_wait_start(&sw);
       armed = true;
-      if (!main) { /* one that came while this thread computed, unhandled since? */
-        int p = sigint_pending(&sw);
-        if (p > 0) PyErr_SetNone(PyExc_KeyboardInterrupt);
-        if (p != 0) return request_abandon(self);
-      }
+      /* On another thread: one that came while this thread computed, unhandled since? */
+      if (!main && sigint_stops(&sw)) return request_abandon(self);
     }
     Py_BEGIN_ALLOW_THREADS
     if (turn == 0 && busy > 0) { /* the job's busy_poll_us: spin a little before sleeping */
       double until = mono_s() + busy * 1e-6;
       while (!atomic_load(&self->done_hint) && mono_s() < until) sched_yield();
     }
-    struct timespec dl;
-    deadline_in(&dl, slice);
-    pthread_mutex_lock(&self->mu);
-    while (self->state == 1 && pthread_cond_timedwait(&self->cv, &self->mu, &dl) != ETIMEDOUT) {
-    }
-    pthread_mutex_unlock(&self->mu);
+    cond_wait_while(&self->mu, &self->cv, request_inflight, self, slice);
     Py_END_ALLOW_THREADS
     if (c && c->sh) logq_drain(c->sh->logq, c->logfn);
     if (main) {
@@ -332,10 +330,8 @@ static PyObject *Request_wait(RequestObject *self, PyObject *args) {
       int rc = PyErr_CheckSignals();
       sigint_handled(g);
       if (rc < 0) return request_abandon(self);
-    } else {
-      int p = sigint_pending(&sw);
-      if (p > 0) PyErr_SetNone(PyExc_KeyboardInterrupt);
-      if (p != 0) return request_abandon(self);
+    } else if (sigint_stops(&sw)) {
+      return request_abandon(self);
     }
   }
 }

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "ts_build_config.h" /* TS_VERSION: the project's (VERSION) */
 
 static char dest[256];
 static bool quiet; /* the next command is expected to fail: do not report it */
@@ -67,7 +68,7 @@ static int teardown(void **state) {
 static void test_installed_files(void **state) {
   (void)state;
   assert_true(exists(libdir, "libtessera-client.so.0"));
-  assert_true(exists(libdir, "libtessera-client.so.0.1.0"));
+  assert_true(exists(libdir, "libtessera-client.so." TS_VERSION));
   assert_true(exists(incdir, "tessera/client.h"));
   assert_true(exists(pcdir, "tessera-client.pc"));
   /* The header stands alone: no internal header, no protobuf type. */
@@ -141,7 +142,7 @@ static void test_example_against_installed_copy(void **state) {
               c.addrs[1]);
   printf("%s", out);
   assert_int_equal(rc, 0);
-  assert_non_null(strstr(out, "libtessera-client 0.1.0: 2 shard(s), mode async, 2 tensor(s)"));
+  assert_non_null(strstr(out, "libtessera-client " TS_VERSION ": 2 shard(s), mode async, 2 tensor(s)"));
   assert_non_null(strstr(out, "\npulled version 1\n"));
   assert_non_null(strstr(out, "\nw: -1 -1 -1 -1 -1 -1 -1 -1 -1 -1 -1 -1\n"));
   assert_non_null(strstr(out, "\nb: -0.5 -0.5 -0.5\n"));

@@ -588,6 +588,33 @@ static PyObject *str_list(char **v, size_t n) {
   return l;
 }
 
+/* A key's value as Python sees it: bool, int, float, str, or a list of str or int. */
+static PyObject *config_value(const ts_config_value_t *v) {
+  switch (v->kind) {
+    case TS_CONFIG_VALUE_BOOL:
+      return PyBool_FromLong(v->b);
+    case TS_CONFIG_VALUE_INT:
+      return PyLong_FromLongLong((long long)v->i);
+    case TS_CONFIG_VALUE_FLOAT:
+      return PyFloat_FromDouble(v->f);
+    case TS_CONFIG_VALUE_STRING:
+      return PyUnicode_FromString(v->s);
+    case TS_CONFIG_VALUE_STRINGS:
+      return str_list((char **)v->strs, v->n);
+    case TS_CONFIG_VALUE_INTS: {
+      PyObject *l = PyList_New((Py_ssize_t)v->n);
+      for (size_t i = 0; l && i < v->n; i++) {
+        PyObject *x = PyLong_FromLong(v->ints[i]);
+        if (!x) Py_CLEAR(l);
+        else PyList_SET_ITEM(l, (Py_ssize_t)i, x);
+      }
+      return l;
+    }
+  }
+  PyErr_SetString(PyExc_SystemError, "a configuration key of an unknown kind");
+  return NULL;
+}
+
 static const char *role_name(ts_task_role_t r) {
   return r == TS_ROLE_PS ? "ps" : r == TS_ROLE_WORKER ? "worker" : "";
 }
@@ -622,30 +649,23 @@ static PyObject *mod_load_config(PyObject *Py_UNUSED(m), PyObject *args) {
     raise_code(rc, err);
     goto fail;
   }
-  PyObject *layers = PyList_New((Py_ssize_t)cfg.num_layers);
-  for (size_t i = 0; layers && i < cfg.num_layers; i++)
-    PyList_SET_ITEM(layers, (Py_ssize_t)i, PyLong_FromLong(cfg.layers[i]));
-#define S(x) ((x) ? (x) : "")
-  PyObject *d = layers ? Py_BuildValue(
-      "{s:N,s:N,s:N,s:s,s:i,s:i,s:d,s:d,s:d,s:i,s:L,s:L,s:i,s:s,s:d,s:d,s:d,s:d,s:d,s:N,s:L,"
-      "s:i,s:i,s:L,s:s,s:d,s:i,s:s,s:d,s:i,s:s,s:s,s:s,s:i,s:s}",
-      "ps", str_list(cfg.ps, cfg.num_ps), "ps_http", str_list(cfg.ps_http, cfg.num_ps_http),
-      "workers", str_list(cfg.workers, cfg.num_workers), "mode", ts_mode_name(cfg.mode),
-      "replicas_to_aggregate", cfg.replicas_to_aggregate, "staleness", cfg.staleness,
-      "sync_timeout_s", cfg.sync_timeout_s, "heartbeat_timeout_s", cfg.heartbeat_timeout_s,
-      "heartbeat_interval_s", cfg.heartbeat_interval_s, "busy_poll_us", cfg.busy_poll_us,
-      "partition_bytes", (long long)cfg.partition_bytes, "max_message_bytes",
-      (long long)cfg.max_message_bytes, "max_connections", cfg.max_connections, "optimizer",
-      ts_optimizer_name(cfg.optimizer), "learning_rate", cfg.learning_rate, "momentum",
-      cfg.momentum, "beta1", cfg.beta1, "beta2", cfg.beta2, "epsilon", cfg.epsilon, "layers",
-      layers, "seed", (long long)cfg.seed, "batch_size", cfg.batch_size, "epochs", cfg.epochs,
-      "max_steps", (long long)cfg.max_steps, "logdir", S(cfg.logdir), "log_interval_s",
-      cfg.log_interval_s, "state_every", cfg.state_every, "checkpoint_dir", S(cfg.checkpoint_dir), "checkpoint_interval_s",
-      cfg.checkpoint_interval_s, "checkpoint_keep", cfg.checkpoint_keep, "token_file",
-      S(cfg.token_file), "admin_token_file", S(cfg.admin_token_file), "task_role",
-      role_name(cfg.task_role), "task_index", cfg.task_index, "source", S(cfg.source))
-                          : NULL;
-#undef S
+  /* Every key of the table under its field name (tessera/_job_keys.py is generated from the
+   * same table), then this process's identity and where the job came from. */
+  PyObject *d = PyDict_New();
+  for (size_t i = 0; d && i < ts_config_num_keys(); i++) {
+    ts_config_value_t v;
+    ts_config_value(&cfg, i, &v);
+    PyObject *o = config_value(&v);
+    if (!o || PyDict_SetItemString(d, v.field, o) < 0) Py_CLEAR(d);
+    Py_XDECREF(o);
+  }
+  if (d) {
+    PyObject *extra = Py_BuildValue("{s:s,s:i,s:s}", "task_role", role_name(cfg.task_role),
+                                    "task_index", cfg.task_index, "source",
+                                    cfg.source ? cfg.source : "");
+    if (!extra || PyDict_Update(d, extra) < 0) Py_CLEAR(d);
+    Py_XDECREF(extra);
+  }
   if (d) {
     ts_config_job_setting_t js[TS_CONFIG_JOB_MAX];
     size_t nj = ts_config_job_settings(&cfg, js);

@@ -52,3 +52,22 @@ def test_request_methods_overloaded_on_wait(name, count):
     assert len(overloads) == count
     waits = {str(inspect.signature(o).parameters["wait"].annotation) for o in overloads}
     assert any("False" in w for w in waits) and any("True" in w for w in waits)
+
+
+def test_job_holds_every_key_of_the_table(tmp_path):
+    """The Job's fields come from the C key table (tessera/_job_keys.py is generated from
+    it): every key of a job file is there, typed, under its field name."""
+    from tessera._job_keys import KEYS
+    cfg = tmp_path / "job.cfg"
+    cfg.write_text('train = { batch_size = 32; };\noptimizer = { name = "adam"; };\n'
+                   'cluster = { ps = ["127.0.0.1:7100", "127.0.0.1:7101"]; };\n')
+    job = tessera.load_job(cfg, ["job.mode=async"], use_env=False)
+    assert len(KEYS) > 60
+    for key, name in KEYS.items():
+        assert job.value(key) == getattr(job, name)
+    assert job.value("train.batch_size") == job.batch_size == 32
+    assert job.optimizer == "adam" and job.mode == "async"
+    assert job.ps == ["127.0.0.1:7100", "127.0.0.1:7101"]
+    assert isinstance(job.checkpoint_interval_s, float) and isinstance(job.layers, list)
+    with pytest.raises(KeyError, match="not a key"):
+        job.value("train.batchsize")

@@ -9,51 +9,23 @@ second implementation to keep in step with every new key.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
-from typing import List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import _client
+from ._job_keys import KEYS, JobKeys
 
 
 @dataclass(frozen=True)
-class Job:
-    """A loaded job (docs/configuration.md names every key)."""
+class Job(JobKeys):
+    """A loaded job: every key's value under its field name (``JobKeys``, generated from the
+    key table: ``batch_size`` is train.batch_size, ``optimizer`` optimizer.name; ``KEYS``
+    maps each key to its field; docs/configuration.md says what each means), and this
+    process's identity."""
 
-    ps: List[str]                      #: cluster.ps: "host:port" of each shard
-    ps_http: List[str]
-    workers: List[str]                 #: cluster.workers; its length is the worker count
-    mode: str                          #: job.mode: "sync", "async" or "ssp"
-    replicas_to_aggregate: int
-    staleness: int
-    sync_timeout_s: float
-    heartbeat_timeout_s: float
-    heartbeat_interval_s: float
-    busy_poll_us: int
-    partition_bytes: int
-    max_message_bytes: int
-    max_connections: int
-    optimizer: str
-    learning_rate: float
-    momentum: float
-    beta1: float
-    beta2: float
-    epsilon: float
-    layers: List[int]
-    seed: int
-    batch_size: int
-    epochs: int
-    max_steps: int
-    logdir: str
-    log_interval_s: float
-    state_every: int                   #: train.state_every: steps between state pushes
-    checkpoint_dir: str
-    checkpoint_interval_s: float
-    checkpoint_keep: int
-    token_file: str                    #: auth.token_file ("" = no token)
-    admin_token_file: str
-    task_role: str                     #: from TF_CONFIG's task.type ("" when not given)
-    task_index: int                    #: from TF_CONFIG's task.index (-1 when not given)
-    source: str = field(default="-")   #: the file it was read from
+    task_role: str = ""                #: from TF_CONFIG's task.type ("" when not given)
+    task_index: int = -1               #: from TF_CONFIG's task.index (-1 when not given)
+    source: str = "-"                  #: the file it was read from
     #: the settings a job shares, as a worker's handshake sends them for the shards to
     #: compare with their own job file: [(key, value as the job file spells it)]
     job_settings: List[Tuple[str, str]] = field(default_factory=list)
@@ -61,6 +33,14 @@ class Job:
     @property
     def num_workers(self) -> int:
         return len(self.workers)
+
+    def value(self, key: str) -> Any:
+        """The value of a key as the job file names it ("train.batch_size")."""
+        try:
+            return getattr(self, KEYS[key])
+        except KeyError:
+            raise KeyError(f"{key!r} is not a key of a job file (docs/configuration.md)") \
+                from None
 
 
 def load_job(path: Optional[Union[str, "os.PathLike[str]"]] = None, overrides: Sequence[str] = (),
@@ -93,5 +73,4 @@ def load_job(path: Optional[Union[str, "os.PathLike[str]"]] = None, overrides: S
         tf_config = os.environ.get("TF_CONFIG")
     d = _client.load_config(None if path is None else os.fspath(path), tf_config,
                             list(overrides))
-    names = {f.name for f in fields(Job)}
-    return Job(**{k: v for k, v in d.items() if k in names})
+    return Job(**d)

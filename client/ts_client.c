@@ -38,17 +38,10 @@ const char *ts_client_mode_name(ts_client_mode_t mode) {
   return ts_msg_mode_name((Tessera__Mode)mode);
 }
 
-void ts_cl_err(char *errmsg, size_t errlen, const char *fmt, ...) {
-  if (!errmsg || errlen == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(errmsg, errlen, fmt, ap);
-  va_end(ap);
-}
 
 char *ts_client_token_read(const char *path, char *errmsg, size_t errlen) {
   if (!path) {
-    ts_cl_err(errmsg, errlen, "no token file named");
+    ts_errmsg_printf(errmsg, errlen, "no token file named");
     return NULL;
   }
   char none[1]; /* errmsg may be NULL; ts_auth_read_token always writes its reason */
@@ -71,7 +64,7 @@ static int resolve(ts_cl_shard_t *sh, char *errmsg, size_t errlen) {
   struct addrinfo *ai = NULL;
   char why[300];
   if (ts_addr_resolve(sh->addr, false, &ai, why, sizeof why) < 0) {
-    ts_cl_err(errmsg, errlen, "shard %u: %s", sh->index, why);
+    ts_errmsg_printf(errmsg, errlen, "shard %u: %s", sh->index, why);
     return TS_EINVAL;
   }
   memcpy(&sh->sa, ai->ai_addr, ai->ai_addrlen);
@@ -113,7 +106,7 @@ static void free_job(ts_client_t *c) {
 static int take_job(ts_client_t *c, const ts_client_opts_t *o, char *errmsg, size_t errlen) {
   if (!o->job || o->num_job == 0 || o->admin) return 0;
   if (o->num_job > 256) {
-    ts_cl_err(errmsg, errlen, "%zu job settings: at most 256", o->num_job);
+    ts_errmsg_printf(errmsg, errlen, "%zu job settings: at most 256", o->num_job);
     return TS_EINVAL;
   }
   c->job_s = ts_calloc(o->num_job, sizeof *c->job_s);
@@ -121,7 +114,7 @@ static int take_job(ts_client_t *c, const ts_client_opts_t *o, char *errmsg, siz
   if (!c->job_s || !c->job_p) goto oom;
   for (size_t i = 0; i < o->num_job; i++) {
     if (!o->job[i].key || !o->job[i].value) {
-      ts_cl_err(errmsg, errlen, "job setting %zu has no key or value", i);
+      ts_errmsg_printf(errmsg, errlen, "job setting %zu has no key or value", i);
       return TS_EINVAL;
     }
     tessera__job_setting__init(&c->job_s[i]);
@@ -133,7 +126,7 @@ static int take_job(ts_client_t *c, const ts_client_opts_t *o, char *errmsg, siz
   }
   return 0;
 oom:
-  ts_cl_err(errmsg, errlen, "out of memory");
+  ts_errmsg_printf(errmsg, errlen, "out of memory");
   return TS_ENOMEM;
 }
 
@@ -154,19 +147,19 @@ static int take_opts(ts_client_opts_t *dst, const ts_client_opts_t *src, char *e
   ts_client_opts_init(dst);
   if (!src || src->struct_size < offsetof(ts_client_opts_t, log) ||
       src->struct_size > sizeof *dst) {
-    ts_cl_err(errmsg, errlen, "options not set up with ts_client_opts_init");
+    ts_errmsg_printf(errmsg, errlen, "options not set up with ts_client_opts_init");
     return TS_EINVAL;
   }
   memcpy(dst, src, src->struct_size);
   dst->struct_size = (uint32_t)sizeof *dst;
   if (dst->log_level <= 0) dst->log_level = TS_CLIENT_LOG_INFO;
   if (dst->num_shards == 0 || !dst->addrs) {
-    ts_cl_err(errmsg, errlen, "no shards to connect to");
+    ts_errmsg_printf(errmsg, errlen, "no shards to connect to");
     return TS_EINVAL;
   }
   for (size_t s = 0; s < dst->num_shards; s++) {
     if (!dst->addrs[s]) {
-      ts_cl_err(errmsg, errlen, "shard %zu has no address", s);
+      ts_errmsg_printf(errmsg, errlen, "shard %zu has no address", s);
       return TS_EINVAL;
     }
   }
@@ -200,7 +193,7 @@ static int wait_connected(ts_client_t *c, char *errmsg, size_t errlen) {
       for (uint32_t s = 0; s < c->n; s++) {
         ts_cl_shard_t *sh = &c->shards[s];
         if (sh->state != SH_READY && sh->job_refused) {
-          ts_cl_err(errmsg, errlen, "shard %u (%s) refused this worker: %s", s, sh->addr, sh->why);
+          ts_errmsg_printf(errmsg, errlen, "shard %u (%s) refused this worker: %s", s, sh->addr, sh->why);
           break;
         }
       }
@@ -213,7 +206,7 @@ static int wait_connected(ts_client_t *c, char *errmsg, size_t errlen) {
       break;
     }
     if (opts->cancel && *opts->cancel) {
-      ts_cl_err(errmsg, errlen, "interrupted while waiting for the shards");
+      ts_errmsg_printf(errmsg, errlen, "interrupted while waiting for the shards");
       uv_mutex_unlock(&c->mu);
       return TS_ESHUTDOWN;
     }
@@ -249,7 +242,7 @@ int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg
   int rc = take_opts(&o, opts, errmsg, errlen);
   if (rc < 0) return rc;
   if (sodium_init() < 0) {
-    ts_cl_err(errmsg, errlen, "libsodium failed to initialise");
+    ts_errmsg_printf(errmsg, errlen, "libsodium failed to initialise");
     return TS_EINTERNAL;
   }
   ts_client_t *c = ts_calloc(1, sizeof *c);
@@ -281,7 +274,7 @@ int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg
   c->shards = ts_calloc(c->n, sizeof *c->shards);
   if (!c->identity || !c->shards || (o.token && !c->token)) {
     free_client(c);
-    ts_cl_err(errmsg, errlen, "out of memory");
+    ts_errmsg_printf(errmsg, errlen, "out of memory");
     return TS_ENOMEM;
   }
   for (uint32_t s = 0; s < c->n; s++) {
@@ -314,7 +307,7 @@ int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg
     c->shards[s].retry.data = &c->shards[s];
   }
   if (uv_thread_create(&c->thread, ts_cl_thread_main, c) != 0) {
-    ts_cl_err(errmsg, errlen, "cannot start the client thread");
+    ts_errmsg_printf(errmsg, errlen, "cannot start the client thread");
     uv_close((uv_handle_t *)&c->wake, NULL);
     uv_close((uv_handle_t *)&c->tick, NULL);
     uv_close((uv_handle_t *)&c->hb, NULL);
@@ -377,12 +370,12 @@ uint32_t ts_client_num_shards(const ts_client_t *c) { return c ? c->n : 0; }
 
 bool ts_client_shard_up(ts_client_t *c, uint32_t shard, char *why, size_t whylen) {
   if (!c || shard >= c->n) {
-    ts_cl_err(why, whylen, "no such shard");
+    ts_errmsg_printf(why, whylen, "no such shard");
     return false;
   }
   uv_mutex_lock(&c->mu);
   bool up = c->shards[shard].state == SH_READY;
-  if (!up) ts_cl_err(why, whylen, "%s", c->shards[shard].why[0] ? c->shards[shard].why : "no answer");
+  if (!up) ts_errmsg_printf(why, whylen, "%s", c->shards[shard].why[0] ? c->shards[shard].why : "no answer");
   uv_mutex_unlock(&c->mu);
   return up;
 }
@@ -457,32 +450,32 @@ int ts_client_declare(ts_client_t *c, const ts_client_tensor_t *tensors, size_t 
 int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size_t n,
                          ts_client_declare_opts_t *opts, char *errmsg, size_t errlen) {
   if (!opts || opts->struct_size != sizeof *opts) {
-    ts_cl_err(errmsg, errlen, "declare options missing or of another library version");
+    ts_errmsg_printf(errmsg, errlen, "declare options missing or of another library version");
     return TS_EINVAL;
   }
   uint64_t seed = opts->seed;
   opts->awaiting_values = false;
   if (!c || (!tensors && n)) {
-    ts_cl_err(errmsg, errlen, "no client or no tensor list");
+    ts_errmsg_printf(errmsg, errlen, "no client or no tensor list");
     return TS_EINVAL;
   }
   if (ts_cl_on_client_thread(c)) {
-    ts_cl_err(errmsg, errlen, "a blocking call cannot be made on the client thread");
+    ts_errmsg_printf(errmsg, errlen, "a blocking call cannot be made on the client thread");
     return TS_EINVAL;
   }
   if (n == 0) {
-    ts_cl_err(errmsg, errlen, "a model needs at least one tensor");
+    ts_errmsg_printf(errmsg, errlen, "a model needs at least one tensor");
     return TS_EINVAL;
   }
   for (size_t i = 0; i < n; i++) {
     if (!tensors[i].name || (tensors[i].rank && !tensors[i].shape)) {
-      ts_cl_err(errmsg, errlen, "tensor %zu has no name or no shape", i);
+      ts_errmsg_printf(errmsg, errlen, "tensor %zu has no name or no shape", i);
       return TS_EINVAL;
     }
   }
   uint64_t pbytes = ts_client_partition_bytes(c);
   if (pbytes == 0) {
-    ts_cl_err(errmsg, errlen, "no shard has answered yet, so the partition size is unknown");
+    ts_errmsg_printf(errmsg, errlen, "no shard has answered yet, so the partition size is unknown");
     return TS_EUNAVAIL;
   }
   /* No re-declare on reconnect while the model changes: the client thread reads `declared`
@@ -520,7 +513,7 @@ int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size
   }
   rc = ts_plan_build(elems, (uint32_t)n, c->n, pbytes, &c->plan);
   if (rc < 0) {
-    ts_cl_err(errmsg, errlen, "cannot plan the model's partitions: %s", ts_strerror(rc));
+    ts_errmsg_printf(errmsg, errlen, "cannot plan the model's partitions: %s", ts_strerror(rc));
     goto fail;
   }
   rc = TS_ENOMEM;
@@ -548,7 +541,7 @@ int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size
   uv_mutex_unlock(&c->mu);
   return rc;
 fail:
-  if (rc == TS_ENOMEM) ts_cl_err(errmsg, errlen, "out of memory");
+  if (rc == TS_ENOMEM) ts_errmsg_printf(errmsg, errlen, "out of memory");
   ts_free(elems);
   ts_cl_free_model(c);
   return rc;
@@ -583,7 +576,7 @@ void ts_client_set_device(ts_client_t *c, const char *device) {
 
 int ts_client_heartbeat(ts_client_t *c, char *errmsg, size_t errlen) {
   if (!c) {
-    ts_cl_err(errmsg, errlen, "no client");
+    ts_errmsg_printf(errmsg, errlen, "no client");
     return TS_EINVAL;
   }
   ts_cl_op_t op = {.kind = OP_HEARTBEAT, .wait_ready = false};
@@ -592,7 +585,7 @@ int ts_client_heartbeat(ts_client_t *c, char *errmsg, size_t errlen) {
 
 int ts_client_job_end(ts_client_t *c, ts_client_job_end_t *out, char *errmsg, size_t errlen) {
   if (!c || !out) {
-    ts_cl_err(errmsg, errlen, "no client or no result");
+    ts_errmsg_printf(errmsg, errlen, "no client or no result");
     return TS_EINVAL;
   }
   memset(out, 0, sizeof *out);
@@ -600,7 +593,7 @@ int ts_client_job_end(ts_client_t *c, ts_client_job_end_t *out, char *errmsg, si
   int rc = ts_cl_run_op(c, &op, errmsg, errlen);
   if (rc < 0) return rc;
   if (!op.hb0) {
-    ts_cl_err(errmsg, errlen, "shard 0 is not connected");
+    ts_errmsg_printf(errmsg, errlen, "shard 0 is not connected");
     return TS_EUNAVAIL;
   }
   *out = op.job_end;
@@ -618,7 +611,7 @@ void ts_client_set_final_accuracy(ts_client_t *c, double accuracy) {
 static int check_shard(ts_client_t *c, uint32_t shard, char *errmsg, size_t errlen) {
   if (!c) return TS_EINVAL;
   if (shard >= c->n) {
-    ts_cl_err(errmsg, errlen, "shard %u does not exist", shard);
+    ts_errmsg_printf(errmsg, errlen, "shard %u does not exist", shard);
     return TS_EINVAL;
   }
   return 0;
@@ -633,12 +626,12 @@ int ts_client_status(ts_client_t *c, uint32_t shard, ts_client_shard_status_t **
   ts_cl_op_t op = {.kind = OP_STATUS, .wait_ready = false, .shard = shard};
   rc = ts_cl_run_op(c, &op, errmsg, errlen);
   if (rc == 0 && !op.status) {
-    ts_cl_err(errmsg, errlen, "shard %u sent no status", shard);
+    ts_errmsg_printf(errmsg, errlen, "shard %u sent no status", shard);
     rc = TS_EINTERNAL;
   }
   if (rc == 0) {
     rc = ts_status_from_pb(op.status, out);
-    if (rc < 0) ts_cl_err(errmsg, errlen, "out of memory");
+    if (rc < 0) ts_errmsg_printf(errmsg, errlen, "out of memory");
   }
   if (op.status) ts_msg_free(&op.status->base);
   return rc;
@@ -654,7 +647,7 @@ int ts_client_checkpoint(ts_client_t *c, uint32_t shard, char *path, size_t path
                    .timeout_s = c->timeout_s > 120.0 ? c->timeout_s : 120.0};
   rc = ts_cl_run_op(c, &op, errmsg, errlen);
   if (rc == 0) {
-    ts_cl_err(path, pathlen, "%s", op.path);
+    ts_errmsg_printf(path, pathlen, "%s", op.path);
     if (step) *step = op.ckpt_step;
   }
   return rc;
@@ -684,6 +677,6 @@ int ts_client_shutdown(ts_client_t *c, uint32_t shard, bool checkpoint, char *pa
                    .checkpoint = checkpoint,
                    .timeout_s = c->timeout_s > 120.0 ? c->timeout_s : 120.0};
   rc = ts_cl_run_op(c, &op, errmsg, errlen);
-  if (rc == 0) ts_cl_err(path, pathlen, "%s", op.path);
+  if (rc == 0) ts_errmsg_printf(path, pathlen, "%s", op.path);
   return rc;
 }

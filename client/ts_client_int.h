@@ -228,8 +228,6 @@ struct ts_client {
 };
 
 /* ts_client.c */
-/* snprintf into errmsg when it is not NULL. */
-void ts_cl_err(char *errmsg, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void ts_cl_free_model(ts_client_t *c);
 
 /* ts_client_link.c */

@@ -23,6 +23,7 @@ void ts_cl_set_state(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_sh_state_t st) {
   if (sh->state == SH_READY && st != SH_READY) c->ready--;
   if (sh->state != SH_READY && st == SH_READY) c->ready++;
   sh->state = st;
+  ts_require(c->ready >= 0); /* READY counted in and out once per shard */
   uv_cond_broadcast(&c->cv);
   uv_mutex_unlock(&c->mu);
 }

@@ -151,12 +151,15 @@ static void publish_op(ts_client_t *c, ts_cl_op_t *op) {
 }
 
 static void finish_op(ts_client_t *c, ts_cl_op_t *op) {
+  bool found = false;
   for (ts_cl_op_t **pp = &c->inflight; *pp; pp = &(*pp)->next) {
     if (*pp == op) {
       *pp = op->next;
+      found = true;
       break;
     }
   }
+  ts_require(found); /* an op finishes once, from in flight */
   /* Requests still out belong to nobody now: their replies are read and dropped. */
   while (op->reqs) {
     ts_cl_wreq_t *r = op->reqs;
@@ -224,6 +227,7 @@ void ts_cl_complete_req(ts_cl_wreq_t *r, int rc, const char *detail) {
                detail ? detail : ts_strerror(rc));
       op_fail(op, r->type, rc, msg);
     }
+    ts_require(op->remaining > 0); /* each wire request completes its op once */
     if (--op->remaining == 0) finish_op(r->sh->cl, op);
   }
   ts_cl_free_wreq(r);

@@ -1,5 +1,6 @@
 /*
- * Test harness: real ps-server processes on ephemeral loopback ports.
+ * Test harness (tests/lib, for the integration, system and gpu suites and bench/psbench):
+ * real ps-server processes on ephemeral loopback ports.
  *
  * ts_cluster_start writes a job file into a fresh temporary directory, picks free ports on
  * 127.0.0.1 (for each shard's protocol and admin HTTP endpoints, cluster.ps and

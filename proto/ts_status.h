@@ -1,7 +1,7 @@
 /*
  * A shard's ShardStatus message as the client library's plain-C status
  * (ts_client_shard_status_t of include/tessera/client.h): the one conversion, used by the
- * client library (ts_client_status) and by a shard's own /status page (server/ts_admin.c),
+ * client library (ts_client_status) and by a shard's own /status page (server/ts_shard_admin.c),
  * so both show the same fields.
  */
 #ifndef TS_STATUS_H

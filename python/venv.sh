@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes (or reuses) a virtual environment with the tessera package built from this checkout
 # and what its tests, examples and the Keras layer need (pytest, numpy, tensorflow-cpu);
-# prints its path on stdout, progress on stderr. Used by tests/python/run.sh and
+# prints its path on stdout, progress on stderr. Used by tests/python/run_pytest.sh and
 # deploy/local/demo.sh --keras.
 #
 #   venv=$(python/venv.sh) && "$venv/bin/python" examples/python/keras_fashion_mnist.py ...

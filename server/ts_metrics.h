@@ -3,7 +3,7 @@
  * text format (ts_prom.h).
  *
  * ts_metrics_t is owned by the shard's loop thread and updated there with plain stores;
- * the admin endpoint renders a copy the loop publishes (ts_admin.h), never the live struct.
+ * the admin endpoint renders a copy the loop publishes (ts_shard_admin.h), never the live struct.
  * The gauges (step, workers, partitions, bytes, connections) are not kept here: they come
  * from the same ShardStatus a STATUS request answers with, so /metrics, /status and
  * `psctl status` always agree.

@@ -248,7 +248,7 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
   ts_metrics_init(&srv->metrics);
   srv->metrics.model_bytes_limit = srv->store.max_model_bytes;
   if (cfg->num_ps_http > opts->shard &&
-      (rc = ts_admin_start(&srv->admin, cfg, opts->shard, errmsg, errlen)) < 0) {
+      (rc = ts_shard_admin_start(&srv->admin, cfg, opts->shard, errmsg, errlen)) < 0) {
     freeaddrinfo(ai);
     goto fail;
   }

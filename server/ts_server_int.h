@@ -40,13 +40,13 @@
 #include <uv.h>
 
 #include "tessera.pb-c.h"
-#include "ts_admin.h"
 #include "ts_auth.h"
 #include "ts_barrier.h"
 #include "ts_conn.h"
 #include "ts_metrics.h"
 #include "ts_pushid.h"
 #include "ts_server.h"
+#include "ts_shard_admin.h"
 #include "ts_stage.h"
 #include "ts_store.h"
 
@@ -218,7 +218,7 @@ struct ts_server {
   uint64_t ckpts_written, restored_step;
   bool served_pull; /* the first pull was answered (logged once, with the delay) */
 
-  /* Admin endpoint, metrics and systemd notification (ts_admin.h, ts_metrics.h). */
+  /* Admin endpoint, metrics and systemd notification (ts_shard_admin.h, ts_metrics.h). */
   ts_metrics_t metrics;
   ts_admin_t *admin; /* NULL without cluster.ps_http */
   bool notify;       /* under systemd with a notify socket */

@@ -21,7 +21,7 @@ bash deploy/install-deps.sh python3-yaml docker-compose || echo "tests: no PyYAM
 # dockerd themselves and stop it after) and debootstrap for their base image. Without them
 # those tests skip, saying why.
 bash deploy/install-deps.sh docker.io debootstrap || echo "tests: no docker.io/debootstrap; the deploy suite skips"
-# The Python package (tests/python/run.sh) builds its extension in a venv: venv, pip and the
+# The Python package (tests/python/run_pytest.sh) builds its extension in a venv: venv, pip and the
 # interpreter's headers.
 bash deploy/install-deps.sh python3-dev python3-venv python3-pip ||
   echo "tests: no python3-dev/python3-venv/python3-pip; the Python pass will fail"
@@ -97,9 +97,9 @@ fi
 # The Python package against the main build's ps-server; its closing line
 # `python: N passed, N failed, N skipped` adds to the count.
 if [ "${TS_SKIP_PYTHON:-0}" != 1 ] && [ "$built" = 1 ]; then
-  echo "== python: tests/python/run.sh"
+  echo "== python: tests/python/run_pytest.sh"
   pylog=$(mktemp /tmp/tessera-python-XXXXXX.log)
-  TESSERA_BUILD_DIR="$build" bash tests/python/run.sh 2>&1 | tee "$pylog"
+  TESSERA_BUILD_DIR="$build" bash tests/python/run_pytest.sh 2>&1 | tee "$pylog"
   line=$(grep -E '^python: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$pylog" | tail -1)
   rm -f "$pylog"
   if [ -n "$line" ]; then

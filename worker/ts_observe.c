@@ -1,16 +1,15 @@
 #include "ts_observe.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "ts_admin.h"
 #include "ts_alloc.h"
 #include "ts_build_config.h"
 #include "ts_err.h"
 #include "ts_events.h"
-#include "ts_http.h"
 #include "ts_log.h"
 #include "ts_notify.h"
 #include "ts_progress_line.h"
@@ -19,7 +18,8 @@
 
 static const char *const phase_names[3] = {"pull", "compute", "push"};
 
-/* What the HTTP thread may see; guarded by ts_observe.mu. */
+/* What the admin endpoint renders: the training thread keeps it in ts_observe.snap and
+ * publishes a copy after every change (ts_admin.h). */
 typedef struct {
   bool ready, done, have_test, have_progress, have_final, trained;
   char device[64]; /* the device the model runs on (ts_observe_set_device) */
@@ -33,10 +33,16 @@ typedef struct {
   ts_prom_hist_t phase[3];
 } snapshot_t;
 
+/* The worker's role's ctx (ts_admin.h). */
+typedef struct {
+  const ts_config_t *cfg;
+  int task;
+} observe_ctx_t;
+
 struct ts_observe {
   const ts_config_t *cfg;
   int task;
-  ts_http_t *http;
+  ts_admin_t *admin;
   ts_events_t *events;
   bool events_failed;
   ts_progress_line_t *line; /* on a terminal: the live progress line (training thread's) */
@@ -44,8 +50,7 @@ struct ts_observe {
   uint64_t watchdog_ms;
   double next_watchdog;  /* CLOCK_MONOTONIC seconds */
 
-  pthread_mutex_t mu;
-  snapshot_t snap;
+  snapshot_t snap; /* the training thread's; published after every change */
 };
 
 static double mono_s(void) {
@@ -60,13 +65,15 @@ static double wall_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void take(ts_observe_t *o, snapshot_t *s) {
-  pthread_mutex_lock(&o->mu);
-  *s = o->snap;
-  pthread_mutex_unlock(&o->mu);
+static void publish(ts_observe_t *o) {
+  const snapshot_t *s = &o->snap;
+  ts_admin_publish(o->admin, s, NULL, 0, s->ready && !s->done,
+                   s->done ? "done" : "joining the job");
 }
 
-static void render_metrics(const ts_observe_t *o, const snapshot_t *s, ts_buf_t *b) {
+static void render_metrics(const ts_admin_view_t *v, ts_buf_t *b) {
+  const observe_ctx_t *o = v->ctx;
+  const snapshot_t *s = v->snap;
   char lab[160];
   ts_prom_family(b, "tessera_build_info", "gauge",
                  "Build of this daemon: version, role and whether the CUDA back end is built.");
@@ -115,7 +122,9 @@ static void render_metrics(const ts_observe_t *o, const snapshot_t *s, ts_buf_t 
   ts_prom_process(b);
 }
 
-static char *status_json(const ts_observe_t *o, const snapshot_t *s) {
+static cJSON *render_status(const ts_admin_view_t *v) {
+  const observe_ctx_t *o = v->ctx;
+  const snapshot_t *s = v->snap;
   ts_status_worker_t w = {.task = o->task, .seen = true, .alive = s->ready && !s->done,
                           .done = s->done, .step = s->step, .loss = s->loss,
                           .examples_per_sec = s->examples_per_sec, .last_seen_s = 0,
@@ -141,73 +150,30 @@ static char *status_json(const ts_observe_t *o, const snapshot_t *s) {
     cJSON_AddNullToObject(j, "loop_progress_age_s");
     cJSON_AddNullToObject(j, "loop_doing");
   }
-  char *txt = cJSON_Print(j);
-  cJSON_Delete(j);
-  return txt;
+  return j;
 }
 
 /* /livez: 503 when the training loop, between ts_observe_ready and the end of the run,
  * has not advanced for the threshold (ts_observe.h). */
-static void livez(const ts_observe_t *o, const snapshot_t *s, ts_http_reply_t *r) {
+static int livez(const ts_admin_view_t *v, ts_buf_t *text) {
+  const observe_ctx_t *o = v->ctx;
+  const snapshot_t *s = v->snap;
   double age = mono_s() - s->progress_at, limit = ts_config_stall_timeout_s(o->cfg);
-  if (!s->ready || s->trained || age <= limit) {
-    ts_http_reply_text(r, 200, NULL, "ok\n");
-    return;
-  }
-  char text[1024];
-  snprintf(text, sizeof text,
-           "training loop stuck: no progress for %.1f s (train.stall_timeout_s %g): %s%s%s\n",
-           age, limit, s->doing, s->retry[0] ? "; since then: " : "", s->retry);
-  ts_http_reply_text(r, 503, NULL, text);
+  if (!s->ready || s->trained || age <= limit) return 0;
+  ts_buf_printf(text,
+                "training loop stuck: no progress for %.1f s (train.stall_timeout_s %g): %s%s%s\n",
+                age, limit, s->doing, s->retry[0] ? "; since then: " : "", s->retry);
+  return 503;
 }
 
-static void on_request(void *arg, const char *path, ts_http_reply_t *r) {
-  ts_observe_t *o = arg;
-  snapshot_t s;
-  take(o, &s);
-  if (strcmp(path, "/livez") == 0) {
-    livez(o, &s, r);
-  } else if (strcmp(path, "/readyz") == 0) {
-    if (s.ready && !s.done)
-      ts_http_reply_text(r, 200, NULL, "ok\n");
-    else
-      ts_http_reply_text(r, 503, NULL, s.done ? "not ready: done\n" : "not ready: joining the job\n");
-  } else if (strcmp(path, "/metrics") == 0) {
-    ts_buf_t b = {0};
-    render_metrics(o, &s, &b);
-    ts_http_render_metrics(o->http, "tessera_worker_admin", &b);
-    if (b.failed) {
-      ts_buf_free(&b);
-      ts_http_reply_text(r, 500, NULL, "out of memory\n");
-      return;
-    }
-    r->status = 200;
-    r->content_type = TS_PROM_CONTENT_TYPE;
-    r->body = b.data;
-    r->len = b.len;
-  } else if (strcmp(path, "/status") == 0) {
-    char *txt = status_json(o, &s);
-    if (!txt) {
-      ts_http_reply_text(r, 500, NULL, "out of memory\n");
-      return;
-    }
-    size_t n = strlen(txt);
-    r->body = ts_malloc(n + 2);
-    if (r->body) {
-      memcpy(r->body, txt, n);
-      r->body[n] = '\n';
-      r->body[n + 1] = 0;
-      r->len = n + 1;
-    }
-    cJSON_free(txt);
-    r->status = r->body ? 200 : 500;
-    r->content_type = "application/json";
-  } else if (strcmp(path, "/") == 0) {
-    ts_http_reply_text(r, 200, NULL, "Tessera worker: /metrics /livez /readyz /status\n");
-  } else {
-    ts_http_reply_text(r, 404, NULL, "not found: try /metrics, /livez, /readyz or /status\n");
-  }
-}
+static const ts_admin_role_t worker_role = {
+    .title = "Tessera worker",
+    .metrics_prefix = "tessera_worker_admin",
+    .snap_size = sizeof(snapshot_t),
+    .livez = livez,
+    .metrics = render_metrics,
+    .status = render_status,
+};
 
 int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char *errmsg,
                      size_t errlen) {
@@ -216,7 +182,6 @@ int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char 
   if (!o) return TS_ENOMEM;
   o->cfg = cfg;
   o->task = task;
-  pthread_mutex_init(&o->mu, NULL);
   for (int i = 0; i < 3; i++)
     ts_prom_hist_init(&o->snap.phase[i], ts_prom_duration_bounds, ts_prom_num_duration_bounds);
   o->snap.learning_rate = cfg->learning_rate;
@@ -234,15 +199,20 @@ int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char 
     }
     ts_log_info("TensorBoard event file: %s", ts_events_path(o->events));
   }
+  observe_ctx_t ctx = {.cfg = cfg, .task = task};
+  if ((rc = ts_admin_new(&o->admin, &worker_role, &ctx, sizeof ctx)) < 0) {
+    snprintf(errmsg, errlen, "admin endpoint: %s", ts_strerror(rc));
+    goto fail;
+  }
+  publish(o); /* before it listens: no request finds it unpublished */
   ts_http_limits_t lim = {.max_connections = (unsigned)cfg->http_max_connections,
                           .max_connections_per_ip = (unsigned)cfg->http_max_connections_per_ip,
                           .request_timeout_s = cfg->http_request_timeout_s};
-  rc = ts_http_start(&o->http, cfg->workers[task], &lim, on_request, o, errmsg, errlen);
+  rc = ts_admin_listen(o->admin, cfg->workers[task], &lim, errmsg, errlen);
   if (rc < 0) {
     ts_errmsg_wrapf(errmsg, errlen, "cluster.workers[%d]", task);
     goto fail;
   }
-  ts_log_info("admin endpoint on http://%s (/metrics /livez /readyz /status)", cfg->workers[task]);
   o->line = ts_progress_line_new(task, cfg->batch_size);
   *out = o;
   return 0;
@@ -252,20 +222,18 @@ fail:
 }
 
 void ts_observe_ready(ts_observe_t *o, uint64_t total_steps) {
-  pthread_mutex_lock(&o->mu);
   o->snap.ready = true;
   o->snap.total_steps = total_steps;
   o->snap.progress_at = mono_s();
   snprintf(o->snap.doing, sizeof o->snap.doing, "starting to train");
-  pthread_mutex_unlock(&o->mu);
+  publish(o);
   ts_notify_printf("READY=1\nSTATUS=worker %d training", o->task);
   o->next_watchdog = mono_s();
 }
 
 void ts_observe_set_device(ts_observe_t *o, const char *device) {
-  pthread_mutex_lock(&o->mu);
   snprintf(o->snap.device, sizeof o->snap.device, "%s", device);
-  pthread_mutex_unlock(&o->mu);
+  publish(o);
 }
 
 static void pet_watchdog(ts_observe_t *o) {
@@ -278,11 +246,10 @@ static void pet_watchdog(ts_observe_t *o) {
 
 void ts_observe_step(void *arg, uint64_t step, const double phase_s[3]) {
   ts_observe_t *o = arg;
-  pthread_mutex_lock(&o->mu);
   o->snap.step = step;
   o->snap.examples += (uint64_t)o->cfg->batch_size;
   for (int i = 0; i < 3; i++) ts_prom_hist_observe(&o->snap.phase[i], phase_s[i]);
-  pthread_mutex_unlock(&o->mu);
+  publish(o);
   pet_watchdog(o);
 }
 
@@ -300,7 +267,6 @@ static void write_events(ts_observe_t *o, int64_t step, const char *const *tags,
 
 void ts_observe_progress(void *arg, const ts_progress_t *p) {
   ts_observe_t *o = arg;
-  pthread_mutex_lock(&o->mu);
   o->snap.step = p->step;
   o->snap.total_steps = p->total_steps;
   o->snap.epoch = p->epoch;
@@ -316,7 +282,7 @@ void ts_observe_progress(void *arg, const ts_progress_t *p) {
     o->snap.test_accuracy = p->test_accuracy;
     o->snap.test_loss = p->test_loss;
   }
-  pthread_mutex_unlock(&o->mu);
+  publish(o);
   if (!p->final) {
     static const char *const tags[] = {"loss", "examples/sec", "learning_rate"};
     const float v[] = {(float)p->loss, (float)p->examples_per_sec, (float)p->learning_rate};
@@ -340,7 +306,6 @@ void ts_observe_progress(void *arg, const ts_progress_t *p) {
 
 void ts_observe_activity(void *arg, bool progress, const char *what) {
   ts_observe_t *o = arg;
-  pthread_mutex_lock(&o->mu);
   if (progress) {
     o->snap.progress_at = mono_s();
     snprintf(o->snap.doing, sizeof o->snap.doing, "%s", what);
@@ -348,7 +313,7 @@ void ts_observe_activity(void *arg, bool progress, const char *what) {
   } else {
     snprintf(o->snap.retry, sizeof o->snap.retry, "%s", what);
   }
-  pthread_mutex_unlock(&o->mu);
+  publish(o);
 }
 
 void ts_observe_live(void *arg, const ts_progress_t *p) {
@@ -359,16 +324,14 @@ void ts_observe_live(void *arg, const ts_progress_t *p) {
 void ts_observe_trained(ts_observe_t *o) {
   ts_progress_line_free(o->line);
   o->line = NULL;
-  pthread_mutex_lock(&o->mu);
   o->snap.trained = true;
-  pthread_mutex_unlock(&o->mu);
+  publish(o);
 }
 
 void ts_observe_final_accuracy(ts_observe_t *o, uint64_t step, double accuracy) {
-  pthread_mutex_lock(&o->mu);
   o->snap.have_final = true;
   o->snap.final_test_accuracy = accuracy;
-  pthread_mutex_unlock(&o->mu);
+  publish(o);
   static const char *const tags[] = {"final_test_accuracy"};
   const float v[] = {(float)accuracy};
   write_events(o, (int64_t)step, tags, v, 1);
@@ -376,9 +339,8 @@ void ts_observe_final_accuracy(ts_observe_t *o, uint64_t step, double accuracy) 
 
 void ts_observe_stop(ts_observe_t *o) {
   if (!o) return;
-  ts_http_stop(o->http);
+  ts_admin_stop(o->admin);
   ts_progress_line_free(o->line);
   ts_events_close(o->events);
-  pthread_mutex_destroy(&o->mu);
   ts_free(o);
 }

@@ -4,9 +4,10 @@
  * systemd notifications (READY, STATUS, WATCHDOG).
  *
  * It is the trainer's observer (ts_trainer.h): ts_observe_step after every step and
- * ts_observe_progress at every log interval and at the end, both on the training thread.
- * They update a snapshot under a mutex that the HTTP thread renders from; the HTTP thread
- * never touches the trainer (CONTRIBUTING.md).
+ * ts_observe_progress at every log interval and at the end, both on the training thread,
+ * which is the thread every ts_observe_* call comes from. Each change is published to the
+ * admin endpoint (obs/ts_admin.h, the worker's role of it) as a snapshot the HTTP thread
+ * renders from; the HTTP thread never touches the trainer (CONTRIBUTING.md).
  *
  * Event files go to train.logdir/worker-T/ (one TensorBoard run per worker) with the tags
  * loss, examples/sec and learning_rate at every log interval, and accuracy and test_loss

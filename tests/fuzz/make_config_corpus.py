@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of fuzz_config (tests/fuzz/corpus/config/): sections separated by
-0xff bytes: job file text, TF_CONFIG (absent = unset), then --set overrides. Run from the
-repository root."""
+0xff bytes: job file text, TF_CONFIG (absent = unset), then --set overrides. Each file's
+name starts with "config-", so that no two files of the repository share a name. Run from
+the repository root."""
 import os
 import sys
 
@@ -103,5 +104,5 @@ cases = {
                         b"job.replicas_to_aggregate=2"),
 }
 for name, data in cases.items():
-    with open(os.path.join(out, name), "wb") as f:
+    with open(os.path.join(out, "config-" + name), "wb") as f:
         f.write(data)

@@ -5,7 +5,8 @@
  * are packed with protobuf-c, so the valid ones are valid by construction. fuzz_frame gets
  * whole frames; fuzz_msg gets u8 type, u64 data_len (little-endian) and the meta. Run:
  * make_corpus frame|msg OUTDIR (the files are committed; rerun only when the protocol
- * changes).
+ * changes). Each file's name starts with its target ("msg-01-hello"), so that no two files
+ * of the repository share a name.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -15,13 +16,13 @@
 #include "ts_frame.h"
 #include "ts_msg.h"
 
-static const char *outdir;
+static const char *outdir, *target;
 static int msg_mode; /* fuzz_msg's input format instead of whole frames */
 static int failures;
 
 static void write_file(const char *name, const uint8_t *data, size_t len) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/%s", outdir, name);
+  snprintf(path, sizeof path, "%s/%s-%s", outdir, target, name);
   FILE *f = fopen(path, "wb");
   if (!f || (len && fwrite(data, 1, len, f) != len) || fclose(f) != 0) {
     fprintf(stderr, "make_corpus: cannot write %s: %s\n", path, strerror(errno));
@@ -343,6 +344,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   msg_mode = strcmp(argv[1], "msg") == 0;
+  target = argv[1];
   outdir = argv[2];
   valid_frames();
   if (msg_mode)

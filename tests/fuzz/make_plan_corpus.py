@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of fuzz_plan (tests/fuzz/corpus/plan/): u8 shards, u64
-partition_bytes, u64 element counts, little-endian. Run from the repository root."""
+partition_bytes, u64 element counts, little-endian. Each file's name starts with "plan-", so
+that no two files of the repository share a name. Run from the repository root."""
 import os
 import struct
 import sys
@@ -23,5 +24,5 @@ cases = {
     "12-too-many-parts": (2, 4, [(1 << 32) + 1]),
 }
 for name, (shards, pb, elems) in cases.items():
-    with open(os.path.join(out, name), "wb") as f:
+    with open(os.path.join(out, "plan-" + name), "wb") as f:
         f.write(struct.pack("<BQ", shards, pb) + b"".join(struct.pack("<Q", e) for e in elems))

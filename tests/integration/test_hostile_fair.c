@@ -218,8 +218,7 @@ static void test_lagging_tick_judges_over_running_time(void **state) {
     const char *h = strstr(body, "tessera_ps_loop_lag_seconds");
     fail_msg("no tick was seen more than 1 s late: %.1500s", h ? h : "(no loop-lag histogram)");
   }
-  int pt = ts_promtool_check(body);
-  assert_true(pt == 0 || pt == 77);
+  assert_int_equal(ts_promtool_check(body), 0);
   assert_logged(&f, "tick ran");
   good_step(&f);
   stop(&f);
@@ -334,5 +333,5 @@ int main(void) {
       cmocka_unit_test(test_lagging_tick_marks_no_worker_dead),
       cmocka_unit_test(test_slow_honest_pull_is_not_cut),
   };
-  return cmocka_run_group_tests_name("hostile_fair", tests, NULL, NULL);
+  return ts_skip_exit(cmocka_run_group_tests_name("hostile_fair", tests, NULL, NULL));
 }

@@ -1,6 +1,6 @@
 """Fixtures of the Python tests: real ps-server shards on free loopback ports.
 
-The shards are the C build's (TESSERA_BUILD_DIR, set by tests/python/run.sh; default
+The shards are the C build's (TESSERA_BUILD_DIR, set by tests/python/run_pytest.sh; default
 build/ in the checkout). Each cluster writes its job file into a fresh temporary directory,
 starts one ps-server per shard (stderr in DIR/ps-N.log; each dies with the test process
 through PR_SET_PDEATHSIG) and waits until every shard accepts connections. The `cluster`

@@ -1,6 +1,6 @@
 """tessera.keras: Keras 3 models trained on real shards.
 
-Skipped (with the reason printed by run.sh's -rs) where TensorFlow cannot be imported.
+Skipped (with the reason printed by run_pytest.sh's -rs) where TensorFlow cannot be imported.
 The example CNN's runs are in test_keras_cnn.py.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 processes reach the test accuracy asked for, and sync training is exact (2 workers x batch
 B = 1 worker x batch 2B).
 
-Skipped (with the reason printed by run.sh's -rs) where TensorFlow cannot be imported or
+Skipped (with the reason printed by run_pytest.sh's -rs) where TensorFlow cannot be imported or
 Debian's dataset-fashion-mnist is missing. About a minute per CNN run on 2 cores.
 """
 from __future__ import annotations

@@ -53,7 +53,8 @@ static double value_at(const ts_events_record_t *r, size_t n, int64_t step, cons
 
 static void test_worker_metrics_and_events(void **state) {
   (void)state;
-  if (access(DATA "t10k-images-idx3-ubyte.gz", R_OK) != 0) skip();
+  if (access(DATA "t10k-images-idx3-ubyte.gz", R_OK) != 0)
+    TS_SKIP("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
   ts_cluster_t c;
   /* The cluster's directory is made by the harness; the logdir lies inside it. */
   assert_int_equal(ts_cluster_start(&c, 2, 1,
@@ -86,8 +87,7 @@ static void test_worker_metrics_and_events(void **state) {
     if (step1 <= 0) usleep(10000);
   }
   assert_string_equal(ctype, TS_PROM_CONTENT_TYPE);
-  int pt = ts_promtool_check(body);
-  if (pt != 77) assert_int_equal(pt, 0);
+  assert_int_equal(ts_promtool_check(body), 0);
   /* Until the counters have moved and the first loss and rate are reported (every
    * log_interval_s), up to 20 s, or the worker is gone: a fixed 150 ms gave a worker
    * descheduled by a loaded machine no step to show. */
@@ -110,8 +110,7 @@ static void test_worker_metrics_and_events(void **state) {
     assert_true(pull_count >= step2);
     assert_true(ts_metric_value(body, "tessera_worker_loss") > 0);
     assert_true(ts_metric_value(body, "tessera_worker_examples_per_second") > 0);
-    pt = ts_promtool_check(body);
-    if (pt != 77) assert_int_equal(pt, 0);
+    assert_int_equal(ts_promtool_check(body), 0);
     assert_int_equal(ts_http_get(port, "/status", body, sizeof body, ctype, sizeof ctype), 200);
     cJSON *j = cJSON_Parse(body);
     assert_non_null(j);
@@ -203,5 +202,5 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_worker_metrics_and_events),
   };
-  return cmocka_run_group_tests_name("observe", tests, NULL, NULL);
+  return ts_skip_exit(cmocka_run_group_tests_name("observe", tests, NULL, NULL));
 }

@@ -31,7 +31,8 @@ static char body[1 << 16];
  * group's keys given; skips the test without the data. */
 static void start_job(ts_cluster_t *c, int shards, int workers, const char *mode,
                       double sync_timeout_s, const char *train) {
-  if (access(DATA "t10k-images-idx3-ubyte.gz", R_OK) != 0) skip();
+  if (access(DATA "t10k-images-idx3-ubyte.gz", R_OK) != 0)
+    TS_SKIP("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
   char job[512];
   snprintf(job, sizeof job,
            "job = { mode = \"%s\"; heartbeat_interval_s = 0.2; heartbeat_timeout_s = 1.0; "
@@ -179,7 +180,8 @@ static int progress_states(const char *ts, int *garbled, int *log_lines) {
 
 static void test_progress_on_terminal(void **state) {
   (void)state;
-  if (system("script --version >/dev/null 2>&1") != 0) skip();
+  if (system("script --version >/dev/null 2>&1") != 0)
+    TS_SKIP("script(1) is missing (apt-get install bsdutils): no terminal to draw on");
   ts_cluster_t c;
   start_job(&c, 1, 1, "async", 1.0, "max_steps = 6000; log_interval_s = 1.0;");
   char cmd[2048], out[400];
@@ -240,5 +242,5 @@ int main(void) {
       cmocka_unit_test(test_livez_sync_barrier_wait),
       cmocka_unit_test(test_progress_on_terminal),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return ts_skip_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -454,7 +454,11 @@ double ts_metric_wait(int http_port, const char *series, double lo, double hi) {
 }
 
 int ts_promtool_check(const char *text) {
-  if (system("command -v promtool >/dev/null 2>&1") != 0) return 77;
+  if (system("command -v promtool >/dev/null 2>&1") != 0) {
+    ts_skip_note("promtool is not on PATH: `promtool check metrics` left out (tests/run.sh "
+                 "puts Debian's in .tools/usr/bin)");
+    return 0;
+  }
   char path[] = "/tmp/tessera-metrics-XXXXXX";
   int fd = mkstemp(path);
   if (fd < 0) return -1;

@@ -1,5 +1,6 @@
 /*
- * Test harness: real ps-server processes on ephemeral loopback ports.
+ * Test harness (tests/lib, for the integration, system and gpu suites and bench/psbench):
+ * real ps-server processes on ephemeral loopback ports.
  *
  * ts_cluster_start writes a job file into a fresh temporary directory, picks free ports on
  * 127.0.0.1 (for each shard's protocol and admin HTTP endpoints, cluster.ps and
@@ -15,6 +16,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
+
+#include "skip.h"
 
 #define TS_CLUSTER_MAX 8
 
@@ -119,8 +122,10 @@ double ts_rel_l2(const float *a, const float *b, size_t n);
  * last value (-1 when absent), and says on stderr when it never got there. */
 double ts_metric_wait(int http_port, const char *series, double lo, double hi);
 
-/* 0 when `promtool check metrics` accepts the text, 77 when promtool is missing, else its
- * status. */
+/* `promtool check metrics` of text: 0 when promtool accepts it, else promtool's status (-1
+ * when it cannot be run). Without promtool on PATH the check is noted as skipped
+ * (skip.h: the test then exits 77, saying why) and 0 returned, so a test asserts
+ * ts_promtool_check(body) == 0 and goes on with its other checks. */
 int ts_promtool_check(const char *text);
 
 /* A free TCP port on 127.0.0.1 (not one handed out before by this process). */

@@ -9,7 +9,7 @@
 #            training), window-based like Tessera's
 # TensorFlow comes from python/venv.sh's virtual environment (tensorflow-cpu from PyPI).
 #
-# usage: bench/peers/run.sh [BUILD_DIR]
+# usage: bench/peers/run_peers.sh [BUILD_DIR]
 #   env: RUNS (5), MODELS ("small large"), TF_STEPS_SMALL (600), TF_STEPS_LARGE (40),
 #        STEPS_SMALL (900: within train.sh's one epoch), STEPS_LARGE (60) for Tessera, VENV (default: python/venv.sh's)
 # Output: train.sh's and the peers' lines (run=R), then "# summary" lines: medians with
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/../.."
 build=${1:-build}
 runs=${RUNS:-5}
 models=${MODELS:-small large}
-venv=${VENV:-$(python/venv.sh)} || { echo "peers/run.sh: python/venv.sh failed" >&2; exit 1; }
+venv=${VENV:-$(python/venv.sh)} || { echo "run_peers.sh: python/venv.sh failed" >&2; exit 1; }
 export TF_CPP_MIN_LOG_LEVEL=2
 lines=$(mktemp /tmp/tessera-peers-XXXXXX)
 trap 'rm -f "$lines"' EXIT

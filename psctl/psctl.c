@@ -7,14 +7,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "psctl_help.h"
+#include "tessera/client.h"
 #include "ts_alloc.h"
 #include "ts_build_config.h"
-#include "tessera/client.h"
 #include "ts_config.h"
 #include "ts_err.h"
+#include "ts_job_status.h"
 #include "ts_log.h"
-#include "ts_status_json.h"
-#include "psctl_help.h"
 
 typedef enum { OUT_TABLE, OUT_JSON } output_t;
 
@@ -151,7 +151,7 @@ static void print_shards_table(const cluster_view_t *v) {
   }
 }
 
-static void print_workers_table(const ts_status_worker_t *w, size_t n) {
+static void print_workers_table(const ts_job_status_worker_t *w, size_t n) {
   printf("%-5s %10s %10s %12s %11s %8s %-10s %s\n", "TASK", "STEP", "LOSS", "EXAMPLES/S",
          "LAST SEEN", "EPOCH", "STATE", "DEVICE");
   for (size_t i = 0; i < n; i++) {
@@ -165,7 +165,7 @@ static void print_workers_table(const ts_status_worker_t *w, size_t n) {
     }
     if (w[i].seen) snprintf(seen, sizeof seen, "%.1fs ago", w[i].last_seen_s);
     printf("%-5d %10s %10s %12s %11s %8s ", w[i].task, step, loss, eps, seen, epoch);
-    const char *state = ts_status_worker_state(&w[i]);
+    const char *state = ts_job_status_worker_state(&w[i]);
     if (w[i].seen)
       cell(state, 10, w[i].done || w[i].alive);
     else
@@ -175,7 +175,7 @@ static void print_workers_table(const ts_status_worker_t *w, size_t n) {
 }
 
 /* The workers' mean progress through their current epoch (done counts as 1), as a bar. */
-static void print_progress_bar(const ts_status_worker_t *w, size_t n) {
+static void print_progress_bar(const ts_job_status_worker_t *w, size_t n) {
   double sum = 0;
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
@@ -198,8 +198,8 @@ static void print_progress_bar(const ts_status_worker_t *w, size_t n) {
 
 static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   size_t nw = v->cfg.num_workers;
-  ts_status_shard_t *sh = ts_calloc(v->cfg.num_ps, sizeof *sh);
-  ts_status_worker_t *w = ts_calloc(nw ? nw : 1, sizeof *w);
+  ts_job_status_shard_t *sh = ts_calloc(v->cfg.num_ps, sizeof *sh);
+  ts_job_status_worker_t *w = ts_calloc(nw ? nw : 1, sizeof *w);
   if (!sh || !w) {
     ts_free(sh);
     ts_free(w);
@@ -209,26 +209,28 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   size_t n = 0;
   for (size_t s = 0; s < v->cfg.num_ps; s++) {
     if (!shard_selected(v, s)) continue;
-    sh[n++] = (ts_status_shard_t){.index = s, .address = v->cfg.ps[s], .st = v->st[s],
-                                  .error = v->why[s]};
+    sh[n++] = (ts_job_status_shard_t){
+        .index = s, .address = v->cfg.ps[s], .st = v->st[s], .error = v->why[s]};
   }
-  ts_status_view_t view = {.shards = sh, .num_shards = n, .num_workers = nw,
-                           .configured_mode = ts_mode_name(v->cfg.mode)};
-  ts_status_merge_workers(&view, w);
+  ts_job_status_view_t view = {.shards = sh,
+                               .num_shards = n,
+                               .num_workers = nw,
+                               .configured_mode = ts_mode_name(v->cfg.mode)};
+  ts_job_status_merge_workers(&view, w);
   ts_client_mode_t mode;
-  uint64_t step = ts_status_job_step(&view, &mode);
-  size_t up = ts_status_shards_up(&view);
+  uint64_t step = ts_job_status_job_step(&view, &mode);
+  size_t up = ts_job_status_shards_up(&view);
   const char *mname = up ? ts_client_mode_name(mode) : ts_mode_name(v->cfg.mode);
   if (out == OUT_JSON) {
     cJSON *root = NULL;
     if (strcmp(cmd, "status") == 0 || strcmp(cmd, "health") == 0) {
-      root = ts_status_json_job(&view, strcmp(cmd, "status") == 0);
+      root = ts_job_status_json_job(&view, strcmp(cmd, "status") == 0);
     } else if (strcmp(cmd, "shards") == 0) {
       root = cJSON_CreateArray();
-      for (size_t s = 0; s < n; s++) cJSON_AddItemToArray(root, ts_status_json_shard(&sh[s]));
+      for (size_t s = 0; s < n; s++) cJSON_AddItemToArray(root, ts_job_status_json_shard(&sh[s]));
     } else {
       root = cJSON_CreateArray();
-      for (size_t i = 0; i < nw; i++) cJSON_AddItemToArray(root, ts_status_json_worker(&w[i]));
+      for (size_t i = 0; i < nw; i++) cJSON_AddItemToArray(root, ts_job_status_json_worker(&w[i]));
     }
     print_json(root);
   } else if (strcmp(cmd, "status") == 0) {
@@ -236,7 +238,7 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
            (unsigned long long)step, up, n, nw);
     double acc;
     int by = -1;
-    if (ts_status_final_accuracy(&view, &acc, &by))
+    if (ts_job_status_final_accuracy(&view, &acc, &by))
       printf("final test accuracy: %.4f (worker %d evaluated the final parameters)\n", acc, by);
     printf("\n");
     if (isatty(STDOUT_FILENO) == 1) print_progress_bar(w, nw);

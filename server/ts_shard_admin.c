@@ -4,9 +4,9 @@
 
 #include "ts_alloc.h"
 #include "ts_err.h"
+#include "ts_job_status.h"
 #include "ts_metrics.h"
 #include "ts_status.h"
-#include "ts_status_json.h"
 
 /* The role's ctx: which shard of which job. */
 typedef struct {
@@ -34,15 +34,15 @@ static cJSON *render_status(const ts_admin_view_t *v) {
   int rc = st ? ts_status_from_pb(st, &pub) : 0;
   if (st) tessera__shard_status__free_unpacked(st, &ts_protobuf_allocator);
   if (rc < 0) return NULL;
-  ts_status_shard_t sh = {.index = ctx->shard,
-                          .address = ctx->cfg->ps[ctx->shard],
-                          .st = pub,
-                          .error = pub ? NULL : "no status published"};
-  ts_status_view_t sv = {.shards = &sh,
-                         .num_shards = 1,
-                         .num_workers = ctx->cfg->num_workers,
-                         .configured_mode = ts_mode_name(ctx->cfg->mode)};
-  cJSON *j = ts_status_json_job(&sv, true);
+  ts_job_status_shard_t sh = {.index = ctx->shard,
+                              .address = ctx->cfg->ps[ctx->shard],
+                              .st = pub,
+                              .error = pub ? NULL : "no status published"};
+  ts_job_status_view_t sv = {.shards = &sh,
+                             .num_shards = 1,
+                             .num_workers = ctx->cfg->num_workers,
+                             .configured_mode = ts_mode_name(ctx->cfg->mode)};
+  cJSON *j = ts_job_status_json_job(&sv, true);
   ts_free(pub);
   return j;
 }

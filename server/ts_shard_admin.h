@@ -6,7 +6,7 @@
  *   /livez    200 while the shard's event loop keeps publishing (it does every tick), 503
  *             when it has not for TS_SHARD_ADMIN_STALL_S: restart me
  *   /readyz   200 once the shard serves (listening, not stopping), else 503 with a reason
- *   /status   the JSON of `psctl status --output json` (ts_status_json.h), as this shard
+ *   /status   the JSON of `psctl status --output json` (ts_job_status.h), as this shard
  *             sees the job: "shards" lists this shard alone
  *
  * Threads: the loop publishes every tick with ts_admin_publish(admin, &metrics,

@@ -10,11 +10,11 @@
 #include "ts_build_config.h"
 #include "ts_err.h"
 #include "ts_events.h"
+#include "ts_job_status.h"
 #include "ts_log.h"
 #include "ts_notify.h"
 #include "ts_progress_line.h"
 #include "ts_prom.h"
-#include "ts_status_json.h"
 
 static const char *const phase_names[3] = {"pull", "compute", "push"};
 
@@ -125,12 +125,19 @@ static void render_metrics(const ts_admin_view_t *v, ts_buf_t *b) {
 static cJSON *render_status(const ts_admin_view_t *v) {
   const observe_ctx_t *o = v->ctx;
   const snapshot_t *s = v->snap;
-  ts_status_worker_t w = {.task = o->task, .seen = true, .alive = s->ready && !s->done,
-                          .done = s->done, .step = s->step, .loss = s->loss,
-                          .examples_per_sec = s->examples_per_sec, .last_seen_s = 0,
-                          .epoch_progress = s->epoch_progress, .step_known = true,
-                          .reported = s->have_progress, .device = s->device};
-  cJSON *j = ts_status_json_worker(&w);
+  ts_job_status_worker_t w = {.task = o->task,
+                              .seen = true,
+                              .alive = s->ready && !s->done,
+                              .done = s->done,
+                              .step = s->step,
+                              .loss = s->loss,
+                              .examples_per_sec = s->examples_per_sec,
+                              .last_seen_s = 0,
+                              .epoch_progress = s->epoch_progress,
+                              .step_known = true,
+                              .reported = s->have_progress,
+                              .device = s->device};
+  cJSON *j = ts_job_status_json_worker(&w);
   if (!j) return NULL;
   cJSON_AddStringToObject(j, "role", "worker");
   cJSON_AddStringToObject(j, "address", o->cfg->workers[o->task]);

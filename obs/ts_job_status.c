@@ -1,11 +1,11 @@
-#include "ts_status_json.h"
+#include "ts_job_status.h"
 
 #include <string.h>
 
 #include "ts_alloc.h"
 #include "ts_msg.h"
 
-void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w) {
+void ts_job_status_merge_workers(const ts_job_status_view_t *v, ts_job_status_worker_t *w) {
   size_t nw = v->num_workers;
   memset(w, 0, nw * sizeof *w);
   for (size_t t = 0; t < nw; t++) w[t].task = (int)t;
@@ -16,7 +16,7 @@ void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w) {
     for (size_t i = 0; i < st->num_workers_seen; i++) {
       const ts_client_worker_status_t *ws = &st->workers[i];
       if (ws->task < 0 || (size_t)ws->task >= nw) continue;
-      ts_status_worker_t *x = &w[ws->task];
+      ts_job_status_worker_t *x = &w[ws->task];
       if (ws->reported && (!x->reported || ws->last_seen_s <= x->last_seen_s)) {
         x->loss = ws->loss;
         x->examples_per_sec = ws->examples_per_sec;
@@ -37,13 +37,13 @@ void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w) {
   }
 }
 
-const char *ts_status_worker_state(const ts_status_worker_t *w) {
+const char *ts_job_status_worker_state(const ts_job_status_worker_t *w) {
   if (!w->seen) return "not joined";
   if (w->done) return "stopped";
   return w->alive ? "alive" : "dead";
 }
 
-uint64_t ts_status_job_step(const ts_status_view_t *v, ts_client_mode_t *mode) {
+uint64_t ts_job_status_job_step(const ts_job_status_view_t *v, ts_client_mode_t *mode) {
   uint64_t step = 0;
   bool first = true;
   *mode = TS_CLIENT_MODE_UNSPECIFIED;
@@ -63,13 +63,13 @@ uint64_t ts_status_job_step(const ts_status_view_t *v, ts_client_mode_t *mode) {
   return step;
 }
 
-size_t ts_status_shards_up(const ts_status_view_t *v) {
+size_t ts_job_status_shards_up(const ts_job_status_view_t *v) {
   size_t up = 0;
   for (size_t s = 0; s < v->num_shards; s++) up += v->shards[s].st != NULL;
   return up;
 }
 
-bool ts_status_final_accuracy(const ts_status_view_t *v, double *acc, int *task) {
+bool ts_job_status_final_accuracy(const ts_job_status_view_t *v, double *acc, int *task) {
   for (size_t s = 0; s < v->num_shards; s++) {
     const ts_client_shard_status_t *st = v->shards[s].st;
     if (!st || !st->has_final_test_accuracy) continue;
@@ -80,7 +80,7 @@ bool ts_status_final_accuracy(const ts_status_view_t *v, double *acc, int *task)
   return false;
 }
 
-cJSON *ts_status_json_shard(const ts_status_shard_t *sh) {
+cJSON *ts_job_status_json_shard(const ts_job_status_shard_t *sh) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
   const ts_client_shard_status_t *st = sh->st;
@@ -118,7 +118,7 @@ static void add_number_or_null(cJSON *o, const char *key, bool known, double val
     cJSON_AddNullToObject(o, key);
 }
 
-cJSON *ts_status_json_worker(const ts_status_worker_t *w) {
+cJSON *ts_job_status_json_worker(const ts_job_status_worker_t *w) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
   cJSON_AddNumberToObject(o, "task", w->task);
@@ -129,7 +129,7 @@ cJSON *ts_status_json_worker(const ts_status_worker_t *w) {
   cJSON_AddBoolToObject(o, "alive", w->alive);
   cJSON_AddBoolToObject(o, "done", w->done);
   add_number_or_null(o, "epoch_progress", w->reported, w->epoch_progress);
-  cJSON_AddStringToObject(o, "state", ts_status_worker_state(w));
+  cJSON_AddStringToObject(o, "state", ts_job_status_worker_state(w));
   if (w->device && *w->device)
     cJSON_AddStringToObject(o, "device", w->device);
   else
@@ -137,34 +137,36 @@ cJSON *ts_status_json_worker(const ts_status_worker_t *w) {
   return o;
 }
 
-cJSON *ts_status_json_job(const ts_status_view_t *v, bool with_workers) {
+cJSON *ts_job_status_json_job(const ts_job_status_view_t *v, bool with_workers) {
   cJSON *root = cJSON_CreateObject();
   if (!root) return NULL;
   ts_client_mode_t mode;
-  uint64_t step = ts_status_job_step(v, &mode);
-  size_t up = ts_status_shards_up(v);
+  uint64_t step = ts_job_status_job_step(v, &mode);
+  size_t up = ts_job_status_shards_up(v);
   cJSON_AddStringToObject(root, "mode",
-                          up ? ts_msg_mode_name((Tessera__Mode)mode) : v->configured_mode ? v->configured_mode : "unknown");
+                          up                   ? ts_msg_mode_name((Tessera__Mode)mode)
+                          : v->configured_mode ? v->configured_mode
+                                               : "unknown");
   cJSON_AddNumberToObject(root, "step", (double)step);
   cJSON_AddBoolToObject(root, "healthy", up == v->num_shards);
   cJSON *shards = cJSON_AddArrayToObject(root, "shards");
   for (size_t s = 0; shards && s < v->num_shards; s++)
-    cJSON_AddItemToArray(shards, ts_status_json_shard(&v->shards[s]));
+    cJSON_AddItemToArray(shards, ts_job_status_json_shard(&v->shards[s]));
   if (with_workers) {
     cJSON *workers = cJSON_AddArrayToObject(root, "workers");
-    ts_status_worker_t *w = ts_calloc(v->num_workers ? v->num_workers : 1, sizeof *w);
+    ts_job_status_worker_t *w = ts_calloc(v->num_workers ? v->num_workers : 1, sizeof *w);
     if (!w || !workers) {
       ts_free(w);
       cJSON_Delete(root);
       return NULL;
     }
-    ts_status_merge_workers(v, w);
+    ts_job_status_merge_workers(v, w);
     for (size_t i = 0; i < v->num_workers; i++)
-      cJSON_AddItemToArray(workers, ts_status_json_worker(&w[i]));
+      cJSON_AddItemToArray(workers, ts_job_status_json_worker(&w[i]));
     ts_free(w);
   }
   double acc;
-  if (ts_status_final_accuracy(v, &acc, NULL))
+  if (ts_job_status_final_accuracy(v, &acc, NULL))
     cJSON_AddNumberToObject(root, "final_test_accuracy", acc);
   else
     cJSON_AddNullToObject(root, "final_test_accuracy");

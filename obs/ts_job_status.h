@@ -27,8 +27,8 @@
  *   seen; step before its first report or accepted push; loss, examples_per_sec and
  *   epoch_progress before its first progress report; device before it reports one.
  */
-#ifndef TS_STATUS_JSON_H
-#define TS_STATUS_JSON_H
+#ifndef TS_JOB_STATUS_H
+#define TS_JOB_STATUS_H
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
@@ -38,54 +38,54 @@
 #include "tessera/client.h"
 
 typedef struct {
-  size_t index;                  /* shard index in cluster.ps */
+  size_t index; /* shard index in cluster.ps */
   const char *address;
   const ts_client_shard_status_t *st; /* NULL: the shard did not answer */
-  const char *error;              /* why it did not answer (may be NULL) */
-} ts_status_shard_t;
+  const char *error;                  /* why it did not answer (may be NULL) */
+} ts_job_status_shard_t;
 
 typedef struct {
-  const ts_status_shard_t *shards;
+  const ts_job_status_shard_t *shards;
   size_t num_shards;
-  size_t num_workers;            /* the job's workers (cluster.workers) */
-  const char *configured_mode;   /* its name ("sync"), shown when no shard answered */
-} ts_status_view_t;
+  size_t num_workers;          /* the job's workers (cluster.workers) */
+  const char *configured_mode; /* its name ("sync"), shown when no shard answered */
+} ts_job_status_view_t;
 
 /* One worker as the view sees it. */
 typedef struct {
   int task;
   bool seen, alive, done;
-  bool step_known;   /* step was reported (else it is shown as null / "-") */
-  bool reported;     /* loss, examples_per_sec, epoch_progress were reported */
+  bool step_known; /* step was reported (else it is shown as null / "-") */
+  bool reported;   /* loss, examples_per_sec, epoch_progress were reported */
   uint64_t step;
   double loss, examples_per_sec, last_seen_s, epoch_progress;
   const char *device; /* the device it trains on; NULL or "" until reported */
-} ts_status_worker_t;
+} ts_job_status_worker_t;
 
 /* "alive", "stopped", "dead" or "not joined" (see above). */
-const char *ts_status_worker_state(const ts_status_worker_t *w);
+const char *ts_job_status_worker_state(const ts_job_status_worker_t *w);
 
 /* Merge the workers over the view's shards into w[0..v->num_workers) (caller's array). */
-void ts_status_merge_workers(const ts_status_view_t *v, ts_status_worker_t *w);
+void ts_job_status_merge_workers(const ts_job_status_view_t *v, ts_job_status_worker_t *w);
 
 /* The job's step: in sync mode the lowest shard step (shards move together), otherwise
  * the largest (each shard counts the pushes it applied). *mode gets the shards' mode, or
  * TS_CLIENT_MODE_UNSPECIFIED when none answered. */
-uint64_t ts_status_job_step(const ts_status_view_t *v, ts_client_mode_t *mode);
+uint64_t ts_job_status_job_step(const ts_job_status_view_t *v, ts_client_mode_t *mode);
 
 /* The job's final test accuracy when a shard of the view has it (the reporting worker
  * sends it to every shard): true with *acc and *task (may be NULL). */
-bool ts_status_final_accuracy(const ts_status_view_t *v, double *acc, int *task);
+bool ts_job_status_final_accuracy(const ts_job_status_view_t *v, double *acc, int *task);
 
 /* Shards of the view that answered. */
-size_t ts_status_shards_up(const ts_status_view_t *v);
+size_t ts_job_status_shards_up(const ts_job_status_view_t *v);
 
 /* The JSON pieces; each returns a new cJSON tree (NULL when out of memory) the caller
  * deletes with cJSON_Delete. */
-cJSON *ts_status_json_shard(const ts_status_shard_t *s);
-cJSON *ts_status_json_worker(const ts_status_worker_t *w);
+cJSON *ts_job_status_json_shard(const ts_job_status_shard_t *s);
+cJSON *ts_job_status_json_worker(const ts_job_status_worker_t *w);
 
 /* The whole object above; with_workers = false leaves out "workers" (psctl health). */
-cJSON *ts_status_json_job(const ts_status_view_t *v, bool with_workers);
+cJSON *ts_job_status_json_job(const ts_job_status_view_t *v, bool with_workers);
 
 #endif

@@ -107,7 +107,7 @@ int main(int argc, char **argv) {
     ts_layer_shape_t in = {train.rows, train.cols, 1};
     rc = ts_layers_from_config(cfg.net_layers, cfg.num_net_layers, specs, err, sizeof err);
     if (rc == 0)
-      rc = ts_model_init_net(&m, specs, cfg.num_net_layers, in, (size_t)batch, ts_kernels_cpu(),
+      rc = ts_model_init_seq(&m, specs, cfg.num_net_layers, in, (size_t)batch, ts_kernels_cpu(),
                              err, sizeof err);
   } else {
     rc = ts_model_init(&m, widths, nw, TS_ACT_RELU, (size_t)batch, ts_kernels_cpu(), err,

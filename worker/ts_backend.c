@@ -521,7 +521,7 @@ int ts_backend_setup(const ts_config_t *cfg, int task, ts_layer_shape_t input, s
       on_cpu[i] = plan.placements[plan.num_input_ops + i].type == TS_DEVICE_CPU;
     if (plan.split) log_split(&plan);
     if (rc == 0)
-      rc = ts_towers_init_net_split(towers, tables, n, specs, cfg->num_net_layers, input,
+      rc = ts_towers_init_seq_split(towers, tables, n, specs, cfg->num_net_layers, input,
                                     plan.split ? on_cpu : NULL, cap, release, errmsg, errlen);
     else if (release)
       for (size_t t = 0; t < n; t++) release(tables[t]);

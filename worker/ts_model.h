@@ -6,7 +6,7 @@
  * Glossary.
  *   engine     what computes: the MLP of model.layers widths (ts_model_init: a list of ops,
  *              worker/ts_model_mlp.c) or a sequential network of a layer list
- *              (ts_model_init_net: worker/ts_seq.h, through worker/ts_model_seq.c). An engine
+ *              (ts_model_init_seq: worker/ts_seq.h, through worker/ts_model_seq.c). An engine
  *              fills the public fields below and the function table of ts_model_int.h.
  *   tensor     a parameter as the worker declares it: a name, a shape, an initialiser. The
  *              MLP's are "fcK/weights" of shape [width[K-1], width[K]] (Glorot uniform) and
@@ -121,15 +121,15 @@ int ts_model_init(ts_model_t *model, const int *widths, size_t n, ts_activation_
 /* The sequential-network engine: a network of layers (worker/ts_layers.h) instead of
  * widths, on an input of one example's shape. Errors as ts_seq_init (TS_EINVAL names the
  * layer). */
-int ts_model_init_net(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
+int ts_model_init_seq(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
                       ts_layer_shape_t input, size_t batch_capacity, const ts_kernels_t *kernels,
                       char *errmsg, size_t errlen);
 
-/* ts_model_init_net with layer i on layer_kernels[i] (ts_seq_init_split): a model split over
+/* ts_model_init_seq with layer i on layer_kernels[i] (ts_seq_init_split): a model split over
  * devices. kernels (may be NULL: the first layer's) is the table the model reports as its
  * own (the tower's). params and grads are NULL when the layers are on more than one table:
  * the copies below (ts_model_set_params ...) reach every segment's slice of the layout. */
-int ts_model_init_net_split(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
+int ts_model_init_seq_split(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
                             ts_layer_shape_t input, size_t batch_capacity,
                             const ts_kernels_t *kernels, const ts_kernels_t *const *layer_kernels,
                             char *errmsg, size_t errlen);

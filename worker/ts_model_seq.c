@@ -72,14 +72,14 @@ static const ts_model_engine_t seq_engine = {
     .destroy = seq_destroy,
 };
 
-int ts_model_init_net(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
+int ts_model_init_seq(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
                       ts_layer_shape_t input, size_t batch_capacity, const ts_kernels_t *kernels,
                       char *errmsg, size_t errlen) {
-  return ts_model_init_net_split(model, specs, n, input, batch_capacity, kernels, NULL, errmsg,
+  return ts_model_init_seq_split(model, specs, n, input, batch_capacity, kernels, NULL, errmsg,
                                  errlen);
 }
 
-int ts_model_init_net_split(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
+int ts_model_init_seq_split(ts_model_t *model, const ts_layer_spec_t *specs, size_t n,
                             ts_layer_shape_t input, size_t batch_capacity,
                             const ts_kernels_t *kernels, const ts_kernels_t *const *layer_kernels,
                             char *errmsg, size_t errlen) {

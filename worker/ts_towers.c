@@ -165,11 +165,11 @@ static int init_model(ts_model_t *m, const model_src_t *src, size_t capacity, co
       ts_errmsg_printf(errmsg, errlen, "model: %zu layers, at most %d", src->nspecs, TS_LAYERS_MAX);
       return TS_EINVAL;
     }
-    return ts_model_init_net_split(m, src->specs, src->nspecs, src->input, capacity, k, lk, errmsg,
+    return ts_model_init_seq_split(m, src->specs, src->nspecs, src->input, capacity, k, lk, errmsg,
                                    errlen);
   }
   if (src->specs)
-    return ts_model_init_net(m, src->specs, src->nspecs, src->input, capacity, k, errmsg, errlen);
+    return ts_model_init_seq(m, src->specs, src->nspecs, src->input, capacity, k, errmsg, errlen);
   return ts_model_init(m, src->widths, src->nw, src->activation, capacity, k, errmsg, errlen);
 }
 
@@ -274,14 +274,14 @@ int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n
   return init_towers(tw, kernels, n, &src, capacity, release, errmsg, errlen);
 }
 
-int ts_towers_init_net(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
+int ts_towers_init_seq(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
                        const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
                        size_t capacity, ts_towers_release_cb release, char *errmsg, size_t errlen) {
-  return ts_towers_init_net_split(tw, kernels, n, specs, nspecs, input, NULL, capacity, release,
+  return ts_towers_init_seq_split(tw, kernels, n, specs, nspecs, input, NULL, capacity, release,
                                   errmsg, errlen);
 }
 
-int ts_towers_init_net_split(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
+int ts_towers_init_seq_split(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
                              const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
                              const bool *cpu_layers, size_t capacity, ts_towers_release_cb release,
                              char *errmsg, size_t errlen) {

@@ -103,16 +103,16 @@ int ts_towers_init(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n
                    ts_towers_release_cb release, char *errmsg, size_t errlen);
 
 /* ts_towers_init for a network of layers (worker/ts_layers.h) on an input of one example's
- * shape: each tower runs ts_model_init_net. Errors as ts_towers_init; TS_EINVAL names the
+ * shape: each tower runs ts_model_init_seq. Errors as ts_towers_init; TS_EINVAL names the
  * layer. */
-int ts_towers_init_net(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
+int ts_towers_init_seq(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
                        const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
                        size_t capacity, ts_towers_release_cb release, char *errmsg, size_t errlen);
 
-/* ts_towers_init_net with a split model (above): layer i runs on the CPU back end
+/* ts_towers_init_seq with a split model (above): layer i runs on the CPU back end
  * (ts_kernels_cpu) when cpu_layers[i], else on the tower's table. cpu_layers NULL is
- * ts_towers_init_net. Errors as ts_towers_init_net. */
-int ts_towers_init_net_split(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
+ * ts_towers_init_seq. Errors as ts_towers_init_seq. */
+int ts_towers_init_seq_split(ts_towers_t *tw, const ts_kernels_t *const *kernels, size_t n,
                              const ts_layer_spec_t *specs, size_t nspecs, ts_layer_shape_t input,
                              const bool *cpu_layers, size_t capacity, ts_towers_release_cb release,
                              char *errmsg, size_t errlen);

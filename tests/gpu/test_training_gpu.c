@@ -150,7 +150,7 @@ static float *final_params(ts_cluster_t *c, bool lenet5, size_t *count) {
   char err[512];
   int widths[] = {784, 32, 10};
   ts_layer_shape_t in = {28, 28, 1};
-  int rc = lenet5 ? ts_model_init_net(&m, lenet5_specs, 8, in, 1, ts_kernels_cpu(), err, sizeof err)
+  int rc = lenet5 ? ts_model_init_seq(&m, lenet5_specs, 8, in, 1, ts_kernels_cpu(), err, sizeof err)
                   : ts_model_init(&m, widths, 3, TS_ACT_RELU, 8, ts_kernels_cpu(), err, sizeof err);
   assert_int_equal(rc, 0);
   float *p = ts_pull_model_params(c, &m, 7, NULL);

@@ -98,7 +98,7 @@ static float *cnn_params(ts_cluster_t *c, size_t *count, double *moved) {
   ts_layer_shape_t in = {28, 28, 1};
   assert_int_equal(ts_backend_layers(&cfg, in, specs, err, sizeof err), 0);
   ts_model_t m;
-  int rc = ts_model_init_net(&m, specs, cfg.num_net_layers, in, 1, ts_kernels_cpu(), err, sizeof err);
+  int rc = ts_model_init_seq(&m, specs, cfg.num_net_layers, in, 1, ts_kernels_cpu(), err, sizeof err);
   if (rc != 0) fprintf(stderr, "%s\n", err);
   assert_int_equal(rc, 0);
   float *p = ts_pull_model_params(c, &m, 7, NULL);

@@ -410,7 +410,7 @@ static void test_split_towers(void **state) {
   char err[256] = "";
   ts_towers_t tw;
   assert_int_equal(
-      ts_towers_init_net_split(&tw, tables, 2, s, 5, in, on_cpu, batch / 2, NULL, err, sizeof err),
+      ts_towers_init_seq_split(&tw, tables, 2, s, 5, in, on_cpu, batch / 2, NULL, err, sizeof err),
       0);
   assert_false(tw.zero_copy);
   assert_int_equal(tw.reduce, TS_TOWERS_REDUCE_PINNED);
@@ -418,7 +418,7 @@ static void test_split_towers(void **state) {
   /* White-box: a layer list's engine state is its network (worker/ts_model_seq.c). */
   assert_ptr_equal(((const ts_seq_t *)tw.models[1].impl)->seg[1].kernels, CPU);
   ts_model_t one;
-  assert_int_equal(ts_model_init_net(&one, s, 5, in, batch, CPU, err, sizeof err), 0);
+  assert_int_equal(ts_model_init_seq(&one, s, 5, in, batch, CPU, err, sizeof err), 0);
   assert_string_equal(ts_model_engine_name(&one), "layers");
   assert_false(ts_model_is_split(&one));
   assert_int_equal(ts_model_init_params(&one, 2), 0);

@@ -9,11 +9,14 @@ each C file of a layer, from meson's compile_commands.json:
  - the compiler is asked for its include search list (`-E -v`, with the file's own
    arguments): every folder of the source or build tree on it must be the layer's own, one
    its table row's "may include" column names, include/ (the public header) or the tree's
-   root (ts_build_config.h). Anything else is a failure naming the file, the folder and the
+   folder in the build tree (ts_build_config.h). Anything else is a failure naming the file, the folder and the
    row;
  - the same run preprocesses a probe that asks `__has_include` for one header of every layer
    the row does not name (and the file's own layer's, which must be found): a forbidden
    include really fails to build, and the search list was read right;
+ - a module's private header (NAME_int.h) is included only from its own folder, and the
+   store's partition (server/ts_store_int.h) only by the store's files (ts_store*.c): the
+   shard's other modules call ts_store.h. Unit tests may look inside;
  - every unit test (tests/unit) must fit one layer: its include path reaches a layer and
    nothing that layer's row does not name, so it names its layer's dependency only.
 
@@ -195,6 +198,28 @@ def main():
                             rel = os.path.relpath(os.path.join(dirpath, fn), src)
                             failures.append(f"{rel}:{n}: an include by path steps around "
                                             f"the layers: {line.strip()}")
+    # A module's private header (NAME_int.h) is its folder's, and the store's partition
+    # (server/ts_store_int.h) is the store's alone: the shard's other modules use
+    # ts_store.h's functions, never a partition's fields. The unit tests may look inside.
+    priv = re.compile(r'^\s*#\s*include\s*"([\w.]+_int\.h)"')
+    owner = {h: lay for lay in table for h in own_headers[lay] if h.endswith("_int.h")}
+    only = {"ts_store_int.h": "server/ts_store"}
+    for layer in list(table) + ["python", "tests", "bench"]:
+        for dirpath, _, files in os.walk(os.path.join(src, layer)):
+            for fn in files:
+                if not fn.endswith((".c", ".h", ".cu")):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, fn), src)
+                with open(os.path.join(dirpath, fn), encoding="utf-8", errors="replace") as f:
+                    for n, line in enumerate(f, 1):
+                        m = priv.match(line)
+                        if not m or m.group(1) not in owner or rel.startswith("tests/unit/"):
+                            continue
+                        h = m.group(1)
+                        if not rel.startswith(owner[h] + "/") or \
+                                (h in only and not rel.startswith(only[h])):
+                            failures.append(f"{rel}:{n}: {h} is private to "
+                                            f"{only.get(h, owner[h] + '/')}")
     for f in failures:
         print(f)
     if checked == 0:

@@ -1,3 +1,9 @@
+/*
+ * The bounded HTTP server under every admin endpoint (ts_http.h): libmicrohttpd in a
+ * thread of its own, GET and HEAD only, and the limits that keep a slow or hostile client
+ * from taking it (a whole-request deadline; the oldest connection closed when one address,
+ * or all of them, would hold too many), so a liveness probe always gets an answer.
+ */
 #include "ts_http.h"
 
 #include <arpa/inet.h>

@@ -1,3 +1,8 @@
+/*
+ * The worker's observer (ts_observe.h): its role of the admin endpoint (metrics and status
+ * rendered from a snapshot published after every change), its TensorBoard event files and
+ * its systemd notifications, all fed from the training thread.
+ */
 #include "ts_observe.h"
 
 #include <stdio.h>

@@ -1,3 +1,10 @@
+/*
+ * The test harness (harness.h): a job file written into a fresh temporary directory, free
+ * loopback ports picked, real ps-server processes started (each dies with the test,
+ * PR_SET_PDEATHSIG) and waited for until they accept connections, their stderr kept for
+ * the failure message, and ts_cluster_stop's SIGTERM, then SIGKILL, and removal of the
+ * directory.
+ */
 #include "harness.h"
 
 #include <arpa/inet.h>

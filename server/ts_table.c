@@ -1,0 +1,194 @@
+/*
+ * A shard's rows of one embedding table (ts_table.h): the open-addressing index with
+ * backward-shift deletion, and the slabs rows live in, never moved.
+ */
+#include "ts_table.h"
+
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_err.h"
+#include "ts_key.h"
+
+#define MIN_CAP 16
+
+int ts_table_init(ts_table_t *t, uint32_t dim, uint32_t nstate, uint64_t max_rows) {
+  memset(t, 0, sizeof *t);
+  if (dim == 0 || nstate > 2) return TS_EINVAL;
+  t->dim = dim;
+  t->nstate = nstate;
+  t->stride = (size_t)dim * (1 + nstate);
+  t->free_head = TS_TABLE_NONE;
+  t->max_rows = max_rows == 0 || max_rows >= TS_TABLE_NONE ? TS_TABLE_NONE - 1 : max_rows;
+  return 0;
+}
+
+static size_t slab_bytes(const ts_table_t *t) {
+  return (size_t)TS_TABLE_SLAB_ROWS * t->stride * sizeof(float);
+}
+
+void ts_table_free(ts_table_t *t) {
+  for (size_t s = 0; s < t->nslabs; s++) {
+    ts_huge_free(t->slabs[s], slab_bytes(t));
+    ts_free(t->metas[s]);
+  }
+  ts_free(t->slabs);
+  ts_free(t->metas);
+  ts_free(t->keys);
+  ts_free(t->ids);
+  uint32_t dim = t->dim, nstate = t->nstate;
+  uint64_t max_rows = t->max_rows;
+  memset(t, 0, sizeof *t); /* empty, with its shape: usable again */
+  t->dim = dim;
+  t->nstate = nstate;
+  t->stride = (size_t)dim * (1 + nstate);
+  t->free_head = TS_TABLE_NONE;
+  t->max_rows = max_rows;
+}
+
+static size_t home(const ts_table_t *t, uint64_t key) {
+  return (size_t)ts_key_hash(key) & (t->cap - 1);
+}
+
+uint32_t ts_table_find(const ts_table_t *t, uint64_t key) {
+  if (t->cap == 0) return TS_TABLE_NONE;
+  for (size_t i = home(t, key);; i = (i + 1) & (t->cap - 1)) {
+    if (t->ids[i] == TS_TABLE_NONE) return TS_TABLE_NONE;
+    if (t->keys[i] == key) return t->ids[i];
+  }
+}
+
+/* Twice the capacity (at least MIN_CAP), every entry placed again; rows stay. */
+static int grow_index(ts_table_t *t) {
+  size_t cap = t->cap ? t->cap * 2 : MIN_CAP;
+  uint64_t *keys = ts_malloc(cap * sizeof *keys);
+  uint32_t *ids = ts_malloc(cap * sizeof *ids);
+  if (!keys || !ids) {
+    ts_free(keys);
+    ts_free(ids);
+    return TS_ENOMEM;
+  }
+  memset(ids, 0xff, cap * sizeof *ids);
+  for (size_t i = 0; i < t->cap; i++) {
+    if (t->ids[i] == TS_TABLE_NONE) continue;
+    size_t j = (size_t)ts_key_hash(t->keys[i]) & (cap - 1);
+    while (ids[j] != TS_TABLE_NONE) j = (j + 1) & (cap - 1);
+    keys[j] = t->keys[i];
+    ids[j] = t->ids[i];
+  }
+  ts_free(t->keys);
+  ts_free(t->ids);
+  t->keys = keys;
+  t->ids = ids;
+  t->cap = cap;
+  return 0;
+}
+
+/* A row slot for a new row: a freed one, or the next of the last slab (a new slab when it
+ * is full). */
+static uint32_t take_row(ts_table_t *t, int *err) {
+  if (t->free_head != TS_TABLE_NONE) {
+    uint32_t id = t->free_head;
+    t->free_head = ts_table_meta(t, id)->next_free;
+    return id;
+  }
+  uint32_t id = t->next_row;
+  size_t s = id >> TS_TABLE_SLAB_SHIFT;
+  if (s == t->nslabs) {
+    if (t->nslabs == t->slabs_cap) {
+      size_t cap = t->slabs_cap ? t->slabs_cap * 2 : 8;
+      float **slabs = ts_realloc(t->slabs, cap * sizeof *slabs);
+      if (slabs) t->slabs = slabs;
+      ts_table_meta_t **metas = ts_realloc(t->metas, cap * sizeof *metas);
+      if (metas) t->metas = metas;
+      if (!slabs || !metas) {
+        *err = TS_ENOMEM;
+        return TS_TABLE_NONE;
+      }
+      t->slabs_cap = cap;
+    }
+    float *slab = ts_huge_alloc(slab_bytes(t));
+    ts_table_meta_t *meta = ts_calloc(TS_TABLE_SLAB_ROWS, sizeof *meta);
+    if (!slab || !meta) {
+      if (slab) ts_huge_free(slab, slab_bytes(t));
+      ts_free(meta);
+      *err = TS_ENOMEM;
+      return TS_TABLE_NONE;
+    }
+    t->slabs[t->nslabs] = slab;
+    t->metas[t->nslabs] = meta;
+    t->nslabs++;
+  }
+  t->next_row++;
+  return id;
+}
+
+uint32_t ts_table_insert(ts_table_t *t, uint64_t key, bool *created, int *err) {
+  *created = false;
+  *err = 0;
+  uint32_t have = ts_table_find(t, key);
+  if (have != TS_TABLE_NONE) return have;
+  if (t->size >= t->max_rows) {
+    *err = TS_ETOOBIG;
+    return TS_TABLE_NONE;
+  }
+  if ((t->size + 1) * 2 > t->cap && (*err = grow_index(t)) < 0) return TS_TABLE_NONE;
+  uint32_t id = take_row(t, err);
+  if (id == TS_TABLE_NONE) return id;
+  size_t i = home(t, key);
+  while (t->ids[i] != TS_TABLE_NONE) i = (i + 1) & (t->cap - 1);
+  t->keys[i] = key;
+  t->ids[i] = id;
+  t->size++;
+  memset(ts_table_row(t, id), 0, t->stride * sizeof(float));
+  *ts_table_meta(t, id) = (ts_table_meta_t){.key = key, .next_free = TS_TABLE_NONE, .live = true};
+  *created = true;
+  return id;
+}
+
+bool ts_table_erase(ts_table_t *t, uint64_t key) {
+  if (t->cap == 0) return false;
+  size_t mask = t->cap - 1, i = home(t, key);
+  while (t->ids[i] != TS_TABLE_NONE && t->keys[i] != key) i = (i + 1) & mask;
+  if (t->ids[i] == TS_TABLE_NONE) return false;
+  uint32_t id = t->ids[i];
+  ts_table_meta_t *m = ts_table_meta(t, id);
+  ts_require(m->live && m->key == key);
+  m->live = false;
+  m->next_free = t->free_head;
+  t->free_head = id;
+  t->size--;
+  /* Backward shift: move up every later entry of the run whose home is not between the
+   * hole and it, so no probe ever meets a hole before its key. */
+  for (size_t j = (i + 1) & mask; t->ids[j] != TS_TABLE_NONE; j = (j + 1) & mask) {
+    size_t k = home(t, t->keys[j]);
+    bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+    if (stays) continue;
+    t->keys[i] = t->keys[j];
+    t->ids[i] = t->ids[j];
+    i = j;
+  }
+  t->ids[i] = TS_TABLE_NONE;
+  return true;
+}
+
+uint32_t ts_table_next(const ts_table_t *t, uint32_t *cursor) {
+  while (*cursor < t->next_row) {
+    uint32_t id = (*cursor)++;
+    if (ts_table_meta(t, id)->live) return id;
+  }
+  return TS_TABLE_NONE;
+}
+
+uint64_t ts_table_bytes(const ts_table_t *t) {
+  return (uint64_t)t->nslabs * (slab_bytes(t) + TS_TABLE_SLAB_ROWS * sizeof(ts_table_meta_t)) +
+         (uint64_t)t->cap * (sizeof(uint64_t) + sizeof(uint32_t)) +
+         (uint64_t)t->slabs_cap * (sizeof(float *) + sizeof(ts_table_meta_t *));
+}
+
+uint64_t ts_table_row_bytes(uint32_t dim, uint32_t nstate) {
+  /* The row, its meta, and its index entries at the lowest load factor (1/4, just after
+   * the index doubled). */
+  return (uint64_t)dim * (1 + nstate) * sizeof(float) + sizeof(ts_table_meta_t) +
+         4 * (sizeof(uint64_t) + sizeof(uint32_t));
+}

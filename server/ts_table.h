@@ -1,0 +1,95 @@
+/*
+ * The rows of one embedding table on one shard (docs/architecture.md, "Tables"): a hash
+ * table from 64-bit keys to rows of width dim, each row its value, its optimizer state and
+ * the little metadata admission and eviction read.
+ *
+ * Layout. Rows live in slabs of TS_TABLE_SLAB_ROWS rows allocated as the table grows (large
+ * ones on transparent huge pages, ts_huge_alloc) and never moved: a row's memory stays
+ * where it is until the row is erased, so a pull reply can be written straight from it.
+ * An erased row's slot goes on a free list and is reused. The index is open addressing
+ * with linear probing over (key, row) pairs at a load factor of at most 1/2, deletion by
+ * backward shift (no tombstones, so probes stay short however many keys come and go);
+ * growing it rehashes the index only, never the rows.
+ *
+ * Glossary:
+ *   row id   a row's place, stable while it exists: slab id >> TS_TABLE_SLAB_SHIFT,
+ *            row id & (TS_TABLE_SLAB_ROWS - 1) inside the slab
+ *   stride   floats per row: dim for the value, then nstate * dim of optimizer state
+ *
+ * Not thread-safe: used from the shard's loop thread only, as the dense store is.
+ */
+#ifndef TS_TABLE_H
+#define TS_TABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TS_TABLE_SLAB_SHIFT 12
+#define TS_TABLE_SLAB_ROWS (1u << TS_TABLE_SLAB_SHIFT)
+#define TS_TABLE_NONE UINT32_MAX /* no row */
+
+/* What admission and eviction know of a row. */
+typedef struct {
+  uint64_t key;
+  uint64_t last_step; /* the global step that last touched it */
+  uint64_t updates;   /* optimizer updates (adam's t) */
+  uint32_t count;     /* sightings (admission by count) */
+  uint32_t next_free; /* on the free list: the next erased row */
+  bool live;          /* in the table (false: on the free list) */
+} ts_table_meta_t;
+
+typedef struct {
+  uint32_t dim, nstate;
+  size_t stride; /* floats per row */
+  /* index: cap entries (a power of two), key and row id; row TS_TABLE_NONE is empty */
+  uint64_t *keys;
+  uint32_t *ids;
+  size_t cap;
+  size_t size; /* live rows */
+  /* rows */
+  float **slabs;
+  ts_table_meta_t **metas;
+  size_t nslabs, slabs_cap;
+  uint32_t next_row;  /* rows ever handed out (the free list aside) */
+  uint32_t free_head; /* erased rows, linked through next_free (TS_TABLE_NONE: none) */
+  uint64_t max_rows;  /* rows the table may hold */
+} ts_table_t;
+
+/* An empty table of rows of dim floats and nstate state buffers, holding at most max_rows
+ * rows (0: up to 2^32 - 1). Returns 0 or TS_EINVAL (dim 0, nstate over 2). Allocates nothing
+ * until the first insert. */
+int ts_table_init(ts_table_t *t, uint32_t dim, uint32_t nstate, uint64_t max_rows);
+void ts_table_free(ts_table_t *t);
+
+/* The row id of key, or TS_TABLE_NONE. */
+uint32_t ts_table_find(const ts_table_t *t, uint64_t key);
+
+/* The row of key, made if missing (*created true; its floats zeroed and its meta {key, 0}):
+ * returns the row id, or TS_TABLE_NONE when it would exceed max_rows (*err TS_ETOOBIG) or
+ * memory ran out (*err TS_ENOMEM); the table is unchanged then. */
+uint32_t ts_table_insert(ts_table_t *t, uint64_t key, bool *created, int *err);
+
+/* Remove key's row: returns true when there was one. Its memory is reused by a later insert. */
+bool ts_table_erase(ts_table_t *t, uint64_t key);
+
+/* Row id's floats (stride of them: value, then state) and meta; id must be live. */
+static inline float *ts_table_row(const ts_table_t *t, uint32_t id) {
+  return t->slabs[id >> TS_TABLE_SLAB_SHIFT] + (size_t)(id & (TS_TABLE_SLAB_ROWS - 1)) * t->stride;
+}
+static inline ts_table_meta_t *ts_table_meta(const ts_table_t *t, uint32_t id) {
+  return &t->metas[id >> TS_TABLE_SLAB_SHIFT][id & (TS_TABLE_SLAB_ROWS - 1)];
+}
+
+/* Iterate the live rows: *cursor starts at 0; returns the next live row id, or
+ * TS_TABLE_NONE at the end. Inserting or erasing during a walk may skip or repeat rows. */
+uint32_t ts_table_next(const ts_table_t *t, uint32_t *cursor);
+
+/* Bytes the table holds (slabs, their metadata, the index): for budgets and status. */
+uint64_t ts_table_bytes(const ts_table_t *t);
+
+/* What a table of rows of (dim, nstate) costs per row at most, index included: for the
+ * budget (server.max_table_bytes) before anything is allocated. */
+uint64_t ts_table_row_bytes(uint32_t dim, uint32_t nstate);
+
+#endif

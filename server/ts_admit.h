@@ -1,0 +1,70 @@
+/*
+ * Admission and eviction of a table's rows (docs/architecture.md, "Tables"): which keys
+ * become rows, and which rows go, as Monolith's and DeepRec's tables decide it.
+ *
+ * Admission. A key is admitted when it has been seen admit_count times (a count kept in a
+ * fixed-size count-min sketch, so the keys that never make it cost no memory per key and a
+ * flood of one-off keys cannot grow the shard), or, with admit_probability < 1, when a hash
+ * of (seed, key) falls under it (the same keys on every shard and run). Until then a lookup
+ * reads the initialiser's row and the key's gradients are dropped (the caller's part).
+ *
+ * Eviction. By steps to live: a row untouched for steps_to_live global steps goes (a walk
+ * of bounded length per call, resumed from a cursor, so a large table is swept a piece per
+ * tick). By capacity: a table at max_rows makes room for a new row by evicting the least
+ * recently used of `sample` rows picked at random (Redis's approximated LRU: the rows it
+ * takes are among the oldest without any per-access list to keep).
+ *
+ * Pure over a ts_table_t and the sketch: no I/O, the step is an argument.
+ */
+#ifndef TS_ADMIT_H
+#define TS_ADMIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ts_table.h"
+
+#define TS_ADMIT_SKETCH_DEPTH 4
+
+typedef struct {
+  uint32_t admit_count;     /* sightings before a key becomes a row (<= 1: at once) */
+  double admit_probability; /* 1: every key (after admit_count) */
+  uint64_t steps_to_live;   /* 0: rows never expire */
+  uint32_t sample;          /* rows looked at to pick an LRU victim (default 16) */
+  uint64_t seed;
+} ts_admit_policy_t;
+
+/* A count-min sketch of the sightings of keys that are not rows yet: depth x width 16-bit
+ * saturating counters; an estimate never undercounts. */
+typedef struct {
+  uint16_t *counts; /* TS_ADMIT_SKETCH_DEPTH * width */
+  size_t width;     /* a power of two */
+  uint64_t seed;
+} ts_admit_sketch_t;
+
+/* A sketch of depth x width counters (width rounded up to a power of two, at least 1024).
+ * Returns 0 or TS_ENOMEM. */
+int ts_admit_sketch_init(ts_admit_sketch_t *s, size_t width, uint64_t seed);
+void ts_admit_sketch_free(ts_admit_sketch_t *s);
+
+/* Count a sighting of key and return its estimated count, this one included. */
+uint32_t ts_admit_sketch_add(ts_admit_sketch_t *s, uint64_t key);
+
+/* Whether key, seen (once more) now, becomes a row: the probability test, then the count
+ * (the sketch counts this sighting; NULL with admit_count <= 1). */
+bool ts_admit_key(const ts_admit_policy_t *p, ts_admit_sketch_t *s, uint64_t key);
+
+/* Evict the rows untouched for more than steps_to_live steps at global step `now`, looking
+ * at no more than `budget` row slots from *cursor on (0 starts a sweep; it wraps). Returns
+ * how many rows went; their keys are written to evicted[0..] when it is not NULL (room for
+ * budget keys). */
+size_t ts_admit_expire(const ts_admit_policy_t *p, ts_table_t *t, uint64_t now, uint32_t *cursor,
+                       size_t budget, uint64_t *evicted);
+
+/* Make room in a full table: evict the least recently used (lowest last_step) of p->sample
+ * live rows picked with the random state *rng (xorshift64, any non-zero start). Returns
+ * true with *key the key evicted, or false when the table is empty. */
+bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, uint64_t *rng, uint64_t *key);
+
+#endif

@@ -84,10 +84,11 @@ static void moments(ts_key_init_t init, double param, double *mean, double *sd, 
     float row[8];
     ts_key_row_init(row, (size_t)dim, init, param, table, (uint64_t)k * 2654435761u);
     for (int j = 0; j < dim; j++) {
-      s += row[j];
-      s2 += (double)row[j] * row[j];
-      if (row[j] < *lo) *lo = row[j];
-      if (row[j] > *hi) *hi = row[j];
+      double v = (double)row[j];
+      s += v;
+      s2 += v * v;
+      if (v < *lo) *lo = v;
+      if (v > *hi) *hi = v;
     }
   }
   double n = (double)keys * dim;

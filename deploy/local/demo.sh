@@ -104,12 +104,15 @@ psctl health >/dev/null || { echo "demo: the shards did not come up:"; cat "$run
 # Keras workers: one TensorFlow thread each when they share the cores.
 threads=$(( $(nproc) / workers )); [ "$threads" -ge 1 ] || threads=1
 for t in $(seq 0 $((workers - 1))); do
+  # Made here, not by the child's redirection: the progress loop below reads them at once.
+  : >"$run/worker-$t.out"
   if [ "$keras" = 1 ]; then
     TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" -u examples/python/keras_fashion_mnist.py \
       -c "$cfg" "${sets[@]}" --task "$t" --threads "$threads" --verbose 2 \
       >"$run/worker-$t.out" 2>&1 &
     ln -sf "worker-$t.out" "$run/worker-$t.log"   # Keras prints its progress on stdout
   else
+    : >"$run/worker-$t.log"
     "$build/worker/ps-worker" -c "$cfg" "${sets[@]}" --task "$t" >"$run/worker-$t.out" 2>"$run/worker-$t.log" &
   fi
   pids+=($!)

@@ -39,7 +39,8 @@
   X(ENOTDECLARED, -30023, "no model declared yet")                                     \
   X(EROLE, -30024, "request not allowed for this role")                                \
   X(EBUSY, -30025, "resource busy")                                                   \
-  X(ENOTREADY, -30026, "the model's initial values are not set yet")
+  X(ENOTREADY, -30026, "the model's initial values are not set yet")                   \
+  X(ENOTABLE, -30027, "unknown embedding table")
 
 typedef enum {
   TS_OK = 0,

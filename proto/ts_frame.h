@@ -2,7 +2,8 @@
  * Frame codec (docs/architecture.md): a pure function over bytes, no I/O, no allocation.
  *
  * A frame is a 20-byte header, meta_len bytes of protobuf meta, data_len bytes of raw
- * float32 payload:
+ * payload (float32 values; a table's frames also carry int64 keys, tessera.proto's
+ * SparsePull and SparsePush say how):
  *
  *   offset 0  magic "TSR1"
  *          4  u16 protocol version (TS_PROTOCOL_VERSION)
@@ -61,7 +62,11 @@ typedef enum { TS_FRAME_C2S = 1, TS_FRAME_S2C = 2 } ts_frame_dir_t;
   X(SHUTDOWN, 17, tessera__shutdown__descriptor, OTHER, TS_FRAME_C2S, 0)                   \
   X(SHUTDOWN_REPLY, 18, tessera__shutdown_reply__descriptor, OTHER, TS_FRAME_S2C, 0)     \
   X(MODEL_RESET, 19, tessera__model_reset__descriptor, OTHER, TS_FRAME_C2S, 0)             \
-  X(MODEL_RESET_REPLY, 20, tessera__model_reset_reply__descriptor, OTHER, TS_FRAME_S2C, 0)
+  X(MODEL_RESET_REPLY, 20, tessera__model_reset_reply__descriptor, OTHER, TS_FRAME_S2C, 0)  \
+  X(SPARSE_PULL, 21, tessera__sparse_pull__descriptor, SPARSE_PULL, TS_FRAME_C2S, 1)       \
+  X(SPARSE_PULL_REPLY, 22, tessera__sparse_pull_reply__descriptor, OTHER, TS_FRAME_S2C, 1) \
+  X(SPARSE_PUSH, 23, tessera__sparse_push__descriptor, SPARSE_PUSH, TS_FRAME_C2S, 1)       \
+  X(SPARSE_PUSH_REPLY, 24, tessera__sparse_push_reply__descriptor, OTHER, TS_FRAME_S2C, 0)
 
 #define TS_FRAME_ENUM_(name, value, desc, metrics, dir, data) TS_MSG_##name = value,
 typedef enum {

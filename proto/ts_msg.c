@@ -1,5 +1,7 @@
 #include "ts_msg.h"
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -54,6 +56,52 @@ static int check_parts(const char *what, Tessera__PartSlice *const *parts, size_
   return 0;
 }
 
+/* A payload of `bytes` described, against the header's data_len. */
+static int check_bytes(const char *what, uint64_t bytes, uint64_t data_len, char *errbuf,
+                       size_t errlen) {
+  if (bytes == data_len) return 0;
+  snprintf(errbuf, errlen, "%s describes %llu payload bytes but the frame carries %llu", what,
+           (unsigned long long)bytes, (unsigned long long)data_len);
+  return TS_ESIZE;
+}
+
+static bool finite_nonneg(double v) { return isfinite(v) && v >= 0; }
+
+/* A Declare's tables: what the schema cannot say (the store checks names listed twice). */
+static int check_tables(const Tessera__Declare *d, char *errbuf, size_t errlen) {
+  if (d->n_tables > TS_MSG_MAX_TABLES) {
+    snprintf(errbuf, errlen, "declare lists %zu tables (at most %d allowed)", d->n_tables,
+             TS_MSG_MAX_TABLES);
+    return TS_EPROTO;
+  }
+  for (size_t i = 0; i < d->n_tables; i++) {
+    const Tessera__TableDecl *t = d->tables[i];
+    size_t nl = strlen(t->name);
+    const char *bad = NULL;
+    if (nl == 0 || nl > TS_MSG_MAX_NAME)
+      bad = "a name of 0 or over 256 bytes";
+    else if (t->dim == 0 || t->dim > TS_MSG_MAX_DIM)
+      bad = "a width (dim) out of 1 to 4096";
+    else if ((unsigned)t->init > TESSERA__ROW_INIT__ROW_INIT_TRUNCATED_NORMAL)
+      bad = "an unknown initializer";
+    else if ((unsigned)t->optimizer > TESSERA__ROW_OPTIMIZER__ROW_OPT_FTRL)
+      bad = "an unknown optimizer";
+    else if (!finite_nonneg(t->init_param) || !finite_nonneg(t->learning_rate) ||
+             !finite_nonneg(t->beta1) || t->beta1 >= 1 || !finite_nonneg(t->beta2) ||
+             t->beta2 >= 1 || !finite_nonneg(t->epsilon) ||
+             !finite_nonneg(t->initial_accumulator) || !finite_nonneg(t->l1) ||
+             !finite_nonneg(t->l2) || !finite_nonneg(t->beta))
+      bad = "a negative or non-finite setting (betas below 1)";
+    else if (!(t->admit_probability >= 0 && t->admit_probability <= 1))
+      bad = "an admit_probability out of [0, 1]";
+    if (bad) {
+      snprintf(errbuf, errlen, "table %zu ('%.64s') has %s", i, nl ? t->name : "", bad);
+      return TS_EPROTO;
+    }
+  }
+  return 0;
+}
+
 static int validate(uint16_t type, const ProtobufCMessage *m, uint64_t data_len, char *errbuf,
                     size_t errlen) {
   switch (type) {
@@ -74,13 +122,49 @@ static int validate(uint16_t type, const ProtobufCMessage *m, uint64_t data_len,
       }
       return 0;
     }
-    case TS_MSG_DECLARE: {
-      const Tessera__Declare *d = (const Tessera__Declare *)m;
-      if (d->n_tensors == 0 || d->n_tensors > TS_MSG_MAX_TENSORS) {
-        snprintf(errbuf, errlen, "declare lists %zu tensors (1 to %d allowed)", d->n_tensors,
-                 TS_MSG_MAX_TENSORS);
+    case TS_MSG_SPARSE_PULL: {
+      const Tessera__SparsePull *p = (const Tessera__SparsePull *)m;
+      if (p->num_keys > TS_MSG_MAX_KEYS) {
+        snprintf(errbuf, errlen, "sparse pull of %llu keys, more than %llu",
+                 (unsigned long long)p->num_keys, (unsigned long long)TS_MSG_MAX_KEYS);
+        return TS_ETOOBIG;
+      }
+      return check_bytes("sparse pull", p->num_keys * 8, data_len, errbuf, errlen);
+    }
+    case TS_MSG_SPARSE_PULL_REPLY: {
+      const Tessera__SparsePullReply *p = (const Tessera__SparsePullReply *)m;
+      if (p->dim == 0 || p->dim > TS_MSG_MAX_DIM || p->num_keys > TS_MSG_MAX_KEYS ||
+          p->num_keys * p->dim * 4 > TS_MSG_MAX_SPARSE_REPLY) {
+        snprintf(errbuf, errlen, "sparse pull reply of %llu rows of width %u is out of range",
+                 (unsigned long long)p->num_keys, p->dim);
         return TS_EPROTO;
       }
+      return check_bytes("sparse pull reply", p->num_keys * p->dim * 4, data_len, errbuf, errlen);
+    }
+    case TS_MSG_SPARSE_PUSH: {
+      const Tessera__SparsePush *p = (const Tessera__SparsePush *)m;
+      if (p->dim == 0 || p->dim > TS_MSG_MAX_DIM) {
+        snprintf(errbuf, errlen, "sparse push of rows of width %u (1 to %d allowed)", p->dim,
+                 TS_MSG_MAX_DIM);
+        return TS_EPROTO;
+      }
+      if (p->num_keys > TS_MSG_MAX_KEYS) {
+        snprintf(errbuf, errlen, "sparse push of %llu keys, more than %llu",
+                 (unsigned long long)p->num_keys, (unsigned long long)TS_MSG_MAX_KEYS);
+        return TS_ETOOBIG;
+      }
+      return check_bytes("sparse push", p->num_keys * ts_msg_sparse_record_bytes(p->dim),
+                         data_len, errbuf, errlen);
+    }
+    case TS_MSG_DECLARE: {
+      const Tessera__Declare *d = (const Tessera__Declare *)m;
+      if ((d->n_tensors == 0 && d->n_tables == 0) || d->n_tensors > TS_MSG_MAX_TENSORS) {
+        snprintf(errbuf, errlen, "declare lists %zu tensors (1 to %d allowed, or 0 with tables)",
+                 d->n_tensors, TS_MSG_MAX_TENSORS);
+        return TS_EPROTO;
+      }
+      int trc = check_tables(d, errbuf, errlen);
+      if (trc) return trc;
       for (size_t i = 0; i < d->n_tensors; i++) {
         const Tessera__TensorDecl *t = d->tensors[i];
         size_t nl = strlen(t->name);

@@ -22,6 +22,12 @@
 #define TS_MSG_MAX_RANK 8
 #define TS_MSG_MAX_TENSORS 4096
 #define TS_MSG_MAX_NAME 256
+/* Embedding tables (tessera.proto's TableDecl, SparsePull, SparsePush): tables in a
+ * Declare, a row's width, keys in one request, and the rows one reply may carry. */
+#define TS_MSG_MAX_TABLES 256
+#define TS_MSG_MAX_DIM 4096
+#define TS_MSG_MAX_KEYS (UINT64_C(1) << 20)
+#define TS_MSG_MAX_SPARSE_REPLY (UINT64_C(64) << 20)
 
 /* The protobuf descriptor of a frame type, or NULL for an unknown type. */
 const ProtobufCMessageDescriptor *ts_msg_descriptor(uint16_t type);
@@ -37,6 +43,9 @@ void ts_msg_free(ProtobufCMessage *msg);
 
 /* The name of a training mode on the wire ("async", "sync", "ssp"; "unknown" otherwise). */
 const char *ts_msg_mode_name(Tessera__Mode m);
+
+/* Bytes of one SparsePush record of a table of width dim: the key, then dim float32. */
+static inline uint64_t ts_msg_sparse_record_bytes(uint32_t dim) { return 8 + 4 * (uint64_t)dim; }
 
 /* Total payload bytes described by a list of slices; UINT64_MAX on overflow. */
 uint64_t ts_msg_parts_bytes(Tessera__PartSlice *const *parts, size_t n);

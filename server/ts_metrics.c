@@ -17,6 +17,8 @@ static const char *const req_names[TS_METRICS_REQ__COUNT] = {
     [TS_METRICS_REQ_PULL] = "pull",           [TS_METRICS_REQ_DECLARE] = "declare",
     [TS_METRICS_REQ_HEARTBEAT] = "heartbeat", [TS_METRICS_REQ_STATUS] = "status",
     [TS_METRICS_REQ_HANDSHAKE] = "handshake",
+    [TS_METRICS_REQ_SPARSE_PULL] = "sparse_pull",
+    [TS_METRICS_REQ_SPARSE_PUSH] = "sparse_push",
 };
 
 static const double barrier_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,

@@ -119,6 +119,7 @@ enum {
   TS_CLIENT_EROLE = -30024,
   TS_CLIENT_EBUSY = -30025,        /* the request is already in flight */
   TS_CLIENT_ENOTREADY = -30026,    /* the model waits for its initial values (the chief's) */
+  TS_CLIENT_ENOTABLE = -30027,     /* unknown embedding table */
 };
 
 /* A person-readable message for any code the library returns. Never NULL; static. */
@@ -289,6 +290,46 @@ typedef enum {
   TS_CLIENT_STATE = 1,
 } ts_client_kind_t;
 
+/* --- embedding tables (docs/architecture.md, "Tables") ---
+ * A table holds rows of dim floats keyed by int64 ids, spread over the shards by a hash of
+ * the key, each made on first touch from (seed, table name, key) and updated row-wise by
+ * its own lazy optimizer: only the rows a batch touched move. */
+typedef enum {
+  TS_CLIENT_ROW_ZEROS = 0,
+  TS_CLIENT_ROW_UNIFORM = 1,          /* uniform in [-init_param, init_param) */
+  TS_CLIENT_ROW_NORMAL = 2,           /* normal, standard deviation init_param */
+  TS_CLIENT_ROW_TRUNCATED_NORMAL = 3, /* normal, sd init_param, redrawn beyond 2 sd */
+} ts_client_row_init_t;
+
+typedef enum {
+  TS_CLIENT_ROWOPT_DEFAULT = 0, /* the job's optimizer: sgd or adam (momentum has none) */
+  TS_CLIENT_ROWOPT_SGD = 1,
+  TS_CLIENT_ROWOPT_ADAGRAD = 2,
+  TS_CLIENT_ROWOPT_ADAM = 3,  /* lazy: each row's own step corrects its bias */
+  TS_CLIENT_ROWOPT_FTRL = 4,  /* FTRL-proximal, as TensorFlow's ApplyFtrlV2 */
+} ts_client_rowopt_t;
+
+/* One table. Every number left 0 takes its default (tessera.proto's TableDecl). */
+typedef struct {
+  const char *name;
+  uint32_t dim; /* 1 .. 4096 */
+  ts_client_row_init_t init;
+  double init_param;
+  ts_client_rowopt_t optimizer;
+  double learning_rate; /* 0: the job's */
+  double beta1, beta2, epsilon, initial_accumulator, l1, l2, beta;
+  /* Admission: a key becomes a row once pulled admit_count times (0, 1: at once) and, with
+   * admit_probability in (0, 1), when a hash of it falls under it; until then pulls read
+   * the initializer's row and its gradients are dropped (counted in rows_filtered). */
+  uint32_t admit_count;
+  double admit_probability;
+  /* Eviction: rows untouched for steps_to_live of the table's steps go (0: never); a shard
+   * at max_rows rows (0: none; server.max_table_bytes always holds) replaces the least
+   * recently used. */
+  uint64_t steps_to_live;
+  uint64_t max_rows;
+} ts_client_table_t;
+
 typedef struct {
   uint32_t struct_size; /* set by ts_client_declare_opts_init */
   uint64_t seed;        /* of the shards' initialisation (without values_follow) */
@@ -300,6 +341,10 @@ typedef struct {
   const ts_client_kind_t *kinds; /* per tensor; NULL = every tensor trainable */
   /* out: some shard's model still waits for its initial values */
   bool awaiting_values;
+  /* The model's embedding tables, in the same order on every worker (copied); requests
+   * name them by index. A declare may list tables and no tensors (n = 0). */
+  const ts_client_table_t *tables;
+  size_t num_tables;
 } ts_client_declare_opts_t;
 
 TS_CLIENT_API void ts_client_declare_opts_init(ts_client_declare_opts_t *opts);
@@ -340,6 +385,11 @@ TS_CLIENT_API uint64_t ts_client_tensor_elems(const ts_client_t *c, size_t t);
 /* Partition k into *out; TS_CLIENT_EINVAL when out of range. */
 TS_CLIENT_API int ts_client_part(const ts_client_t *c, size_t k, ts_client_part_t *out);
 
+/* Tables of the declared model (0 before a declare succeeded) and table t's row width (0
+ * when out of range). */
+TS_CLIENT_API size_t ts_client_num_tables(const ts_client_t *c);
+TS_CLIENT_API uint32_t ts_client_table_dim(const ts_client_t *c, size_t t);
+
 /* --- requests ----------------------------------------------------------------------- */
 
 typedef enum {
@@ -354,6 +404,13 @@ typedef enum {
   /* The model's initial values (ts_client_declare_ex's values_follow): set only where a
    * shard's partition still waits for them (applied); the others count in duplicate. */
   TS_CLIENT_ASSIGN_INITIAL = 5,
+  /* Embedding tables (the sparse fields of the request): read the rows of `keys` into
+   * rows_dst; push their gradients from rows_grad; or push then pull, in one round trip.
+   * step, min_version, clock, timeout_s and retry_of as for the dense kinds (a table has a
+   * version per shard as a partition has). */
+  TS_CLIENT_SPARSE_PULL = 6,
+  TS_CLIENT_SPARSE_PUSH = 7,
+  TS_CLIENT_SPARSE_PUSH_PULL = 8,
 } ts_client_req_kind_t;
 
 /* step: tag each shard's push with the version last pulled from that shard (sync mode:
@@ -436,6 +493,21 @@ struct ts_client_req {
   /* --- private to the library (and room to grow without changing the layout) --- */
   int priv_state;
   void *priv_reserved[2];
+
+  /* --- sparse kinds (TS_CLIENT_SPARSE_*): after the fields above, so a caller built
+   * against an older header (a smaller struct_size) is refused them (TS_CLIENT_EINVAL) --- */
+  /* in: the table (index in ts_client_declare_opts_t.tables) and num_keys ids in any order,
+   * duplicates allowed (at most 2^26). The library sorts and deduplicates them, sends each
+   * to the shard that holds it, sums the gradients of a key listed several times, and
+   * fills rows_dst in the caller's order (a key listed twice gets its row twice). */
+  uint32_t table;
+  const int64_t *keys;
+  size_t num_keys;
+  const float *rows_grad; /* push: num_keys x dim gradients, row i for keys[i] */
+  float *rows_dst;        /* pull: num_keys x dim, row i for keys[i]; may not overlap
+                             rows_grad (PUSH_PULL) */
+  /* out: push: rows whose gradients were dropped because their key is not admitted yet */
+  uint64_t rows_filtered;
 };
 
 /* Zero *req, set its kind and struct_size. */

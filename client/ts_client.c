@@ -1,6 +1,7 @@
 /* The public API of include/tessera/client.h, except requests (ts_client_req.c): opening
  * and closing a client, the job and plan queries, declare, heartbeats, status and admin. */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sodium.h>
@@ -82,6 +83,15 @@ void ts_cl_free_model(ts_client_t *c) {
   c->decl_t = NULL;
   c->decl_p = NULL;
   c->decl.n_tensors = 0;
+  for (size_t i = 0; c->decl_tb && i < c->decl.n_tables; i++) ts_free(c->decl_tb[i].name);
+  ts_free(c->decl_tb);
+  ts_free(c->decl_tp);
+  ts_free(c->table_pulled);
+  c->decl_tb = NULL;
+  c->decl_tp = NULL;
+  c->table_pulled = NULL;
+  c->decl.n_tables = 0;
+  c->decl.tables = NULL;
   for (uint32_t s = 0; c->shard_parts && s < c->n; s++) ts_free(c->shard_parts[s]);
   ts_free(c->shard_parts);
   ts_free(c->shard_nparts);
@@ -447,9 +457,64 @@ int ts_client_declare(ts_client_t *c, const ts_client_tensor_t *tensors, size_t 
   return ts_client_declare_ex(c, tensors, n, &o, errmsg, errlen);
 }
 
+/* The declare options' size before tables (a caller built against that header). */
+#define DECLARE_OPTS_V1_SIZE offsetof(ts_client_declare_opts_t, tables)
+
+/* The Declare's tables from the caller's list. Returns 0, TS_EINVAL (errmsg says which)
+ * or TS_ENOMEM. */
+static int take_tables(ts_client_t *c, const ts_client_table_t *tables, size_t n, char *errmsg,
+                       size_t errlen) {
+  if (n == 0) return 0;
+  if (!tables) {
+    ts_errmsg_printf(errmsg, errlen, "num_tables is %zu but tables is NULL", n);
+    return TS_EINVAL;
+  }
+  c->decl_tb = ts_calloc(n, sizeof *c->decl_tb);
+  c->decl_tp = ts_calloc(n, sizeof *c->decl_tp);
+  c->table_pulled = ts_calloc((size_t)c->n * n, sizeof *c->table_pulled);
+  if (!c->decl_tb || !c->decl_tp || !c->table_pulled) return TS_ENOMEM;
+  c->decl.n_tables = n;
+  c->decl.tables = c->decl_tp;
+  for (size_t i = 0; i < n; i++) {
+    const ts_client_table_t *t = &tables[i];
+    Tessera__TableDecl *d = &c->decl_tb[i];
+    tessera__table_decl__init(d);
+    c->decl_tp[i] = d;
+    if (!t->name || !t->name[0] || t->dim == 0 || t->dim > TS_MSG_MAX_DIM) {
+      ts_errmsg_printf(errmsg, errlen, "table %zu has no name or a width (dim %u) out of 1 to %d",
+                       i, t->dim, TS_MSG_MAX_DIM);
+      return TS_EINVAL;
+    }
+    if (!(d->name = ts_strdup(t->name))) return TS_ENOMEM;
+    d->dim = t->dim;
+    d->init = (Tessera__RowInit)t->init;
+    d->init_param = t->init_param;
+    d->optimizer = (Tessera__RowOptimizer)t->optimizer;
+    d->learning_rate = t->learning_rate;
+    d->beta1 = t->beta1;
+    d->beta2 = t->beta2;
+    d->epsilon = t->epsilon;
+    d->initial_accumulator = t->initial_accumulator;
+    d->l1 = t->l1;
+    d->l2 = t->l2;
+    d->beta = t->beta;
+    d->admit_count = t->admit_count;
+    d->admit_probability = t->admit_probability;
+    d->steps_to_live = t->steps_to_live;
+    d->max_rows = t->max_rows;
+  }
+  return 0;
+}
+
+size_t ts_client_num_tables(const ts_client_t *c) { return c ? c->decl.n_tables : 0; }
+
+uint32_t ts_client_table_dim(const ts_client_t *c, size_t t) {
+  return c && t < c->decl.n_tables ? c->decl.tables[t]->dim : 0;
+}
+
 int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size_t n,
                          ts_client_declare_opts_t *opts, char *errmsg, size_t errlen) {
-  if (!opts || opts->struct_size != sizeof *opts) {
+  if (!opts || (opts->struct_size != sizeof *opts && opts->struct_size != DECLARE_OPTS_V1_SIZE)) {
     ts_errmsg_printf(errmsg, errlen, "declare options missing or of another library version");
     return TS_EINVAL;
   }
@@ -463,8 +528,11 @@ int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size
     ts_errmsg_printf(errmsg, errlen, "a blocking call cannot be made on the client thread");
     return TS_EINVAL;
   }
-  if (n == 0) {
-    ts_errmsg_printf(errmsg, errlen, "a model needs at least one tensor");
+  bool with_tables = opts->struct_size == sizeof *opts;
+  const ts_client_table_t *tables = with_tables ? opts->tables : NULL;
+  size_t num_tables = with_tables ? opts->num_tables : 0;
+  if (n == 0 && num_tables == 0) {
+    ts_errmsg_printf(errmsg, errlen, "a model needs at least one tensor or table");
     return TS_EINVAL;
   }
   for (size_t i = 0; i < n; i++) {
@@ -485,11 +553,14 @@ int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size
   ts_cl_free_model(c);
   uv_mutex_unlock(&c->mu);
   int rc = TS_ENOMEM;
-  uint64_t *elems = ts_calloc(n, sizeof *elems);
-  c->decl_t = ts_calloc(n, sizeof *c->decl_t);
-  c->decl_p = ts_calloc(n, sizeof *c->decl_p);
+  uint64_t *elems = ts_calloc(n ? n : 1, sizeof *elems);
+  c->decl_t = ts_calloc(n ? n : 1, sizeof *c->decl_t);
+  c->decl_p = ts_calloc(n ? n : 1, sizeof *c->decl_p);
   if (!elems || !c->decl_t || !c->decl_p) goto fail;
   tessera__declare__init(&c->decl);
+  rc = take_tables(c, tables, num_tables, errmsg, errlen);
+  if (rc < 0) goto fail;
+  rc = TS_ENOMEM;
   c->decl.seed = seed;
   c->decl.values_follow = opts->values_follow;
   c->decl.n_tensors = n;
@@ -511,7 +582,8 @@ int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size
     t->kind = opts->kinds && opts->kinds[i] == TS_CLIENT_STATE ? TESSERA__TENSOR_KIND__TENSOR_STATE
                                                                : TESSERA__TENSOR_KIND__TENSOR_TRAINABLE;
   }
-  rc = ts_plan_build(elems, (uint32_t)n, c->n, pbytes, &c->plan);
+  /* A model of tables alone has no partitions: an empty plan. */
+  rc = n ? ts_plan_build(elems, (uint32_t)n, c->n, pbytes, &c->plan) : 0;
   if (rc < 0) {
     ts_errmsg_printf(errmsg, errlen, "cannot plan the model's partitions: %s", ts_strerror(rc));
     goto fail;
@@ -521,7 +593,8 @@ int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size
   c->shard_nparts = ts_calloc(c->n, sizeof *c->shard_nparts);
   if (!c->shard_parts || !c->shard_nparts) goto fail;
   for (uint32_t s = 0; s < c->n; s++) {
-    c->shard_parts[s] = ts_malloc((c->plan.shard_parts[s] ? c->plan.shard_parts[s] : 1) * sizeof(size_t));
+    uint32_t k = c->plan.shard_parts ? c->plan.shard_parts[s] : 0;
+    c->shard_parts[s] = ts_malloc((k ? k : 1) * sizeof(size_t));
     if (!c->shard_parts[s]) goto fail;
   }
   for (size_t k = 0; k < c->plan.num_parts; k++) {

@@ -9,6 +9,8 @@
  *   ts_client_thread.c  the client thread: its loop, timers and shutdown, ops handed in
  *                     from the callers' threads and their waits for the results.
  *   ts_client.c       the public API: open/close, declare, submit/wait/run, admin, status.
+ *   ts_client_sparse.c  requests of embedding tables: keys sorted, deduplicated and split
+ *                     per shard, rows gathered back in the caller's order.
  *
  * Threads: everything in an op, a shard and a wire request belongs to the client thread
  * once the op is handed over; fields marked "mu" are shared with callers under c->mu.
@@ -49,6 +51,22 @@ enum {
   TS_CL_REQ_DONE = 3,
   TS_CL_REQ_SUBMITTING = 4,  /* claimed by a ts_client_submit still checking it */
 };
+
+/* A request of an embedding table, as the client thread sends it (ts_client_sparse.c):
+ * the caller's keys sorted and deduplicated, grouped by the shard that holds them. */
+typedef struct {
+  uint32_t table, dim;
+  size_t nkeys;        /* the caller's keys */
+  size_t nuniq;        /* distinct keys */
+  uint64_t *ukeys;     /* the distinct keys, shard by shard, ascending within a shard */
+  uint32_t *inv;       /* caller's key i -> its place in ukeys */
+  size_t *shard_off;   /* shard s's keys are ukeys[shard_off[s] .. shard_off[s + 1]) */
+  float *rows;         /* pull: nuniq x dim, the replies' rows (ukeys' order) */
+  uint8_t *records;    /* push: nuniq records (key, then dim floats: duplicates summed) */
+  float *dst;          /* pull: the caller's rows_dst */
+  uint64_t rows_filtered;
+  bool every_shard;    /* sync: every shard is sent the push and the pull, keys or not */
+} ts_cl_sparse_t;
 
 typedef enum {
   OP_DECLARE, OP_PULL, OP_PUSH, OP_PUSH_PULL, OP_HEARTBEAT, OP_STATUS, OP_CHECKPOINT, OP_SHUTDOWN,
@@ -100,6 +118,8 @@ typedef struct ts_cl_op {
   uint8_t *acked;           /* with push_id: per shard, 1 when its push reply came (owned;
                                NULL when it could not be had) */
   ts_cl_staged_t *stage;    /* OP_PUSH_PULL: one per shard (owned) */
+  ts_cl_sparse_t *sp;       /* a table's request (owned): OP_PULL, OP_PUSH, OP_PUSH_PULL of
+                               rows instead of partitions */
   bool checkpoint;          /* shutdown: final checkpoint */
   bool force;               /* model reset: close the worker connections first */
   int push_kind;            /* OP_PUSH: Tessera__PushKind (gradients, or values to assign) */
@@ -132,7 +152,12 @@ struct ts_cl_wreq {
   bool staged;              /* a push_pull's pull: its reply never moves pulled_version itself */
   size_t *parts;            /* plan indices */
   size_t n;
-  uv_buf_t *iov;            /* payload: pull destinations or push sources */
+  uv_buf_t *iov;            /* payload: pull destinations or push sources; a table's
+                               request: the keys or records it sends */
+  /* a table's request: keys [sp_off, sp_off + sp_n) of its op's ukeys, and where a pull's
+   * reply rows go */
+  size_t sp_off, sp_n;
+  uv_buf_t rx;
 };
 
 typedef enum { SH_DOWN, SH_CONNECTING, SH_HELLO, SH_HANDSHAKE, SH_DECLARING, SH_READY } ts_cl_sh_state_t;
@@ -206,6 +231,11 @@ struct ts_client {
   Tessera__TensorDecl *decl_t;
   Tessera__TensorDecl **decl_p;
   ts_plan_t plan;
+  Tessera__TableDecl *decl_tb;   /* the declared tables (decl.tables points at decl_tp) */
+  Tessera__TableDecl **decl_tp;
+  /* per shard and table (s * n_tables + t): the table's version last pulled from the shard,
+   * valid while the shard's incarnation is the one it was pulled from */
+  ts_cl_staged_t *table_pulled;
   size_t **shard_parts;
   size_t *shard_nparts;
 
@@ -245,6 +275,9 @@ void ts_cl_note_why(ts_cl_shard_t *sh, const char *prefix, const char *detail);
  * parts (ts_malloc'd), also on failure. */
 int ts_cl_submit_wire(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, uint16_t type,
                       size_t *parts, size_t n);
+/* Link wire request r (made by the caller, r->op == op) into op and send it, queue it for
+ * a shard not ready yet, or fail it; r is the callee's from here. */
+int ts_cl_enqueue_wire(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, ts_cl_wreq_t *r);
 void ts_cl_flush_queued(ts_cl_shard_t *sh);
 /* A wire request is answered (rc 0) or failed; frees it. */
 void ts_cl_complete_req(ts_cl_wreq_t *r, int rc, const char *detail);
@@ -264,6 +297,26 @@ void ts_cl_expire_ops(ts_client_t *c, uint64_t now);
 void ts_cl_abort_ops(ts_client_t *c, int rc, const char *msg);
 /* Complete an op handed over but never started (the client is stopping) with rc and msg. */
 void ts_cl_refuse_op(ts_client_t *c, ts_cl_op_t *op, int rc, const char *msg);
+
+/* ts_client_sparse.c */
+/* Check a table's request and prepare op->sp from it (the caller's thread). Returns 0, or
+ * TS_EINVAL / TS_ENOTABLE / TS_ETOOBIG / TS_ENOMEM with why (static) set. */
+int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t *op,
+                         const char **why);
+/* Submit op's wire requests to shard sh (start_op, one shard at a time). */
+int ts_cl_sparse_start(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op);
+/* Encode and send a table's wire request r on conn. */
+int ts_cl_sparse_send(ts_client_t *c, ts_cl_wreq_t *r, ts_conn_t *conn);
+/* Where a SparsePullReply's rows go (on_meta): 0 with *iov set, or TS_EPROTO when it does
+ * not answer its request. */
+int ts_cl_sparse_reply_meta(ts_cl_shard_t *sh, const Tessera__SparsePullReply *m,
+                            const uv_buf_t **iov, unsigned *niov);
+/* A SparsePullReply or SparsePushReply arrived (on_frame). */
+void ts_cl_sparse_on_reply(ts_cl_shard_t *sh, uint16_t type, const ProtobufCMessage *msg,
+                           bool discarded);
+/* The op succeeded or failed: its rows to the caller's order, its results into q. */
+void ts_cl_sparse_publish(ts_client_t *c, ts_cl_op_t *op, ts_client_req_t *q);
+void ts_cl_sparse_free(ts_cl_sparse_t *sp);
 
 /* ts_client_thread.c */
 /* Hand op to the client thread (fails with TS_ESHUTDOWN, op untouched, when stopping). */

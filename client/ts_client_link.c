@@ -134,6 +134,14 @@ void ts_cl_start_connect(ts_cl_shard_t *sh) {
 static int on_meta(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessage *msg,
                    const uv_buf_t **iov, unsigned *niov) {
   ts_cl_link_t *l = conn->data;
+  if (h->type == TS_MSG_SPARSE_PULL_REPLY && l->sh) {
+    int rc = ts_cl_sparse_reply_meta(l->sh, (const Tessera__SparsePullReply *)msg, iov, niov);
+    if (rc < 0) {
+      snprintf(conn->errmsg, sizeof conn->errmsg, "table pull reply does not match the request");
+      ts_log_err("shard %u (%s): %s", l->sh->index, l->sh->addr, conn->errmsg);
+    }
+    return rc;
+  }
   if (h->type != TS_MSG_PULL_REPLY || !l->sh) return 0;
   const Tessera__PullReply *m = (const Tessera__PullReply *)msg;
   ts_cl_wreq_t *r = ts_cl_find_pending(l->sh, m->request_id);
@@ -347,6 +355,10 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       ts_cl_complete_req(r, 0, NULL);
       break;
     }
+    case TS_MSG_SPARSE_PULL_REPLY:
+    case TS_MSG_SPARSE_PUSH_REPLY:
+      ts_cl_sparse_on_reply(sh, h->type, msg, discarded);
+      break;
     case TS_MSG_CHECKPOINT_REPLY: {
       const Tessera__CheckpointReply *m = (const Tessera__CheckpointReply *)msg;
       ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);

@@ -45,7 +45,7 @@ static void op_unlink_req(ts_cl_op_t *op, ts_cl_wreq_t *r) {
  * (retry the push, or not), while the pull's destination is unspecified whenever the call
  * fails. msg is the op's errmsg when this failure becomes the op's error. */
 static void op_fail(ts_cl_op_t *op, uint16_t type, int rc, const char *msg) {
-  bool push_part = op->kind == OP_PUSH_PULL && type == TS_MSG_PUSH;
+  bool push_part = op->kind == OP_PUSH_PULL && (type == TS_MSG_PUSH || type == TS_MSG_SPARSE_PUSH);
   if (op->kind == OP_PUSH_PULL) {
     int *part = push_part ? &op->push_rc : &op->pull_rc;
     if (*part == 0) *part = rc;
@@ -99,7 +99,7 @@ void ts_cl_free_failed_pushes(ts_client_t *c) {
 /* Hand op back to its caller. Nothing may touch op after the store of done: the caller may
  * have seen it while polling and returned. */
 static void publish_op(ts_client_t *c, ts_cl_op_t *op) {
-  if (op->stage && op->rc == 0) {
+  if (op->stage && op->rc == 0 && !op->sp) {
     /* The push_pull succeeded: what its pull took is now what was last pulled. */
     for (uint32_t s = 0; s < c->n; s++) {
       ts_cl_shard_t *sh = &c->shards[s];
@@ -129,6 +129,7 @@ static void publish_op(ts_client_t *c, ts_cl_op_t *op) {
   q->duplicate = op->duplicate;
   q->version = op->rc == 0 && op->version_min != UINT64_MAX ? op->version_min : 0;
   q->push_id = op->push_id;
+  if (op->sp) ts_cl_sparse_publish(c, op, q);
   remember_acks(c, op);
   if (op->rc < 0)
     snprintf(q->errmsg, sizeof q->errmsg, "%s", op->err[0] ? op->err : ts_strerror(op->rc));
@@ -194,9 +195,14 @@ static void release_caller_memory(ts_cl_op_t *op, const char *msg) {
     if (!sh->link || !on_list(sh->pending, r)) continue;
     ts_conn_t *conn = &sh->link->conn;
     if (conn->closing) continue;
-    bool writing = r->type == TS_MSG_PUSH && ts_conn_write_queue(conn) > 0;
-    bool reading = r->type == TS_MSG_PULL && conn->state == TS_CONN_READ_DATA && r->iov &&
-                   conn->dst == r->iov;
+    /* A table's request sends its keys or records, and reads its rows, from the op's own
+     * buffers, which are freed with it. */
+    bool sends = r->type == TS_MSG_PUSH || r->type == TS_MSG_SPARSE_PUSH ||
+                 r->type == TS_MSG_SPARSE_PULL;
+    bool writing = sends && ts_conn_write_queue(conn) > 0;
+    bool reading = conn->state == TS_CONN_READ_DATA &&
+                   ((r->type == TS_MSG_PULL && r->iov && conn->dst == r->iov) ||
+                    (r->type == TS_MSG_SPARSE_PULL && conn->dst == &r->rx));
     if (!writing && !reading) continue;
     snprintf(conn->errmsg, sizeof conn->errmsg, "%.150s; closed: the request's %s",
              msg, writing ? "push was still being sent" : "pull reply was still arriving");
@@ -336,6 +342,10 @@ static void send_req(ts_cl_wreq_t *r) {
       rc = ts_conn_send(conn, TS_MSG_PUSH, &m.base, r->iov, (unsigned)r->n, NULL, NULL);
       break;
     }
+    case TS_MSG_SPARSE_PULL:
+    case TS_MSG_SPARSE_PUSH:
+      rc = ts_cl_sparse_send(c, r, conn);
+      break;
     case TS_MSG_HEARTBEAT: {
       Tessera__Heartbeat m = TESSERA__HEARTBEAT__INIT;
       m.request_id = r->id;
@@ -424,12 +434,18 @@ int ts_cl_submit_wire(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, uint16_
       r->iov[i] = uv_buf_init(base, (unsigned)(p->count * sizeof(float)));
     }
   }
+  return ts_cl_enqueue_wire(c, sh, op, r);
+}
+
+int ts_cl_enqueue_wire(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, ts_cl_wreq_t *r) {
+  (void)c;
+  ts_require(r->op == op && r->sh == sh);
   if (op) {
     r->op_next = op->reqs;
     op->reqs = r;
     op->remaining++;
   }
-  if (sh->state == SH_READY || (type == TS_MSG_DECLARE && op == NULL)) {
+  if (sh->state == SH_READY || (r->type == TS_MSG_DECLARE && op == NULL)) {
     send_req(r);
   } else if (op && op->wait_ready) {
     r->next = sh->queued;
@@ -490,6 +506,10 @@ void ts_cl_start_op(ts_client_t *c, ts_cl_op_t *op) {
       case OP_PULL:
       case OP_PUSH:
       case OP_PUSH_PULL: {
+        if (op->sp) {
+          rc = ts_cl_sparse_start(c, sh, op);
+          break;
+        }
         size_t k = 0;
         size_t *mine = shard_subset(c, op, s, &k);
         if (!mine) {
@@ -551,6 +571,7 @@ void ts_cl_free_op(ts_cl_op_t *op) {
   ts_free(op->parts);
   ts_free(op->stage);
   ts_free(op->acked);
+  ts_cl_sparse_free(op->sp);
   ts_free(op);
 }
 

@@ -1,6 +1,7 @@
 /* Requests (include/tessera/client.h): ts_client_req_init, ts_client_submit, ts_client_wait
  * and ts_client_run. A request is checked and turned into an op here, on the caller's
  * thread; the client thread (ts_client_ops.c) runs it and fills in the results. */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -15,6 +16,19 @@ void ts_client_req_init(ts_client_req_t *req, ts_client_req_kind_t kind) {
   req->kind = kind;
 }
 
+/* A request's size before the table fields (a caller built against that header): such a
+ * caller may submit every dense kind. */
+#define REQ_V1_SIZE offsetof(ts_client_req_t, table)
+
+static bool size_known(const ts_client_req_t *req) {
+  return req->struct_size == sizeof *req || req->struct_size == REQ_V1_SIZE;
+}
+
+static bool sparse_kind(ts_client_req_kind_t kind) {
+  return kind == TS_CLIENT_SPARSE_PULL || kind == TS_CLIENT_SPARSE_PUSH ||
+         kind == TS_CLIENT_SPARSE_PUSH_PULL;
+}
+
 static int req_state(const ts_client_req_t *req) {
   return __atomic_load_n(&req->priv_state, __ATOMIC_ACQUIRE);
 }
@@ -22,7 +36,8 @@ static int req_state(const ts_client_req_t *req) {
 /* Refuse req: nothing was sent. */
 static int refuse(ts_client_req_t *req, int rc, const char *why) {
   req->rc = rc;
-  req->push_rc = req->pull_rc = req->kind == TS_CLIENT_PUSH_PULL ? rc : 0;
+  bool both = req->kind == TS_CLIENT_PUSH_PULL || req->kind == TS_CLIENT_SPARSE_PUSH_PULL;
+  req->push_rc = req->pull_rc = both ? rc : 0;
   req->applied = req->accumulated = req->stale = req->duplicate = req->version = 0;
   req->push_id = 0;
   snprintf(req->errmsg, sizeof req->errmsg, "%s", why);
@@ -151,9 +166,37 @@ static int check_buffers(const ts_plan_t *plan, const ts_client_req_t *req, cons
   return 0;
 }
 
+static int hand_over(ts_client_t *c, ts_client_req_t *req, ts_cl_op_t *op, ts_client_done_fn cb,
+                     void *arg);
+
+/* A table's request (TS_CLIENT_SPARSE_*): its keys sorted and split here, on the caller's
+ * thread (ts_client_sparse.c). */
+static int submit_sparse(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb, void *arg) {
+  bool push = req->kind != TS_CLIENT_SPARSE_PULL;
+  if (push && req->retry_of > atomic_load(&c->last_push_id))
+    return refuse(req, TS_EINVAL, "retry_of is not the push_id of a push of this client");
+  ts_cl_op_t *op = ts_calloc(1, sizeof *op);
+  const char *why = "out of memory";
+  int rc = op ? ts_cl_sparse_prepare(c, req, op, &why) : TS_ENOMEM;
+  if (rc == 0 && req->kind != TS_CLIENT_SPARSE_PUSH &&
+      !(op->stage = ts_calloc(c->n, sizeof *op->stage))) {
+    rc = TS_ENOMEM;
+    why = "out of memory";
+  }
+  if (rc < 0) {
+    ts_cl_free_op(op);
+    return refuse(req, rc, why);
+  }
+  op->kind = req->kind == TS_CLIENT_SPARSE_PULL        ? OP_PULL
+             : req->kind == TS_CLIENT_SPARSE_PUSH_PULL ? OP_PUSH_PULL
+                                                       : OP_PUSH;
+  op->push_kind = TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT;
+  return hand_over(c, req, op, cb, arg);
+}
+
 int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb, void *arg) {
   if (!req) return TS_EINVAL;
-  if (req->struct_size != sizeof *req) {
+  if (!size_known(req)) {
     /* Not ours to write into: its layout is unknown. */
     return TS_EINVAL;
   }
@@ -164,6 +207,11 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
     return TS_EBUSY;
   if (!c) return refuse(req, TS_EINVAL, "no client");
+  if (sparse_kind(req->kind)) {
+    if (req->struct_size != sizeof *req)
+      return refuse(req, TS_EINVAL, "a table's request from a caller built without tables");
+    return submit_sparse(c, req, cb, arg);
+  }
   if (req->kind != TS_CLIENT_PULL && req->kind != TS_CLIENT_PUSH &&
       req->kind != TS_CLIENT_PUSH_PULL && req->kind != TS_CLIENT_ASSIGN &&
       req->kind != TS_CLIENT_ASSIGN_INITIAL)
@@ -197,13 +245,20 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
   op->push_kind = req->kind == TS_CLIENT_ASSIGN           ? TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN
                   : req->kind == TS_CLIENT_ASSIGN_INITIAL ? TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN_INITIAL
                                                           : TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT;
+  op->dst = req->dst;
+  op->grad = req->grad;
+  return hand_over(c, req, op, cb, arg);
+}
+
+/* Fill in op's common fields from req and hand it to the client thread. */
+static int hand_over(ts_client_t *c, ts_client_req_t *req, ts_cl_op_t *op, ts_client_done_fn cb,
+                     void *arg) {
+  bool push = op->kind != OP_PULL;
   op->wait_ready = true;
   op->timeout_s = req->timeout_s > 0 ? req->timeout_s : c->timeout_s;
   op->req = req;
   op->cb = cb;
   op->cb_arg = arg;
-  op->dst = req->dst;
-  op->grad = req->grad;
   op->step = req->step;
   op->min_version = req->min_version;
   op->clock = req->clock;
@@ -213,6 +268,7 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
   req->applied = req->accumulated = req->stale = req->duplicate = req->version = 0;
   req->push_id = 0;
   req->errmsg[0] = 0;
+  if (op->sp) req->rows_filtered = 0;
   __atomic_store_n(&req->priv_state, cb ? TS_CL_REQ_INFLIGHT_CB : TS_CL_REQ_INFLIGHT,
                    __ATOMIC_RELEASE);
   if (ts_cl_enqueue(c, op) < 0) {
@@ -220,7 +276,7 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
     /* A thread may already wait for it (it saw INFLIGHT): wake it, under the mutex its
      * wait sleeps on, to find the refusal. */
     uv_mutex_lock(&c->mu);
-    rc = refuse(req, TS_ESHUTDOWN, c->interrupted ? "interrupted" : "client closed");
+    int rc = refuse(req, TS_ESHUTDOWN, c->interrupted ? "interrupted" : "client closed");
     uv_cond_broadcast(&c->cv);
     uv_mutex_unlock(&c->mu);
     return rc;
@@ -235,7 +291,7 @@ static bool req_done(void *arg) {
 }
 
 int ts_client_wait(ts_client_t *c, ts_client_req_t *req) {
-  if (!c || !req || req->struct_size != sizeof *req) return TS_EINVAL;
+  if (!c || !req || !size_known(req)) return TS_EINVAL;
   int state = req_state(req);
   if (state == TS_CL_REQ_DONE) return req->rc;
   if (state != TS_CL_REQ_INFLIGHT) return TS_EINVAL; /* never submitted, or has a callback */
@@ -245,7 +301,7 @@ int ts_client_wait(ts_client_t *c, ts_client_req_t *req) {
 }
 
 int ts_client_run(ts_client_t *c, ts_client_req_t *req) {
-  if (c && req && req->struct_size == sizeof *req && ts_cl_on_client_thread(c)) {
+  if (c && req && size_known(req) && ts_cl_on_client_thread(c)) {
     int state = req_state(req);
     if (state != TS_CL_REQ_IDLE && state != TS_CL_REQ_DONE) return TS_EBUSY;
     return refuse(req, TS_EINVAL, "a blocking call cannot be made on the client thread");

@@ -1,0 +1,353 @@
+/*
+ * Requests of embedding tables (include/tessera/client.h, TS_CLIENT_SPARSE_*): a caller's
+ * key list, in any order and with duplicates, becomes one key list per shard.
+ *
+ * On the caller's thread (ts_cl_sparse_prepare) the keys are sorted, deduplicated and
+ * grouped by the shard proto/ts_key.h names for each, ascending within a shard as the wire
+ * requires; a push's gradient rows are summed per distinct key (in the caller's order, so
+ * the sums do not depend on timing) into the records the shards are sent. On the client
+ * thread each shard gets one push and its pulls, a pull cut into requests whose replies
+ * stay under TS_MSG_MAX_SPARSE_REPLY; the replies land in one buffer in the distinct keys'
+ * order, and when the op is done every caller's key gets its row from there
+ * (ts_cl_sparse_publish), a key listed twice its row twice.
+ *
+ * Versions. A table has a version per shard; what was last pulled of it from each shard
+ * (c->table_pulled) tags a push made with TS_CLIENT_STEP_PULLED and makes the next
+ * TS_CLIENT_VERSION_NEXT pull wait for the step after it, as the dense partitions' pulled
+ * version does. In sync mode every shard is sent the push and the pull, with no keys where
+ * the caller has none of its rows, so every shard's barrier counts the worker and every
+ * pull waits for the step.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_client_int.h"
+#include "ts_err.h"
+#include "ts_key.h"
+#include "ts_msg.h"
+
+/* Most keys one request may list (client.h). */
+#define MAX_CALLER_KEYS (UINT64_C(1) << 26)
+
+void ts_cl_sparse_free(ts_cl_sparse_t *sp) {
+  if (!sp) return;
+  ts_free(sp->ukeys);
+  ts_free(sp->inv);
+  ts_free(sp->shard_off);
+  ts_free(sp->rows);
+  ts_free(sp->records);
+  ts_free(sp);
+}
+
+typedef struct {
+  uint64_t key;
+  uint32_t idx; /* the caller's index */
+} key_idx_t;
+
+static int cmp_key_idx(const void *a, const void *b) {
+  const key_idx_t *x = a, *y = b;
+  if (x->key != y->key) return x->key < y->key ? -1 : 1;
+  return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* Sort the caller's keys, keep the distinct ones grouped by shard (ascending within each),
+ * and map each caller's key to its distinct key's place. */
+static int group_keys(ts_cl_sparse_t *sp, const int64_t *keys, uint32_t nshards) {
+  size_t n = sp->nkeys;
+  key_idx_t *pairs = ts_malloc((n ? n : 1) * sizeof *pairs);
+  uint64_t *sorted = ts_malloc((n ? n : 1) * sizeof *sorted);
+  uint32_t *shard_of = ts_malloc((n ? n : 1) * sizeof *shard_of);
+  uint32_t *place = ts_malloc((n ? n : 1) * sizeof *place);
+  sp->ukeys = ts_malloc((n ? n : 1) * sizeof *sp->ukeys);
+  sp->inv = ts_malloc((n ? n : 1) * sizeof *sp->inv);
+  sp->shard_off = ts_calloc((size_t)nshards + 1, sizeof *sp->shard_off);
+  int rc = TS_ENOMEM;
+  if (!pairs || !sorted || !shard_of || !place || !sp->ukeys || !sp->inv || !sp->shard_off)
+    goto out;
+  for (size_t i = 0; i < n; i++) pairs[i] = (key_idx_t){(uint64_t)keys[i], (uint32_t)i};
+  qsort(pairs, n, sizeof *pairs, cmp_key_idx);
+  /* Distinct keys in ascending order; inv points into them for now. */
+  size_t u = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (i == 0 || pairs[i].key != pairs[i - 1].key) sorted[u++] = pairs[i].key;
+    sp->inv[pairs[i].idx] = (uint32_t)(u - 1);
+  }
+  sp->nuniq = u;
+  /* Stable counting sort by shard: ascending order stays within each shard. */
+  for (size_t k = 0; k < u; k++) {
+    shard_of[k] = ts_key_shard(sorted[k], nshards);
+    sp->shard_off[shard_of[k] + 1]++;
+  }
+  for (uint32_t s = 0; s < nshards; s++) sp->shard_off[s + 1] += sp->shard_off[s];
+  size_t *fill = ts_malloc(((size_t)nshards ? nshards : 1) * sizeof *fill);
+  if (!fill) goto out;
+  memcpy(fill, sp->shard_off, nshards * sizeof *fill);
+  for (size_t k = 0; k < u; k++) {
+    size_t at = fill[shard_of[k]]++;
+    sp->ukeys[at] = sorted[k];
+    place[k] = (uint32_t)at;
+  }
+  ts_free(fill);
+  for (size_t i = 0; i < n; i++) sp->inv[i] = place[sp->inv[i]];
+  rc = 0;
+out:
+  ts_free(pairs);
+  ts_free(sorted);
+  ts_free(shard_of);
+  ts_free(place);
+  return rc;
+}
+
+/* A push's records: each distinct key, then the sum of its rows' gradients in the caller's
+ * order. */
+static int make_records(ts_cl_sparse_t *sp, const float *grad) {
+  size_t rec = (size_t)ts_msg_sparse_record_bytes(sp->dim);
+  sp->records = ts_calloc(sp->nuniq ? sp->nuniq : 1, rec);
+  if (!sp->records) return TS_ENOMEM;
+  for (size_t k = 0; k < sp->nuniq; k++) memcpy(sp->records + k * rec, &sp->ukeys[k], 8);
+  for (size_t i = 0; i < sp->nkeys; i++) {
+    float *dst = (float *)(void *)(sp->records + (size_t)sp->inv[i] * rec + 8);
+    const float *g = grad + i * sp->dim;
+    for (uint32_t j = 0; j < sp->dim; j++) dst[j] += g[j];
+  }
+  return 0;
+}
+
+int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t *op,
+                         const char **why) {
+  bool pull = req->kind == TS_CLIENT_SPARSE_PULL || req->kind == TS_CLIENT_SPARSE_PUSH_PULL;
+  bool push = req->kind != TS_CLIENT_SPARSE_PULL;
+  if (req->table >= c->decl.n_tables) {
+    *why = c->decl.n_tables ? "no table of that index was declared" : "no table was declared";
+    return c->decl.n_tables ? TS_ENOTABLE : TS_ENOTDECLARED;
+  }
+  if ((uint64_t)req->num_keys > MAX_CALLER_KEYS) {
+    *why = "more than 2^26 keys in one request";
+    return TS_ETOOBIG;
+  }
+  if (req->num_keys && !req->keys) {
+    *why = "no keys";
+    return TS_EINVAL;
+  }
+  uint32_t dim = c->decl.tables[req->table]->dim;
+  if (req->num_keys && ((pull && !req->rows_dst) || (push && !req->rows_grad))) {
+    *why = pull && !req->rows_dst ? "no rows_dst for the pull" : "no rows_grad for the push";
+    return TS_EINVAL;
+  }
+  size_t bytes = req->num_keys * dim * sizeof(float);
+  if (pull && push && req->num_keys) {
+    uintptr_t g0 = (uintptr_t)req->rows_grad, d0 = (uintptr_t)req->rows_dst;
+    if (g0 < d0 + bytes && d0 < g0 + bytes) {
+      *why = "rows_grad and rows_dst overlap";
+      return TS_EINVAL;
+    }
+  }
+  ts_cl_sparse_t *sp = ts_calloc(1, sizeof *sp);
+  if (!sp) {
+    *why = "out of memory";
+    return TS_ENOMEM;
+  }
+  op->sp = sp;
+  sp->table = req->table;
+  sp->dim = dim;
+  sp->nkeys = req->num_keys;
+  sp->dst = pull ? req->rows_dst : NULL;
+  uv_mutex_lock(&c->mu);
+  sp->every_shard = c->mode == TESSERA__MODE__MODE_SYNC;
+  uv_mutex_unlock(&c->mu);
+  int rc = group_keys(sp, req->keys, c->n);
+  if (rc == 0 && push) rc = make_records(sp, req->rows_grad);
+  if (rc == 0 && pull && !(sp->rows = ts_malloc(sp->nuniq ? sp->nuniq * dim * sizeof(float) : 1)))
+    rc = TS_ENOMEM;
+  if (rc < 0) {
+    *why = "out of memory";
+    return rc;
+  }
+  if (push) {
+    for (uint32_t s = 0; s < c->n; s++) {
+      if (sp->shard_off[s + 1] - sp->shard_off[s] > TS_MSG_MAX_KEYS) {
+        *why = "over 2^20 distinct keys of one shard in one push";
+        return TS_ETOOBIG;
+      }
+    }
+  }
+  return 0;
+}
+
+/* Keys a pull request may list: at most TS_MSG_MAX_KEYS, with a reply under
+ * TS_MSG_MAX_SPARSE_REPLY. */
+static size_t pull_chunk(uint32_t dim) {
+  uint64_t k = TS_MSG_MAX_SPARSE_REPLY / ((uint64_t)dim * sizeof(float));
+  return (size_t)(k < TS_MSG_MAX_KEYS ? k : TS_MSG_MAX_KEYS);
+}
+
+/* One wire request of op for keys [off, off + n) of shard sh. */
+static int submit(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, uint16_t type, size_t off,
+                  size_t n) {
+  ts_cl_wreq_t *r = ts_calloc(1, sizeof *r);
+  if (!r) return TS_ENOMEM;
+  r->op = op;
+  r->sh = sh;
+  r->id = ++c->next_id;
+  r->type = type;
+  r->staged = op->stage && type == TS_MSG_SPARSE_PULL;
+  r->sp_off = off;
+  r->sp_n = n;
+  ts_cl_sparse_t *sp = op->sp;
+  if (n) {
+    r->iov = ts_calloc(1, sizeof *r->iov);
+    if (!r->iov) {
+      ts_cl_free_wreq(r);
+      return TS_ENOMEM;
+    }
+    size_t rec = (size_t)ts_msg_sparse_record_bytes(sp->dim);
+    if (type == TS_MSG_SPARSE_PUSH) {
+      r->iov[0] = uv_buf_init((char *)(sp->records + off * rec), 0);
+      r->iov[0].len = n * rec;
+    } else {
+      r->iov[0] = uv_buf_init((char *)(sp->ukeys + off), 0);
+      r->iov[0].len = n * sizeof(uint64_t);
+      r->rx = uv_buf_init((char *)(sp->rows + off * sp->dim), 0);
+      r->rx.len = n * sp->dim * sizeof(float);
+    }
+  }
+  return ts_cl_enqueue_wire(c, sh, op, r);
+}
+
+int ts_cl_sparse_start(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op) {
+  ts_cl_sparse_t *sp = op->sp;
+  size_t off = sp->shard_off[sh->index], n = sp->shard_off[sh->index + 1] - off;
+  if (n == 0 && !sp->every_shard) return 0;
+  int rc = 0;
+  bool acked = op->acked && op->acked[sh->index]; /* a retry: this shard had the push */
+  if ((op->kind == OP_PUSH || op->kind == OP_PUSH_PULL) && !acked)
+    rc = submit(c, sh, op, TS_MSG_SPARSE_PUSH, off, n);
+  if (op->kind == OP_PUSH) return rc;
+  /* The pull, back to back with the push on one connection: the shard handles them in
+   * order, so the pull sees the push applied (sync: waits for its step). */
+  size_t chunk = pull_chunk(sp->dim);
+  for (size_t k = 0; rc == 0 && (k < n || (n == 0 && k == 0)); k += chunk)
+    rc = submit(c, sh, op, TS_MSG_SPARSE_PULL, off + k, n - k < chunk ? n - k : chunk);
+  return rc;
+}
+
+static ts_cl_staged_t *pulled(ts_client_t *c, uint32_t shard, uint32_t table) {
+  return &c->table_pulled[(size_t)shard * c->decl.n_tables + table];
+}
+
+/* The table's version last pulled from sh, when it is of the shard's current incarnation. */
+static bool last_pulled(ts_client_t *c, ts_cl_shard_t *sh, uint32_t table, uint64_t *v) {
+  ts_cl_staged_t *p = pulled(c, sh->index, table);
+  if (!p->set || p->incarnation != sh->incarnation) return false;
+  *v = p->version;
+  return true;
+}
+
+int ts_cl_sparse_send(ts_client_t *c, ts_cl_wreq_t *r, ts_conn_t *conn) {
+  ts_cl_op_t *op = r->op;
+  ts_cl_shard_t *sh = r->sh;
+  ts_cl_sparse_t *sp = op->sp;
+  uint64_t v = 0;
+  bool have = last_pulled(c, sh, sp->table, &v);
+  if (r->type == TS_MSG_SPARSE_PUSH) {
+    Tessera__SparsePush m = TESSERA__SPARSE_PUSH__INIT;
+    m.request_id = r->id;
+    m.table = sp->table;
+    m.num_keys = r->sp_n;
+    m.dim = sp->dim;
+    m.step = op->step == TS_CLIENT_STEP_PULLED ? (have ? v : 0) : op->step;
+    m.push_id = op->push_id;
+    m.client_incarnation = m.push_id ? c->incarnation : 0;
+    return ts_conn_send(conn, TS_MSG_SPARSE_PUSH, &m.base, r->iov, r->sp_n ? 1 : 0, NULL, NULL);
+  }
+  Tessera__SparsePull m = TESSERA__SPARSE_PULL__INIT;
+  m.request_id = r->id;
+  m.table = sp->table;
+  m.num_keys = r->sp_n;
+  m.min_version = op->min_version == TS_CLIENT_VERSION_NEXT ? (have ? v + 1 : 0) : op->min_version;
+  m.clock = op->clock;
+  m.timeout_ms = (uint32_t)(op->timeout_s * 1000.0);
+  return ts_conn_send(conn, TS_MSG_SPARSE_PULL, &m.base, r->iov, r->sp_n ? 1 : 0, NULL, NULL);
+}
+
+int ts_cl_sparse_reply_meta(ts_cl_shard_t *sh, const Tessera__SparsePullReply *m,
+                            const uv_buf_t **iov, unsigned *niov) {
+  ts_cl_wreq_t *r = ts_cl_find_pending(sh, m->request_id);
+  if (!r || !r->op) return 0; /* nobody waits for it: read and drop */
+  if (r->type != TS_MSG_SPARSE_PULL || !r->op->sp || m->num_keys != r->sp_n ||
+      m->dim != r->op->sp->dim || m->table != r->op->sp->table)
+    return TS_EPROTO;
+  if (r->sp_n) {
+    *iov = &r->rx;
+    *niov = 1;
+  }
+  return 0;
+}
+
+static void count_result(ts_cl_op_t *op, Tessera__PushResult result) {
+  switch (result) {
+    case TESSERA__PUSH_RESULT__PUSH_APPLIED:
+      op->applied++;
+      break;
+    case TESSERA__PUSH_RESULT__PUSH_ACCUMULATED:
+      op->accumulated++;
+      break;
+    case TESSERA__PUSH_RESULT__PUSH_STALE:
+      op->stale++;
+      break;
+    case TESSERA__PUSH_RESULT__PUSH_DUPLICATE:
+      op->duplicate++;
+      break;
+    default:
+      break;
+  }
+}
+
+void ts_cl_sparse_on_reply(ts_cl_shard_t *sh, uint16_t type, const ProtobufCMessage *msg,
+                           bool discarded) {
+  ts_client_t *c = sh->cl;
+  if (type == TS_MSG_SPARSE_PUSH_REPLY) {
+    const Tessera__SparsePushReply *m = (const Tessera__SparsePushReply *)msg;
+    ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+    if (!r) return;
+    if (r->op && r->op->sp) {
+      if (r->op->acked) r->op->acked[sh->index] = 1;
+      count_result(r->op, m->result);
+      r->op->sp->rows_filtered += m->rows_filtered;
+    }
+    ts_cl_complete_req(r, 0, NULL);
+    return;
+  }
+  const Tessera__SparsePullReply *m = (const Tessera__SparsePullReply *)msg;
+  ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+  if (!r) return;
+  if (!r->op || discarded || !r->op->sp) {
+    ts_cl_complete_req(r, TS_ENOMEM, "pull reply dropped");
+    return;
+  }
+  ts_cl_op_t *op = r->op;
+  ts_cl_staged_t v = {.version = m->version, .incarnation = sh->incarnation, .set = true};
+  if (r->staged)
+    op->stage[sh->index] = v;
+  else
+    *pulled(c, sh->index, op->sp->table) = v;
+  if (m->version < op->version_min) op->version_min = m->version;
+  ts_cl_complete_req(r, 0, NULL);
+}
+
+void ts_cl_sparse_publish(ts_client_t *c, ts_cl_op_t *op, ts_client_req_t *q) {
+  ts_cl_sparse_t *sp = op->sp;
+  if (op->stage && op->rc == 0) {
+    for (uint32_t s = 0; s < c->n; s++)
+      if (op->stage[s].set && op->stage[s].incarnation == c->shards[s].incarnation)
+        *pulled(c, s, sp->table) = op->stage[s];
+  }
+  if (op->rc == 0 && sp->dst) {
+    size_t row = sp->dim * sizeof(float);
+    for (size_t i = 0; i < sp->nkeys; i++)
+      memcpy(sp->dst + i * sp->dim, sp->rows + (size_t)sp->inv[i] * sp->dim, row);
+  }
+  q->rows_filtered = sp->rows_filtered;
+}

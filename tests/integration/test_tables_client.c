@@ -1,0 +1,335 @@
+/*
+ * Embedding tables through the client library (include/tessera/client.h, TS_CLIENT_SPARSE_*)
+ * against real ps-server shards on loopback ports:
+ *
+ *   - rows in the caller's key order, duplicates and negative ids included, each equal to
+ *     its first value from (seed, table, key) (proto/ts_key.h), on any shard count;
+ *   - a push sums a key's duplicate gradients (SGD with learning rate 1 and dyadic values:
+ *     exact);
+ *   - sync exactness: 2 workers with batch B against 1 worker with batch 2B, Zipf keys with
+ *     duplicates, for each row optimizer (SGD, Adagrad, Adam, FTRL), 12 steps: the tables
+ *     equal within a relative 1e-6;
+ *   - the request's own errors: an unknown table, no buffers, overlapping buffers.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "calls.h"
+#include "harness.h"
+#include "ts_init.h"
+#include "ts_key.h"
+
+#define SEED 11
+#define DIM 8
+#define VOCAB 500
+#define BATCH 48 /* per worker */
+#define STEPS 12
+
+static ts_client_t *open_tables(ts_cluster_t *c, const ts_client_table_t *tables, size_t n,
+                                int task) {
+  ts_client_opts_t o;
+  tc_opts(&o, c->addrs, (size_t)c->num_shards);
+  o.identity = "test_tables_client";
+  o.task = task;
+  o.request_timeout_s = 20;
+  o.require_all = true;
+  ts_client_t *cl = NULL;
+  char err[256];
+  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
+  ts_client_declare_opts_t d;
+  ts_client_declare_opts_init(&d);
+  d.seed = SEED;
+  d.tables = tables;
+  d.num_tables = n;
+  int rc = ts_client_declare_ex(cl, NULL, 0, &d, err, sizeof err);
+  if (rc != 0) fprintf(stderr, "declare: %s\n", err);
+  assert_int_equal(rc, 0);
+  assert_int_equal(ts_client_num_tables(cl), n);
+  return cl;
+}
+
+static int sparse(ts_client_t *cl, ts_client_req_kind_t kind, uint32_t table, const int64_t *keys,
+                  size_t n, const float *grad, float *dst, ts_client_req_t *out) {
+  ts_client_req_t req;
+  ts_client_req_init(&req, kind);
+  req.table = table;
+  req.keys = keys;
+  req.num_keys = n;
+  req.rows_grad = grad;
+  req.rows_dst = dst;
+  req.step = TS_CLIENT_STEP_PULLED;
+  req.min_version = kind == TS_CLIENT_SPARSE_PUSH_PULL ? TS_CLIENT_VERSION_NEXT : 0;
+  int rc = ts_client_run(cl, &req);
+  if (rc != 0) fprintf(stderr, "sparse request %d: %s\n", (int)kind, req.errmsg);
+  if (out) *out = req;
+  return rc;
+}
+
+/* Rows come back in the caller's order, each its first value, on 1 and 3 shards alike. */
+static void test_rows_in_caller_order(void **state) {
+  (void)state;
+  static const int64_t keys[] = {42, -7, 1000000007, 42, 0, -7, INT64_MIN, INT64_MAX, 3, 42};
+  const size_t n = sizeof keys / sizeof keys[0];
+  const ts_client_table_t table = {.name = "emb/users", .dim = DIM, .init = TS_CLIENT_ROW_UNIFORM,
+                                   .init_param = 0.05, .optimizer = TS_CLIENT_ROWOPT_SGD};
+  float first[10 * DIM];
+  for (int shards = 1; shards <= 3; shards += 2) {
+    ts_cluster_t c;
+    assert_int_equal(ts_cluster_start(&c, shards, 1, "job = { mode = \"async\"; };"), 0);
+    ts_client_t *cl = open_tables(&c, &table, 1, 0);
+    float rows[10 * DIM];
+    memset(rows, 0xff, sizeof rows);
+    assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PULL, 0, keys, n, NULL, rows, NULL), 0);
+    for (size_t i = 0; i < n; i++) {
+      float want[DIM];
+      ts_key_row_init(want, DIM, TS_KEY_INIT_UNIFORM, 0.05, ts_init_key(SEED, "emb/users"),
+                      (uint64_t)keys[i]);
+      assert_memory_equal(rows + i * DIM, want, sizeof want);
+    }
+    if (shards == 1)
+      memcpy(first, rows, sizeof first);
+    else
+      assert_memory_equal(rows, first, sizeof first); /* the same rows on 3 shards */
+    ts_client_close(cl);
+    assert_int_equal(ts_cluster_stop(&c), 0);
+  }
+}
+
+/* A push sums a key's duplicates: SGD with learning rate 1 moves each row by the sum of its
+ * gradients (dyadic values: exact). */
+static void test_push_sums_duplicates(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 1, "job = { mode = \"async\"; };"), 0);
+  const ts_client_table_t table = {.name = "emb", .dim = DIM, .init = TS_CLIENT_ROW_ZEROS,
+                                   .optimizer = TS_CLIENT_ROWOPT_SGD, .learning_rate = 1.0};
+  ts_client_t *cl = open_tables(&c, &table, 1, 0);
+  static const int64_t keys[] = {5, 9, 5, -1, 5, 9};
+  const size_t n = sizeof keys / sizeof keys[0];
+  float grad[6 * DIM], rows[6 * DIM];
+  for (size_t i = 0; i < n; i++)
+    for (int j = 0; j < DIM; j++) grad[i * DIM + j] = 0.25f * (float)(i + 1) + 0.125f * (float)j;
+  ts_client_req_t res;
+  assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PUSH_PULL, 0, keys, n, grad, rows, &res), 0);
+  assert_int_equal(res.push_rc, 0);
+  assert_int_equal(res.rows_filtered, 0);
+  for (size_t i = 0; i < n; i++) {
+    for (int j = 0; j < DIM; j++) {
+      float sum = 0;
+      for (size_t k = 0; k < n; k++)
+        if (keys[k] == keys[i]) sum += grad[k * DIM + j];
+      assert_true(rows[i * DIM + j] == -sum);
+    }
+  }
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* --- sync exactness ----------------------------------------------------------------- */
+
+/* Key i of worker w's batch at step s: Zipf(1.0) over VOCAB ids, from a fixed stream. */
+static int64_t zipf_key(uint64_t *rng, const double *cdf) {
+  *rng ^= *rng << 13;
+  *rng ^= *rng >> 7;
+  *rng ^= *rng << 17;
+  double u = (double)(*rng >> 11) / 9007199254740992.0;
+  size_t lo = 0, hi = VOCAB - 1;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (cdf[mid] < u)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return (int64_t)lo * 7919 - 100000; /* spread, some negative */
+}
+
+/* The global batch of step s: 2 * BATCH keys; worker w takes [w * BATCH, (w + 1) * BATCH). */
+static void step_keys(int s, int64_t *keys) {
+  static double cdf[VOCAB];
+  if (cdf[VOCAB - 1] == 0) {
+    double z = 0;
+    for (int k = 0; k < VOCAB; k++) z += 1.0 / (k + 1);
+    double acc = 0;
+    for (int k = 0; k < VOCAB; k++) cdf[k] = (acc += 1.0 / (k + 1) / z);
+  }
+  uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)(s + 1) * 0xD1B54A32D192ED03ull;
+  for (int i = 0; i < 2 * BATCH; i++) keys[i] = zipf_key(&rng, cdf);
+}
+
+/* The gradient of one occurrence of a key: (row - target) / batch, as a mean loss gives. */
+static void occurrence_grad(const float *row, int64_t key, float scale, float *g) {
+  for (int j = 0; j < DIM; j++) {
+    float target = (float)sin((double)key * 0.001 + j);
+    g[j] = (row[j] - target) * scale;
+  }
+}
+
+typedef struct {
+  ts_client_t *cl;
+  int worker, workers;
+  int rc;
+} run_arg_t;
+
+/* Train STEPS sync steps: pull this worker's keys (the step's version), push their
+ * gradients, as a training loop does. */
+static void *run_worker(void *p) {
+  run_arg_t *a = p;
+  int64_t all[2 * BATCH];
+  int n = a->workers == 1 ? 2 * BATCH : BATCH;
+  float *rows = malloc((size_t)n * DIM * sizeof(float));
+  float *grad = malloc((size_t)n * DIM * sizeof(float));
+  for (int s = 0; s < STEPS && a->rc == 0; s++) {
+    step_keys(s, all);
+    const int64_t *keys = all + (a->workers == 1 ? 0 : a->worker * BATCH);
+    ts_client_req_t req;
+    ts_client_req_init(&req, TS_CLIENT_SPARSE_PULL);
+    req.keys = keys;
+    req.num_keys = (size_t)n;
+    req.rows_dst = rows;
+    req.min_version = TS_CLIENT_VERSION_NEXT;
+    if ((a->rc = ts_client_run(a->cl, &req)) != 0) {
+      fprintf(stderr, "worker %d step %d pull: %s\n", a->worker, s, req.errmsg);
+      break;
+    }
+    /* Each worker's gradient is its batch's mean: 1/BATCH per occurrence; one worker with
+     * the global batch gives 1/(2 BATCH), which is what the shards' average of two gives. */
+    float scale = a->workers == 1 ? 0.5f / BATCH : 1.0f / BATCH;
+    for (int i = 0; i < n; i++) occurrence_grad(rows + i * DIM, keys[i], scale, grad + i * DIM);
+    ts_client_req_init(&req, TS_CLIENT_SPARSE_PUSH);
+    req.keys = keys;
+    req.num_keys = (size_t)n;
+    req.rows_grad = grad;
+    req.step = TS_CLIENT_STEP_PULLED;
+    if ((a->rc = ts_client_run(a->cl, &req)) != 0 || req.stale || req.duplicate) {
+      fprintf(stderr, "worker %d step %d push: rc %d stale %llu duplicate %llu %s\n", a->worker, s,
+              a->rc, (unsigned long long)req.stale, (unsigned long long)req.duplicate,
+              req.errmsg);
+      if (a->rc == 0) a->rc = -1;
+    }
+  }
+  free(rows);
+  free(grad);
+  return NULL;
+}
+
+/* Every key any step touched, and its row after training with `workers` workers. */
+static void train(const ts_client_table_t *table, int workers, int64_t *vocab, size_t nvocab,
+                  float *out) {
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, workers, "job = { mode = \"sync\"; };"), 0);
+  run_arg_t a[2];
+  pthread_t th[2];
+  for (int w = 0; w < workers; w++) {
+    a[w] = (run_arg_t){.cl = open_tables(&c, table, 1, w), .worker = w, .workers = workers};
+  }
+  for (int w = 0; w < workers; w++) pthread_create(&th[w], NULL, run_worker, &a[w]);
+  for (int w = 0; w < workers; w++) pthread_join(th[w], NULL);
+  for (int w = 0; w < workers; w++) assert_int_equal(a[w].rc, 0);
+  assert_int_equal(sparse(a[0].cl, TS_CLIENT_SPARSE_PULL, 0, vocab, nvocab, NULL, out, NULL), 0);
+  for (int w = 0; w < workers; w++) ts_client_close(a[w].cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+static void test_sync_exactness(void **state) {
+  (void)state;
+  /* The keys the steps touch. */
+  int64_t all[2 * BATCH];
+  int64_t *vocab = malloc((size_t)STEPS * 2 * BATCH * sizeof *vocab);
+  size_t nvocab = 0;
+  for (int s = 0; s < STEPS; s++) {
+    step_keys(s, all);
+    for (int i = 0; i < 2 * BATCH; i++) {
+      bool seen = false;
+      for (size_t k = 0; k < nvocab && !seen; k++) seen = vocab[k] == all[i];
+      if (!seen) vocab[nvocab++] = all[i];
+    }
+  }
+  static const struct {
+    ts_client_rowopt_t opt;
+    double lr;
+    const char *name;
+  } opts[] = {{TS_CLIENT_ROWOPT_SGD, 0.5, "sgd"},
+              {TS_CLIENT_ROWOPT_ADAGRAD, 0.1, "adagrad"},
+              {TS_CLIENT_ROWOPT_ADAM, 0.01, "adam"},
+              {TS_CLIENT_ROWOPT_FTRL, 0.1, "ftrl"}};
+  float *one = malloc(nvocab * DIM * sizeof(float));
+  float *two = malloc(nvocab * DIM * sizeof(float));
+  for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++) {
+    ts_client_table_t table = {.name = "emb/items", .dim = DIM, .init = TS_CLIENT_ROW_NORMAL,
+                               .init_param = 0.1, .optimizer = opts[o].opt,
+                               .learning_rate = opts[o].lr, .l1 = 0.001, .l2 = 0.001};
+    train(&table, 1, vocab, nvocab, one);
+    train(&table, 2, vocab, nvocab, two);
+    double worst = 0, moved = 0;
+    for (size_t k = 0; k < nvocab * DIM; k++) {
+      double d = fabs((double)one[k] - (double)two[k]) / fmax(fabs((double)one[k]), 1e-3);
+      if (d > worst) worst = d;
+      moved = fmax(moved, fabs((double)one[k]));
+    }
+    fprintf(stderr, "%s: %zu rows, max relative difference 2x%d vs 1x%d: %.3g\n", opts[o].name,
+            nvocab, BATCH, 2 * BATCH, worst);
+    assert_true(moved > 0);
+    assert_true(worst <= 1e-6);
+  }
+  free(one);
+  free(two);
+  free(vocab);
+}
+
+/* The request's own mistakes are refused at submit, nothing sent. */
+static void test_refused_requests(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 1, "job = { mode = \"async\"; };"), 0);
+  const ts_client_table_t table = {.name = "emb", .dim = 4};
+  ts_client_t *cl = open_tables(&c, &table, 1, 0);
+  int64_t keys[3] = {1, 2, 3};
+  float rows[12], grad[12] = {0};
+  ts_client_req_t req;
+  ts_client_req_init(&req, TS_CLIENT_SPARSE_PULL);
+  req.table = 1;
+  req.keys = keys;
+  req.num_keys = 3;
+  req.rows_dst = rows;
+  assert_int_equal(ts_client_run(cl, &req), TS_CLIENT_ENOTABLE);
+  req.table = 0;
+  req.rows_dst = NULL;
+  assert_int_equal(ts_client_run(cl, &req), TS_CLIENT_EINVAL);
+  ts_client_req_init(&req, TS_CLIENT_SPARSE_PUSH_PULL);
+  req.keys = keys;
+  req.num_keys = 3;
+  req.rows_grad = grad;
+  req.rows_dst = (float *)grad + 4; /* overlaps */
+  assert_int_equal(ts_client_run(cl, &req), TS_CLIENT_EINVAL);
+  assert_int_equal(req.push_rc, TS_CLIENT_EINVAL);
+  /* A caller built before tables (a request of the old size) gets the dense kinds only. */
+  ts_client_req_init(&req, TS_CLIENT_SPARSE_PULL);
+  req.struct_size = (uint32_t)offsetof(ts_client_req_t, table);
+  assert_int_equal(ts_client_run(cl, &req), TS_CLIENT_EINVAL);
+  /* No keys at all is a request that does nothing, successfully. */
+  ts_client_req_init(&req, TS_CLIENT_SPARSE_PULL);
+  assert_int_equal(ts_client_run(cl, &req), 0);
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rows_in_caller_order),
+      cmocka_unit_test(test_push_sums_duplicates),
+      cmocka_unit_test(test_sync_exactness),
+      cmocka_unit_test(test_refused_requests),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -293,12 +293,62 @@ static PyObject *client_run(ClientObject *self, job_t *j, PyObject *(*result)(co
 
 static PyObject *declare_result(const job_t *j) { return PyBool_FromLong(j->awaiting); }
 
-/* declare([(name, shape, init[, kind]), ...], seed[, values_follow]) -> awaiting_values */
+/* The tables of a declare: each a tuple (name, dim, init, init_param, optimizer,
+ * learning_rate, beta1, beta2, epsilon, initial_accumulator, l1, l2, beta, admit_count,
+ * admit_probability, steps_to_live, max_rows), as tessera.Table.wire() makes it. Returns 0,
+ * or -1 with an exception set. */
+int parse_tables(PyObject *tables, job_t *j) {
+  if (tables == Py_None) return 0;
+  PyObject *seq = PySequence_Fast(tables, "tables must be a sequence of tuples");
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  j->tables = calloc((size_t)n + 1, sizeof *j->tables);
+  j->table_names = calloc((size_t)n + 1, sizeof *j->table_names);
+  if (!j->tables || !j->table_names) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return -1;
+  }
+  j->ntables = (size_t)n;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *name;
+    ts_client_table_t *t = &j->tables[i];
+    unsigned int dim, admit_count;
+    int init, opt;
+    unsigned long long steps_to_live, max_rows;
+    PyObject *tup = PySequence_Fast_GET_ITEM(seq, i);
+    if (!PyTuple_Check(tup) ||
+        !PyArg_ParseTuple(tup, "UIididdddddddIdKK", &name, &dim, &init, &t->init_param, &opt,
+                          &t->learning_rate, &t->beta1, &t->beta2, &t->epsilon,
+                          &t->initial_accumulator, &t->l1, &t->l2, &t->beta, &admit_count,
+                          &t->admit_probability, &steps_to_live, &max_rows)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "each table must be a tuple");
+      Py_DECREF(seq);
+      return -1;
+    }
+    if (!(j->table_names[i] = dup_utf8(name))) {
+      Py_DECREF(seq);
+      return -1;
+    }
+    t->name = j->table_names[i];
+    t->dim = dim;
+    t->init = (ts_client_row_init_t)init;
+    t->optimizer = (ts_client_rowopt_t)opt;
+    t->admit_count = admit_count;
+    t->steps_to_live = steps_to_live;
+    t->max_rows = max_rows;
+  }
+  Py_DECREF(seq);
+  return 0;
+}
+
+/* declare([(name, shape, init[, kind]), ...], seed[, values_follow[, tables]]) ->
+ * awaiting_values */
 static PyObject *Client_declare(ClientObject *self, PyObject *args) {
-  PyObject *list;
+  PyObject *list, *tables = Py_None;
   unsigned long long seed;
   int values_follow = 0;
-  if (!PyArg_ParseTuple(args, "OK|p", &list, &seed, &values_follow)) return NULL;
+  if (!PyArg_ParseTuple(args, "OK|pO", &list, &seed, &values_follow, &tables)) return NULL;
   if (check_open(self) < 0 || check_no_declare(self) < 0) return NULL;
   if (PyList_GET_SIZE(self->inflight) > 0) {
     return raise_code(TS_CLIENT_EBUSY, "declare with requests in flight: wait for them first");
@@ -322,6 +372,7 @@ static PyObject *Client_declare(ClientObject *self, PyObject *args) {
     goto fail;
   }
   j->ntensors = (size_t)n;
+  if (parse_tables(tables, j) < 0) goto fail;
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *name, *shape;
     int init, kind = TS_CLIENT_TRAINABLE;
@@ -542,6 +593,8 @@ static PyMethodDef Client_methods[] = {
     {"interrupt", (PyCFunction)Client_interrupt, METH_NOARGS,
      "Fail every request in flight and every later one (irreversible)."},
     {"declare", (PyCFunction)Client_declare, METH_VARARGS, "declare([(name, shape, init)], seed)"},
+    {"submit_rows", (PyCFunction)Client_submit_rows, METH_VARARGS,
+     "submit_rows(kind, table, keys, grads, dst, step, min_version, clock, timeout) -> Request"},
     {"submit", (PyCFunction)Client_submit, METH_VARARGS,
      "submit(kind, tensors, grads, dsts, step, min_version, clock, timeout) -> Request"},
     {"status", (PyCFunction)Client_status, METH_VARARGS, "status(shard) -> dict"},
@@ -742,6 +795,11 @@ PyMODINIT_FUNC PyInit__client(void) {
       C(TS_CLIENT_EUNAVAIL), C(TS_CLIENT_ECLOSED), C(TS_CLIENT_ESHUTDOWN),
       C(TS_CLIENT_EINTERNAL), C(TS_CLIENT_EDATA), C(TS_CLIENT_EDEVICE),
       C(TS_CLIENT_ENOTDECLARED), C(TS_CLIENT_EROLE), C(TS_CLIENT_EBUSY), C(TS_CLIENT_ENOTREADY),
+      C(TS_CLIENT_ENOTABLE), C(TS_CLIENT_SPARSE_PULL), C(TS_CLIENT_SPARSE_PUSH),
+      C(TS_CLIENT_SPARSE_PUSH_PULL), C(TS_CLIENT_ROW_ZEROS), C(TS_CLIENT_ROW_UNIFORM),
+      C(TS_CLIENT_ROW_NORMAL), C(TS_CLIENT_ROW_TRUNCATED_NORMAL), C(TS_CLIENT_ROWOPT_DEFAULT),
+      C(TS_CLIENT_ROWOPT_SGD), C(TS_CLIENT_ROWOPT_ADAGRAD), C(TS_CLIENT_ROWOPT_ADAM),
+      C(TS_CLIENT_ROWOPT_FTRL),
 #undef C
   };
   for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)

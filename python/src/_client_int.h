@@ -80,6 +80,9 @@ typedef struct job {
   uint64_t seed;
   ts_client_kind_t *kinds; /* per tensor */
   bool values_follow;
+  ts_client_table_t *tables; /* the model's embedding tables (names in table_names) */
+  char **table_names;
+  size_t ntables;
   bool awaiting;           /* out */
   /* JOB_STATUS, JOB_CHECKPOINT, JOB_SHUTDOWN */
   uint32_t shard;
@@ -138,6 +141,9 @@ int job_run(job_t *j, logq_t *logq, PyObject *logfn);
 /* _request.c: reap the client's finished requests (GIL held); Client.submit. */
 void client_reap(ClientObject *self);
 PyObject *Client_submit(ClientObject *self, PyObject *args);
+PyObject *Client_submit_rows(ClientObject *self, PyObject *args);
+/* _client.c: the tables of declare(..., tables) into j (a sequence of tuples). */
+int parse_tables(PyObject *tables, job_t *j);
 /* _client.c: raise (and return -1) unless the client is open / has no declare running. */
 int check_open(ClientObject *self);
 int check_no_declare(ClientObject *self);

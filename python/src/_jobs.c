@@ -146,6 +146,9 @@ void job_free(job_t *j) {
   free(j->shapes);
   free(j->tensors);
   free(j->kinds);
+  for (size_t i = 0; j->table_names && i < j->ntables; i++) free(j->table_names[i]);
+  free(j->table_names);
+  free(j->tables);
   if (j->status) ts_client_status_free(j->status);
   pthread_mutex_destroy(&j->mu);
   pthread_cond_destroy(&j->cv);
@@ -178,6 +181,8 @@ static void *job_main(void *arg) {
     o.seed = j->seed;
     o.values_follow = j->values_follow;
     o.kinds = j->kinds;
+    o.tables = j->tables;
+    o.num_tables = j->ntables;
     j->rc = ts_client_declare_ex(c, j->tensors, j->ntensors, &o, j->errmsg, sizeof j->errmsg);
     j->awaiting = o.awaiting_values;
   }

@@ -117,7 +117,7 @@ static int get_floats(PyObject *o, bool writable, uint64_t elems, const char *wh
   }
   if ((uint64_t)v->len != elems * 4u) {
     char msg[256];
-    snprintf(msg, sizeof msg, "%s %s: holds %lld float32 elements, the declared tensor %llu",
+    snprintf(msg, sizeof msg, "%s %s: holds %lld float32 elements, %llu needed",
              role, what, (long long)(v->len / 4), (unsigned long long)elems);
     PyBuffer_Release(v);
     raise_code(TS_CLIENT_ESHAPE, msg);
@@ -243,6 +243,100 @@ fail:
   return NULL;
 }
 
+/* A C-contiguous int64 buffer of keys from o. */
+static int get_keys(PyObject *o, Py_buffer *v) {
+  if (PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+  const char *f = v->format ? v->format : "B";
+  bool i64 = v->itemsize == 8 && (!strcmp(f, "q") || !strcmp(f, "l") || !strcmp(f, "=q") ||
+                                  !strcmp(f, "@q") || !strcmp(f, "@l") ||
+#if PY_LITTLE_ENDIAN
+                                  !strcmp(f, "<q") || !strcmp(f, "<l")
+#else
+                                  !strcmp(f, ">q") || !strcmp(f, ">l")
+#endif
+                                  );
+  if (!i64) {
+    PyErr_Format(PyExc_ValueError, "keys: need a C-contiguous int64 array, not format '%s'", f);
+    PyBuffer_Release(v);
+    return -1;
+  }
+  return 0;
+}
+
+/* submit_rows(kind, table, keys, grads, dst, step, min_version, clock, timeout) -> Request:
+ * a table's request (TS_CLIENT_SPARSE_*). keys: int64 array; grads (push) / dst (pull):
+ * float32 arrays of len(keys) x the table's dim, or None. */
+PyObject *Client_submit_rows(ClientObject *self, PyObject *args) {
+  int kind;
+  unsigned int table;
+  PyObject *keys, *grads, *dsts;
+  unsigned long long step, min_version, clock;
+  double timeout;
+  if (!PyArg_ParseTuple(args, "iIOOOKKKd", &kind, &table, &keys, &grads, &dsts, &step,
+                        &min_version, &clock, &timeout))
+    return NULL;
+  if (check_open(self) < 0 || check_no_declare(self) < 0) return NULL;
+  ts_client_t *c = self->sh->c;
+  if (kind != TS_CLIENT_SPARSE_PULL && kind != TS_CLIENT_SPARSE_PUSH &&
+      kind != TS_CLIENT_SPARSE_PUSH_PULL) {
+    PyErr_SetString(PyExc_ValueError, "bad request kind");
+    return NULL;
+  }
+  if (table >= ts_client_num_tables(c))
+    return raise_code(TS_CLIENT_ENOTABLE, "no table of that index was declared");
+  bool push = kind != TS_CLIENT_SPARSE_PULL, pull = kind != TS_CLIENT_SPARSE_PUSH;
+  RequestObject *r = PyObject_New(RequestObject, &RequestType);
+  if (!r) return NULL;
+  memset((char *)r + offsetof(RequestObject, client), 0,
+         sizeof *r - offsetof(RequestObject, client));
+  pthread_mutex_init(&r->mu, NULL);
+  cond_init_mono(&r->cv);
+  Py_INCREF(self);
+  r->client = self;
+  if (!(r->views = calloc(3, sizeof *r->views))) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  if (get_keys(keys, &r->views[0]) < 0) goto fail;
+  r->nviews = 1;
+  size_t n = (size_t)(r->views[0].len / 8);
+  uint64_t elems = (uint64_t)n * ts_client_table_dim(c, table);
+  ts_client_req_init(&r->req, (ts_client_req_kind_t)kind);
+  if (push) {
+    if (get_floats(grads, false, elems, "of the table's rows", "gradient",
+                   &r->views[r->nviews]) < 0)
+      goto fail;
+    r->req.rows_grad = r->views[r->nviews++].buf;
+  }
+  if (pull) {
+    if (get_floats(dsts, true, elems, "of the table's rows", "destination",
+                   &r->views[r->nviews]) < 0)
+      goto fail;
+    r->req.rows_dst = r->views[r->nviews++].buf;
+  }
+  r->req.table = table;
+  r->req.keys = r->views[0].buf;
+  r->req.num_keys = n;
+  r->req.step = step;
+  r->req.min_version = min_version;
+  r->req.clock = clock;
+  r->req.timeout_s = timeout;
+  /* In the list before submit: the callback may run before submit returns. */
+  if (PyList_Append(self->inflight, (PyObject *)r) < 0) goto fail;
+  r->state = 1;
+  int rc = ts_client_submit(c, &r->req, on_done, r);
+  if (rc < 0) {
+    r->state = 0;
+    PySequence_DelItem(self->inflight, PyList_GET_SIZE(self->inflight) - 1);
+    raise_code(rc, interrupted_msg(self, rc, r->req.errmsg));
+    goto fail;
+  }
+  return (PyObject *)r;
+fail:
+  Py_XDECREF(r);
+  return NULL;
+}
+
 /* A wait is abandoned (a signal handler raised, or a SIGINT reached a wait on another thread
  * than the main thread): the library would go on writing into the request's destination
  * arrays, or reading its gradients, after the exception reached the caller, and it has no
@@ -348,12 +442,13 @@ PyObject *Request_result(RequestObject *self, PyObject *Py_UNUSED(a)) {
     return NULL;
   }
   ts_client_req_t *q = &self->req;
-  return Py_BuildValue("{s:i,s:i,s:i,s:K,s:K,s:K,s:K,s:K,s:s}", "rc", q->rc, "push_rc", q->push_rc,
-                       "pull_rc", q->pull_rc, "applied", (unsigned long long)q->applied,
-                       "accumulated", (unsigned long long)q->accumulated, "stale",
-                       (unsigned long long)q->stale, "duplicate",
-                       (unsigned long long)q->duplicate, "version",
-                       (unsigned long long)q->version, "errmsg", q->errmsg);
+  return Py_BuildValue("{s:i,s:i,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:s}", "rc", q->rc, "push_rc",
+                       q->push_rc, "pull_rc", q->pull_rc, "applied",
+                       (unsigned long long)q->applied, "accumulated",
+                       (unsigned long long)q->accumulated, "stale", (unsigned long long)q->stale,
+                       "duplicate", (unsigned long long)q->duplicate, "version",
+                       (unsigned long long)q->version, "rows_filtered",
+                       (unsigned long long)q->rows_filtered, "errmsg", q->errmsg);
 }
 
 /* Raise the request's error, if it failed; None otherwise. */

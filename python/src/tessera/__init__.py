@@ -29,11 +29,13 @@ from ._errors import (
     StaleGradient,
     TesseraError,
     Unavailable,
+    UnknownTable,
     UnknownTensor,
     error_class,
 )
 from ._job import Job, load_job
 from .client import Client, PushResult, Request, ShardStatus, Tensor, WorkerStatus
+from .tables import RowsPushResult, Table
 
 #: The version of the C library compiled into the extension ("MAJOR.MINOR.PATCH").
 __version__: str = _client.version
@@ -41,7 +43,8 @@ __version__: str = _client.version
 __all__ = [
     "AuthError", "Busy", "Client", "ConfigError", "DeadlineExceeded", "Interrupted",
     "InvalidArgument", "Job", "NonFiniteGradient", "NotDeclared", "NotFound",
-    "PermissionDenied", "ProtocolError", "PushResult", "Request", "ShapeError",
-    "ShardStatus", "StaleGradient", "Tensor", "TesseraError", "Unavailable", "UnknownTensor",
+    "PermissionDenied", "ProtocolError", "PushResult", "Request", "RowsPushResult",
+    "ShapeError", "ShardStatus", "StaleGradient", "Table", "Tensor", "TesseraError",
+    "Unavailable", "UnknownTable", "UnknownTensor",
     "WorkerStatus", "error_class", "load_job", "__version__",
 ]

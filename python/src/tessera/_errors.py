@@ -10,6 +10,7 @@ class                  codes                                           also a
 =====================  ==============================================  ====================
 ShapeError             ESHAPE, ESIZE; arrays of the wrong size          ValueError
 UnknownTensor          ENOTENSOR (alias: NotFound)                      KeyError
+UnknownTable           ENOTABLE (a table the model did not declare)     KeyError
 NotDeclared            ENOTDECLARED, ENOTREADY (initial values not set)
 Unavailable            EUNAVAIL, ECLOSED, -errno (connect failures)     ConnectionError
 DeadlineExceeded       ETIMEDOUT (a subclass of Unavailable)            TimeoutError
@@ -76,6 +77,13 @@ class UnknownTensor(TesseraError, KeyError):
 NotFound = UnknownTensor
 
 
+class UnknownTable(TesseraError, KeyError):
+    """An embedding table the model did not declare."""
+
+    def __str__(self) -> str:
+        return TesseraError.__str__(self)
+
+
 class NotDeclared(TesseraError):
     """No model declared (or a shard lost it)."""
 
@@ -127,7 +135,7 @@ class Busy(TesseraError):
 
 _BY_NAME: Dict[str, Type[TesseraError]] = {
     "ESHAPE": ShapeError, "ESIZE": ShapeError,
-    "ENOTENSOR": UnknownTensor, "ENOTDECLARED": NotDeclared, "ENOTREADY": NotDeclared,
+    "ENOTENSOR": UnknownTensor, "ENOTABLE": UnknownTable, "ENOTDECLARED": NotDeclared, "ENOTREADY": NotDeclared,
     "EUNAVAIL": Unavailable, "ECLOSED": Unavailable, "ETIMEDOUT": DeadlineExceeded,
     "EAUTH": AuthError, "EPERM": PermissionDenied,
     "ESHUTDOWN": Interrupted, "EINVAL": InvalidArgument, "ENONFINITE": NonFiniteGradient,

@@ -22,6 +22,7 @@ import numpy as np
 from . import _client
 from ._errors import Busy, DeadlineExceeded, ShapeError, TesseraError, UnknownTensor
 from ._job import Job, load_job
+from .tables import RowsPushResult, Table, TablesMixin
 
 __all__ = ["Client", "PushResult", "Request", "ShardStatus", "Tensor", "WorkerStatus"]
 
@@ -191,6 +192,11 @@ class Request:
             raise TimeoutError(f"request not done within {timeout} s")
         self._req.check()
         r = self._req.result()
+        if self._kind in (_client.SPARSE_PULL, _client.SPARSE_PUSH_PULL):
+            return self._value if self._kind == _client.SPARSE_PULL else self._value[0]
+        if self._kind == _client.SPARSE_PUSH:
+            return RowsPushResult(r["applied"], r["accumulated"], r["stale"], r["duplicate"],
+                                  r["rows_filtered"])
         if self._kind == _client.PULL:
             self._client.last_version = r["version"]
             return self._value
@@ -203,7 +209,9 @@ class Request:
 
     def __repr__(self) -> str:
         kind = {_client.PULL: "pull", _client.PUSH: "push", _client.PUSH_PULL: "push_pull",
-                _client.ASSIGN: "assign", _client.ASSIGN_INITIAL: "assign"}
+                _client.ASSIGN: "assign", _client.ASSIGN_INITIAL: "assign",
+                _client.SPARSE_PULL: "pull_rows", _client.SPARSE_PUSH: "push_rows",
+                _client.SPARSE_PUSH_PULL: "push_pull_rows"}
         return f"<tessera.Request {kind[self._kind]} {'done' if self.done else 'in flight'}>"
 
 
@@ -214,8 +222,9 @@ def _sigint_unhandled() -> bool:
     return bool(_client.Request.sigint_unhandled())
 
 
-class Client:
-    """Connections to every shard of a Tessera job, and the declared model.
+class Client(TablesMixin):
+    """Connections to every shard of a Tessera job, and the declared model (its tensors
+    and its embedding tables: ``pull_rows``, ``push_rows``, ``push_pull_rows``).
 
     The library's diagnostics go to the ``logging`` logger "tessera". Use the client as a
     context manager, or call ``close()``.
@@ -306,6 +315,8 @@ class Client:
         self.last_version: int = 0
         self._lock = threading.Lock()
         self._names: List[str] = []
+        self._table_index: Dict[str, int] = {}
+        self._table_dims: List[int] = []
         self._index: Dict[str, int] = {}
         self._shapes: List[Shape] = []
         self._elems: List[int] = []
@@ -415,7 +426,9 @@ class Client:
                 init: Union[None, str, Mapping[str, str]] = None,
                 values: Optional[Mapping[str, np.ndarray]] = None,
                 chief: Optional[bool] = None,
-                wait: Optional[float] = None) -> Dict[str, np.ndarray]:
+                wait: Optional[float] = None,
+                tables: Optional[Mapping[str, Union[Table, int]]] = None
+                ) -> Dict[str, np.ndarray]:
         """Declare the model: the same tensors, in the same (dict) order, on every worker.
 
         When the shards hold the model already (trained before, or restored from a
@@ -442,6 +455,9 @@ class Client:
         wait : float, optional
             How long a worker other than the chief waits for the chief's values, in seconds
             (default: the client's timeout).
+        tables : dict of str to Table or int, optional
+            The model's embedding tables (an int: a Table of that width), in the same order
+            on every worker; ``model`` may then be empty.
 
         Returns
         -------
@@ -493,13 +509,18 @@ class Client:
                     raise ShapeError(f"values of {n!r}: need an array of shape {s.shape}",
                                      _client.ESHAPE)
         decl = [(n, s.shape, s.init_code(), s.kind_code()) for n, s in specs]
-        awaiting = self._live().declare(decl, int(seed), values is not None)
+        tspecs = [(str(n), t if isinstance(t, Table) else Table(int(t)))
+                  for n, t in (tables or {}).items()]
+        wire = [t.wire(n) for n, t in tspecs] if tspecs else None
+        awaiting = self._live().declare(decl, int(seed), values is not None, wire)
         with self._lock:
             self._names = [n for n, _ in specs]
             self._index = {n: i for i, n in enumerate(self._names)}
             self._shapes = [s.shape for _, s in specs]
             self._elems = [int(np.prod(s.shape)) for _, s in specs]
             self._pushed.clear()
+            self._table_index = {n: i for i, (n, _) in enumerate(tspecs)}
+            self._table_dims = [int(t.dim) for _, t in tspecs]
         self._mode = self._c.info()["mode"]
         out: Dict[str, np.ndarray] = {}
         for name, spec in specs:
@@ -814,6 +835,9 @@ class Client:
             self._advance(gidx)
         r = Request(req, _client.PUSH_PULL, into, self)
         return r.wait() if wait else r
+
+    def _make_request(self, req: Any, kind: int, value: Any) -> Request:
+        return Request(req, kind, value, self)
 
     def in_flight(self) -> int:
         """Requests submitted whose completion was not yet seen."""

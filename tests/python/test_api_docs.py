@@ -13,7 +13,8 @@ import tessera.keras as tk
 DOCUMENTED = [
     tessera.Client, tessera.Client.declare, tessera.Client.assign, tessera.Client.pull,
     tessera.Client.push, tessera.Client.push_pull, tessera.load_job, tk.Optimizer,
-    tk.optimizer, tk.ProgressCallback,
+    tk.optimizer, tk.ProgressCallback, tessera.Table, tessera.Client.pull_rows,
+    tessera.Client.push_rows, tessera.Client.push_pull_rows,
 ]
 
 
@@ -40,7 +41,9 @@ def test_numpydoc_parameters(obj):
 
 @pytest.mark.parametrize("fn", [tessera.Client.declare, tessera.Client.assign,
                                 tessera.Client.pull, tessera.Client.push,
-                                tessera.Client.push_pull, tessera.load_job, tk.optimizer],
+                                tessera.Client.push_pull, tessera.load_job, tk.optimizer,
+                                tessera.Client.pull_rows, tessera.Client.push_rows,
+                                tessera.Client.push_pull_rows],
                          ids=lambda o: o.__qualname__)
 def test_numpydoc_returns(fn):
     assert _section(inspect.getdoc(fn) or "", "Returns"), f"{fn.__qualname__}: no Returns"

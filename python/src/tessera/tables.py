@@ -236,7 +236,24 @@ class TablesMixin:
                        timeout: Optional[float] = None) -> Any:
         """``push_rows`` then ``pull_rows`` of the same keys in one round trip: each shard
         applies the push before it answers the pull (sync: the pull waits for the step the
-        push takes part in). Returns the rows (or a Request)."""
+        push takes part in).
+
+        Parameters
+        ----------
+        table : str
+        keys : array-like of int64
+        grads : ndarray
+            float32 of shape (len(keys), dim), as for ``push_rows``.
+        into : ndarray, optional
+            Where the rows go, as for ``pull_rows``; no memory shared with ``grads``.
+        wait, step, min_version, timeout
+            As for ``push_rows`` and ``pull_rows``.
+
+        Returns
+        -------
+        ndarray or Request
+            The rows after the push, row i for keys[i].
+        """
         t, dim = self._table(table)
         k = keys_array(keys)
         g = rows_array(grads, k.size, dim, "grads", False)

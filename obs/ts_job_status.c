@@ -80,6 +80,22 @@ bool ts_job_status_final_accuracy(const ts_job_status_view_t *v, double *acc, in
   return false;
 }
 
+cJSON *ts_job_status_json_table(const ts_client_table_status_t *t) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  cJSON_AddStringToObject(o, "name", t->name ? t->name : "");
+  cJSON_AddNumberToObject(o, "dim", t->dim);
+  cJSON_AddNumberToObject(o, "rows", (double)t->rows);
+  cJSON_AddNumberToObject(o, "bytes", (double)t->bytes);
+  cJSON_AddNumberToObject(o, "version", (double)t->version);
+  cJSON_AddNumberToObject(o, "created", (double)t->created);
+  cJSON_AddNumberToObject(o, "evicted", (double)t->evicted);
+  cJSON_AddNumberToObject(o, "filtered", (double)t->filtered);
+  cJSON_AddNumberToObject(o, "pulled_rows", (double)t->pulled_rows);
+  cJSON_AddNumberToObject(o, "pushed_rows", (double)t->pushed_rows);
+  return o;
+}
+
 cJSON *ts_job_status_json_shard(const ts_job_status_shard_t *sh) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
@@ -102,6 +118,9 @@ cJSON *ts_job_status_json_shard(const ts_job_status_shard_t *sh) {
     cJSON *wait = cJSON_AddArrayToObject(o, "barrier_waiting_for");
     for (size_t i = 0; wait && i < st->num_barrier_waiting_for; i++)
       cJSON_AddItemToArray(wait, cJSON_CreateNumber(st->barrier_waiting_for[i]));
+    cJSON *tables = cJSON_AddArrayToObject(o, "tables");
+    for (size_t i = 0; tables && i < st->num_tables; i++)
+      cJSON_AddItemToArray(tables, ts_job_status_json_table(&st->tables[i]));
   } else {
     cJSON_AddNumberToObject(o, "partitions", 0);
     cJSON_AddNumberToObject(o, "bytes", 0);

@@ -18,7 +18,9 @@
  * The JSON object (stable; fields are only ever added):
  *   {"mode", "step", "healthy", "shards": [{"index", "address", "up", "partitions",
  *    "bytes", "version", "step", "pushes", "pulls", "stale_dropped", "rejected_frames",
- *    "errors", "connections", "uptime_s", "barrier_waiting_for"} | {"index", "address",
+ *    "errors", "connections", "uptime_s", "barrier_waiting_for", "tables": [{"name",
+ *    "dim", "rows", "bytes", "version", "created", "evicted", "filtered", "pulled_rows",
+ *    "pushed_rows"}]} | {"index", "address",
  *    "up": false, "partitions": 0, "bytes": 0, "version": 0, "error"}],
  *    "workers": [{"task", "step", "loss", "examples_per_sec", "last_seen_s", "alive",
  *    "done", "epoch_progress", "state", "device"}],
@@ -83,6 +85,7 @@ size_t ts_job_status_shards_up(const ts_job_status_view_t *v);
 /* The JSON pieces; each returns a new cJSON tree (NULL when out of memory) the caller
  * deletes with cJSON_Delete. */
 cJSON *ts_job_status_json_shard(const ts_job_status_shard_t *s);
+cJSON *ts_job_status_json_table(const ts_client_table_status_t *t);
 cJSON *ts_job_status_json_worker(const ts_job_status_worker_t *w);
 
 /* The whole object above; with_workers = false leaves out "workers" (psctl health). */

@@ -24,15 +24,18 @@ static size_t align_up(size_t n) {
   return (n + a - 1) / a * a;
 }
 
-/* The block: the struct, the workers, the barrier list, then the strings. */
+/* The block: the struct, the workers, the tables, the barrier list, then the strings. */
 int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t **out) {
   *out = NULL;
-  size_t nw = pb->n_workers, nb = pb->n_barrier_waiting_for;
+  size_t nw = pb->n_workers, nb = pb->n_barrier_waiting_for, nt = pb->n_tables;
   const char *ckpt = pb->last_checkpoint ? pb->last_checkpoint : "";
   size_t off_w = align_up(sizeof(ts_client_shard_status_t));
-  size_t off_b = align_up(off_w + nw * sizeof(ts_client_worker_status_t));
+  size_t off_t = align_up(off_w + nw * sizeof(ts_client_worker_status_t));
+  size_t off_b = align_up(off_t + nt * sizeof(ts_client_table_status_t));
   size_t off_s = off_b + nb * sizeof(int32_t);
   size_t total = off_s + strlen(ckpt) + 1;
+  for (size_t i = 0; i < nt; i++)
+    total += strlen(pb->tables[i]->name ? pb->tables[i]->name : "") + 1;
   for (size_t i = 0; i < nw; i++)
     total += strlen(pb->workers[i]->identity ? pb->workers[i]->identity : "") + 1 +
              strlen(pb->workers[i]->device ? pb->workers[i]->device : "") + 1;
@@ -40,6 +43,7 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
   if (!block) return TS_ENOMEM;
   ts_client_shard_status_t *st = (ts_client_shard_status_t *)(void *)block;
   ts_client_worker_status_t *w = (ts_client_worker_status_t *)(void *)(block + off_w);
+  ts_client_table_status_t *tb = (ts_client_table_status_t *)(void *)(block + off_t);
   int32_t *barrier = (int32_t *)(void *)(block + off_b);
   char *str = block + off_s;
   *st = (ts_client_shard_status_t){
@@ -54,7 +58,8 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
       .incarnation = pb->incarnation, .last_checkpoint_age_s = pb->last_checkpoint_age_s,
       .checkpoints_written = pb->checkpoints_written, .restored_step = pb->restored_step,
       .has_final_test_accuracy = pb->has_final_test_accuracy,
-      .final_test_accuracy = pb->final_test_accuracy, .final_reporter = pb->final_reporter};
+      .final_test_accuracy = pb->final_test_accuracy, .final_reporter = pb->final_reporter,
+      .tables = tb, .num_tables = nt};
   for (size_t i = 0; i < nb; i++) barrier[i] = pb->barrier_waiting_for[i];
   size_t len = strlen(ckpt) + 1;
   memcpy(str, ckpt, len);
@@ -76,6 +81,18 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
     len = strlen(dev) + 1;
     memcpy(str, dev, len);
     w[i].device = str;
+    str += len;
+  }
+  for (size_t i = 0; i < nt; i++) {
+    const Tessera__TableStatus *ts = pb->tables[i];
+    const char *name = ts->name ? ts->name : "";
+    len = strlen(name) + 1;
+    memcpy(str, name, len);
+    tb[i] = (ts_client_table_status_t){
+        .name = str, .dim = ts->dim, .rows = ts->rows, .bytes = ts->bytes,
+        .version = ts->version, .created = ts->created, .evicted = ts->evicted,
+        .filtered = ts->filtered, .pulled_rows = ts->pulled_rows,
+        .pushed_rows = ts->pushed_rows};
     str += len;
   }
   *out = st;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "psctl_help.h"
+#include "psctl_tables.h"
 #include "tessera/client.h"
 #include "ts_alloc.h"
 #include "ts_build_config.h"
@@ -225,6 +226,8 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
     cJSON *root = NULL;
     if (strcmp(cmd, "status") == 0 || strcmp(cmd, "health") == 0) {
       root = ts_job_status_json_job(&view, strcmp(cmd, "status") == 0);
+    } else if (strcmp(cmd, "tables") == 0) {
+      root = psctl_tables_json(sh, n);
     } else if (strcmp(cmd, "shards") == 0) {
       root = cJSON_CreateArray();
       for (size_t s = 0; s < n; s++) cJSON_AddItemToArray(root, ts_job_status_json_shard(&sh[s]));
@@ -247,6 +250,8 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
     print_workers_table(w, nw);
   } else if (strcmp(cmd, "shards") == 0) {
     print_shards_table(v);
+  } else if (strcmp(cmd, "tables") == 0) {
+    psctl_tables_print(stdout, sh, n);
   } else if (strcmp(cmd, "workers") == 0) {
     print_workers_table(w, nw);
   } else {

@@ -621,6 +621,19 @@ typedef struct {
   const char *device;          /* the device it trains on ("/cpu:0"); "" until reported */
 } ts_client_worker_status_t;
 
+/* One embedding table on one shard. */
+typedef struct {
+  const char *name;
+  uint32_t dim;
+  uint64_t rows;        /* rows held now */
+  uint64_t bytes;       /* memory the table holds: rows, their state, the index */
+  uint64_t version;     /* the table's steps (sync) or pushes applied (async, ssp) here */
+  uint64_t created;     /* rows made (admitted keys), ever */
+  uint64_t evicted;     /* rows evicted: steps to live, max_rows, server.max_table_bytes */
+  uint64_t filtered;    /* gradient rows dropped for keys not admitted */
+  uint64_t pulled_rows, pushed_rows;
+} ts_client_table_status_t;
+
 /* One shard's view of itself and of the workers it has seen. */
 typedef struct {
   uint32_t shard, num_shards;
@@ -645,6 +658,8 @@ typedef struct {
   bool has_final_test_accuracy; /* the job's final accuracy has been reported: */
   double final_test_accuracy;   /* ts_client_set_final_accuracy's value */
   int32_t final_reporter;       /* and the task that sent it */
+  const ts_client_table_status_t *tables; /* the declared tables, in declared order */
+  size_t num_tables;
 } ts_client_shard_status_t;
 
 /* Ask shard i for its status; *out (one allocation, strings and arrays included) is freed

@@ -31,8 +31,8 @@
 #include "ts_rowopt.h"
 #include "ts_table.h"
 
-/* Sketch counters per row of the count-min sketch (4 rows of 16-bit counters: 512 KiB). */
-#define SKETCH_WIDTH (1u << 16)
+/* Counters per row of the count-min sketch (4 rows of 16-bit counters: 128 KiB a table). */
+#define SKETCH_WIDTH (1u << 14)
 /* Rows sampled to pick an LRU victim. */
 #define LRU_SAMPLE 16
 /* Evictions tried to make room for one row before giving up on it. */

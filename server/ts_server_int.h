@@ -11,6 +11,10 @@
  *   ts_declare.c       the model's lifecycle: a Declare checked against the budget, built in
  *                      the thread pool, concurrent declares; psctl model reset
  *   ts_push_rx.c       a push received piece by piece into staging buffers, applied as it lands
+ *   ts_sparse_push.c   a table's row gradients received piece by piece (the staging pool
+ *                      of ts_push_rx.c), applied or accumulated
+ *   ts_sparse_pull.c   a table's rows for a list of keys: keys in a budgeted buffer, the
+ *                      reply copied out of the table; expiry swept from the tick
  *   ts_pull.c          pull replies written straight from parameter memory
  *   ts_waitq.c         pulls parked until their version (or ssp clock) is there
  *   ts_sync.c          the sync barrier applied to the store: steps closed, pulls answered

@@ -88,7 +88,7 @@ int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
   rx->sp_result = TESSERA__PUSH_RESULT__PUSH_APPLIED;
   if (st->mode == TS_MODE_SYNC) {
     int state = ts_stable_sync_state(t, s->task, m->step);
-    if (state == 0) {
+    if (state < 0) {
       ts_errmsg_printf(err, sizeof err,
                        "push for step %llu, but table '%s' is at step %llu on shard %u",
                        (unsigned long long)m->step, ts_stable_name(t),
@@ -154,6 +154,7 @@ int ts_sparse_push_on_piece(ts_session_t *s, unsigned i) {
   ts_push_rx_t *rx = &s->rx;
   ts_stable_t *t = ts_store_table(st, rx->table);
   ts_require(t != NULL); /* a model is not dropped while a worker's push is being read */
+  rx->piece = i; /* a piece is one chunk (ts_push_rx_take_turns reads it) */
   if (rx->sp_bad_code == 0 && rx->sp_result != TESSERA__PUSH_RESULT__PUSH_STALE) {
     int rc = check_piece(s, t, i);
     if (rc < 0) {

@@ -403,7 +403,7 @@ void ts_stable_bump(ts_stable_t *t) { t->version++; }
 
 int ts_stable_sync_state(const ts_stable_t *t, int task, uint64_t step) {
   if (step < t->version) return TESSERA__PUSH_RESULT__PUSH_STALE;
-  if (step > t->version) return 0;
+  if (step > t->version) return TS_EFUTURE;
   if (task >= 0 && (uint32_t)task < t->num_workers && t->contributed[task])
     return TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
   return TESSERA__PUSH_RESULT__PUSH_ACCUMULATED;

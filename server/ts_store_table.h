@@ -92,7 +92,7 @@ void ts_stable_bump(ts_stable_t *t);
 
 /* Sync: the step's barrier. step_state: TESSERA__PUSH_RESULT__PUSH_ACCUMULATED when task
  * may push for `step` now, ..._STALE (step < version), ..._DUPLICATE (task pushed for it
- * already); a step ahead of the version returns 0 (the caller refuses it: TS_EFUTURE). */
+ * already); a step ahead of the version returns TS_EFUTURE (the caller refuses the push). */
 int ts_stable_sync_state(const ts_stable_t *t, int task, uint64_t step);
 /* Sync: sum n records (checked) into the step's accumulator (keys not admissible are
  * dropped: *filtered). */

@@ -325,6 +325,20 @@ static void test_async_rows(void **state) {
   assert_true(st->tables[0]->bytes > 0);
   tessera__shard_status__free_unpacked(st, NULL);
 
+  /* A retried push (the same push id and client) is not applied twice. */
+  float g1[NK * 8], tmp[NK * 8];
+  for (size_t i = 0; i < NK * 8; i++) g1[i] = 0.125f;
+  push_reply_t r1;
+  uint64_t v = 0;
+  for (int k = 0; k < 2; k++) {
+    send_push(fd, 0, 8, 0, 5, keys, g1, NK);
+    assert_int_equal(read_push(fd, &r1, detail, sizeof detail), 0);
+    assert_int_equal(r1.result, k == 0 ? TESSERA__PUSH_RESULT__PUSH_APPLIED
+                                       : TESSERA__PUSH_RESULT__PUSH_DUPLICATE);
+  }
+  assert_int_equal(pull(fd, 0, keys, NK, 8, tmp, &v, detail, sizeof detail), 0);
+  assert_int_equal(v, 4);
+
   /* Refusals, each leaving the connection open and the rows as they were. */
   float rows[NK * 8], before[NK * 8], g[NK * 8] = {0};
   assert_int_equal(pull(fd, 0, keys, NK, 8, before, NULL, detail, sizeof detail), 0);

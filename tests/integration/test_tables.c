@@ -368,6 +368,37 @@ static void test_async_rows(void **state) {
   assert_int_equal(pull(fd, 0, keys, NK, 8, rows, NULL, detail, sizeof detail), 0);
   assert_memory_equal(rows, before, sizeof before);
 
+  /* A push of several staging pieces (1 MiB each): all applied; then one with a NaN in its
+   * last record: the pieces before it stay applied and the error says how many records. */
+  size_t nbig = 10000;
+  uint64_t *bk = malloc(nbig * 8);
+  float *bg = malloc(nbig * 64 * 4), *brows = malloc(nbig * 64 * 4);
+  shard_keys(bk, nbig, 0, 2, 1);
+  for (size_t i = 0; i < nbig * 64; i++) bg[i] = 0.25f;
+  push_reply_t rb;
+  assert_int_equal(push(fd, 4, 64, 0, bk, bg, nbig, &rb, detail, sizeof detail), 0);
+  assert_int_equal(rb.rows, nbig);
+  bg[(nbig - 1) * 64] = NAN;
+  assert_int_equal(push(fd, 4, 64, 0, bk, bg, nbig, &rb, detail, sizeof detail), TS_ENONFINITE);
+  assert_non_null(strstr(detail, "records were applied before it"));
+  assert_int_equal(pull(fd, 4, bk, nbig, 64, brows, &v, detail, sizeof detail), 0);
+  float w0[64], wl[64];
+  ref_init(&t[4], bk[0], w0);
+  ref_init(&t[4], bk[nbig - 1], wl);
+  for (size_t j = 0; j < 64; j++) {
+    assert_true(brows[j] == (w0[j] - 0.025f) - 0.025f);       /* both pushes */
+    assert_true(brows[(nbig - 1) * 64 + j] == wl[j] - 0.025f); /* the first only */
+  }
+  free(bk);
+  free(bg);
+  free(brows);
+
+  /* /metrics has a series per table. */
+  assert_true(ts_metric_wait(c.http_port[0], "tessera_ps_table_rows{table=\"sgd\"}", NK, NK) ==
+              NK);
+  assert_true(ts_metric_wait(c.http_port[0], "tessera_ps_table_rows_created_total{table=\"wide\"}",
+                             (double)nbig, (double)nbig) == (double)nbig);
+
   /* A reply over 64 MiB: refused, its keys read and dropped, the connection kept. */
   size_t big = 300000;
   uint64_t *many = calloc(big, 8);

@@ -233,7 +233,8 @@ void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discard
     if (w && rx->sp_bad_code == 0) ts_pushid_record(w, m->push_id);
   }
   if ((unsigned)result < 4) srv->metrics.push_parts[result]++;
-  count_push(s, m->step);
+  if (result == TESSERA__PUSH_RESULT__PUSH_APPLIED || result == TESSERA__PUSH_RESULT__PUSH_ACCUMULATED)
+    count_push(s, m->step);
   if (rx->sp_bad_code) {
     char detail[512];
     if (rx->sp_bad_code == TS_ENONFINITE) srv->nonfinite++;

@@ -75,6 +75,23 @@ static int sparse(ts_client_t *cl, ts_client_req_kind_t kind, uint32_t table, co
   return rc;
 }
 
+/* psctl tables, as an operator reads it: the table's rows and rows made over the shards
+ * (-o json), and its line in the table form. */
+static void check_psctl_tables(const ts_cluster_t *c, int rows) {
+  static char out[16384], err[4096];
+  const char *json[] = {ts_psctl_path, "-c", c->config, "tables", "-o", "json", NULL};
+  assert_int_equal(ts_run_capture(json, out, sizeof out, err, sizeof err), 0);
+  char want[64];
+  snprintf(want, sizeof want, "\"rows\":\t%d", rows);
+  if (!strstr(out, "\"name\":\t\"emb/users\"") || !strstr(out, want) ||
+      !strstr(out, "\"shards\":"))
+    fail_msg("psctl tables -o json: %s", out);
+  const char *table[] = {ts_psctl_path, "-c", c->config, "tables", NULL};
+  assert_int_equal(ts_run_capture(table, out, sizeof out, err, sizeof err), 0);
+  if (!strstr(out, "TABLE") || !strstr(out, "emb/users") || !strstr(out, "all"))
+    fail_msg("psctl tables: %s", out);
+}
+
 /* Rows come back in the caller's order, each its first value, on 1 and 3 shards alike. */
 static void test_rows_in_caller_order(void **state) {
   (void)state;
@@ -100,6 +117,7 @@ static void test_rows_in_caller_order(void **state) {
       memcpy(first, rows, sizeof first);
     else
       assert_memory_equal(rows, first, sizeof first); /* the same rows on 3 shards */
+    if (shards == 3) check_psctl_tables(&c, 7); /* 7 distinct keys, each made once */
     ts_client_close(cl);
     assert_int_equal(ts_cluster_stop(&c), 0);
   }

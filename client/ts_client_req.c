@@ -169,29 +169,18 @@ static int check_buffers(const ts_plan_t *plan, const ts_client_req_t *req, cons
 static int hand_over(ts_client_t *c, ts_client_req_t *req, ts_cl_op_t *op, ts_client_done_fn cb,
                      void *arg);
 
-/* A table's request (TS_CLIENT_SPARSE_*): its keys sorted and split here, on the caller's
- * thread (ts_client_sparse.c). */
-static int submit_sparse(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb, void *arg) {
-  bool push = req->kind != TS_CLIENT_SPARSE_PULL;
-  if (push && req->retry_of > atomic_load(&c->last_push_id))
-    return refuse(req, TS_EINVAL, "retry_of is not the push_id of a push of this client");
-  ts_cl_op_t *op = ts_calloc(1, sizeof *op);
-  const char *why = "out of memory";
-  int rc = op ? ts_cl_sparse_prepare(c, req, op, &why) : TS_ENOMEM;
-  if (rc == 0 && req->kind != TS_CLIENT_SPARSE_PUSH &&
-      !(op->stage = ts_calloc(c->n, sizeof *op->stage))) {
-    rc = TS_ENOMEM;
-    why = "out of memory";
-  }
-  if (rc < 0) {
-    ts_cl_free_op(op);
-    return refuse(req, rc, why);
-  }
-  op->kind = req->kind == TS_CLIENT_SPARSE_PULL        ? OP_PULL
-             : req->kind == TS_CLIENT_SPARSE_PUSH_PULL ? OP_PUSH_PULL
-                                                       : OP_PUSH;
-  op->push_kind = TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT;
-  return hand_over(c, req, op, cb, arg);
+/* A dense request's subset and buffers into op. Returns 0, or an error with why set. */
+static int prepare_dense(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t *op,
+                         const char **why) {
+  const ts_plan_t *plan = &c->plan;
+  bool *covered = ts_calloc(plan->num_tensors, sizeof *covered);
+  if (!covered) return TS_ENOMEM;
+  int rc = make_subset(plan, req, op, covered, why);
+  if (rc == 0) rc = check_buffers(plan, req, covered, why);
+  ts_free(covered);
+  op->dst = req->dst;
+  op->grad = req->grad;
+  return rc;
 }
 
 int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb, void *arg) {
@@ -207,31 +196,29 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
     return TS_EBUSY;
   if (!c) return refuse(req, TS_EINVAL, "no client");
-  if (sparse_kind(req->kind)) {
-    if (req->struct_size != sizeof *req)
-      return refuse(req, TS_EINVAL, "a table's request from a caller built without tables");
-    return submit_sparse(c, req, cb, arg);
-  }
-  if (req->kind != TS_CLIENT_PULL && req->kind != TS_CLIENT_PUSH &&
-      req->kind != TS_CLIENT_PUSH_PULL && req->kind != TS_CLIENT_ASSIGN &&
-      req->kind != TS_CLIENT_ASSIGN_INITIAL)
+  ts_client_req_kind_t k = req->kind;
+  /* A table's request (TS_CLIENT_SPARSE_*): its keys sorted and split here, on the
+   * caller's thread (ts_client_sparse.c). */
+  bool sparse = sparse_kind(k);
+  if (sparse && req->struct_size != sizeof *req)
+    return refuse(req, TS_EINVAL, "a table's request from a caller built without tables");
+  if (!sparse && k != TS_CLIENT_PULL && k != TS_CLIENT_PUSH && k != TS_CLIENT_PUSH_PULL &&
+      k != TS_CLIENT_ASSIGN && k != TS_CLIENT_ASSIGN_INITIAL)
     return refuse(req, TS_EINVAL, "unknown request kind");
-  const ts_plan_t *plan = &c->plan;
-  if (!plan->parts) return refuse(req, TS_ENOTDECLARED, "declare the model first");
-  bool push = req->kind != TS_CLIENT_PULL;
+  if (!sparse && !c->plan.parts) return refuse(req, TS_ENOTDECLARED, "declare the model first");
+  bool push = k != TS_CLIENT_PULL && k != TS_CLIENT_SPARSE_PULL;
+  bool pull = k == TS_CLIENT_PULL || k == TS_CLIENT_PUSH_PULL || k == TS_CLIENT_SPARSE_PULL ||
+              k == TS_CLIENT_SPARSE_PUSH_PULL;
   if (push && req->retry_of > atomic_load(&c->last_push_id))
     return refuse(req, TS_EINVAL, "retry_of is not the push_id of a push of this client");
   ts_cl_op_t *op = ts_calloc(1, sizeof *op);
-  bool *covered = ts_calloc(plan->num_tensors, sizeof *covered);
   const char *why = "out of memory";
-  int rc = op && covered ? 0 : TS_ENOMEM;
-  if (rc == 0) rc = make_subset(plan, req, op, covered, &why);
-  if (rc == 0) rc = check_buffers(plan, req, covered, &why);
-  ts_free(covered);
+  int rc = !op     ? TS_ENOMEM
+           : sparse ? ts_cl_sparse_prepare(c, req, op, &why)
+                    : prepare_dense(c, req, op, &why);
   /* What a pull takes becomes each shard's last pulled version only when the whole request
    * succeeds, so a retry after a failure asks for the same versions (client.h). */
-  if (rc == 0 && (req->kind == TS_CLIENT_PULL || req->kind == TS_CLIENT_PUSH_PULL) &&
-      !(op->stage = ts_calloc(c->n, sizeof *op->stage))) {
+  if (rc == 0 && pull && !(op->stage = ts_calloc(c->n, sizeof *op->stage))) {
     rc = TS_ENOMEM;
     why = "out of memory";
   }
@@ -239,14 +226,10 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
     ts_cl_free_op(op);
     return refuse(req, rc, why);
   }
-  op->kind = req->kind == TS_CLIENT_PULL        ? OP_PULL
-             : req->kind == TS_CLIENT_PUSH_PULL ? OP_PUSH_PULL
-                                                : OP_PUSH;
-  op->push_kind = req->kind == TS_CLIENT_ASSIGN           ? TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN
-                  : req->kind == TS_CLIENT_ASSIGN_INITIAL ? TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN_INITIAL
-                                                          : TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT;
-  op->dst = req->dst;
-  op->grad = req->grad;
+  op->kind = !push ? OP_PULL : pull ? OP_PUSH_PULL : OP_PUSH;
+  op->push_kind = k == TS_CLIENT_ASSIGN           ? TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN
+                  : k == TS_CLIENT_ASSIGN_INITIAL ? TESSERA__PUSH_KIND__PUSH_KIND_ASSIGN_INITIAL
+                                                  : TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT;
   return hand_over(c, req, op, cb, arg);
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "psctl_fmt.h"
 #include "psctl_help.h"
 #include "psctl_tables.h"
 #include "tessera/client.h"
@@ -93,16 +94,6 @@ static void print_json(cJSON *root) {
   cJSON_Delete(root);
 }
 
-static void human_bytes(char *buf, size_t n, double b) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024.0 && u < 4) {
-    b /= 1024.0;
-    u++;
-  }
-  snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", b, units[u]);
-}
-
 /* Colour only on a terminal, never with NO_COLOR set (no-color.org) or TERM=dumb. */
 static bool use_colour(void) {
   const char *nc = getenv("NO_COLOR"), *term = getenv("TERM");
@@ -136,7 +127,7 @@ static void print_shards_table(const cluster_view_t *v) {
     cell(st ? "yes" : "NO", 5, st != NULL);
     if (st) {
       char b[32];
-      human_bytes(b, sizeof b, (double)st->bytes);
+      psctl_human_bytes(b, sizeof b, (double)st->bytes);
       char note[128] = "";
       if (st->num_barrier_waiting_for) {
         size_t len = (size_t)snprintf(note, sizeof note, "barrier waits for task");

@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "psctl_fmt.h"
+
 /* The first shard that answered holds the job's table list. */
 static const ts_client_shard_status_t *first_up(const ts_job_status_shard_t *sh, size_t n) {
   for (size_t s = 0; s < n; s++)
@@ -67,16 +69,6 @@ cJSON *psctl_tables_json(const ts_job_status_shard_t *sh, size_t n) {
   return arr;
 }
 
-static void human(char *buf, size_t len, double b) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024.0 && u < 4) {
-    b /= 1024.0;
-    u++;
-  }
-  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", b, units[u]);
-}
-
 void psctl_tables_print(FILE *f, const ts_job_status_shard_t *sh, size_t n) {
   const ts_client_shard_status_t *any = first_up(sh, n);
   if (!any || any->num_tables == 0) {
@@ -89,13 +81,13 @@ void psctl_tables_print(FILE *f, const ts_job_status_shard_t *sh, size_t n) {
     const char *name = any->tables[i].name;
     totals_t t = sum(sh, n, name);
     char b[32];
-    human(b, sizeof b, t.bytes);
+    psctl_human_bytes(b, sizeof b, t.bytes);
     fprintf(f, "%-24.24s %-6s %5u %12.0f %11s %9s %12.0f %12.0f %12.0f\n", name, "all",
             any->tables[i].dim, t.rows, b, "-", t.created, t.evicted, t.filtered);
     for (size_t s = 0; s < n; s++) {
       const ts_client_table_status_t *x = find(sh[s].st, name);
       if (!x) continue;
-      human(b, sizeof b, (double)x->bytes);
+      psctl_human_bytes(b, sizeof b, (double)x->bytes);
       fprintf(f, "%-24s %-6zu %5s %12llu %11s %9llu %12llu %12llu %12llu\n", "", sh[s].index, "",
               (unsigned long long)x->rows, b, (unsigned long long)x->version,
               (unsigned long long)x->created, (unsigned long long)x->evicted,

@@ -126,6 +126,27 @@ static int get_floats(PyObject *o, bool writable, uint64_t elems, const char *wh
   return 0;
 }
 
+/* Submit r (its request filled in but for these) on self. Returns 0, or -1 with the
+ * library's error raised. */
+static int request_submit(ClientObject *self, RequestObject *r, uint64_t step,
+                          uint64_t min_version, uint64_t clock, double timeout) {
+  r->req.step = step;
+  r->req.min_version = min_version;
+  r->req.clock = clock;
+  r->req.timeout_s = timeout;
+  /* In the list before submit: the callback may run before submit returns. */
+  if (PyList_Append(self->inflight, (PyObject *)r) < 0) return -1;
+  r->state = 1;
+  int rc = ts_client_submit(self->sh->c, &r->req, on_done, r);
+  if (rc < 0) {
+    r->state = 0;
+    PySequence_DelItem(self->inflight, PyList_GET_SIZE(self->inflight) - 1);
+    raise_code(rc, interrupted_msg(self, rc, r->req.errmsg));
+    return -1;
+  }
+  return 0;
+}
+
 /* submit(kind, tensors, grads, dsts, step, min_version, clock, timeout) -> Request
  * tensors: sequence of declared tensor indices; grads / dsts: None or sequences of arrays
  * aligned with tensors. */
@@ -217,20 +238,7 @@ PyObject *Client_submit(ClientObject *self, PyObject *args) {
     r->req.tensors = r->tensors;
     r->req.num_tensors = (size_t)n;
   }
-  r->req.step = step;
-  r->req.min_version = min_version;
-  r->req.clock = clock;
-  r->req.timeout_s = timeout;
-  /* In the list before submit: the callback may run before submit returns. */
-  if (PyList_Append(self->inflight, (PyObject *)r) < 0) goto fail;
-  r->state = 1;
-  int rc = ts_client_submit(c, &r->req, on_done, r);
-  if (rc < 0) {
-    r->state = 0;
-    PySequence_DelItem(self->inflight, PyList_GET_SIZE(self->inflight) - 1);
-    raise_code(rc, interrupted_msg(self, rc, r->req.errmsg));
-    goto fail;
-  }
+  if (request_submit(self, r, step, min_version, clock, timeout) < 0) goto fail;
   Py_XDECREF(gs);
   Py_XDECREF(ds);
   Py_DECREF(ts);
@@ -317,20 +325,7 @@ PyObject *Client_submit_rows(ClientObject *self, PyObject *args) {
   r->req.table = table;
   r->req.keys = r->views[0].buf;
   r->req.num_keys = n;
-  r->req.step = step;
-  r->req.min_version = min_version;
-  r->req.clock = clock;
-  r->req.timeout_s = timeout;
-  /* In the list before submit: the callback may run before submit returns. */
-  if (PyList_Append(self->inflight, (PyObject *)r) < 0) goto fail;
-  r->state = 1;
-  int rc = ts_client_submit(c, &r->req, on_done, r);
-  if (rc < 0) {
-    r->state = 0;
-    PySequence_DelItem(self->inflight, PyList_GET_SIZE(self->inflight) - 1);
-    raise_code(rc, interrupted_msg(self, rc, r->req.errmsg));
-    goto fail;
-  }
+  if (request_submit(self, r, step, min_version, clock, timeout) < 0) goto fail;
   return (PyObject *)r;
 fail:
   Py_XDECREF(r);

@@ -55,7 +55,7 @@ size_t ts_admit_expire(const ts_admit_policy_t *p, ts_table_t *t, uint64_t now, 
     if (*cursor >= t->next_row) *cursor = 0;
     uint32_t id = (*cursor)++;
     ts_table_meta_t *m = ts_table_meta(t, id);
-    if (!m->live || now <= m->last_step || now - m->last_step <= p->steps_to_live) continue;
+    if (!ts_table_live(m) || now <= m->last_step || now - m->last_step <= p->steps_to_live) continue;
     uint64_t key = m->key;
     ts_table_erase(t, key);
     if (evicted) evicted[gone] = key;
@@ -80,7 +80,7 @@ bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, uint64_t *rng
   for (uint32_t tries = 0; got < want && tries < 8 * want; tries++) {
     uint32_t id = (uint32_t)(xorshift(rng) % t->next_row);
     const ts_table_meta_t *m = ts_table_meta(t, id);
-    if (!m->live) continue;
+    if (!ts_table_live(m)) continue;
     got++;
     if (m->last_step < oldest) {
       oldest = m->last_step;

@@ -11,6 +11,12 @@
 #include "ts_key.h"
 
 #define MIN_CAP 16
+/* Rows a table may hold: its index (twice the rows at most) stays within 2^32 slots, so a
+ * slot's 32-bit tag holds its home. */
+#define MAX_ROWS (UINT64_C(1) << 31)
+#define EMPTY UINT64_MAX
+#define SLOT_ID(e) ((uint32_t)(e))
+#define SLOT_TAG(e) ((uint32_t)((e) >> 32))
 
 int ts_table_init(ts_table_t *t, uint32_t dim, uint32_t nstate, uint64_t max_rows) {
   memset(t, 0, sizeof *t);
@@ -19,7 +25,7 @@ int ts_table_init(ts_table_t *t, uint32_t dim, uint32_t nstate, uint64_t max_row
   t->nstate = nstate;
   t->stride = (size_t)dim * (1 + nstate);
   t->free_head = TS_TABLE_NONE;
-  t->max_rows = max_rows == 0 || max_rows >= TS_TABLE_NONE ? TS_TABLE_NONE - 1 : max_rows;
+  t->max_rows = max_rows == 0 || max_rows >= MAX_ROWS ? MAX_ROWS : max_rows;
   return 0;
 }
 
@@ -34,8 +40,7 @@ void ts_table_free(ts_table_t *t) {
   }
   ts_free(t->slabs);
   ts_free(t->metas);
-  ts_free(t->keys);
-  ts_free(t->ids);
+  ts_free(t->slots);
   uint32_t dim = t->dim, nstate = t->nstate;
   uint64_t max_rows = t->max_rows;
   memset(t, 0, sizeof *t); /* empty, with its shape: usable again */
@@ -46,40 +51,40 @@ void ts_table_free(ts_table_t *t) {
   t->max_rows = max_rows;
 }
 
-static size_t home(const ts_table_t *t, uint64_t key) {
-  return (size_t)ts_key_hash(key) & (t->cap - 1);
+static uint32_t tag_of(uint64_t key) { return (uint32_t)ts_key_hash(key); }
+
+/* The slot of key (its entry, or the empty slot where a probe for it ends). */
+static size_t probe(const ts_table_t *t, uint64_t key) {
+  uint32_t tag = tag_of(key);
+  size_t mask = t->cap - 1;
+  for (size_t i = tag & mask;; i = (i + 1) & mask) {
+    uint64_t e = t->slots[i];
+    if (e == EMPTY) return i;
+    if (SLOT_TAG(e) == tag && ts_table_meta(t, SLOT_ID(e))->key == key) return i;
+  }
 }
 
 uint32_t ts_table_find(const ts_table_t *t, uint64_t key) {
   if (t->cap == 0) return TS_TABLE_NONE;
-  for (size_t i = home(t, key);; i = (i + 1) & (t->cap - 1)) {
-    if (t->ids[i] == TS_TABLE_NONE) return TS_TABLE_NONE;
-    if (t->keys[i] == key) return t->ids[i];
-  }
+  uint64_t e = t->slots[probe(t, key)];
+  return e == EMPTY ? TS_TABLE_NONE : SLOT_ID(e);
 }
 
-/* Twice the capacity (at least MIN_CAP), every entry placed again; rows stay. */
+/* Twice the capacity (at least MIN_CAP), every entry placed again by its tag; rows stay. */
 static int grow_index(ts_table_t *t) {
   size_t cap = t->cap ? t->cap * 2 : MIN_CAP;
-  uint64_t *keys = ts_malloc(cap * sizeof *keys);
-  uint32_t *ids = ts_malloc(cap * sizeof *ids);
-  if (!keys || !ids) {
-    ts_free(keys);
-    ts_free(ids);
-    return TS_ENOMEM;
-  }
-  memset(ids, 0xff, cap * sizeof *ids);
+  uint64_t *slots = ts_malloc(cap * sizeof *slots);
+  if (!slots) return TS_ENOMEM;
+  memset(slots, 0xff, cap * sizeof *slots);
   for (size_t i = 0; i < t->cap; i++) {
-    if (t->ids[i] == TS_TABLE_NONE) continue;
-    size_t j = (size_t)ts_key_hash(t->keys[i]) & (cap - 1);
-    while (ids[j] != TS_TABLE_NONE) j = (j + 1) & (cap - 1);
-    keys[j] = t->keys[i];
-    ids[j] = t->ids[i];
+    uint64_t e = t->slots[i];
+    if (e == EMPTY) continue;
+    size_t j = SLOT_TAG(e) & (cap - 1);
+    while (slots[j] != EMPTY) j = (j + 1) & (cap - 1);
+    slots[j] = e;
   }
-  ts_free(t->keys);
-  ts_free(t->ids);
-  t->keys = keys;
-  t->ids = ids;
+  ts_free(t->slots);
+  t->slots = slots;
   t->cap = cap;
   return 0;
 }
@@ -135,61 +140,57 @@ uint32_t ts_table_insert(ts_table_t *t, uint64_t key, bool *created, int *err) {
   if ((t->size + 1) * 2 > t->cap && (*err = grow_index(t)) < 0) return TS_TABLE_NONE;
   uint32_t id = take_row(t, err);
   if (id == TS_TABLE_NONE) return id;
-  size_t i = home(t, key);
-  while (t->ids[i] != TS_TABLE_NONE) i = (i + 1) & (t->cap - 1);
-  t->keys[i] = key;
-  t->ids[i] = id;
+  size_t i = tag_of(key) & (t->cap - 1);
+  while (t->slots[i] != EMPTY) i = (i + 1) & (t->cap - 1);
+  t->slots[i] = (uint64_t)tag_of(key) << 32 | id;
   t->size++;
   memset(ts_table_row(t, id), 0, t->stride * sizeof(float));
-  *ts_table_meta(t, id) = (ts_table_meta_t){.key = key, .next_free = TS_TABLE_NONE, .live = true};
+  *ts_table_meta(t, id) = (ts_table_meta_t){.key = key, .next_free = TS_TABLE_LIVE};
   *created = true;
   return id;
 }
 
 bool ts_table_erase(ts_table_t *t, uint64_t key) {
   if (t->cap == 0) return false;
-  size_t mask = t->cap - 1, i = home(t, key);
-  while (t->ids[i] != TS_TABLE_NONE && t->keys[i] != key) i = (i + 1) & mask;
-  if (t->ids[i] == TS_TABLE_NONE) return false;
-  uint32_t id = t->ids[i];
+  size_t mask = t->cap - 1, i = probe(t, key);
+  if (t->slots[i] == EMPTY) return false;
+  uint32_t id = SLOT_ID(t->slots[i]);
   ts_table_meta_t *m = ts_table_meta(t, id);
-  ts_require(m->live && m->key == key);
-  m->live = false;
+  ts_require(ts_table_live(m) && m->key == key);
   m->next_free = t->free_head;
   t->free_head = id;
   t->size--;
   /* Backward shift: move up every later entry of the run whose home is not between the
    * hole and it, so no probe ever meets a hole before its key. */
-  for (size_t j = (i + 1) & mask; t->ids[j] != TS_TABLE_NONE; j = (j + 1) & mask) {
-    size_t k = home(t, t->keys[j]);
+  for (size_t j = (i + 1) & mask; t->slots[j] != EMPTY; j = (j + 1) & mask) {
+    size_t k = SLOT_TAG(t->slots[j]) & mask;
     bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
     if (stays) continue;
-    t->keys[i] = t->keys[j];
-    t->ids[i] = t->ids[j];
+    t->slots[i] = t->slots[j];
     i = j;
   }
-  t->ids[i] = TS_TABLE_NONE;
+  t->slots[i] = EMPTY;
   return true;
 }
 
 uint32_t ts_table_next(const ts_table_t *t, uint32_t *cursor) {
   while (*cursor < t->next_row) {
     uint32_t id = (*cursor)++;
-    if (ts_table_meta(t, id)->live) return id;
+    if (ts_table_live(ts_table_meta(t, id))) return id;
   }
   return TS_TABLE_NONE;
 }
 
 uint64_t ts_table_bytes(const ts_table_t *t) {
   return (uint64_t)t->nslabs * (slab_bytes(t) + TS_TABLE_SLAB_ROWS * sizeof(ts_table_meta_t)) +
-         (uint64_t)t->cap * (sizeof(uint64_t) + sizeof(uint32_t)) +
+         (uint64_t)t->cap * sizeof(uint64_t) +
          (uint64_t)t->slabs_cap * (sizeof(float *) + sizeof(ts_table_meta_t *));
 }
 
 uint64_t ts_table_insert_cost(const ts_table_t *t) {
   uint64_t c = 0;
   if ((t->size + 1) * 2 > t->cap)
-    c += (uint64_t)(t->cap ? t->cap * 2 : MIN_CAP) * (sizeof(uint64_t) + sizeof(uint32_t));
+    c += (uint64_t)(t->cap ? t->cap * 2 : MIN_CAP) * sizeof(uint64_t);
   if (t->free_head == TS_TABLE_NONE && (size_t)(t->next_row >> TS_TABLE_SLAB_SHIFT) == t->nslabs) {
     c += slab_bytes(t) + TS_TABLE_SLAB_ROWS * sizeof(ts_table_meta_t);
     if (t->nslabs == t->slabs_cap)
@@ -202,5 +203,5 @@ uint64_t ts_table_row_bytes(uint32_t dim, uint32_t nstate) {
   /* The row, its meta, and its index entries at the lowest load factor (1/4, just after
    * the index doubled). */
   return (uint64_t)dim * (1 + nstate) * sizeof(float) + sizeof(ts_table_meta_t) +
-         4 * (sizeof(uint64_t) + sizeof(uint32_t));
+         4 * sizeof(uint64_t);
 }

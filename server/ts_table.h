@@ -7,9 +7,12 @@
  * ones on transparent huge pages, ts_huge_alloc) and never moved: a row's memory stays
  * where it is until the row is erased, so a pull reply can be written straight from it.
  * An erased row's slot goes on a free list and is reused. The index is open addressing
- * with linear probing over (key, row) pairs at a load factor of at most 1/2, deletion by
- * backward shift (no tombstones, so probes stay short however many keys come and go);
- * growing it rehashes the index only, never the rows.
+ * with linear probing at a load factor of at most 1/2, deletion by backward shift (no
+ * tombstones, so probes stay short however many keys come and go); growing it rehashes
+ * the index only, never the rows. An index slot is 8 bytes: the low 32 bits of the key's
+ * hash (its tag, which also gives its home slot) and the row id; the key itself is only
+ * in the row's metadata, read when a tag matches (a false match is 1 in 2^32). So a row
+ * costs its floats, 32 bytes of metadata and 16 to 32 bytes of index.
  *
  * Glossary:
  *   row id   a row's place, stable while it exists: slab id >> TS_TABLE_SLAB_SHIFT,
@@ -29,22 +32,28 @@
 #define TS_TABLE_SLAB_ROWS (1u << TS_TABLE_SLAB_SHIFT)
 #define TS_TABLE_NONE UINT32_MAX /* no row */
 
-/* What admission and eviction know of a row. */
+/* A row in the table (next_free of a live row); a row on the free list has the next erased
+ * row there, or TS_TABLE_NONE. */
+#define TS_TABLE_LIVE (UINT32_MAX - 1)
+
+/* What admission and eviction know of a row: 32 bytes. */
 typedef struct {
   uint64_t key;
   uint64_t last_step; /* the global step that last touched it */
   uint64_t updates;   /* optimizer updates (adam's t) */
   uint32_t count;     /* sightings (admission by count) */
-  uint32_t next_free; /* on the free list: the next erased row */
-  bool live;          /* in the table (false: on the free list) */
+  uint32_t next_free; /* TS_TABLE_LIVE, or on the free list: the next erased row */
 } ts_table_meta_t;
+
+/* Whether a row slot holds a row (else it is on the free list). */
+static inline bool ts_table_live(const ts_table_meta_t *m) { return m->next_free == TS_TABLE_LIVE; }
 
 typedef struct {
   uint32_t dim, nstate;
   size_t stride; /* floats per row */
-  /* index: cap entries (a power of two), key and row id; row TS_TABLE_NONE is empty */
-  uint64_t *keys;
-  uint32_t *ids;
+  /* index: cap slots (a power of two, at most 2^32), each (tag << 32 | row id); all ones
+   * is an empty slot */
+  uint64_t *slots;
   size_t cap;
   size_t size; /* live rows */
   /* rows */
@@ -57,7 +66,7 @@ typedef struct {
 } ts_table_t;
 
 /* An empty table of rows of dim floats and nstate state buffers, holding at most max_rows
- * rows (0: up to 2^32 - 1). Returns 0 or TS_EINVAL (dim 0, nstate over 2). Allocates nothing
+ * rows (0: up to 2^31). Returns 0 or TS_EINVAL (dim 0, nstate over 2). Allocates nothing
  * until the first insert. */
 int ts_table_init(ts_table_t *t, uint32_t dim, uint32_t nstate, uint64_t max_rows);
 void ts_table_free(ts_table_t *t);

@@ -66,7 +66,7 @@ static void test_random_operations(void **state) {
       assert_int_equal(id, ref[k]);
       if (id != TS_TABLE_NONE) {
         assert_true(ts_table_row(&t, id)[0] == (float)k);
-        assert_true(ts_table_meta(&t, id)->key == key && ts_table_meta(&t, id)->live);
+        assert_true(ts_table_meta(&t, id)->key == key && ts_table_live(ts_table_meta(&t, id)));
       }
     } else {
       bool had = ts_table_erase(&t, key);

@@ -1,5 +1,6 @@
 #include "ts_job_status.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "ts_alloc.h"
@@ -93,6 +94,13 @@ cJSON *ts_job_status_json_table(const ts_client_table_status_t *t) {
   cJSON_AddNumberToObject(o, "filtered", (double)t->filtered);
   cJSON_AddNumberToObject(o, "pulled_rows", (double)t->pulled_rows);
   cJSON_AddNumberToObject(o, "pushed_rows", (double)t->pushed_rows);
+  cJSON_AddNumberToObject(o, "hot_share", t->hot_share);
+  cJSON *hot = cJSON_AddArrayToObject(o, "hot_keys");
+  for (uint32_t k = 0; hot && k < t->num_hot_keys; k++) {
+    char key[24]; /* as text: a 64-bit id does not fit a JSON number exactly */
+    snprintf(key, sizeof key, "%lld", (long long)t->hot_keys[k]);
+    cJSON_AddItemToArray(hot, cJSON_CreateString(key));
+  }
   return o;
 }
 

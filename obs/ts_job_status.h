@@ -20,7 +20,7 @@
  *    "bytes", "version", "step", "pushes", "pulls", "stale_dropped", "rejected_frames",
  *    "errors", "connections", "uptime_s", "barrier_waiting_for", "tables": [{"name",
  *    "dim", "rows", "bytes", "version", "created", "evicted", "filtered", "pulled_rows",
- *    "pushed_rows"}]} | {"index", "address",
+ *    "pushed_rows", "hot_share", "hot_keys" (ids as strings)}]} | {"index", "address",
  *    "up": false, "partitions": 0, "bytes": 0, "version": 0, "error"}],
  *    "workers": [{"task", "step", "loss", "examples_per_sec", "last_seen_s", "alive",
  *    "done", "epoch_progress", "state", "device"}],

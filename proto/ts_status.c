@@ -92,7 +92,9 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
         .name = str, .dim = ts->dim, .rows = ts->rows, .bytes = ts->bytes,
         .version = ts->version, .created = ts->created, .evicted = ts->evicted,
         .filtered = ts->filtered, .pulled_rows = ts->pulled_rows,
-        .pushed_rows = ts->pushed_rows};
+        .pushed_rows = ts->pushed_rows, .hot_share = ts->hot_share};
+    for (size_t k = 0; k < ts->n_hot_keys && k < 8; k++) tb[i].hot_keys[k] = ts->hot_keys[k];
+    tb[i].num_hot_keys = ts->n_hot_keys < 8 ? (uint32_t)ts->n_hot_keys : 8;
     str += len;
   }
   *out = st;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "psctl_fmt.h"
@@ -26,7 +27,39 @@ typedef struct {
   ts_client_shard_status_t **st; /* per shard, NULL when it did not answer */
   char **why;                /* per shard, why it did not answer */
   long only_shard;           /* --shard N, else -1 */
+  ts_client_shard_status_t **before; /* tables --interval: the first sample, per shard */
+  double interval;                   /* seconds between the samples (0: one sample) */
 } cluster_view_t;
+
+/* Ask every shard that is up for its status into v->st (the why of those that are not). */
+static void ask_statuses(cluster_view_t *v) {
+  char err[1024];
+  for (uint32_t s = 0; s < v->cfg.num_ps; s++) {
+    char why[512];
+    if (!ts_client_shard_up(v->client, s, why, sizeof why)) {
+      v->why[s] = ts_strdup(why);
+      continue;
+    }
+    if (ts_client_status(v->client, s, &v->st[s], err, sizeof err) < 0) v->why[s] = ts_strdup(err);
+  }
+}
+
+/* tables --interval: keep this sample as the first, wait, and take the second. */
+static int sample_again(cluster_view_t *v) {
+  size_t n = v->cfg.num_ps;
+  v->before = v->st;
+  v->st = ts_calloc(n, sizeof *v->st);
+  if (!v->st) return TS_EXIT_FAILURE;
+  for (size_t s = 0; s < n; s++) {
+    ts_free(v->why[s]);
+    v->why[s] = NULL;
+  }
+  struct timespec ts = {(time_t)v->interval,
+                        (long)((v->interval - (double)(time_t)v->interval) * 1e9)};
+  nanosleep(&ts, NULL);
+  ask_statuses(v);
+  return 0;
+}
 
 static int gather(cluster_view_t *v, double timeout) {
   ts_config_t *cfg = &v->cfg;
@@ -62,21 +95,14 @@ static int gather(cluster_view_t *v, double timeout) {
   v->st = ts_calloc(cfg->num_ps, sizeof *v->st);
   v->why = ts_calloc(cfg->num_ps, sizeof *v->why);
   if (!v->st || !v->why) return TS_EXIT_FAILURE;
-  for (uint32_t s = 0; s < cfg->num_ps; s++) {
-    char why[512];
-    if (!ts_client_shard_up(v->client, s, why, sizeof why)) {
-      v->why[s] = ts_strdup(why);
-      continue;
-    }
-    rc = ts_client_status(v->client, s, &v->st[s], err, sizeof err);
-    if (rc < 0) v->why[s] = ts_strdup(err);
-  }
-  return 0;
+  ask_statuses(v);
+  return v->interval > 0 ? sample_again(v) : 0;
 }
 
 static void release(cluster_view_t *v) {
   for (size_t s = 0; s < v->cfg.num_ps; s++) {
     if (v->st) ts_client_status_free(v->st[s]);
+    if (v->before) ts_client_status_free(v->before[s]);
     if (v->why) ts_free(v->why[s]);
   }
   ts_free(v->st);
@@ -218,7 +244,7 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
     if (strcmp(cmd, "status") == 0 || strcmp(cmd, "health") == 0) {
       root = ts_job_status_json_job(&view, strcmp(cmd, "status") == 0);
     } else if (strcmp(cmd, "tables") == 0) {
-      root = psctl_tables_json(sh, n);
+      root = psctl_tables_json(sh, n, v->before, v->interval);
     } else if (strcmp(cmd, "shards") == 0) {
       root = cJSON_CreateArray();
       for (size_t s = 0; s < n; s++) cJSON_AddItemToArray(root, ts_job_status_json_shard(&sh[s]));
@@ -242,7 +268,7 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   } else if (strcmp(cmd, "shards") == 0) {
     print_shards_table(v);
   } else if (strcmp(cmd, "tables") == 0) {
-    psctl_tables_print(stdout, sh, n);
+    psctl_tables_print(stdout, sh, n, v->before, v->interval);
   } else if (strcmp(cmd, "workers") == 0) {
     print_workers_table(w, nw);
   } else {
@@ -364,12 +390,12 @@ static int print_help(const char *name) {
 int main(int argc, char **argv) {
   const char *config_path = NULL;
   output_t out = OUT_TABLE;
-  double timeout = 3.0;
+  double timeout = 3.0, interval = 0;
   long only_shard = -1;
   const char **sets = calloc((size_t)argc, sizeof *sets);
   size_t nsets = 0;
   if (!sets) return TS_EXIT_FAILURE;
-  enum { OPT_SET = 256, OPT_TIMEOUT, OPT_SHARD, OPT_NO_CHECKPOINT, OPT_FORCE };
+  enum { OPT_SET = 256, OPT_TIMEOUT, OPT_SHARD, OPT_NO_CHECKPOINT, OPT_FORCE, OPT_INTERVAL };
   bool final_checkpoint = true, force = false, help = false;
   static const struct option longopts[] = {
       {"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, OPT_SET},
@@ -377,6 +403,7 @@ int main(int argc, char **argv) {
       {"timeout", required_argument, NULL, OPT_TIMEOUT},
       {"no-checkpoint", no_argument, NULL, OPT_NO_CHECKPOINT},
       {"force", no_argument, NULL, OPT_FORCE},
+      {"interval", required_argument, NULL, OPT_INTERVAL},
       {"shard", required_argument, NULL, OPT_SHARD},
       {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
@@ -420,6 +447,15 @@ int main(int argc, char **argv) {
       case OPT_FORCE:
         force = true;
         break;
+      case OPT_INTERVAL: {
+        char *end;
+        interval = strtod(optarg, &end);
+        if (*end || !(interval > 0.0) || interval > 3600.0) {
+          fprintf(stderr, "psctl: --interval takes seconds (0 < t <= 3600), not '%s'\n", optarg);
+          goto done;
+        }
+        break;
+      }
       case OPT_SHARD: {
         char *end;
         only_shard = strtol(optarg, &end, 10);
@@ -497,6 +533,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "psctl: --force is an option of model reset only\n");
     goto done;
   }
+  if (interval > 0 && strcmp(cmd, "tables") != 0) {
+    fprintf(stderr, "psctl: --interval is an option of tables only\n");
+    goto done;
+  }
   bool defaults = false;
   if (!config_path) {
     if (access(DEFAULT_CONFIG, R_OK) == 0)
@@ -527,6 +567,7 @@ int main(int argc, char **argv) {
     goto done;
   }
   v.only_shard = only_shard;
+  v.interval = interval;
   colour = out == OUT_TABLE && use_colour();
   rc = gather(&v, timeout);
   if (rc == 0) rc = admin_cmd ? cmd_admin(&v, cmd, final_checkpoint, force, out) : cmd_report(&v, cmd, out);

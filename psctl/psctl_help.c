@@ -41,13 +41,18 @@ static const psctl_command_t commands[] = {
      "  DEVICE      the device its model really runs on (/cpu:0 when soft placement moved\n"
      "              it off a GPU)\n"
      "'-' is a value the worker has not reported yet (null in -o json).\n"},
-    {"tables", "tables", "the embedding tables: rows, bytes, created, evicted, per shard",
+    {"tables", "tables [--interval SECONDS]",
+     "the embedding tables: rows, bytes, created, evicted, hot keys, per shard",
      "One block per embedding table of the job: its totals over the shards, then a line per\n"
      "shard: DIM (row width), ROWS held, BYTES (rows, their optimizer state and the index),\n"
      "VERSION (the table's steps in sync mode, pushes applied otherwise), CREATED (rows made),\n"
-     "EVICTED (by steps to live, max_rows or server.max_table_bytes) and FILTERED (gradient\n"
-     "rows dropped for keys not admitted yet). -o json: an array, one object per table with\n"
-     "its totals and its shards[].\n"},
+     "EVICTED (by steps to live, max_rows or server.max_table_bytes), FILTERED (gradient\n"
+     "rows dropped for keys not admitted yet) and HOT8 (the share of the keys pulled of late\n"
+     "that were the shard's 8 hottest: a lower bound, from a sample).\n"
+     "  --interval S   sample twice, S seconds apart, and add CREATED/S, EVICTED/S and\n"
+     "                 PULLED/S (rows per second over the interval)\n"
+     "-o json: an array, one object per table with its totals and its shards[] (hot_keys:\n"
+     "the 8 hottest ids, as strings; with --interval the rates, *_per_s).\n"},
     {"health", "health", "'healthy' and exit 0 when every shard answers, else exit 1",
      "Prints 'healthy' and exits 0 when every shard (or shard N with --shard N) answers;\n"
      "prints 'unhealthy', the reason per shard on stderr, and exits 1 otherwise. For\n"

@@ -8,6 +8,7 @@
 void ts_hotkeys_init(ts_hotkeys_t *h, uint32_t every) {
   memset(h, 0, sizeof *h);
   h->every = every ? every : 1;
+  h->rng = 0x9E3779B97F4A7C15ull;
 }
 
 void ts_hotkeys_see(ts_hotkeys_t *h, uint64_t key) {
@@ -15,7 +16,10 @@ void ts_hotkeys_see(ts_hotkeys_t *h, uint64_t key) {
     h->skip--;
     return;
   }
-  h->skip = h->every - 1;
+  h->rng ^= h->rng << 13;
+  h->rng ^= h->rng >> 7;
+  h->rng ^= h->rng << 17;
+  h->skip = (uint32_t)(h->rng % (2 * (uint64_t)h->every - 1));
   h->total++;
   uint32_t min = 0;
   for (uint32_t i = 0; i < h->used; i++) {

@@ -4,7 +4,9 @@
  * number of distinct keys.
  *
  * Space-Saving (Metwally, Agrawal, El Abbadi 2005) over a sample of the stream: one key in
- * `every` is fed (a counter, not a hash, so a single hot key is sampled at its true rate),
+ * `every` on average is fed, the gaps drawn at random (uniform in 0 .. 2 every - 2: not a
+ * hash, so a single hot key is sampled at its true rate; not a fixed stride, so a stream
+ * with a period cannot hide a key from it),
  * into TS_HOTKEYS_SLOTS counters. A key already counted adds 1; a new key takes the
  * smallest counter's place and inherits its count plus 1 (so a count overestimates by at
  * most that inherited error, and any key with more than total / TS_HOTKEYS_SLOTS sightings
@@ -35,6 +37,7 @@ typedef struct {
   uint32_t used;
   uint32_t every; /* feed one key in this many (>= 1) */
   uint32_t skip;  /* keys to pass before the next one fed */
+  uint64_t rng;   /* xorshift64 state of the gaps */
   uint64_t total; /* sampled sightings */
 } ts_hotkeys_t;
 

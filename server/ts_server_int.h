@@ -207,6 +207,7 @@ struct ts_server {
   size_t num_parked;        /* pulls in waiting */
   size_t pull_writes;       /* pull replies being written (ts_pull_write_t) */
   uint64_t sparse_key_bytes; /* keys held by SparsePulls being read or parked */
+  uint32_t hot_ticks;        /* ticks since the tables' hottest keys were last decayed */
   uint64_t reply_mem;       /* memory of the replies queued to all connections (ts_conn.h) */
   uint64_t last_tick_ms;    /* when the tick last ran (ts_server.c: the loop's lag) */
   ts_worker_info_t *workers;
@@ -433,6 +434,7 @@ typedef struct {
   int32_t *waiting;
   Tessera__TableStatus *ts; /* one per table */
   Tessera__TableStatus **tp;
+  uint64_t *hot; /* TS_STABLE_HOT_KEYS per table: the tables' hottest keys */
 } ts_shard_status_msg_t;
 
 /* Fill *sm with the shard's state now. Returns 0 or TS_ENOMEM; release it in both cases. */

@@ -17,6 +17,7 @@ void ts_shard_status_release(ts_shard_status_msg_t *sm) {
   ts_free(sm->waiting);
   ts_free(sm->ts);
   ts_free(sm->tp);
+  ts_free(sm->hot);
 }
 
 /* The tables' part of a ShardStatus (names point into the store). */
@@ -26,7 +27,8 @@ static int build_tables(ts_server_t *srv, ts_shard_status_msg_t *sm) {
   if (n == 0) return 0;
   sm->ts = ts_calloc(n, sizeof *sm->ts);
   sm->tp = ts_calloc(n, sizeof *sm->tp);
-  if (!sm->ts || !sm->tp) return TS_ENOMEM;
+  sm->hot = ts_calloc((size_t)n * TS_STABLE_HOT_KEYS, sizeof *sm->hot);
+  if (!sm->ts || !sm->tp || !sm->hot) return TS_ENOMEM;
   for (uint32_t i = 0; i < n; i++) {
     ts_stable_info_t info;
     ts_stable_info(ts_store_table(st, i), &info);
@@ -42,6 +44,10 @@ static int build_tables(ts_server_t *srv, ts_shard_status_msg_t *sm) {
     t->filtered = info.filtered;
     t->pulled_rows = info.pulled_rows;
     t->pushed_rows = info.pushed_rows;
+    t->hot_share = info.hot_share;
+    t->hot_keys = sm->hot + (size_t)i * TS_STABLE_HOT_KEYS;
+    t->n_hot_keys = info.num_hot;
+    memcpy(t->hot_keys, info.hot, info.num_hot * sizeof *info.hot);
     sm->tp[i] = t;
   }
   sm->r.n_tables = n;

@@ -211,10 +211,17 @@ void ts_sparse_pull_close(ts_session_t *s) {
 
 /* Slots of each table looked at per tick for expired rows. */
 #define EXPIRE_PER_TICK 4096
+/* Ticks between two halvings of the hottest keys' counts (the tick is 100 ms: 5 s). */
+#define HOT_DECAY_TICKS 50
 
 void ts_sparse_tick(ts_server_t *srv) {
   ts_store_t *st = &srv->store;
   if (!st->declared) return;
-  for (uint32_t i = 0; i < st->num_tables; i++)
-    ts_stable_expire(ts_store_table(st, i), &st->table_budget, EXPIRE_PER_TICK);
+  bool decay = ++srv->hot_ticks >= HOT_DECAY_TICKS;
+  if (decay) srv->hot_ticks = 0;
+  for (uint32_t i = 0; i < st->num_tables; i++) {
+    ts_stable_t *t = ts_store_table(st, i);
+    ts_stable_expire(t, &st->table_budget, EXPIRE_PER_TICK);
+    if (decay) ts_stable_decay_hot(t);
+  }
 }

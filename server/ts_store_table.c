@@ -27,6 +27,7 @@
 #include "ts_config.h"
 #include "ts_err.h"
 #include "ts_init.h"
+#include "ts_hotkeys.h"
 #include "ts_key.h"
 #include "ts_rowopt.h"
 #include "ts_table.h"
@@ -37,6 +38,8 @@
 #define LRU_SAMPLE 16
 /* Evictions tried to make room for one row before giving up on it. */
 #define MAX_EVICT_TRIES 8
+/* One pulled key in this many feeds the hottest keys' summary. */
+#define HOT_SAMPLE 16
 
 struct ts_stable {
   char *name;
@@ -51,6 +54,7 @@ struct ts_stable {
   uint64_t version;
   uint64_t created, evicted, filtered, pulled, pushed;
   uint32_t expire_cursor;
+  ts_hotkeys_t hot; /* the keys pulled most of late */
   /* sync */
   bool sync;
   uint32_t num_workers;
@@ -161,6 +165,7 @@ static int stable_make(ts_stable_t *t, const Tessera__TableDecl *d, uint64_t see
   t->policy.steps_to_live = d->steps_to_live;
   t->policy.sample = LRU_SAMPLE;
   t->policy.seed = t->table_key;
+  ts_hotkeys_init(&t->hot, HOT_SAMPLE);
   if (d->admit_count > 1) {
     if (ts_admit_sketch_init(&t->sketch, SKETCH_WIDTH, t->table_key) < 0) goto nomem;
     t->has_sketch = true;
@@ -266,7 +271,13 @@ void ts_stable_info(const ts_stable_t *t, ts_stable_info_t *info) {
   info->filtered = t->filtered;
   info->pulled_rows = t->pulled;
   info->pushed_rows = t->pushed;
+  ts_hotkey_t top[TS_STABLE_HOT_KEYS];
+  info->num_hot = (uint32_t)ts_hotkeys_top(&t->hot, top, TS_STABLE_HOT_KEYS);
+  for (uint32_t i = 0; i < info->num_hot; i++) info->hot[i] = top[i].key;
+  info->hot_share = ts_hotkeys_share(&t->hot, TS_STABLE_HOT_KEYS);
 }
+
+void ts_stable_decay_hot(ts_stable_t *t) { ts_hotkeys_decay(&t->hot); }
 
 /* --- keys -------------------------------------------------------------------------- */
 
@@ -344,6 +355,7 @@ void ts_stable_pull(ts_stable_t *t, ts_stable_budget_t *b, const uint64_t *keys,
   size_t dim = t->rows.dim;
   for (size_t i = 0; i < n; i++, out += dim) {
     uint64_t k = keys[i];
+    ts_hotkeys_see(&t->hot, k);
     uint32_t id = ts_table_find(&t->rows, k);
     if (id == TS_TABLE_NONE && ts_admit_key(&t->policy, t->has_sketch ? &t->sketch : NULL, k)) {
       id = new_row(t, b, &t->rows, k);

@@ -30,12 +30,18 @@
 
 typedef struct ts_stable ts_stable_t;
 
+/* The hottest keys status shows of a table. */
+#define TS_STABLE_HOT_KEYS 8
+
 /* What status shows of a table (TableStatus). */
 typedef struct {
   const char *name;
   uint32_t dim;
   uint64_t rows, bytes, version;
   uint64_t created, evicted, filtered, pulled_rows, pushed_rows;
+  uint64_t hot[TS_STABLE_HOT_KEYS]; /* the keys pulled most of late, hottest first */
+  uint32_t num_hot;
+  double hot_share; /* their share of the pulled keys (a lower bound, ts_hotkeys.h) */
 } ts_stable_info_t;
 
 /* The tables of a Declare, made (and checked) for a store of the given job: mode sync (an
@@ -111,5 +117,9 @@ void ts_stable_sync_complete(ts_stable_t *t, ts_stable_budget_t *b);
 /* Evict the rows untouched for steps_to_live versions, looking at no more than budget row
  * slots (a sweep resumed from a cursor). Returns rows evicted. */
 size_t ts_stable_expire(ts_stable_t *t, ts_stable_budget_t *b, size_t budget);
+
+/* Halve the counts of the table's hottest keys (the shard does it every few seconds, so
+ * they follow the recent pulls). */
+void ts_stable_decay_hot(ts_stable_t *t);
 
 #endif

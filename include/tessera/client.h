@@ -632,6 +632,11 @@ typedef struct {
   uint64_t evicted;     /* rows evicted: steps to live, max_rows, server.max_table_bytes */
   uint64_t filtered;    /* gradient rows dropped for keys not admitted */
   uint64_t pulled_rows, pushed_rows;
+  /* The keys pulls asked for most of late, hottest first, and the share of the pulled keys
+   * they were (a lower bound, from a sample; 0 when nothing was pulled). */
+  uint64_t hot_keys[8];
+  uint32_t num_hot_keys;
+  double hot_share;
 } ts_client_table_status_t;
 
 /* One shard's view of itself and of the workers it has seen. */

@@ -84,12 +84,19 @@ static void check_psctl_tables(const ts_cluster_t *c, int rows) {
   char want[64];
   snprintf(want, sizeof want, "\"rows\":\t%d", rows);
   if (!strstr(out, "\"name\":\t\"emb/users\"") || !strstr(out, want) ||
-      !strstr(out, "\"shards\":"))
+      !strstr(out, "\"shards\":") || !strstr(out, "\"hot_keys\":\t[\"42\""))
     fail_msg("psctl tables -o json: %s", out);
   const char *table[] = {ts_psctl_path, "-c", c->config, "tables", NULL};
   assert_int_equal(ts_run_capture(table, out, sizeof out, err, sizeof err), 0);
-  if (!strstr(out, "TABLE") || !strstr(out, "emb/users") || !strstr(out, "all"))
+  if (!strstr(out, "TABLE") || !strstr(out, "emb/users") || !strstr(out, "all") ||
+      !strstr(out, "HOT8") || !strstr(out, "%"))
     fail_msg("psctl tables: %s", out);
+  /* --interval: two samples, the rates per second. */
+  const char *rated[] = {ts_psctl_path, "-c", c->config, "tables", "--interval", "0.2", "-o", "json",
+                         NULL};
+  assert_int_equal(ts_run_capture(rated, out, sizeof out, err, sizeof err), 0);
+  if (!strstr(out, "\"created_per_s\":\t0") || !strstr(out, "\"pulled_rows_per_s\""))
+    fail_msg("psctl tables --interval 0.2 -o json: %s", out);
 }
 
 /* Rows come back in the caller's order, each its first value, on 1 and 3 shards alike. */
@@ -117,7 +124,15 @@ static void test_rows_in_caller_order(void **state) {
       memcpy(first, rows, sizeof first);
     else
       assert_memory_equal(rows, first, sizeof first); /* the same rows on 3 shards */
-    if (shards == 3) check_psctl_tables(&c, 7); /* 7 distinct keys, each made once */
+    if (shards == 3) {
+      /* Key 42 in every pull of a stream of others: the hottest key of its shard. */
+      for (int64_t i = 0; i < 400; i++) {
+        int64_t two[2] = {42, 1000 + i};
+        float r2[2 * DIM];
+        assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PULL, 0, two, 2, NULL, r2, NULL), 0);
+      }
+      check_psctl_tables(&c, 7 + 400); /* each distinct key made once */
+    }
     ts_client_close(cl);
     assert_int_equal(ts_cluster_stop(&c), 0);
   }

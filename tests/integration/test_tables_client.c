@@ -168,6 +168,53 @@ static void test_push_sums_duplicates(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* Many keys in one request (the client's radix sort): 20,000 draws of 3,000 ids spread
+ * over the whole int64 range, negative ones included; each row moves by exactly the sum
+ * of its gradients. */
+static void test_many_keys(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 3, 1, "job = { mode = \"async\"; };"), 0);
+  const ts_client_table_t table = {.name = "emb", .dim = 4, .init = TS_CLIENT_ROW_ZEROS,
+                                   .optimizer = TS_CLIENT_ROWOPT_SGD, .learning_rate = 1.0};
+  ts_client_t *cl = open_tables(&c, &table, 1, 0);
+  enum { N = 20000, IDS = 3000 };
+  int64_t *keys = malloc(N * sizeof *keys);
+  float *grad = malloc(N * 4 * sizeof *grad), *rows = malloc(N * 4 * sizeof *rows);
+  double *sum = calloc(IDS * 4, sizeof *sum);
+  uint64_t rng = 12345;
+  for (int i = 0; i < N; i++) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    int id = (int)(rng % IDS);
+    keys[i] = (int64_t)((uint64_t)id * 0x9E3779B97F4A7C15ull); /* any 64 bits */
+    for (int j = 0; j < 4; j++) {
+      grad[i * 4 + j] = 0.125f * (float)((i + j) % 8);
+      sum[id * 4 + j] += (double)grad[i * 4 + j];
+    }
+  }
+  ts_client_req_t res;
+  assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PUSH_PULL, 0, keys, N, grad, rows, &res), 0);
+  rng = 12345;
+  for (int i = 0; i < N; i++) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    int id = (int)(rng % IDS);
+    for (int j = 0; j < 4; j++)
+      if (rows[i * 4 + j] != (float)-sum[id * 4 + j])
+        fail_msg("key %lld element %d: %g, not %g", (long long)keys[i], j,
+                 (double)rows[i * 4 + j], -sum[id * 4 + j]);
+  }
+  free(keys);
+  free(grad);
+  free(rows);
+  free(sum);
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 /* --- sync exactness ----------------------------------------------------------------- */
 
 /* Key i of worker w's batch at step s: Zipf(1.0) over VOCAB ids, from a fixed stream. */
@@ -361,6 +408,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rows_in_caller_order),
       cmocka_unit_test(test_push_sums_duplicates),
+      cmocka_unit_test(test_many_keys),
       cmocka_unit_test(test_sync_exactness),
       cmocka_unit_test(test_refused_requests),
   };

@@ -65,7 +65,10 @@ typedef struct {
   uint8_t *records;    /* push: nuniq records (key, then dim floats: duplicates summed) */
   float *dst;          /* pull: the caller's rows_dst */
   uint64_t rows_filtered;
-  bool every_shard;    /* sync: every shard is sent the push and the pull, keys or not */
+  /* Shards sent the request with no keys of theirs: sync, the push and the pull (each
+   * shard's step counts every worker and every pull waits for the step); ssp, the push
+   * (each shard knows every worker's clock for its staleness bound) */
+  bool push_every_shard, pull_every_shard;
 } ts_cl_sparse_t;
 
 typedef enum {

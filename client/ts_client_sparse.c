@@ -16,7 +16,8 @@
  * TS_CLIENT_VERSION_NEXT pull wait for the step after it, as the dense partitions' pulled
  * version does. In sync mode every shard is sent the push and the pull, with no keys where
  * the caller has none of its rows, so every shard's barrier counts the worker and every
- * pull waits for the step.
+ * pull waits for the step; in ssp mode every shard is sent the push, so every shard knows
+ * each worker's clock for the staleness bound of its pulls.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -194,7 +195,8 @@ int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t 
   sp->nkeys = req->num_keys;
   sp->dst = pull ? req->rows_dst : NULL;
   uv_mutex_lock(&c->mu);
-  sp->every_shard = c->mode == TESSERA__MODE__MODE_SYNC;
+  sp->push_every_shard = c->mode == TESSERA__MODE__MODE_SYNC || c->mode == TESSERA__MODE__MODE_SSP;
+  sp->pull_every_shard = c->mode == TESSERA__MODE__MODE_SYNC;
   uv_mutex_unlock(&c->mu);
   int rc = group_keys(sp, req->keys, c->n);
   if (rc == 0 && push) rc = make_records(sp, req->rows_grad);
@@ -258,12 +260,12 @@ static int submit(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, uint16_t ty
 int ts_cl_sparse_start(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op) {
   ts_cl_sparse_t *sp = op->sp;
   size_t off = sp->shard_off[sh->index], n = sp->shard_off[sh->index + 1] - off;
-  if (n == 0 && !sp->every_shard) return 0;
   int rc = 0;
   bool acked = op->acked && op->acked[sh->index]; /* a retry: this shard had the push */
-  if ((op->kind == OP_PUSH || op->kind == OP_PUSH_PULL) && !acked)
+  if ((op->kind == OP_PUSH || op->kind == OP_PUSH_PULL) && !acked &&
+      (n || sp->push_every_shard))
     rc = submit(c, sh, op, TS_MSG_SPARSE_PUSH, off, n);
-  if (op->kind == OP_PUSH) return rc;
+  if (op->kind == OP_PUSH || (n == 0 && !sp->pull_every_shard)) return rc;
   /* The pull, back to back with the push on one connection: the shard handles them in
    * order, so the pull sees the push applied (sync: waits for its step). */
   size_t chunk = pull_chunk(sp->dim);

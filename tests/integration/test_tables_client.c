@@ -215,6 +215,64 @@ static void test_many_keys(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* A key on the given shard of n (the first non-negative id found there). */
+static int64_t key_on(uint32_t shard, uint32_t n) {
+  for (int64_t k = 0;; k++)
+    if (ts_key_shard((uint64_t)k, n) == shard) return k;
+}
+
+/* ssp (staleness 1) with a table alone: worker 1's pushes reach every shard, its keys or
+ * not, so a shard that holds none of its rows still knows its clock. Worker 0, two clocks
+ * ahead, waits in its pull of a row of that shard until worker 1 catches up. */
+static void test_ssp_bound(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2, "job = { mode = \"ssp\"; staleness = 1; };"), 0);
+  const ts_client_table_t table = {.name = "emb", .dim = 2, .optimizer = TS_CLIENT_ROWOPT_SGD};
+  ts_client_t *w0 = open_tables(&c, &table, 1, 0), *w1 = open_tables(&c, &table, 1, 1);
+  int64_t k0 = key_on(0, 2), k1 = key_on(1, 2);
+  float g[2] = {0, 0}, row[2];
+  ts_client_req_t req;
+  for (uint64_t clock = 0; clock < 3; clock++) { /* worker 0 at clock 3 */
+    ts_client_req_init(&req, TS_CLIENT_SPARSE_PUSH);
+    req.keys = &k1;
+    req.num_keys = 1;
+    req.rows_grad = g;
+    req.step = clock;
+    assert_int_equal(ts_client_run(w0, &req), 0);
+  }
+  /* Worker 1 has pushed nothing: worker 0's pull at clock 3 of a shard-1 row waits. */
+  ts_client_req_init(&req, TS_CLIENT_SPARSE_PULL);
+  req.keys = &k1;
+  req.num_keys = 1;
+  req.rows_dst = row;
+  req.clock = 3;
+  req.timeout_s = 0.5;
+  assert_int_equal(ts_client_run(w0, &req), TS_CLIENT_ETIMEDOUT);
+  /* Worker 1 pushes clocks 0 and 1, its keys on shard 0 only: now within 1 of clock 3 on
+   * shard 1 too, and the pull goes through. */
+  for (uint64_t clock = 0; clock < 2; clock++) {
+    ts_client_req_t p;
+    ts_client_req_init(&p, TS_CLIENT_SPARSE_PUSH);
+    p.keys = &k0;
+    p.num_keys = 1;
+    p.rows_grad = g;
+    p.step = clock;
+    assert_int_equal(ts_client_run(w1, &p), 0);
+    assert_int_equal(p.applied, 2); /* both shards: one with k0, one with no key */
+  }
+  ts_client_req_init(&req, TS_CLIENT_SPARSE_PULL);
+  req.keys = &k1;
+  req.num_keys = 1;
+  req.rows_dst = row;
+  req.clock = 3;
+  req.timeout_s = 5;
+  assert_int_equal(ts_client_run(w0, &req), 0);
+  ts_client_close(w0);
+  ts_client_close(w1);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 /* --- sync exactness ----------------------------------------------------------------- */
 
 /* Key i of worker w's batch at step s: Zipf(1.0) over VOCAB ids, from a fixed stream. */
@@ -409,6 +467,7 @@ int main(void) {
       cmocka_unit_test(test_rows_in_caller_order),
       cmocka_unit_test(test_push_sums_duplicates),
       cmocka_unit_test(test_many_keys),
+      cmocka_unit_test(test_ssp_bound),
       cmocka_unit_test(test_sync_exactness),
       cmocka_unit_test(test_refused_requests),
   };

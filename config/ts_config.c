@@ -250,6 +250,13 @@ const ts_config_def_t ts_config_defs[] = {
           "anything is allocated. 16 GiB holds a share of about a billion parameters with "
           "Adam; set it below the shard machine's free memory. At least 1 MiB, at most 4 TiB."),
 
+    INT64("server.max_table_bytes", max_table_bytes, 1048576, 4096 * GIB, "4294967296",
+          "Most memory the embedding tables of a model (Declare.tables) may hold on one shard, "
+          "all tables together: rows, their optimizer state, indexes, admission sketches and "
+          "sync accumulators. Checked before every row is made: a table at the budget makes "
+          "room by evicting its least recently used rows, and a key that finds no room is "
+          "served the initialiser's row without being stored. At least 1 MiB, at most 4 TiB."),
+
     INT("http.max_connections", http_max_connections, 4, 4096, "256",
         "Connections an admin HTTP endpoint (/metrics, /livez, /readyz, /status of shards and "
         "workers) serves at once. A new one past this closes the oldest, so a probe always "

@@ -80,6 +80,7 @@ typedef struct {
   int64_t min_recv_bytes_per_s; /* 0 = no rate floor */
 
   int64_t max_model_bytes;    /* most a declared model may make one shard allocate */
+  int64_t max_table_bytes;    /* most the embedding tables may hold on one shard */
   /* what one authenticated peer may hold (docs/architecture.md) */
   int64_t push_min_bytes_per_s; /* a push holding a staging buffer slower than this loses it */
   double push_rate_window_s;    /* over windows of this long */

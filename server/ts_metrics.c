@@ -87,6 +87,35 @@ static void gauge1(ts_buf_t *b, const char *name, const char *help, double v) {
   ts_prom_sample(b, name, NULL, v);
 }
 
+/* Embedding tables (docs/architecture.md, "Tables"): a series per table, by name. */
+static void render_tables(ts_buf_t *b, const Tessera__ShardStatus *st) {
+  static const struct {
+    const char *name, *type, *help;
+  } fams[] = {
+      {"tessera_ps_table_rows", "gauge", "Rows an embedding table holds on this shard."},
+      {"tessera_ps_table_bytes", "gauge",
+       "Memory an embedding table holds on this shard: rows, optimizer state, index, "
+       "admission sketch and sync accumulator (all tables within server.max_table_bytes)."},
+      {"tessera_ps_table_version", "gauge",
+       "An embedding table's version on this shard: sync, its closed steps; else pushes applied."},
+      {"tessera_ps_table_rows_created_total", "counter", "Rows made (admitted keys)."},
+      {"tessera_ps_table_rows_evicted_total", "counter",
+       "Rows evicted: steps to live, max_rows and the byte budget."},
+      {"tessera_ps_table_rows_filtered_total", "counter",
+       "Gradient rows dropped for keys not admitted (or finding no room)."},
+  };
+  char esc[300], lab[320];
+  for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
+    ts_prom_family(b, fams[f].name, fams[f].type, fams[f].help);
+    for (size_t i = 0; i < st->n_tables; i++) {
+      const Tessera__TableStatus *t = st->tables[i];
+      const uint64_t v[] = {t->rows, t->bytes, t->version, t->created, t->evicted, t->filtered};
+      snprintf(lab, sizeof lab, "table=\"%s\"", ts_prom_label_escape(t->name, esc, sizeof esc));
+      ts_prom_sample(b, fams[f].name, lab, (double)v[f]);
+    }
+  }
+}
+
 void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardStatus *st) {
   char lab[160], reason[48];
   ts_prom_family(b, "tessera_build_info", "gauge",
@@ -118,7 +147,7 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
            (double)st->n_barrier_waiting_for);
     counter1(b, "tessera_ps_stale_gradients_dropped_total",
              "Gradient partitions dropped because they were computed for an older step.",
-             (double)st->stale_dropped);
+             (double)st->stale_dropped);    if (st->n_tables > 0) render_tables(b, st);
   }
 
   /* Requests by result; refusals are broken down by reason below. */

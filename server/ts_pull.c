@@ -74,6 +74,7 @@ static void on_pull_written(ts_conn_t *c, void *arg, unsigned first, unsigned n,
 }
 
 bool ts_pull_ready(ts_server_t *srv, const ts_pull_req_t *q) {
+  if (q->sparse) return ts_sparse_pull_ready(srv, q);
   ts_store_t *st = &srv->store;
   for (size_t i = 0; i < q->n; i++) {
     /* ts_pull_handle checked the slices, and partitions never go once declared. */
@@ -86,6 +87,10 @@ bool ts_pull_ready(ts_server_t *srv, const ts_pull_req_t *q) {
 }
 
 void ts_pull_send(ts_session_t *s, const ts_pull_req_t *q) {
+  if (q->sparse) {
+    ts_sparse_pull_send(s, q);
+    return;
+  }
   ts_server_t *srv = s->srv;
   size_t n = q->n;
   size_t pw_bytes = sizeof(ts_pull_write_t) + n * sizeof(ts_spart_t *);

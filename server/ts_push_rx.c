@@ -31,7 +31,7 @@
 /* A piece is read in chunks of this many floats (256 KiB), each checked as it lands. */
 #define CHUNK_FLOATS ((size_t)65536)
 
-static int stage_ready(ts_server_t *srv) {
+int ts_push_rx_stage_ready(ts_server_t *srv) {
   if (srv->stage.buf_bytes) return 0;
   size_t largest = STAGE_MIN_BYTES;
   uint64_t bytes = ts_store_max_part_count(&srv->store) * sizeof(float);
@@ -50,7 +50,7 @@ static void rx_point(ts_session_t *s, float *buf) {
 
 /* Give the session's staging buffer back; the next session queued for one gets it and
  * reads on. */
-static void stage_give_back(ts_server_t *srv, ts_push_rx_t *rx) {
+void ts_push_rx_give_back(ts_server_t *srv, ts_push_rx_t *rx) {
   if (rx->wait.queued) ts_stage_cancel(&srv->stage, &rx->wait);
   if (!rx->buf) return;
   float *buf = rx->buf;
@@ -76,7 +76,7 @@ static int grow(void *arr, size_t *cap, size_t n, size_t each) {
 }
 
 /* Room for a push of n slices cut into at most nchunks chunks. */
-static int rx_reserve(ts_push_rx_t *rx, size_t n, size_t nchunks) {
+int ts_push_rx_reserve(ts_push_rx_t *rx, size_t n, size_t nchunks) {
   if (nchunks == 0) nchunks = 1;
   if (grow(&rx->first, &rx->cap, n + 1, sizeof *rx->first) < 0 ||
       grow(&rx->results, &rx->results_cap, n ? n : 1, sizeof *rx->results) < 0 ||
@@ -133,8 +133,8 @@ int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__
       (rc = ts_store_check_step(st, m->parts, m->n_parts, m->step, rx->refuse_msg,
                                 sizeof rx->refuse_msg)) < 0)
     return push_refuse(rx, rc, NULL);
-  if (stage_ready(srv) < 0 ||
-      rx_reserve(rx, m->n_parts, h->data_len / (CHUNK_FLOATS * sizeof(float)) + m->n_parts) < 0)
+  if (ts_push_rx_stage_ready(srv) < 0 ||
+      ts_push_rx_reserve(rx, m->n_parts, h->data_len / (CHUNK_FLOATS * sizeof(float)) + m->n_parts) < 0)
     return push_refuse(rx, TS_ENOMEM, "out of memory for the push payload");
 
   /* Pieces: runs of whole partitions that fit one buffer (each partition does), read in
@@ -167,15 +167,23 @@ int ts_push_rx_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__
   rx->refused_detail[0] = '\0';
   memset(rx->results, 0, m->n_parts * sizeof *rx->results);
   rx->m = m;
+  rx->sparse = false;
   rx->active = true;
   if (rx->nchunks == 0) return 0;
-
-  float *buf;
-  rc = ts_stage_acquire(&srv->stage, &rx->wait, &buf);
+  rc = ts_push_rx_acquire(s, iov, niov);
   if (rc < 0) return push_refuse(rx, TS_ENOMEM, "out of memory for the push payload");
+  return rc;
+}
+
+int ts_push_rx_acquire(ts_session_t *s, const uv_buf_t **iov, unsigned *niov) {
+  ts_server_t *srv = s->srv;
+  ts_push_rx_t *rx = &s->rx;
+  float *buf;
+  int rc = ts_stage_acquire(&srv->stage, &rx->wait, &buf);
+  if (rc < 0) return rc;
   *iov = rx->iov;
   *niov = (unsigned)rx->nchunks;
-  if (rc == 1) { /* stage_give_back points the pieces and resumes */
+  if (rc == 1) { /* ts_push_rx_give_back points the pieces and resumes */
     srv->metrics.push_waits_staging++;
     return TS_CONN_HOLD;
   }
@@ -238,7 +246,8 @@ static int push_piece(ts_session_t *s, bool fresh) {
   ts_pushid_window_t *wins = NULL;
   if (m->push_id) {
     bool evicted;
-    wins = ts_pushid_lookup(&srv->pushids, s->task, m->client_incarnation, st->num_parts,
+    wins = ts_pushid_lookup(&srv->pushids, s->task, m->client_incarnation,
+                            ts_store_pushid_units(st),
                             &evicted);
     if (evicted)
       ts_log_info("%s: task %d has more than server.push_dedup_clients (%d) clients: the least "
@@ -284,17 +293,17 @@ static int push_piece(ts_session_t *s, bool fresh) {
  * pushes then take turns piece by piece, and a waiting worker is not kept from reading (its
  * heartbeats included) for the whole of a large push. Returns 0 (go on reading into
  * rx->buf), TS_CONN_HOLD (queued) or a negative code. */
-static int take_turns(ts_session_t *s) {
+int ts_push_rx_take_turns(ts_session_t *s) {
   ts_server_t *srv = s->srv;
   ts_push_rx_t *rx = &s->rx;
   if (rx->piece + 1 >= rx->npieces || !srv->stage.head) return 0;
-  stage_give_back(srv, rx);
+  ts_push_rx_give_back(srv, rx);
   float *buf;
   int rc = ts_stage_acquire(&srv->stage, &rx->wait, &buf);
   if (rc < 0) return rc;
   if (rc == 1) {
     srv->metrics.push_waits_staging++;
-    return TS_CONN_HOLD; /* stage_give_back points the rest of the push and resumes */
+    return TS_CONN_HOLD; /* ts_push_rx_give_back points the rest of the push and resumes */
   }
   rx_point(s, buf);
   return 0;
@@ -307,6 +316,7 @@ int ts_push_rx_on_piece(ts_conn_t *c, unsigned i) {
   ts_push_rx_t *rx = &s->rx;
   s->srv->activity++;
   if (!rx->active || i >= rx->nchunks) return 0;
+  if (rx->sparse) return ts_sparse_push_on_piece(s, i);
   size_t piece = rx->chunk_piece[i];
   if (rx->chunk_off[i] == 0) {
     rx->piece = piece;
@@ -319,7 +329,7 @@ int ts_push_rx_on_piece(ts_conn_t *c, unsigned i) {
         !ts_optim_all_finite(rx->buf + rx->chunk_off[i], rx->iov[i].len / sizeof(float));
   if (i + 1 < rx->nchunks && rx->chunk_piece[i + 1] == piece) return 0;
   int rc = push_piece(s, true);
-  return rc == 0 ? take_turns(s) : rc;
+  return rc == 0 ? ts_push_rx_take_turns(s) : rc;
 }
 
 /* Pull replies finished writing from some partitions: go on with the pushes that waited.
@@ -348,7 +358,7 @@ void ts_push_rx_wake_held(ts_server_t *srv) {
     int rc = 0;
     if (!s->conn.closing && s->rx.active) rc = push_piece(s, false); /* may hold again */
     ts_store_unhold(was);
-    if (rc == 0 && !s->conn.closing && s->rx.active) rc = take_turns(s);
+    if (rc == 0 && !s->conn.closing && s->rx.active) rc = ts_push_rx_take_turns(s);
     if (rc < 0)
       ts_conn_close(&s->conn, rc);
     else if (rc == 0 && !s->conn.closing && s->rx.active)
@@ -378,7 +388,7 @@ void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
   bool active = rx->active && !discarded;
   rx->active = false;
   rx->m = NULL;
-  stage_give_back(srv, rx);
+  ts_push_rx_give_back(srv, rx);
   if (!active) {
     ts_session_reply_error(
         s, TS_MSG_PUSH, m->request_id, rx->refuse_code ? rx->refuse_code : TS_ENOMEM,
@@ -460,7 +470,7 @@ void ts_push_rx_close(ts_session_t *s) {
     ts_waitq_serve(srv); /* pulls that waited behind its push go on */
   }
   s->rx.active = false;
-  stage_give_back(srv, &s->rx);
+  ts_push_rx_give_back(srv, &s->rx);
   rx_free(&s->rx);
 }
 

@@ -125,6 +125,7 @@ static void on_tick(uv_timer_t *t) {
   ts_pull_drop_slow_readers(srv, now, late);
   ts_replyq_tick(srv, now);
   ts_sync_check_barriers(srv, true);
+  ts_sparse_tick(srv);
   ts_waitq_serve(srv);
   ts_shard_status_publish(srv);
 }

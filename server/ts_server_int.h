@@ -80,6 +80,13 @@ typedef struct ts_pull_req {
   uint64_t request_id, min_version, clock;
   uint64_t deadline_ms;
   uint64_t start_ns; /* when the request arrived, for the latency histogram */
+  /* A SparsePull (ts_sparse_pull.c): table `table`, nkeys keys (checked) in the same
+   * allocation, after the slices; key_bytes of srv->sparse_key_bytes are its to give back. */
+  bool sparse;
+  uint32_t table;
+  uint64_t *keys;
+  size_t nkeys;
+  uint64_t key_bytes;
   size_t n;
   ts_pull_slice_t slices[];
 } ts_pull_req_t;
@@ -133,6 +140,17 @@ typedef struct {
   uint64_t duplicates; /* partitions not applied again: their push id was (ts_pushid.h) */
   char refused_detail[256]; /* the first refused piece */
   int refuse_code;          /* refused whole at the meta (payload discarded) */
+  /* A SparsePush (ts_sparse_push.c) instead of a Push: its meta, table, records per piece
+   * (first[] counts records), the last key checked, what it did, and the first refusal. */
+  bool sparse;
+  const Tessera__SparsePush *sm;
+  uint32_t table;
+  size_t rec_floats;            /* floats per record: 2 (the key) + dim */
+  uint64_t sp_prev_key;
+  bool sp_have_prev;
+  Tessera__PushResult sp_result; /* decided at the meta: ACCUMULATED, APPLIED, STALE, DUPLICATE */
+  uint64_t sp_rows, sp_filtered, sp_pieces_applied;
+  int sp_bad_code;              /* a piece refused (EINVAL, ENONFINITE): the rest is dropped */
   char refuse_msg[256];
 } ts_push_rx_t;
 
@@ -155,6 +173,10 @@ struct ts_session {
   ts_push_rx_t rx;   /* the push being received */
   uint32_t parked;   /* its pulls in srv->waiting (server.max_parked_pulls) */
   ts_pull_write_t *writes; /* its pull replies being written, oldest first */
+  ts_pull_req_t *spull;    /* a SparsePull whose keys are being read (ts_sparse_pull.c) */
+  uv_buf_t spull_iov;      /* where its keys land */
+  int spull_code;          /* refused at its meta (its keys are read and dropped) */
+  char spull_msg[256];
   uint64_t reply_full_ms;  /* since when its queued replies are over half their budget (0: not) */
 };
 
@@ -180,6 +202,7 @@ struct ts_server {
   ts_pull_req_t *waiting;
   size_t num_parked;        /* pulls in waiting */
   size_t pull_writes;       /* pull replies being written (ts_pull_write_t) */
+  uint64_t sparse_key_bytes; /* keys held by SparsePulls being read or parked */
   uint64_t reply_mem;       /* memory of the replies queued to all connections (ts_conn.h) */
   uint64_t last_tick_ms;    /* when the tick last ran (ts_server.c: the loop's lag) */
   ts_worker_info_t *workers;
@@ -233,7 +256,7 @@ static inline uint64_t ts_server_now_ms(const ts_server_t *srv) {
 
 /* --- ts_sync.c ------------------------------------------------------------------------- */
 
-/* Close the sync barriers that have enough gradients (and, when timeouts, those open for
+/* Close the sync barriers (partitions' and tables') that have enough gradients (and, when timeouts, those open for
  * sync_timeout_s with at least one), then answer the pulls that waited for them. */
 void ts_sync_check_barriers(ts_server_t *srv, bool timeouts);
 
@@ -309,6 +332,43 @@ void ts_push_rx_close(ts_session_t *s);
  * the window (a lagging shard must not let a trickler escape the floor). */
 void ts_push_rx_drop_slow(ts_server_t *srv, uint64_t now_ms, uint64_t late_ms);
 
+/* The staging pool as ts_sparse_push.c uses it too: set the pool up (sized for the largest
+ * partition, at least 1 MiB); make room for n results and nchunks chunks in rx; take a
+ * buffer for the push's first piece (0 and *iov pointed, TS_CONN_HOLD when queued, or a
+ * negative code); after a piece, hand the buffer to a waiting push and queue again; give it
+ * back. */
+int ts_push_rx_stage_ready(ts_server_t *srv);
+int ts_push_rx_reserve(ts_push_rx_t *rx, size_t n, size_t nchunks);
+int ts_push_rx_acquire(ts_session_t *s, const uv_buf_t **iov, unsigned *niov);
+int ts_push_rx_take_turns(ts_session_t *s);
+void ts_push_rx_give_back(ts_server_t *srv, ts_push_rx_t *rx);
+
+/* --- ts_sparse_push.c ------------------------------------------------------------------ */
+
+/* SparsePush: the meta (checks that refuse the whole push before its payload: role, table,
+ * width, sync step, a retried push id; then pieces of whole records), a piece landed (its
+ * keys and gradients checked, then applied or accumulated), the whole frame read (reply). */
+int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__SparsePush *m,
+                        const uv_buf_t **iov, unsigned *niov);
+int ts_sparse_push_on_piece(ts_session_t *s, unsigned i);
+void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discarded);
+
+/* --- ts_sparse_pull.c ------------------------------------------------------------------ */
+
+/* SparsePull: the meta (table, reply size, the key budget; the keys go into the request's
+ * own buffer), then the whole frame (keys checked; answered or parked). */
+int ts_sparse_pull_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__SparsePull *m,
+                        const uv_buf_t **iov, unsigned *niov);
+void ts_sparse_pull_handle(ts_session_t *s, Tessera__SparsePull *m, bool discarded);
+bool ts_sparse_pull_ready(ts_server_t *srv, const ts_pull_req_t *q);
+void ts_sparse_pull_send(ts_session_t *s, const ts_pull_req_t *q);
+/* Free a pull request (dense or sparse), giving its keys' budget back. */
+void ts_pull_req_free(ts_server_t *srv, ts_pull_req_t *q);
+/* The session closes: drop a SparsePull being read. */
+void ts_sparse_pull_close(ts_session_t *s);
+/* From the tick: evict expired rows (steps_to_live), a bounded number of slots per table. */
+void ts_sparse_tick(ts_server_t *srv);
+
 /* --- ts_pull.c ------------------------------------------------------------------------- */
 
 /* True when pull q can be answered now (versions there, no update pending or held on its
@@ -367,6 +427,8 @@ typedef struct {
   Tessera__WorkerStatus *ws;
   Tessera__WorkerStatus **wp;
   int32_t *waiting;
+  Tessera__TableStatus *ts; /* one per table */
+  Tessera__TableStatus **tp;
 } ts_shard_status_msg_t;
 
 /* Fill *sm with the shard's state now. Returns 0 or TS_ENOMEM; release it in both cases. */

@@ -314,8 +314,12 @@ ts_session_t *ts_session_find(ts_server_t *srv, uint64_t id) {
 static int on_meta(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage *msg,
                    const uv_buf_t **iov, unsigned *niov) {
   ts_session_t *s = c->data;
-  if (h->type == TS_MSG_PUSH && s->handshaken)
-    return ts_push_rx_meta(s, h, (const Tessera__Push *)msg, iov, niov);
+  if (!s->handshaken) return 0;
+  if (h->type == TS_MSG_PUSH) return ts_push_rx_meta(s, h, (const Tessera__Push *)msg, iov, niov);
+  if (h->type == TS_MSG_SPARSE_PUSH)
+    return ts_sparse_push_meta(s, h, (const Tessera__SparsePush *)msg, iov, niov);
+  if (h->type == TS_MSG_SPARSE_PULL)
+    return ts_sparse_pull_meta(s, h, (const Tessera__SparsePull *)msg, iov, niov);
   return 0;
 }
 
@@ -344,6 +348,12 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
       return;
     case TS_MSG_PUSH:
       ts_push_rx_handle(s, (Tessera__Push *)msg, discarded);
+      return;
+    case TS_MSG_SPARSE_PULL:
+      ts_sparse_pull_handle(s, (Tessera__SparsePull *)msg, discarded);
+      return;
+    case TS_MSG_SPARSE_PUSH:
+      ts_sparse_push_handle(s, (Tessera__SparsePush *)msg, discarded);
       return;
     case TS_MSG_HEARTBEAT:
       handle_heartbeat(s, (Tessera__Heartbeat *)msg);
@@ -405,6 +415,7 @@ static void on_session_close(ts_conn_t *c, int err) {
     ts_log_debug("%s: connection closed: %s", c->peer, ts_strerror(err));
   }
   ts_push_rx_close(s);
+  ts_sparse_pull_close(s);
   ts_pull_close(s);
   ts_free(s);
   ts_server_stop_tick_when_idle(srv);

@@ -15,6 +15,38 @@ void ts_shard_status_release(ts_shard_status_msg_t *sm) {
   ts_free(sm->ws);
   ts_free(sm->wp);
   ts_free(sm->waiting);
+  ts_free(sm->ts);
+  ts_free(sm->tp);
+}
+
+/* The tables' part of a ShardStatus (names point into the store). */
+static int build_tables(ts_server_t *srv, ts_shard_status_msg_t *sm) {
+  ts_store_t *st = &srv->store;
+  uint32_t n = st->declared ? st->num_tables : 0;
+  if (n == 0) return 0;
+  sm->ts = ts_calloc(n, sizeof *sm->ts);
+  sm->tp = ts_calloc(n, sizeof *sm->tp);
+  if (!sm->ts || !sm->tp) return TS_ENOMEM;
+  for (uint32_t i = 0; i < n; i++) {
+    ts_stable_info_t info;
+    ts_stable_info(ts_store_table(st, i), &info);
+    Tessera__TableStatus *t = &sm->ts[i];
+    tessera__table_status__init(t);
+    t->name = (char *)info.name;
+    t->dim = info.dim;
+    t->rows = info.rows;
+    t->bytes = info.bytes;
+    t->version = info.version;
+    t->created = info.created;
+    t->evicted = info.evicted;
+    t->filtered = info.filtered;
+    t->pulled_rows = info.pulled_rows;
+    t->pushed_rows = info.pushed_rows;
+    sm->tp[i] = t;
+  }
+  sm->r.n_tables = n;
+  sm->r.tables = sm->tp;
+  return 0;
 }
 
 /* Fill *sm with the shard's state now. Returns 0 or TS_ENOMEM; release it in both cases. */
@@ -86,7 +118,7 @@ int ts_shard_status_build(ts_server_t *srv, ts_shard_status_msg_t *sm) {
   r->has_final_test_accuracy = srv->has_final_acc;
   r->final_test_accuracy = srv->final_acc;
   r->final_reporter = srv->final_reporter;
-  return 0;
+  return build_tables(srv, sm);
 }
 
 void ts_shard_status_handle(ts_session_t *s, Tessera__Status *m) {

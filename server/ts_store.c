@@ -23,6 +23,9 @@ void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard) {
   s->mode = cfg->mode;
   s->partition_bytes = (uint64_t)cfg->partition_bytes;
   s->max_model_bytes = cfg->max_model_bytes > 0 ? (uint64_t)cfg->max_model_bytes : UINT64_MAX;
+  s->table_budget.max_bytes =
+      cfg->max_table_bytes > 0 ? (uint64_t)cfg->max_table_bytes : UINT64_MAX;
+  s->table_budget.rng = 0x9e3779b97f4a7c15ULL ^ shard;
   ts_optim_from_config(&s->optim, cfg);
 }
 
@@ -41,6 +44,7 @@ void ts_store_model_free(ts_store_model_t *m) {
   for (uint32_t t = 0; t < m->num_tensors; t++) ts_free(m->tensors[t].name);
   ts_free(m->tensors);
   ts_plan_free(&m->plan);
+  ts_stables_free(m->tables, m->num_tables);
   memset(m, 0, sizeof *m);
 }
 
@@ -51,8 +55,13 @@ static void free_parts(ts_store_t *s) {
                         .plan = s->plan,
                         .parts = s->parts,
                         .num_parts = s->num_parts,
-                        .local = s->local};
+                        .local = s->local,
+                        .tables = s->tables,
+                        .num_tables = s->num_tables};
   ts_store_model_free(&m);
+  s->tables = NULL;
+  s->num_tables = 0;
+  s->table_budget.bytes = 0;
   s->tensors = NULL;
   s->num_tensors = 0;
   memset(&s->plan, 0, sizeof s->plan);
@@ -146,8 +155,11 @@ static int same_model(uint64_t seed, const ts_tensor_t *tensors, uint32_t num_te
 
 int ts_store_same_model(const ts_store_t *s, const ts_store_model_t *m,
                         const Tessera__Declare *d, char *errmsg, size_t errlen) {
-  if (m) return same_model(m->seed, m->tensors, m->num_tensors, d, errmsg, errlen);
-  return same_model(s->seed, s->tensors, s->num_tensors, d, errmsg, errlen);
+  int rc = m ? same_model(m->seed, m->tensors, m->num_tensors, d, errmsg, errlen)
+             : same_model(s->seed, s->tensors, s->num_tensors, d, errmsg, errlen);
+  if (rc < 0) return rc;
+  return m ? ts_stables_same(m->tables, m->num_tables, d, errmsg, errlen)
+           : ts_stables_same(s->tables, s->num_tables, d, errmsg, errlen);
 }
 
 /* a + b and a * b, stuck at UINT64_MAX instead of wrapping. */
@@ -214,8 +226,8 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
   }
 
   int rc = TS_ENOMEM;
-  uint64_t *elems = ts_calloc(d->n_tensors, sizeof *elems);
-  m->tensors = ts_calloc(d->n_tensors, sizeof *m->tensors);
+  uint64_t *elems = ts_calloc(d->n_tensors ? d->n_tensors : 1, sizeof *elems);
+  m->tensors = ts_calloc(d->n_tensors ? d->n_tensors : 1, sizeof *m->tensors);
   if (!elems || !m->tensors) goto fail;
   m->num_tensors = (uint32_t)d->n_tensors;
   for (size_t i = 0; i < d->n_tensors; i++) {
@@ -239,6 +251,17 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
     dst->init = (ts_init_kind_t)t->init;
     dst->state = t->kind == TESSERA__TENSOR_KIND__TENSOR_STATE;
     elems[i] = dst->elems;
+  }
+  if (d->n_tensors == 0 && d->n_tables == 0) {
+    ts_errmsg_printf(errmsg, errlen, "cannot plan partitions: the model has no tensors and no tables");
+    rc = TS_EINVAL;
+    goto fail;
+  }
+  if (d->n_tensors == 0) { /* tables only (the codec allows no tensors then) */
+    m->parts = ts_calloc(1, sizeof *m->parts);
+    if (!m->parts) goto fail;
+    m->need_bytes = 0;
+    goto tables;
   }
   rc = ts_plan_build(elems, m->num_tensors, s->num_shards, s->partition_bytes, &m->plan);
   if (rc < 0) {
@@ -272,6 +295,14 @@ int ts_store_prepare(const ts_store_t *s, const Tessera__Declare *d, ts_store_mo
     m->local[i] = (int32_t)m->num_parts;
     m->parts[m->num_parts++].plan = pp;
   }
+tables:
+  rc = ts_stables_make(d, sync, &s->optim, s->num_workers, &m->tables, errmsg, errlen);
+  if (rc < 0) {
+    ts_free(elems);
+    ts_store_model_free(m);
+    return rc;
+  }
+  m->num_tables = (uint32_t)d->n_tables;
   m->seed = d->seed;
   m->values_follow = d->values_follow;
   m->num_workers = s->num_workers;
@@ -332,6 +363,11 @@ void ts_store_install(ts_store_t *s, ts_store_model_t *m) {
   s->state_bytes = m->state_bytes;
   s->awaiting = 0;
   for (size_t i = 0; i < s->num_parts; i++) s->awaiting += s->parts[i].unset;
+  s->tables = m->tables;
+  s->num_tables = m->num_tables;
+  s->table_budget.bytes = 0;
+  for (uint32_t i = 0; i < s->num_tables; i++)
+    s->table_budget.bytes += ts_stable_bytes(ts_stables_at(s->tables, i));
   s->declared = true;
   memset(m, 0, sizeof *m);
 }
@@ -352,6 +388,12 @@ int ts_store_declare(ts_store_t *s, const Tessera__Declare *d, bool *created, ch
   *created = true;
   return 0;
 }
+
+ts_stable_t *ts_store_table(ts_store_t *s, uint32_t i) {
+  return s->declared && i < s->num_tables ? ts_stables_at(s->tables, i) : NULL;
+}
+
+size_t ts_store_pushid_units(const ts_store_t *s) { return s->num_parts + s->num_tables; }
 
 Tessera__Mode ts_store_wire_mode(ts_mode_t mode) {
   switch (mode) {

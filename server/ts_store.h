@@ -24,6 +24,7 @@
 #include "ts_init.h"
 #include "ts_optim.h"
 #include "ts_plan.h"
+#include "ts_store_table.h"
 
 typedef struct {
   char *name;
@@ -58,6 +59,12 @@ typedef struct {
   uint64_t applied;    /* updates applied (all partitions): optimizer steps and assigns */
   uint64_t stale_dropped;
   size_t awaiting;     /* partitions still waiting for their initial values (unset) */
+
+  /* Embedding tables (ts_store_table.h), in declared order, and the budget they share
+   * (server.max_table_bytes). A model may have tables and no tensors. */
+  ts_stable_t *tables;
+  uint32_t num_tables;
+  ts_stable_budget_t table_budget;
 } ts_store_t;
 
 void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard);
@@ -86,6 +93,8 @@ typedef struct {
   ts_mode_t mode;
   int nstate;
   bool values_follow; /* the Declare's: partitions are left unset for the chief's values */
+  ts_stable_t *tables; /* the Declare's tables (rows come later: nothing to build) */
+  uint32_t num_tables;
 } ts_store_model_t;
 
 /* What declaring d would make this shard allocate, in bytes: its partitions' parameters,
@@ -97,7 +106,9 @@ uint64_t ts_store_model_bytes(uint64_t param_bytes, size_t parts, size_t total_p
                               uint32_t num_tensors, int nstate, bool sync, uint32_t num_workers);
 
 /* Check Declare d against the store (which must have no model), the budget
- * (s->max_model_bytes) and plan it into *m. Returns 0, TS_ESHAPE (a tensor listed twice),
+ * (s->max_model_bytes) and plan it into *m, its tables made (ts_stables_make: empty, and
+ * TS_ESHAPE for a table listed twice, TS_ECONFIG for one without a row optimizer). A
+ * Declare may list no tensors when it lists tables. Returns 0, TS_ESHAPE (a tensor listed twice),
  * TS_ETOOBIG (over the budget: errmsg names server.max_model_bytes and both sizes; nothing
  * was allocated beyond the tensor list), TS_EINVAL (over 4096 tensors, a rank over 8, or
  * no plan) or TS_ENOMEM, with errmsg. On failure *m is empty. */
@@ -115,8 +126,8 @@ void ts_store_install(ts_store_t *s, ts_store_model_t *m);
 /* Free whatever *m holds and empty it. */
 void ts_store_model_free(ts_store_model_t *m);
 
-/* When the store has a model: 0 when d declares the same one, else TS_ESHAPE with the
- * difference in errmsg. m may be a prepared model instead (m != NULL: compare with it). */
+/* When the store has a model: 0 when d declares the same one (tensors and tables), else
+ * TS_ESHAPE with the difference in errmsg. m may be a prepared model instead (m != NULL: compare with it). */
 int ts_store_same_model(const ts_store_t *s, const ts_store_model_t *m,
                         const Tessera__Declare *d, char *errmsg, size_t errlen);
 
@@ -250,6 +261,13 @@ bool ts_store_in_use(const ts_store_t *s);
 const uint8_t *ts_store_contributed(const ts_spart_t *p);
 uint64_t ts_store_opened_ms(const ts_spart_t *p);
 bool ts_store_sync_pending(const ts_spart_t *p);
+
+/* The table of index i, or NULL (no model, or i out of range). */
+ts_stable_t *ts_store_table(ts_store_t *s, uint32_t i);
+
+/* Windows of push ids a client has on this shard (ts_pushid.h): one per partition, then
+ * one per table. */
+size_t ts_store_pushid_units(const ts_store_t *s);
 
 /* The wire form of a training mode (Hello, handshake reply, status, checkpoints). */
 Tessera__Mode ts_store_wire_mode(ts_mode_t mode);

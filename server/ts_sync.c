@@ -10,6 +10,31 @@
 
 #include "ts_log.h"
 
+/* The tables' steps: the same rules, a barrier per table. */
+static bool check_tables(ts_server_t *srv, uint64_t now, bool timeouts) {
+  ts_store_t *st = &srv->store;
+  bool moved = false;
+  for (uint32_t i = 0; i < st->num_tables; i++) {
+    ts_stable_t *t = ts_store_table(st, i);
+    uint32_t have = ts_stable_sync_count(t);
+    if (have == 0) continue;
+    const uint8_t *contributed = ts_stable_contributed(t);
+    uint64_t opened = ts_stable_opened_ms(t);
+    ts_barrier_verdict_t v =
+        ts_barrier_check(&srv->barrier, contributed, have, opened, now, timeouts);
+    if (v == TS_BARRIER_WAIT) continue;
+    if (v == TS_BARRIER_TIMEOUT)
+      ts_log_warn("sync barrier of table '%s' version %llu proceeds after %.1f s with %u of %u "
+                  "gradients",
+                  ts_stable_name(t), (unsigned long long)ts_stable_version(t),
+                  srv->cfg->sync_timeout_s, have, ts_barrier_required(&srv->barrier, contributed));
+    ts_prom_hist_observe(&srv->metrics.barrier_wait, (double)(now - opened) / 1000.0);
+    ts_stable_sync_complete(t, &st->table_budget);
+    moved = true;
+  }
+  return moved;
+}
+
 void ts_sync_check_barriers(ts_server_t *srv, bool timeouts) {
   if (srv->store.mode != TS_MODE_SYNC || !srv->store.declared) return;
   uint64_t now = ts_server_now_ms(srv);
@@ -41,6 +66,7 @@ void ts_sync_check_barriers(ts_server_t *srv, bool timeouts) {
     ts_prom_hist_observe(&srv->metrics.barrier_wait, (double)(now - opened) / 1000.0);
     moved |= ts_store_sync_complete(&srv->store, p);
   }
+  moved |= check_tables(srv, now, timeouts);
   if (moved) ts_waitq_serve(srv);
 }
 

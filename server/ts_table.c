@@ -186,6 +186,18 @@ uint64_t ts_table_bytes(const ts_table_t *t) {
          (uint64_t)t->slabs_cap * (sizeof(float *) + sizeof(ts_table_meta_t *));
 }
 
+uint64_t ts_table_insert_cost(const ts_table_t *t) {
+  uint64_t c = 0;
+  if ((t->size + 1) * 2 > t->cap)
+    c += (uint64_t)(t->cap ? t->cap * 2 : MIN_CAP) * (sizeof(uint64_t) + sizeof(uint32_t));
+  if (t->free_head == TS_TABLE_NONE && (size_t)(t->next_row >> TS_TABLE_SLAB_SHIFT) == t->nslabs) {
+    c += slab_bytes(t) + TS_TABLE_SLAB_ROWS * sizeof(ts_table_meta_t);
+    if (t->nslabs == t->slabs_cap)
+      c += (uint64_t)(t->slabs_cap ? t->slabs_cap : 8) * (sizeof(float *) + sizeof(ts_table_meta_t *));
+  }
+  return c;
+}
+
 uint64_t ts_table_row_bytes(uint32_t dim, uint32_t nstate) {
   /* The row, its meta, and its index entries at the lowest load factor (1/4, just after
    * the index doubled). */

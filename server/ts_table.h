@@ -88,6 +88,11 @@ uint32_t ts_table_next(const ts_table_t *t, uint32_t *cursor);
 /* Bytes the table holds (slabs, their metadata, the index): for budgets and status. */
 uint64_t ts_table_bytes(const ts_table_t *t);
 
+/* Bytes the next ts_table_insert of a new key would allocate (a new slab and its metadata,
+ * a larger index counted whole, the slab list grown): 0 when a free row and index room are
+ * there. For a budget that must hold before anything is allocated. */
+uint64_t ts_table_insert_cost(const ts_table_t *t);
+
 /* What a table of rows of (dim, nstate) costs per row at most, index included: for the
  * budget (server.max_table_bytes) before anything is allocated. */
 uint64_t ts_table_row_bytes(uint32_t dim, uint32_t nstate);

@@ -20,7 +20,7 @@ static void unpark(ts_server_t *srv, ts_pull_req_t *q) {
   ts_require(q->sess->parked > 0 && srv->num_parked > 0);
   q->sess->parked--;
   srv->num_parked--;
-  ts_free(q);
+  ts_pull_req_free(srv, q);
 }
 
 void ts_waitq_park(ts_session_t *s, ts_pull_req_t *q, uint64_t timeout_ms) {
@@ -35,8 +35,9 @@ void ts_waitq_park(ts_session_t *s, ts_pull_req_t *q, uint64_t timeout_ms) {
     ts_log_warn("%s: pull %llu refused: %u parked pulls is the limit (server.max_parked_pulls)",
                 s->conn.peer, (unsigned long long)q->request_id, s->parked);
     srv->metrics.limit_refusals[TS_METRICS_LIMIT_PARKED_PULLS]++;
-    ts_session_reply_error(s, TS_MSG_PULL, q->request_id, TS_EBUSY, detail);
-    ts_free(q);
+    ts_session_reply_error(s, q->sparse ? TS_MSG_SPARSE_PULL : TS_MSG_PULL, q->request_id,
+                           TS_EBUSY, detail);
+    ts_pull_req_free(srv, q);
     return;
   }
   uint64_t timeout = timeout_ms ? timeout_ms : (uint64_t)(cfg->sync_timeout_s * 3000.0);
@@ -68,7 +69,8 @@ void ts_waitq_serve(ts_server_t *srv) {
           "pull waited too long: wanted version %llu (clock %llu), shard %u is at version %llu",
           (unsigned long long)q->min_version, (unsigned long long)q->clock, srv->shard,
           (unsigned long long)ts_store_min_version(&srv->store));
-      ts_session_reply_error(q->sess, TS_MSG_PULL, q->request_id, TS_ETIMEDOUT, detail);
+      ts_session_reply_error(q->sess, q->sparse ? TS_MSG_SPARSE_PULL : TS_MSG_PULL,
+                             q->request_id, TS_ETIMEDOUT, detail);
       unpark(srv, q);
     } else {
       pp = &q->next;
@@ -94,7 +96,7 @@ void ts_waitq_free(ts_server_t *srv) {
   while (srv->waiting) {
     ts_pull_req_t *q = srv->waiting;
     srv->waiting = q->next;
-    ts_free(q);
+    ts_pull_req_free(srv, q);
   }
   srv->num_parked = 0;
 }

@@ -94,6 +94,7 @@ static inline void check_defaults(const ts_config_t *c) {
   assert_int_equal(c->max_message_bytes, 1073741824);
   assert_int_equal(c->max_connections, 1024);
   assert_int_equal(c->max_model_bytes, 17179869184LL);
+  assert_int_equal(c->max_table_bytes, 4294967296LL);
   assert_int_equal(c->push_min_bytes_per_s, 65536);
   assert_true(c->push_rate_window_s == 5.0);
   assert_int_equal(c->push_contended_min_bytes_per_s, 1048576);

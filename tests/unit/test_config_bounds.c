@@ -81,6 +81,8 @@ static void test_bounds(void **state) {
        "server.max_message_bytes: must be an integer in [1048576, 17179869184], not 17179869185"},
       {"server = { max_model_bytes = 1048575; };", 1,
        "server.max_model_bytes: must be an integer in [1048576, 4398046511104], not 1048575"},
+      {"server = { max_table_bytes = 1048575; };", 1,
+       "server.max_table_bytes: must be an integer in [1048576, 4398046511104], not 1048575"},
       {"optimizer = { learning_rate = 0.0; };", 1,
        "optimizer.learning_rate: must be a number in (0, 1000], not 0"},
       {"optimizer = { momentum = 1.0; };", 1,

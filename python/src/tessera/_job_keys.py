@@ -40,6 +40,7 @@ KEYS: Dict[str, str] = {
     "server.push_dedup_clients": "push_dedup_clients",
     "server.max_pull_wait_s": "max_pull_wait_s",
     "server.max_model_bytes": "max_model_bytes",
+    "server.max_table_bytes": "max_table_bytes",
     "http.max_connections": "http_max_connections",
     "http.max_connections_per_ip": "http_max_connections_per_ip",
     "http.request_timeout_s": "http_request_timeout_s",
@@ -122,6 +123,7 @@ class JobKeys:
     push_dedup_clients: int  #: server.push_dedup_clients
     max_pull_wait_s: float  #: server.max_pull_wait_s
     max_model_bytes: int  #: server.max_model_bytes
+    max_table_bytes: int  #: server.max_table_bytes
     http_max_connections: int  #: http.max_connections
     http_max_connections_per_ip: int  #: http.max_connections_per_ip
     http_request_timeout_s: float  #: http.request_timeout_s

@@ -1,0 +1,220 @@
+/*
+ * SparsePull (docs/architecture.md, "Tables"): a table's rows for a list of keys.
+ *
+ * The keys are read into the request's own buffer, which is budgeted: a pull of more keys
+ * than the shard's reply limit is refused at its meta (ETOOBIG; the codec already refused
+ * over 2^20 keys), and the keys every SparsePull being read or parked holds together stay
+ * under SPARSE_KEY_BUDGET (a pull past it is answered EBUSY and its keys are read and
+ * dropped), so many connections each announcing a million keys cannot make the shard hold
+ * more. A connection reads one frame at a time, parks at most server.max_parked_pulls, and
+ * a peer that stops sending half way through its keys is closed by the stalled-frame rules
+ * (server.frame_grace_s, server.min_recv_bytes_per_s) as for any frame.
+ *
+ * The reply is built on the loop, synchronously, into a buffer of its own (rows copied out
+ * of the table, so no update has to wait for the write), charged to the connection's reply
+ * budget (server.max_reply_bytes_per_connection and server.max_reply_bytes) until written.
+ * min_version, clock and timeout_ms behave as for a Pull: the request parks in the wait
+ * queue until the table's version here is at min_version (and, in ssp, the clock bound is
+ * met).
+ */
+#include "ts_server_int.h"
+
+#include <string.h>
+
+#include "ts_alloc.h"
+#include "ts_err.h"
+#include "ts_log.h"
+
+/* Bytes of keys all SparsePulls being read or parked may hold together (8 pulls of the
+ * largest size). */
+#define SPARSE_KEY_BUDGET ((uint64_t)64 << 20)
+
+void ts_pull_req_free(ts_server_t *srv, ts_pull_req_t *q) {
+  if (!q) return;
+  ts_require(srv->sparse_key_bytes >= q->key_bytes);
+  srv->sparse_key_bytes -= q->key_bytes;
+  ts_free(q);
+}
+
+static int refuse(ts_session_t *s, int code, const char *msg) {
+  s->spull_code = code;
+  ts_errmsg_printf(s->spull_msg, sizeof s->spull_msg, "%s", msg);
+  return 0; /* no destination: the keys are read and dropped, then the error reply */
+}
+
+int ts_sparse_pull_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__SparsePull *m,
+                        const uv_buf_t **iov, unsigned *niov) {
+  ts_server_t *srv = s->srv;
+  ts_store_t *st = &srv->store;
+  char err[256];
+  (void)h;
+  s->spull = NULL;
+  s->spull_code = 0;
+  if (!st->declared) {
+    ts_errmsg_printf(err, sizeof err, "no model is declared on shard %u yet", srv->shard);
+    return refuse(s, TS_ENOTDECLARED, err);
+  }
+  ts_stable_t *t = ts_store_table(st, m->table);
+  if (!t) {
+    ts_errmsg_printf(err, sizeof err, "table index %u: the model declares %u table(s)", m->table,
+                     st->num_tables);
+    return refuse(s, TS_ENOTABLE, err);
+  }
+  uint64_t reply = m->num_keys * ts_stable_dim(t) * sizeof(float); /* num_keys <= 2^20 */
+  if (reply > TS_MSG_MAX_SPARSE_REPLY) {
+    ts_errmsg_printf(err, sizeof err,
+                     "%llu rows of table '%s' (width %u) make a %.1f MiB reply, more than %llu "
+                     "MiB: pull fewer keys at once",
+                     (unsigned long long)m->num_keys, ts_stable_name(t), ts_stable_dim(t),
+                     (double)reply / (1024.0 * 1024.0),
+                     (unsigned long long)(TS_MSG_MAX_SPARSE_REPLY >> 20));
+    return refuse(s, TS_ETOOBIG, err);
+  }
+  if (s->parked >= (uint32_t)srv->cfg->max_parked_pulls) {
+    ts_errmsg_printf(err, sizeof err,
+                     "%u pulls of this connection already wait for a version "
+                     "(server.max_parked_pulls)",
+                     s->parked);
+    srv->metrics.limit_refusals[TS_METRICS_LIMIT_PARKED_PULLS]++;
+    return refuse(s, TS_EBUSY, err);
+  }
+  uint64_t key_bytes = m->num_keys * sizeof(uint64_t);
+  if (srv->sparse_key_bytes + key_bytes > SPARSE_KEY_BUDGET) {
+    ts_errmsg_printf(err, sizeof err,
+                     "the shard holds %.1f MiB of sparse pull keys already (%llu MiB at most): "
+                     "try again",
+                     (double)srv->sparse_key_bytes / (1024.0 * 1024.0),
+                     (unsigned long long)(SPARSE_KEY_BUDGET >> 20));
+    ts_log_warn("%s: sparse pull %llu refused: %s", s->conn.peer,
+                (unsigned long long)m->request_id, err);
+    return refuse(s, TS_EBUSY, err);
+  }
+  ts_pull_req_t *q = ts_malloc(sizeof *q + key_bytes);
+  if (!q) return refuse(s, TS_ENOMEM, "out of memory for the keys of a sparse pull");
+  memset(q, 0, sizeof *q);
+  q->sparse = true;
+  q->request_id = m->request_id;
+  q->min_version = m->min_version;
+  q->clock = m->clock;
+  q->start_ns = uv_hrtime();
+  q->table = m->table;
+  q->keys = (uint64_t *)(void *)(q + 1); /* sizeof *q keeps 8-byte alignment */
+  q->nkeys = (size_t)m->num_keys;
+  q->key_bytes = key_bytes;
+  srv->sparse_key_bytes += key_bytes;
+  s->spull = q;
+  if (key_bytes) {
+    s->spull_iov = uv_buf_init((char *)q->keys, (unsigned)key_bytes);
+    *iov = &s->spull_iov;
+    *niov = 1;
+  }
+  return 0;
+}
+
+bool ts_sparse_pull_ready(ts_server_t *srv, const ts_pull_req_t *q) {
+  ts_stable_t *t = ts_store_table(&srv->store, q->table);
+  if (!t) return true; /* answered ENOTABLE */
+  if (ts_stable_version(t) < q->min_version) return false;
+  if (srv->store.mode == TS_MODE_SSP && !ts_barrier_ssp_ready(&srv->barrier, q->clock))
+    return false;
+  return true;
+}
+
+/* A reply's rows, freed once written (or cancelled), and what was charged for them. */
+typedef struct {
+  size_t charged;
+  float rows[];
+} reply_buf_t;
+
+static void on_sent(ts_conn_t *c, void *arg, int err) {
+  (void)err;
+  reply_buf_t *rb = arg;
+  ts_conn_charge(c, -(int64_t)rb->charged);
+  ts_free(rb);
+}
+
+void ts_sparse_pull_send(ts_session_t *s, const ts_pull_req_t *q) {
+  ts_server_t *srv = s->srv;
+  ts_store_t *st = &srv->store;
+  ts_stable_t *t = ts_store_table(st, q->table);
+  if (!t) {
+    ts_session_reply_error(s, TS_MSG_SPARSE_PULL, q->request_id, TS_ENOTABLE,
+                           "the table is gone (the model was reset)");
+    return;
+  }
+  uint32_t dim = ts_stable_dim(t);
+  size_t bytes = q->nkeys * dim * sizeof(float);
+  reply_buf_t *rb = ts_malloc(sizeof *rb + bytes);
+  if (!rb) {
+    ts_session_reply_error(s, TS_MSG_SPARSE_PULL, q->request_id, TS_ENOMEM,
+                           "out of memory for a sparse pull reply");
+    return;
+  }
+  ts_stable_pull(t, &st->table_budget, q->keys, q->nkeys, rb->rows);
+  rb->charged = ts_alloc_cost(sizeof *rb + bytes);
+  Tessera__SparsePullReply r = TESSERA__SPARSE_PULL_REPLY__INIT;
+  r.request_id = q->request_id;
+  r.table = q->table;
+  r.num_keys = q->nkeys;
+  r.dim = dim;
+  r.version = ts_stable_version(t);
+  uv_buf_t b = uv_buf_init((char *)rb->rows, (unsigned)bytes);
+  ts_conn_charge(&s->conn, (int64_t)rb->charged);
+  int rc = ts_conn_send(&s->conn, TS_MSG_SPARSE_PULL_REPLY, &r.base, &b, bytes ? 1 : 0, on_sent, rb);
+  if (rc < 0) {
+    ts_conn_charge(&s->conn, -(int64_t)rb->charged);
+    ts_free(rb);
+    ts_session_reply_failed(s, TS_MSG_SPARSE_PULL_REPLY, rc);
+    return;
+  }
+  srv->pulls++;
+  ts_prom_hist_observe(&srv->metrics.pull_duration, (double)(uv_hrtime() - q->start_ns) * 1e-9);
+  ts_replyq_enforce(srv);
+}
+
+void ts_sparse_pull_handle(ts_session_t *s, Tessera__SparsePull *m, bool discarded) {
+  ts_server_t *srv = s->srv;
+  char err[256];
+  ts_pull_req_t *q = s->spull;
+  s->spull = NULL;
+  uint64_t request_id = m->request_id, timeout_ms = m->timeout_ms;
+  ts_msg_free(&m->base);
+  int code = s->spull_code;
+  if (code == 0 && (!q || (discarded && q->nkeys))) {
+    code = TS_ENOMEM;
+    ts_errmsg_printf(s->spull_msg, sizeof s->spull_msg, "the keys of the sparse pull were lost");
+  }
+  if (code == 0) {
+    uint64_t prev = 0;
+    bool have = false;
+    code = ts_stable_check_keys(q->keys, sizeof(uint64_t), q->nkeys, &prev, &have, srv->shard,
+                                srv->store.num_shards, 0, err, sizeof err);
+    if (code < 0) ts_errmsg_printf(s->spull_msg, sizeof s->spull_msg, "%s", err);
+  }
+  if (code < 0) {
+    ts_pull_req_free(srv, q);
+    ts_session_reply_error(s, TS_MSG_SPARSE_PULL, request_id, code, s->spull_msg);
+    return;
+  }
+  if (ts_sparse_pull_ready(srv, q)) {
+    ts_sparse_pull_send(s, q);
+    ts_pull_req_free(srv, q);
+  } else {
+    ts_waitq_park(s, q, timeout_ms); /* the queue owns q from here */
+  }
+}
+
+void ts_sparse_pull_close(ts_session_t *s) {
+  ts_pull_req_free(s->srv, s->spull);
+  s->spull = NULL;
+}
+
+/* Slots of each table looked at per tick for expired rows. */
+#define EXPIRE_PER_TICK 4096
+
+void ts_sparse_tick(ts_server_t *srv) {
+  ts_store_t *st = &srv->store;
+  if (!st->declared) return;
+  for (uint32_t i = 0; i < st->num_tables; i++)
+    ts_stable_expire(ts_store_table(st, i), &st->table_budget, EXPIRE_PER_TICK);
+}

@@ -1,0 +1,115 @@
+/*
+ * The store's embedding tables (docs/architecture.md, "Tables"): the second kind of unit of
+ * the shard store, beside dense partitions. A table is declared with the model
+ * (Declare.tables) and holds, on this shard, the rows of the keys ts_key_shard gives it:
+ * made on first touch (admitted by server/ts_admit.h's rules), updated row by row with a
+ * lazy optimizer (server/ts_rowopt.h), evicted by steps to live, by max_rows and by the
+ * shard's byte budget (server.max_table_bytes, over all tables), least recently used first.
+ *
+ * Push receive, pull replies, the barrier glue and status call these functions and never
+ * look inside a table (ts_stable_t is opaque outside ts_store_table.c).
+ *
+ * Glossary:
+ *   version   the table's version on this shard: sync, its closed steps; async and ssp,
+ *             the pushes applied
+ *   record    one row of a SparsePush payload: the key (8 bytes, little-endian) then dim
+ *             float32 (ts_msg_sparse_record_bytes)
+ *   accumulator  sync: the step's summed gradients, a second row table of dim floats per key
+ *
+ * No I/O; used from the server's loop thread only, as the rest of the store.
+ */
+#ifndef TS_STORE_TABLE_H
+#define TS_STORE_TABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tessera.pb-c.h"
+#include "ts_optim.h"
+
+typedef struct ts_stable ts_stable_t;
+
+/* What status shows of a table (TableStatus). */
+typedef struct {
+  const char *name;
+  uint32_t dim;
+  uint64_t rows, bytes, version;
+  uint64_t created, evicted, filtered, pulled_rows, pushed_rows;
+} ts_stable_info_t;
+
+/* The tables of a Declare, made (and checked) for a store of the given job: mode sync (an
+ * accumulator each), the job's optimizer (its kind, learning rate and Adam settings) for
+ * ROW_OPT_DEFAULT, the model's seed (d->seed). Names listed twice: TS_ESHAPE; ROW_OPT_DEFAULT with the
+ * momentum optimizer: TS_ECONFIG naming the table. Allocates the admission sketches only
+ * (rows come later). Returns 0 with *out (n tables; NULL when none) or a code with errmsg. */
+int ts_stables_make(const Tessera__Declare *d, bool sync, const ts_optim_t *job,
+                    uint32_t num_workers, ts_stable_t **out, char *errmsg, size_t errlen);
+void ts_stables_free(ts_stable_t *t, uint32_t n);
+
+/* 0 when d lists the same tables with the same settings as t[0..n), else TS_ESHAPE with
+ * the first difference in errmsg. */
+int ts_stables_same(const ts_stable_t *t, uint32_t n, const Tessera__Declare *d, char *errmsg,
+                    size_t errlen);
+
+/* Table i of t. */
+ts_stable_t *ts_stables_at(ts_stable_t *t, uint32_t i);
+
+uint32_t ts_stable_dim(const ts_stable_t *t);
+uint64_t ts_stable_version(const ts_stable_t *t);
+const char *ts_stable_name(const ts_stable_t *t);
+void ts_stable_info(const ts_stable_t *t, ts_stable_info_t *info);
+/* Bytes the table holds now: rows, state, index, sketch and accumulator. */
+uint64_t ts_stable_bytes(const ts_stable_t *t);
+
+/* Keys of a request: strictly ascending (after *prev when have_prev) and every one on
+ * `shard` of num_shards. Returns 0 or TS_EINVAL with errmsg naming the index (base + i).
+ * Keys are read from unaligned memory: key i at (const char *)keys + i * stride. */
+int ts_stable_check_keys(const void *keys, size_t stride, size_t n, uint64_t *prev, bool *have_prev,
+                         uint32_t shard, uint32_t num_shards, uint64_t base, char *errmsg,
+                         size_t errlen);
+
+/* The shared budget of all tables (server.max_table_bytes) and the bytes they hold. */
+typedef struct {
+  uint64_t max_bytes;
+  uint64_t bytes;
+  uint64_t rng; /* the LRU sample's random state */
+} ts_stable_budget_t;
+
+/* Answer a pull: out[i * dim ..] = key i's row (keys[0..n) checked). A key with no row
+ * counts a sighting and is made when admitted (and the budget allows), else gets the
+ * initialiser's row without being stored. */
+void ts_stable_pull(ts_stable_t *t, ts_stable_budget_t *b, const uint64_t *keys, size_t n,
+                    float *out);
+
+/* Async/ssp: apply n records (checked) now, each row with its own update count; a key with
+ * no row is made when admissible without a sighting, else its gradient is dropped. Adds to
+ * *rows (updated) and *filtered. The caller calls ts_stable_bump once per push. */
+void ts_stable_apply(ts_stable_t *t, ts_stable_budget_t *b, const float *records, size_t n,
+                     uint64_t *rows, uint64_t *filtered);
+/* One push applied: the version moves on. */
+void ts_stable_bump(ts_stable_t *t);
+
+/* Sync: the step's barrier. step_state: TESSERA__PUSH_RESULT__PUSH_ACCUMULATED when task
+ * may push for `step` now, ..._STALE (step < version), ..._DUPLICATE (task pushed for it
+ * already); a step ahead of the version returns 0 (the caller refuses it: TS_EFUTURE). */
+int ts_stable_sync_state(const ts_stable_t *t, int task, uint64_t step);
+/* Sync: sum n records (checked) into the step's accumulator (keys not admissible are
+ * dropped: *filtered). */
+void ts_stable_accumulate(ts_stable_t *t, ts_stable_budget_t *b, const float *records, size_t n,
+                          uint64_t *rows, uint64_t *filtered);
+/* Sync: task's push for the open step is in (its records, maybe none, were accumulated). */
+void ts_stable_contribute(ts_stable_t *t, int task, uint64_t now_ms);
+/* Sync: the open step's count, its contributors (num_workers bytes) and when it opened. */
+uint32_t ts_stable_sync_count(const ts_stable_t *t);
+const uint8_t *ts_stable_contributed(const ts_stable_t *t);
+uint64_t ts_stable_opened_ms(const ts_stable_t *t);
+/* Sync: close the open step: every accumulated row applied once with 1/count, the version
+ * moves to step + 1. */
+void ts_stable_sync_complete(ts_stable_t *t, ts_stable_budget_t *b);
+
+/* Evict the rows untouched for steps_to_live versions, looking at no more than budget row
+ * slots (a sweep resumed from a cursor). Returns rows evicted. */
+size_t ts_stable_expire(ts_stable_t *t, ts_stable_budget_t *b, size_t budget);
+
+#endif

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds bench/peers/pslite/pslite_bench against a ps-lite checkout (the public dmlc/ps-lite
+# Builds bench/peers/pslite/pslite_bench (dense, compare.sh) and pslite_sparse (embedding
+# rows, bench/sparse_compare.sh) against a ps-lite checkout (the public dmlc/ps-lite
 # sources) given by PSLITE_DIR, with Debian's libzmq and protobuf (apt-get install
 # libzmq3-dev libprotobuf-dev protobuf-compiler). ps-lite's own Makefile is not used (it
 # downloads and builds its own zmq and protobuf): its src/*.cc and the meta.pb.cc that
@@ -7,7 +8,8 @@
 # flags. Nothing is written into PSLITE_DIR: the sources are copied to OUT first.
 #
 # usage: PSLITE_DIR=/path/to/ps-lite bench/peers/pslite/build.sh [OUT]
-#        OUT defaults to build/bench/peers/pslite; prints the path of the binary.
+#        OUT defaults to build/bench/peers/pslite; prints the path of pslite_bench
+#        (pslite_sparse is built next to it).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
@@ -56,10 +58,14 @@ for cc in "$out"/src/*.cc; do
   fi
   objs+=("$o")
 done
-relink=0
-[ -f "$out/pslite_bench" ] || relink=1
-for f in "$here/pslite_bench.cc" "${objs[@]}"; do [ "$f" -nt "$out/pslite_bench" ] && relink=1; done
-if [ $relink = 1 ]; then
-  g++ "${flags[@]}" "$here/pslite_bench.cc" "${objs[@]}" "${libs[@]}" -o "$out/pslite_bench"
-fi
+for prog in pslite_bench pslite_sparse; do
+  relink=0
+  [ -f "$out/$prog" ] || relink=1
+  for f in "$here/$prog.cc" "$root/bench/sparse_common.h" "${objs[@]}"; do
+    [ "$f" -nt "$out/$prog" ] && relink=1
+  done
+  if [ $relink = 1 ]; then
+    g++ "${flags[@]}" "$here/$prog.cc" "${objs[@]}" "${libs[@]}" -o "$out/$prog"
+  fi
+done
 echo "$out/pslite_bench"

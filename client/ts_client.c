@@ -144,6 +144,7 @@ static void free_client(ts_client_t *c) {
   free_job(c);
   ts_cl_free_model(c);
   ts_cl_free_failed_pushes(c);
+  ts_cl_sparse_cache_free(c);
   ts_free(c->shards);
   ts_free(c->identity);
   ts_auth_free_token(c->token);

@@ -55,6 +55,9 @@ enum {
 /* A request of an embedding table, as the client thread sends it (ts_client_sparse.c):
  * the caller's keys sorted and deduplicated, grouped by the shard that holds them. */
 typedef struct {
+  ts_client_t *c;      /* whose arena cache the memory goes back to */
+  void *arena;         /* one block holding the arrays below (and prepare's temporaries) */
+  size_t arena_cap;
   uint32_t table, dim;
   size_t nkeys;        /* the caller's keys */
   size_t nuniq;        /* distinct keys */
@@ -252,6 +255,11 @@ struct ts_client {
   _Atomic double timeout_s;      /* ts_client_set_timeout may change it from any thread */
   uint64_t restarts;             /* mu */
 
+  /* mu: the memory of finished table requests, kept for the next ones (ts_client_sparse.c):
+   * a request of the same size then takes no fresh pages */
+  void *arena[2];
+  size_t arena_cap[2];
+
   /* The worker's job settings sent in every handshake (opts.job, copied; owned). */
   Tessera__JobSetting *job_s;
   Tessera__JobSetting **job_p;
@@ -320,6 +328,8 @@ void ts_cl_sparse_on_reply(ts_cl_shard_t *sh, uint16_t type, const ProtobufCMess
 /* The op succeeded or failed: its rows to the caller's order, its results into q. */
 void ts_cl_sparse_publish(ts_client_t *c, ts_cl_op_t *op, ts_client_req_t *q);
 void ts_cl_sparse_free(ts_cl_sparse_t *sp);
+/* Free the arenas the client keeps (ts_client_close). */
+void ts_cl_sparse_cache_free(ts_client_t *c);
 
 /* ts_client_thread.c */
 /* Hand op to the client thread (fails with TS_ESHUTDOWN, op untouched, when stopping). */

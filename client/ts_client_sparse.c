@@ -33,13 +33,66 @@
 /* Most keys one request may list (client.h). */
 #define MAX_CALLER_KEYS (UINT64_C(1) << 26)
 
+/* --- memory ------------------------------------------------------------------------
+ * A request's arrays are carved from one block, its arena. When the request is done the
+ * arena goes to its client's cache (two blocks at most, the larger ones kept), where the
+ * next request of at most that size finds it: a worker sending batches of similar size
+ * touches no fresh pages after its first steps (fresh pages cost a tenth of the client's
+ * time otherwise: page faults and zeroing, bench/RESULTS.md section 17). The cache holds
+ * at most twice the memory of the largest recent request. */
+
+#define ALIGN 64
+
+static size_t align_up(size_t n) { return (n + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
+
+/* An arena of at least need bytes: the smallest cached one that fits, or a new one. */
+static void *arena_take(ts_client_t *c, size_t need, size_t *cap) {
+  int best = -1;
+  uv_mutex_lock(&c->mu);
+  for (int i = 0; i < 2; i++)
+    if (c->arena[i] && c->arena_cap[i] >= need &&
+        (best < 0 || c->arena_cap[i] < c->arena_cap[best]))
+      best = i;
+  void *p = NULL;
+  if (best >= 0) {
+    p = c->arena[best];
+    *cap = c->arena_cap[best];
+    c->arena[best] = NULL;
+    c->arena_cap[best] = 0;
+  }
+  uv_mutex_unlock(&c->mu);
+  if (!p && (p = ts_malloc(need))) *cap = need;
+  return p;
+}
+
+/* Keep an arena for a later request (the two largest stay), or free it. */
+static void arena_give(ts_client_t *c, void *p, size_t cap) {
+  if (!p) return;
+  uv_mutex_lock(&c->mu);
+  int slot = !c->arena[0] ? 0 : !c->arena[1] ? 1 : c->arena_cap[0] < c->arena_cap[1] ? 0 : 1;
+  void *drop = NULL;
+  if (!c->arena[slot] || c->arena_cap[slot] < cap) {
+    drop = c->arena[slot];
+    c->arena[slot] = p;
+    c->arena_cap[slot] = cap;
+  } else {
+    drop = p;
+  }
+  uv_mutex_unlock(&c->mu);
+  ts_free(drop);
+}
+
+void ts_cl_sparse_cache_free(ts_client_t *c) {
+  for (int i = 0; i < 2; i++) {
+    ts_free(c->arena[i]);
+    c->arena[i] = NULL;
+    c->arena_cap[i] = 0;
+  }
+}
+
 void ts_cl_sparse_free(ts_cl_sparse_t *sp) {
   if (!sp) return;
-  ts_free(sp->ukeys);
-  ts_free(sp->inv);
-  ts_free(sp->shard_off);
-  ts_free(sp->rows);
-  ts_free(sp->records);
+  arena_give(sp->c, sp->arena, sp->arena_cap);
   ts_free(sp);
 }
 
@@ -89,70 +142,86 @@ static void sort_keys(key_idx_t *a, key_idx_t *tmp, size_t n) {
   if (src != a) memcpy(a, src, n * sizeof *a);
 }
 
+/* prepare's temporaries, carved from the arena after the request's own arrays */
+typedef struct {
+  key_idx_t *pairs, *tmp; /* tmp: the radix sort's (from RADIX_MIN keys) */
+  uint64_t *sorted;
+  uint32_t *shard_of, *place;
+  size_t *fill;
+} scratch_t;
+
+/* Carve the arena: the request's arrays into sp, the temporaries into *t. With arena NULL,
+ * only count: returns the bytes needed. */
+static size_t carve(ts_cl_sparse_t *sp, char *arena, uint32_t nshards, bool pull, bool push,
+                    scratch_t *t) {
+  size_t n = sp->nkeys ? sp->nkeys : 1, at = 0;
+#define TAKE(ptr, bytes)                                    \
+  do {                                                      \
+    if (arena) ptr = (void *)(arena + at);                  \
+    at += align_up(bytes);                                  \
+  } while (0)
+  TAKE(sp->ukeys, n * sizeof *sp->ukeys);
+  TAKE(sp->inv, n * sizeof *sp->inv);
+  TAKE(sp->shard_off, ((size_t)nshards + 1) * sizeof *sp->shard_off);
+  if (pull) TAKE(sp->rows, n * sp->dim * sizeof(float));
+  if (push) TAKE(sp->records, n * (size_t)ts_msg_sparse_record_bytes(sp->dim));
+  TAKE(t->pairs, n * sizeof *t->pairs);
+  if (n >= RADIX_MIN) TAKE(t->tmp, n * sizeof *t->tmp);
+  TAKE(t->sorted, n * sizeof *t->sorted);
+  TAKE(t->shard_of, n * sizeof *t->shard_of);
+  TAKE(t->place, n * sizeof *t->place);
+  TAKE(t->fill, ((size_t)nshards + 1) * sizeof *t->fill);
+#undef TAKE
+  return at;
+}
+
 /* Sort the caller's keys, keep the distinct ones grouped by shard (ascending within each),
  * and map each caller's key to its distinct key's place. */
-static int group_keys(ts_cl_sparse_t *sp, const int64_t *keys, uint32_t nshards) {
+static void group_keys(ts_cl_sparse_t *sp, const int64_t *keys, uint32_t nshards,
+                       const scratch_t *t) {
   size_t n = sp->nkeys;
-  key_idx_t *pairs = ts_malloc((n ? n : 1) * sizeof *pairs);
-  key_idx_t *tmp = n >= RADIX_MIN ? ts_malloc(n * sizeof *tmp) : NULL;
-  uint64_t *sorted = ts_malloc((n ? n : 1) * sizeof *sorted);
-  uint32_t *shard_of = ts_malloc((n ? n : 1) * sizeof *shard_of);
-  uint32_t *place = ts_malloc((n ? n : 1) * sizeof *place);
-  sp->ukeys = ts_malloc((n ? n : 1) * sizeof *sp->ukeys);
-  sp->inv = ts_malloc((n ? n : 1) * sizeof *sp->inv);
-  sp->shard_off = ts_calloc((size_t)nshards + 1, sizeof *sp->shard_off);
-  int rc = TS_ENOMEM;
-  if (!pairs || !sorted || !shard_of || !place || !sp->ukeys || !sp->inv || !sp->shard_off ||
-      (n >= RADIX_MIN && !tmp))
-    goto out;
+  key_idx_t *pairs = t->pairs;
   for (size_t i = 0; i < n; i++) pairs[i] = (key_idx_t){(uint64_t)keys[i], (uint32_t)i};
-  sort_keys(pairs, tmp, n);
+  sort_keys(pairs, t->tmp, n);
   /* Distinct keys in ascending order; inv points into them for now. */
   size_t u = 0;
   for (size_t i = 0; i < n; i++) {
-    if (i == 0 || pairs[i].key != pairs[i - 1].key) sorted[u++] = pairs[i].key;
+    if (i == 0 || pairs[i].key != pairs[i - 1].key) t->sorted[u++] = pairs[i].key;
     sp->inv[pairs[i].idx] = (uint32_t)(u - 1);
   }
   sp->nuniq = u;
   /* Stable counting sort by shard: ascending order stays within each shard. */
+  memset(sp->shard_off, 0, ((size_t)nshards + 1) * sizeof *sp->shard_off);
   for (size_t k = 0; k < u; k++) {
-    shard_of[k] = ts_key_shard(sorted[k], nshards);
-    sp->shard_off[shard_of[k] + 1]++;
+    t->shard_of[k] = ts_key_shard(t->sorted[k], nshards);
+    sp->shard_off[t->shard_of[k] + 1]++;
   }
   for (uint32_t s = 0; s < nshards; s++) sp->shard_off[s + 1] += sp->shard_off[s];
-  size_t *fill = ts_malloc(((size_t)nshards ? nshards : 1) * sizeof *fill);
-  if (!fill) goto out;
-  memcpy(fill, sp->shard_off, nshards * sizeof *fill);
+  memcpy(t->fill, sp->shard_off, nshards * sizeof *t->fill);
   for (size_t k = 0; k < u; k++) {
-    size_t at = fill[shard_of[k]]++;
-    sp->ukeys[at] = sorted[k];
-    place[k] = (uint32_t)at;
+    size_t at = t->fill[t->shard_of[k]]++;
+    sp->ukeys[at] = t->sorted[k];
+    t->place[k] = (uint32_t)at;
   }
-  ts_free(fill);
-  for (size_t i = 0; i < n; i++) sp->inv[i] = place[sp->inv[i]];
-  rc = 0;
-out:
-  ts_free(pairs);
-  ts_free(tmp);
-  ts_free(sorted);
-  ts_free(shard_of);
-  ts_free(place);
-  return rc;
+  for (size_t i = 0; i < n; i++) sp->inv[i] = t->place[sp->inv[i]];
+}
+
+/* dst += g over dim floats (distinct arrays: the loop vectorises). */
+static void add_row(float *restrict dst, const float *restrict g, uint32_t dim) {
+  for (uint32_t j = 0; j < dim; j++) dst[j] += g[j];
 }
 
 /* A push's records: each distinct key, then the sum of its rows' gradients in the caller's
  * order. */
-static int make_records(ts_cl_sparse_t *sp, const float *grad) {
+static void make_records(ts_cl_sparse_t *sp, const float *grad) {
   size_t rec = (size_t)ts_msg_sparse_record_bytes(sp->dim);
-  sp->records = ts_calloc(sp->nuniq ? sp->nuniq : 1, rec);
-  if (!sp->records) return TS_ENOMEM;
-  for (size_t k = 0; k < sp->nuniq; k++) memcpy(sp->records + k * rec, &sp->ukeys[k], 8);
-  for (size_t i = 0; i < sp->nkeys; i++) {
-    float *dst = (float *)(void *)(sp->records + (size_t)sp->inv[i] * rec + 8);
-    const float *g = grad + i * sp->dim;
-    for (uint32_t j = 0; j < sp->dim; j++) dst[j] += g[j];
+  for (size_t k = 0; k < sp->nuniq; k++) {
+    memcpy(sp->records + k * rec, &sp->ukeys[k], 8);
+    memset(sp->records + k * rec + 8, 0, rec - 8);
   }
-  return 0;
+  for (size_t i = 0; i < sp->nkeys; i++)
+    add_row((float *)(void *)(sp->records + (size_t)sp->inv[i] * rec + 8), grad + i * sp->dim,
+            sp->dim);
 }
 
 int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t *op,
@@ -198,14 +267,16 @@ int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t 
   sp->push_every_shard = c->mode == TESSERA__MODE__MODE_SYNC || c->mode == TESSERA__MODE__MODE_SSP;
   sp->pull_every_shard = c->mode == TESSERA__MODE__MODE_SYNC;
   uv_mutex_unlock(&c->mu);
-  int rc = group_keys(sp, req->keys, c->n);
-  if (rc == 0 && push) rc = make_records(sp, req->rows_grad);
-  if (rc == 0 && pull && !(sp->rows = ts_malloc(sp->nuniq ? sp->nuniq * dim * sizeof(float) : 1)))
-    rc = TS_ENOMEM;
-  if (rc < 0) {
+  sp->c = c;
+  scratch_t t;
+  size_t need = carve(sp, NULL, c->n, pull, push, &t);
+  if (!(sp->arena = arena_take(c, need, &sp->arena_cap))) {
     *why = "out of memory";
-    return rc;
+    return TS_ENOMEM;
   }
+  carve(sp, sp->arena, c->n, pull, push, &t);
+  group_keys(sp, req->keys, c->n, &t);
+  if (push) make_records(sp, req->rows_grad);
   if (push) {
     for (uint32_t s = 0; s < c->n; s++) {
       if (sp->shard_off[s + 1] - sp->shard_off[s] > TS_MSG_MAX_KEYS) {

@@ -415,6 +415,33 @@ fail:
   return NULL;
 }
 
+/* The shard's tables as a list of dicts (name, dim, rows, bytes, version, created,
+ * evicted, filtered, pulled_rows, pushed_rows, hot_keys, hot_share). */
+static PyObject *tables_list(const ts_client_shard_status_t *s) {
+  PyObject *l = PyList_New(0);
+  for (size_t i = 0; l && i < s->num_tables; i++) {
+    const ts_client_table_status_t *t = &s->tables[i];
+    PyObject *hot = PyList_New((Py_ssize_t)t->num_hot_keys);
+    for (uint32_t k = 0; hot && k < t->num_hot_keys; k++)
+      PyList_SET_ITEM(hot, (Py_ssize_t)k, PyLong_FromLongLong((long long)t->hot_keys[k]));
+    PyObject *d = hot ? Py_BuildValue("{s:s,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N,s:d}",
+                                      "name", t->name, "dim", t->dim, "rows",
+                                      (unsigned long long)t->rows, "bytes",
+                                      (unsigned long long)t->bytes, "version",
+                                      (unsigned long long)t->version, "created",
+                                      (unsigned long long)t->created, "evicted",
+                                      (unsigned long long)t->evicted, "filtered",
+                                      (unsigned long long)t->filtered, "pulled_rows",
+                                      (unsigned long long)t->pulled_rows, "pushed_rows",
+                                      (unsigned long long)t->pushed_rows, "hot_keys", hot,
+                                      "hot_share", t->hot_share)
+                      : NULL;
+    if (!d || PyList_Append(l, d) < 0) Py_CLEAR(l);
+    Py_XDECREF(d);
+  }
+  return l;
+}
+
 static PyObject *status_dict(const ts_client_shard_status_t *s) {
   PyObject *workers = PyList_New(0);
   if (!workers) return NULL;
@@ -477,6 +504,9 @@ static PyObject *status_dict(const ts_client_shard_status_t *s) {
     Py_CLEAR(d);
   Py_XDECREF(fin);
   Py_XDECREF(who);
+  PyObject *tables = d ? tables_list(s) : NULL;
+  if (d && (!tables || PyDict_SetItemString(d, "tables", tables) < 0)) Py_CLEAR(d);
+  Py_XDECREF(tables);
   return d;
 }
 

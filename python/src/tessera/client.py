@@ -143,6 +143,9 @@ class ShardStatus:
     restored_step: int
     final_test_accuracy: Optional[float] = None  # the job's, once its reporting worker sent it
     final_reporter: Optional[int] = None         # the task that evaluated the final parameters
+    #: the declared embedding tables on this shard, each a dict: name, dim, rows, bytes,
+    #: version, created, evicted, filtered, pulled_rows, pushed_rows, hot_keys, hot_share
+    tables: List[Dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def _from_dict(cls, d: Dict[str, Any]) -> "ShardStatus":

@@ -1,7 +1,8 @@
 /*
  * A shard's store to and from checkpoint files (ts_ckpt.h): the snapshot taken on the loop,
  * and the restore at start: this shard's newest valid file of its own layout, or a set of
- * another layout re-sharded (ts_ckpt_reshard.c). The bytes on disk are ts_ckpt_file.c's.
+ * another layout re-sharded (ts_ckpt_reshard.c). The bytes on disk are ts_ckpt_file.c's,
+ * the embedding tables' part ts_ckpt_tables.c's.
  */
 #include "ts_ckpt.h"
 
@@ -13,6 +14,7 @@
 #include "ts_alloc.h"
 #include "ts_ckpt_file.h"
 #include "ts_ckpt_reshard.h"
+#include "ts_ckpt_tables.h"
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_msg.h"
@@ -59,7 +61,11 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
     }
   }
 
-  int rc = TS_ENOMEM;
+  /* The tables at the same point of the loop as the partitions. */
+  ts_ckpt_tables_t tabs;
+  int rc = ts_ckpt_tables_snapshot(s, &tabs, errmsg, errlen);
+  if (rc < 0) return rc;
+  rc = TS_ENOMEM;
   ts_ckpt_snapshot_t *snap = ts_calloc(1, sizeof *snap);
   Tessera__TensorDecl *td = ts_calloc(s->num_tensors, sizeof *td);
   Tessera__TensorDecl **tp = ts_calloc(s->num_tensors, sizeof *tp);
@@ -77,7 +83,7 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
   m.mode = ts_store_wire_mode(s->mode);
   m.seed = s->seed;
   m.partition_bytes = s->partition_bytes;
-  m.step = ts_store_min_version(s);
+  m.step = ts_ckpt_step(s);
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   m.wall_time = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
@@ -117,6 +123,7 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
   }
   m.n_parts = s->num_parts;
   m.parts = cpp;
+  ts_ckpt_tables_fill(&tabs, &m);
   snap->meta_len = protobuf_c_message_get_packed_size(&m.base);
   snap->meta = ts_malloc(snap->meta_len ? snap->meta_len : 1);
   if (!snap->meta) goto fail;
@@ -126,6 +133,9 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
   snap->partition_bytes = s->partition_bytes;
   snap->step = m.step;
   snap->sequence = sequence;
+  snap->records = tabs.records;
+  snap->records_len = tabs.records_len;
+  tabs.records = NULL;
   rc = 0;
   *out = snap;
   snap = NULL;
@@ -137,13 +147,27 @@ fail:
   ts_free(shapes);
   ts_free(cp);
   ts_free(cpp);
+  ts_ckpt_tables_free(&tabs);
   return rc;
+}
+
+uint64_t ts_ckpt_step(const ts_store_t *s) {
+  bool tables;
+  uint64_t tv = ts_ckpt_tables_min_version(s, &tables);
+  if (s->num_parts == 0) return tv;
+  uint64_t v = ts_store_min_version(s);
+  return tables && tv < v ? tv : v;
+}
+
+uint64_t ts_ckpt_changes(const ts_store_t *s) {
+  return s->applied + ts_ckpt_tables_changes(s);
 }
 
 void ts_ckpt_snapshot_free(ts_ckpt_snapshot_t *snap) {
   if (!snap) return;
   ts_free(snap->meta);
   ts_free(snap->data);
+  ts_free(snap->records);
   ts_free(snap);
 }
 
@@ -169,6 +193,8 @@ static int load(ts_store_t *s, const char *path, FILE *f, const Tessera__Checkpo
   Tessera__Declare d = TESSERA__DECLARE__INIT;
   d.n_tensors = m->n_tensors;
   d.tensors = m->tensors;
+  d.n_tables = m->n_tables;
+  d.tables = m->tables;
   d.seed = m->seed;
   bool created = false;
   int rc = ts_store_declare(s, &d, &created, why, sizeof why);
@@ -220,6 +246,9 @@ static int load(ts_store_t *s, const char *path, FILE *f, const Tessera__Checkpo
     }
     ts_store_restored(p, cp->version, keep_state ? cp->updates : 0);
   }
+  if (!why[0] && ts_ckpt_tables_read(s, f, m, false, &state_dropped, why, sizeof why) < 0 &&
+      !why[0])
+    ts_errmsg_printf(why, sizeof why, "its tables do not load");
   ts_free(skip);
   ts_free(seen);
   if (why[0]) {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "ts_alloc.h"
+#include "ts_ckpt_tables.h"
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_msg.h"
@@ -247,7 +248,8 @@ int ts_ckpt_file_write(const ts_ckpt_snapshot_t *snap, const char *dir, int keep
   uint8_t hash[HASH_LEN];
   if ((rc = write_all(fd, MAGIC, MAGIC_LEN, &h)) < 0 || (rc = write_all(fd, len4, 4, &h)) < 0 ||
       (rc = write_all(fd, snap->meta, snap->meta_len, &h)) < 0 ||
-      (rc = write_all(fd, snap->data, snap->data_count * sizeof(float), &h)) < 0)
+      (rc = write_all(fd, snap->data, snap->data_count * sizeof(float), &h)) < 0 ||
+      (snap->records_len && (rc = write_all(fd, snap->records, snap->records_len, &h)) < 0))
     goto io_fail;
   crypto_generichash_final(&h, hash, sizeof hash);
   if ((rc = write_all(fd, hash, sizeof hash, NULL)) < 0) goto io_fail;
@@ -271,7 +273,9 @@ int ts_ckpt_file_write(const ts_ckpt_snapshot_t *snap, const char *dir, int keep
     return rc;
   }
   if (path) snprintf(path, pathlen, "%s", final);
-  if (bytes) *bytes = MAGIC_LEN + 4 + snap->meta_len + snap->data_count * sizeof(float) + HASH_LEN;
+  if (bytes)
+    *bytes = MAGIC_LEN + 4 + snap->meta_len + snap->data_count * sizeof(float) +
+             snap->records_len + HASH_LEN;
   prune(snap, dir, keep);
   return 0;
 io_fail:
@@ -321,7 +325,7 @@ int ts_ckpt_file_read_meta(const char *path, Tessera__CheckpointMeta **meta, cha
   fclose(f);
   *meta = tessera__checkpoint_meta__unpack(&ts_protobuf_allocator, meta_len, buf);
   ts_free(buf);
-  if (!*meta || (*meta)->format != TS_CKPT_FILE_FORMAT) {
+  if (!*meta || ((*meta)->format != TS_CKPT_FILE_FORMAT && (*meta)->format != TS_CKPT_TABLES_FORMAT)) {
     if (*meta) ts_msg_free(&(*meta)->base);
     *meta = NULL;
     return bad(errmsg, errlen, path, "the checkpoint header does not parse");
@@ -410,8 +414,11 @@ int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **met
     if (fits) data += cp->count * (1 + (uint64_t)cp->state_buffers);
     fits = fits && data <= room;
   }
-  if (m->format != TS_CKPT_FILE_FORMAT || !fits ||
-      MAGIC_LEN + 4 + (uint64_t)meta_len + data * 4 + HASH_LEN != size) {
+  /* Then the table section (format 2), bounded by what is left of the file. */
+  uint64_t table_bytes = 0;
+  fits = fits && (m->format == TS_CKPT_FILE_FORMAT || m->format == TS_CKPT_TABLES_FORMAT) &&
+         ts_ckpt_tables_section_bytes(m, room * 4 - data * 4, &table_bytes);
+  if (!fits || MAGIC_LEN + 4 + (uint64_t)meta_len + data * 4 + table_bytes + HASH_LEN != size) {
     ts_msg_free(&m->base);
     fclose(f);
     return bad(errmsg, errlen, path, "unknown format or the data size does not match the header");

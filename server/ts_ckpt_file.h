@@ -2,10 +2,12 @@
  * The checkpoint file format (docs/operations.md): a file is
  *
  *   "TSCKPT01" | u32 meta_len (LE) | CheckpointMeta (proto/tessera.proto) | float32 data |
- * BLAKE2b-256
+ * table records (format 2) | BLAKE2b-256
  *
  * the data being every listed part's values and then its optimizer state buffers, in the
- * order the meta lists them; the hash covers everything before it. Names are
+ * order the meta lists them; the table records each table's rows (ts_ckpt_tables.h), in
+ * the order the meta lists the tables; the hash covers everything before it. Format 1 (no
+ * tables) and 2 are both read. Names are
  * DIR/shard-<N>-<sequence, 20 digits>.ckpt, so they sort by age within a shard.
  *
  * Glossary:
@@ -38,6 +40,8 @@ typedef struct ts_ckpt_snapshot {
   size_t meta_len;
   float *data; /* every part's values and state, in file order */
   size_t data_count;
+  uint8_t *records; /* every table's row records, in file order (NULL when none) */
+  size_t records_len;
 } ts_ckpt_snapshot_t;
 
 /* Write a snapshot into dir (created if missing): a temporary file, fsync, rename, fsync of
@@ -62,9 +66,9 @@ void ts_ckpt_file_free_names(char **names, int n);
 int ts_ckpt_file_read_meta(const char *path, Tessera__CheckpointMeta **meta, char *errmsg,
                            size_t errlen);
 
-/* Open path and check magic, sizes and the BLAKE2b hash of the whole file. Returns 0 with
- * the decoded meta (free with ts_msg_free) and the file (fclose) positioned at the first
- * partition's data, or TS_EDATA / TS_ENOMEM / a negative errno with errmsg naming path. */
+/* Open path and check magic, sizes (the table section's too) and the BLAKE2b hash of the
+ * whole file. Returns 0 with the decoded meta (free with ts_msg_free) and the file (fclose)
+ * positioned at the first partition's data, or TS_EDATA / TS_ENOMEM / a negative errno with errmsg naming path. */
 int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **meta, char *errmsg,
                       size_t errlen);
 

@@ -130,7 +130,7 @@ static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t ses
     return rc;
   }
   srv->ckpt_seq++;
-  srv->ckpt_applied = srv->store.applied;
+  srv->ckpt_applied = ts_ckpt_changes(&srv->store);
   srv->ckpt_busy = true;
   return 0;
 }
@@ -150,7 +150,7 @@ static void on_ckpt_timer(uv_timer_t *t) {
   ts_server_t *srv = t->data;
   /* Only when something changed since the last one. */
   if (!srv->store.declared || srv->store.awaiting || srv->ckpt_busy ||
-      srv->store.applied == srv->ckpt_applied)
+      ts_ckpt_changes(&srv->store) == srv->ckpt_applied)
     return;
   char err[512];
   int rc = start_checkpoint(srv, CKPT_TIMER, 0, 0, err, sizeof err);
@@ -194,7 +194,7 @@ out:
 
 bool ts_ckpt_sched_final(ts_server_t *srv) {
   if (!srv->cfg->checkpoint_dir || !*srv->cfg->checkpoint_dir || !srv->store.declared ||
-      srv->store.awaiting || srv->store.applied == srv->ckpt_applied)
+      srv->store.awaiting || ts_ckpt_changes(&srv->store) == srv->ckpt_applied)
     return false;
   char err[512];
   if (srv->ckpt_busy) {
@@ -228,14 +228,14 @@ int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen) {
   if (r < 0) {
     ts_log_err("%s", err);
   } else if (r >= 1) {
-    srv->restored_step = ts_store_min_version(&srv->store);
+    srv->restored_step = ts_ckpt_step(&srv->store);
     srv->have_ckpt = true;
     srv->last_ckpt_ms = ts_server_now_ms(srv);
-    srv->ckpt_applied = srv->store.applied;
+    srv->ckpt_applied = ts_ckpt_changes(&srv->store);
     srv->metrics.model_bytes = srv->store.bytes + srv->store.state_bytes;
     snprintf(srv->last_ckpt, sizeof srv->last_ckpt, "%s", path);
-    ts_log_notice("restored checkpoint %s%s: %zu partition(s) at step %llu in %.0f ms",
-                  r == 2 ? "set " : "", path, srv->store.num_parts,
+    ts_log_notice("restored checkpoint %s%s: %zu partition(s), %u table(s) at step %llu in %.0f ms",
+                  r == 2 ? "set " : "", path, srv->store.num_parts, srv->store.num_tables,
                   (unsigned long long)srv->restored_step, (double)(uv_hrtime() - t0) / 1e6);
   } else {
     ts_log_info("no checkpoint in %s: starting fresh", cfg->checkpoint_dir);

@@ -470,3 +470,61 @@ size_t ts_stable_expire(ts_stable_t *t, ts_stable_budget_t *b, size_t budget) {
   t->evicted += n;
   return n;
 }
+
+/* --- checkpoints ------------------------------------------------------------------- */
+
+const Tessera__TableDecl *ts_stable_decl(const ts_stable_t *t) { return &t->decl; }
+const ts_table_t *ts_stable_rows(const ts_stable_t *t) { return &t->rows; }
+int ts_stable_nstate(const ts_stable_t *t) { return t->nstate; }
+
+int ts_stable_restore_row(ts_stable_t *t, ts_stable_budget_t *b, uint64_t key, uint64_t updates,
+                          uint64_t last_step, const float *floats, int file_nstate, char *errmsg,
+                          size_t errlen) {
+  ts_table_t *tab = &t->rows;
+  if (ts_table_find(tab, key) != TS_TABLE_NONE) {
+    ts_errmsg_printf(errmsg, errlen, "table '%s': key %llu is listed twice", t->name,
+                     (unsigned long long)key);
+    return TS_EDATA;
+  }
+  if (tab->size >= tab->max_rows || b->bytes + ts_table_insert_cost(tab) > b->max_bytes) {
+    ts_errmsg_printf(errmsg, errlen,
+                     "table '%s': %zu rows restored, the next does not fit max_rows %llu or "
+                     "server.max_table_bytes %llu (%llu bytes held by tables)",
+                     t->name, tab->size, (unsigned long long)tab->max_rows,
+                     (unsigned long long)b->max_bytes, (unsigned long long)b->bytes);
+    return TS_ETOOBIG;
+  }
+  uint64_t before = ts_table_bytes(tab);
+  bool created;
+  int err = 0;
+  uint32_t id = ts_table_insert(tab, key, &created, &err);
+  if (id == TS_TABLE_NONE) {
+    ts_errmsg_printf(errmsg, errlen, "table '%s': cannot make the row of key %llu%s", t->name,
+                     (unsigned long long)key, err == TS_ENOMEM ? ": out of memory" : "");
+    return err == TS_ENOMEM ? TS_ENOMEM : TS_ETOOBIG;
+  }
+  b->bytes += ts_table_bytes(tab) - before;
+  float *w = ts_table_row(tab, id);
+  ts_table_meta_t *m = ts_table_meta(tab, id);
+  size_t dim = tab->dim;
+  if (file_nstate == t->nstate) {
+    memcpy(w, floats, tab->stride * sizeof(float));
+  } else {
+    memcpy(w, floats, dim * sizeof(float));
+    ts_rowopt_init_state(&t->opt, t->nstate >= 1 ? w + dim : NULL,
+                         t->nstate >= 2 ? w + 2 * dim : NULL, dim);
+    updates = 0;
+  }
+  m->updates = updates;
+  m->last_step = last_step;
+  return 0;
+}
+
+void ts_stable_restore_counters(ts_stable_t *t, const ts_stable_info_t *info) {
+  t->version = info->version;
+  t->created = info->created;
+  t->evicted = info->evicted;
+  t->filtered = info->filtered;
+  t->pulled = info->pulled_rows;
+  t->pushed = info->pushed_rows;
+}

@@ -27,6 +27,7 @@
 
 #include "tessera.pb-c.h"
 #include "ts_optim.h"
+#include "ts_table.h"
 
 typedef struct ts_stable ts_stable_t;
 
@@ -107,6 +108,24 @@ uint64_t ts_stable_opened_ms(const ts_stable_t *t);
 /* Sync: close the open step: every accumulated row applied once with 1/count, the version
  * moves to step + 1. */
 void ts_stable_sync_complete(ts_stable_t *t, ts_stable_budget_t *b);
+
+/* Checkpoints (server/ts_ckpt_tables.c). The table as declared, its rows (read only: a
+ * snapshot walks them with ts_table_next, each row stride floats: value then state) and
+ * its optimizer's state buffers per row. */
+const Tessera__TableDecl *ts_stable_decl(const ts_stable_t *t);
+const ts_table_t *ts_stable_rows(const ts_stable_t *t);
+int ts_stable_nstate(const ts_stable_t *t);
+/* Restore one row of a checkpoint into a table of a store being restored: floats are its
+ * value and file_nstate state buffers (dim floats each), updates and last_step its
+ * metadata. State of another optimizer (file_nstate differs) is dropped: the row gets the
+ * optimizer's initial state and updates 0. Returns 0, TS_EDATA (the key has a row
+ * already), TS_ETOOBIG (over max_rows or server.max_table_bytes: nothing is evicted at a
+ * restore) or TS_ENOMEM, with errmsg. */
+int ts_stable_restore_row(ts_stable_t *t, ts_stable_budget_t *b, uint64_t key, uint64_t updates,
+                          uint64_t last_step, const float *floats, int file_nstate, char *errmsg,
+                          size_t errlen);
+/* Restore the table's version and counters (info's name, dim, rows and bytes are ignored). */
+void ts_stable_restore_counters(ts_stable_t *t, const ts_stable_info_t *info);
 
 /* Evict the rows untouched for steps_to_live versions, looking at no more than budget row
  * slots (a sweep resumed from a cursor). Returns rows evicted. */

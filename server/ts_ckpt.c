@@ -152,8 +152,12 @@ fail:
 }
 
 uint64_t ts_ckpt_step(const ts_store_t *s) {
-  bool tables;
-  uint64_t tv = ts_ckpt_tables_min_version(s, &tables);
+  /* Sync: every shard closes the same steps of its tables. Async and ssp: a table's version
+   * counts the pushes its shard was sent (only those with its keys), no step the shards
+   * share, so it does not count; a model of tables only is then at step 0 (re-sharding
+   * takes the newest file of every old shard). */
+  bool tables = false;
+  uint64_t tv = s->mode == TS_MODE_SYNC ? ts_ckpt_tables_min_version(s, &tables) : 0;
   if (s->num_parts == 0) return tv;
   uint64_t v = ts_store_min_version(s);
   return tables && tv < v ? tv : v;

@@ -23,7 +23,8 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
                      size_t errlen);
 void ts_ckpt_snapshot_free(ts_ckpt_snapshot_t *snap);
 
-/* The step a checkpoint of s is at: the lowest version of its partitions and tables. */
+/* The step a checkpoint of s is at: the lowest version of its partitions and, in sync
+ * mode, of its tables (0 for a model of tables only in async or ssp mode). */
 uint64_t ts_ckpt_step(const ts_store_t *s);
 /* A count that moves whenever s changes (updates applied, table rows made or updated):
  * the scheduler skips a checkpoint when it has not moved since the last. */

@@ -274,8 +274,8 @@ int ts_ckpt_file_write(const ts_ckpt_snapshot_t *snap, const char *dir, int keep
   }
   if (path) snprintf(path, pathlen, "%s", final);
   if (bytes)
-    *bytes = MAGIC_LEN + 4 + snap->meta_len + snap->data_count * sizeof(float) +
-             snap->records_len + HASH_LEN;
+    *bytes = MAGIC_LEN + 4 + snap->meta_len + snap->data_count * sizeof(float) + snap->records_len +
+             HASH_LEN;
   prune(snap, dir, keep);
   return 0;
 io_fail:
@@ -325,7 +325,8 @@ int ts_ckpt_file_read_meta(const char *path, Tessera__CheckpointMeta **meta, cha
   fclose(f);
   *meta = tessera__checkpoint_meta__unpack(&ts_protobuf_allocator, meta_len, buf);
   ts_free(buf);
-  if (!*meta || ((*meta)->format != TS_CKPT_FILE_FORMAT && (*meta)->format != TS_CKPT_TABLES_FORMAT)) {
+  if (!*meta ||
+      ((*meta)->format != TS_CKPT_FILE_FORMAT && (*meta)->format != TS_CKPT_TABLES_FORMAT)) {
     if (*meta) ts_msg_free(&(*meta)->base);
     *meta = NULL;
     return bad(errmsg, errlen, path, "the checkpoint header does not parse");

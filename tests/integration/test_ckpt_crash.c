@@ -46,9 +46,11 @@ static float g[N], w[N];
 
 #define NR 20000 /* table rows */
 #define DIM 16
-static const ts_client_table_t table = {
-    .name = "emb", .dim = DIM, .init = TS_CLIENT_ROW_ZEROS, .optimizer = TS_CLIENT_ROWOPT_SGD,
-    .learning_rate = 0.5};
+static const ts_client_table_t table = {.name = "emb",
+                                        .dim = DIM,
+                                        .init = TS_CLIENT_ROW_ZEROS,
+                                        .optimizer = TS_CLIENT_ROWOPT_SGD,
+                                        .learning_rate = 0.5};
 static int64_t rkeys[NR];
 static float rg[NR * DIM], rw[NR * DIM];
 
@@ -128,7 +130,6 @@ static void push_both(ts_client_t *cl) {
   assert_int_equal(tc_push(cl, gp, 0, NULL, err, sizeof err), 0);
   table_req(cl, true, NULL);
 }
-
 
 /* Pull and check w == -0.5 k g exactly for the version k pulled, and the table (*lag:
  * how far it was behind k when the shard started; updated); returns k. */

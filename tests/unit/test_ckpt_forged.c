@@ -429,7 +429,8 @@ static void test_table_forged(void **state) {
     forged_table_t t;
     forged_init(&x, (const uint64_t[]){512}, 1);
     forged_table(&x, &t, 2);
-    size_t floats = n - REC_FLOATS; /* two rows: keys 7 and 3 */
+    /* two rows: keys 7 and 3 */
+    size_t floats = n - REC_FLOATS;
     if (c == 0) t.ct.rows = (UINT64_MAX / 40) + 2; /* x 40 bytes wraps */
     if (c == 1) t.ct.rows = 3;                     /* the file holds two */
     if (c == 2) t.ct.dim = TDIM + 1;

@@ -31,8 +31,8 @@ static const char *first_nonfinite(const float *v, size_t n) {
   return NULL;
 }
 
-int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t **out, char *errmsg,
-                     size_t errlen) {
+int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, uint64_t base_sequence,
+                     ts_ckpt_snapshot_t **out, char *errmsg, size_t errlen) {
   *out = NULL;
   if (!s->declared) {
     ts_errmsg_printf(errmsg, errlen, "no model is declared on this shard: nothing to checkpoint");
@@ -63,7 +63,8 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
 
   /* The tables at the same point of the loop as the partitions. */
   ts_ckpt_tables_t tabs;
-  int rc = ts_ckpt_tables_snapshot(s, &tabs, errmsg, errlen);
+  if (s->num_tables == 0) base_sequence = 0; /* increments are of tables */
+  int rc = ts_ckpt_tables_snapshot(s, base_sequence != 0, &tabs, errmsg, errlen);
   if (rc < 0) return rc;
   rc = TS_ENOMEM;
   ts_ckpt_snapshot_t *snap = ts_calloc(1, sizeof *snap);
@@ -124,6 +125,7 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
   m.n_parts = s->num_parts;
   m.parts = cpp;
   ts_ckpt_tables_fill(&tabs, &m);
+  m.base_sequence = base_sequence;
   snap->meta_len = protobuf_c_message_get_packed_size(&m.base);
   snap->meta = ts_malloc(snap->meta_len ? snap->meta_len : 1);
   if (!snap->meta) goto fail;
@@ -133,6 +135,7 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
   snap->partition_bytes = s->partition_bytes;
   snap->step = m.step;
   snap->sequence = sequence;
+  snap->base_sequence = base_sequence;
   snap->records = tabs.records;
   snap->records_len = tabs.records_len;
   tabs.records = NULL;
@@ -265,9 +268,27 @@ static int load(ts_store_t *s, const char *path, FILE *f, const Tessera__Checkpo
   return 0;
 }
 
+/* An increment's full checkpoint (sequence base, in dir), loaded into the undeclared s. */
+static int load_base(ts_store_t *s, const char *dir, uint64_t base, const char *path,
+                     char *errmsg, size_t errlen) {
+  char full[600], err[1024];
+  snprintf(full, sizeof full, "%s/shard-%u-%020llu.ckpt", dir, s->shard, (unsigned long long)base);
+  FILE *f;
+  Tessera__CheckpointMeta *m;
+  int rc = ts_ckpt_file_open(full, &f, &m, err, sizeof err);
+  if (rc == 0) {
+    rc = m->base_sequence ? bad(err, sizeof err, full, "an increment, not a full checkpoint")
+                          : load(s, full, f, m, err, sizeof err);
+    ts_msg_free(&m->base);
+    fclose(f);
+  }
+  if (rc < 0) ts_errmsg_printf(errmsg, errlen, "%.300s: an increment on %.600s", path, err);
+  return rc < 0 ? TS_EDATA : 0;
+}
+
 /* The newest valid checkpoint of this shard in its own layout: 1 restored (*wall gets the
- * time it was written), 0 none. Files of another layout are passed over: they are
- * re-sharding's. */
+ * time it was written), 0 none. An increment is restored onto its full checkpoint. Files
+ * of another layout are passed over: they are re-sharding's. */
 static int restore_own(ts_store_t *s, const char *dir, char *path, size_t pathlen,
                        uint64_t *sequence, double *wall, char *errmsg, size_t errlen) {
   char **names;
@@ -291,10 +312,16 @@ static int restore_own(ts_store_t *s, const char *dir, char *path, size_t pathle
     int rc = ts_ckpt_file_open(full, &f, &m, err, sizeof err);
     if (rc == 0) {
       ts_require(m != NULL); /* set on success */
-      rc = load(s, full, f, m, err, sizeof err);
+      if (m->base_sequence) rc = load_base(s, dir, m->base_sequence, full, err, sizeof err);
+      if (rc == 0) rc = load(s, full, f, m, err, sizeof err);
+      if (rc < 0 && s->declared) ts_store_free(s); /* the base alone is not this state */
       if (rc == 0) {
         restored = 1;
-        if (path) snprintf(path, pathlen, "%s", full);
+        if (path && m->base_sequence)
+          snprintf(path, pathlen, "%s (an increment on sequence %llu)", full,
+                   (unsigned long long)m->base_sequence);
+        else if (path)
+          snprintf(path, pathlen, "%s", full);
         if (sequence) *sequence = m->sequence;
         *wall = m->wall_time;
       }

@@ -208,18 +208,29 @@ static void prune(const ts_ckpt_snapshot_t *snap, const char *dir, int keep) {
   char **names;
   int n = ts_ckpt_file_list(dir, (int)snap->shard, &names, NULL);
   int kept = 0;
-  for (int i = n - 1; i >= 0; i--) {
+  /* The full checkpoints the kept increments are on stay too (newest first: an increment
+   * is seen before its base). Without memory for the list nothing is deleted. */
+  uint64_t *bases = ts_calloc((size_t)keep, sizeof *bases);
+  for (int i = n - 1; i >= 0 && bases; i--) {
     char old[600], err[256];
     snprintf(old, sizeof old, "%s/%s", dir, names[i]);
+    uint64_t seq = strtoull(strrchr(names[i], '-') + 1, NULL, 10), base = 0;
     Tessera__CheckpointMeta *m = NULL;
     if (ts_ckpt_file_read_meta(old, &m, err, sizeof err) == 0) {
       bool mine = ts_ckpt_file_same_layout(m, snap->num_shards, snap->partition_bytes);
+      base = m->base_sequence;
       ts_msg_free(&m->base);
       if (!mine) continue;
     }
-    if (++kept <= keep) continue;
-    if (unlink(old) == 0) ts_log_debug("removed old checkpoint %s", old);
+    if (++kept <= keep) {
+      bases[kept - 1] = base;
+      continue;
+    }
+    bool needed = false;
+    for (int k = 0; k < keep && !needed; k++) needed = bases[k] == seq;
+    if (!needed && unlink(old) == 0) ts_log_debug("removed old checkpoint %s", old);
   }
+  ts_free(bases);
   if (n > 0) ts_ckpt_file_free_names(names, n);
 }
 

@@ -36,7 +36,8 @@ typedef struct ts_ckpt_snapshot {
   uint32_t shard, num_shards;
   uint64_t partition_bytes;
   uint64_t step, sequence;
-  uint8_t *meta; /* packed CheckpointMeta */
+  uint64_t base_sequence; /* an increment's full checkpoint; 0: full */
+  uint8_t *meta;          /* packed CheckpointMeta */
   size_t meta_len;
   float *data; /* every part's values and state, in file order */
   size_t data_count;
@@ -46,7 +47,8 @@ typedef struct ts_ckpt_snapshot {
 
 /* Write a snapshot into dir (created if missing): a temporary file, fsync, rename, fsync of
  * the directory; only then delete this shard's checkpoints of its own layout beyond the
- * newest `keep` (files of another layout stay: they may be a set to re-shard from). path
+ * newest `keep` (files of another layout stay: they may be a set to re-shard from; so do
+ * the full checkpoints the kept increments are on). path
  * (may be NULL) gets the file written, *bytes its size. Returns 0 or a negative errno /
  * TS_E* with errmsg (a failed fsync of the directory too: then nothing is deleted).
  * Thread-safe for distinct snapshots. */

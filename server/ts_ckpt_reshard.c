@@ -89,8 +89,11 @@ static int collect(const ts_store_t *s, char *const *dirs, size_t ndirs, found_t
                   m->num_shards <= 256 && (m->n_tensors > 0 || m->n_tables > 0);
       for (size_t t = 0; sane && t < m->n_tensors; t++) sane = m->tensors[t]->n_shape <= 8;
       if (!sane) ts_log_warn("re-sharding: skipping %s: its header is inconsistent", path);
-      if (!sane || ts_ckpt_file_same_layout(m, s->num_shards, s->partition_bytes)) {
-        ts_msg_free(&m->base); /* this layout's own files are not re-sharding's */
+      /* This layout's own files are not re-sharding's, nor are increments (a set is of
+       * full checkpoints: psctl checkpoint and shutdown write those). */
+      if (!sane || m->base_sequence ||
+          ts_ckpt_file_same_layout(m, s->num_shards, s->partition_bytes)) {
+        ts_msg_free(&m->base);
         continue;
       }
       if (f->ncands == cap) {

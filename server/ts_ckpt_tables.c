@@ -25,15 +25,26 @@ static size_t record_bytes(uint32_t dim, uint32_t nstate) {
 
 /* --- the snapshot ------------------------------------------------------------------- */
 
-int ts_ckpt_tables_snapshot(const ts_store_t *s, ts_ckpt_tables_t *out, char *errmsg,
-                            size_t errlen) {
+/* Rows an increment holds of t: those changed since the last full checkpoint. */
+static size_t changed_rows(const ts_table_t *rows) {
+  size_t n = 0;
+  uint32_t cursor = 0;
+  for (uint32_t id; (id = ts_table_next(rows, &cursor)) != TS_TABLE_NONE;)
+    n += ts_stable_row_changed(ts_table_meta(rows, id));
+  return n;
+}
+
+int ts_ckpt_tables_snapshot(const ts_store_t *s, bool incremental, ts_ckpt_tables_t *out,
+                            char *errmsg, size_t errlen) {
   memset(out, 0, sizeof *out);
   if (s->num_tables == 0) return 0;
   size_t n = s->num_tables, total = 0;
   for (size_t i = 0; i < n; i++) {
     const ts_stable_t *t = ts_stables_at(s->tables, (uint32_t)i);
     const ts_table_t *rows = ts_stable_rows(t);
-    total += rows->size * record_bytes(rows->dim, (uint32_t)ts_stable_nstate(t));
+    size_t nrows = incremental ? changed_rows(rows) : rows->size, ntomb = 0;
+    if (incremental) ts_stable_tombstones(t, &ntomb);
+    total += nrows * record_bytes(rows->dim, (uint32_t)ts_stable_nstate(t)) + ntomb * 8;
   }
   out->n = n;
   out->decls = ts_calloc(n, sizeof *out->decls);
@@ -58,7 +69,7 @@ int ts_ckpt_tables_snapshot(const ts_store_t *s, ts_ckpt_tables_t *out, char *er
     tessera__checkpoint_table__init(ct);
     ct->dim = rows->dim;
     ct->state_buffers = (uint32_t)ts_stable_nstate(t);
-    ct->rows = rows->size;
+    ct->rows = 0;
     ct->version = info.version;
     ct->created = info.created;
     ct->evicted = info.evicted;
@@ -66,10 +77,19 @@ int ts_ckpt_tables_snapshot(const ts_store_t *s, ts_ckpt_tables_t *out, char *er
     ct->pulled_rows = info.pulled_rows;
     ct->pushed_rows = info.pushed_rows;
     out->ctp[i] = ct;
+    if (incremental) { /* the erased keys first: a key made again is in the rows after */
+      size_t ntomb;
+      const uint64_t *tomb = ts_stable_tombstones(t, &ntomb);
+      if (ntomb) memcpy(p, tomb, ntomb * 8);
+      p += ntomb * 8;
+      ct->tombstones = ntomb;
+    }
     size_t floats = rows->stride;
     uint32_t cursor = 0;
     for (uint32_t id; (id = ts_table_next(rows, &cursor)) != TS_TABLE_NONE;) {
       const ts_table_meta_t *m = ts_table_meta(rows, id);
+      if (incremental && !ts_stable_row_changed(m)) continue;
+      ct->rows++;
       const float *w = ts_table_row(rows, id);
       for (size_t j = 0; j < floats; j++)
         if (!isfinite(w[j])) {
@@ -109,6 +129,21 @@ void ts_ckpt_tables_free(ts_ckpt_tables_t *t) {
   memset(t, 0, sizeof *t);
 }
 
+bool ts_ckpt_tables_need_full(const ts_store_t *s) {
+  for (uint32_t i = 0; i < s->num_tables; i++)
+    if (ts_stable_tombstones_lost(ts_stables_at(s->tables, i))) return true;
+  return false;
+}
+
+void ts_ckpt_tables_full_taken(ts_store_t *s) {
+  for (uint32_t i = 0; i < s->num_tables; i++) ts_stable_full_taken(ts_stables_at(s->tables, i));
+}
+
+void ts_ckpt_tables_full_done(ts_store_t *s, bool written) {
+  for (uint32_t i = 0; i < s->num_tables; i++)
+    ts_stable_full_done(ts_stables_at(s->tables, i), written);
+}
+
 uint64_t ts_ckpt_tables_min_version(const ts_store_t *s, bool *any) {
   uint64_t v = UINT64_MAX;
   for (uint32_t i = 0; i < s->num_tables; i++) {
@@ -134,17 +169,21 @@ uint64_t ts_ckpt_tables_changes(const ts_store_t *s) {
 bool ts_ckpt_tables_section_bytes(const Tessera__CheckpointMeta *m, uint64_t room,
                                   uint64_t *bytes) {
   *bytes = 0;
-  if (m->format != TS_CKPT_TABLES_FORMAT) return m->n_tables == 0 && m->n_table_rows == 0;
+  if (m->format != TS_CKPT_TABLES_FORMAT)
+    return m->n_tables == 0 && m->n_table_rows == 0 && m->base_sequence == 0;
   if (m->n_tables == 0 || m->n_tables != m->n_table_rows) return false;
   uint64_t sum = 0;
   for (size_t i = 0; i < m->n_tables; i++) {
     const Tessera__CheckpointTable *ct = m->table_rows[i];
     if (ct->dim == 0 || ct->dim > MAX_DIM || ct->dim != m->tables[i]->dim || ct->state_buffers > 2)
       return false;
+    if (ct->tombstones && !m->base_sequence) return false; /* only increments have them */
     uint64_t rec = record_bytes(ct->dim, ct->state_buffers);
     /* no count beyond the file, and no sum that wraps */
     if (ct->rows > room / rec || ct->rows * rec > room - sum) return false;
     sum += ct->rows * rec;
+    if (ct->tombstones > (room - sum) / 8) return false;
+    sum += ct->tombstones * 8;
   }
   *bytes = sum;
   return true;
@@ -204,11 +243,23 @@ int ts_ckpt_tables_read(ts_store_t *s, FILE *f, const Tessera__CheckpointMeta *m
       rc = TS_EDATA;
       break;
     }
-    /* This shard's own file must fit whole: refused before a row is read. */
+    /* An increment's erased keys go first (a key made again is among its rows). */
+    bool incr = m->base_sequence != 0;
+    for (uint64_t r = 0; r < ct->tombstones && rc == 0; r++) {
+      uint64_t key;
+      if (fread(&key, 1, 8, f) != 8) {
+        ts_errmsg_printf(why, whylen, "truncated while reading table '%s'", name);
+        rc = TS_EDATA;
+      } else if (!merge || ts_key_shard(key, s->num_shards) == s->shard) {
+        ts_stable_forget(t, key);
+      }
+    }
+    if (rc < 0) break;
+    /* This shard's own full file must fit whole: refused before a row is read. */
     uint64_t need = ts_table_row_bytes(ct->dim, (uint32_t)ts_stable_nstate(t));
     const ts_stable_budget_t *b = &s->table_budget;
     uint64_t room = b->max_bytes > b->bytes ? b->max_bytes - b->bytes : 0;
-    if (!merge && ct->rows > room / need) {
+    if (!merge && !incr && ct->rows > room / need) {
       ts_errmsg_printf(why, whylen,
                        "table '%s' holds %llu rows, more than server.max_table_bytes %llu "
                        "leaves room for",
@@ -237,7 +288,7 @@ int ts_ckpt_tables_read(ts_store_t *s, FILE *f, const Tessera__CheckpointMeta *m
       }
       if (merge && ts_key_shard(key, s->num_shards) != s->shard) continue;
       rc = ts_stable_restore_row(t, &s->table_budget, key, updates, last_step,
-                                 (const float *)(rec + REC_HEAD), (int)ct->state_buffers, why,
+                                 (const float *)(rec + REC_HEAD), (int)ct->state_buffers, incr, why,
                                  whylen);
     }
     if (rc < 0) break;

@@ -9,6 +9,12 @@
  * (little-endian, as every host the shard builds for is), covered by the file's hash like
  * the rest. A model without tables is written in format 1, byte for byte as before.
  *
+ * Incremental checkpoints (checkpoint.full_every): an increment (CheckpointMeta.
+ * base_sequence, the full checkpoint it completes) holds per table the keys erased since
+ * that full one (CheckpointTable.tombstones, u64 each, before the rows) and only the rows
+ * made, updated or pulled at a new version since; increments are cumulative, so a restore
+ * reads the full file and the newest increment on it, every row bit for bit.
+ *
  * The snapshot copies every live row on the loop, as the dense snapshot copies every
  * partition: it costs the rows' floats plus 24 bytes a row, less than the table holds (its
  * 32 bytes of metadata a row and its index are not copied), so at most
@@ -45,11 +51,17 @@ typedef struct {
   size_t records_len;
 } ts_ckpt_tables_t;
 
-/* Copy the store's tables (loop thread). Returns 0, TS_ENONFINITE (a row holds NaN or Inf:
- * errmsg names the table and key) or TS_ENOMEM. Nothing to do (out zeroed) for a model
- * without tables. */
-int ts_ckpt_tables_snapshot(const ts_store_t *s, ts_ckpt_tables_t *out, char *errmsg,
-                            size_t errlen);
+/* Copy the store's tables (loop thread): every row, or (incremental) the rows changed
+ * since the last full checkpoint and the keys erased since. Returns 0, TS_ENONFINITE (a row
+ * holds NaN or Inf: errmsg names the table and key) or TS_ENOMEM. Nothing to do (out
+ * zeroed) for a model without tables. */
+int ts_ckpt_tables_snapshot(const ts_store_t *s, bool incremental, ts_ckpt_tables_t *out,
+                            char *errmsg, size_t errlen);
+/* Incremental checkpoints (ts_store_table.h): whether the next must be full (erased keys
+ * were not all kept); a full snapshot was taken; and it was written or not. */
+bool ts_ckpt_tables_need_full(const ts_store_t *s);
+void ts_ckpt_tables_full_taken(ts_store_t *s);
+void ts_ckpt_tables_full_done(ts_store_t *s, bool written);
 /* Point m's table fields at t's and set its format (2) when there are tables. */
 void ts_ckpt_tables_fill(const ts_ckpt_tables_t *t, Tessera__CheckpointMeta *m);
 /* Free t (its records too, unless taken: set records to NULL first). */

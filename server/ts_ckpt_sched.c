@@ -28,7 +28,7 @@ typedef struct {
   char err[512];
   uint64_t bytes;
   double seconds;
-  bool full_tables;     /* a full snapshot of a model with tables: marks are pending */
+  bool full_tables;     /* a full snapshot of tables whose changes are tracked */
   uint64_t incarnation; /* the server's when taken (a model reset changes it) */
 } ckpt_job_t;
 
@@ -144,7 +144,7 @@ static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t ses
   j->session_id = session_id;
   j->request_id = request_id;
   j->incarnation = srv->incarnation;
-  j->full_tables = !incremental && srv->store.num_tables > 0;
+  j->full_tables = !incremental && srv->store.num_tables > 0 && srv->store.table_budget.track;
   rc = uv_queue_work(srv->loop, &j->req, ckpt_work, ckpt_done);
   if (rc < 0) {
     ts_ckpt_snapshot_free(snap);

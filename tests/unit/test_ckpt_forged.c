@@ -419,12 +419,13 @@ static void test_table_well_formed(void **state) {
 }
 
 /* A row count whose records would wrap the size sum, one the file does not hold, a width
- * not the declaration's, a format 1 file listing tables, a key listed twice: rejected. */
+ * not the declaration's, a format 1 file listing tables, a key listed twice, tombstones in
+ * a full checkpoint, an increment without its full checkpoint: rejected. */
 static void test_table_forged(void **state) {
   (void)state;
   float buf[512 + 3 * REC_FLOATS];
   size_t n = table_data(buf, (const uint64_t[]){7, 3, 7}, 3);
-  for (int c = 0; c < 5; c++) {
+  for (int c = 0; c < 7; c++) {
     forged_t x;
     forged_table_t t;
     forged_init(&x, (const uint64_t[]){512}, 1);
@@ -439,6 +440,11 @@ static void test_table_forged(void **state) {
       t.ct.rows = 3;
       floats = n;
     }
+    if (c == 5) { /* tombstones in a full checkpoint (key 7 read as one) */
+      t.ct.rows = 1;
+      t.ct.tombstones = (REC_FLOATS * 4) / 8;
+    }
+    if (c == 6) x.m.base_sequence = 99; /* an increment whose full checkpoint is missing */
     write_forged(&x.m, buf, floats);
     expect_rejected();
   }

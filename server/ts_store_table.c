@@ -585,7 +585,7 @@ void ts_stable_full_done(ts_stable_t *t, bool written) {
   }
   size_t p = t->tomb_pending <= t->ntomb ? t->tomb_pending : t->ntomb;
   if (written) {
-    memmove(t->tomb, t->tomb + p, (t->ntomb - p) * sizeof *t->tomb);
+    if (p > 0) memmove(t->tomb, t->tomb + p, (t->ntomb - p) * sizeof *t->tomb);
     t->ntomb -= p;
   } else {
     t->tomb_lost = t->tomb_lost || t->tomb_lost_taken;

@@ -464,6 +464,12 @@ const ts_config_def_t ts_config_defs[] = {
     INT("checkpoint.keep", checkpoint_keep, 1, 1000, "3",
         "Checkpoints kept per shard. At least 1 so a restart has one to restore; at most 1000 "
         "to bound disk use."),
+    INT("checkpoint.full_every", checkpoint_full_every, 1, 1000000, "10",
+        "Every how many periodic checkpoints one is full: the others write the embedding "
+        "tables' rows changed since the last full one only (and the keys erased since), with "
+        "the dense parameters whole; a restore reads the full one and the newest such "
+        "increment. 1 = every checkpoint full. psctl checkpoint, shutdown and SIGTERM always "
+        "write a full one."),
     {.name = "checkpoint.restore_from",
      .type = TS_CT_STRINGS,
      .offset = FIELD(checkpoint_restore_from),

@@ -149,6 +149,7 @@ typedef struct {
   char *checkpoint_dir;
   double checkpoint_interval_s;
   int checkpoint_keep;
+  int checkpoint_full_every;
   char **checkpoint_restore_from; /* old shards' checkpoint directories, to re-shard from */
   size_t num_checkpoint_restore_from;
 

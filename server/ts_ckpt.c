@@ -1,7 +1,8 @@
 /*
  * A shard's store to and from checkpoint files (ts_ckpt.h): the snapshot taken on the loop,
  * and the restore at start: this shard's newest valid file of its own layout, or a set of
- * another layout re-sharded (ts_ckpt_reshard.c). The bytes on disk are ts_ckpt_file.c's.
+ * another layout re-sharded (ts_ckpt_reshard.c). The bytes on disk are ts_ckpt_file.c's,
+ * the embedding tables' part ts_ckpt_tables.c's.
  */
 #include "ts_ckpt.h"
 
@@ -13,6 +14,7 @@
 #include "ts_alloc.h"
 #include "ts_ckpt_file.h"
 #include "ts_ckpt_reshard.h"
+#include "ts_ckpt_tables.h"
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_msg.h"
@@ -29,8 +31,8 @@ static const char *first_nonfinite(const float *v, size_t n) {
   return NULL;
 }
 
-int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t **out, char *errmsg,
-                     size_t errlen) {
+int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, uint64_t base_sequence,
+                     ts_ckpt_snapshot_t **out, char *errmsg, size_t errlen) {
   *out = NULL;
   if (!s->declared) {
     ts_errmsg_printf(errmsg, errlen, "no model is declared on this shard: nothing to checkpoint");
@@ -59,7 +61,12 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
     }
   }
 
-  int rc = TS_ENOMEM;
+  /* The tables at the same point of the loop as the partitions. */
+  ts_ckpt_tables_t tabs;
+  if (s->num_tables == 0) base_sequence = 0; /* increments are of tables */
+  int rc = ts_ckpt_tables_snapshot(s, base_sequence != 0, &tabs, errmsg, errlen);
+  if (rc < 0) return rc;
+  rc = TS_ENOMEM;
   ts_ckpt_snapshot_t *snap = ts_calloc(1, sizeof *snap);
   Tessera__TensorDecl *td = ts_calloc(s->num_tensors, sizeof *td);
   Tessera__TensorDecl **tp = ts_calloc(s->num_tensors, sizeof *tp);
@@ -77,7 +84,7 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
   m.mode = ts_store_wire_mode(s->mode);
   m.seed = s->seed;
   m.partition_bytes = s->partition_bytes;
-  m.step = ts_store_min_version(s);
+  m.step = ts_ckpt_step(s);
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   m.wall_time = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
@@ -117,6 +124,8 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
   }
   m.n_parts = s->num_parts;
   m.parts = cpp;
+  ts_ckpt_tables_fill(&tabs, &m);
+  m.base_sequence = base_sequence;
   snap->meta_len = protobuf_c_message_get_packed_size(&m.base);
   snap->meta = ts_malloc(snap->meta_len ? snap->meta_len : 1);
   if (!snap->meta) goto fail;
@@ -126,6 +135,10 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t 
   snap->partition_bytes = s->partition_bytes;
   snap->step = m.step;
   snap->sequence = sequence;
+  snap->base_sequence = base_sequence;
+  snap->records = tabs.records;
+  snap->records_len = tabs.records_len;
+  tabs.records = NULL;
   rc = 0;
   *out = snap;
   snap = NULL;
@@ -137,13 +150,31 @@ fail:
   ts_free(shapes);
   ts_free(cp);
   ts_free(cpp);
+  ts_ckpt_tables_free(&tabs);
   return rc;
+}
+
+uint64_t ts_ckpt_step(const ts_store_t *s) {
+  /* Sync: every shard closes the same steps of its tables. Async and ssp: a table's version
+   * counts the pushes its shard was sent (only those with its keys), no step the shards
+   * share, so it does not count; a model of tables only is then at step 0 (re-sharding
+   * takes the newest file of every old shard). */
+  bool tables = false;
+  uint64_t tv = s->mode == TS_MODE_SYNC ? ts_ckpt_tables_min_version(s, &tables) : 0;
+  if (s->num_parts == 0) return tv;
+  uint64_t v = ts_store_min_version(s);
+  return tables && tv < v ? tv : v;
+}
+
+uint64_t ts_ckpt_changes(const ts_store_t *s) {
+  return s->applied + ts_ckpt_tables_changes(s);
 }
 
 void ts_ckpt_snapshot_free(ts_ckpt_snapshot_t *snap) {
   if (!snap) return;
   ts_free(snap->meta);
   ts_free(snap->data);
+  ts_free(snap->records);
   ts_free(snap);
 }
 
@@ -169,6 +200,8 @@ static int load(ts_store_t *s, const char *path, FILE *f, const Tessera__Checkpo
   Tessera__Declare d = TESSERA__DECLARE__INIT;
   d.n_tensors = m->n_tensors;
   d.tensors = m->tensors;
+  d.n_tables = m->n_tables;
+  d.tables = m->tables;
   d.seed = m->seed;
   bool created = false;
   int rc = ts_store_declare(s, &d, &created, why, sizeof why);
@@ -220,6 +253,9 @@ static int load(ts_store_t *s, const char *path, FILE *f, const Tessera__Checkpo
     }
     ts_store_restored(p, cp->version, keep_state ? cp->updates : 0);
   }
+  if (!why[0] && ts_ckpt_tables_read(s, f, m, false, &state_dropped, why, sizeof why) < 0 &&
+      !why[0])
+    ts_errmsg_printf(why, sizeof why, "its tables do not load");
   ts_free(skip);
   ts_free(seen);
   if (why[0]) {
@@ -232,9 +268,27 @@ static int load(ts_store_t *s, const char *path, FILE *f, const Tessera__Checkpo
   return 0;
 }
 
+/* An increment's full checkpoint (sequence base, in dir), loaded into the undeclared s. */
+static int load_base(ts_store_t *s, const char *dir, uint64_t base, const char *path,
+                     char *errmsg, size_t errlen) {
+  char full[600], err[1024];
+  snprintf(full, sizeof full, "%s/shard-%u-%020llu.ckpt", dir, s->shard, (unsigned long long)base);
+  FILE *f;
+  Tessera__CheckpointMeta *m;
+  int rc = ts_ckpt_file_open(full, &f, &m, err, sizeof err);
+  if (rc == 0) {
+    rc = m->base_sequence ? bad(err, sizeof err, full, "an increment, not a full checkpoint")
+                          : load(s, full, f, m, err, sizeof err);
+    ts_msg_free(&m->base);
+    fclose(f);
+  }
+  if (rc < 0) ts_errmsg_printf(errmsg, errlen, "%.300s: an increment on %.600s", path, err);
+  return rc < 0 ? TS_EDATA : 0;
+}
+
 /* The newest valid checkpoint of this shard in its own layout: 1 restored (*wall gets the
- * time it was written), 0 none. Files of another layout are passed over: they are
- * re-sharding's. */
+ * time it was written), 0 none. An increment is restored onto its full checkpoint. Files
+ * of another layout are passed over: they are re-sharding's. */
 static int restore_own(ts_store_t *s, const char *dir, char *path, size_t pathlen,
                        uint64_t *sequence, double *wall, char *errmsg, size_t errlen) {
   char **names;
@@ -258,10 +312,16 @@ static int restore_own(ts_store_t *s, const char *dir, char *path, size_t pathle
     int rc = ts_ckpt_file_open(full, &f, &m, err, sizeof err);
     if (rc == 0) {
       ts_require(m != NULL); /* set on success */
-      rc = load(s, full, f, m, err, sizeof err);
+      if (m->base_sequence) rc = load_base(s, dir, m->base_sequence, full, err, sizeof err);
+      if (rc == 0) rc = load(s, full, f, m, err, sizeof err);
+      if (rc < 0 && s->declared) ts_store_free(s); /* the base alone is not this state */
       if (rc == 0) {
         restored = 1;
-        if (path) snprintf(path, pathlen, "%s", full);
+        if (path && m->base_sequence)
+          snprintf(path, pathlen, "%s (an increment on sequence %llu)", full,
+                   (unsigned long long)m->base_sequence);
+        else if (path)
+          snprintf(path, pathlen, "%s", full);
         if (sequence) *sequence = m->sequence;
         *wall = m->wall_time;
       }

@@ -1,6 +1,6 @@
 /*
  * Checkpoints of a shard's store (docs/operations.md): its partitions, optimizer state and
- * versions. Writing happens in two halves so the network loop never waits on the disk:
+ * versions, and its embedding tables' rows (ts_ckpt_tables.h). Writing happens in two halves so the network loop never waits on the disk:
  * ts_ckpt_snapshot copies the state (loop thread, a memcpy), ts_ckpt_file_write
  * (ts_ckpt_file.h) puts the snapshot on disk (any thread). When they are written is
  * ts_ckpt_sched.c's business. On start the newest valid checkpoint is restored, or, when
@@ -16,12 +16,22 @@
 #include "ts_ckpt_file.h"
 #include "ts_store.h"
 
-/* Copy the store's state. Returns 0, TS_ENOTDECLARED (nothing to save), TS_ENOTREADY
+/* Copy the store's state: whole, or (base_sequence, the sequence of this shard's last full
+ * checkpoint written, not 0; a model with tables) an increment on it (ts_ckpt_tables.h).
+ * A full snapshot of tables is followed by ts_ckpt_tables_full_taken and, once written or
+ * not, ts_ckpt_tables_full_done (the scheduler's). Returns 0, TS_ENOTDECLARED (nothing to save), TS_ENOTREADY
  * (initial values still awaited), TS_ENONFINITE (a parameter or state value is NaN or Inf:
  * such a state is never checkpointed; errmsg names the tensor) or TS_ENOMEM. */
-int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, ts_ckpt_snapshot_t **out, char *errmsg,
-                     size_t errlen);
+int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, uint64_t base_sequence,
+                     ts_ckpt_snapshot_t **out, char *errmsg, size_t errlen);
 void ts_ckpt_snapshot_free(ts_ckpt_snapshot_t *snap);
+
+/* The step a checkpoint of s is at: the lowest version of its partitions and, in sync
+ * mode, of its tables (0 for a model of tables only in async or ssp mode). */
+uint64_t ts_ckpt_step(const ts_store_t *s);
+/* A count that moves whenever s changes (updates applied, table rows made or updated):
+ * the scheduler skips a checkpoint when it has not moved since the last. */
+uint64_t ts_ckpt_changes(const ts_store_t *s);
 
 /* Restore into an undeclared store, at start (docs/operations.md, "Changing the number of
  * shards"):

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "ts_alloc.h"
+#include "ts_ckpt_tables.h"
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_msg.h"
@@ -207,18 +208,29 @@ static void prune(const ts_ckpt_snapshot_t *snap, const char *dir, int keep) {
   char **names;
   int n = ts_ckpt_file_list(dir, (int)snap->shard, &names, NULL);
   int kept = 0;
-  for (int i = n - 1; i >= 0; i--) {
+  /* The full checkpoints the kept increments are on stay too (newest first: an increment
+   * is seen before its base). Without memory for the list nothing is deleted. */
+  uint64_t *bases = ts_calloc((size_t)keep, sizeof *bases);
+  for (int i = n - 1; i >= 0 && bases; i--) {
     char old[600], err[256];
     snprintf(old, sizeof old, "%s/%s", dir, names[i]);
+    uint64_t seq = strtoull(strrchr(names[i], '-') + 1, NULL, 10), base = 0;
     Tessera__CheckpointMeta *m = NULL;
     if (ts_ckpt_file_read_meta(old, &m, err, sizeof err) == 0) {
       bool mine = ts_ckpt_file_same_layout(m, snap->num_shards, snap->partition_bytes);
+      base = m->base_sequence;
       ts_msg_free(&m->base);
       if (!mine) continue;
     }
-    if (++kept <= keep) continue;
-    if (unlink(old) == 0) ts_log_debug("removed old checkpoint %s", old);
+    if (++kept <= keep) {
+      bases[kept - 1] = base;
+      continue;
+    }
+    bool needed = false;
+    for (int k = 0; k < keep && !needed; k++) needed = bases[k] == seq;
+    if (!needed && unlink(old) == 0) ts_log_debug("removed old checkpoint %s", old);
   }
+  ts_free(bases);
   if (n > 0) ts_ckpt_file_free_names(names, n);
 }
 
@@ -247,7 +259,8 @@ int ts_ckpt_file_write(const ts_ckpt_snapshot_t *snap, const char *dir, int keep
   uint8_t hash[HASH_LEN];
   if ((rc = write_all(fd, MAGIC, MAGIC_LEN, &h)) < 0 || (rc = write_all(fd, len4, 4, &h)) < 0 ||
       (rc = write_all(fd, snap->meta, snap->meta_len, &h)) < 0 ||
-      (rc = write_all(fd, snap->data, snap->data_count * sizeof(float), &h)) < 0)
+      (rc = write_all(fd, snap->data, snap->data_count * sizeof(float), &h)) < 0 ||
+      (snap->records_len && (rc = write_all(fd, snap->records, snap->records_len, &h)) < 0))
     goto io_fail;
   crypto_generichash_final(&h, hash, sizeof hash);
   if ((rc = write_all(fd, hash, sizeof hash, NULL)) < 0) goto io_fail;
@@ -271,7 +284,9 @@ int ts_ckpt_file_write(const ts_ckpt_snapshot_t *snap, const char *dir, int keep
     return rc;
   }
   if (path) snprintf(path, pathlen, "%s", final);
-  if (bytes) *bytes = MAGIC_LEN + 4 + snap->meta_len + snap->data_count * sizeof(float) + HASH_LEN;
+  if (bytes)
+    *bytes = MAGIC_LEN + 4 + snap->meta_len + snap->data_count * sizeof(float) + snap->records_len +
+             HASH_LEN;
   prune(snap, dir, keep);
   return 0;
 io_fail:
@@ -321,7 +336,8 @@ int ts_ckpt_file_read_meta(const char *path, Tessera__CheckpointMeta **meta, cha
   fclose(f);
   *meta = tessera__checkpoint_meta__unpack(&ts_protobuf_allocator, meta_len, buf);
   ts_free(buf);
-  if (!*meta || (*meta)->format != TS_CKPT_FILE_FORMAT) {
+  if (!*meta ||
+      ((*meta)->format != TS_CKPT_FILE_FORMAT && (*meta)->format != TS_CKPT_TABLES_FORMAT)) {
     if (*meta) ts_msg_free(&(*meta)->base);
     *meta = NULL;
     return bad(errmsg, errlen, path, "the checkpoint header does not parse");
@@ -410,8 +426,11 @@ int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **met
     if (fits) data += cp->count * (1 + (uint64_t)cp->state_buffers);
     fits = fits && data <= room;
   }
-  if (m->format != TS_CKPT_FILE_FORMAT || !fits ||
-      MAGIC_LEN + 4 + (uint64_t)meta_len + data * 4 + HASH_LEN != size) {
+  /* Then the table section (format 2), bounded by what is left of the file. */
+  uint64_t table_bytes = 0;
+  fits = fits && (m->format == TS_CKPT_FILE_FORMAT || m->format == TS_CKPT_TABLES_FORMAT) &&
+         ts_ckpt_tables_section_bytes(m, room * 4 - data * 4, &table_bytes);
+  if (!fits || MAGIC_LEN + 4 + (uint64_t)meta_len + data * 4 + table_bytes + HASH_LEN != size) {
     ts_msg_free(&m->base);
     fclose(f);
     return bad(errmsg, errlen, path, "unknown format or the data size does not match the header");

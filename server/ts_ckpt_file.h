@@ -2,10 +2,12 @@
  * The checkpoint file format (docs/operations.md): a file is
  *
  *   "TSCKPT01" | u32 meta_len (LE) | CheckpointMeta (proto/tessera.proto) | float32 data |
- * BLAKE2b-256
+ * table records (format 2) | BLAKE2b-256
  *
  * the data being every listed part's values and then its optimizer state buffers, in the
- * order the meta lists them; the hash covers everything before it. Names are
+ * order the meta lists them; the table records each table's rows (ts_ckpt_tables.h), in
+ * the order the meta lists the tables; the hash covers everything before it. Format 1 (no
+ * tables) and 2 are both read. Names are
  * DIR/shard-<N>-<sequence, 20 digits>.ckpt, so they sort by age within a shard.
  *
  * Glossary:
@@ -34,15 +36,19 @@ typedef struct ts_ckpt_snapshot {
   uint32_t shard, num_shards;
   uint64_t partition_bytes;
   uint64_t step, sequence;
-  uint8_t *meta; /* packed CheckpointMeta */
+  uint64_t base_sequence; /* an increment's full checkpoint; 0: full */
+  uint8_t *meta;          /* packed CheckpointMeta */
   size_t meta_len;
   float *data; /* every part's values and state, in file order */
   size_t data_count;
+  uint8_t *records; /* every table's row records, in file order (NULL when none) */
+  size_t records_len;
 } ts_ckpt_snapshot_t;
 
 /* Write a snapshot into dir (created if missing): a temporary file, fsync, rename, fsync of
  * the directory; only then delete this shard's checkpoints of its own layout beyond the
- * newest `keep` (files of another layout stay: they may be a set to re-shard from). path
+ * newest `keep` (files of another layout stay: they may be a set to re-shard from; so do
+ * the full checkpoints the kept increments are on). path
  * (may be NULL) gets the file written, *bytes its size. Returns 0 or a negative errno /
  * TS_E* with errmsg (a failed fsync of the directory too: then nothing is deleted).
  * Thread-safe for distinct snapshots. */
@@ -62,9 +68,9 @@ void ts_ckpt_file_free_names(char **names, int n);
 int ts_ckpt_file_read_meta(const char *path, Tessera__CheckpointMeta **meta, char *errmsg,
                            size_t errlen);
 
-/* Open path and check magic, sizes and the BLAKE2b hash of the whole file. Returns 0 with
- * the decoded meta (free with ts_msg_free) and the file (fclose) positioned at the first
- * partition's data, or TS_EDATA / TS_ENOMEM / a negative errno with errmsg naming path. */
+/* Open path and check magic, sizes (the table section's too) and the BLAKE2b hash of the
+ * whole file. Returns 0 with the decoded meta (free with ts_msg_free) and the file (fclose)
+ * positioned at the first partition's data, or TS_EDATA / TS_ENOMEM / a negative errno with errmsg naming path. */
 int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **meta, char *errmsg,
                       size_t errlen);
 

@@ -17,6 +17,10 @@
  * partition made of pieces of several old ones (another job.partition_bytes) must find them
  * at one version and update count, else the set is refused: merging them would invent a
  * state no shard ever had.
+ *
+ * Embedding tables: every file's rows are read (ts_ckpt_tables_read) and a row kept where
+ * ts_key_shard(key, new count) is this shard; each must be a key of the old shard whose
+ * file holds it, and no key may come twice.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -27,6 +31,7 @@
 #include "ts_alloc.h"
 #include "ts_ckpt_file.h"
 #include "ts_ckpt_reshard.h"
+#include "ts_ckpt_tables.h"
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_msg.h"
@@ -81,11 +86,14 @@ static int collect(const ts_store_t *s, char *const *dirs, size_t ndirs, found_t
         continue;
       }
       bool sane = m->shard == shards[i] && m->num_shards > 0 && m->shard < m->num_shards &&
-                  m->num_shards <= 256 && m->n_tensors > 0;
+                  m->num_shards <= 256 && (m->n_tensors > 0 || m->n_tables > 0);
       for (size_t t = 0; sane && t < m->n_tensors; t++) sane = m->tensors[t]->n_shape <= 8;
       if (!sane) ts_log_warn("re-sharding: skipping %s: its header is inconsistent", path);
-      if (!sane || ts_ckpt_file_same_layout(m, s->num_shards, s->partition_bytes)) {
-        ts_msg_free(&m->base); /* this layout's own files are not re-sharding's */
+      /* This layout's own files are not re-sharding's, nor are increments (a set is of
+       * full checkpoints: psctl checkpoint and shutdown write those). */
+      if (!sane || m->base_sequence ||
+          ts_ckpt_file_same_layout(m, s->num_shards, s->partition_bytes)) {
+        ts_msg_free(&m->base);
         continue;
       }
       if (f->ncands == cap) {
@@ -157,7 +165,8 @@ static int by_age(const void *a, const void *b) {
 }
 
 static bool same_tensors(const Tessera__CheckpointMeta *a, const Tessera__CheckpointMeta *b) {
-  if (a->n_tensors != b->n_tensors || a->seed != b->seed) return false;
+  if (a->n_tensors != b->n_tensors || a->seed != b->seed || !ts_ckpt_tables_same(a, b))
+    return false;
   for (size_t t = 0; t < a->n_tensors; t++) {
     const Tessera__TensorDecl *x = a->tensors[t], *y = b->tensors[t];
     if (strcmp(x->name, y->name) != 0 || x->n_shape != y->n_shape || x->init != y->init ||
@@ -263,9 +272,10 @@ static int copy_file(copy_t *c, const group_t *g, uint32_t shard, char *why, siz
     ts_errmsg_printf(why, whylen, "%s changed while it was being read", path);
     goto out;
   }
-  if (m->n_parts != c->old->shard_parts[shard]) {
+  uint32_t want = c->old->shard_parts ? c->old->shard_parts[shard] : 0; /* none: tables only */
+  if (m->n_parts != want) {
     ts_errmsg_printf(why, whylen, "%s holds %zu partitions, the old plan gives shard %u %u", path,
-             m->n_parts, shard, c->old->shard_parts[shard]);
+             m->n_parts, shard, want);
     goto out;
   }
   for (size_t i = 0; i < m->n_parts; i++) {
@@ -283,6 +293,11 @@ static int copy_file(copy_t *c, const group_t *g, uint32_t shard, char *why, siz
       ts_errmsg_printf(why, whylen, "%s: %s", path, w);
       goto out;
     }
+  }
+  char w[300];
+  if (ts_ckpt_tables_read(c->s, f, m, true, &c->state_dropped, w, sizeof w) < 0) {
+    ts_errmsg_printf(why, whylen, "%s: %s", path, w);
+    goto out;
   }
   rc = 0;
 out:
@@ -364,6 +379,8 @@ static int load_set(ts_store_t *s, const group_t *g, char *why, size_t whylen) {
   Tessera__Declare d = TESSERA__DECLARE__INIT;
   d.n_tensors = ref->n_tensors;
   d.tensors = ref->tensors;
+  d.n_tables = ref->n_tables;
+  d.tables = ref->tables;
   d.seed = ref->seed;
   bool created;
   char err[256];
@@ -380,14 +397,15 @@ static int load_set(ts_store_t *s, const group_t *g, char *why, size_t whylen) {
   rc = TS_ENOMEM;
   if (!elems || !c.dst) goto out;
   for (uint32_t t = 0; t < s->num_tensors; t++) elems[t] = s->tensors[t].elems;
-  if ((rc = ts_plan_build(elems, s->num_tensors, g->num_shards, g->partition_bytes, &old)) < 0)
+  if (s->num_tensors > 0 &&
+      (rc = ts_plan_build(elems, s->num_tensors, g->num_shards, g->partition_bytes, &old)) < 0)
     goto out;
   uint64_t max = 1;
   for (size_t i = 0; i < old.num_parts; i++)
     if (old.parts[i].count > max) max = old.parts[i].count;
   rc = TS_ENOMEM;
   if (!(c.tmp = ts_aligned_alloc(max * sizeof(float))) ||
-      !(c.old_seen = ts_calloc(old.num_parts, 1)))
+      !(c.old_seen = ts_calloc(old.num_parts ? old.num_parts : 1, 1)))
     goto out;
   for (uint32_t i = 0; i < g->num_shards; i++)
     if ((rc = copy_file(&c, g, i, why, whylen)) < 0) goto out;

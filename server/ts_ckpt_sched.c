@@ -11,6 +11,7 @@
 
 #include "ts_alloc.h"
 #include "ts_ckpt.h"
+#include "ts_ckpt_tables.h"
 #include "ts_err.h"
 #include "ts_log.h"
 
@@ -27,6 +28,8 @@ typedef struct {
   char err[512];
   uint64_t bytes;
   double seconds;
+  bool full_tables;     /* a full snapshot of tables whose changes are tracked */
+  uint64_t incarnation; /* the server's when taken (a model reset changes it) */
 } ckpt_job_t;
 
 /* A checkpoint was tried and failed, before its write (start_checkpoint) or in it
@@ -54,6 +57,16 @@ static void ckpt_done(uv_work_t *req, int status) {
     ts_errmsg_printf(j->err, sizeof j->err, "checkpoint cancelled: %s", uv_strerror(status));
   }
   uint64_t step = j->snap->step;
+  if (j->incarnation == srv->incarnation && srv->store.declared) {
+    /* Incremental checkpoints: a full one written is the next increments' base. */
+    if (j->full_tables) ts_ckpt_tables_full_done(&srv->store, j->rc == 0);
+    if (j->rc == 0 && j->full_tables) {
+      srv->ckpt_base = j->snap->sequence;
+      srv->ckpt_since_full = 0;
+    } else if (j->rc == 0 && j->snap->base_sequence) {
+      srv->ckpt_since_full++;
+    }
+  }
   if (j->rc == 0) {
     srv->ckpts_written++;
     srv->metrics.checkpoints_ok++;
@@ -62,9 +75,9 @@ static void ckpt_done(uv_work_t *req, int status) {
     srv->have_ckpt = true;
     srv->last_ckpt_ms = ts_server_now_ms(srv);
     snprintf(srv->last_ckpt, sizeof srv->last_ckpt, "%s", j->path);
-    ts_log_info("checkpoint written: %s (step %llu, %.1f MiB, %.0f ms)", j->path,
-                (unsigned long long)step, (double)j->bytes / (1024.0 * 1024.0),
-                j->seconds * 1000.0);
+    ts_log_info("checkpoint written: %s (step %llu, %.1f MiB, %.0f ms%s)", j->path,
+                (unsigned long long)step, (double)j->bytes / (1024.0 * 1024.0), j->seconds * 1000.0,
+                j->snap->base_sequence ? ", an increment" : "");
   } else {
     count_failure(srv);
     ts_log_err("checkpoint failed: %s", j->err);
@@ -107,8 +120,16 @@ static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t ses
     ts_errmsg_printf(errmsg, errlen, "a checkpoint is being written; try again when it is done");
     return TS_EBUSY;
   }
+  /* Periodic ones are increments on the last full one written, but every full_every-th
+   * (and the first after a start or a new model); the rest are full (a set to re-shard). */
+  const ts_config_t *cfg = srv->cfg;
+  bool incremental = kind == CKPT_TIMER && srv->store.num_tables > 0 && srv->ckpt_base &&
+                     srv->store.table_budget.track &&
+                     srv->ckpt_since_full + 1 < (uint32_t)cfg->checkpoint_full_every &&
+                     !ts_ckpt_tables_need_full(&srv->store);
   ts_ckpt_snapshot_t *snap = NULL;
-  int rc = ts_ckpt_snapshot(&srv->store, srv->ckpt_seq + 1, &snap, errmsg, errlen);
+  int rc = ts_ckpt_snapshot(&srv->store, srv->ckpt_seq + 1, incremental ? srv->ckpt_base : 0, &snap,
+                            errmsg, errlen);
   if (rc < 0) return rc;
   ckpt_job_t *j = ts_calloc(1, sizeof *j);
   if (!j) {
@@ -122,6 +143,8 @@ static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t ses
   j->kind = kind;
   j->session_id = session_id;
   j->request_id = request_id;
+  j->incarnation = srv->incarnation;
+  j->full_tables = !incremental && srv->store.num_tables > 0 && srv->store.table_budget.track;
   rc = uv_queue_work(srv->loop, &j->req, ckpt_work, ckpt_done);
   if (rc < 0) {
     ts_ckpt_snapshot_free(snap);
@@ -129,8 +152,9 @@ static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t ses
     ts_errmsg_printf(errmsg, errlen, "cannot start the checkpoint: %s", uv_strerror(rc));
     return rc;
   }
+  if (j->full_tables) ts_ckpt_tables_full_taken(&srv->store);
   srv->ckpt_seq++;
-  srv->ckpt_applied = srv->store.applied;
+  srv->ckpt_applied = ts_ckpt_changes(&srv->store);
   srv->ckpt_busy = true;
   return 0;
 }
@@ -150,7 +174,7 @@ static void on_ckpt_timer(uv_timer_t *t) {
   ts_server_t *srv = t->data;
   /* Only when something changed since the last one. */
   if (!srv->store.declared || srv->store.awaiting || srv->ckpt_busy ||
-      srv->store.applied == srv->ckpt_applied)
+      ts_ckpt_changes(&srv->store) == srv->ckpt_applied)
     return;
   char err[512];
   int rc = start_checkpoint(srv, CKPT_TIMER, 0, 0, err, sizeof err);
@@ -194,7 +218,7 @@ out:
 
 bool ts_ckpt_sched_final(ts_server_t *srv) {
   if (!srv->cfg->checkpoint_dir || !*srv->cfg->checkpoint_dir || !srv->store.declared ||
-      srv->store.awaiting || srv->store.applied == srv->ckpt_applied)
+      srv->store.awaiting || ts_ckpt_changes(&srv->store) == srv->ckpt_applied)
     return false;
   char err[512];
   if (srv->ckpt_busy) {
@@ -228,14 +252,14 @@ int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen) {
   if (r < 0) {
     ts_log_err("%s", err);
   } else if (r >= 1) {
-    srv->restored_step = ts_store_min_version(&srv->store);
+    srv->restored_step = ts_ckpt_step(&srv->store);
     srv->have_ckpt = true;
     srv->last_ckpt_ms = ts_server_now_ms(srv);
-    srv->ckpt_applied = srv->store.applied;
+    srv->ckpt_applied = ts_ckpt_changes(&srv->store);
     srv->metrics.model_bytes = srv->store.bytes + srv->store.state_bytes;
     snprintf(srv->last_ckpt, sizeof srv->last_ckpt, "%s", path);
-    ts_log_notice("restored checkpoint %s%s: %zu partition(s) at step %llu in %.0f ms",
-                  r == 2 ? "set " : "", path, srv->store.num_parts,
+    ts_log_notice("restored checkpoint %s%s: %zu partition(s), %u table(s) at step %llu in %.0f ms",
+                  r == 2 ? "set " : "", path, srv->store.num_parts, srv->store.num_tables,
                   (unsigned long long)srv->restored_step, (double)(uv_hrtime() - t0) / 1e6);
   } else {
     ts_log_info("no checkpoint in %s: starting fresh", cfg->checkpoint_dir);

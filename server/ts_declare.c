@@ -168,11 +168,6 @@ void ts_declare_handle(ts_session_t *s, Tessera__Declare *m) {
   if (s->role != TESSERA__ROLE__ROLE_WORKER) {
     ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, TS_EROLE,
                            "only workers declare tensors");
-  } else if (m->n_tables > 0 && srv->cfg->checkpoint_dir && srv->cfg->checkpoint_dir[0]) {
-    /* A checkpoint would silently leave the rows out: refused until checkpoints carry them. */
-    ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, TS_ECONFIG,
-                           "embedding tables are not in checkpoints yet: run without "
-                           "checkpoint.dir");
   } else if (srv->model.reset_pending) {
     ts_session_reply_error(s, TS_MSG_DECLARE, m->request_id, TS_EBUSY,
                            "the model is being reset (psctl model reset); declare again");
@@ -254,6 +249,8 @@ static void finish_reset(ts_server_t *srv, int rc, const char *why) {
     ts_require(srv->stage.in_use == 0 && !srv->stage.head);
     ts_stage_free(&srv->stage);
     srv->ckpt_applied = 0; /* the new model's first update is worth a checkpoint */
+    srv->ckpt_base = 0;    /* and is a full one */
+    srv->ckpt_since_full = 0;
     /* The end of the job was the old model's: the next model's training chooses its own
      * reporting worker, and has no final accuracy until that one sends it. */
     srv->final_reporter = -1;

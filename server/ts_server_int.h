@@ -239,7 +239,9 @@ struct ts_server {
   bool ckpt_busy;        /* a snapshot is being written */
   bool stop_after_ckpt;  /* a shutdown waits for it */
   uint64_t ckpt_seq;     /* sequence of the newest checkpoint on disk */
-  uint64_t ckpt_applied; /* store.applied when the last one was taken */
+  uint64_t ckpt_base;    /* sequence of this model's last full checkpoint written (0: none) */
+  uint32_t ckpt_since_full; /* increments written since it (checkpoint.full_every) */
+  uint64_t ckpt_applied; /* ts_ckpt_changes when the last one was taken */
   char last_ckpt[600];
   uint64_t last_ckpt_ms; /* loop time of the last checkpoint written or restored */
   bool have_ckpt;

@@ -26,6 +26,8 @@ void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard) {
   s->table_budget.max_bytes =
       cfg->max_table_bytes > 0 ? (uint64_t)cfg->max_table_bytes : UINT64_MAX;
   s->table_budget.rng = 0x9e3779b97f4a7c15ULL ^ shard;
+  s->table_budget.track =
+      cfg->checkpoint_dir && cfg->checkpoint_dir[0] && cfg->checkpoint_full_every > 1;
   ts_optim_from_config(&s->optim, cfg);
 }
 

@@ -55,6 +55,11 @@ struct ts_stable {
   uint64_t created, evicted, filtered, pulled, pushed;
   uint32_t expire_cursor;
   ts_hotkeys_t hot; /* the keys pulled most of late */
+  /* incremental checkpoints: erased keys, the first tomb_pending of them before the full
+   * checkpoint being written; lost: some were not kept (the next checkpoint is full) */
+  uint64_t *tomb;
+  size_t ntomb, tomb_cap, tomb_pending;
+  bool tomb_lost, tomb_lost_taken;
   /* sync */
   bool sync;
   uint32_t num_workers;
@@ -134,6 +139,7 @@ static void stable_free(ts_stable_t *t) {
   ts_table_free(&t->accum);
   if (t->has_sketch) ts_admit_sketch_free(&t->sketch);
   ts_free(t->contributed);
+  ts_free(t->tomb);
   ts_free(t->name);
 }
 
@@ -315,6 +321,22 @@ int ts_stable_check_keys(const void *keys, size_t stride, size_t n, uint64_t *pr
 
 /* --- rows -------------------------------------------------------------------------- */
 
+/* A row of t's was erased: its key is kept for the next incremental checkpoint. */
+static void tomb_add(ts_stable_t *t, const ts_stable_budget_t *b, uint64_t key) {
+  if (!b->track || t->tomb_lost) return;
+  if (t->ntomb == t->tomb_cap) {
+    size_t cap = t->tomb_cap ? 2 * t->tomb_cap : 256;
+    uint64_t *n = cap <= TS_STABLE_MAX_TOMBSTONES ? ts_realloc(t->tomb, cap * sizeof *n) : NULL;
+    if (!n) {
+      t->tomb_lost = true;
+      return;
+    }
+    t->tomb = n;
+    t->tomb_cap = cap;
+  }
+  t->tomb[t->ntomb++] = key;
+}
+
 /* The row of key in tab (t's rows or its accumulator), made within the budget: the rows
  * table makes room by evicting its least recently used rows; the accumulator does not
  * (its rows are the step's gradients). TS_TABLE_NONE when there is no room. */
@@ -327,6 +349,7 @@ static uint32_t new_row(ts_stable_t *t, ts_stable_budget_t *b, ts_table_t *tab, 
     if (tab != &t->rows || tries >= MAX_EVICT_TRIES ||
         !ts_admit_evict_lru(&t->policy, &t->rows, &b->rng, &victim))
       return TS_TABLE_NONE;
+    tomb_add(t, b, victim);
     t->evicted++;
   }
   uint64_t before = ts_table_bytes(tab);
@@ -347,6 +370,7 @@ static void init_row(ts_stable_t *t, uint32_t id, uint64_t key) {
   ts_table_meta_t *m = ts_table_meta(&t->rows, id);
   m->last_step = t->version;
   m->updates = 0;
+  m->count |= TS_STABLE_DIRTY;
   t->created++;
 }
 
@@ -366,7 +390,9 @@ void ts_stable_pull(ts_stable_t *t, ts_stable_budget_t *b, const uint64_t *keys,
       continue;
     }
     memcpy(out, ts_table_row(&t->rows, id), dim * sizeof(float));
-    ts_table_meta(&t->rows, id)->last_step = t->version;
+    ts_table_meta_t *m = ts_table_meta(&t->rows, id);
+    if (m->last_step != t->version) m->count |= TS_STABLE_DIRTY; /* its recency changed */
+    m->last_step = t->version;
   }
   t->pulled += n;
 }
@@ -389,6 +415,7 @@ static void update_row(ts_stable_t *t, uint32_t id, const float *g, float scale)
   ts_table_meta_t *m = ts_table_meta(&t->rows, id);
   m->updates++;
   m->last_step = t->version;
+  m->count |= TS_STABLE_DIRTY;
   ts_rowopt_apply(&t->opt, w, g, scale, dim, t->nstate >= 1 ? w + dim : NULL,
                   t->nstate >= 2 ? w + 2 * dim : NULL, m->updates);
 }
@@ -476,9 +503,114 @@ void ts_stable_sync_complete(ts_stable_t *t, ts_stable_budget_t *b) {
 }
 
 size_t ts_stable_expire(ts_stable_t *t, ts_stable_budget_t *b, size_t budget) {
-  (void)b; /* erased rows keep their slab: the bytes stay until the table is dropped */
+  /* erased rows keep their slab: the bytes stay until the table is dropped */
   if (t->policy.steps_to_live == 0 || t->rows.size == 0) return 0;
-  size_t n = ts_admit_expire(&t->policy, &t->rows, t->version, &t->expire_cursor, budget, NULL);
+  if (budget > t->rows.next_row) budget = t->rows.next_row;
+  uint64_t *keys = b->track && !t->tomb_lost ? ts_malloc(budget * sizeof *keys) : NULL;
+  if (b->track && !keys) t->tomb_lost = true;
+  size_t n = ts_admit_expire(&t->policy, &t->rows, t->version, &t->expire_cursor, budget, keys);
+  for (size_t i = 0; keys && i < n; i++) tomb_add(t, b, keys[i]);
+  ts_free(keys);
   t->evicted += n;
   return n;
+}
+
+/* --- checkpoints ------------------------------------------------------------------- */
+
+const Tessera__TableDecl *ts_stable_decl(const ts_stable_t *t) { return &t->decl; }
+const ts_table_t *ts_stable_rows(const ts_stable_t *t) { return &t->rows; }
+int ts_stable_nstate(const ts_stable_t *t) { return t->nstate; }
+
+int ts_stable_restore_row(ts_stable_t *t, ts_stable_budget_t *b, uint64_t key, uint64_t updates,
+                          uint64_t last_step, const float *floats, int file_nstate, bool replace,
+                          char *errmsg, size_t errlen) {
+  ts_table_t *tab = &t->rows;
+  if (ts_table_find(tab, key) != TS_TABLE_NONE) {
+    if (!replace) {
+      ts_errmsg_printf(errmsg, errlen, "table '%s': key %llu is listed twice", t->name,
+                       (unsigned long long)key);
+      return TS_EDATA;
+    }
+    ts_table_erase(tab, key); /* its slot is reused just below: no room needed */
+  }
+  if (tab->size >= tab->max_rows || b->bytes + ts_table_insert_cost(tab) > b->max_bytes) {
+    ts_errmsg_printf(errmsg, errlen,
+                     "table '%s': %zu rows restored, the next does not fit max_rows %llu or "
+                     "server.max_table_bytes %llu (%llu bytes held by tables)",
+                     t->name, tab->size, (unsigned long long)tab->max_rows,
+                     (unsigned long long)b->max_bytes, (unsigned long long)b->bytes);
+    return TS_ETOOBIG;
+  }
+  uint64_t before = ts_table_bytes(tab);
+  bool created;
+  int err = 0;
+  uint32_t id = ts_table_insert(tab, key, &created, &err);
+  if (id == TS_TABLE_NONE) {
+    ts_errmsg_printf(errmsg, errlen, "table '%s': cannot make the row of key %llu%s", t->name,
+                     (unsigned long long)key, err == TS_ENOMEM ? ": out of memory" : "");
+    return err == TS_ENOMEM ? TS_ENOMEM : TS_ETOOBIG;
+  }
+  b->bytes += ts_table_bytes(tab) - before;
+  float *w = ts_table_row(tab, id);
+  ts_table_meta_t *m = ts_table_meta(tab, id);
+  size_t dim = tab->dim;
+  if (file_nstate == t->nstate) {
+    memcpy(w, floats, tab->stride * sizeof(float));
+  } else {
+    memcpy(w, floats, dim * sizeof(float));
+    ts_rowopt_init_state(&t->opt, t->nstate >= 1 ? w + dim : NULL,
+                         t->nstate >= 2 ? w + 2 * dim : NULL, dim);
+    updates = 0;
+  }
+  m->updates = updates;
+  m->last_step = last_step;
+  return 0;
+}
+
+void ts_stable_forget(ts_stable_t *t, uint64_t key) { ts_table_erase(&t->rows, key); }
+
+const uint64_t *ts_stable_tombstones(const ts_stable_t *t, size_t *n) {
+  *n = t->ntomb;
+  return t->tomb;
+}
+
+bool ts_stable_tombstones_lost(const ts_stable_t *t) { return t->tomb_lost; }
+
+void ts_stable_full_taken(ts_stable_t *t) {
+  uint32_t cursor = 0;
+  for (uint32_t id; (id = ts_table_next(&t->rows, &cursor)) != TS_TABLE_NONE;) {
+    ts_table_meta_t *m = ts_table_meta(&t->rows, id);
+    if (m->count & TS_STABLE_DIRTY) m->count = (m->count & ~TS_STABLE_DIRTY) | TS_STABLE_PENDING;
+  }
+  t->tomb_pending = t->ntomb;
+  t->tomb_lost_taken = t->tomb_lost;
+  t->tomb_lost = false; /* the full checkpoint holds what was lost */
+}
+
+void ts_stable_full_done(ts_stable_t *t, bool written) {
+  uint32_t cursor = 0;
+  for (uint32_t id; (id = ts_table_next(&t->rows, &cursor)) != TS_TABLE_NONE;) {
+    ts_table_meta_t *m = ts_table_meta(&t->rows, id);
+    if (!(m->count & TS_STABLE_PENDING)) continue;
+    m->count &= ~TS_STABLE_PENDING;
+    if (!written) m->count |= TS_STABLE_DIRTY;
+  }
+  size_t p = t->tomb_pending <= t->ntomb ? t->tomb_pending : t->ntomb;
+  if (written) {
+    if (p > 0) memmove(t->tomb, t->tomb + p, (t->ntomb - p) * sizeof *t->tomb);
+    t->ntomb -= p;
+  } else {
+    t->tomb_lost = t->tomb_lost || t->tomb_lost_taken;
+  }
+  t->tomb_pending = 0;
+  t->tomb_lost_taken = false;
+}
+
+void ts_stable_restore_counters(ts_stable_t *t, const ts_stable_info_t *info) {
+  t->version = info->version;
+  t->created = info->created;
+  t->evicted = info->evicted;
+  t->filtered = info->filtered;
+  t->pulled = info->pulled_rows;
+  t->pushed = info->pushed_rows;
 }

@@ -27,6 +27,7 @@
 
 #include "tessera.pb-c.h"
 #include "ts_optim.h"
+#include "ts_table.h"
 
 typedef struct ts_stable ts_stable_t;
 
@@ -80,6 +81,7 @@ typedef struct {
   uint64_t max_bytes;
   uint64_t bytes;
   uint64_t rng; /* the LRU sample's random state */
+  bool track;   /* incremental checkpoints: mark changed rows, keep erased keys */
 } ts_stable_budget_t;
 
 /* Answer a pull: out[i * dim ..] = key i's row (keys[0..n) checked). A key with no row
@@ -113,6 +115,47 @@ uint64_t ts_stable_opened_ms(const ts_stable_t *t);
 /* Sync: close the open step: every accumulated row applied once with 1/count, the version
  * moves to step + 1. */
 void ts_stable_sync_complete(ts_stable_t *t, ts_stable_budget_t *b);
+
+/* Checkpoints (server/ts_ckpt_tables.c). The table as declared, its rows (read only: a
+ * snapshot walks them with ts_table_next, each row stride floats: value then state) and
+ * its optimizer's state buffers per row. */
+const Tessera__TableDecl *ts_stable_decl(const ts_stable_t *t);
+const ts_table_t *ts_stable_rows(const ts_stable_t *t);
+int ts_stable_nstate(const ts_stable_t *t);
+/* Restore one row of a checkpoint into a table of a store being restored: floats are its
+ * value and file_nstate state buffers (dim floats each), updates and last_step its
+ * metadata. State of another optimizer (file_nstate differs) is dropped: the row gets the
+ * optimizer's initial state and updates 0. Returns 0, TS_EDATA (the key has a row
+ * already), TS_ETOOBIG (over max_rows or server.max_table_bytes: nothing is evicted at a
+ * restore) or TS_ENOMEM, with errmsg. */
+int ts_stable_restore_row(ts_stable_t *t, ts_stable_budget_t *b, uint64_t key, uint64_t updates,
+                          uint64_t last_step, const float *floats, int file_nstate, bool replace,
+                          char *errmsg, size_t errlen);
+/* An increment's tombstone: key's row goes (if there is one). */
+void ts_stable_forget(ts_stable_t *t, uint64_t key);
+
+/* Incremental checkpoints (ts_store_init sets b->track when checkpoint.full_every > 1): a
+ * row made, updated or pulled at a new version (its last_step moved) carries
+ * TS_STABLE_DIRTY in its meta's count (unused otherwise) until a full checkpoint is taken,
+ * TS_STABLE_PENDING while that one is written; a key erased (evicted, expired) is kept as a
+ * tombstone until a full checkpoint that follows it is written. At most
+ * TS_STABLE_MAX_TOMBSTONES a table: past them the next checkpoint must be full
+ * (ts_stable_tombstones_lost). */
+#define TS_STABLE_DIRTY (1u << 31)
+#define TS_STABLE_PENDING (1u << 30)
+#define TS_STABLE_MAX_TOMBSTONES (1u << 20)
+static inline bool ts_stable_row_changed(const ts_table_meta_t *m) {
+  return (m->count & (TS_STABLE_DIRTY | TS_STABLE_PENDING)) != 0;
+}
+/* The keys erased since the last full checkpoint written, oldest first. */
+const uint64_t *ts_stable_tombstones(const ts_stable_t *t, size_t *n);
+bool ts_stable_tombstones_lost(const ts_stable_t *t);
+/* A full checkpoint was taken (marks become pending) and later written or not: written,
+ * its pending marks and tombstones go; failed, they count again. */
+void ts_stable_full_taken(ts_stable_t *t);
+void ts_stable_full_done(ts_stable_t *t, bool written);
+/* Restore the table's version and counters (info's name, dim, rows and bytes are ignored). */
+void ts_stable_restore_counters(ts_stable_t *t, const ts_stable_info_t *info);
 
 /* Evict the rows untouched for steps_to_live versions, looking at no more than budget row
  * slots (a sweep resumed from a cursor). Returns rows evicted. */

@@ -8,7 +8,8 @@
  * other shards' keys, ENONFINITE, ETOOBIG) with the connection kept, and 10^8 keys
  * refused by the codec without the shard allocating; admission by count; max_rows and
  * server.max_table_bytes holding while ten times as many keys stream through; and a job
- * with checkpoint.dir (or the momentum optimizer and no row optimizer) refusing tables.
+ * with the momentum optimizer refusing a table without a row optimizer. (Tables in
+ * checkpoints: test_ckpt_tables.c; the raw frames are tabraw.h's.)
  */
 #include <math.h>
 #include <setjmp.h>
@@ -25,6 +26,7 @@
 
 #include "harness.h"
 #include "rawconn.h"
+#include "tabraw.h"
 #include "ts_err.h"
 #include "ts_frame.h"
 #include "ts_init.h"
@@ -32,195 +34,8 @@
 #include "ts_msg.h"
 #include "ts_rowopt.h"
 
-#define SEED 11
+#define SEED TT_SEED
 
-/* --- frames ------------------------------------------------------------------------ */
-
-typedef struct {
-  int type;
-  uint8_t meta[8192];
-  uint32_t meta_len;
-  uint8_t *data; /* malloc'd payload (NULL when none) */
-  uint64_t data_len;
-} frame_t;
-
-/* Read one frame with its payload; the type, or -1. */
-static int read_frame(int fd, frame_t *f) {
-  uint8_t h[TS_FRAME_HEADER_SIZE];
-  f->data = NULL;
-  f->data_len = 0;
-  if (ts_raw_read_full(fd, h, sizeof h, 10000) < 0) return -1;
-  ts_frame_header_t hdr;
-  if (ts_frame_decode_header(h, sizeof h, UINT64_MAX, &hdr, NULL) < 0) return -1;
-  if (hdr.meta_len > sizeof f->meta || ts_raw_read_full(fd, f->meta, hdr.meta_len, 10000) < 0)
-    return -1;
-  f->meta_len = hdr.meta_len;
-  if (hdr.data_len) {
-    f->data = malloc(hdr.data_len);
-    assert_non_null(f->data);
-    if (ts_raw_read_full(fd, f->data, hdr.data_len, 10000) < 0) return -1;
-    f->data_len = hdr.data_len;
-  }
-  f->type = hdr.type;
-  return hdr.type;
-}
-
-/* The code of an Error frame f (its detail into detail), else 0. */
-static int error_of(const frame_t *f, char *detail, size_t n) {
-  if (f->type != TS_MSG_ERROR) return 0;
-  Tessera__Error *e = tessera__error__unpack(NULL, f->meta_len, f->meta);
-  assert_non_null(e);
-  int code = e->code;
-  if (detail) snprintf(detail, n, "%s", e->detail);
-  tessera__error__free_unpacked(e, NULL);
-  return code;
-}
-
-/* --- requests ---------------------------------------------------------------------- */
-
-static Tessera__TableDecl table_decl(const char *name, uint32_t dim, Tessera__RowOptimizer opt,
-                                     double lr) {
-  Tessera__TableDecl t = TESSERA__TABLE_DECL__INIT;
-  t.name = (char *)name;
-  t.dim = dim;
-  t.init = TESSERA__ROW_INIT__ROW_INIT_UNIFORM;
-  t.init_param = 0.05;
-  t.optimizer = opt;
-  t.learning_rate = lr;
-  return t;
-}
-
-/* Declare tables t[0..n) (no tensors); 0 or the error's code (detail into detail). */
-static int declare(int fd, Tessera__TableDecl *t, size_t n, char *detail, size_t dn) {
-  Tessera__TableDecl *tp[8];
-  for (size_t i = 0; i < n; i++) tp[i] = &t[i];
-  Tessera__Declare d = TESSERA__DECLARE__INIT;
-  d.request_id = 2;
-  d.seed = SEED;
-  d.tables = tp;
-  d.n_tables = n;
-  ts_raw_send_msg(fd, TS_MSG_DECLARE, &d.base, 0);
-  frame_t f;
-  int type = read_frame(fd, &f);
-  free(f.data);
-  if (type == TS_MSG_DECLARE_REPLY) return 0;
-  assert_int_equal(type, TS_MSG_ERROR);
-  return error_of(&f, detail, dn);
-}
-
-static void send_pull(int fd, uint64_t id, uint32_t table, const uint64_t *keys, size_t n,
-                      uint64_t min_version) {
-  Tessera__SparsePull p = TESSERA__SPARSE_PULL__INIT;
-  p.request_id = id;
-  p.table = table;
-  p.num_keys = n;
-  p.min_version = min_version;
-  p.timeout_ms = 10000;
-  ts_raw_send_msg(fd, TS_MSG_SPARSE_PULL, &p.base, n * 8);
-  ts_raw_send_all(fd, keys, n * 8);
-}
-
-/* The reply to a pull: 0 with rows (n x dim) and *version, or the error's code. */
-static int read_pull(int fd, float *rows, size_t n, uint32_t dim, uint64_t *version,
-                     char *detail, size_t dn) {
-  frame_t f;
-  int type = read_frame(fd, &f);
-  if (type != TS_MSG_SPARSE_PULL_REPLY) {
-    assert_int_equal(type, TS_MSG_ERROR);
-    free(f.data);
-    return error_of(&f, detail, dn);
-  }
-  Tessera__SparsePullReply *r = tessera__sparse_pull_reply__unpack(NULL, f.meta_len, f.meta);
-  assert_non_null(r);
-  assert_int_equal(r->num_keys, n);
-  assert_int_equal(r->dim, dim);
-  assert_int_equal(f.data_len, n * dim * 4);
-  if (version) *version = r->version;
-  if (n) memcpy(rows, f.data, n * dim * 4);
-  tessera__sparse_pull_reply__free_unpacked(r, NULL);
-  free(f.data);
-  return 0;
-}
-
-static int pull(int fd, uint32_t table, const uint64_t *keys, size_t n, uint32_t dim, float *rows,
-                uint64_t *version, char *detail, size_t dn) {
-  send_pull(fd, 7, table, keys, n, 0);
-  return read_pull(fd, rows, n, dim, version, detail, dn);
-}
-
-typedef struct {
-  int result;
-  uint64_t rows, filtered;
-} push_reply_t;
-
-static void send_push(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
-                      const uint64_t *keys, const float *grads, size_t n) {
-  Tessera__SparsePush p = TESSERA__SPARSE_PUSH__INIT;
-  p.request_id = 8;
-  p.table = table;
-  p.num_keys = n;
-  p.dim = dim;
-  p.step = step;
-  p.push_id = push_id;
-  p.client_incarnation = push_id ? 77 : 0;
-  size_t rec = 8 + 4 * (size_t)dim;
-  uint8_t *buf = malloc(n * rec + 1);
-  for (size_t i = 0; i < n; i++) {
-    memcpy(buf + i * rec, &keys[i], 8);
-    memcpy(buf + i * rec + 8, grads + i * dim, 4 * (size_t)dim);
-  }
-  ts_raw_send_msg(fd, TS_MSG_SPARSE_PUSH, &p.base, n * rec);
-  ts_raw_send_all(fd, buf, n * rec);
-  free(buf);
-}
-
-static int read_push(int fd, push_reply_t *out, char *detail, size_t dn) {
-  frame_t f;
-  int type = read_frame(fd, &f);
-  free(f.data);
-  if (type != TS_MSG_SPARSE_PUSH_REPLY) {
-    assert_int_equal(type, TS_MSG_ERROR);
-    return error_of(&f, detail, dn);
-  }
-  Tessera__SparsePushReply *r = tessera__sparse_push_reply__unpack(NULL, f.meta_len, f.meta);
-  assert_non_null(r);
-  if (out) *out = (push_reply_t){r->result, r->rows, r->rows_filtered};
-  tessera__sparse_push_reply__free_unpacked(r, NULL);
-  return 0;
-}
-
-static int push(int fd, uint32_t table, uint32_t dim, uint64_t step, const uint64_t *keys,
-                const float *grads, size_t n, push_reply_t *out, char *detail, size_t dn) {
-  send_push(fd, table, dim, step, 0, keys, grads, n);
-  return read_push(fd, out, detail, dn);
-}
-
-static Tessera__ShardStatus *status(int fd) {
-  Tessera__Status st = TESSERA__STATUS__INIT;
-  st.request_id = 5;
-  ts_raw_send_msg(fd, TS_MSG_STATUS, &st.base, 0);
-  frame_t f;
-  assert_int_equal(read_frame(fd, &f), TS_MSG_STATUS_REPLY);
-  free(f.data);
-  Tessera__ShardStatus *r = tessera__shard_status__unpack(NULL, f.meta_len, f.meta);
-  assert_non_null(r);
-  return r;
-}
-
-/* n keys of shard `shard` of num_shards, ascending, from `from` on. */
-static void shard_keys(uint64_t *out, size_t n, uint32_t shard, uint32_t num_shards, uint64_t from) {
-  for (uint64_t k = from; n; k++)
-    if (ts_key_shard(k, num_shards) == shard) {
-      *out++ = k;
-      n--;
-    }
-}
-
-static int worker(ts_cluster_t *c, int shard, int task) {
-  int fd = ts_raw_worker(c->port[shard], task, "test_tables");
-  assert_true(fd >= 0);
-  return fd;
-}
 
 /* A gradient value that tests every bit: dyadic, varied by key and element. */
 static float grad(uint64_t key, size_t j, int round) {
@@ -254,38 +69,38 @@ static void test_async_rows(void **state) {
   (void)state;
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, 1, "job = { mode = \"async\"; };"), 0);
-  int fd = worker(&c, 0, 0);
+  int fd = tt_worker(&c, 0, 0);
   Tessera__TableDecl t[5] = {
-      table_decl("sgd", 8, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5),
-      table_decl("adagrad", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_ADAGRAD, 0.25),
-      table_decl("adam", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_ADAM, 0.01),
-      table_decl("ftrl", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_FTRL, 0.1),
-      table_decl("wide", 64, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.1),
+      tt_table_decl("sgd", 8, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5),
+      tt_table_decl("adagrad", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_ADAGRAD, 0.25),
+      tt_table_decl("adam", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_ADAM, 0.01),
+      tt_table_decl("ftrl", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_FTRL, 0.1),
+      tt_table_decl("wide", 64, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.1),
   };
   t[3].l1 = 0.001;
   t[3].l2 = 0.01;
   t[3].beta = 0.5;
   char detail[512];
-  assert_int_equal(declare(fd, t, 5, detail, sizeof detail), 0);
+  assert_int_equal(tt_declare(fd, t, 5, detail, sizeof detail), 0);
   /* A second declare of the same tables is fine; another width is not. */
-  assert_int_equal(declare(fd, t, 5, detail, sizeof detail), 0);
+  assert_int_equal(tt_declare(fd, t, 5, detail, sizeof detail), 0);
   t[0].dim = 16;
-  assert_int_equal(declare(fd, t, 5, detail, sizeof detail), TS_ESHAPE);
+  assert_int_equal(tt_declare(fd, t, 5, detail, sizeof detail), TS_ESHAPE);
   assert_non_null(strstr(detail, "width 8, not 16"));
   t[0].dim = 8;
   Tessera__TableDecl twice[2] = {t[0], t[0]};
-  int fd1 = worker(&c, 1, 0);
-  assert_int_equal(declare(fd1, twice, 2, detail, sizeof detail), TS_ESHAPE);
+  int fd1 = tt_worker(&c, 1, 0);
+  assert_int_equal(tt_declare(fd1, twice, 2, detail, sizeof detail), TS_ESHAPE);
   assert_non_null(strstr(detail, "declared twice"));
   close(fd1);
 
   uint64_t keys[NK];
-  shard_keys(keys, NK, 0, 2, 1);
+  tt_shard_keys(keys, NK, 0, 2, 1);
   for (int ti = 0; ti < 4; ti++) {
     uint32_t dim = t[ti].dim;
     float rows[NK * 8], want[NK * 8], state0[NK * 8], state1[NK * 8];
     uint64_t version = 99;
-    assert_int_equal(pull(fd, (uint32_t)ti, keys, NK, dim, rows, &version, detail, sizeof detail), 0);
+    assert_int_equal(tt_pull(fd, (uint32_t)ti, keys, NK, dim, rows, &version, detail, sizeof detail), 0);
     assert_int_equal(version, 0);
     ts_rowopt_t o = ref_opt(&t[ti]);
     int ns = ts_rowopt_state_buffers(&o);
@@ -299,21 +114,21 @@ static void test_async_rows(void **state) {
       float g[NK * 8];
       for (size_t i = 0; i < NK; i++)
         for (size_t j = 0; j < dim; j++) g[i * dim + j] = grad(keys[i], j, round);
-      push_reply_t r;
-      assert_int_equal(push(fd, (uint32_t)ti, dim, 0, keys, g, NK, &r, detail, sizeof detail), 0);
+      tt_push_reply_t r;
+      assert_int_equal(tt_push(fd, (uint32_t)ti, dim, 0, keys, g, NK, &r, detail, sizeof detail), 0);
       assert_int_equal(r.result, TESSERA__PUSH_RESULT__PUSH_APPLIED);
       assert_int_equal(r.rows, NK);
       for (size_t i = 0; i < NK; i++)
         ts_rowopt_apply(&o, want + i * dim, g + i * dim, 1.0f, dim, ns >= 1 ? state0 + i * dim : NULL,
                         ns >= 2 ? state1 + i * dim : NULL, (uint64_t)round + 1);
     }
-    assert_int_equal(pull(fd, (uint32_t)ti, keys, NK, dim, rows, &version, detail, sizeof detail), 0);
+    assert_int_equal(tt_pull(fd, (uint32_t)ti, keys, NK, dim, rows, &version, detail, sizeof detail), 0);
     assert_int_equal(version, 3);
     if (memcmp(rows, want, NK * dim * 4) != 0)
       fail_msg("table '%s': rows differ from ts_rowopt_apply's (%g vs %g)", t[ti].name, (double)rows[0],
                (double)want[0]);
   }
-  Tessera__ShardStatus *st = status(fd);
+  Tessera__ShardStatus *st = tt_status(fd);
   assert_int_equal(st->n_tables, 5);
   assert_string_equal(st->tables[0]->name, "sgd");
   assert_int_equal(st->tables[0]->dim, 8);
@@ -328,44 +143,44 @@ static void test_async_rows(void **state) {
   /* A retried push (the same push id and client) is not applied twice. */
   float g1[NK * 8], tmp[NK * 8];
   for (size_t i = 0; i < NK * 8; i++) g1[i] = 0.125f;
-  push_reply_t r1;
+  tt_push_reply_t r1;
   uint64_t v = 0;
   for (int k = 0; k < 2; k++) {
-    send_push(fd, 0, 8, 0, 5, keys, g1, NK);
-    assert_int_equal(read_push(fd, &r1, detail, sizeof detail), 0);
+    tt_send_push(fd, 0, 8, 0, 5, keys, g1, NK);
+    assert_int_equal(tt_read_push(fd, &r1, detail, sizeof detail), 0);
     assert_int_equal(r1.result, k == 0 ? TESSERA__PUSH_RESULT__PUSH_APPLIED
                                        : TESSERA__PUSH_RESULT__PUSH_DUPLICATE);
   }
-  assert_int_equal(pull(fd, 0, keys, NK, 8, tmp, &v, detail, sizeof detail), 0);
+  assert_int_equal(tt_pull(fd, 0, keys, NK, 8, tmp, &v, detail, sizeof detail), 0);
   assert_int_equal(v, 4);
 
   /* Refusals, each leaving the connection open and the rows as they were. */
   float rows[NK * 8], before[NK * 8], g[NK * 8] = {0};
-  assert_int_equal(pull(fd, 0, keys, NK, 8, before, NULL, detail, sizeof detail), 0);
-  assert_int_equal(pull(fd, 9, keys, NK, 8, rows, NULL, detail, sizeof detail), TS_ENOTABLE);
-  assert_int_equal(push(fd, 9, 8, 0, keys, g, NK, NULL, detail, sizeof detail), TS_ENOTABLE);
-  assert_int_equal(push(fd, 0, 4, 0, keys, g, NK, NULL, detail, sizeof detail), TS_ESHAPE);
+  assert_int_equal(tt_pull(fd, 0, keys, NK, 8, before, NULL, detail, sizeof detail), 0);
+  assert_int_equal(tt_pull(fd, 9, keys, NK, 8, rows, NULL, detail, sizeof detail), TS_ENOTABLE);
+  assert_int_equal(tt_push(fd, 9, 8, 0, keys, g, NK, NULL, detail, sizeof detail), TS_ENOTABLE);
+  assert_int_equal(tt_push(fd, 0, 4, 0, keys, g, NK, NULL, detail, sizeof detail), TS_ESHAPE);
   uint64_t unsorted[NK];
   memcpy(unsorted, keys, sizeof keys);
   unsorted[3] = keys[1];
-  assert_int_equal(pull(fd, 0, unsorted, NK, 8, rows, NULL, detail, sizeof detail), TS_EINVAL);
+  assert_int_equal(tt_pull(fd, 0, unsorted, NK, 8, rows, NULL, detail, sizeof detail), TS_EINVAL);
   assert_non_null(strstr(detail, "keys not strictly ascending at index 3"));
   uint64_t dup[NK];
   memcpy(dup, keys, sizeof keys);
   dup[2] = dup[1];
-  assert_int_equal(pull(fd, 0, dup, NK, 8, rows, NULL, detail, sizeof detail), TS_EINVAL);
+  assert_int_equal(tt_pull(fd, 0, dup, NK, 8, rows, NULL, detail, sizeof detail), TS_EINVAL);
   for (size_t i = 0; i < NK * 8; i++) g[i] = 1.0f;
-  assert_int_equal(push(fd, 0, 8, 0, unsorted, g, NK, NULL, detail, sizeof detail), TS_EINVAL);
+  assert_int_equal(tt_push(fd, 0, 8, 0, unsorted, g, NK, NULL, detail, sizeof detail), TS_EINVAL);
   assert_non_null(strstr(detail, "no row changed"));
   uint64_t other[NK];
   memcpy(other, keys, sizeof keys);
-  shard_keys(&other[NK - 1], 1, 1, 2, keys[NK - 1] + 1); /* the last one on shard 1 */
-  assert_int_equal(pull(fd, 0, other, NK, 8, rows, NULL, detail, sizeof detail), TS_EINVAL);
+  tt_shard_keys(&other[NK - 1], 1, 1, 2, keys[NK - 1] + 1); /* the last one on shard 1 */
+  assert_int_equal(tt_pull(fd, 0, other, NK, 8, rows, NULL, detail, sizeof detail), TS_EINVAL);
   assert_non_null(strstr(detail, "belongs to shard 1"));
-  assert_int_equal(push(fd, 0, 8, 0, other, g, NK, NULL, detail, sizeof detail), TS_EINVAL);
+  assert_int_equal(tt_push(fd, 0, 8, 0, other, g, NK, NULL, detail, sizeof detail), TS_EINVAL);
   g[3 * 8 + 2] = NAN;
-  assert_int_equal(push(fd, 0, 8, 0, keys, g, NK, NULL, detail, sizeof detail), TS_ENONFINITE);
-  assert_int_equal(pull(fd, 0, keys, NK, 8, rows, NULL, detail, sizeof detail), 0);
+  assert_int_equal(tt_push(fd, 0, 8, 0, keys, g, NK, NULL, detail, sizeof detail), TS_ENONFINITE);
+  assert_int_equal(tt_pull(fd, 0, keys, NK, 8, rows, NULL, detail, sizeof detail), 0);
   assert_memory_equal(rows, before, sizeof before);
 
   /* A push of several staging pieces (1 MiB each): all applied; then one with a NaN in its
@@ -373,15 +188,15 @@ static void test_async_rows(void **state) {
   size_t nbig = 10000;
   uint64_t *bk = malloc(nbig * 8);
   float *bg = malloc(nbig * 64 * 4), *brows = malloc(nbig * 64 * 4);
-  shard_keys(bk, nbig, 0, 2, 1);
+  tt_shard_keys(bk, nbig, 0, 2, 1);
   for (size_t i = 0; i < nbig * 64; i++) bg[i] = 0.25f;
-  push_reply_t rb;
-  assert_int_equal(push(fd, 4, 64, 0, bk, bg, nbig, &rb, detail, sizeof detail), 0);
+  tt_push_reply_t rb;
+  assert_int_equal(tt_push(fd, 4, 64, 0, bk, bg, nbig, &rb, detail, sizeof detail), 0);
   assert_int_equal(rb.rows, nbig);
   bg[(nbig - 1) * 64] = NAN;
-  assert_int_equal(push(fd, 4, 64, 0, bk, bg, nbig, &rb, detail, sizeof detail), TS_ENONFINITE);
+  assert_int_equal(tt_push(fd, 4, 64, 0, bk, bg, nbig, &rb, detail, sizeof detail), TS_ENONFINITE);
   assert_non_null(strstr(detail, "records were applied before it"));
-  assert_int_equal(pull(fd, 4, bk, nbig, 64, brows, &v, detail, sizeof detail), 0);
+  assert_int_equal(tt_pull(fd, 4, bk, nbig, 64, brows, &v, detail, sizeof detail), 0);
   float w0[64], wl[64];
   ref_init(&t[4], bk[0], w0);
   ref_init(&t[4], bk[nbig - 1], wl);
@@ -402,15 +217,15 @@ static void test_async_rows(void **state) {
   /* A reply over 64 MiB: refused, its keys read and dropped, the connection kept. */
   size_t big = 300000;
   uint64_t *many = calloc(big, 8);
-  assert_int_equal(pull(fd, 4, many, big, 64, NULL, NULL, detail, sizeof detail), TS_ETOOBIG);
+  assert_int_equal(tt_pull(fd, 4, many, big, 64, NULL, NULL, detail, sizeof detail), TS_ETOOBIG);
   assert_non_null(strstr(detail, "pull fewer keys"));
   free(many);
-  assert_int_equal(pull(fd, 0, keys, NK, 8, rows, NULL, detail, sizeof detail), 0);
+  assert_int_equal(tt_pull(fd, 0, keys, NK, 8, rows, NULL, detail, sizeof detail), 0);
 
   /* 10^8 keys announced: the codec refuses the frame (the connection closes) before the
    * shard allocates anything for it; a well-behaved worker is served on. */
   long rss = ts_proc_rss_kib(c.pid[0]);
-  int bad = worker(&c, 0, 0);
+  int bad = tt_worker(&c, 0, 0);
   Tessera__SparsePull p = TESSERA__SPARSE_PULL__INIT;
   p.request_id = 3;
   p.num_keys = 100000000;
@@ -420,7 +235,7 @@ static void test_async_rows(void **state) {
   assert_true(ts_raw_closed_by_peer(bad, 5000));
   close(bad);
   assert_true(ts_proc_rss_kib(c.pid[0]) - rss < 16 * 1024);
-  assert_int_equal(pull(fd, 0, keys, NK, 8, rows, NULL, detail, sizeof detail), 0);
+  assert_int_equal(tt_pull(fd, 0, keys, NK, 8, rows, NULL, detail, sizeof detail), 0);
   assert_memory_equal(rows, before, sizeof before);
   close(fd);
   assert_int_equal(ts_cluster_stop(&c), 0);
@@ -432,29 +247,29 @@ static void test_sync_two_workers(void **state) {
   (void)state;
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 1, 2, "job = { mode = \"sync\"; };"), 0);
-  int a = worker(&c, 0, 0), b = worker(&c, 0, 1), waiter = worker(&c, 0, 0);
-  Tessera__TableDecl t = table_decl("emb", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5);
+  int a = tt_worker(&c, 0, 0), b = tt_worker(&c, 0, 1), waiter = tt_worker(&c, 0, 0);
+  Tessera__TableDecl t = tt_table_decl("emb", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5);
   char detail[512];
-  assert_int_equal(declare(a, &t, 1, detail, sizeof detail), 0);
-  assert_int_equal(declare(b, &t, 1, detail, sizeof detail), 0);
+  assert_int_equal(tt_declare(a, &t, 1, detail, sizeof detail), 0);
+  assert_int_equal(tt_declare(b, &t, 1, detail, sizeof detail), 0);
   uint64_t keys[3] = {1, 2, 3};
   float w[12], rows[12];
-  assert_int_equal(pull(a, 0, keys, 3, 4, w, NULL, detail, sizeof detail), 0);
+  assert_int_equal(tt_pull(a, 0, keys, 3, 4, w, NULL, detail, sizeof detail), 0);
   /* A long poll for version 1: parked until the step closes. */
-  send_pull(waiter, 21, 0, keys, 3, 1);
+  tt_send_pull(waiter, 21, 0, keys, 3, 1);
   float ga[8], gb[8];
   for (size_t j = 0; j < 8; j++) {
     ga[j] = grad(j, j, 1);
     gb[j] = grad(j, j, 2);
   }
-  push_reply_t r;
-  assert_int_equal(push(a, 0, 4, 0, (uint64_t[]){1, 2}, ga, 2, &r, detail, sizeof detail), 0);
+  tt_push_reply_t r;
+  assert_int_equal(tt_push(a, 0, 4, 0, (uint64_t[]){1, 2}, ga, 2, &r, detail, sizeof detail), 0);
   assert_int_equal(r.result, TESSERA__PUSH_RESULT__PUSH_ACCUMULATED);
   assert_int_equal(r.rows, 2);
-  assert_int_equal(push(a, 0, 4, 0, (uint64_t[]){1, 2}, ga, 2, &r, detail, sizeof detail), 0);
+  assert_int_equal(tt_push(a, 0, 4, 0, (uint64_t[]){1, 2}, ga, 2, &r, detail, sizeof detail), 0);
   assert_int_equal(r.result, TESSERA__PUSH_RESULT__PUSH_DUPLICATE);
-  assert_int_equal(push(a, 0, 4, 5, (uint64_t[]){1}, ga, 1, &r, detail, sizeof detail), TS_EFUTURE);
-  assert_int_equal(push(b, 0, 4, 0, (uint64_t[]){2, 3}, gb, 2, &r, detail, sizeof detail), 0);
+  assert_int_equal(tt_push(a, 0, 4, 5, (uint64_t[]){1}, ga, 1, &r, detail, sizeof detail), TS_EFUTURE);
+  assert_int_equal(tt_push(b, 0, 4, 0, (uint64_t[]){2, 3}, gb, 2, &r, detail, sizeof detail), 0);
   assert_int_equal(r.result, TESSERA__PUSH_RESULT__PUSH_ACCUMULATED);
   /* The reference: each key's summed gradient, halved, applied once. */
   ts_rowopt_t o = ref_opt(&t);
@@ -466,18 +281,18 @@ static void test_sync_two_workers(void **state) {
   }
   for (size_t i = 0; i < 3; i++) ts_rowopt_apply(&o, w + i * 4, sum + i * 4, 0.5f, 4, NULL, NULL, 1);
   uint64_t version = 0;
-  assert_int_equal(read_pull(waiter, rows, 3, 4, &version, detail, sizeof detail), 0);
+  assert_int_equal(tt_read_pull(waiter, rows, 3, 4, &version, detail, sizeof detail), 0);
   assert_int_equal(version, 1);
   assert_memory_equal(rows, w, sizeof w);
-  assert_int_equal(push(a, 0, 4, 0, (uint64_t[]){1}, ga, 1, &r, detail, sizeof detail), 0);
+  assert_int_equal(tt_push(a, 0, 4, 0, (uint64_t[]){1}, ga, 1, &r, detail, sizeof detail), 0);
   assert_int_equal(r.result, TESSERA__PUSH_RESULT__PUSH_STALE);
   /* Step 1: an empty push counts for the barrier. */
-  assert_int_equal(push(a, 0, 4, 1, NULL, NULL, 0, &r, detail, sizeof detail), 0);
+  assert_int_equal(tt_push(a, 0, 4, 1, NULL, NULL, 0, &r, detail, sizeof detail), 0);
   assert_int_equal(r.result, TESSERA__PUSH_RESULT__PUSH_ACCUMULATED);
-  assert_int_equal(push(b, 0, 4, 1, (uint64_t[]){3}, gb, 1, &r, detail, sizeof detail), 0);
+  assert_int_equal(tt_push(b, 0, 4, 1, (uint64_t[]){3}, gb, 1, &r, detail, sizeof detail), 0);
   ts_rowopt_apply(&o, w + 8, gb, 0.5f, 4, NULL, NULL, 2);
-  send_pull(waiter, 22, 0, keys, 3, 2);
-  assert_int_equal(read_pull(waiter, rows, 3, 4, &version, detail, sizeof detail), 0);
+  tt_send_pull(waiter, 22, 0, keys, 3, 2);
+  assert_int_equal(tt_read_pull(waiter, rows, 3, 4, &version, detail, sizeof detail), 0);
   assert_int_equal(version, 2);
   assert_memory_equal(rows, w, sizeof w);
   close(a);
@@ -489,7 +304,7 @@ static void test_sync_two_workers(void **state) {
 /* --- admission, eviction, the budget ----------------------------------------------- */
 
 static uint32_t table_rows(int fd, size_t i, uint64_t *evicted, uint64_t *bytes) {
-  Tessera__ShardStatus *st = status(fd);
+  Tessera__ShardStatus *st = tt_status(fd);
   assert_true(st->n_tables > i);
   uint32_t rows = (uint32_t)st->tables[i]->rows;
   if (evicted) *evicted = st->tables[i]->evicted;
@@ -508,28 +323,28 @@ static void test_admission_and_eviction(void **state) {
                                     "job = { mode = \"async\"; };\n"
                                     "server = { max_table_bytes = 2097152; };"),
                    0);
-  int fd = worker(&c, 0, 0);
+  int fd = tt_worker(&c, 0, 0);
   Tessera__TableDecl t[3] = {
-      table_decl("admit", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5),
-      table_decl("lru", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5),
-      table_decl("budget", 8, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5),
+      tt_table_decl("admit", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5),
+      tt_table_decl("lru", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5),
+      tt_table_decl("budget", 8, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5),
   };
   t[0].admit_count = 3;
   t[1].max_rows = 100;
   char detail[512];
-  assert_int_equal(declare(fd, t, 3, detail, sizeof detail), 0);
+  assert_int_equal(tt_declare(fd, t, 3, detail, sizeof detail), 0);
   uint64_t key = 7;
   float g[4] = {1, 1, 1, 1}, row[4], init[4];
   ref_init(&t[0], key, init);
-  push_reply_t r;
-  assert_int_equal(push(fd, 0, 4, 0, &key, g, 1, &r, detail, sizeof detail), 0);
+  tt_push_reply_t r;
+  assert_int_equal(tt_push(fd, 0, 4, 0, &key, g, 1, &r, detail, sizeof detail), 0);
   assert_int_equal(r.filtered, 1);
   for (int k = 1; k <= 3; k++) {
-    assert_int_equal(pull(fd, 0, &key, 1, 4, row, NULL, detail, sizeof detail), 0);
+    assert_int_equal(tt_pull(fd, 0, &key, 1, 4, row, NULL, detail, sizeof detail), 0);
     assert_memory_equal(row, init, sizeof init);
     assert_int_equal(table_rows(fd, 0, NULL, NULL), k < 3 ? 0 : 1);
   }
-  assert_int_equal(push(fd, 0, 4, 0, &key, g, 1, &r, detail, sizeof detail), 0);
+  assert_int_equal(tt_push(fd, 0, 4, 0, &key, g, 1, &r, detail, sizeof detail), 0);
   assert_int_equal(r.rows, 1);
   assert_int_equal(r.filtered, 0);
 
@@ -538,7 +353,7 @@ static void test_admission_and_eviction(void **state) {
   float rows[1000 * 8];
   for (size_t i = 0; i < 1000; i++) keys[i] = i + 1;
   for (size_t off = 0; off < 1000; off += 100) {
-    assert_int_equal(pull(fd, 1, keys + off, 100, 4, rows, NULL, detail, sizeof detail), 0);
+    assert_int_equal(tt_pull(fd, 1, keys + off, 100, 4, rows, NULL, detail, sizeof detail), 0);
     assert_true(table_rows(fd, 1, NULL, NULL) <= 100);
   }
   uint64_t evicted, bytes;
@@ -548,7 +363,7 @@ static void test_admission_and_eviction(void **state) {
   /* server.max_table_bytes (2 MiB, all tables) while 30000 keys stream through. */
   for (uint64_t base = 0; base < 30000; base += 1000) {
     for (size_t i = 0; i < 1000; i++) keys[i] = base + i + 1;
-    assert_int_equal(pull(fd, 2, keys, 1000, 8, rows, NULL, detail, sizeof detail), 0);
+    assert_int_equal(tt_pull(fd, 2, keys, 1000, 8, rows, NULL, detail, sizeof detail), 0);
     float want[8];
     ref_init(&t[2], keys[999], want);
     assert_memory_equal(rows + 999 * 8, want, sizeof want);
@@ -565,31 +380,19 @@ static void test_admission_and_eviction(void **state) {
 
 static void test_refused_jobs(void **state) {
   (void)state;
-  char dir[] = "/tmp/tessera-tables-XXXXXX", cfg[400], detail[512];
-  assert_non_null(mkdtemp(dir));
-  snprintf(cfg, sizeof cfg, "job = { mode = \"async\"; };\ncheckpoint = { dir = \"%s\"; };", dir);
+  char detail[512];
   ts_cluster_t c;
-  assert_int_equal(ts_cluster_start(&c, 1, 1, cfg), 0);
-  int fd = worker(&c, 0, 0);
-  Tessera__TableDecl t = table_decl("emb", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5);
-  assert_int_equal(declare(fd, &t, 1, detail, sizeof detail), TS_ECONFIG);
-  assert_non_null(strstr(detail, "embedding tables are not in checkpoints yet"));
-  close(fd);
-  assert_int_equal(ts_cluster_stop(&c), 0);
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
-
+  Tessera__TableDecl t = tt_table_decl("emb", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 0.5);
   assert_int_equal(
       ts_cluster_start(&c, 1, 1, "job = { mode = \"async\"; };\noptimizer = { name = \"momentum\"; };"),
       0);
-  fd = worker(&c, 0, 0);
+  int fd = tt_worker(&c, 0, 0);
   t.optimizer = TESSERA__ROW_OPTIMIZER__ROW_OPT_DEFAULT;
-  assert_int_equal(declare(fd, &t, 1, detail, sizeof detail), TS_ECONFIG);
+  assert_int_equal(tt_declare(fd, &t, 1, detail, sizeof detail), TS_ECONFIG);
   assert_non_null(strstr(detail, "table 'emb'"));
   assert_non_null(strstr(detail, "name a row optimizer"));
   t.optimizer = TESSERA__ROW_OPTIMIZER__ROW_OPT_ADAGRAD;
-  assert_int_equal(declare(fd, &t, 1, detail, sizeof detail), 0);
+  assert_int_equal(tt_declare(fd, &t, 1, detail, sizeof detail), 0);
   close(fd);
   assert_int_equal(ts_cluster_stop(&c), 0);
 }

@@ -3,6 +3,7 @@
  * anyone who can write into checkpoint.dir can make a file whose hash checks. Every count,
  * rank and index in it must be validated before it sizes a buffer or indexes an array;
  * a forged file is rejected (logged) and the shard starts fresh, it never corrupts memory.
+ * So is a forged table section (format 2): row counts, widths, repeated keys.
  * (Run under the sanitizer build to see the overflows these guard against.)
  */
 #include <setjmp.h>
@@ -343,10 +344,118 @@ static void test_well_formed_restores(void **state) {
   ts_store_free(&s);
 }
 
+/* --- embedding tables (format 2) ----------------------------------------------------- */
+
+#define TDIM 4
+
+/* x made format 2 with one SGD table "e" of width TDIM holding `rows` rows; the data is the
+ * dense 512 floats then nrec records (key, updates, last_step, TDIM floats) written into
+ * buf (floats, for write_forged: records are whole floats). */
+typedef struct {
+  Tessera__TableDecl d;
+  Tessera__TableDecl *dp[1];
+  Tessera__CheckpointTable ct;
+  Tessera__CheckpointTable *ctp[1];
+} forged_table_t;
+
+static void forged_table(forged_t *x, forged_table_t *t, uint64_t rows) {
+  tessera__table_decl__init(&t->d);
+  t->d.name = "e";
+  t->d.dim = TDIM;
+  t->d.optimizer = TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD;
+  t->d.learning_rate = 0.5;
+  t->dp[0] = &t->d;
+  tessera__checkpoint_table__init(&t->ct);
+  t->ct.dim = TDIM;
+  t->ct.rows = rows;
+  t->ct.version = 5;
+  t->ct.created = 9;
+  t->ctp[0] = &t->ct;
+  x->m.format = 2;
+  x->m.tables = t->dp;
+  x->m.n_tables = 1;
+  x->m.table_rows = t->ctp;
+  x->m.n_table_rows = 1;
+}
+
+#define REC_FLOATS (6 + TDIM) /* 24 bytes of key, updates, last_step */
+
+/* buf: 512 dense floats then records of keys[0..n); returns the floats written. */
+static size_t table_data(float *buf, const uint64_t *keys, size_t n) {
+  for (int i = 0; i < 512; i++) buf[i] = (float)i;
+  float *r = buf + 512;
+  for (size_t i = 0; i < n; i++, r += REC_FLOATS) {
+    uint64_t head[3] = {keys[i], 10 + i, 4};
+    memcpy(r, head, sizeof head);
+    for (int j = 0; j < TDIM; j++) r[6 + j] = (float)(100 * i + (size_t)j);
+  }
+  return 512 + n * REC_FLOATS;
+}
+
+/* The control: rows, their update counts, last steps and the table's version restored. */
+static void test_table_well_formed(void **state) {
+  (void)state;
+  forged_t x;
+  forged_table_t t;
+  forged_init(&x, (const uint64_t[]){512}, 1);
+  forged_table(&x, &t, 3);
+  float buf[512 + 3 * REC_FLOATS];
+  write_forged(&x.m, buf, table_data(buf, (const uint64_t[]){7, 3, 1ull << 60}, 3));
+  ts_store_t s;
+  char err[1536] = "";
+  int rc = restore(&s, err, sizeof err);
+  if (rc != 1) fail_msg("restore: %d %s", rc, err);
+  ts_stable_t *tab = ts_store_table(&s, 0);
+  assert_non_null(tab);
+  assert_int_equal(ts_stable_version(tab), 5);
+  const ts_table_t *rows = ts_stable_rows(tab);
+  assert_int_equal(rows->size, 3);
+  uint32_t id = ts_table_find(rows, 1ull << 60);
+  assert_int_not_equal(id, TS_TABLE_NONE);
+  assert_int_equal(ts_table_meta(rows, id)->updates, 12);
+  assert_int_equal(ts_table_meta(rows, id)->last_step, 4);
+  assert_true(ts_table_row(rows, id)[3] == 203.0f);
+  ts_store_free(&s);
+}
+
+/* A row count whose records would wrap the size sum, one the file does not hold, a width
+ * not the declaration's, a format 1 file listing tables, a key listed twice, tombstones in
+ * a full checkpoint, an increment without its full checkpoint: rejected. */
+static void test_table_forged(void **state) {
+  (void)state;
+  float buf[512 + 3 * REC_FLOATS];
+  size_t n = table_data(buf, (const uint64_t[]){7, 3, 7}, 3);
+  for (int c = 0; c < 7; c++) {
+    forged_t x;
+    forged_table_t t;
+    forged_init(&x, (const uint64_t[]){512}, 1);
+    forged_table(&x, &t, 2);
+    /* two rows: keys 7 and 3 */
+    size_t floats = n - REC_FLOATS;
+    if (c == 0) t.ct.rows = (UINT64_MAX / 40) + 2; /* x 40 bytes wraps */
+    if (c == 1) t.ct.rows = 3;                     /* the file holds two */
+    if (c == 2) t.ct.dim = TDIM + 1;
+    if (c == 3) x.m.format = 1;
+    if (c == 4) { /* key 7 twice */
+      t.ct.rows = 3;
+      floats = n;
+    }
+    if (c == 5) { /* tombstones in a full checkpoint (key 7 read as one) */
+      t.ct.rows = 1;
+      t.ct.tombstones = (REC_FLOATS * 4) / 8;
+    }
+    if (c == 6) x.m.base_sequence = 99; /* an increment whose full checkpoint is missing */
+    write_forged(&x.m, buf, floats);
+    expect_rejected();
+  }
+}
+
 int main(void) {
   if (sodium_init() < 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_well_formed_restores, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_table_well_formed, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_table_forged, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_count_wraps_the_size_check, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_state_buffers_wrap, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_rank_beyond_store, make_dir, remove_dir),

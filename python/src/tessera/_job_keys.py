@@ -82,6 +82,7 @@ KEYS: Dict[str, str] = {
     "checkpoint.dir": "checkpoint_dir",
     "checkpoint.interval_s": "checkpoint_interval_s",
     "checkpoint.keep": "checkpoint_keep",
+    "checkpoint.full_every": "checkpoint_full_every",
     "checkpoint.restore_from": "checkpoint_restore_from",
     "auth.token_file": "token_file",
     "auth.admin_token_file": "admin_token_file",
@@ -165,6 +166,7 @@ class JobKeys:
     checkpoint_dir: str  #: checkpoint.dir
     checkpoint_interval_s: float  #: checkpoint.interval_s
     checkpoint_keep: int  #: checkpoint.keep
+    checkpoint_full_every: int  #: checkpoint.full_every
     checkpoint_restore_from: List[str]  #: checkpoint.restore_from
     token_file: str  #: auth.token_file
     admin_token_file: str  #: auth.admin_token_file

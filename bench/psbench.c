@@ -56,6 +56,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench_stats.h"
 #include "bench_size.h"
 #include "harness.h"
 #include "tessera/client.h"
@@ -98,28 +99,8 @@ static opts_t opt = {
     .busy_poll_us = -1,
 };
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* Quantile q of sorted v[0..n) (nearest rank). */
-static double quantile(const double *v, size_t n, double q) {
-  if (n == 0) return NAN;
-  size_t k = (size_t)ceil(q * (double)n);
-  if (k < 1) k = 1;
-  if (k > n) k = n;
-  return v[k - 1];
-}
-
 static double median(double *v, size_t n) {
-  qsort(v, n, sizeof *v, cmp_double);
+  qsort(v, n, sizeof *v, bench_cmp_double);
   if (n == 0) return NAN;
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
@@ -433,12 +414,12 @@ static void *worker_main(void *arg) {
     while (!w->err) {
       if (limit > 0) {
         if (n >= limit) break;
-      } else if (now_s() >= run_deadline) {
+      } else if (bench_now_s() >= run_deadline) {
         break;
       }
-      double t0 = now_s();
+      double t0 = bench_now_s();
       w->err = one_iteration(w, clock++);
-      double dt = (now_s() - t0) * 1e6;
+      double dt = (bench_now_s() - t0) * 1e6;
       if (w->nlat == w->cap_lat) {
         size_t cap = w->cap_lat ? w->cap_lat * 2 : 4096;
         double *nl = realloc(w->lat, cap * sizeof *nl);
@@ -560,9 +541,9 @@ int main(int argc, char **argv) {
       threads++;
     }
     pthread_barrier_wait(&barrier);   /* warm-up done */
-    double t0 = now_s();
+    double t0 = bench_now_s();
     pthread_barrier_wait(&barrier);   /* calibration done */
-    double step = (now_s() - t0) / CALIBRATION_ITERS;
+    double step = (bench_now_s() - t0) / CALIBRATION_ITERS;
     sync_iters = (long)ceil(opt.seconds / (step > 1e-7 ? step : 1e-7));
     if (sync_iters < 2) sync_iters = 2;
     if (sync_iters > 10000000) sync_iters = 10000000;
@@ -570,11 +551,11 @@ int main(int argc, char **argv) {
       cpu_t cpu0 = shards_cpu(&cluster);
       cpu_t self0 = self_cpu();
       pthread_barrier_wait(&barrier);
-      run_start[r] = now_s();
+      run_start[r] = bench_now_s();
       run_deadline = run_start[r] + opt.seconds;
       pthread_barrier_wait(&barrier);
       pthread_barrier_wait(&barrier);
-      run_end[r] = now_s();
+      run_end[r] = bench_now_s();
       cpu_add(&shard_cpu, cpu0, shards_cpu(&cluster));
       cpu_add(&client_cpu, self0, self_cpu());
       long n = 0;
@@ -617,9 +598,9 @@ int main(int argc, char **argv) {
       memcpy(lat + k, w[i].lat, w[i].nlat * sizeof *lat);
       k += w[i].nlat;
     }
-    qsort(lat, nl, sizeof *lat, cmp_double);
-    lat_all_p50 = quantile(lat, nl, 0.50);
-    lat_all_p99 = quantile(lat, nl, 0.99);
+    qsort(lat, nl, sizeof *lat, bench_cmp_double);
+    lat_all_p50 = bench_quantile(lat, nl, 0.50);
+    lat_all_p99 = bench_quantile(lat, nl, 0.99);
     free(lat);
   }
   for (int i = 0; i < opt.workers; i++) {

@@ -21,11 +21,9 @@
 #include <string.h>
 #include <time.h>
 
-static inline double sb_now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "bench_stats.h"
+
+static inline double sb_now_s(void) { return bench_now_s(); }
 
 static inline uint64_t sb_mix64(uint64_t x) {
   x ^= x >> 30;

@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "bench_stats.h"
 #include "harness.h"
 #include "sparse_common.h"
 #include "tessera/client.h"
@@ -71,19 +72,6 @@ typedef struct {
 } worker_t;
 
 static volatile double warm_deadline, run_deadline;
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double quantile(const double *v, size_t n, double q) {
-  if (n == 0) return NAN;
-  size_t k = (size_t)ceil(q * (double)n);
-  if (k < 1) k = 1;
-  if (k > n) k = n;
-  return v[k - 1];
-}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -364,9 +352,9 @@ int main(int argc, char **argv) {
       memcpy(lat + k, w[i].lat, w[i].nlat * sizeof *lat);
       k += w[i].nlat;
     }
-    qsort(lat, nl, sizeof *lat, cmp_double);
-    p50 = quantile(lat, nl, 0.5);
-    p99 = quantile(lat, nl, 0.99);
+    qsort(lat, nl, sizeof *lat, bench_cmp_double);
+    p50 = bench_quantile(lat, nl, 0.5);
+    p99 = bench_quantile(lat, nl, 0.99);
     free(lat);
   }
   double wall = t1 - t0;

@@ -374,10 +374,17 @@ static void init_row(ts_stable_t *t, uint32_t id, uint64_t key) {
   t->created++;
 }
 
+/* How far ahead a loop over keys prefetches their index slots, and then their rows (the
+ * slot loaded by then): a lookup's misses overlap the work on the keys before it. */
+#define PREFETCH_SLOT 16
+#define PREFETCH_ROW 8
+
 void ts_stable_pull(ts_stable_t *t, ts_stable_budget_t *b, const uint64_t *keys, size_t n,
                     float *out) {
   size_t dim = t->rows.dim;
   for (size_t i = 0; i < n; i++, out += dim) {
+    if (i + PREFETCH_SLOT < n) ts_table_prefetch_slot(&t->rows, ts_key_hash(keys[i + PREFETCH_SLOT]));
+    if (i + PREFETCH_ROW < n) ts_table_prefetch_row(&t->rows, ts_key_hash(keys[i + PREFETCH_ROW]));
     uint64_t k = keys[i];
     ts_hotkeys_see(&t->hot, k);
     uint32_t id = ts_table_find(&t->rows, k);
@@ -424,6 +431,10 @@ void ts_stable_apply(ts_stable_t *t, ts_stable_budget_t *b, const float *records
                      uint64_t *rows, uint64_t *filtered) {
   size_t dim = t->rows.dim, rec = 2 + dim; /* floats per record: the key is two */
   for (size_t i = 0; i < n; i++, records += rec) {
+    if (i + PREFETCH_SLOT < n)
+      ts_table_prefetch_slot(&t->rows, ts_key_hash(load_key(records + PREFETCH_SLOT * rec)));
+    if (i + PREFETCH_ROW < n)
+      ts_table_prefetch_row(&t->rows, ts_key_hash(load_key(records + PREFETCH_ROW * rec)));
     uint32_t id = grad_row(t, b, load_key(records));
     if (id == TS_TABLE_NONE) {
       t->filtered++;

@@ -148,6 +148,7 @@ typedef struct {
   uint64_t *sorted;
   uint32_t *shard_of, *place;
   size_t *fill;
+  uint64_t *seen; /* push: a bit per distinct key, set once its record holds a gradient */
 } scratch_t;
 
 /* Carve the arena: the request's arrays into sp, the temporaries into *t. With arena NULL,
@@ -171,6 +172,7 @@ static size_t carve(ts_cl_sparse_t *sp, char *arena, uint32_t nshards, bool pull
   TAKE(t->shard_of, n * sizeof *t->shard_of);
   TAKE(t->place, n * sizeof *t->place);
   TAKE(t->fill, ((size_t)nshards + 1) * sizeof *t->fill);
+  if (push) TAKE(t->seen, (n / 64 + 1) * sizeof *t->seen);
 #undef TAKE
   return at;
 }
@@ -213,15 +215,21 @@ static void add_row(float *restrict dst, const float *restrict g, uint32_t dim) 
 
 /* A push's records: each distinct key, then the sum of its rows' gradients in the caller's
  * order. */
-static void make_records(ts_cl_sparse_t *sp, const float *grad) {
-  size_t rec = (size_t)ts_msg_sparse_record_bytes(sp->dim);
-  for (size_t k = 0; k < sp->nuniq; k++) {
-    memcpy(sp->records + k * rec, &sp->ukeys[k], 8);
-    memset(sp->records + k * rec + 8, 0, rec - 8);
+static void make_records(ts_cl_sparse_t *sp, const float *grad, uint64_t *seen) {
+  size_t rec = (size_t)ts_msg_sparse_record_bytes(sp->dim), row = sp->dim * sizeof(float);
+  for (size_t k = 0; k < sp->nuniq; k++) memcpy(sp->records + k * rec, &sp->ukeys[k], 8);
+  memset(seen, 0, (sp->nuniq / 64 + 1) * sizeof *seen);
+  /* A key's first gradient is copied, the later ones added: no pass to zero the records. */
+  for (size_t i = 0; i < sp->nkeys; i++) {
+    uint32_t u = sp->inv[i];
+    float *dst = (float *)(void *)(sp->records + (size_t)u * rec + 8);
+    if (seen[u / 64] >> (u % 64) & 1) {
+      add_row(dst, grad + i * sp->dim, sp->dim);
+    } else {
+      seen[u / 64] |= UINT64_C(1) << (u % 64);
+      memcpy(dst, grad + i * sp->dim, row);
+    }
   }
-  for (size_t i = 0; i < sp->nkeys; i++)
-    add_row((float *)(void *)(sp->records + (size_t)sp->inv[i] * rec + 8), grad + i * sp->dim,
-            sp->dim);
 }
 
 int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t *op,
@@ -276,7 +284,7 @@ int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t 
   }
   carve(sp, sp->arena, c->n, pull, push, &t);
   group_keys(sp, req->keys, c->n, &t);
-  if (push) make_records(sp, req->rows_grad);
+  if (push) make_records(sp, req->rows_grad, t.seen);
   if (push) {
     for (uint32_t s = 0; s < c->n; s++) {
       if (sp->shard_off[s + 1] - sp->shard_off[s] > TS_MSG_MAX_KEYS) {

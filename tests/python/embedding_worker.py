@@ -27,7 +27,8 @@ SEED = 11
 def make_data(n: int, seed: int = SEED):
     """ids (n, SEQ) int64, Zipf-distributed over VOCAB (ranked by a random permutation), and
     clicks drawn from a hidden per-id weight: P(click) = sigmoid(4 * sqrt(SEQ) *
-    mean(w[ids])). Returns ids, labels (n, 1) float32, and the Bayes accuracy."""
+    mean(w[ids])). Returns ids, labels (n, 1) float32, and the Bayes accuracy; the first k
+    examples of any n >= k are the same."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal(VOCAB)
     ranks = np.arange(1, VOCAB + 1, dtype=np.float64)
@@ -37,7 +38,8 @@ def make_data(n: int, seed: int = SEED):
     ids = perm[rng.choice(VOCAB, size=(n, SEQ), p=p)].astype(np.int64)
     logit = 4.0 * np.sqrt(SEQ) * w[ids].mean(axis=1)
     prob = 1.0 / (1.0 + np.exp(-logit))
-    y = (rng.random(n) < prob).astype(np.float32)[:, None]
+    # Labels from a stream of their own: make_data(n) is a prefix of make_data(n + m).
+    y = (np.random.default_rng(seed + 1).random(n) < prob).astype(np.float32)[:, None]
     bayes = float(np.mean((prob > 0.5) == (y[:, 0] > 0.5)))
     return ids, y, bayes
 
@@ -76,14 +78,21 @@ def main(argv) -> int:
     emb = tk.Embedding(VOCAB, DIM, name="emb")
     m = model(keras, emb)
     m.compile(optimizer=opt, loss="binary_crossentropy", metrics=["accuracy"])
+    versions = []
+
+    class Versions(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            versions.append(emb._version)
+
     h = m.fit(x, yy, batch_size=batch, epochs=1, shuffle=False, verbose=0,
-              callbacks=[tk.ProgressCallback(opt, batch)])
+              callbacks=[tk.ProgressCallback(opt, batch), Versions()])
     opt.finish()
     uniq = [int(np.unique(x[k * batch:(k + 1) * batch]).size) for k in range(steps)]
     with open(out, "w") as f:
         json.dump({"loss": h.history["loss"], "steps": opt.tessera_steps,
                    "pulled_rows": emb.pulled_rows, "pushed_rows": emb.pushed_rows,
-                   "calls": emb.calls, "uniq": uniq}, f)
+                   "calls": emb.calls, "uniq": uniq, "stale_pushes": emb.stale_pushes,
+                   "versions": versions}, f)
     opt.close()
     return 0
 

@@ -169,6 +169,8 @@ class Embedding(keras.layers.Layer):
         self.pulled_rows = 0    #: rows pulled (distinct ids per call), for traffic checks
         self.pushed_rows = 0    #: rows pushed
         self.calls = 0          #: forward passes that pulled
+        self.last_push = None   #: the RowsPushResult of the last push
+        self.stale_pushes = 0   #: pushes some shard found stale or duplicate (sync)
 
     # -- Keras -------------------------------------------------------------------------
 
@@ -292,9 +294,11 @@ class Embedding(keras.layers.Layer):
         c = self._client()
         g = np.ascontiguousarray(grads, dtype=np.float32).reshape(uniq.size, self.output_dim)
         step = int(version) if c.mode == "sync" else None
-        c.push_rows(self.table, np.ascontiguousarray(uniq, np.int64), g, step=step)
+        res = c.push_rows(self.table, np.ascontiguousarray(uniq, np.int64), g, step=step)
         with self._rows_lock:
             self.pushed_rows += int(uniq.size)
+            self.last_push = res
+            self.stale_pushes += int(res.stale > 0 or res.duplicate > 0)
         return np.float32(0.0)
 
     def _lookup(self, ids, training, anchor):

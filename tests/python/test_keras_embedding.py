@@ -190,6 +190,11 @@ def test_stock_embedding_is_refused(cluster, tf_threads):
         assert c.tensors == [] and c.tables == {}
         with pytest.raises(tk.StockEmbeddingError, match="'words'"):
             tk.Optimizer(c, model=m).build(m.trainable_variables)
+        # Asked for: the whole table as a dense tensor (a small vocabulary).
+        opt = tk.Optimizer(c, dense_embeddings=True)
+        m.compile(optimizer=opt, loss="mse")
+        m.fit(x, np.zeros((8, 1), np.float32), verbose=0)
+        assert opt.tessera_steps == 1 and "stock/words/embeddings" in c.tensors
 
 
 def test_async_unbounded_ids_adagrad_mask_and_eager(cluster, tf_threads):
@@ -232,3 +237,6 @@ def test_async_unbounded_ids_adagrad_mask_and_eager(cluster, tf_threads):
         np.asarray(masked.compute_mask(ids)),
         np.asarray(keras.layers.Embedding(10, 4, mask_zero=True).compute_mask(ids)))
     assert tk.Embedding(10, 4).compute_mask(ids) is None
+    # Keras's serialisation (model.save's config) rebuilds the same layer.
+    again = tk.Embedding.from_config(emb.get_config())
+    assert again.table_spec == emb.table_spec and again.table == "hashed"

@@ -114,6 +114,12 @@ class Optimizer(keras.optimizers.Optimizer):
         float variables (BatchNorm's moving statistics) are kept on the shards as state.
     state_every : int, optional
         Steps between pushes of the state (default: the job's train.state_every).
+    dense_embeddings : bool, default False
+        Accept ``keras.layers.Embedding`` layers, trained as dense tensors: each step
+        pushes and pulls the whole ``[input_dim, output_dim]`` table (fine for a small
+        vocabulary). By default such a model is refused (``StockEmbeddingError``, a
+        ValueError): use ``tessera.keras.Embedding``, whose steps move only the rows a
+        batch touches.
     **client_kwargs
         More ``tessera.Client`` arguments, with a job file.
 
@@ -121,6 +127,8 @@ class Optimizer(keras.optimizers.Optimizer):
     ------
     ValueError
         ``bucket_bytes`` or ``state_every`` is not positive.
+    StockEmbeddingError
+        At ``build``: the model has a ``keras.layers.Embedding`` (see ``dense_embeddings``).
     TypeError
         Client arguments given with a Client or with None.
 
@@ -144,11 +152,12 @@ class Optimizer(keras.optimizers.Optimizer):
                  task: Optional[int] = None, overrides: Sequence[str] = (),
                  bucket_bytes: Optional[int] = None, name: str = "tessera",
                  model: Optional["keras.Model"] = None, state_every: Optional[int] = None,
-                 **client_kwargs: Any):
+                 dense_embeddings: bool = False, **client_kwargs: Any):
         super().__init__(learning_rate=0.0, name=name)
         if state_every is not None and int(state_every) <= 0:
             raise ValueError(f"state_every must be positive, not {state_every}")
         self._state_every = None if state_every is None else int(state_every)
+        self.dense_embeddings = bool(dense_embeddings)
         self._model = model
         self._state_vars: List[Any] = []
         self._n_train = 0
@@ -180,8 +189,6 @@ class Optimizer(keras.optimizers.Optimizer):
         self._inflight: List[Optional[_client_mod.Request]] = []
         self.tessera_steps = 0        #: steps pushed by this optimizer
         self.last_push = None         #: the PushResult of the last step
-        self._dense_vars: List[Any] = []             # the declared trainable variables
-        self._embeddings: List[Any] = []             # tessera.keras.Embedding layers
         _OPTIMIZERS.add(self)
 
     # -- Keras hooks ---------------------------------------------------------------------
@@ -193,7 +200,7 @@ class Optimizer(keras.optimizers.Optimizer):
             return keras.optimizers.Optimizer.build(self, list(variables))
         variables = list(variables)
         found = self._model or _model_of(self)
-        layers = _embedding_layers(found, variables)
+        layers = _embedding_layers(found, variables, self.dense_embeddings)
         tables = _kemb.tables_of(layers)
         all_variables = variables
         variables = [v for v in variables if _kemb._anchor_layer(v) is None]
@@ -235,8 +242,8 @@ class Optimizer(keras.optimizers.Optimizer):
                       self.client.values_source)
             self._tessera_names = names + snames
             self._state_vars = state
-            self._dense_vars = variables
-            self._embeddings = layers
+            # (No list of the variables kept on self: Keras's tracker would take them for
+            # the optimizer's own variables, and save them with it.)
             for layer in layers:
                 layer._attach(self)
             self._n_train = len(names)
@@ -458,7 +465,8 @@ class Optimizer(keras.optimizers.Optimizer):
         return sorted(changed)
 
     def _declared_variables(self) -> List[Any]:
-        return list(self._dense_vars) + list(self._state_vars)
+        return [v for v in self._trainable_variables
+                if _kemb._anchor_layer(v) is None] + list(self._state_vars)
 
     def finish(self, loss: float = 0.0, examples_per_sec: float = 0.0) -> None:
         """Tell the shards this worker is done (sync barriers go on without it), after
@@ -490,14 +498,15 @@ def _model_of(opt: "Optimizer") -> Optional["keras.Model"]:
     return None
 
 
-def _embedding_layers(model: Optional["keras.Model"], variables: Sequence[Any]) -> List[Any]:
+def _embedding_layers(model: Optional["keras.Model"], variables: Sequence[Any],
+                      dense_ok: bool = False) -> List[Any]:
     """The tessera Embedding layers of the model (and of the variables' anchors, for a
     custom loop without a model); a stock keras.layers.Embedding is refused: trained as a
     dense tensor, each step would push and pull its whole table."""
     layers: List[Any] = []
     if model is not None:
         found = _kemb.embedding_layers(model)
-        if found["keras"]:
+        if found["keras"] and not dense_ok:
             raise _kemb.stock_embedding_error(found["keras"])
         layers = list(found["tessera"])
     for v in variables:
@@ -609,7 +618,8 @@ def optimizer(config: Union[str, os.PathLike], task: Optional[int] = None, *,
     overrides : sequence of str, default ()
         ``"KEY=VALUE"`` overrides of the job file.
     **client_kwargs
-        More ``tessera.Client`` arguments.
+        More ``tessera.Client`` arguments, and the Optimizer's own (``bucket_bytes``,
+        ``state_every``, ``dense_embeddings``, ``model``).
 
     Returns
     -------

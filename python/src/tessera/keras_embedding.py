@@ -355,7 +355,8 @@ def stock_embedding_error(layers) -> StockEmbeddingError:
         f"trained on the shards as a dense tensor each step would push and pull the whole "
         f"[{l0.input_dim}, {l0.output_dim}] table. Replace keras.layers.Embedding(...) with "
         f"tessera.keras.Embedding(...) (same arguments; its rows live in a table on the "
-        f"shards and a step moves only the rows its batch touches)")
+        f"shards and a step moves only the rows its batch touches), or pass "
+        f"dense_embeddings=True to the optimizer to train the whole table each step")
 
 
 def _anchor_layer(variable: Any) -> Optional[Embedding]:

@@ -31,6 +31,14 @@ as ``tessera>Optimizer``; its config holds nothing of the job), with no shard re
 the loaded model predicts as the saving worker's did, and its optimizer is inert (it
 warns, and refuses to train). Without the import, ``load_model(path, compile=False)``.
 
+Embeddings: ``tessera.keras.Embedding(input_dim, output_dim, ...)`` replaces
+``keras.layers.Embedding``: its rows live in a table on the shards (declared by the
+optimizer with the model), each step pulls the rows of the batch's distinct ids and pushes
+their summed gradients, and the shards update them with the table's row optimizer
+(``tessera.keras_embedding``). A stock ``keras.layers.Embedding`` would push and pull its
+whole table every step: the optimizer refuses it (``StockEmbeddingError``) unless given
+``dense_embeddings=True``.
+
 TensorFlow and Keras are imported when this module is, not by ``import tessera``.
 """
 from __future__ import annotations

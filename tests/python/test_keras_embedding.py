@@ -244,6 +244,21 @@ def test_async_unbounded_ids_adagrad_mask_and_eager(cluster, tf_threads):
         np.asarray(masked.compute_mask(ids)),
         np.asarray(keras.layers.Embedding(10, 4, mask_zero=True).compute_mask(ids)))
     assert tk.Embedding(10, 4).compute_mask(ids) is None
+    # One call per train step, one table per layer: refused while tracing / at build.
+    cl = cluster(1, 1, 'job = { mode = "async"; };\n')
+    with tessera.Client(str(cl.config), task=0) as c:
+        shared = tk.Embedding(None, 8, table="hashed", name="shared")
+        inp = keras.Input((4,), dtype="int64")
+        out = keras.layers.Dense(1)(keras.layers.Flatten()(
+            keras.layers.Concatenate(axis=1)([shared(inp), shared(inp)])))
+        m2 = keras.Model(inp, out)
+        m2.compile(optimizer=tk.Optimizer(c), loss="mse")
+        with pytest.raises(ValueError, match="'shared' is called twice in one train step"):
+            m2.fit(x[:8], y[:8], verbose=0)
+        twins = keras.Model(inp, keras.layers.Concatenate(axis=1)(
+            [tk.Embedding(None, 8, table="t")(inp), tk.Embedding(None, 8, table="t")(inp)]))
+        with pytest.raises(ValueError, match="two layers use table 't'"):
+            tk.Optimizer(c, model=twins).build(twins.trainable_variables)
     # Keras's serialisation (model.save's config) rebuilds the same layer.
     again = tk.Embedding.from_config(emb.get_config())
     assert again.table_spec == emb.table_spec and again.table == "hashed"

@@ -83,8 +83,7 @@ class Embedding(keras.layers.Layer):
     output_dim : int
         The row width (1 to 4096).
     table : str, optional
-        The table's name on the shards (default: the layer's name). Layers of the same
-        table share its rows.
+        The table's name on the shards (default: the layer's name), one per layer.
     embeddings_initializer : str or keras.initializers.Initializer, default "uniform"
         A new row's value, made on the shards: "uniform" (Keras's default,
         RandomUniform(-0.05, 0.05)), "normal", "truncated_normal" (stddev 0.05), "zeros",
@@ -164,6 +163,7 @@ class Embedding(keras.layers.Layer):
                            **{k: float(v) for k, v in table_kw.items()})
         self._spec.wire(self.table)                  # checks now, not at the first step
         self._opt_ref: Optional[weakref.ref] = None  # the tessera.keras.Optimizer
+        self._traced: "weakref.WeakSet[Any]" = weakref.WeakSet()  # graphs traced for training
         self._rows_lock = threading.Lock()
         self._version: Optional[int] = None          # sync: the table's version last trained on
         self.pulled_rows = 0    #: rows pulled (distinct ids per call), for traffic checks
@@ -197,10 +197,18 @@ class Embedding(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         ids = tf.convert_to_tensor(inputs)
-        if not ids.dtype.is_integer:
+        if ids.dtype != tf.int64:
             ids = tf.cast(ids, tf.int64)             # Keras casts float ids too
-        elif ids.dtype != tf.int64:
-            ids = tf.cast(ids, tf.int64)
+        if training is True and not tf.executing_eagerly():
+            # A second training call in one traced step would pull the next version
+            # again: in sync mode it would wait for a step that never comes.
+            graph = tf.compat.v1.get_default_graph()
+            if any(g is graph for g in self._traced):
+                raise ValueError(
+                    f"tessera.keras.Embedding {self.name!r} is called twice in one train "
+                    f"step: call it once (concatenate the ids of its inputs), or give each "
+                    f"use a layer and table of its own")
+            self._traced.add(graph)
         self._find_optimizer()
         train = bool(training) if isinstance(training, (bool, type(None))) else training
         return self._lookup(ids, tf.convert_to_tensor(train if train is not None else False,
@@ -365,14 +373,15 @@ def _anchor_layer(variable: Any) -> Optional[Embedding]:
 
 
 def tables_of(layers) -> Dict[str, Table]:
-    """The tables to declare for these layers; layers naming one table must agree."""
+    """The tables to declare for these layers, one each: two layers pushing to one table
+    in a step would be two pushes of one worker for one sync step (the second dropped as
+    a duplicate)."""
     out: Dict[str, Table] = {}
     for layer in layers:
-        t = layer.table_spec
-        if layer.table in out and out[layer.table] != t:
-            raise ValueError(f"tessera.keras.Embedding layers name table {layer.table!r} "
-                             f"with different settings: {out[layer.table]} and {t}")
-        out[layer.table] = t
+        if layer.table in out:
+            raise ValueError(f"tessera.keras.Embedding: two layers use table "
+                             f"{layer.table!r}: give each layer a table of its own (table=)")
+        out[layer.table] = layer.table_spec
     return out
 
 

@@ -309,13 +309,24 @@ class Embedding(keras.layers.Layer):
             self.stale_pushes += int(res.stale > 0 or res.duplicate > 0)
         return np.float32(0.0)
 
+    def _unpulled(self, ids: np.ndarray, training: np.ndarray):
+        """The forward pass's host side once Ctrl-C stopped the step (tessera.keras's
+        _stoppable): zero rows, nothing asked of the shards."""
+        uniq, inv = np.unique(np.asarray(ids, np.int64).reshape(-1), return_inverse=True)
+        return (uniq, inv.reshape(-1).astype(np.int64),
+                np.zeros((uniq.size, self.output_dim), np.float32),
+                np.int64(self._version or 0))
+
     def _lookup(self, ids, training, anchor):
+        from .keras import _stoppable
         dim = self.output_dim
+        pull = _stoppable(self._pull, self._unpulled)
+        push = _stoppable(self._push, lambda *_a: np.float32(0.0))
 
         @tf.custom_gradient
         def lookup(anchor_in):
             uniq, inv, rows, version = tf.numpy_function(
-                self._pull, [ids, training], [tf.int64, tf.int64, tf.float32, tf.int64],
+                pull, [ids, training], [tf.int64, tf.int64, tf.float32, tf.int64],
                 stateful=True, name="tessera_pull_rows")
             uniq.set_shape([None])
             inv.set_shape([None])
@@ -328,7 +339,7 @@ class Embedding(keras.layers.Layer):
                 g = tf.math.unsorted_segment_sum(tf.reshape(dy, [-1, dim]),
                                                  tf.cast(inv, tf.int32),
                                                  tf.shape(uniq, out_type=tf.int32)[0])
-                done = tf.numpy_function(self._push, [uniq, g, version], tf.float32,
+                done = tf.numpy_function(push, [uniq, g, version], tf.float32,
                                          stateful=True, name="tessera_push_rows")
                 # The anchor's gradient: 0, but after the push (the optimizer's step
                 # waits for it).

@@ -14,7 +14,7 @@ DOCUMENTED = [
     tessera.Client, tessera.Client.declare, tessera.Client.assign, tessera.Client.pull,
     tessera.Client.push, tessera.Client.push_pull, tessera.load_job, tk.Optimizer,
     tk.optimizer, tk.ProgressCallback, tessera.Table, tessera.Client.pull_rows,
-    tessera.Client.push_rows, tessera.Client.push_pull_rows,
+    tessera.Client.push_rows, tessera.Client.push_pull_rows, tk.Embedding,
 ]
 
 

@@ -376,7 +376,9 @@ def run_model(name: str, args) -> dict:
         first = [k * W * B + args.task * B for k in range(steps)]
         idx = np.concatenate([np.arange(f, f + B) for f in first])
         xs, ys = x[idx], y[idx]
-        opt = tk.optimizer(args.job[name], task=args.task)
+        # The zoo's Embeddings are small (VOCAB rows) and compared with Keras's own
+        # initial values: trained as dense tensors, as the shards' Adam/SGD see them.
+        opt = tk.optimizer(args.job[name], task=args.task, dense_embeddings=True)
     training = name in TRAINING_MODE_EVAL
     model.compile(optimizer=opt, loss=loss_fn, metrics=["accuracy"], jit_compile=False)
     probe = FirstStepProbe(model, None if args.reference or args.task != 0 else opt)

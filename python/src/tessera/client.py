@@ -535,12 +535,12 @@ class Client(TablesMixin):
                 out[name] = np.zeros(spec.shape, dtype=np.float32)
         self.values_source = "the shards"
         if values is not None:
-            self._initial_values(decl, int(seed), values, out, awaiting, chief, wait)
+            self._initial_values(decl, int(seed), values, out, awaiting, chief, wait, wire)
         return out
 
     def _initial_values(self, decl, seed: int, values: Mapping[str, np.ndarray],
                         out: Dict[str, np.ndarray], awaiting: bool, chief: Optional[bool],
-                        wait: Optional[float]) -> None:
+                        wait: Optional[float], tables: Any = None) -> None:
         """declare(values=...): the chief sends the model's values where the shards wait
         for them; the others wait until it has. Then every worker pulls them."""
         chief = (self.task == 0) if chief is None else bool(chief)
@@ -566,7 +566,8 @@ class Client(TablesMixin):
                     logged = True
                 time.sleep(pause)
                 pause = min(0.2, pause * 2)
-                awaiting = self._live().declare(decl, seed, True)
+                # The same declaration again, tables included (else it is another model).
+                awaiting = self._live().declare(decl, seed, True, tables)
             self.values_source = "the chief"
         else:
             logger.info("task %d: the shards hold this model already (trained, or restored "

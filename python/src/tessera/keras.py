@@ -31,6 +31,14 @@ as ``tessera>Optimizer``; its config holds nothing of the job), with no shard re
 the loaded model predicts as the saving worker's did, and its optimizer is inert (it
 warns, and refuses to train). Without the import, ``load_model(path, compile=False)``.
 
+Embeddings: ``tessera.keras.Embedding(input_dim, output_dim, ...)`` replaces
+``keras.layers.Embedding``: its rows live in a table on the shards (declared by the
+optimizer with the model), each step pulls the rows of the batch's distinct ids and pushes
+their summed gradients, and the shards update them with the table's row optimizer
+(``tessera.keras_embedding``). A stock ``keras.layers.Embedding`` would push and pull its
+whole table every step: the optimizer refuses it (``StockEmbeddingError``) unless given
+``dense_embeddings=True``.
+
 TensorFlow and Keras are imported when this module is, not by ``import tessera``.
 """
 from __future__ import annotations
@@ -40,6 +48,7 @@ import os
 import logging
 import threading
 import warnings
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -66,7 +75,12 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover
 
 _log = logging.getLogger("tessera")
 
-__all__ = ["Optimizer", "optimizer", "buckets", "ProgressCallback", "InertOptimizerWarning"]
+__all__ = ["Optimizer", "optimizer", "buckets", "ProgressCallback", "InertOptimizerWarning",
+           "Embedding", "StockEmbeddingError"]
+
+#: Every live tessera Optimizer: an Embedding layer that runs before its model's optimizer
+#: is built (evaluate before fit, run_eagerly) finds and builds it from here.
+_OPTIMIZERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 class InertOptimizerWarning(UserWarning):
@@ -108,6 +122,12 @@ class Optimizer(keras.optimizers.Optimizer):
         float variables (BatchNorm's moving statistics) are kept on the shards as state.
     state_every : int, optional
         Steps between pushes of the state (default: the job's train.state_every).
+    dense_embeddings : bool, default False
+        Accept ``keras.layers.Embedding`` layers, trained as dense tensors: each step
+        pushes and pulls the whole ``[input_dim, output_dim]`` table (fine for a small
+        vocabulary). By default such a model is refused (``StockEmbeddingError``, a
+        ValueError): use ``tessera.keras.Embedding``, whose steps move only the rows a
+        batch touches.
     **client_kwargs
         More ``tessera.Client`` arguments, with a job file.
 
@@ -115,6 +135,8 @@ class Optimizer(keras.optimizers.Optimizer):
     ------
     ValueError
         ``bucket_bytes`` or ``state_every`` is not positive.
+    StockEmbeddingError
+        At ``build``: the model has a ``keras.layers.Embedding`` (see ``dense_embeddings``).
     TypeError
         Client arguments given with a Client or with None.
 
@@ -138,11 +160,12 @@ class Optimizer(keras.optimizers.Optimizer):
                  task: Optional[int] = None, overrides: Sequence[str] = (),
                  bucket_bytes: Optional[int] = None, name: str = "tessera",
                  model: Optional["keras.Model"] = None, state_every: Optional[int] = None,
-                 **client_kwargs: Any):
+                 dense_embeddings: bool = False, **client_kwargs: Any):
         super().__init__(learning_rate=0.0, name=name)
         if state_every is not None and int(state_every) <= 0:
             raise ValueError(f"state_every must be positive, not {state_every}")
         self._state_every = None if state_every is None else int(state_every)
+        self.dense_embeddings = bool(dense_embeddings)
         self._model = model
         self._state_vars: List[Any] = []
         self._n_train = 0
@@ -174,6 +197,7 @@ class Optimizer(keras.optimizers.Optimizer):
         self._inflight: List[Optional[_client_mod.Request]] = []
         self.tessera_steps = 0        #: steps pushed by this optimizer
         self.last_push = None         #: the PushResult of the last step
+        _OPTIMIZERS.add(self)
 
     # -- Keras hooks ---------------------------------------------------------------------
 
@@ -183,7 +207,12 @@ class Optimizer(keras.optimizers.Optimizer):
         if self.client is None:                  # inert: nothing to declare
             return keras.optimizers.Optimizer.build(self, list(variables))
         variables = list(variables)
-        if not variables:
+        found = self._model or _model_of(self)
+        layers = _embedding_layers(found, variables, self.dense_embeddings)
+        tables = _kemb.tables_of(layers)
+        all_variables = variables
+        variables = [v for v in variables if _kemb._anchor_layer(v) is None]
+        if not variables and not tables:
             raise ValueError("tessera.keras.Optimizer: the model has no trainable variables "
                              "to train on the shards (build the model first, e.g. call it "
                              "on a batch or give it an Input)")
@@ -196,8 +225,8 @@ class Optimizer(keras.optimizers.Optimizer):
             if v.dtype != "float32":
                 raise ValueError(f"tessera.keras.Optimizer: variable {v.path} is {v.dtype}; "
                                  f"the shards hold float32 (no mixed-precision policy)")
-        super().build(variables)
-        state = _state_variables(self._model or _model_of(self), variables)
+        super().build(all_variables)
+        state = _state_variables(found, all_variables)
         snames = [v.path for v in state]
         clash = sorted(set(names) & set(snames))
         if clash:
@@ -214,13 +243,17 @@ class Optimizer(keras.optimizers.Optimizer):
         with tf.init_scope():
             own = {n: np.array(v.numpy(), np.float32) for n, v in zip(names + snames, every)}
             try:
-                params = self.client.declare(model, values=own)
+                params = self.client.declare(model, values=own, tables=tables)
             except ShapeError as e:
                 raise _model_mismatch(e, len(model)) from e
             _log.info("tessera.keras: the job starts from %s's values",
                       self.client.values_source)
             self._tessera_names = names + snames
             self._state_vars = state
+            # (No list of the variables kept on self: Keras's tracker would take them for
+            # the optimizer's own variables, and save them with it.)
+            for layer in layers:
+                layer._attach(self)
             self._n_train = len(names)
             self._params = [params[n] for n in self._tessera_names]
             self._grads = [np.zeros(p.shape, np.float32) for p in self._params]
@@ -303,6 +336,14 @@ class Optimizer(keras.optimizers.Optimizer):
             self.build(trainable_variables)
             self.built = True
         _refuse_xla()
+        # The Embedding layers' anchors (always 0, not on the shards): their gradients
+        # come after the layers' row pushes, which the step then waits for.
+        pushed = [g for g, v in zip(grads, trainable_variables)
+                  if _kemb._anchor_layer(v) is not None]
+        grads = [g for g, v in zip(grads, trainable_variables)
+                 if _kemb._anchor_layer(v) is None]
+        trainable_variables = [v for v in trainable_variables
+                               if _kemb._anchor_layer(v) is None]
         if [v.path for v in trainable_variables] != self._tessera_names[:self._n_train]:
             raise ValueError("tessera.keras.Optimizer: the variables given are not the ones "
                              "declared on the shards (in the same order)")
@@ -326,6 +367,13 @@ class Optimizer(keras.optimizers.Optimizer):
                                    Tout=tf.int64, name=f"tessera_push_{b}")
                  for b, bucket in enumerate(self._buckets)]
         every = trainable_variables + self._state_vars
+        order += [tf.convert_to_tensor(g, tf.float32) for g in pushed if g is not None]
+        if not every:                            # tables only: count the step
+            tf.numpy_function(_stoppable(lambda *o: self._collect(*o) and np.int64(0),
+                                         lambda *o: np.int64(0)),
+                              order, Tout=tf.int64, name="tessera_pull")
+            self.iterations.assign_add(1)
+            return
         new = tf.numpy_function(_stoppable(self._collect, self._unchanged), order,
                                 Tout=[tf.float32] * len(every),
                                 name="tessera_pull")
@@ -425,7 +473,8 @@ class Optimizer(keras.optimizers.Optimizer):
         return sorted(changed)
 
     def _declared_variables(self) -> List[Any]:
-        return list(self._trainable_variables) + list(self._state_vars)
+        return [v for v in self._trainable_variables
+                if _kemb._anchor_layer(v) is None] + list(self._state_vars)
 
     def finish(self, loss: float = 0.0, examples_per_sec: float = 0.0) -> None:
         """Tell the shards this worker is done (sync barriers go on without it), after
@@ -455,6 +504,24 @@ def _model_of(opt: "Optimizer") -> Optional["keras.Model"]:
         elif isinstance(ref, keras.Model) and getattr(ref, "optimizer", None) is opt:
             return ref
     return None
+
+
+def _embedding_layers(model: Optional["keras.Model"], variables: Sequence[Any],
+                      dense_ok: bool = False) -> List[Any]:
+    """The tessera Embedding layers of the model (and of the variables' anchors, for a
+    custom loop without a model); a stock keras.layers.Embedding is refused: trained as a
+    dense tensor, each step would push and pull its whole table."""
+    layers: List[Any] = []
+    if model is not None:
+        found = _kemb.embedding_layers(model)
+        if found["keras"] and not dense_ok:
+            raise _kemb.stock_embedding_error(found["keras"])
+        layers = list(found["tessera"])
+    for v in variables:
+        layer = _kemb._anchor_layer(v)
+        if layer is not None and not any(layer is l for l in layers):
+            layers.append(layer)
+    return layers
 
 
 def _state_variables(model: Optional["keras.Model"], trainable: Sequence[Any]) -> List[Any]:
@@ -559,7 +626,8 @@ def optimizer(config: Union[str, os.PathLike], task: Optional[int] = None, *,
     overrides : sequence of str, default ()
         ``"KEY=VALUE"`` overrides of the job file.
     **client_kwargs
-        More ``tessera.Client`` arguments.
+        More ``tessera.Client`` arguments, and the Optimizer's own (``bucket_bytes``,
+        ``state_every``, ``dense_embeddings``, ``model``).
 
     Returns
     -------
@@ -615,3 +683,7 @@ class ProgressCallback(keras.callbacks.Callback):
         if k % self.every == 0:
             eps = k * self.batch_size / max(1e-9, time.monotonic() - self._t0)
             self.opt.client.set_progress(k, self._loss, eps, 0.0)
+
+
+from . import keras_embedding as _kemb  # noqa: E402  (needs keras, imported above)
+from .keras_embedding import Embedding, StockEmbeddingError  # noqa: E402,F401

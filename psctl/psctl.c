@@ -106,6 +106,7 @@ static void release(cluster_view_t *v) {
     if (v->why) ts_free(v->why[s]);
   }
   ts_free(v->st);
+  ts_free(v->before);
   ts_free(v->why);
   ts_client_close(v->client);
   ts_config_free(&v->cfg);

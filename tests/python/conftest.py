@@ -30,6 +30,18 @@ PS_SERVER = BUILD / "server" / "ps-server"
 _used_ports: set = set()
 
 
+def tf_missing() -> str:
+    """Why the Keras tests cannot run here ("" when TensorFlow with Keras 3 imports)."""
+    try:
+        import tensorflow  # noqa: F401
+        import keras
+        if not keras.__version__.startswith("3."):
+            return f"Keras 3 needed, found {keras.__version__}"
+    except Exception as e:  # noqa: BLE001
+        return f"TensorFlow cannot be imported: {e}"
+    return ""
+
+
 def free_port() -> int:
     """A port free on 127.0.0.1 now, outside the kernel's ephemeral range (where clients'
     outgoing connections take theirs), never handed out twice in this process."""

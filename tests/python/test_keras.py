@@ -12,21 +12,11 @@ import numpy as np
 import pytest
 
 import tessera
+from conftest import tf_missing
 
 
 
-def _tf_importable() -> str:
-    try:
-        import tensorflow  # noqa: F401
-        import keras
-        if not keras.__version__.startswith("3."):
-            return f"Keras 3 needed, found {keras.__version__}"
-    except Exception as e:  # noqa: BLE001
-        return f"TensorFlow cannot be imported: {e}"
-    return ""
-
-
-_why = _tf_importable()
+_why = tf_missing()
 pytestmark = pytest.mark.skipif(bool(_why), reason=_why or "-")
 
 # --- the package without TensorFlow ------------------------------------------------------

@@ -18,24 +18,14 @@ import numpy as np
 import pytest
 
 import tessera
+from conftest import tf_missing
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import embedding_worker as ew  # noqa: E402
 
 
-def _tf_importable() -> str:
-    try:
-        import tensorflow  # noqa: F401
-        import keras
-        if not keras.__version__.startswith("3."):
-            return f"Keras 3 needed, found {keras.__version__}"
-    except Exception as e:  # noqa: BLE001
-        return f"TensorFlow cannot be imported: {e}"
-    return ""
-
-
-_why = _tf_importable()
+_why = tf_missing()
 pytestmark = pytest.mark.skipif(bool(_why), reason=_why or "-")
 
 B, STEPS = 64, 150          # per worker; 2 workers

@@ -175,7 +175,7 @@ static void test_attacks_while_a_worker_trains(void **state) {
   {
     uint64_t keys[2];
     tt_shard_keys(keys, 2, 0, 2, 100);
-    float rows[2 * DIM], grads[2 * DIM] = {0};
+    float rows[2 * DIM], grads[2 * (DIM + 1)] = {0}; /* room for the wrong width too */
     assert_int_equal(tt_pull(fd, 9, keys, 2, DIM, rows, NULL, detail, sizeof detail), TS_ENOTABLE);
     assert_int_equal(tt_push(fd, 0, DIM + 1, 0, keys, grads, 2, NULL, detail, sizeof detail),
                      TS_ESHAPE);

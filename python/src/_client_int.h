@@ -142,8 +142,13 @@ int job_run(job_t *j, logq_t *logq, PyObject *logfn);
 void client_reap(ClientObject *self);
 PyObject *Client_submit(ClientObject *self, PyObject *args);
 PyObject *Client_submit_rows(ClientObject *self, PyObject *args);
-/* _client.c: the tables of declare(..., tables) into j (a sequence of tuples). */
+/* _client.c: a str as a malloc'd UTF-8 copy (NULL with an exception set). */
+char *dup_utf8(PyObject *o);
+
+/* _tables.c: the tables of declare(..., tables) into j (a sequence of tuples), and a
+ * shard's tables as a list of dicts (its status). */
 int parse_tables(PyObject *tables, job_t *j);
+PyObject *tables_list(const ts_client_shard_status_t *s);
 /* _client.c: raise (and return -1) unless the client is open / has no declare running. */
 int check_open(ClientObject *self);
 int check_no_declare(ClientObject *self);

@@ -68,6 +68,7 @@ typedef struct {
   uint8_t *records;    /* push: nuniq records (key, then dim floats: duplicates summed) */
   float *dst;          /* pull: the caller's rows_dst */
   uint64_t rows_filtered;
+  bool read_only;      /* pull: TS_CLIENT_ROWS_READ_ONLY */
   /* Shards sent the request with no keys of theirs: sync, the push and the pull (each
    * shard's step counts every worker and every pull waits for the step); ssp, the push
    * (each shard knows every worker's clock for its staleness bound) */

@@ -19,9 +19,12 @@ void ts_client_req_init(ts_client_req_t *req, ts_client_req_kind_t kind) {
 /* A request's size before the table fields (a caller built against that header): such a
  * caller may submit every dense kind. */
 #define REQ_V1_SIZE offsetof(ts_client_req_t, table)
+/* ... and before sparse_flags: such a caller may submit every kind, its flags are 0. */
+#define REQ_V2_SIZE offsetof(ts_client_req_t, sparse_flags)
 
 static bool size_known(const ts_client_req_t *req) {
-  return req->struct_size == sizeof *req || req->struct_size == REQ_V1_SIZE;
+  return req->struct_size == sizeof *req || req->struct_size == REQ_V1_SIZE ||
+         req->struct_size == REQ_V2_SIZE;
 }
 
 static bool sparse_kind(ts_client_req_kind_t kind) {
@@ -200,7 +203,7 @@ int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_client_done_fn cb,
   /* A table's request (TS_CLIENT_SPARSE_*): its keys sorted and split here, on the
    * caller's thread (ts_client_sparse.c). */
   bool sparse = sparse_kind(k);
-  if (sparse && req->struct_size != sizeof *req)
+  if (sparse && req->struct_size < REQ_V2_SIZE)
     return refuse(req, TS_EINVAL, "a table's request from a caller built without tables");
   if (!sparse && k != TS_CLIENT_PULL && k != TS_CLIENT_PUSH && k != TS_CLIENT_PUSH_PULL &&
       k != TS_CLIENT_ASSIGN && k != TS_CLIENT_ASSIGN_INITIAL)

@@ -271,6 +271,8 @@ int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t 
   sp->dim = dim;
   sp->nkeys = req->num_keys;
   sp->dst = pull ? req->rows_dst : NULL;
+  sp->read_only = req->kind == TS_CLIENT_SPARSE_PULL && req->struct_size == sizeof *req &&
+                  (req->sparse_flags & TS_CLIENT_ROWS_READ_ONLY);
   uv_mutex_lock(&c->mu);
   sp->push_every_shard = c->mode == TESSERA__MODE__MODE_SYNC || c->mode == TESSERA__MODE__MODE_SSP;
   sp->pull_every_shard = c->mode == TESSERA__MODE__MODE_SYNC;
@@ -389,6 +391,7 @@ int ts_cl_sparse_send(ts_client_t *c, ts_cl_wreq_t *r, ts_conn_t *conn) {
   m.min_version = op->min_version == TS_CLIENT_VERSION_NEXT ? (have ? v + 1 : 0) : op->min_version;
   m.clock = op->clock;
   m.timeout_ms = (uint32_t)(op->timeout_s * 1000.0);
+  m.read_only = sp->read_only;
   return ts_conn_send(conn, TS_MSG_SPARSE_PULL, &m.base, r->iov, r->sp_n ? 1 : 0, NULL, NULL);
 }
 

@@ -87,6 +87,7 @@ typedef struct ts_pull_req {
   /* A SparsePull (ts_sparse_pull.c): table `table`, nkeys keys (checked) in the same
    * allocation, after the slices; key_bytes of srv->sparse_key_bytes are its to give back. */
   bool sparse;
+  bool read_only; /* SparsePull.read_only: nothing made or refreshed */
   uint32_t table;
   uint64_t *keys;
   size_t nkeys;

@@ -98,6 +98,7 @@ int ts_sparse_pull_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
   q->clock = m->clock;
   q->start_ns = uv_hrtime();
   q->table = m->table;
+  q->read_only = m->read_only;
   q->keys = (uint64_t *)(void *)(q + 1); /* sizeof *q keeps 8-byte alignment */
   q->nkeys = (size_t)m->num_keys;
   q->key_bytes = key_bytes;
@@ -150,7 +151,10 @@ void ts_sparse_pull_send(ts_session_t *s, const ts_pull_req_t *q) {
                            "out of memory for a sparse pull reply");
     return;
   }
-  ts_stable_pull(t, &st->table_budget, q->keys, q->nkeys, rb->rows);
+  if (q->read_only)
+    ts_stable_peek(t, q->keys, q->nkeys, rb->rows);
+  else
+    ts_stable_pull(t, &st->table_budget, q->keys, q->nkeys, rb->rows);
   rb->charged = ts_alloc_cost(sizeof *rb + bytes);
   Tessera__SparsePullReply r = TESSERA__SPARSE_PULL_REPLY__INIT;
   r.request_id = q->request_id;

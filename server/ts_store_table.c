@@ -379,6 +379,21 @@ static void init_row(ts_stable_t *t, uint32_t id, uint64_t key) {
 #define PREFETCH_SLOT 16
 #define PREFETCH_ROW 8
 
+void ts_stable_peek(ts_stable_t *t, const uint64_t *keys, size_t n, float *out) {
+  size_t dim = t->rows.dim;
+  for (size_t i = 0; i < n; i++, out += dim) {
+    if (i + PREFETCH_SLOT < n) ts_table_prefetch_slot(&t->rows, ts_key_hash(keys[i + PREFETCH_SLOT]));
+    if (i + PREFETCH_ROW < n) ts_table_prefetch_row(&t->rows, ts_key_hash(keys[i + PREFETCH_ROW]));
+    uint32_t id = ts_table_find(&t->rows, keys[i]);
+    if (id == TS_TABLE_NONE)
+      ts_key_row_init(out, dim, (ts_key_init_t)t->decl.init, t->decl.init_param, t->table_key,
+                      keys[i]);
+    else
+      memcpy(out, ts_table_row(&t->rows, id), dim * sizeof(float));
+  }
+  t->pulled += n;
+}
+
 void ts_stable_pull(ts_stable_t *t, ts_stable_budget_t *b, const uint64_t *keys, size_t n,
                     float *out) {
   size_t dim = t->rows.dim;

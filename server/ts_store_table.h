@@ -84,6 +84,10 @@ typedef struct {
   bool track;   /* incremental checkpoints: mark changed rows, keep erased keys */
 } ts_stable_budget_t;
 
+/* Answer a read-only pull (SparsePull.read_only): as ts_stable_pull, but a key with no row
+ * gets the initialiser's row and nothing changes: no row made, no sighting, no recency. */
+void ts_stable_peek(ts_stable_t *t, const uint64_t *keys, size_t n, float *out);
+
 /* Answer a pull: out[i * dim ..] = key i's row (keys[0..n) checked). A key with no row
  * counts a sighting and is made when admitted (and the budget allows), else gets the
  * initialiser's row without being stored. */

@@ -508,7 +508,15 @@ struct ts_client_req {
                              rows_grad (PUSH_PULL) */
   /* out: push: rows whose gradients were dropped because their key is not admitted yet */
   uint64_t rows_filtered;
+
+  /* --- in, after the sparse fields (a caller built before it has it 0) --- */
+  /* TS_CLIENT_SPARSE_PULL: TS_CLIENT_ROWS_READ_ONLY reads without changing anything (for
+   * evaluation and export): a key with no row gets the initializer's row, and no row is
+   * made, no admission sighting counted, no row's recency refreshed. */
+  uint32_t sparse_flags;
 };
+
+#define TS_CLIENT_ROWS_READ_ONLY 1u
 
 /* Zero *req, set its kind and struct_size. */
 TS_CLIENT_API void ts_client_req_init(ts_client_req_t *req, ts_client_req_kind_t kind);

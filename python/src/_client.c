@@ -548,7 +548,7 @@ static PyMethodDef Client_methods[] = {
      "Fail every request in flight and every later one (irreversible)."},
     {"declare", (PyCFunction)Client_declare, METH_VARARGS, "declare([(name, shape, init)], seed)"},
     {"submit_rows", (PyCFunction)Client_submit_rows, METH_VARARGS,
-     "submit_rows(kind, table, keys, grads, dst, step, min_version, clock, timeout) -> Request"},
+     "submit_rows(kind, table, keys, grads, dst, step, min_version, clock, timeout[, flags]) -> Request"},
     {"submit", (PyCFunction)Client_submit, METH_VARARGS,
      "submit(kind, tensors, grads, dsts, step, min_version, clock, timeout) -> Request"},
     {"status", (PyCFunction)Client_status, METH_VARARGS, "status(shard) -> dict"},
@@ -753,7 +753,7 @@ PyMODINIT_FUNC PyInit__client(void) {
       C(TS_CLIENT_SPARSE_PUSH_PULL), C(TS_CLIENT_ROW_ZEROS), C(TS_CLIENT_ROW_UNIFORM),
       C(TS_CLIENT_ROW_NORMAL), C(TS_CLIENT_ROW_TRUNCATED_NORMAL), C(TS_CLIENT_ROWOPT_DEFAULT),
       C(TS_CLIENT_ROWOPT_SGD), C(TS_CLIENT_ROWOPT_ADAGRAD), C(TS_CLIENT_ROWOPT_ADAM),
-      C(TS_CLIENT_ROWOPT_FTRL),
+      C(TS_CLIENT_ROWOPT_FTRL), C(TS_CLIENT_ROWS_READ_ONLY),
 #undef C
   };
   for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)

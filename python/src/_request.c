@@ -271,17 +271,19 @@ static int get_keys(PyObject *o, Py_buffer *v) {
   return 0;
 }
 
-/* submit_rows(kind, table, keys, grads, dst, step, min_version, clock, timeout) -> Request:
- * a table's request (TS_CLIENT_SPARSE_*). keys: int64 array; grads (push) / dst (pull):
- * float32 arrays of len(keys) x the table's dim, or None. */
+/* submit_rows(kind, table, keys, grads, dst, step, min_version, clock, timeout[, flags])
+ * -> Request: a table's request (TS_CLIENT_SPARSE_*). keys: int64 array; grads (push) /
+ * dst (pull): float32 arrays of len(keys) x the table's dim, or None; flags: the request's
+ * sparse_flags (TS_CLIENT_ROWS_READ_ONLY). */
 PyObject *Client_submit_rows(ClientObject *self, PyObject *args) {
   int kind;
   unsigned int table;
   PyObject *keys, *grads, *dsts;
   unsigned long long step, min_version, clock;
   double timeout;
-  if (!PyArg_ParseTuple(args, "iIOOOKKKd", &kind, &table, &keys, &grads, &dsts, &step,
-                        &min_version, &clock, &timeout))
+  unsigned int flags = 0;
+  if (!PyArg_ParseTuple(args, "iIOOOKKKd|I", &kind, &table, &keys, &grads, &dsts, &step,
+                        &min_version, &clock, &timeout, &flags))
     return NULL;
   if (check_open(self) < 0 || check_no_declare(self) < 0) return NULL;
   ts_client_t *c = self->sh->c;
@@ -325,6 +327,7 @@ PyObject *Client_submit_rows(ClientObject *self, PyObject *args) {
   r->req.table = table;
   r->req.keys = r->views[0].buf;
   r->req.num_keys = n;
+  r->req.sparse_flags = flags;
   if (request_submit(self, r, step, min_version, clock, timeout) < 0) goto fail;
   return (PyObject *)r;
 fail:

@@ -74,7 +74,8 @@ class Cluster:
         self.num_shards = num_shards
         self.ports = [free_port() for _ in range(num_shards)]
         self.addrs = [f"127.0.0.1:{p}" for p in self.ports]
-        http = [f'"127.0.0.1:{free_port()}"' for _ in range(num_shards)]
+        self.http_ports = [free_port() for _ in range(num_shards)]
+        http = [f'"127.0.0.1:{p}"' for p in self.http_ports]
         workers = [f'"127.0.0.1:{free_port()}"' for _ in range(num_workers)]
         self.config.write_text(
             "cluster = {\n"

@@ -3,7 +3,7 @@ the sequence -> Dense(1, sigmoid), on synthetic clicks with a learnable signal.
 
 Imported by the test (data, models) and run as a worker process of a job:
 
-    python embedding_worker.py JOBFILE TASK WORKERS BATCH STEPS OUT.json
+    python embedding_worker.py JOBFILE TASK WORKERS BATCH STEPS OUT.json [VOCAB DIM]
 
 Worker TASK of WORKERS trains with ``tessera.keras`` on its own BATCH of each global step
 of WORKERS x BATCH examples (the examples in order, as ps-worker splits them), then writes
@@ -24,18 +24,18 @@ LR = 0.5          # SGD on the shards (job) and in plain Keras
 SEED = 11
 
 
-def make_data(n: int, seed: int = SEED):
-    """ids (n, SEQ) int64, Zipf-distributed over VOCAB (ranked by a random permutation), and
+def make_data(n: int, seed: int = SEED, vocab: int = VOCAB):
+    """ids (n, SEQ) int64, Zipf-distributed over vocab (ranked by a random permutation), and
     clicks drawn from a hidden per-id weight: P(click) = sigmoid(4 * sqrt(SEQ) *
     mean(w[ids])). Returns ids, labels (n, 1) float32, and the Bayes accuracy; the first k
     examples of any n >= k are the same."""
     rng = np.random.default_rng(seed)
-    w = rng.standard_normal(VOCAB)
-    ranks = np.arange(1, VOCAB + 1, dtype=np.float64)
+    w = rng.standard_normal(vocab)
+    ranks = np.arange(1, vocab + 1, dtype=np.float64)
     p = ranks ** -1.1
     p /= p.sum()
-    perm = rng.permutation(VOCAB)
-    ids = perm[rng.choice(VOCAB, size=(n, SEQ), p=p)].astype(np.int64)
+    perm = rng.permutation(vocab)
+    ids = perm[rng.choice(vocab, size=(n, SEQ), p=p)].astype(np.int64)
     logit = 4.0 * np.sqrt(SEQ) * w[ids].mean(axis=1)
     prob = 1.0 / (1.0 + np.exp(-logit))
     # Labels from a stream of their own: make_data(n) is a prefix of make_data(n + m).
@@ -66,16 +66,17 @@ def worker_slice(ids, y, task: int, workers: int, batch: int, steps: int):
 def main(argv) -> int:
     cfg, task, workers, batch, steps, out = argv[1], int(argv[2]), int(argv[3]), \
         int(argv[4]), int(argv[5]), argv[6]
+    vocab, dim = (int(argv[7]), int(argv[8])) if len(argv) > 8 else (VOCAB, DIM)
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     import keras
     import tessera.keras as tk
 
-    ids, y, _ = make_data(workers * batch * steps)
+    ids, y, _ = make_data(workers * batch * steps, vocab=vocab)
     x, yy = worker_slice(ids, y, task, workers, batch, steps)
     opt = tk.optimizer(cfg, task=task)
-    emb = tk.Embedding(VOCAB, DIM, name="emb")
+    emb = tk.Embedding(vocab, dim, name="emb")
     m = model(keras, emb)
     m.compile(optimizer=opt, loss="binary_crossentropy", metrics=["accuracy"])
     versions = []

@@ -50,6 +50,36 @@ def test_same_rows_on_any_shard_count(cluster):
     assert 0.05 < float(got[0].std()) < 0.2
 
 
+def test_read_only_pull_changes_nothing(cluster):
+    """read_only=True (evaluation, export): keys without a row read the initializer's row
+    and no row is made; an admission by count sees no sighting; existing rows read as
+    they are."""
+    cl = cluster(2, 1, ASYNC)
+    with tessera.Client(cl.config, timeout=10) as c:
+        c.declare({}, seed=3, tables={"emb": tessera.Table(4, init="uniform", init_scale=0.5),
+                                      "gated": tessera.Table(4, admit_count=2)})
+        rows = lambda name: sum(t["rows"] for st in c.status() for t in st.tables  # noqa: E731
+                                if t["name"] == name)
+        keys = np.arange(1000, dtype=np.int64) * 7919
+        peeked = c.pull_rows("emb", keys, read_only=True)
+        assert rows("emb") == 0 and 0.2 < float(np.abs(peeked).max()) <= 0.5
+        made = c.pull_rows("emb", keys[:10])
+        np.testing.assert_array_equal(made, peeked[:10])     # the row it would have been
+        assert rows("emb") == 10
+        c.push_rows("emb", keys[:1], np.ones((1, 4), np.float32))
+        again = c.pull_rows("emb", keys[:20], read_only=True)
+        np.testing.assert_array_equal(again[0], peeked[0] - 1)
+        np.testing.assert_array_equal(again[1:], peeked[1:20])
+        assert rows("emb") == 10
+        # Two read-only pulls are no sightings: the key is still not admitted.
+        for _ in range(2):
+            c.pull_rows("gated", [5], read_only=True)
+        assert rows("gated") == 0
+        c.pull_rows("gated", [5])
+        c.pull_rows("gated", [5])
+        assert rows("gated") == 1
+
+
 def test_sync_two_workers_average(cluster):
     """2 workers with batch B give the rows one worker with batch 2B gives (SGD: the mean
     of the step's gradients)."""

@@ -19,6 +19,7 @@ Imported by ``tessera.keras`` (TensorFlow and Keras already imported there).
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from typing import Any, Dict, Optional
 
@@ -117,8 +118,15 @@ class Embedding(keras.layers.Layer):
     the table and hands the layer its client (the layer finds that optimizer itself when
     it runs first, e.g. ``evaluate`` before ``fit``). In sync mode a training step's pull
     waits for the table's next version and the push is tagged with the version pulled;
-    ``training=False`` (``evaluate``, ``predict``) reads what is there. Call the layer
-    once per train step (no shared use within one step). Not in an XLA-compiled step.
+    ``training=False`` (``evaluate``, ``predict``) reads what is there without making
+    rows (an id never trained reads its initial row). Call the layer once per train step
+    (no shared use within one step). Not in an XLA-compiled step.
+
+    ``model.save`` writes the trained rows of a bounded vocabulary (``input_dim``), read
+    from the shards (``export_rows``); ``keras.saving.load_model`` gives a model whose layer
+    holds them and predicts without shards. An unbounded table (``input_dim=None``) is not
+    written into the file (its ids are not known to one worker): export it with
+    ``export_rows(ids)`` or ``psctl export``.
     """
 
     _TABLE_KEYS = ("beta1", "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta",
@@ -171,6 +179,7 @@ class Embedding(keras.layers.Layer):
         self.calls = 0          #: forward passes that pulled
         self.last_push = None   #: the RowsPushResult of the last push
         self.stale_pushes = 0   #: pushes some shard found stale or duplicate (sync)
+        self._loaded: Optional[np.ndarray] = None    # rows read from a saved model
 
     # -- Keras -------------------------------------------------------------------------
 
@@ -234,10 +243,78 @@ class Embedding(keras.layers.Layer):
             config["embeddings_initializer"] = keras.initializers.deserialize(init)
         return cls(**config)
 
+    # -- saving ------------------------------------------------------------------------
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        if self._loaded is not None and not self._attached():
+            store["rows"] = self._loaded
+        elif self.input_dim is not None and self._attached():
+            store["rows"] = self.export_rows()
+        elif self._attached():
+            warnings.warn(
+                f"tessera.keras.Embedding {self.name!r}: the rows of its unbounded table "
+                f"{self.table!r} are not saved with the model: export them with "
+                f"layer.export_rows(ids) or `psctl export`", stacklevel=2)
+
+    def load_own_variables(self, store):
+        rows = store["rows"] if "rows" in store else None
+        anchor = {k: store[k] for k in store.keys() if k != "rows"}
+        super().load_own_variables(anchor)
+        if rows is not None:
+            rows = np.asarray(rows, dtype=np.float32)
+            if rows.shape != (self.input_dim, self.output_dim):
+                raise ValueError(f"tessera.keras.Embedding {self.name!r}: the saved rows are "
+                                 f"{rows.shape}, the layer's table is "
+                                 f"({self.input_dim}, {self.output_dim})")
+            self._loaded = rows
+
+    @property
+    def loaded_rows(self) -> Optional[np.ndarray]:
+        """The rows read from a saved model (``load_model``), or None."""
+        return self._loaded
+
+    def use_shard_rows(self) -> None:
+        """Forget the rows loaded from a saved model: the layer reads the shards' table
+        again (to train on a job whose table holds the rows, e.g. the same live job)."""
+        self._loaded = None
+
+    def export_rows(self, ids: Any = None, *, chunk: int = 1 << 18) -> np.ndarray:
+        """The rows of ``ids`` (default: every id of a bounded vocabulary,
+        ``[0, input_dim)``), read from the shards without changing them: an id never
+        trained reads its initial row. Raises ValueError for an unbounded table without
+        ids."""
+        if ids is None:
+            if self.input_dim is None:
+                raise ValueError(f"tessera.keras.Embedding {self.name!r}: an unbounded table "
+                                 f"has no id list: pass the ids to export")
+            ids = np.arange(self.input_dim, dtype=np.int64)
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        if self._loaded is not None and not self._attached():
+            return self._loaded[ids]
+        c = self._client()
+        out = np.empty((ids.size, self.output_dim), np.float32)
+        step = max(1, min(chunk, (32 << 20) // (4 * self.output_dim)))
+        for i in range(0, ids.size, step):
+            c.pull_rows(self.table, ids[i:i + step], into=out[i:i + step], min_version=0,
+                        read_only=True)
+        return out
+
     # -- the shards --------------------------------------------------------------------
+
+    def _attached(self) -> bool:
+        opt = self._opt_ref() if self._opt_ref is not None else None
+        return opt is not None and opt.client is not None
 
     def _attach(self, opt: Any) -> None:
         """Called by the Optimizer's build once the table is declared."""
+        if self._loaded is not None:
+            raise ValueError(
+                f"tessera.keras.Embedding {self.name!r} holds rows loaded from a saved model; "
+                f"the shards do not take rows from a file, so training it would use the "
+                f"table {self.table!r} as the job holds it and drop them silently. Predict "
+                f"with the loaded model without an optimizer, or call "
+                f"layer.use_shard_rows() to train on the job's table")
         self._opt_ref = weakref.ref(opt)
         self._version = None
 
@@ -271,7 +348,6 @@ class Embedding(keras.layers.Layer):
 
     def _pull(self, ids: np.ndarray, training: np.ndarray):
         """Host side of the forward pass: the distinct ids' rows, and each id's index."""
-        c = self._client()
         flat = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         if self.input_dim is not None and flat.size and (
                 flat.min() < 0 or flat.max() >= self.input_dim):
@@ -279,6 +355,15 @@ class Embedding(keras.layers.Layer):
             raise ValueError(f"tessera.keras.Embedding {self.name!r}: id {bad} is not in "
                              f"[0, {self.input_dim})")
         uniq, inv = np.unique(flat, return_inverse=True)
+        if self._loaded is not None and not self._attached():
+            if bool(training):
+                raise RuntimeError(
+                    f"tessera.keras.Embedding {self.name!r} holds rows loaded from a saved "
+                    f"model and has no tessera.keras.Optimizer: it predicts and evaluates; to "
+                    f"train, compile with tessera.keras.Optimizer (see use_shard_rows)")
+            return (uniq, inv.reshape(-1).astype(np.int64), self._loaded[uniq],
+                    np.int64(0))
+        c = self._client()
         sync = c.mode == "sync"
         with self._rows_lock:
             if bool(training) and sync:
@@ -288,7 +373,8 @@ class Embedding(keras.layers.Layer):
                 mv = 0 if self._version is None else self._version + 1
             else:
                 mv = 0
-            req = c.pull_rows(self.table, uniq, wait=False, min_version=mv)
+            req = c.pull_rows(self.table, uniq, wait=False, min_version=mv,
+                              read_only=not bool(training))
             rows = req.wait()
             version = int(req._req.result()["version"])
             if bool(training):

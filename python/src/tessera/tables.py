@@ -163,13 +163,15 @@ class TablesMixin:
 
     def pull_rows(self, table: str, keys: Any, into: Optional[np.ndarray] = None, *,
                   wait: bool = True, min_version: Optional[int] = None,
-                  timeout: Optional[float] = None) -> Any:
+                  timeout: Optional[float] = None, read_only: bool = False) -> Any:
         """Read the rows of ``keys`` (int64, any order, repeats allowed).
 
         Sync mode waits for the table's next step on every shard (the step after the one
         last pulled); async and ssp take what is there. A key with no row yet gets one,
         made from (seed, table, key), or, when the table's admission has not admitted it,
-        the initializer's row.
+        the initializer's row. ``read_only=True`` changes nothing on the shards (for
+        evaluation and export): a key with no row reads the initializer's row and none is
+        made, no admission sighting counted, no row's recency refreshed.
 
         Parameters
         ----------
@@ -183,6 +185,8 @@ class TablesMixin:
             Wait until the table is at least this version on every shard.
         timeout : float, optional
             This request's deadline in seconds (default: the client's).
+        read_only : bool, default False
+            Read without making or refreshing rows.
 
         Returns
         -------
@@ -195,7 +199,8 @@ class TablesMixin:
         sync = self.mode == "sync"  # type: ignore[attr-defined]
         mv = (_client.VERSION_NEXT if sync else 0) if min_version is None else int(min_version)
         req = self._live().submit_rows(_client.SPARSE_PULL, t, k, None, dst, 0, mv,  # type: ignore[attr-defined]
-                                       self._clock, self._timeout(timeout))  # type: ignore[attr-defined]
+                                       self._clock, self._timeout(timeout),  # type: ignore[attr-defined]
+                                       _client.ROWS_READ_ONLY if read_only else 0)
         r = self._make_request(req, _client.SPARSE_PULL, dst)  # type: ignore[attr-defined]
         return r.wait() if wait else r
 

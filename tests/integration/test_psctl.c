@@ -148,7 +148,7 @@ static void test_status_json(void **state) {
       {"-c", c.config, "status", "-o", "json", NULL},
       {"status", "-c", c.config, "--output=json", NULL},
       {"-ojson", "status", cfg_eq, NULL},
-      {"--config", c.config, "-w", "json", "status", NULL},
+      {"status", "--output", "json", "--config", c.config, NULL},
       {"status", "--timeout", "5", "--output", "json", "-c", c.config, NULL}};
   char *first = NULL;
   for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {

@@ -418,40 +418,6 @@ static const psctl_value_hint_t value_hints[] = {{"config", NULL}, {"output", "t
 static const psctl_options_t options = {longopts, value_hints,
                                         sizeof value_hints / sizeof value_hints[0]};
 
-/* "unknown command 'stauts'; did you mean 'status'?" or the list of commands. */
-static void unknown_command(const char *name) {
-  const char *cands[64];
-  size_t n = 0;
-  for (size_t i = 0; i < psctl_command_count() && n < 64; i++)
-    cands[n++] = psctl_command_at(i)->name;
-  const char *near = psctl_suggest(name, cands, n);
-  char names[512];
-  psctl_command_names(names, sizeof names);
-  if (near)
-    fprintf(stderr, "psctl: unknown command '%s'; did you mean '%s'? (see psctl --help)\n", name,
-            near);
-  else
-    fprintf(stderr, "psctl: unknown command '%s' (%s; see psctl --help)\n", name, names);
-}
-
-/* "unknown option '--ouptut'; did you mean '--output'?" (arg as written, maybe =VALUE). */
-static void unknown_option(const char *arg) {
-  const char *near = NULL;
-  if (strncmp(arg, "--", 2) == 0) {
-    char name[64];
-    snprintf(name, sizeof name, "%.*s", (int)strcspn(arg + 2, "="), arg + 2);
-    const char *cands[64];
-    size_t n = 0;
-    for (const struct option *o = longopts; o->name && n < 64; o++) cands[n++] = o->name;
-    near = psctl_suggest(name, cands, n);
-  }
-  if (near)
-    fprintf(stderr, "psctl: unknown option '%s'; did you mean '--%s'? (see psctl --help)\n", arg,
-            near);
-  else
-    fprintf(stderr, "psctl: unknown option '%s' (see psctl --help)\n", arg);
-}
-
 /* psctl help [COMMAND], psctl [COMMAND] --help: on stdout, exit 0; an unknown command is a
  * usage error. */
 static int print_help(const char *name) {
@@ -461,7 +427,7 @@ static int print_help(const char *name) {
   }
   const psctl_command_t *c = psctl_command_find(name);
   if (!c) {
-    unknown_command(name);
+    psctl_unknown_command(stderr, name);
     return TS_EXIT_USAGE;
   }
   psctl_command_help(stdout, c);
@@ -559,7 +525,7 @@ int main(int argc, char **argv) {
           fprintf(stderr, "psctl: option '%.*s' takes no value (see psctl --help)\n",
                   (int)(eq - arg), arg);
         else if (!optopt)
-          unknown_option(arg);
+          psctl_unknown_option(stderr, arg, longopts);
         else
           fprintf(stderr, "psctl: unknown option '-%c' (see psctl --help)\n", optopt);
         goto done;
@@ -592,7 +558,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "psctl: unknown command '%s': -w is --watch now; the output format is -o %s\n",
               cmd, cmd);
     else
-      unknown_command(cmd);
+      psctl_unknown_command(stderr, cmd);
     goto done;
   }
   if (strcmp(cmd, "completion") == 0) {

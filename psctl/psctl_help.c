@@ -13,8 +13,8 @@ static const char global_options[] =
     "                           says so on stderr)\n"
     "      --set KEY=VALUE      override a key of the job file (e.g. --set\n"
     "                           auth.admin_token_file=\"/etc/tessera/admin.token\")\n"
-    "  -o, -w, --output FORMAT  table (default) or json (a stable schema, see\n"
-    "                           docs/operations.md)\n"
+    "  -o, --output FORMAT      table (default) or json (a stable schema, see\n"
+    "                           docs/operations.md; indented by two spaces)\n"
     "      --shard N            only shard N (a container's own healthcheck)\n"
     "      --timeout SECONDS    how long to wait for each shard (default 3)\n"
     "  -h, --help               help (psctl COMMAND --help: that command's)\n"
@@ -27,7 +27,7 @@ static const psctl_command_t commands[] = {
      "through the epoch. With -o json: one object {mode, step, healthy, shards[], workers[]}.\n"
      "  -w, --watch      redraw it every --interval seconds (default 2) until Ctrl-C (exit\n"
      "                   0): in place on a terminal; elsewhere one block after another,\n"
-     "                   separated by an empty line (with -o json: one object each)\n"
+     "                   separated by an empty line (with -o json: one JSON value each)\n"
      "  --interval S     the seconds between two refreshes of --watch\n"
      "Exit 0 when every shard answered, 1 when one is down.\n"},
     {"shards", "shards [-w] [--interval S]",
@@ -37,7 +37,7 @@ static const psctl_command_t commands[] = {
      "sync barrier waits for, or why the shard did not answer). -o json: an array.\n"
      "  -w, --watch      redraw it every --interval seconds (default 2) until Ctrl-C (exit\n"
      "                   0): in place on a terminal; elsewhere one block after another,\n"
-     "                   separated by an empty line (with -o json: one object each)\n"
+     "                   separated by an empty line (with -o json: one JSON value each)\n"
      "  --interval S     the seconds between two refreshes of --watch\n"
 },
     {"workers", "workers [-w] [--interval S]",
@@ -54,7 +54,7 @@ static const psctl_command_t commands[] = {
      "'-' is a value the worker has not reported yet (null in -o json).\n"
      "  -w, --watch      redraw it every --interval seconds (default 2) until Ctrl-C (exit\n"
      "                   0): in place on a terminal; elsewhere one block after another,\n"
-     "                   separated by an empty line (with -o json: one object each)\n"
+     "                   separated by an empty line (with -o json: one JSON value each)\n"
      "  --interval S     the seconds between two refreshes of --watch\n"
 },
     {"tables", "tables [--interval SECONDS]",

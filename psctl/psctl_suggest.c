@@ -4,6 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "psctl_help.h"
+
 #define MAX_WORD 64
 
 size_t psctl_edit_distance(const char *a, const char *b) {
@@ -45,4 +47,34 @@ const char *psctl_suggest(const char *word, const char *const *cands, size_t n) 
   }
   if (pick && best <= 2 && best < len) return pick;
   return prefixes == 1 ? prefix_of : NULL;
+}
+
+void psctl_unknown_command(FILE *f, const char *name) {
+  const char *cands[64];
+  size_t n = 0;
+  for (size_t i = 0; i < psctl_command_count() && n < 64; i++)
+    cands[n++] = psctl_command_at(i)->name;
+  const char *near = psctl_suggest(name, cands, n);
+  char names[512];
+  psctl_command_names(names, sizeof names);
+  if (near)
+    fprintf(f, "psctl: unknown command '%s'; did you mean '%s'? (see psctl --help)\n", name, near);
+  else
+    fprintf(f, "psctl: unknown command '%s' (%s; see psctl --help)\n", name, names);
+}
+
+void psctl_unknown_option(FILE *f, const char *arg, const struct option *longopts) {
+  const char *near = NULL;
+  if (strncmp(arg, "--", 2) == 0) {
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(arg + 2, "="), arg + 2);
+    const char *cands[64];
+    size_t n = 0;
+    for (const struct option *o = longopts; o->name && n < 64; o++) cands[n++] = o->name;
+    near = psctl_suggest(name, cands, n);
+  }
+  if (near)
+    fprintf(f, "psctl: unknown option '%s'; did you mean '--%s'? (see psctl --help)\n", arg, near);
+  else
+    fprintf(f, "psctl: unknown option '%s' (see psctl --help)\n", arg);
 }

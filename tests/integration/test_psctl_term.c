@@ -259,6 +259,14 @@ static void test_did_you_mean(void **state) {
   const char *const far[] = {"xyzzy", NULL};
   assert_int_equal(psctl_args(far), 2);
   assert_null(strstr(err, "did you mean"));
+  /* The help says what -w and -o are now. */
+  const char *const help[] = {"--help", NULL};
+  assert_int_equal(psctl_args(help), 0);
+  assert_non_null(strstr(out, "  -o, --output FORMAT "));
+  assert_null(strstr(out, "-w, --output"));
+  const char *const status_help[] = {"status", "--help", NULL};
+  assert_int_equal(psctl_args(status_help), 0);
+  assert_non_null(strstr(out, "  -w, --watch "));
 }
 
 /* The commands psctl --help lists, space-separated, into buf. */

@@ -216,7 +216,8 @@ static void test_help(void **state) {
   static const char *const cmds[][2] = {{"status", NULL},     {"shards", NULL},
                                         {"workers", NULL},    {"health", NULL},
                                         {"checkpoint", NULL}, {"shutdown", NULL},
-                                        {"model", "reset"},   {"help", NULL}};
+                                        {"model", "reset"},   {"completion", NULL},
+                                        {"help", NULL}};
   const char *const top[] = {"--help", NULL};
   assert_int_equal(psctl_args(top), 0);
   static char list[sizeof out];

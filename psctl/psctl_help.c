@@ -20,26 +20,26 @@ static const char global_options[] =
     "  -h, --help               help (psctl COMMAND --help: that command's)\n"
     "  -V, --version            print the version\n";
 
+/* The options of the commands that take --watch. */
+#define WATCH_HELP                                                                          \
+  "  -w, --watch      redraw it every --interval seconds (default 2) until Ctrl-C (exit\n"    \
+  "                   0): in place on a terminal; elsewhere one block after another,\n"      \
+  "                   separated by an empty line (with -o json: one JSON value each)\n"      \
+  "  --interval S     the seconds between two refreshes of --watch\n"
+
 static const psctl_command_t commands[] = {
     {"status", "status [-w] [--interval S]", "job mode, global step, every shard and worker",
      "Shows the job's mode and global step, then the SHARDS table (see psctl shards) and the\n"
      "WORKERS table (see psctl workers). On a terminal a bar shows the workers' progress\n"
      "through the epoch. With -o json: one object {mode, step, healthy, shards[], workers[]}.\n"
-     "  -w, --watch      redraw it every --interval seconds (default 2) until Ctrl-C (exit\n"
-     "                   0): in place on a terminal; elsewhere one block after another,\n"
-     "                   separated by an empty line (with -o json: one JSON value each)\n"
-     "  --interval S     the seconds between two refreshes of --watch\n"
+     WATCH_HELP
      "Exit 0 when every shard answered, 1 when one is down.\n"},
     {"shards", "shards [-w] [--interval S]",
      "one line per shard: address, up, partitions, bytes, version",
      "One line per shard of cluster.ps: ADDRESS, UP, PARTITIONS, BYTES, VERSION (its lowest\n"
      "partition version), STALE (gradients dropped as stale) and a NOTE (which tasks the open\n"
      "sync barrier waits for, or why the shard did not answer). -o json: an array.\n"
-     "  -w, --watch      redraw it every --interval seconds (default 2) until Ctrl-C (exit\n"
-     "                   0): in place on a terminal; elsewhere one block after another,\n"
-     "                   separated by an empty line (with -o json: one JSON value each)\n"
-     "  --interval S     the seconds between two refreshes of --watch\n"
-},
+     WATCH_HELP},
     {"workers", "workers [-w] [--interval S]",
      "one line per worker: step, loss, examples/s, state, device",
      "One line per worker of cluster.workers, as the shards see it:\n"
@@ -52,11 +52,7 @@ static const psctl_command_t commands[] = {
      "  DEVICE      the device its model really runs on (/cpu:0 when soft placement moved\n"
      "              it off a GPU)\n"
      "'-' is a value the worker has not reported yet (null in -o json).\n"
-     "  -w, --watch      redraw it every --interval seconds (default 2) until Ctrl-C (exit\n"
-     "                   0): in place on a terminal; elsewhere one block after another,\n"
-     "                   separated by an empty line (with -o json: one JSON value each)\n"
-     "  --interval S     the seconds between two refreshes of --watch\n"
-},
+     WATCH_HELP},
     {"tables", "tables [--interval SECONDS]",
      "the embedding tables: rows, bytes, created, evicted, hot keys, per shard",
      "One block per embedding table of the job: its totals over the shards, then a line per\n"

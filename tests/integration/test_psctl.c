@@ -39,13 +39,9 @@ static int psctl(ts_cluster_t *c, const char *a1, const char *a2, const char *a3
   return ts_run_capture(argv, out, sizeof out, err, sizeof err);
 }
 
-/* psctl with exactly these arguments (NULL-terminated, at most 14). */
+/* psctl with exactly these arguments (NULL-terminated). */
 static int psctl_args(const char *const *args) {
-  const char *argv[16] = {ts_psctl_path};
-  size_t n = 1;
-  while (*args && n < 15) argv[n++] = *args++;
-  argv[n] = NULL;
-  return ts_run_capture(argv, out, sizeof out, err, sizeof err);
+  return ts_run_psctl(args, out, sizeof out, err, sizeof err);
 }
 
 /* Drop what changes between two runs of psctl on an idle job (time, the shards'

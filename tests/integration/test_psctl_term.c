@@ -22,13 +22,9 @@
 
 static char out[1 << 17], err[1 << 16];
 
-/* psctl with exactly these arguments (NULL-terminated, at most 14). */
+/* psctl with exactly these arguments (NULL-terminated). */
 static int psctl_args(const char *const *args) {
-  const char *argv[16] = {ts_psctl_path};
-  size_t n = 1;
-  while (*args && n < 15) argv[n++] = *args++;
-  argv[n] = NULL;
-  return ts_run_capture(argv, out, sizeof out, err, sizeof err);
+  return ts_run_psctl(args, out, sizeof out, err, sizeof err);
 }
 
 /* Runs argv with stdout into out_path (stderr into err_path); returns its pid. */

@@ -26,6 +26,13 @@ char *ts_auth_read_token(const char *path, char *errmsg, size_t errlen) {
     sodium_memzero(buf, sizeof buf);
     return NULL;
   }
+  if (strcmp(buf, TS_AUTH_PLACEHOLDER_TOKEN) == 0) {
+    snprintf(errmsg, errlen,
+             "token file %s holds the placeholder '%s' of deploy/k8s/configmap.yaml, not a "
+             "secret: put a token of your own there (openssl rand -hex 32)",
+             path, TS_AUTH_PLACEHOLDER_TOKEN);
+    return NULL;
+  }
   char *t = ts_strdup(buf);
   sodium_memzero(buf, sizeof buf);
   if (!t) snprintf(errmsg, errlen, "out of memory");

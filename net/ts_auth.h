@@ -15,8 +15,14 @@
 #define TS_AUTH_MAC_LEN 32
 #define TS_AUTH_MIN_TOKEN 16
 
+/* The value deploy/k8s/configmap.yaml's Secret ships with, to be replaced before use: a
+ * token file that holds it is refused, so that a cluster never runs on a secret printed
+ * in the repository (tests/deploy/check_k8s.py checks that the two agree). */
+#define TS_AUTH_PLACEHOLDER_TOKEN "replace-me-with-openssl-rand-hex-32-output"
+
 /* Read a token file: its content without trailing whitespace, at least TS_AUTH_MIN_TOKEN
- * bytes. Returns a string to free with ts_auth_free_token, or NULL with errmsg set. */
+ * bytes and not TS_AUTH_PLACEHOLDER_TOKEN. Returns a string to free with
+ * ts_auth_free_token, or NULL with errmsg set. */
 char *ts_auth_read_token(const char *path, char *errmsg, size_t errlen);
 
 /* Wipe and free a token (NULL is fine). */

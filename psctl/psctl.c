@@ -8,9 +8,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "psctl_complete.h"
 #include "psctl_fmt.h"
 #include "psctl_help.h"
+#include "psctl_json.h"
+#include "psctl_suggest.h"
 #include "psctl_tables.h"
+#include "psctl_watch.h"
 #include "tessera/client.h"
 #include "ts_alloc.h"
 #include "ts_build_config.h"
@@ -29,6 +33,7 @@ typedef struct {
   long only_shard;           /* --shard N, else -1 */
   ts_client_shard_status_t **before; /* tables --interval: the first sample, per shard */
   double interval;                   /* seconds between the samples (0: one sample) */
+  bool in_place;                     /* --watch on a terminal: the table says who is down */
 } cluster_view_t;
 
 /* Ask every shard that is up for its status into v->st (the why of those that are not). */
@@ -112,14 +117,7 @@ static void release(cluster_view_t *v) {
   ts_config_free(&v->cfg);
 }
 
-static void print_json(cJSON *root) {
-  char *s = root ? cJSON_Print(root) : NULL;
-  if (s) {
-    printf("%s\n", s);
-    cJSON_free(s);
-  }
-  cJSON_Delete(root);
-}
+static void print_json(cJSON *root) { psctl_json_print(stdout, root); }
 
 /* Colour only on a terminal, never with NO_COLOR set (no-color.org) or TERM=dumb. */
 static bool use_colour(void) {
@@ -276,7 +274,7 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
     cell(up == n ? "healthy" : "unhealthy", 0, up == n);
     printf(": %zu of %zu shard(s) up\n", up, n);
   }
-  for (size_t s = 0; s < n; s++)
+  for (size_t s = 0; s < n && !v->in_place; s++)
     if (!sh[s].st)
       fprintf(stderr, "psctl: shard %zu (%s) is down: %s\n", sh[s].index, sh[s].address,
               sh[s].error ? sh[s].error : "no answer");
@@ -351,6 +349,32 @@ static int cmd_admin(cluster_view_t *v, const char *cmd, bool checkpoint, bool f
   return failures ? TS_EXIT_FAILURE : TS_EXIT_OK;
 }
 
+/* psctl COMMAND --watch: the report again every `every` seconds, asked anew of the shards
+ * on the same connections, until SIGINT or SIGTERM (exit 0) or a closed stdout (the last
+ * report's exit code). */
+static int watch_report(cluster_view_t *v, const char *cmd, output_t out, double every) {
+  bool tty = isatty(STDOUT_FILENO) == 1;
+  char title[64];
+  snprintf(title, sizeof title, "psctl %s", cmd);
+  v->in_place = tty;
+  psctl_watch_begin(stdout, tty);
+  int rc = TS_EXIT_OK;
+  for (unsigned n = 0;; n++) {
+    psctl_watch_frame_begin(stdout, tty, n, out == OUT_TABLE ? title : NULL, every);
+    rc = cmd_report(v, cmd, out);
+    if (!psctl_watch_frame_end(stdout) || !psctl_watch_sleep(every)) break;
+    for (size_t s = 0; s < v->cfg.num_ps; s++) {
+      ts_client_status_free(v->st[s]);
+      v->st[s] = NULL;
+      ts_free(v->why[s]);
+      v->why[s] = NULL;
+    }
+    ask_statuses(v);
+  }
+  psctl_watch_end(stdout, tty);
+  return psctl_watch_stopped() ? TS_EXIT_OK : rc;
+}
+
 #define DEFAULT_CONFIG "/etc/tessera/job.cfg"
 
 /* Without -c and without DEFAULT_CONFIG: say on stderr which shards psctl asks and where
@@ -370,6 +394,30 @@ static void note_defaults(const ts_config_t *cfg, size_t nsets) {
             cfg->num_ps, list, from);
 }
 
+enum { OPT_SET = 256, OPT_TIMEOUT, OPT_SHARD, OPT_NO_CHECKPOINT, OPT_FORCE, OPT_INTERVAL };
+
+/* getopt's table: also what the shell completion and "did you mean" know of the options
+ * (a command's own options are those its synopsis names, psctl_help.c). */
+static const struct option longopts[] = {
+    {"config", required_argument, NULL, 'c'},
+    {"set", required_argument, NULL, OPT_SET},
+    {"output", required_argument, NULL, 'o'},
+    {"watch", no_argument, NULL, 'w'},
+    {"interval", required_argument, NULL, OPT_INTERVAL},
+    {"timeout", required_argument, NULL, OPT_TIMEOUT},
+    {"no-checkpoint", no_argument, NULL, OPT_NO_CHECKPOINT},
+    {"force", no_argument, NULL, OPT_FORCE},
+    {"shard", required_argument, NULL, OPT_SHARD},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {NULL, 0, NULL, 0}};
+
+/* The values the completion offers for an option: file names for -c, the formats of -o. */
+static const psctl_value_hint_t value_hints[] = {{"config", NULL}, {"output", "table json"}};
+
+static const psctl_options_t options = {longopts, value_hints,
+                                        sizeof value_hints / sizeof value_hints[0]};
+
 /* psctl help [COMMAND], psctl [COMMAND] --help: on stdout, exit 0; an unknown command is a
  * usage error. */
 static int print_help(const char *name) {
@@ -379,9 +427,7 @@ static int print_help(const char *name) {
   }
   const psctl_command_t *c = psctl_command_find(name);
   if (!c) {
-    char names[256];
-    psctl_command_names(names, sizeof names);
-    fprintf(stderr, "psctl: unknown command '%s' (%s; see psctl --help)\n", name, names);
+    psctl_unknown_command(stderr, name);
     return TS_EXIT_USAGE;
   }
   psctl_command_help(stdout, c);
@@ -396,25 +442,14 @@ int main(int argc, char **argv) {
   const char **sets = calloc((size_t)argc, sizeof *sets);
   size_t nsets = 0;
   if (!sets) return TS_EXIT_FAILURE;
-  enum { OPT_SET = 256, OPT_TIMEOUT, OPT_SHARD, OPT_NO_CHECKPOINT, OPT_FORCE, OPT_INTERVAL };
-  bool final_checkpoint = true, force = false, help = false;
-  static const struct option longopts[] = {
-      {"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, OPT_SET},
-      {"output", required_argument, NULL, 'o'}, {"write-out", required_argument, NULL, 'w'},
-      {"timeout", required_argument, NULL, OPT_TIMEOUT},
-      {"no-checkpoint", no_argument, NULL, OPT_NO_CHECKPOINT},
-      {"force", no_argument, NULL, OPT_FORCE},
-      {"interval", required_argument, NULL, OPT_INTERVAL},
-      {"shard", required_argument, NULL, OPT_SHARD},
-      {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
-      {NULL, 0, NULL, 0}};
+  bool final_checkpoint = true, force = false, help = false, watch = false;
   int opt, rc = TS_EXIT_USAGE;
   /* Options anywhere on the line, as kubectl's and etcdctl's: `psctl status -o json` is
    * `psctl -o json status` (GNU getopt moves the command behind the options). Its own
    * messages are off (opterr = 0, the leading ':'): ours name the option and point to
    * --help instead of printing the whole usage. */
   opterr = 0;
-  while ((opt = getopt_long(argc, argv, ":c:o:w:hV", longopts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":c:o:whV", longopts, NULL)) != -1) {
     switch (opt) {
       case 'c':
         config_path = optarg;
@@ -422,8 +457,10 @@ int main(int argc, char **argv) {
       case OPT_SET:
         sets[nsets++] = optarg;
         break;
-      case 'o':
       case 'w':
+        watch = true;
+        break;
+      case 'o':
         if (strcmp(optarg, "json") == 0) {
           out = OUT_JSON;
         } else if (strcmp(optarg, "table") == 0) {
@@ -488,14 +525,14 @@ int main(int argc, char **argv) {
           fprintf(stderr, "psctl: option '%.*s' takes no value (see psctl --help)\n",
                   (int)(eq - arg), arg);
         else if (!optopt)
-          fprintf(stderr, "psctl: unknown option '%s' (see psctl --help)\n", arg);
+          psctl_unknown_option(stderr, arg, longopts);
         else
           fprintf(stderr, "psctl: unknown option '-%c' (see psctl --help)\n", optopt);
         goto done;
       }
     }
   }
-  char names[256];
+  char names[512];
   psctl_command_names(names, sizeof names);
   const char *cmd = optind < argc ? argv[optind] : NULL;
   if (help || (cmd && strcmp(cmd, "help") == 0)) {
@@ -515,8 +552,26 @@ int main(int argc, char **argv) {
     fprintf(stderr, "psctl: which command? (%s; see psctl --help)\n", names);
     goto done;
   }
-  if (!psctl_command_find(cmd)) {
-    fprintf(stderr, "psctl: unknown command '%s' (%s; see psctl --help)\n", cmd, names);
+  const psctl_command_t *command = psctl_command_find(cmd);
+  if (!command) {
+    if (watch && (strcmp(cmd, "json") == 0 || strcmp(cmd, "table") == 0))
+      fprintf(stderr, "psctl: unknown command '%s': -w is --watch now; the output format is -o %s\n",
+              cmd, cmd);
+    else
+      psctl_unknown_command(stderr, cmd);
+    goto done;
+  }
+  if (strcmp(cmd, "completion") == 0) {
+    const char *shell = optind + 1 < argc ? argv[optind + 1] : NULL;
+    if (!shell || optind + 2 < argc) {
+      fprintf(stderr, "psctl: completion takes one shell: bash or zsh (see psctl completion --help)\n");
+      goto done;
+    }
+    if (psctl_completion_print(stdout, shell, &options) < 0) {
+      fprintf(stderr, "psctl: completion takes bash or zsh, not '%s'\n", shell);
+      goto done;
+    }
+    rc = fflush(stdout) == 0 ? TS_EXIT_OK : TS_EXIT_FAILURE;
     goto done;
   }
   bool model_cmd = strcmp(cmd, "model") == 0;
@@ -534,8 +589,17 @@ int main(int argc, char **argv) {
     fprintf(stderr, "psctl: --force is an option of model reset only\n");
     goto done;
   }
-  if (interval > 0 && strcmp(cmd, "tables") != 0) {
-    fprintf(stderr, "psctl: --interval is an option of tables only\n");
+  if (watch && !psctl_command_takes(command, &options, "watch")) {
+    fprintf(stderr, "psctl: %s has no --watch (see psctl %s --help)\n", cmd, cmd);
+    goto done;
+  }
+  if (interval > 0 && !psctl_command_takes(command, &options, "interval")) {
+    fprintf(stderr, "psctl: %s has no --interval (see psctl %s --help)\n", cmd, cmd);
+    goto done;
+  }
+  if (interval > 0 && !watch && strcmp(cmd, "tables") != 0) {
+    fprintf(stderr, "psctl: --interval goes with --watch (psctl %s --watch --interval %g)\n", cmd,
+            interval);
     goto done;
   }
   bool defaults = false;
@@ -568,10 +632,13 @@ int main(int argc, char **argv) {
     goto done;
   }
   v.only_shard = only_shard;
-  v.interval = interval;
+  v.interval = watch ? 0 : interval; /* tables: two samples this far apart */
   colour = out == OUT_TABLE && use_colour();
   rc = gather(&v, timeout);
-  if (rc == 0) rc = admin_cmd ? cmd_admin(&v, cmd, final_checkpoint, force, out) : cmd_report(&v, cmd, out);
+  if (rc == 0 && watch)
+    rc = watch_report(&v, cmd, out, interval > 0 ? interval : 2.0);
+  else if (rc == 0)
+    rc = admin_cmd ? cmd_admin(&v, cmd, final_checkpoint, force, out) : cmd_report(&v, cmd, out);
   release(&v);
 done:
   free(sets);

@@ -13,24 +13,35 @@ static const char global_options[] =
     "                           says so on stderr)\n"
     "      --set KEY=VALUE      override a key of the job file (e.g. --set\n"
     "                           auth.admin_token_file=\"/etc/tessera/admin.token\")\n"
-    "  -o, -w, --output FORMAT  table (default) or json (a stable schema, see\n"
-    "                           docs/operations.md)\n"
+    "  -o, --output FORMAT      table (default) or json (a stable schema, see\n"
+    "                           docs/operations.md; indented by two spaces)\n"
     "      --shard N            only shard N (a container's own healthcheck)\n"
     "      --timeout SECONDS    how long to wait for each shard (default 3)\n"
     "  -h, --help               help (psctl COMMAND --help: that command's)\n"
     "  -V, --version            print the version\n";
 
+/* The options of the commands that take --watch. */
+#define WATCH_HELP                                                                          \
+  "  -w, --watch      redraw it every --interval seconds (default 2) until Ctrl-C (exit\n"    \
+  "                   0): in place on a terminal; elsewhere one block after another,\n"      \
+  "                   separated by an empty line (with -o json: one JSON value each)\n"      \
+  "  --interval S     the seconds between two refreshes of --watch\n"
+
 static const psctl_command_t commands[] = {
-    {"status", "status", "job mode, global step, every shard and worker",
+    {"status", "status [-w] [--interval S]", "job mode, global step, every shard and worker",
      "Shows the job's mode and global step, then the SHARDS table (see psctl shards) and the\n"
      "WORKERS table (see psctl workers). On a terminal a bar shows the workers' progress\n"
      "through the epoch. With -o json: one object {mode, step, healthy, shards[], workers[]}.\n"
+     WATCH_HELP
      "Exit 0 when every shard answered, 1 when one is down.\n"},
-    {"shards", "shards", "one line per shard: address, up, partitions, bytes, version",
+    {"shards", "shards [-w] [--interval S]",
+     "one line per shard: address, up, partitions, bytes, version",
      "One line per shard of cluster.ps: ADDRESS, UP, PARTITIONS, BYTES, VERSION (its lowest\n"
      "partition version), STALE (gradients dropped as stale) and a NOTE (which tasks the open\n"
-     "sync barrier waits for, or why the shard did not answer). -o json: an array.\n"},
-    {"workers", "workers", "one line per worker: step, loss, examples/s, state, device",
+     "sync barrier waits for, or why the shard did not answer). -o json: an array.\n"
+     WATCH_HELP},
+    {"workers", "workers [-w] [--interval S]",
+     "one line per worker: step, loss, examples/s, state, device",
      "One line per worker of cluster.workers, as the shards see it:\n"
      "  STEP        the last step it finished (in sync mode it moves with every push, so it\n"
      "              is never more than one step from the job's while the worker keeps up)\n"
@@ -40,7 +51,8 @@ static const psctl_command_t commands[] = {
      "              its heartbeats for job.heartbeat_timeout_s); not joined (never seen)\n"
      "  DEVICE      the device its model really runs on (/cpu:0 when soft placement moved\n"
      "              it off a GPU)\n"
-     "'-' is a value the worker has not reported yet (null in -o json).\n"},
+     "'-' is a value the worker has not reported yet (null in -o json).\n"
+     WATCH_HELP},
     {"tables", "tables [--interval SECONDS]",
      "the embedding tables: rows, bytes, created, evicted, hot keys, per shard",
      "One block per embedding table of the job: its totals over the shards, then a line per\n"
@@ -71,8 +83,21 @@ static const psctl_command_t commands[] = {
      "the next declare defines it anew. Refused while workers are connected unless\n"
      "  --force   close their connections (they reconnect and declare again)\n"
      "Needs the admin token (auth.admin_token_file).\n"},
+    {"completion", "completion bash|zsh", "print the shell completion script for bash or zsh",
+     "Prints a script that completes psctl's commands, their options and the values of -o\n"
+     "and -c in bash or zsh. Load it in the current shell with\n"
+     "  source <(psctl completion bash)        or        source <(psctl completion zsh)\n"
+     "or install it: psctl completion bash > /etc/bash_completion.d/psctl, or psctl\n"
+     "completion zsh > _psctl in a directory of $fpath. It is made from psctl's own tables\n"
+     "of commands and options, so it knows every command of this psctl.\n"},
     {"help", "help [COMMAND]", "this list, or one command's help", "Prints psctl's help, or COMMAND's.\n"},
 };
+
+size_t psctl_command_count(void) { return sizeof commands / sizeof commands[0]; }
+
+const psctl_command_t *psctl_command_at(size_t i) {
+  return i < sizeof commands / sizeof commands[0] ? &commands[i] : NULL;
+}
 
 const psctl_command_t *psctl_command_find(const char *name) {
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -12,11 +12,12 @@ root=$(pwd)
 
 bash deploy/install-deps.sh || { echo "tests: 0 passed, 1 failed"; exit 1; }
 
-# Checking tools of the operations tests: PyYAML and docker-compose (deploy files) from
-# Debian; promtool (`promtool check metrics`) unpacked from Debian's prometheus package
-# into .tools/ rather than installed, so no Prometheus server gets enabled on this machine.
+# Checking tools of the operations tests: PyYAML and docker-compose (deploy files) and zsh
+# (psctl's zsh completion) from Debian; promtool (`promtool check metrics`) unpacked from
+# Debian's prometheus package into .tools/ rather than installed, so no Prometheus server
+# gets enabled on this machine.
 # Tests whose tool is missing skip.
-bash deploy/install-deps.sh python3-yaml docker-compose || echo "tests: no PyYAML/docker-compose; those checks skip"
+bash deploy/install-deps.sh python3-yaml docker-compose zsh || echo "tests: no PyYAML/docker-compose/zsh; those checks skip"
 # The end-to-end deploy suite: Debian's Docker engine (the tests use a running one, or start
 # dockerd themselves and stop it after) and debootstrap for their base image. Without them
 # those tests skip, saying why.

@@ -203,8 +203,8 @@ TS_CLIENT_API void ts_client_opts_init(ts_client_opts_t *opts);
  * ts_client_opts_t.token: the file's content less trailing white space (spaces, tabs, line
  * ends), which must be at least 16 bytes. Returns the token, to be freed with
  * ts_client_token_free (once ts_client_open returned: the client keeps its own copy), or
- * NULL with errmsg naming the file and why: it cannot be read, the token is too short, or
- * memory ran out. Reads at most the first 1023 bytes. Any thread; no client needed. */
+ * NULL with errmsg naming the file and why: it cannot be read, the token is too short, it
+ * is the placeholder that deploy/k8s/configmap.yaml ships with, or memory ran out. Reads at most the first 1023 bytes. Any thread; no client needed. */
 TS_CLIENT_API char *ts_client_token_read(const char *path, char *errmsg, size_t errlen);
 
 /* Wipe a token of ts_client_token_read from memory and free it. NULL is ignored. */

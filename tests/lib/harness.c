@@ -394,6 +394,14 @@ int ts_run_capture(const char *const *argv, char *out, size_t n, char *err, size
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+int ts_run_psctl(const char *const *args, char *out, size_t n, char *err, size_t errn) {
+  const char *argv[32] = {ts_psctl_path};
+  size_t k = 1;
+  while (*args && k < 31) argv[k++] = *args++;
+  argv[k] = NULL;
+  return ts_run_capture(argv, out, n, err, errn);
+}
+
 int ts_worker_start(ts_cluster_t *c, int task, const char *const *extra, ts_proc_t *p) {
   memset(p, 0, sizeof *p);
   snprintf(p->out, sizeof p->out, "%s/worker-%d.out", c->dir, task);

@@ -75,6 +75,9 @@ bool ts_cluster_log_has(const ts_cluster_t *c, int i, const char *needle);
 /* Run a command line, capture stdout into out (size n) and return its exit status. */
 int ts_run_capture(const char *const *argv, char *out, size_t n, char *err, size_t errn);
 
+/* ts_run_capture of psctl with exactly these arguments (NULL-terminated, at most 30). */
+int ts_run_psctl(const char *const *args, char *out, size_t n, char *err, size_t errn);
+
 /* A ps-worker process started by ts_worker_start; its stdout and stderr go to files. */
 typedef struct {
   pid_t pid;

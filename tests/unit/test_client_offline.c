@@ -71,10 +71,28 @@ static void test_token_refused(void **state) {
   assert_string_equal(err, "no token file named");
 }
 
+/* The placeholder of the Kubernetes Secret is not a token, with or without a line end. */
+static void test_token_placeholder_refused(void **state) {
+  (void)state;
+  char path[256], err[512] = "";
+  write_file(path, sizeof path, "replace-me-with-openssl-rand-hex-32-output\n");
+  assert_null(ts_client_token_read(path, err, sizeof err));
+  assert_non_null(strstr(err, path));
+  assert_non_null(strstr(err, "holds the placeholder 'replace-me-with-openssl-rand-hex-32-output'"));
+  assert_non_null(strstr(err, "openssl rand -hex 32"));
+  remove_file(path);
+  write_file(path, sizeof path, "replace-me-with-openssl-rand-hex-32-output-not");
+  char *t = ts_client_token_read(path, err, sizeof err); /* only the placeholder itself */
+  assert_non_null(t);
+  ts_client_token_free(t);
+  remove_file(path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_version_is_the_project_s),
       cmocka_unit_test(test_token_read),
+      cmocka_unit_test(test_token_placeholder_refused),
       cmocka_unit_test(test_token_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -393,7 +393,7 @@ class Client(TablesMixin):
             else:
                 out[name] = np.zeros(spec.shape, dtype=np.float32)
         self.values_source = "the shards"
-        if values is not None:
+        if values is not None and out:  # a model of tables only has no values to give
             self._initial_values(decl, int(seed), values, out, awaiting, chief, wait, wire)
         return out
 

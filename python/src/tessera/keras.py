@@ -76,7 +76,7 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover
 _log = logging.getLogger("tessera")
 
 __all__ = ["Optimizer", "optimizer", "buckets", "ProgressCallback", "InertOptimizerWarning",
-           "Embedding", "StockEmbeddingError"]
+           "Embedding", "EmbeddingBag", "StockEmbeddingError"]
 
 #: Every live tessera Optimizer: an Embedding layer that runs before its model's optimizer
 #: is built (evaluate before fit, run_eagerly) finds and builds it from here.
@@ -369,7 +369,8 @@ class Optimizer(keras.optimizers.Optimizer):
         every = trainable_variables + self._state_vars
         order += [tf.convert_to_tensor(g, tf.float32) for g in pushed if g is not None]
         if not every:                            # tables only: count the step
-            tf.numpy_function(_stoppable(lambda *o: self._collect(*o) and np.int64(0),
+            # (_collect returns no dense values: the step's one output is a 0)
+            tf.numpy_function(_stoppable(lambda *o: (self._collect(*o), np.int64(0))[1],
                                          lambda *o: np.int64(0)),
                               order, Tout=tf.int64, name="tessera_pull")
             self.iterations.assign_add(1)
@@ -686,4 +687,4 @@ class ProgressCallback(keras.callbacks.Callback):
 
 
 from . import keras_embedding as _kemb  # noqa: E402  (needs keras, imported above)
-from .keras_embedding import Embedding, StockEmbeddingError  # noqa: E402,F401
+from .keras_embedding import Embedding, EmbeddingBag, StockEmbeddingError  # noqa: E402,F401

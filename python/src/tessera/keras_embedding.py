@@ -39,6 +39,10 @@ _INITS = {
     "zeros": ("zeros", 0.0),
 }
 _ROW_OPTIMIZERS = (None, "sgd", "adagrad", "adam", "ftrl")
+_COMBINERS = (None, "sum", "mean", "sqrtn")
+# String ids hash into [0, 2^63 - 1): FarmHash's Fingerprint64 (tf.strings.
+# to_hash_bucket_fast), the same in every process and on every platform.
+_STRING_BUCKETS = (1 << 63) - 1
 
 
 def _table_init(init: Any) -> tuple:
@@ -80,7 +84,9 @@ class Embedding(keras.layers.Layer):
     ----------
     input_dim : int or None
         The vocabulary size: ids must be in ``[0, input_dim)`` (ValueError otherwise, as
-        Keras's layer fails on CPU). None: any int64 id (hashed ids, no bound).
+        Keras's layer fails on CPU). None: any int64 id (hashed ids, no bound), or string
+        ids, hashed to int64 with FarmHash's Fingerprint64 (``tf.strings.
+        to_hash_bucket_fast`` into 2^63 - 1 buckets).
     output_dim : int
         The row width (1 to 4096).
     table : str, optional
@@ -91,7 +97,12 @@ class Embedding(keras.layers.Layer):
         or RandomUniform(-s, s), RandomNormal(0, s), TruncatedNormal(0, s). Others raise
         ValueError.
     mask_zero : bool, default False
-        As Keras's: id 0 is padding, and the layer's mask is ``ids != 0``.
+        As Keras's: id 0 (or the empty string) is padding, and the layer's mask is
+        ``ids != 0``.
+    combiner : str, optional
+        Multi-hot: "sum", "mean" or "sqrtn" (sum / sqrt(count)) of the rows of the last
+        axis's ids, so ``ids.shape[:-1] + (output_dim,)`` comes out (with ``mask_zero``
+        padding ids take no part; a bag of padding only gives zeros). None: one row per id.
     optimizer : str, optional
         The table's row optimizer: "sgd", "adagrad", "adam" (lazy: each row's own step),
         "ftrl"; None: the job's (``optimizer.name``, sgd or adam).
@@ -135,7 +146,7 @@ class Embedding(keras.layers.Layer):
     def __init__(self, input_dim: Optional[int], output_dim: int, *,
                  table: Optional[str] = None,
                  embeddings_initializer: Any = "uniform", mask_zero: bool = False,
-                 optimizer: Optional[str] = None, learning_rate: float = 0.0,
+                 combiner: Optional[str] = None, optimizer: Optional[str] = None, learning_rate: float = 0.0,
                  admit_count: int = 0, steps_to_live: int = 0, max_rows: int = 0,
                  name: Optional[str] = None, **kwargs: Any):
         table_kw = {k: kwargs.pop(k) for k in self._TABLE_KEYS if k in kwargs}
@@ -147,6 +158,12 @@ class Embedding(keras.layers.Layer):
         if not 1 <= int(output_dim) <= 4096:
             raise ValueError(f"tessera.keras.Embedding: output_dim {output_dim} is not in "
                              f"1 to 4096")
+        if combiner is not None:
+            combiner = str(combiner).lower()
+        if combiner not in _COMBINERS:
+            raise ValueError(f"tessera.keras.Embedding: combiner {combiner!r} is not one of "
+                             f"'sum', 'mean', 'sqrtn' (None: one row per id)")
+        self.combiner = combiner
         if optimizer is not None:
             optimizer = str(optimizer).lower()
         if optimizer not in _ROW_OPTIMIZERS:
@@ -197,17 +214,50 @@ class Embedding(keras.layers.Layer):
         return self._spec
 
     def compute_output_shape(self, input_shape):
+        if self.combiner:
+            return tuple(input_shape)[:-1] + (self.output_dim,)
         return tuple(input_shape) + (self.output_dim,)
 
     def compute_mask(self, inputs, mask=None):
-        if not self.mask_zero:
+        if not self.mask_zero or self.combiner:
             return None
-        return keras.ops.not_equal(inputs, 0)
+        return self._pad_mask(tf.convert_to_tensor(inputs))
+
+    @staticmethod
+    def _pad_mask(inputs):
+        """ids != padding (0, or the empty string)."""
+        return tf.not_equal(inputs, "" if inputs.dtype == tf.string else
+                            tf.zeros((), inputs.dtype))
+
+    def _ids(self, inputs):
+        """The int64 ids of the input (string ids hashed)."""
+        ids = tf.convert_to_tensor(inputs)
+        if ids.dtype == tf.string:
+            if self.input_dim is not None:
+                raise ValueError(f"tessera.keras.Embedding {self.name!r}: string ids need an "
+                                 f"unbounded table (input_dim=None), not input_dim "
+                                 f"{self.input_dim}")
+            hashed = tf.strings.to_hash_bucket_fast(ids, _STRING_BUCKETS)
+            # With mask_zero the empty string is padding: id 0, as for integer ids.
+            return tf.where(tf.equal(ids, ""), tf.zeros_like(hashed), hashed) \
+                if self.mask_zero else hashed
+        return ids if ids.dtype == tf.int64 else tf.cast(ids, tf.int64)  # as Keras casts
+
+    def _combine(self, inputs, rows):
+        """The combiner over the last axis of ids (rows: ids.shape + (dim,))."""
+        if self.mask_zero:
+            keep = tf.cast(self._pad_mask(tf.convert_to_tensor(inputs)), rows.dtype)
+        else:
+            keep = tf.ones(tf.shape(rows)[:-1], rows.dtype)
+        total = tf.reduce_sum(rows * keep[..., None], axis=-2)
+        if self.combiner == "sum":
+            return total
+        count = tf.reduce_sum(keep, axis=-1, keepdims=True)
+        div = count if self.combiner == "mean" else tf.sqrt(count)
+        return tf.math.divide_no_nan(total, div)
 
     def call(self, inputs, training=None):
-        ids = tf.convert_to_tensor(inputs)
-        if ids.dtype != tf.int64:
-            ids = tf.cast(ids, tf.int64)             # Keras casts float ids too
+        ids = self._ids(inputs)
         if training is True and not tf.executing_eagerly():
             # A second training call in one traced step would pull the next version
             # again: in sync mode it would wait for a step that never comes.
@@ -220,8 +270,9 @@ class Embedding(keras.layers.Layer):
             self._traced.add(graph)
         self._find_optimizer()
         train = bool(training) if isinstance(training, (bool, type(None))) else training
-        return self._lookup(ids, tf.convert_to_tensor(train if train is not None else False,
+        rows = self._lookup(ids, tf.convert_to_tensor(train if train is not None else False,
                                                       tf.bool), self._anchor.value)
+        return self._combine(inputs, rows) if self.combiner else rows
 
     def get_config(self):
         cfg = super().get_config()
@@ -230,7 +281,7 @@ class Embedding(keras.layers.Layer):
             init = keras.initializers.serialize(init)
         cfg.update(input_dim=self.input_dim, output_dim=self.output_dim, table=self.table,
                    embeddings_initializer=init, mask_zero=self.mask_zero,
-                   optimizer=self.row_optimizer, learning_rate=self.learning_rate,
+                   combiner=self.combiner, optimizer=self.row_optimizer, learning_rate=self.learning_rate,
                    admit_count=self.admit_count, steps_to_live=self.steps_to_live,
                    max_rows=self.max_rows, **self._table_kw)
         return cfg
@@ -373,20 +424,35 @@ class Embedding(keras.layers.Layer):
                 mv = 0 if self._version is None else self._version + 1
             else:
                 mv = 0
-            req = c.pull_rows(self.table, uniq, wait=False, min_version=mv,
+            pad = self._pad_at(uniq)
+            keys = uniq if pad < 0 else np.delete(uniq, pad)
+            req = c.pull_rows(self.table, keys, wait=False, min_version=mv,
                               read_only=not bool(training))
             rows = req.wait()
             version = int(req._req.result()["version"])
             if bool(training):
                 self._version = version
-            self.pulled_rows += int(uniq.size)
+            self.pulled_rows += int(keys.size)
             self.calls += 1
+        if pad >= 0:
+            rows = np.insert(rows, pad, 0.0, axis=0)
         return uniq, inv.reshape(-1).astype(np.int64), rows, np.int64(version)
+
+    def _pad_at(self, uniq: np.ndarray) -> int:
+        """Where padding (id 0) is among the sorted distinct ids when the combiner leaves it
+        out (mask_zero with a combiner: it is neither pulled nor pushed), else -1."""
+        if not (self.mask_zero and self.combiner):
+            return -1
+        i = int(np.searchsorted(uniq, 0))
+        return i if i < uniq.size and uniq[i] == 0 else -1
 
     def _push(self, uniq: np.ndarray, grads: np.ndarray, version: np.ndarray) -> np.float32:
         """Host side of the backward pass: push the distinct ids' summed gradients."""
         c = self._client()
         g = np.ascontiguousarray(grads, dtype=np.float32).reshape(uniq.size, self.output_dim)
+        pad = self._pad_at(uniq)
+        if pad >= 0:
+            uniq, g = np.delete(uniq, pad), np.delete(g, pad, axis=0)
         step = int(version) if c.mode == "sync" else None
         res = c.push_rows(self.table, np.ascontiguousarray(uniq, np.int64), g, step=step)
         with self._rows_lock:
@@ -436,6 +502,22 @@ class Embedding(keras.layers.Layer):
         return lookup(anchor)
 
 
+@keras.saving.register_keras_serializable(package="tessera")
+class EmbeddingBag(Embedding):
+    """``tessera.keras.Embedding`` for multi-hot features: each example's bag of ids (the
+    last axis; pad with 0 and ``mask_zero=True`` for bags of different sizes) gives one
+    row, their ``combiner`` ("mean" by default, "sum", "sqrtn"), as TensorFlow's
+    ``embedding_lookup_sparse`` and PyTorch's ``nn.EmbeddingBag``. Same arguments
+    otherwise."""
+
+    def __init__(self, input_dim: Optional[int], output_dim: int, *,
+                 combiner: str = "mean", **kwargs: Any):
+        if combiner is None:
+            raise ValueError("tessera.keras.EmbeddingBag: combiner must be 'sum', 'mean' or "
+                             "'sqrtn' (tessera.keras.Embedding gives one row per id)")
+        super().__init__(input_dim, output_dim, combiner=combiner, **kwargs)
+
+
 def embedding_layers(model: "keras.Model") -> Dict[str, Any]:
     """The model's layers that are tessera Embeddings, and the stock Keras Embeddings."""
     ours, stock = [], []
@@ -482,4 +564,4 @@ def tables_of(layers) -> Dict[str, Table]:
     return out
 
 
-__all__ = ["Embedding", "StockEmbeddingError"]
+__all__ = ["Embedding", "EmbeddingBag", "StockEmbeddingError"]

@@ -8,7 +8,8 @@
  *   - the job (200k rows of 26 fields capped at 100 ids, Zipf 1.05, 2 epochs, batch 256,
  *     Adam 0.002) reaches a test AUC within 0.025 of the best (measured: 0.855 against
  *     0.868, a gap of 0.013), both workers report the same AUC and log loss (sync: the
- *     same final parameters), and the log shows the training log loss and AUC;
+ *     same final parameters), and the log, worker 0's /metrics (while it trains) and
+ *     its TensorBoard events (each interval's auc, the test_auc) show the AUC;
  *   - a bad line in the training file: the worker exits 78 naming the file and the line.
  */
 #include <math.h>
@@ -21,8 +22,11 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <glob.h>
 
 #include "harness.h"
+#include "ts_alloc.h"
+#include "ts_events.h"
 
 #define ROWS "200000"
 #define CARD "100"
@@ -126,8 +130,21 @@ static void test_ctr_job_auc(void **state) {
   assert_true(best > 0.8);
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, 2, job_text(train, test)), 0);
+  char logdir[400];
+  snprintf(logdir, sizeof logdir, "train.logdir=\"%s/tb\"", c.dir);
+  const char *extra[] = {"--set", logdir, NULL};
   ts_proc_t w[2];
-  assert_int_equal(ts_workers_run(&c, 2, NULL, 500, w), 0);
+  for (int i = 0; i < 2; i++) assert_int_equal(ts_worker_start(&c, i, extra, &w[i]), 0);
+  /* While it trains: the interval's AUC on worker 0's /metrics. */
+  double live = -1;
+  for (double t0 = ts_now_s(); ts_now_s() - t0 < 200 && !(live > 0.5);)
+    live = ts_metric_wait(c.worker_port[0], "tessera_worker_auc", 0.5, 1.0);
+  for (int i = 0; i < 2; i++)
+    if (ts_proc_wait(&w[i], 500) != 0) {
+      ts_proc_dump(&w[i]);
+      fail_msg("worker %d failed", i);
+    }
+  assert_true(live > 0.5 && live <= 1.0);
   double auc0 = ts_done_field(&w[0], "auc="), auc1 = ts_done_field(&w[1], "auc=");
   double ll0 = ts_done_field(&w[0], "logloss="), ll1 = ts_done_field(&w[1], "logloss=");
   fprintf(stderr, "test AUC %.4f (best %.4f, gap %.4f), log loss %.4f\n", auc0, best,
@@ -141,6 +158,25 @@ static void test_ctr_job_auc(void **state) {
   assert_true(ts_done_field(&w[0], "steps=") == 2.0 * 390);
   assert_true(ts_file_has(w[0].err, "logloss") && ts_file_has(w[0].err, " auc 0."));
   assert_true(ts_file_has(w[0].err, "embedding table(s)"));
+  /* TensorBoard: the intervals' auc and the test_auc of the done: line. */
+  char pattern[460];
+  snprintf(pattern, sizeof pattern, "%s/tb/worker-0/events.out.tfevents.*", c.dir);
+  glob_t g;
+  assert_int_equal(glob(pattern, 0, NULL, &g), 0);
+  ts_events_record_t *r = NULL;
+  size_t n = 0;
+  char err[256];
+  assert_int_equal(ts_events_read(g.gl_pathv[0], &r, &n, err, sizeof err), 0);
+  globfree(&g);
+  size_t intervals = 0;
+  double test_auc = -1;
+  for (size_t i = 0; i < n; i++) {
+    intervals += strcmp(r[i].tag, "auc") == 0;
+    if (strcmp(r[i].tag, "test_auc") == 0) test_auc = (double)r[i].value;
+  }
+  ts_free(r);
+  assert_true(intervals >= 1);
+  assert_true(fabs(test_auc - auc0) < 1e-6);
   assert_int_equal(ts_cluster_stop(&c), 0);
 
   /* A bad line: exit 78 with the file and line. */

@@ -224,8 +224,11 @@ int main(int argc, char **argv) {
     goto out;
   }
   ts_model_t *model = &towers.models[0];
-  char device[64] = "/job:worker/replica:0/task:0/device:CPU:0";
-  if (!ctr) ts_backend_device_name(&towers, device, sizeof device);
+  char device[64];
+  if (ctr)
+    snprintf(device, sizeof device, "/job:worker/replica:0/task:%ld/device:CPU:0", task);
+  else
+    ts_backend_device_name(&towers, device, sizeof device);
   if (cfg.token_file && *cfg.token_file && !(token = ts_client_token_read(cfg.token_file, err, sizeof err))) {
     ts_log_err("%s", err);
     goto out;

@@ -19,7 +19,7 @@ struct ts_criteo_reader {
 };
 
 static int bad(char *why, size_t len, int field, const char *what, const char *v, size_t vlen) {
-  char name[8];
+  char name[16];
   if (field == 0)
     snprintf(name, sizeof name, "label");
   else if (field <= TS_CRITEO_INTS)

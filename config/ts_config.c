@@ -327,7 +327,8 @@ const ts_config_def_t ts_config_defs[] = {
             "activation), max_pool (size, strides, padding), flatten, dense (units, activation), "
             "dropout (rate), each with an optional name, and, for data.format \"criteo\", "
             "embedding (table, dim, field: a categorical field 1..26 or a list of them) before "
-            "all others (docs/embeddings.md, deploy/local/ctr.cfg); see deploy/local/lenet5.cfg. The input "
+            "all others, then optionally dot (DLRM's pairwise dot interactions) "
+            "(docs/embeddings.md, deploy/local/ctr.cfg); see deploy/local/lenet5.cfg. The input "
             "shape then comes from the images (28x28x1), the last layer must be a dense layer "
             "without activation (the logits), and a layer that does not fit is named with its "
             "file:line. At most 64 layers."},

@@ -54,6 +54,7 @@ static const layer_kind_t kinds[] = {
     {"dense", BIT(K_UNITS) | BIT(K_ACT) | BIT(K_NAME), BIT(K_UNITS)},
     {"dropout", BIT(K_RATE) | BIT(K_NAME), BIT(K_RATE)},
     {"embedding", BIT(K_TABLE) | BIT(K_DIM) | BIT(K_FIELD), BIT(K_TABLE) | BIT(K_DIM) | BIT(K_FIELD)},
+    {"dot", 0, 0},
 };
 
 typedef struct {
@@ -82,11 +83,11 @@ static int fail(const ctx_t *c, const char *fmt, ...) {
 }
 
 static void list_keys(const layer_kind_t *k, char *buf, size_t len) {
-  buf[0] = '\0';
-  for (size_t i = 0; i < sizeof key_names / sizeof key_names[0]; i++)
+  snprintf(buf, len, "no keys");
+  for (size_t i = 0, used = 0; i < sizeof key_names / sizeof key_names[0]; i++)
     if (k->keys & BIT(i)) {
-      size_t used = strlen(buf);
       snprintf(buf + used, len - used, "%s%s", used ? ", " : "", key_names[i]);
+      used = strlen(buf);
     }
 }
 
@@ -203,12 +204,12 @@ static int read_layer(ctx_t *c, const config_setting_t *g, ts_config_layer_t *l)
   if (!config_setting_is_group(g)) return fail(c, "must be a group: { type = \"conv2d\"; ... }");
   const char *type = NULL;
   if (!config_setting_lookup_string(g, "type", &type))
-    return fail(c, "no type (a string: conv2d, max_pool, flatten, dense, dropout or embedding)");
+    return fail(c, "no type (a string: conv2d, max_pool, flatten, dense, dropout, embedding or dot)");
   const layer_kind_t *kind = NULL;
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
     if (strcmp(type, kinds[i].type) == 0) kind = &kinds[i];
   if (!kind)
-    return fail(c, "unknown type \"%s\" (conv2d, max_pool, flatten, dense, dropout or embedding)", type);
+    return fail(c, "unknown type \"%s\" (conv2d, max_pool, flatten, dense, dropout, embedding or dot)", type);
   c->type = kind->type;
   snprintf(l->type, sizeof l->type, "%s", kind->type);
   unsigned seen = 0;

@@ -25,6 +25,8 @@
  *             field 1..26, or a list of them, each its own vector) from the shards' table
  *             `table` of width dim; embedding layers come first, the rest is the network
  *             on their concatenation and the dense features (docs/embeddings.md)
+ *   dot       (no keys) after the embedding layers: DLRM's dot interactions, every pair of
+ *             field vectors' dot product joins the network's input
  * kernel, size and strides are an integer or a list [h, w], as Keras's kernel_size; padding is
  * "valid" (the default) or "same"; activation "linear" (the default), "relu" or "tanh".
  * Omitted values are left 0 / "" here, and the model (worker/ts_layers.h) gives Keras's
@@ -43,7 +45,7 @@ struct config_setting_t;
 #define TS_CONFIG_EMB_FIELDS_MAX 26 /* Criteo's categorical fields */
 
 typedef struct {
-  char type[16]; /* "conv2d", "max_pool", "flatten", "dense", "dropout", "embedding" */
+  char type[16]; /* "conv2d", "max_pool", "flatten", "dense", "dropout", "embedding", "dot" */
   char name[TS_CONFIG_LAYER_NAME_MAX]; /* "" when not given */
   int filters, units;                  /* 0 when not given */
   int kernel[2];                       /* conv2d kernel or max_pool size, [h, w]; 0 if not given */

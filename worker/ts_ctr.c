@@ -58,6 +58,20 @@ int ts_ctr_init(ts_ctr_t *m, const ts_config_layer_t *layers, size_t n, size_t b
       m->input_elems += (size_t)l->dim;
     }
   }
+  if (first_net < n && strcmp(layers[first_net].type, "dot") == 0) {
+    for (size_t s = 1; s < m->num_slots; s++)
+      if (m->tables[m->slots[s].table].dim != m->tables[m->slots[0].table].dim) {
+        ts_errmsg_printf(errmsg, errlen, "%s: model.layers: a dot layer needs every field "
+                         "vector of one width (%u and %u here)", layers[first_net].where,
+                         m->tables[m->slots[0].table].dim, m->tables[m->slots[s].table].dim);
+        return TS_ECONFIG;
+      }
+    m->dot = true;
+    m->dot_offset = m->input_elems;
+    m->num_pairs = m->num_slots * (m->num_slots - 1) / 2;
+    m->input_elems += m->num_pairs;
+    first_net++;
+  }
   if (m->num_slots == 0 || first_net == n) {
     ts_errmsg_printf(errmsg, errlen, "%s: model.layers: data.format \"criteo\" needs embedding "
                      "layers first, then dense layers ending in 2 logits",
@@ -65,9 +79,9 @@ int ts_ctr_init(ts_ctr_t *m, const ts_config_layer_t *layers, size_t n, size_t b
     return TS_ECONFIG;
   }
   for (size_t i = first_net; i < n; i++)
-    if (strcmp(layers[i].type, "embedding") == 0) {
-      ts_errmsg_printf(errmsg, errlen, "%s: model.layers: embedding layers come before every "
-                       "other layer", layers[i].where);
+    if (strcmp(layers[i].type, "embedding") == 0 || strcmp(layers[i].type, "dot") == 0) {
+      ts_errmsg_printf(errmsg, errlen, "%s: model.layers: embedding layers come first, then "
+                       "at most one dot layer, then the others", layers[i].where);
       return TS_ECONFIG;
     }
   ts_layer_spec_t specs[TS_LAYERS_MAX];
@@ -139,6 +153,50 @@ void ts_ctr_keys(ts_ctr_t *m, const ts_criteo_row_t *rows, size_t batch) {
   }
 }
 
+/* Slot s's vector of example b in x, and its gradient row. */
+static const float *vec(const ts_ctr_t *m, size_t b, size_t s) {
+  return m->x + b * m->input_elems + m->slots[s].offset;
+}
+
+static float *vec_grad(ts_ctr_t *m, size_t b, size_t s) {
+  const ts_ctr_slot_t *sl = &m->slots[s];
+  ts_ctr_table_t *tb = &m->tables[sl->table];
+  return tb->row_grads + (b * tb->num_slots + sl->slot) * tb->dim;
+}
+
+/* x's pair part: v_i . v_j for every pair i < j, in order. */
+static void dots(ts_ctr_t *m, size_t batch) {
+  size_t dim = m->tables[m->slots[0].table].dim;
+  for (size_t b = 0; b < batch; b++) {
+    float *out = m->x + b * m->input_elems + m->dot_offset;
+    for (size_t i = 0; i < m->num_slots; i++)
+      for (size_t j = i + 1; j < m->num_slots; j++) {
+        const float *u = vec(m, b, i), *v = vec(m, b, j);
+        float d = 0.0f;
+        for (size_t e = 0; e < dim; e++) d += u[e] * v[e];
+        *out++ = d;
+      }
+  }
+}
+
+/* d v_i += g_ij v_j and d v_j += g_ij v_i for every pair's gradient g_ij in dx. */
+static void dots_backward(ts_ctr_t *m, size_t batch) {
+  size_t dim = m->tables[m->slots[0].table].dim;
+  for (size_t b = 0; b < batch; b++) {
+    const float *g = m->dx + b * m->input_elems + m->dot_offset;
+    for (size_t i = 0; i < m->num_slots; i++)
+      for (size_t j = i + 1; j < m->num_slots; j++) {
+        float gij = *g++;
+        const float *u = vec(m, b, i), *v = vec(m, b, j);
+        float *du = vec_grad(m, b, i), *dv = vec_grad(m, b, j);
+        for (size_t e = 0; e < dim; e++) {
+          du[e] += gij * v[e];
+          dv[e] += gij * u[e];
+        }
+      }
+  }
+}
+
 int ts_ctr_step(ts_ctr_t *m, size_t batch, bool train, float *loss, float *p) {
   if (batch < 1 || batch > m->batch_capacity) return TS_EINVAL;
   /* Gather: each slot's row into its place in x. */
@@ -149,6 +207,7 @@ int ts_ctr_step(ts_ctr_t *m, size_t batch, bool train, float *loss, float *p) {
       memcpy(m->x + b * m->input_elems + sl->offset,
              tb->rows + (b * tb->num_slots + sl->slot) * tb->dim, tb->dim * sizeof(float));
     }
+  if (m->dot) dots(m, batch);
   float l = 0.0f;
   int rc = train ? ts_seq_forward_backward(&m->net, m->x, m->labels, batch, &l)
                  : ts_seq_loss(&m->net, m->x, m->labels, batch, &l);
@@ -168,6 +227,7 @@ int ts_ctr_step(ts_ctr_t *m, size_t batch, bool train, float *loss, float *p) {
       memcpy(tb->row_grads + (b * tb->num_slots + sl->slot) * tb->dim,
              m->dx + b * m->input_elems + sl->offset, tb->dim * sizeof(float));
     }
+  if (m->dot) dots_backward(m, batch);
   return 0;
 }
 

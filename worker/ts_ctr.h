@@ -13,6 +13,11 @@
  * client library sums per key before the push). The network is worker/ts_seq.h's, on the
  * CPU back end, its parameters the flat layout pulled and pushed as the other models'.
  *
+ * With a "dot" layer after the embedding layers (DLRM's interaction; every field vector of
+ * one width), the dot product of every pair of field vectors joins the input too, after the
+ * vectors; its gradient flows back into both vectors of each pair. The dense features join
+ * by concatenation (no bottom MLP).
+ *
  * Keys: a categorical field's hex value and its field number go through a 64-bit mixer
  * (ts_ctr_key), so fields may share one table (their keys do not collide) or have one
  * each; a missing value is a key of its own per field.
@@ -54,7 +59,10 @@ typedef struct {
   size_t num_tables;
   ts_ctr_slot_t slots[TS_CONFIG_EMB_FIELDS_MAX];
   size_t num_slots;
-  size_t input_elems; /* 13 + the slots' dims */
+  size_t input_elems; /* 13 + the slots' dims (+ the pairs' dots) */
+  bool dot;           /* DLRM's dot interactions: a "dot" layer after the embeddings */
+  size_t dot_offset;  /* the first pair's dot in the input; pairs (i < j) in order */
+  size_t num_pairs;
   size_t batch_capacity;
   ts_seq_t net;       /* the dense layers */
   float *x;           /* batch_capacity x input_elems */
@@ -64,7 +72,7 @@ typedef struct {
 } ts_ctr_t;
 
 /* Build the model of a layer list: embedding layers first (at least one; each field at
- * most once), then dense and dropout layers ending in 2 logits. Parameters are allocated,
+ * most once), optionally a dot layer, then dense and dropout layers ending in 2 logits. Parameters are allocated,
  * not initialised. Returns 0, or TS_ECONFIG with errmsg naming the layer's file:line, or
  * TS_ENOMEM. */
 int ts_ctr_init(ts_ctr_t *m, const ts_config_layer_t *layers, size_t n, size_t batch_capacity,

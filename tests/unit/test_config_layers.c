@@ -154,6 +154,7 @@ static void test_embedding(void **state) {
          "layer 1 (embedding): field must be a field number or a list of 1..26 of them");
   expect("{ type = \"embedding\"; table = \"t\"; dim = 4; field = 1; units = 3; }",
          "unknown key 'units': embedding takes table, dim, field");
+  expect("{ type = \"dot\"; units = 3; }", "layer 1 (dot): unknown key 'units': dot takes no keys");
 }
 
 int main(void) {

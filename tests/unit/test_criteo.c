@@ -2,7 +2,7 @@
  * The Criteo TSV reader (worker/ts_criteo.h) and the CTR model's pieces (worker/ts_ctr.h):
  * missing values, bad lines named by file and line, gzip and plain files, rewinding; keys
  * distinct per field; the binned AUC; and the embedding rows' gradients against finite
- * differences of the loss.
+ * differences of the loss, with the vectors concatenated and with dot interactions.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -122,26 +122,29 @@ static void test_keys_and_auc(void **state) {
   assert_float_equal(ts_ctr_auc(pos, neg), 0.5, 1e-12);
 }
 
-/* The rows' gradients are the derivative of the mean loss (finite differences). */
-static void test_row_grads(void **state) {
-  (void)state;
-  ts_config_layer_t l[3];
+/* The rows' gradients are the derivative of the mean loss (finite differences), with the
+ * vectors concatenated (dot = false) and with DLRM's dot interactions too. */
+static void check_row_grads(bool dot) {
+  ts_config_layer_t l[4];
   memset(l, 0, sizeof l);
-  snprintf(l[0].type, sizeof l[0].type, "embedding");
-  snprintf(l[0].table, sizeof l[0].table, "t");
-  l[0].dim = 3;
-  l[0].fields[0] = 1;
-  l[0].fields[1] = 5;
-  l[0].num_fields = 2;
-  snprintf(l[1].type, sizeof l[1].type, "dense");
-  l[1].units = 4;
-  snprintf(l[1].activation, sizeof l[1].activation, "tanh");
-  snprintf(l[2].type, sizeof l[2].type, "dense");
-  l[2].units = 2;
+  size_t k = 0;
+  snprintf(l[k].type, sizeof l[k].type, "embedding");
+  snprintf(l[k].table, sizeof l[k].table, "t");
+  l[k].dim = 3;
+  l[k].fields[0] = 1;
+  l[k].fields[1] = 5;
+  l[k].fields[2] = 9;
+  l[k++].num_fields = 3;
+  if (dot) snprintf(l[k++].type, sizeof l[0].type, "dot");
+  snprintf(l[k].type, sizeof l[k].type, "dense");
+  l[k].units = 4;
+  snprintf(l[k++].activation, sizeof l[0].activation, "tanh");
+  snprintf(l[k].type, sizeof l[k].type, "dense");
+  l[k++].units = 2;
   ts_ctr_t m;
   char err[256];
-  assert_int_equal(ts_ctr_init(&m, l, 3, 4, err, sizeof err), 0);
-  assert_int_equal(m.input_elems, 13 + 6);
+  assert_int_equal(ts_ctr_init(&m, l, k, 4, err, sizeof err), 0);
+  assert_int_equal(m.input_elems, 13 + 9 + (dot ? 3 : 0)); /* 3 fields of 3; 3 pairs */
   assert_int_equal(m.num_tables, 1);
   assert_int_equal(ts_seq_init_params(&m.net, 7), 0);
   ts_criteo_row_t rows[4];
@@ -155,13 +158,14 @@ static void test_row_grads(void **state) {
   ts_ctr_table_t *t = &m.tables[0];
   assert_int_equal(t->keys[0], ts_ctr_key(0, 0, false));
   assert_int_equal(t->keys[1], ts_ctr_key(4, 2, false)); /* example 0's field 5: "2" */
-  for (size_t i = 0; i < 4 * 2 * 3; i++) t->rows[i] = 0.1f * (float)((i * 7) % 11) - 0.5f;
+  enum { ROW_ELEMS = 4 * 3 * 3 }; /* batch x fields x dim */
+  for (size_t i = 0; i < ROW_ELEMS; i++) t->rows[i] = 0.1f * (float)((i * 7) % 11) - 0.5f;
   float loss = 0, p[4];
   assert_int_equal(ts_ctr_step(&m, 4, true, &loss, p), 0);
   for (int b = 0; b < 4; b++) assert_true(p[b] > 0.0f && p[b] < 1.0f);
-  float g[24];
+  float g[ROW_ELEMS];
   memcpy(g, t->row_grads, sizeof g);
-  for (size_t i = 0; i < 24; i++) {
+  for (size_t i = 0; i < ROW_ELEMS; i++) {
     const float h = 1e-2f, keep = t->rows[i];
     float lp = 0, lm = 0;
     t->rows[i] = keep + h;
@@ -175,11 +179,17 @@ static void test_row_grads(void **state) {
   }
   ts_ctr_destroy(&m);
   /* A layer list without embedding layers, or one not ending in 2 logits. */
-  assert_int_equal(ts_ctr_init(&m, l + 1, 2, 4, err, sizeof err), TS_ECONFIG);
+  assert_int_equal(ts_ctr_init(&m, l + k - 2, 2, 4, err, sizeof err), TS_ECONFIG);
   assert_non_null(strstr(err, "needs embedding layers first"));
-  l[2].units = 3;
-  assert_int_equal(ts_ctr_init(&m, l, 3, 4, err, sizeof err), TS_ECONFIG);
+  l[k - 1].units = 3;
+  assert_int_equal(ts_ctr_init(&m, l, k, 4, err, sizeof err), TS_ECONFIG);
   assert_non_null(strstr(err, "must have 2 units"));
+}
+
+static void test_row_grads(void **state) {
+  (void)state;
+  check_row_grads(false);
+  check_row_grads(true);
 }
 
 int main(void) {

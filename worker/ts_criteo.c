@@ -130,7 +130,9 @@ int ts_criteo_next(ts_criteo_reader_t *r, ts_criteo_row_t *row, char *errmsg, si
     }
     r->line++;
     size_t n = strlen(r->buf);
-    if (n > TS_CRITEO_LINE_MAX || (n == TS_CRITEO_LINE_MAX && r->buf[n - 1] != '\n')) {
+    /* The line without its newline; gzgets stops one byte past the limit, so a longer line
+     * shows here as one over it. */
+    if (n - (n > 0 && r->buf[n - 1] == '\n') > TS_CRITEO_LINE_MAX) {
       if (errmsg) snprintf(errmsg, errlen, "%s:%llu: a line longer than %d bytes", r->path,
                            (unsigned long long)r->line, TS_CRITEO_LINE_MAX);
       return TS_EDATA;

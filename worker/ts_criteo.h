@@ -8,8 +8,9 @@
  * be empty: missing. An integer becomes log(1 + x) (x < 0, which Criteo has in I2, counts
  * as 0), 0 when missing, as the usual Criteo pipelines (DLRM, TorchRec) transform them.
  * Anything else (a wrong field count, a label other than 0/1, a non-number, a bad hex
- * value, a line over TS_CRITEO_LINE_MAX bytes) is TS_EDATA with a message naming the file
- * and the line: "train.tsv:17: field 5 (I4): \"1x\" is not an integer".
+ * value, a line over TS_CRITEO_LINE_MAX bytes without its newline) is TS_EDATA with a
+ * message naming the file and the line: "train.tsv:17: field 5 (I4): \"1x\" is not an
+ * integer".
  */
 #ifndef TS_CRITEO_H
 #define TS_CRITEO_H

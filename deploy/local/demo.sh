@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
     *) echo "demo: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ -n "$epochs" ] || { epochs=3; [ "$ctr" = 1 ] && epochs=1; }
+if [ -z "$epochs" ]; then epochs=3; [ "$ctr" = 0 ] || epochs=1; fi
 [ "$keras$ctr" != 11 ] || { echo "demo: --keras and --ctr are two demos: pick one" >&2; exit 2; }
 case "$mode" in sync|async|ssp) ;; *) echo "demo: --mode is sync, async or ssp" >&2; exit 2 ;; esac
 for n in "$workers" "$shards" "$epochs"; do

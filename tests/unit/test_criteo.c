@@ -94,6 +94,17 @@ static void test_reader(void **state) {
     ts_criteo_close(r);
     uint64_t n = 0;
     assert_int_equal(ts_criteo_count(path, &n, err, sizeof err), TS_EDATA);
+    /* A line over TS_CRITEO_LINE_MAX bytes. */
+    f = gzopen(path, gz ? "wb" : "wbT");
+    gzprintf(f, "%s\n", GOOD);
+    for (int i = 0; i < TS_CRITEO_LINE_MAX + 1; i++) gzputc(f, 'x');
+    gzputc(f, '\n');
+    gzclose(f);
+    assert_int_equal(ts_criteo_open(&r, path, err, sizeof err), 0);
+    assert_int_equal(ts_criteo_next(r, &row, err, sizeof err), 1);
+    assert_int_equal(ts_criteo_next(r, &row, err, sizeof err), TS_EDATA);
+    assert_non_null(strstr(err, ":2: a line longer than 4096 bytes"));
+    ts_criteo_close(r);
     unlink(path);
     assert_true(ts_criteo_open(&r, path, err, sizeof err) < 0);
     assert_non_null(strstr(err, path));

@@ -53,7 +53,8 @@ static const layer_kind_t kinds[] = {
     {"flatten", BIT(K_NAME), 0},
     {"dense", BIT(K_UNITS) | BIT(K_ACT) | BIT(K_NAME), BIT(K_UNITS)},
     {"dropout", BIT(K_RATE) | BIT(K_NAME), BIT(K_RATE)},
-    {"embedding", BIT(K_TABLE) | BIT(K_DIM) | BIT(K_FIELD), BIT(K_TABLE) | BIT(K_DIM) | BIT(K_FIELD)},
+    {"embedding", BIT(K_TABLE) | BIT(K_DIM) | BIT(K_FIELD),
+     BIT(K_TABLE) | BIT(K_DIM) | BIT(K_FIELD)},
     {"dot", 0, 0},
 };
 
@@ -204,12 +205,14 @@ static int read_layer(ctx_t *c, const config_setting_t *g, ts_config_layer_t *l)
   if (!config_setting_is_group(g)) return fail(c, "must be a group: { type = \"conv2d\"; ... }");
   const char *type = NULL;
   if (!config_setting_lookup_string(g, "type", &type))
-    return fail(c, "no type (a string: conv2d, max_pool, flatten, dense, dropout, embedding or dot)");
+    return fail(c, "no type (a string: conv2d, max_pool, flatten, dense, dropout, embedding "
+                   "or dot)");
   const layer_kind_t *kind = NULL;
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
     if (strcmp(type, kinds[i].type) == 0) kind = &kinds[i];
   if (!kind)
-    return fail(c, "unknown type \"%s\" (conv2d, max_pool, flatten, dense, dropout, embedding or dot)", type);
+    return fail(c, "unknown type \"%s\" (conv2d, max_pool, flatten, dense, dropout, embedding "
+                   "or dot)", type);
   c->type = kind->type;
   snprintf(l->type, sizeof l->type, "%s", kind->type);
   unsigned seen = 0;

@@ -44,8 +44,11 @@ int ts_criteo_parse(const char *line, ts_criteo_row_t *row, char *why, size_t wh
     if (!q) q = stop;
     size_t n = (size_t)(q - p);
     if (field >= 1 + TS_CRITEO_INTS + TS_CRITEO_CATS) {
-      if (why) snprintf(why, whylen, "more than %d tab-separated fields (label, 13 integers, 26 "
-                        "categoricals)", 1 + TS_CRITEO_INTS + TS_CRITEO_CATS);
+      if (why)
+        snprintf(why, whylen,
+                 "more than %d tab-separated fields (label, 13 integers, 26 "
+                 "categoricals)",
+                 1 + TS_CRITEO_INTS + TS_CRITEO_CATS);
       return TS_EDATA;
     }
     char v[24];
@@ -53,7 +56,8 @@ int ts_criteo_parse(const char *line, ts_criteo_row_t *row, char *why, size_t wh
     memcpy(v, p, n);
     v[n] = '\0';
     if (field == 0) {
-      if (n != 1 || (v[0] != '0' && v[0] != '1')) return bad(why, whylen, field, "is not 0 or 1", p, n);
+      if (n != 1 || (v[0] != '0' && v[0] != '1'))
+        return bad(why, whylen, field, "is not 0 or 1", p, n);
       row->label = v[0] - '0';
     } else if (field <= TS_CRITEO_INTS) {
       int j = field - 1;
@@ -75,9 +79,10 @@ int ts_criteo_parse(const char *line, ts_criteo_row_t *row, char *why, size_t wh
         uint64_t x = 0;
         for (size_t i = 0; i < n; i++) {
           char c = v[i];
-          int d = c >= '0' && c <= '9' ? c - '0'
+          int d = c >= '0' && c <= '9'   ? c - '0'
                   : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                  : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+                  : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                         : -1;
           if (d < 0) return bad(why, whylen, field, "is not hex", p, n);
           x = x << 4 | (uint64_t)d;
         }
@@ -88,8 +93,11 @@ int ts_criteo_parse(const char *line, ts_criteo_row_t *row, char *why, size_t wh
     p = q + 1;
   }
   if (field != TS_CRITEO_INTS + TS_CRITEO_CATS) {
-    if (why) snprintf(why, whylen, "%d tab-separated fields, expected %d (label, 13 integers, 26 "
-                      "categoricals)", field + 1, 1 + TS_CRITEO_INTS + TS_CRITEO_CATS);
+    if (why)
+      snprintf(why, whylen,
+               "%d tab-separated fields, expected %d (label, 13 integers, 26 "
+               "categoricals)",
+               field + 1, 1 + TS_CRITEO_INTS + TS_CRITEO_CATS);
     return TS_EDATA;
   }
   return 0;
@@ -122,8 +130,8 @@ int ts_criteo_next(ts_criteo_reader_t *r, ts_criteo_row_t *row, char *errmsg, si
       int zerr = 0;
       const char *msg = gzerror(r->f, &zerr);
       if (zerr != Z_OK && zerr != Z_BUF_ERROR) {
-        if (errmsg) snprintf(errmsg, errlen, "%s:%llu: %s", r->path,
-                             (unsigned long long)r->line + 1, msg);
+        if (errmsg)
+          snprintf(errmsg, errlen, "%s:%llu: %s", r->path, (unsigned long long)r->line + 1, msg);
         return TS_EDATA;
       }
       return 0;
@@ -133,14 +141,16 @@ int ts_criteo_next(ts_criteo_reader_t *r, ts_criteo_row_t *row, char *errmsg, si
     /* The line without its newline; gzgets stops one byte past the limit, so a longer line
      * shows here as one over it. */
     if (n - (n > 0 && r->buf[n - 1] == '\n') > TS_CRITEO_LINE_MAX) {
-      if (errmsg) snprintf(errmsg, errlen, "%s:%llu: a line longer than %d bytes", r->path,
-                           (unsigned long long)r->line, TS_CRITEO_LINE_MAX);
+      if (errmsg)
+        snprintf(errmsg, errlen, "%s:%llu: a line longer than %d bytes", r->path,
+                 (unsigned long long)r->line, TS_CRITEO_LINE_MAX);
       return TS_EDATA;
     }
     if (n == 0 || (n == 1 && r->buf[0] == '\n')) continue; /* a blank line */
     char why[160];
     if (ts_criteo_parse(r->buf, row, why, sizeof why) < 0) {
-      if (errmsg) snprintf(errmsg, errlen, "%s:%llu: %s", r->path, (unsigned long long)r->line, why);
+      if (errmsg)
+        snprintf(errmsg, errlen, "%s:%llu: %s", r->path, (unsigned long long)r->line, why);
       return TS_EDATA;
     }
     return 1;

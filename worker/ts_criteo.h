@@ -24,10 +24,10 @@
 #define TS_CRITEO_LINE_MAX 4096
 
 typedef struct {
-  int32_t label;                        /* 0 or 1 */
-  float dense[TS_CRITEO_INTS];          /* log(1 + x), 0 when missing */
+  int32_t label;               /* 0 or 1 */
+  float dense[TS_CRITEO_INTS]; /* log(1 + x), 0 when missing */
   bool int_missing[TS_CRITEO_INTS];
-  uint64_t cat[TS_CRITEO_CATS];         /* the hex value; 0 when missing */
+  uint64_t cat[TS_CRITEO_CATS]; /* the hex value; 0 when missing */
   bool cat_missing[TS_CRITEO_CATS];
 } ts_criteo_row_t;
 

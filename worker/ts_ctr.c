@@ -39,21 +39,24 @@ int ts_ctr_init(ts_ctr_t *m, const ts_config_layer_t *layers, size_t n, size_t b
       snprintf(m->tables[t].name, sizeof m->tables[t].name, "%s", l->table);
       m->tables[t].dim = (uint32_t)l->dim;
     } else if (m->tables[t].dim != (uint32_t)l->dim) {
-      ts_errmsg_printf(errmsg, errlen, "%s: model.layers: table \"%s\" has dim %u here and %d "
-                       "elsewhere: one table, one row width", l->where, l->table,
-                       m->tables[t].dim, l->dim);
+      ts_errmsg_printf(errmsg, errlen,
+                       "%s: model.layers: table \"%s\" has dim %u here and %d "
+                       "elsewhere: one table, one row width",
+                       l->where, l->table, m->tables[t].dim, l->dim);
       return TS_ECONFIG;
     }
     for (size_t i = 0; i < l->num_fields; i++) {
       int f = l->fields[i] - 1;
       if (seen[f]) {
-        ts_errmsg_printf(errmsg, errlen, "%s: model.layers: field %d is looked up twice",
-                         l->where, f + 1);
+        ts_errmsg_printf(errmsg, errlen, "%s: model.layers: field %d is looked up twice", l->where,
+                         f + 1);
         return TS_ECONFIG;
       }
       seen[f] = true;
       ts_ctr_slot_t *s = &m->slots[m->num_slots++];
-      *s = (ts_ctr_slot_t){.field = f, .table = (size_t)t, .slot = m->tables[t].num_slots++,
+      *s = (ts_ctr_slot_t){.field = f,
+                           .table = (size_t)t,
+                           .slot = m->tables[t].num_slots++,
                            .offset = m->input_elems};
       m->input_elems += (size_t)l->dim;
     }
@@ -61,9 +64,11 @@ int ts_ctr_init(ts_ctr_t *m, const ts_config_layer_t *layers, size_t n, size_t b
   if (first_net < n && strcmp(layers[first_net].type, "dot") == 0) {
     for (size_t s = 1; s < m->num_slots; s++)
       if (m->tables[m->slots[s].table].dim != m->tables[m->slots[0].table].dim) {
-        ts_errmsg_printf(errmsg, errlen, "%s: model.layers: a dot layer needs every field "
-                         "vector of one width (%u and %u here)", layers[first_net].where,
-                         m->tables[m->slots[0].table].dim, m->tables[m->slots[s].table].dim);
+        ts_errmsg_printf(errmsg, errlen,
+                         "%s: model.layers: a dot layer needs every field "
+                         "vector of one width (%u and %u here)",
+                         layers[first_net].where, m->tables[m->slots[0].table].dim,
+                         m->tables[m->slots[s].table].dim);
         return TS_ECONFIG;
       }
     m->dot = true;
@@ -73,15 +78,18 @@ int ts_ctr_init(ts_ctr_t *m, const ts_config_layer_t *layers, size_t n, size_t b
     first_net++;
   }
   if (m->num_slots == 0 || first_net == n) {
-    ts_errmsg_printf(errmsg, errlen, "%s: model.layers: data.format \"criteo\" needs embedding "
+    ts_errmsg_printf(errmsg, errlen,
+                     "%s: model.layers: data.format \"criteo\" needs embedding "
                      "layers first, then dense layers ending in 2 logits",
                      n ? layers[0].where : "model.layers");
     return TS_ECONFIG;
   }
   for (size_t i = first_net; i < n; i++)
     if (strcmp(layers[i].type, "embedding") == 0 || strcmp(layers[i].type, "dot") == 0) {
-      ts_errmsg_printf(errmsg, errlen, "%s: model.layers: embedding layers come first, then "
-                       "at most one dot layer, then the others", layers[i].where);
+      ts_errmsg_printf(errmsg, errlen,
+                       "%s: model.layers: embedding layers come first, then "
+                       "at most one dot layer, then the others",
+                       layers[i].where);
       return TS_ECONFIG;
     }
   ts_layer_spec_t specs[TS_LAYERS_MAX];
@@ -89,9 +97,10 @@ int ts_ctr_init(ts_ctr_t *m, const ts_config_layer_t *layers, size_t n, size_t b
   int rc = ts_layers_from_config(layers + first_net, nn, specs, errmsg, errlen);
   if (rc < 0) return TS_ECONFIG;
   if (specs[nn - 1].units != 2) {
-    ts_errmsg_printf(errmsg, errlen, "%s: model.layers: the last layer must have 2 units (the "
-                     "logits of no click and click), not %zu", layers[n - 1].where,
-                     specs[nn - 1].units);
+    ts_errmsg_printf(errmsg, errlen,
+                     "%s: model.layers: the last layer must have 2 units (the "
+                     "logits of no click and click), not %zu",
+                     layers[n - 1].where, specs[nn - 1].units);
     return TS_ECONFIG;
   }
   ts_layer_shape_t input = {1, 1, m->input_elems};

@@ -41,17 +41,17 @@
 typedef struct {
   char name[TS_CONFIG_LAYER_NAME_MAX];
   uint32_t dim;
-  size_t num_slots;  /* fields looked up in it */
-  int64_t *keys;     /* batch_capacity x num_slots, example-major */
-  float *rows;       /* the pulled rows, keys' order: batch_capacity x num_slots x dim */
-  float *row_grads;  /* the rows' gradients, same layout */
+  size_t num_slots; /* fields looked up in it */
+  int64_t *keys;    /* batch_capacity x num_slots, example-major */
+  float *rows;      /* the pulled rows, keys' order: batch_capacity x num_slots x dim */
+  float *row_grads; /* the rows' gradients, same layout */
 } ts_ctr_table_t;
 
 typedef struct {
-  int field;    /* 0-based categorical field */
-  size_t table; /* index in tables */
-  size_t slot;  /* its place among its table's fields */
-  size_t offset;/* its vector's first element in the network's input */
+  int field;     /* 0-based categorical field */
+  size_t table;  /* index in tables */
+  size_t slot;   /* its place among its table's fields */
+  size_t offset; /* its vector's first element in the network's input */
 } ts_ctr_slot_t;
 
 typedef struct {
@@ -64,17 +64,17 @@ typedef struct {
   size_t dot_offset;  /* the first pair's dot in the input; pairs (i < j) in order */
   size_t num_pairs;
   size_t batch_capacity;
-  ts_seq_t net;       /* the dense layers */
-  float *x;           /* batch_capacity x input_elems */
-  float *dx;          /* its gradient */
-  float *probs;       /* batch_capacity x 2 */
+  ts_seq_t net; /* the dense layers */
+  float *x;     /* batch_capacity x input_elems */
+  float *dx;    /* its gradient */
+  float *probs; /* batch_capacity x 2 */
   int32_t *labels;
 } ts_ctr_t;
 
 /* Build the model of a layer list: embedding layers first (at least one; each field at
- * most once), optionally a dot layer, then dense and dropout layers ending in 2 logits. Parameters are allocated,
- * not initialised. Returns 0, or TS_ECONFIG with errmsg naming the layer's file:line, or
- * TS_ENOMEM. */
+ * most once), optionally a dot layer, then dense and dropout layers ending in 2 logits. Parameters
+ * are allocated, not initialised. Returns 0, or TS_ECONFIG with errmsg naming the layer's
+ * file:line, or TS_ENOMEM. */
 int ts_ctr_init(ts_ctr_t *m, const ts_config_layer_t *layers, size_t n, size_t batch_capacity,
                 char *errmsg, size_t errlen);
 void ts_ctr_destroy(ts_ctr_t *m);

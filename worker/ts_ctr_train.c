@@ -10,20 +10,25 @@
 #include "ts_err.h"
 #include "ts_log.h"
 
-static double now_s(void) { return ts_trainer_clock_s(CLOCK_MONOTONIC); }
+static double now_s(void) {
+  return ts_trainer_clock_s(CLOCK_MONOTONIC);
+}
 
 int ts_ctr_declare(const ts_ctr_t *m, ts_client_t *client, uint64_t seed, char *errmsg,
                    size_t errlen) {
   const ts_layers_t *d = &m->net.desc;
   ts_client_tensor_t decl[TS_LAYERS_MAX * 2];
   for (size_t i = 0; i < d->num_tensors; i++)
-    decl[i] = (ts_client_tensor_t){.name = d->tensors[i].name, .shape = d->tensors[i].shape,
+    decl[i] = (ts_client_tensor_t){.name = d->tensors[i].name,
+                                   .shape = d->tensors[i].shape,
                                    .rank = d->tensors[i].rank,
                                    .init = (ts_client_init_t)d->tensors[i].init};
   ts_client_table_t tables[TS_CONFIG_EMB_FIELDS_MAX];
   for (size_t t = 0; t < m->num_tables; t++)
-    tables[t] = (ts_client_table_t){.name = m->tables[t].name, .dim = m->tables[t].dim,
-                                    .init = TS_CLIENT_ROW_UNIFORM, .init_param = 0.05};
+    tables[t] = (ts_client_table_t){.name = m->tables[t].name,
+                                    .dim = m->tables[t].dim,
+                                    .init = TS_CLIENT_ROW_UNIFORM,
+                                    .init_param = 0.05};
   ts_client_declare_opts_t o;
   ts_client_declare_opts_init(&o);
   o.seed = seed;
@@ -40,29 +45,36 @@ typedef struct {
   const float *grad[TS_LAYERS_MAX * 2];
 } step_reqs_t;
 
+/* Submit the dense request (when dense) and every table's, then wait for each one sent.
+ * Returns 0 or the first error, errmsg naming its request. */
 static int run_all(const ts_ctr_trainer_t *t, step_reqs_t *q, bool dense, char *errmsg,
                    size_t errlen) {
   ts_ctr_t *m = t->model;
-  size_t n = m->num_tables;
-  int rc = 0;
-  if (dense) rc = ts_client_submit(t->client, &q->dense, NULL, NULL);
-  size_t submitted = 0;
-  for (; rc == 0 && submitted < n; submitted++)
-    rc = ts_client_submit(t->client, &q->table[submitted], NULL, NULL);
-  if (rc < 0) {
-    ts_client_req_t *bad = submitted < n && submitted > 0 ? &q->table[submitted - 1] : &q->dense;
-    snprintf(errmsg, errlen, "%s", bad->errmsg[0] ? bad->errmsg : ts_strerror(rc));
+  size_t n = m->num_tables, sent = 0;
+  bool dense_sent = false;
+  int first = 0;
+  if (dense) {
+    first = ts_client_submit(t->client, &q->dense, NULL, NULL);
+    dense_sent = first == 0;
   }
-  int first = rc;
-  if (dense && (rc == 0 || submitted > 0)) {
+  while (first == 0 && sent < n) {
+    first = ts_client_submit(t->client, &q->table[sent], NULL, NULL);
+    if (first == 0) sent++;
+  }
+  if (first < 0) {
+    const ts_client_req_t *bad = dense && !dense_sent ? &q->dense : &q->table[sent];
+    snprintf(errmsg, errlen, "%s: %s", dense && !dense_sent ? "dense layers" : m->tables[sent].name,
+             bad->errmsg[0] ? bad->errmsg : ts_strerror(first));
+  }
+  if (dense_sent) {
     int w = ts_client_wait(t->client, &q->dense);
     if (w < 0 && first == 0) {
       first = w;
-      snprintf(errmsg, errlen, "dense layers: %s", q->dense.errmsg[0] ? q->dense.errmsg : ts_strerror(w));
+      snprintf(errmsg, errlen, "dense layers: %s",
+               q->dense.errmsg[0] ? q->dense.errmsg : ts_strerror(w));
     }
   }
-  for (size_t i = 0; i < submitted && i < n; i++) {
-    if (first < 0 && i + 1 == submitted && rc < 0) break; /* its submit failed */
+  for (size_t i = 0; i < sent; i++) {
     int w = ts_client_wait(t->client, &q->table[i]);
     if (w < 0 && first == 0) {
       first = w;
@@ -142,9 +154,9 @@ static void activity(const ts_ctr_trainer_t *t, const char *what) {
 }
 
 /* Log loss, AUC and accuracy of the test file, on the parameters pulled now. */
-static int evaluate(const ts_ctr_trainer_t *t, step_reqs_t *q, float *params,
-                    ts_criteo_row_t *rows, uint64_t *pos, uint64_t *neg, ts_train_result_t *res,
-                    char *errmsg, size_t errlen) {
+static int evaluate(const ts_ctr_trainer_t *t, step_reqs_t *q, float *params, ts_criteo_row_t *rows,
+                    uint64_t *pos, uint64_t *neg, ts_train_result_t *res, char *errmsg,
+                    size_t errlen) {
   ts_ctr_t *m = t->model;
   ts_criteo_reader_t *rd = NULL;
   int rc = ts_criteo_open(&rd, t->cfg->test_path, errmsg, errlen);
@@ -205,7 +217,8 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
   float *params = ts_malloc(pc * sizeof *params), *grads = ts_malloc(pc * sizeof *grads);
   ts_criteo_row_t *rows = ts_malloc((B + 1) * sizeof *rows);
   step_reqs_t *q = ts_calloc(1, sizeof *q);
-  uint64_t *pos = ts_calloc(TS_CTR_AUC_BINS, sizeof *pos), *neg = ts_calloc(TS_CTR_AUC_BINS, sizeof *neg);
+  uint64_t *pos = ts_calloc(TS_CTR_AUC_BINS, sizeof *pos),
+           *neg = ts_calloc(TS_CTR_AUC_BINS, sizeof *neg);
   float *p = ts_malloc(B * sizeof *p);
   ts_criteo_reader_t *rd = NULL;
   int rc = TS_ENOMEM;
@@ -215,10 +228,11 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
   }
   rc = ts_criteo_open(&rd, cfg->train_path, errmsg, errlen);
   if (rc < 0) goto out;
-  ts_log_info("training CTR: %s mode, %d worker(s) x batch %zu, %llu steps per epoch, %llu "
-              "steps in all; %zu embedding field(s) in %zu table(s), network input %zu",
-              ts_mode_name(cfg->mode), t->num_workers, B, (unsigned long long)per_epoch,
-              (unsigned long long)total, m->num_slots, m->num_tables, m->input_elems);
+  ts_log_info(
+      "training CTR: %s mode, %d worker(s) x batch %zu, %llu steps per epoch, %llu "
+      "steps in all; %zu embedding field(s) in %zu table(s), network input %zu",
+      ts_mode_name(cfg->mode), t->num_workers, B, (unsigned long long)per_epoch,
+      (unsigned long long)total, m->num_slots, m->num_tables, m->input_elems);
   const double t0 = now_s();
   res->started_at = ts_trainer_clock_s(CLOCK_REALTIME);
   double last_log = t0, interval_loss = 0.0, phase[3] = {0, 0, 0};
@@ -250,8 +264,10 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
     float loss = 0.0f;
     rc = ts_ctr_step(m, B, true, &loss, p);
     if (rc == 0 && !isfinite(loss)) {
-      snprintf(errmsg, errlen, "the loss became %f at step %llu: training diverged (lower "
-               "optimizer.learning_rate)", (double)loss, (unsigned long long)k);
+      snprintf(errmsg, errlen,
+               "the loss became %f at step %llu: training diverged (lower "
+               "optimizer.learning_rate)",
+               (double)loss, (unsigned long long)k);
       rc = TS_ENONFINITE;
     }
     if (rc < 0) goto out;
@@ -280,10 +296,15 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
                   (unsigned long long)(k + 1), (unsigned long long)total,
                   (unsigned long long)epoch + 1, progress * 100.0, res->loss, res->train_auc, eps);
       if (t->on_progress) {
-        ts_progress_t pg = {.step = k + 1, .total_steps = total, .epoch = epoch,
-                            .epoch_progress = progress, .loss = res->loss,
-                            .examples_per_sec = eps, .learning_rate = cfg->learning_rate,
-                            .seconds = now - t0, .phase_s = {phase[0], phase[1], phase[2]},
+        ts_progress_t pg = {.step = k + 1,
+                            .total_steps = total,
+                            .epoch = epoch,
+                            .epoch_progress = progress,
+                            .loss = res->loss,
+                            .examples_per_sec = eps,
+                            .learning_rate = cfg->learning_rate,
+                            .seconds = now - t0,
+                            .phase_s = {phase[0], phase[1], phase[2]},
                             .auc = res->train_auc};
         t->on_progress(t->progress_arg, &pg);
       }
@@ -313,16 +334,24 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
     goto out;
   }
   if (t->on_progress) {
-    ts_progress_t pg = {.step = res->steps, .total_steps = total, .epoch_progress = 1.0,
-                        .loss = res->loss, .examples_per_sec = res->examples_per_sec,
-                        .learning_rate = cfg->learning_rate, .seconds = res->seconds,
-                        .final = true, .test_accuracy = res->test_accuracy,
-                        .test_loss = res->test_loss, .auc = res->test_auc};
+    ts_progress_t pg = {.step = res->steps,
+                        .total_steps = total,
+                        .epoch_progress = 1.0,
+                        .loss = res->loss,
+                        .examples_per_sec = res->examples_per_sec,
+                        .learning_rate = cfg->learning_rate,
+                        .seconds = res->seconds,
+                        .final = true,
+                        .test_accuracy = res->test_accuracy,
+                        .test_loss = res->test_loss,
+                        .auc = res->test_auc};
     t->on_progress(t->progress_arg, &pg);
   }
-  ts_log_info("finished: %llu steps in %.1f s, test logloss %.4f, test auc %.4f, test accuracy "
-              "%.4f", (unsigned long long)res->steps, res->seconds, res->test_loss,
-              res->test_auc, res->test_accuracy);
+  ts_log_info(
+      "finished: %llu steps in %.1f s, test logloss %.4f, test auc %.4f, test accuracy "
+      "%.4f",
+      (unsigned long long)res->steps, res->seconds, res->test_loss, res->test_auc,
+      res->test_accuracy);
 out:
   ts_criteo_close(rd);
   ts_free(params);

@@ -36,15 +36,15 @@
 
 /* The Kaggle Criteo fields' distinct ids (C1..C26), as DLRM and TorchRec list them. */
 static const uint64_t kaggle_card[NUM_CAT] = {
-    1460, 583,   10131227, 2202608, 305, 24, 12517, 633,     3,  93145,  5683, 8351593, 3194,
-    27,   14992, 5461306,  10,      5652, 2173, 4,   7046547, 18, 15,     286181, 105, 142572};
+    1460, 583,   10131227, 2202608, 305,  24,   12517, 633,     3,  93145, 5683,   8351593, 3194,
+    27,   14992, 5461306,  10,      5652, 2173, 4,     7046547, 18, 15,    286181, 105,     142572};
 
 /* Fractions of missing values per field, close to the Kaggle training set's. */
-static const double int_missing[NUM_INT] = {0.45, 0.0,  0.21, 0.22, 0.03, 0.22, 0.04,
+static const double int_missing[NUM_INT] = {0.45,  0.0,  0.21, 0.22, 0.03, 0.22, 0.04,
                                             0.001, 0.04, 0.45, 0.04, 0.77, 0.22};
-static const double cat_missing[NUM_CAT] = {0,    0, 0.03, 0.03, 0,    0.12, 0, 0,    0,
-                                            0,    0, 0.03, 0,    0,    0,    0.03, 0, 0,
-                                            0.44, 0.44, 0.03, 0, 0,   0.44, 0,    0.44};
+static const double cat_missing[NUM_CAT] = {0,    0,    0.03, 0.03, 0, 0.12, 0,    0,   0,
+                                            0,    0,    0.03, 0,    0, 0,    0.03, 0,   0,
+                                            0.44, 0.44, 0.03, 0,    0, 0.44, 0,    0.44};
 
 /* --- randomness: counter-based, proto/ts_init.h's generator -------------------------------- */
 
@@ -54,7 +54,9 @@ typedef struct {
   uint64_t key, n;
 } rng_t;
 
-static double rng_uniform(rng_t *r) { return ts_init_uniform(r->key, r->n++); }
+static double rng_uniform(rng_t *r) {
+  return ts_init_uniform(r->key, r->n++);
+}
 
 static double normal_of(double u, double v) {
   return sqrt(-2.0 * log(u > 0 ? u : 0x1.0p-53)) * cos(2.0 * M_PI * v);
@@ -66,7 +68,9 @@ static double rng_normal(rng_t *r) {
 }
 
 /* A standard normal that depends only on key: the hidden weights. */
-static double key_normal(uint64_t key) { return normal_of(ts_init_uniform(key, 0), ts_init_uniform(key, 1)); }
+static double key_normal(uint64_t key) {
+  return normal_of(ts_init_uniform(key, 0), ts_init_uniform(key, 1));
+}
 
 /* --- Zipf by rejection-inversion (Hörmann and Derflinger 1996), any exponent > 0 -------- */
 
@@ -75,9 +79,15 @@ typedef struct {
   uint64_t n;
 } zipf_t;
 
-static double helper1(double x) { return fabs(x) > 1e-8 ? log1p(x) / x : 1.0 - x * (0.5 - x / 3.0); }
-static double helper2(double x) { return fabs(x) > 1e-8 ? expm1(x) / x : 1.0 + x * 0.5 * (1.0 + x / 3.0); }
-static double zh(const zipf_t *z, double x) { return exp(-z->s * log(x)); }
+static double helper1(double x) {
+  return fabs(x) > 1e-8 ? log1p(x) / x : 1.0 - x * (0.5 - x / 3.0);
+}
+static double helper2(double x) {
+  return fabs(x) > 1e-8 ? expm1(x) / x : 1.0 + x * 0.5 * (1.0 + x / 3.0);
+}
+static double zh(const zipf_t *z, double x) {
+  return exp(-z->s * log(x));
+}
 static double zH(const zipf_t *z, double x) {
   double lx = log(x);
   return helper2((1.0 - z->s) * lx) * lx;
@@ -164,30 +174,61 @@ static bool parse_double(const char *s, double min, double max, double *out) {
 }
 
 static int parse_args(int argc, char **argv, opts_t *o) {
-  *o = (opts_t){.rows = 100000, .seed = 1, .zipf = 1.05, .bias = -1.9, .cat_scale = 0.35,
-                .int_scale = 0.25, .out = NULL};
-  static const struct option longs[] = {
-      {"rows", required_argument, 0, 'n'},      {"seed", required_argument, 0, 's'},
-      {"zipf", required_argument, 0, 'z'},      {"max-cardinality", required_argument, 0, 'm'},
-      {"bias", required_argument, 0, 'b'},      {"cat-scale", required_argument, 0, 'x'},
-      {"int-scale", required_argument, 0, 'y'}, {"output", required_argument, 0, 'o'},
-      {"stream", required_argument, 0, 'r'},    {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+  *o = (opts_t){.rows = 100000,
+                .seed = 1,
+                .zipf = 1.05,
+                .bias = -1.9,
+                .cat_scale = 0.35,
+                .int_scale = 0.25,
+                .out = NULL};
+  static const struct option longs[] = {{"rows", required_argument, 0, 'n'},
+                                        {"seed", required_argument, 0, 's'},
+                                        {"zipf", required_argument, 0, 'z'},
+                                        {"max-cardinality", required_argument, 0, 'm'},
+                                        {"bias", required_argument, 0, 'b'},
+                                        {"cat-scale", required_argument, 0, 'x'},
+                                        {"int-scale", required_argument, 0, 'y'},
+                                        {"output", required_argument, 0, 'o'},
+                                        {"stream", required_argument, 0, 'r'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "o:h", longs, NULL)) != -1) {
     bool ok = true;
     switch (c) {
-      case 'n': ok = parse_u64(optarg, 1, &o->rows); break;
-      case 's': ok = parse_u64(optarg, 0, &o->seed); break;
-      case 'r': ok = parse_u64(optarg, 0, &o->stream); break;
-      case 'z': ok = parse_double(optarg, 0.01, 10.0, &o->zipf); break;
-      case 'm': ok = parse_u64(optarg, 1, &o->max_card); break;
-      case 'b': ok = parse_double(optarg, -20.0, 20.0, &o->bias); break;
-      case 'x': ok = parse_double(optarg, 0.0, 10.0, &o->cat_scale); break;
-      case 'y': ok = parse_double(optarg, 0.0, 10.0, &o->int_scale); break;
-      case 'o': o->out = optarg; break;
-      case 'h': usage(stdout); return 0;
-      default: usage(stderr); return 2;
+      case 'n':
+        ok = parse_u64(optarg, 1, &o->rows);
+        break;
+      case 's':
+        ok = parse_u64(optarg, 0, &o->seed);
+        break;
+      case 'r':
+        ok = parse_u64(optarg, 0, &o->stream);
+        break;
+      case 'z':
+        ok = parse_double(optarg, 0.01, 10.0, &o->zipf);
+        break;
+      case 'm':
+        ok = parse_u64(optarg, 1, &o->max_card);
+        break;
+      case 'b':
+        ok = parse_double(optarg, -20.0, 20.0, &o->bias);
+        break;
+      case 'x':
+        ok = parse_double(optarg, 0.0, 10.0, &o->cat_scale);
+        break;
+      case 'y':
+        ok = parse_double(optarg, 0.0, 10.0, &o->int_scale);
+        break;
+      case 'o':
+        o->out = optarg;
+        break;
+      case 'h':
+        usage(stdout);
+        return 0;
+      default:
+        usage(stderr);
+        return 2;
     }
     if (!ok) {
       const char *name = "?";
@@ -261,7 +302,8 @@ int main(int argc, char **argv) {
     const int32_t lab = label;
     ts_ctr_auc_add(pos, neg, &pf, &lab, 1);
     len += (size_t)snprintf(line + len, sizeof line - len, "%d", label);
-    for (int j = 0; j < NUM_INT; j++) len += (size_t)snprintf(line + len, sizeof line - len, "\t%s", ints[j]);
+    for (int j = 0; j < NUM_INT; j++)
+      len += (size_t)snprintf(line + len, sizeof line - len, "\t%s", ints[j]);
     for (int f2 = 0; f2 < NUM_CAT; f2++)
       len += (size_t)snprintf(line + len, sizeof line - len, "\t%s", cats[f2]);
     line[len++] = '\n';

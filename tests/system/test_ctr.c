@@ -60,7 +60,9 @@ static bool same_file(const char *a, const char *b) {
   return same;
 }
 
-static void path_of(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", dir, name); }
+static void path_of(char *buf, size_t n, const char *name) {
+  snprintf(buf, n, "%s/%s", dir, name);
+}
 
 static void test_generator_deterministic(void **state) {
   (void)state;
@@ -130,8 +132,8 @@ static void test_ctr_job_auc(void **state) {
   path_of(train, sizeof train, "train.tsv");
   path_of(test, sizeof test, "test.tsv");
   const char *gtrain[] = {"--rows", ROWS, "--seed", "3", "--max-cardinality", CARD, NULL};
-  const char *gtest[] = {"--rows", "20000", "--seed", "3", "--stream", "1",
-                         "--max-cardinality", CARD, NULL};
+  const char *gtest[] = {"--rows", "20000", "--seed", "3", "--stream", "1", "--max-cardinality",
+                         CARD,     NULL};
   assert_true(generate(train, gtrain) > 0);
   double best = generate(test, gtest);
   assert_true(best > 0.8);
@@ -154,8 +156,8 @@ static void test_ctr_job_auc(void **state) {
   assert_true(live > 0.5 && live <= 1.0);
   double auc0 = ts_done_field(&w[0], "auc="), auc1 = ts_done_field(&w[1], "auc=");
   double ll0 = ts_done_field(&w[0], "logloss="), ll1 = ts_done_field(&w[1], "logloss=");
-  fprintf(stderr, "test AUC %.4f (best %.4f, gap %.4f), log loss %.4f\n", auc0, best,
-          best - auc0, ll0);
+  fprintf(stderr, "test AUC %.4f (best %.4f, gap %.4f), log loss %.4f\n", auc0, best, best - auc0,
+          ll0);
   if (!(auc0 >= best - 0.025)) {
     ts_proc_dump(&w[0]);
     fail_msg("test AUC %.4f is not within 0.025 of the best %.4f", auc0, best);
@@ -213,8 +215,8 @@ static void test_ctr_dot(void **state) {
   path_of(train, sizeof train, "dtrain.tsv");
   path_of(test, sizeof test, "dtest.tsv");
   const char *gtrain[] = {"--rows", "50000", "--seed", "4", "--max-cardinality", CARD, NULL};
-  const char *gtest[] = {"--rows", "10000", "--seed", "4", "--stream", "1",
-                         "--max-cardinality", CARD, NULL};
+  const char *gtest[] = {"--rows", "10000", "--seed", "4", "--stream", "1", "--max-cardinality",
+                         CARD,     NULL};
   assert_true(generate(train, gtrain) > 0);
   double best = generate(test, gtest);
   ts_cluster_t c;

@@ -22,7 +22,10 @@
 #include "ts_ctr.h"
 #include "ts_err.h"
 
-#define GOOD "1\t5\t\t-2\t0\t1\t2\t3\t4\t5\t6\t7\t8\t9\t68fd1e64\t\t0\t1\t2\t3\t4\t5\t6\t7\t8\t9\ta\tb\tc\td\te\tf\t10\t11\t12\t13\t14\t15\t16\tFFFFFFFFFFFFFFFF"
+#define GOOD                                                                                       \
+  "1\t5\t\t-"                                                                                      \
+  "2\t0\t1\t2\t3\t4\t5\t6\t7\t8\t9\t68fd1e64\t\t0\t1\t2\t3\t4\t5\t6\t7\t8\t9\ta\tb\tc\td\te\tf\t1" \
+  "0\t11\t12\t13\t14\t15\t16\tFFFFFFFFFFFFFFFF"
 
 static void test_parse(void **state) {
   (void)state;
@@ -169,7 +172,7 @@ static void check_row_grads(bool dot) {
   ts_ctr_table_t *t = &m.tables[0];
   assert_int_equal(t->keys[0], ts_ctr_key(0, 0, false));
   assert_int_equal(t->keys[1], ts_ctr_key(4, 2, false)); /* example 0's field 5: "2" */
-  enum { ROW_ELEMS = 4 * 3 * 3 }; /* batch x fields x dim */
+  enum { ROW_ELEMS = 4 * 3 * 3 };                        /* batch x fields x dim */
   for (size_t i = 0; i < ROW_ELEMS; i++) t->rows[i] = 0.1f * (float)((i * 7) % 11) - 0.5f;
   float loss = 0, p[4];
   assert_int_equal(ts_ctr_step(&m, 4, true, &loss, p), 0);

@@ -60,7 +60,7 @@ static const char *const decay_names[] = {"none", "exponential", "cosine", NULL}
 static const int decay_values[] = {TS_DECAY_NONE, TS_DECAY_EXPONENTIAL, TS_DECAY_COSINE};
 static const char *const activation_names[] = {"relu", "tanh", NULL};
 static const int activation_values[] = {TS_ACT_RELU, TS_ACT_TANH};
-static const char *const format_names[] = {"idx", NULL};
+static const char *const format_names[] = {"idx", "criteo", NULL};
 
 /* Enum fields are written through an int *: that is only sound while they are int-sized. */
 _Static_assert(sizeof(ts_mode_t) == sizeof(int), "enum fields must be int-sized");
@@ -325,7 +325,10 @@ const ts_config_def_t ts_config_defs[] = {
             "would make one weight matrix larger than host memory. "
             "Or a list of layers, one group each: conv2d (filters, kernel, strides, padding, "
             "activation), max_pool (size, strides, padding), flatten, dense (units, activation), "
-            "dropout (rate), each with an optional name; see deploy/local/lenet5.cfg. The input "
+            "dropout (rate), each with an optional name, and, for data.format \"criteo\", "
+            "embedding (table, dim, field: a categorical field 1..26 or a list of them) before "
+            "all others, then optionally dot (DLRM's pairwise dot interactions) "
+            "(docs/embeddings.md, deploy/local/ctr.cfg); see deploy/local/lenet5.cfg. The input "
             "shape then comes from the images (28x28x1), the last layer must be a dense layer "
             "without activation (the logits), and a layer that does not fit is named with its "
             "file:line. At most 64 layers."},
@@ -343,8 +346,10 @@ const ts_config_def_t ts_config_defs[] = {
      .max_len = 16,
      .choices = format_names,
      .def = "\"idx\"",
-     .doc = "Format of the data files: IDX, gzip-compressed or not (the MNIST family). The "
-            "only reader so far."},
+     .doc = "Format of the data files: \"idx\", IDX files, gzip-compressed or not (the MNIST "
+            "family, data.*_images and data.*_labels), or \"criteo\", click logs in the "
+            "Criteo TSV format (data.train_path, data.test_path; a model whose layers start "
+            "with embedding layers, docs/embeddings.md)."},
     STRING("data.train_images", train_images, 1, PATH_BYTES,
            "\"/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz\"",
            "Training images (Debian's dataset-fashion-mnist by default). A path: 1 to 4095 "
@@ -358,6 +363,13 @@ const ts_config_def_t ts_config_defs[] = {
     STRING("data.test_labels", test_labels, 1, PATH_BYTES,
            "\"/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\"",
            "Test labels, one per test image. A path: 1 to 4095 bytes."),
+    STRING("data.train_path", train_path, 0, PATH_BYTES, "\"\"",
+           "data.format \"criteo\": the training rows, Criteo TSV (label, 13 integers, 26 hex "
+           "categoricals, tab-separated, a missing value empty), plain or gzip, read as a "
+           "stream. A path: up to 4095 bytes."),
+    STRING("data.test_path", test_path, 0, PATH_BYTES, "\"\"",
+           "data.format \"criteo\": the rows the log loss and AUC are measured on at the end, "
+           "the same format. A path: up to 4095 bytes."),
 
     INT("train.batch_size", batch_size, 1, 65536, "64",
         "Examples per worker per step (a step covers workers x batch_size examples). At most "

@@ -122,6 +122,7 @@ typedef struct {
   /* data */
   char *data_format;          /* "idx" */
   char *train_images, *train_labels, *test_images, *test_labels;
+  char *train_path, *test_path; /* data.format "criteo" */
 
   /* train */
   int batch_size;

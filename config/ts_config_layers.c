@@ -25,13 +25,17 @@ typedef enum {
   K_STRIDES,
   K_PADDING,
   K_ACT,
-  K_RATE
+  K_RATE,
+  K_TABLE,
+  K_DIM,
+  K_FIELD
 } layer_key_t;
 
 static const char *const key_names[] = {
     [K_NAME] = "name",       [K_FILTERS] = "filters", [K_UNITS] = "units",
     [K_KERNEL] = "kernel",   [K_SIZE] = "size",       [K_STRIDES] = "strides",
     [K_PADDING] = "padding", [K_ACT] = "activation",  [K_RATE] = "rate",
+    [K_TABLE] = "table",     [K_DIM] = "dim",         [K_FIELD] = "field",
 };
 
 typedef struct {
@@ -49,6 +53,9 @@ static const layer_kind_t kinds[] = {
     {"flatten", BIT(K_NAME), 0},
     {"dense", BIT(K_UNITS) | BIT(K_ACT) | BIT(K_NAME), BIT(K_UNITS)},
     {"dropout", BIT(K_RATE) | BIT(K_NAME), BIT(K_RATE)},
+    {"embedding", BIT(K_TABLE) | BIT(K_DIM) | BIT(K_FIELD),
+     BIT(K_TABLE) | BIT(K_DIM) | BIT(K_FIELD)},
+    {"dot", 0, 0},
 };
 
 typedef struct {
@@ -77,11 +84,11 @@ static int fail(const ctx_t *c, const char *fmt, ...) {
 }
 
 static void list_keys(const layer_kind_t *k, char *buf, size_t len) {
-  buf[0] = '\0';
-  for (size_t i = 0; i < sizeof key_names / sizeof key_names[0]; i++)
+  snprintf(buf, len, "no keys");
+  for (size_t i = 0, used = 0; i < sizeof key_names / sizeof key_names[0]; i++)
     if (k->keys & BIT(i)) {
-      size_t used = strlen(buf);
       snprintf(buf + used, len - used, "%s%s", used ? ", " : "", key_names[i]);
+      used = strlen(buf);
     }
 }
 
@@ -164,6 +171,32 @@ static int read_key(const ctx_t *c, layer_key_t k, const config_setting_t *s,
       if (!(l->rate >= 0.0 && l->rate < 1.0))
         return fail(c, "rate = %g outside [0, 1): the fraction of units dropped", l->rate);
       return 0;
+    case K_TABLE: {
+      const char *v = config_setting_get_string(s);
+      if (!v || !v[0]) return fail(c, "table must be a non-empty string");
+      if (strlen(v) >= sizeof l->table)
+        return fail(c, "table \"%.20s...\" is longer than %d characters", v,
+                    TS_CONFIG_LAYER_NAME_MAX - 1);
+      snprintf(l->table, sizeof l->table, "%s", v);
+      return 0;
+    }
+    case K_DIM:
+      return read_int(c, s, "dim", 4096, &l->dim);
+    case K_FIELD: {
+      /* One categorical field (1-based) or a list of them, each its own vector. */
+      bool list = config_setting_is_array(s) || config_setting_is_list(s);
+      int count = list ? config_setting_length(s) : 1;
+      if (count < 1 || count > TS_CONFIG_EMB_FIELDS_MAX)
+        return fail(c, "field must be a field number or a list of 1..%d of them",
+                    TS_CONFIG_EMB_FIELDS_MAX);
+      for (int i = 0; i < count; i++) {
+        int rc = read_int(c, list ? config_setting_get_elem(s, (unsigned)i) : s, "field",
+                          TS_CONFIG_EMB_FIELDS_MAX, &l->fields[i]);
+        if (rc < 0) return rc;
+      }
+      l->num_fields = (size_t)count;
+      return 0;
+    }
   }
   return TS_EINTERNAL;
 }
@@ -172,12 +205,14 @@ static int read_layer(ctx_t *c, const config_setting_t *g, ts_config_layer_t *l)
   if (!config_setting_is_group(g)) return fail(c, "must be a group: { type = \"conv2d\"; ... }");
   const char *type = NULL;
   if (!config_setting_lookup_string(g, "type", &type))
-    return fail(c, "no type (a string: conv2d, max_pool, flatten, dense or dropout)");
+    return fail(c, "no type (a string: conv2d, max_pool, flatten, dense, dropout, embedding "
+                   "or dot)");
   const layer_kind_t *kind = NULL;
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
     if (strcmp(type, kinds[i].type) == 0) kind = &kinds[i];
   if (!kind)
-    return fail(c, "unknown type \"%s\" (conv2d, max_pool, flatten, dense or dropout)", type);
+    return fail(c, "unknown type \"%s\" (conv2d, max_pool, flatten, dense, dropout, embedding "
+                   "or dot)", type);
   c->type = kind->type;
   snprintf(l->type, sizeof l->type, "%s", kind->type);
   unsigned seen = 0;

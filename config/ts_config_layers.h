@@ -21,6 +21,12 @@
  *   flatten   name
  *   dense     units (required), activation, name
  *   dropout   rate (required), name
+ *   embedding table, dim, field (all required): the rows of field (a Criteo categorical
+ *             field 1..26, or a list of them, each its own vector) from the shards' table
+ *             `table` of width dim; embedding layers come first, the rest is the network
+ *             on their concatenation and the dense features (docs/embeddings.md)
+ *   dot       (no keys) after the embedding layers: DLRM's dot interactions, every pair of
+ *             field vectors' dot product joins the network's input
  * kernel, size and strides are an integer or a list [h, w], as Keras's kernel_size; padding is
  * "valid" (the default) or "same"; activation "linear" (the default), "relu" or "tanh".
  * Omitted values are left 0 / "" here, and the model (worker/ts_layers.h) gives Keras's
@@ -36,9 +42,10 @@ struct config_setting_t;
 
 #define TS_CONFIG_LAYERS_MAX 64
 #define TS_CONFIG_LAYER_NAME_MAX 48
+#define TS_CONFIG_EMB_FIELDS_MAX 26 /* Criteo's categorical fields */
 
 typedef struct {
-  char type[16];                       /* "conv2d", "max_pool", "flatten", "dense", "dropout" */
+  char type[16]; /* "conv2d", "max_pool", "flatten", "dense", "dropout", "embedding", "dot" */
   char name[TS_CONFIG_LAYER_NAME_MAX]; /* "" when not given */
   int filters, units;                  /* 0 when not given */
   int kernel[2];                       /* conv2d kernel or max_pool size, [h, w]; 0 if not given */
@@ -46,6 +53,10 @@ typedef struct {
   char padding[8];                     /* "", "valid", "same" */
   char activation[8];                  /* "", "linear", "relu", "tanh" */
   double rate;                         /* dropout; 0 when not given */
+  char table[TS_CONFIG_LAYER_NAME_MAX]; /* embedding: the shards' table */
+  int dim;                             /* embedding: row width; 0 when not given */
+  int fields[TS_CONFIG_EMB_FIELDS_MAX]; /* embedding: 1-based categorical fields */
+  size_t num_fields;
   char where[256];                     /* "job.cfg:12": the layer's group */
 } ts_config_layer_t;
 

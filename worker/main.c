@@ -11,6 +11,7 @@
 #include "ts_config.h"
 #include "ts_config_job.h"
 #include "ts_backend.h"
+#include "ts_ctr_train.h"
 #include "ts_device.h"
 #include "ts_err.h"
 #include "ts_fpenv.h"
@@ -112,6 +113,47 @@ static void log_variable_placement(const ts_client_t *client, const ts_model_t *
   }
 }
 
+/* The CTR job (data.format "criteo"): declare, train, evaluate, the done: line with the
+ * test AUC and log loss. Returns the exit code. */
+static int run_ctr(const ts_config_t *cfg, long task, ts_ctr_t *m, uint64_t rows,
+                   ts_client_t *client, ts_observe_t *obs) {
+  char err[1024];
+  int rc = ts_ctr_declare(m, client, (uint64_t)cfg->seed, err, sizeof err);
+  if (rc < 0 && stop_requested) return TS_EXIT_OK;
+  if (rc < 0) {
+    ts_log_err("declaring the model: %s", err);
+    return rc == TS_ESHAPE ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
+  }
+  ts_log_info("model [ctr] declared on %zu shard(s): %zu dense parameters in %zu tensors, %zu "
+              "embedding table(s)", cfg->num_ps, m->net.desc.param_count, m->net.desc.num_tensors,
+              m->num_tables);
+  uint64_t per_epoch = rows / ((uint64_t)cfg->batch_size * cfg->num_workers);
+  uint64_t planned = per_epoch * (uint64_t)cfg->epochs;
+  if (cfg->max_steps > 0 && (uint64_t)cfg->max_steps < planned) planned = (uint64_t)cfg->max_steps;
+  ts_observe_ready(obs, planned);
+  ts_ctr_trainer_t t = {.cfg = cfg, .task = (int)task, .num_workers = (int)cfg->num_workers,
+                        .model = m, .client = client, .train_rows = rows,
+                        .stop = &stop_requested, .on_progress = ts_observe_progress,
+                        .on_step = ts_observe_step, .on_activity = ts_observe_activity,
+                        .progress_arg = obs};
+  ts_train_result_t res;
+  rc = ts_ctr_train(&t, &res, err, sizeof err);
+  ts_observe_trained(obs);
+  if (rc < 0) {
+    ts_log_err("%s", err);
+    return rc == TS_ECONFIG || rc == TS_EDATA ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
+  }
+  if (!res.stopped) {
+    printf("done: task=%ld steps=%llu examples=%llu loss=%.4f test_accuracy=%.4f "
+           "examples_per_sec=%.1f started_at=%.3f finished_at=%.3f auc=%.6f logloss=%.6f\n",
+           task, (unsigned long long)res.steps, (unsigned long long)res.examples, res.loss,
+           res.test_accuracy, res.examples_per_sec, res.started_at, res.finished_at,
+           res.test_auc, res.test_loss);
+    fflush(stdout);
+  }
+  return TS_EXIT_OK;
+}
+
 int main(int argc, char **argv) {
   ts_kernels_cpu_reexec_for_core(argv); /* OpenBLAS's fastest kernels for this CPU */
   ts_fpenv_flush_denormals();            /* as TensorFlow's compute threads: ts_fpenv.h */
@@ -138,20 +180,36 @@ int main(int argc, char **argv) {
   int rc;
   exit_code = TS_EXIT_CONFIG;
 
-  if (strcmp(cfg.data_format, "idx") != 0) {
-    ts_log_err("data.format \"%s\" is not supported (use \"idx\")", cfg.data_format);
-    goto out;
+  /* data.format "criteo": the CTR model (worker/ts_ctr_train.h), on the CPU. */
+  const bool ctr = strcmp(cfg.data_format, "criteo") == 0;
+  ts_ctr_t ctr_model;
+  memset(&ctr_model, 0, sizeof ctr_model);
+  uint64_t ctr_rows = 0;
+  if (ctr) {
+    if (!cfg.train_path[0] || !cfg.test_path[0]) {
+      ts_log_err("data.format \"criteo\" needs data.train_path and data.test_path");
+      goto out;
+    }
+    if (ts_ctr_init(&ctr_model, cfg.net_layers, cfg.num_net_layers, (size_t)cfg.batch_size, err,
+                    sizeof err) < 0 ||
+        ts_criteo_count(cfg.train_path, &ctr_rows, err, sizeof err) < 0) {
+      ts_log_err("%s", err);
+      goto out;
+    }
+    ts_log_info("data: %llu training rows in %s (Criteo TSV)", (unsigned long long)ctr_rows,
+                cfg.train_path);
   }
   /* Everything that can be wrong with the data or the model is found before any shard is
    * contacted, so a bad job never touches the parameter servers. */
-  if (ts_idx_load_pair(cfg.train_images, cfg.train_labels, &train, err, sizeof err) < 0 ||
-      ts_idx_load_pair(cfg.test_images, cfg.test_labels, &test, err, sizeof err) < 0 ||
-      check_data(&cfg, &train, &test, err, sizeof err) < 0) {
+  if (!ctr && (ts_idx_load_pair(cfg.train_images, cfg.train_labels, &train, err, sizeof err) < 0 ||
+               ts_idx_load_pair(cfg.test_images, cfg.test_labels, &test, err, sizeof err) < 0 ||
+               check_data(&cfg, &train, &test, err, sizeof err) < 0)) {
     ts_log_err("%s", err);
     goto out;
   }
-  ts_log_info("data: %zu training and %zu test examples of %zux%zu", train.n, test.n, train.rows,
-              train.cols);
+  if (!ctr)
+    ts_log_info("data: %zu training and %zu test examples of %zux%zu", train.n, test.n,
+                train.rows, train.cols);
   if (getenv("TS_OPENBLAS_CORE_WAS"))
     ts_log_info("OpenBLAS: %s kernels (it chose %s, which this CPU outgrew; OPENBLAS_CORETYPE "
                 "overrides)",
@@ -159,7 +217,7 @@ int main(int argc, char **argv) {
   /* Devices: placement of the ops (TensorFlow's rules), the back end and the towers
    * (worker/ts_backend.h). Evaluation runs in chunks of up to 1000 examples. */
   ts_layer_shape_t input = {train.rows, train.cols, 1}; /* NHWC: grey images */
-  rc = ts_backend_setup(&cfg, (int)task, input, 1000, &towers, err, sizeof err);
+  rc = ctr ? 0 : ts_backend_setup(&cfg, (int)task, input, 1000, &towers, err, sizeof err);
   if (rc < 0) {
     ts_log_err("%s", err);
     exit_code = rc == TS_ECONFIG ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
@@ -167,7 +225,10 @@ int main(int argc, char **argv) {
   }
   ts_model_t *model = &towers.models[0];
   char device[64];
-  ts_backend_device_name(&towers, device, sizeof device);
+  if (ctr)
+    snprintf(device, sizeof device, "/job:worker/replica:0/task:%ld/device:CPU:0", task);
+  else
+    ts_backend_device_name(&towers, device, sizeof device);
   if (cfg.token_file && *cfg.token_file && !(token = ts_client_token_read(cfg.token_file, err, sizeof err))) {
     ts_log_err("%s", err);
     goto out;
@@ -240,6 +301,10 @@ int main(int argc, char **argv) {
   signal_client = client;
   ts_client_set_device(client, device);
   if (stop_requested) ts_client_interrupt(client);
+  if (ctr) {
+    exit_code = run_ctr(&cfg, task, &ctr_model, ctr_rows, client, obs);
+    goto out;
+  }
   ts_client_tensor_t *decl = ts_calloc(model->num_tensors, sizeof *decl);
   if (!decl) goto out;
   for (size_t i = 0; i < model->num_tensors; i++) {
@@ -302,6 +367,7 @@ out:
   ts_client_close(client);
   ts_observe_stop(obs);
   ts_towers_destroy(&towers);
+  ts_ctr_destroy(&ctr_model);
   ts_dataset_free(&train);
   ts_dataset_free(&test);
   ts_client_token_free(token);

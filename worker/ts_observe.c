@@ -35,6 +35,8 @@ typedef struct {
   uint64_t step, total_steps, epoch, examples;
   double loss, examples_per_sec, learning_rate, epoch_progress;
   double test_accuracy, test_loss;
+  bool have_auc, have_test_auc; /* a CTR model's (worker/ts_ctr_train.h) */
+  double auc, test_auc;
   ts_prom_hist_t phase[3];
 } snapshot_t;
 
@@ -114,6 +116,12 @@ static void render_metrics(const ts_admin_view_t *v, ts_buf_t *b) {
           s->test_accuracy);
     GAUGE("tessera_worker_test_loss", "Loss on the test set after training.", s->test_loss);
   }
+  if (s->have_auc)
+    GAUGE("tessera_worker_auc", "A CTR model's AUC over the last log interval's batches, each "
+          "scored before its update (progressive validation), 0 to 1.", s->auc);
+  if (s->have_test_auc)
+    GAUGE("tessera_worker_test_auc", "A CTR model's AUC on the test rows after training, 0 to 1.",
+          s->test_auc);
 #undef GAUGE
   ts_prom_family(b, "tessera_worker_examples_total", "counter", "Training examples processed.");
   ts_prom_sample(b, "tessera_worker_examples_total", NULL, (double)s->examples);
@@ -155,6 +163,11 @@ static cJSON *render_status(const ts_admin_view_t *v) {
     cJSON_AddNullToObject(j, "test_accuracy");
   if (s->have_final)
     cJSON_AddNumberToObject(j, "final_test_accuracy", s->final_test_accuracy);
+  if (s->have_auc) cJSON_AddNumberToObject(j, "auc", s->auc);
+  if (s->have_test_auc) {
+    cJSON_AddNumberToObject(j, "test_auc", s->test_auc);
+    cJSON_AddNumberToObject(j, "test_logloss", s->test_loss);
+  }
   if (s->ready && !s->trained) {
     cJSON_AddNumberToObject(j, "loop_progress_age_s", mono_s() - s->progress_at);
     cJSON_AddStringToObject(j, "loop_doing", s->doing);
@@ -294,15 +307,26 @@ void ts_observe_progress(void *arg, const ts_progress_t *p) {
     o->snap.test_accuracy = p->test_accuracy;
     o->snap.test_loss = p->test_loss;
   }
+  /* A CTR model's AUC: the interval's (progressive validation), or the test rows' at the
+   * end; one more scalar beside the loss and the accuracy. */
+  bool auc = p->auc > 0;
+  if (auc && !p->final) {
+    o->snap.have_auc = true;
+    o->snap.auc = p->auc;
+  } else if (auc) {
+    o->snap.have_test_auc = true;
+    o->snap.test_auc = p->auc;
+  }
   publish(o);
   if (!p->final) {
-    static const char *const tags[] = {"loss", "examples/sec", "learning_rate"};
-    const float v[] = {(float)p->loss, (float)p->examples_per_sec, (float)p->learning_rate};
-    write_events(o, (int64_t)p->step, tags, v, 3);
+    static const char *const tags[] = {"loss", "examples/sec", "learning_rate", "auc"};
+    const float v[] = {(float)p->loss, (float)p->examples_per_sec, (float)p->learning_rate,
+                       (float)p->auc};
+    write_events(o, (int64_t)p->step, tags, v, auc ? 4 : 3);
   } else {
-    static const char *const tags[] = {"accuracy", "test_loss"};
-    const float v[] = {(float)p->test_accuracy, (float)p->test_loss};
-    write_events(o, (int64_t)p->step, tags, v, 2);
+    static const char *const tags[] = {"accuracy", "test_loss", "test_auc"};
+    const float v[] = {(float)p->test_accuracy, (float)p->test_loss, (float)p->auc};
+    write_events(o, (int64_t)p->step, tags, v, auc ? 3 : 2);
   }
   if (o->notify) {
     if (p->final)

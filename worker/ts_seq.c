@@ -671,10 +671,12 @@ static int backward(ts_seq_t *n, size_t B) {
     if (layer(n, i)->kernel >= 0) first_param = i;
   float *cur = s->g0, *oth = s->g1;
   int rc = k->softmax_xent_grad(k, B, n->desc.classes, n->probs, n->labels, cur);
-  for (size_t i = n->desc.num_layers; rc == 0 && i-- > first_param;) {
-    rc = backward_layer(n, i, B, i > first_param, &cur, &oth);
+  /* With want_input_grad the loop goes down to layer 0 and leaves d input in cur. */
+  size_t stop = n->want_input_grad ? 0 : first_param;
+  for (size_t i = n->desc.num_layers; rc == 0 && i-- > stop;) {
+    rc = backward_layer(n, i, B, i > stop || n->want_input_grad, &cur, &oth);
     s = seg_of(n, i);
-    if (rc == 0 && i == s->first && i > first_param) {
+    if (rc == 0 && i == s->first && i > stop) {
       /* Out of this segment: d in(i) to the previous segment's scratch. */
       const ts_seq_segment_t *prev = seg_of(n, i - 1);
       rc = cross(s, s->kernels, cur, prev->kernels, prev->g0,
@@ -683,6 +685,7 @@ static int backward(ts_seq_t *n, size_t B) {
       oth = prev->g1;
     }
   }
+  n->input_grad = cur;
   return rc;
 }
 
@@ -749,4 +752,20 @@ int ts_seq_compute(ts_seq_t *seq, size_t batch, float *loss) {
   if (rc == 0) rc = backward(seq, batch);
   if (rc == 0 && loss) *loss = l;
   return rc;
+}
+
+int ts_seq_input_grad(const ts_seq_t *seq, float *dst, size_t batch) {
+  if (!seq || !seq->num_segments || !dst || !seq->want_input_grad || !seq->input_grad ||
+      batch < 1 || batch > seq->batch_capacity)
+    return TS_EINVAL;
+  const ts_kernels_t *k = seq->seg[0].kernels;
+  return k->copy_to_host(k, dst, seq->input_grad,
+                         batch * ts_layers_elems(seq->desc.input) * sizeof(float));
+}
+
+int ts_seq_probs(const ts_seq_t *seq, float *dst, size_t batch) {
+  if (!seq || !seq->num_segments || !dst || batch < 1 || batch > seq->batch_capacity)
+    return TS_EINVAL;
+  const ts_kernels_t *k = seq->seg[seq->num_segments - 1].kernels;
+  return k->copy_to_host(k, dst, seq->probs, batch * seq->desc.classes * sizeof(float));
 }

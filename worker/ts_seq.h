@@ -88,6 +88,12 @@ typedef struct {
   int32_t **argmax; /* per max_pool layer */
   float **mask;     /* per dropout layer: device mask */
   float *probs;     /* softmax of the logits, on the last segment */
+  float *input_grad; /* after a backward pass with want_input_grad: d input, on the first
+                      * segment (one of its scratch buffers) */
+
+  /* Public, set by the caller after init: the backward pass also computes the gradient
+   * with respect to the input batch (an embedding's rows feed the network). */
+  bool want_input_grad;
 } ts_seq_t;
 
 /* Check the description (ts_layers_check) and build the network for batches of up to
@@ -152,5 +158,15 @@ int ts_seq_loss(ts_seq_t *seq, const float *x, const int32_t *labels, size_t bat
  * whose argmax is the label) and *loss (mean), either may be NULL. Does not touch grads. */
 int ts_seq_evaluate(ts_seq_t *seq, const float *x, const int32_t *labels, size_t n, float *accuracy,
                     float *loss);
+
+/* After ts_seq_forward_backward (or ts_seq_compute) with want_input_grad set: the
+ * gradient of the mean loss with respect to the batch's input, batch x the input's elements,
+ * into host dst. Returns 0, TS_EINVAL (want_input_grad unset, no backward pass yet, a bad
+ * batch) or a copy error. */
+int ts_seq_input_grad(const ts_seq_t *seq, float *dst, size_t batch);
+
+/* The softmax of the last forward pass's logits (ts_seq_loss, ts_seq_forward_backward),
+ * batch x classes, into host dst. Returns 0, TS_EINVAL or a copy error. */
+int ts_seq_probs(const ts_seq_t *seq, float *dst, size_t batch);
 
 #endif

@@ -21,13 +21,28 @@
 /* How long a worker keeps retrying a pull or push while shards are unreachable. */
 #define RETRY_GRACE_S 120.0
 
-static double clock_s(clockid_t id) {
+double ts_trainer_clock_s(clockid_t id) {
   struct timespec ts;
   clock_gettime(id, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
+static double now_s(void) { return ts_trainer_clock_s(CLOCK_MONOTONIC); }
+
+void ts_trainer_count_step(const double marks[4], uint64_t step, float loss, uint64_t batch,
+                           uint64_t stale, double phase[3], double *interval_loss,
+                           uint64_t *interval_steps, uint64_t *interval_examples,
+                           ts_train_result_t *res, ts_step_cb on_step, void *arg) {
+  const double step_phase[3] = {marks[1] - marks[0], marks[2] - marks[1], marks[3] - marks[2]};
+  for (int i = 0; i < 3; i++) phase[i] += step_phase[i];
+  if (on_step) on_step(arg, step, step_phase);
+  res->stale += stale;
+  res->steps++;
+  res->examples += batch;
+  *interval_loss += (double)loss;
+  (*interval_steps)++;
+  *interval_examples += batch;
+}
 
 uint64_t ts_trainer_steps_per_epoch(size_t n, int workers, int batch) {
   uint64_t group = (uint64_t)workers * (uint64_t)batch;
@@ -316,7 +331,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
               (unsigned long long)total, cfg->epochs, cfg->max_steps > 0 ? ", capped by max_steps" : "");
 
   const double t0 = now_s();
-  res->started_at = clock_s(CLOCK_REALTIME);
+  res->started_at = ts_trainer_clock_s(CLOCK_REALTIME);
   double last_progress = 0.0; /* of the epoch, as last reported */
   bool reported = false;      /* a progress report went to the client */
   double last_log = t0, interval_loss = 0.0;
@@ -452,20 +467,9 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       ts_errmsg_wrapf(errmsg, errlen, "push at step %llu", (unsigned long long)k);
       goto out;
     }
-    double ts3 = now_s();
-    phase[0] += ts1 - ts0;
-    phase[1] += ts2 - ts1;
-    phase[2] += ts3 - ts2;
-    if (t->on_step) {
-      const double step_phase[3] = {ts1 - ts0, ts2 - ts1, ts3 - ts2};
-      t->on_step(t->progress_arg, k + 1, step_phase);
-    }
-    res->stale += stale;
-    res->steps++;
-    res->examples += (uint64_t)B;
-    interval_loss += (double)loss;
-    interval_steps++;
-    interval_examples += (uint64_t)B;
+    const double marks[4] = {ts0, ts1, ts2, now_s()};
+    ts_trainer_count_step(marks, k + 1, loss, (uint64_t)B, stale, phase, &interval_loss,
+                          &interval_steps, &interval_examples, res, t->on_step, t->progress_arg);
 
     double now = now_s();
     double progress = (double)(in_epoch + 1) / (double)per_epoch;

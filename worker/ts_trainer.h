@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "tessera/client.h"
 #include "ts_config.h"
@@ -43,6 +44,8 @@ typedef struct {
                                    * across the workers of a job, for its window) */
   uint64_t stale;             /* partitions of this worker's pushes dropped as stale */
   int stopped;                /* 1 when a signal stopped the run early */
+  bool has_auc;               /* a CTR model (worker/ts_ctr_train.h): */
+  double test_auc, train_auc; /* the test rows' AUC; the last log interval's training AUC */
   bool has_final;             /* this worker reported the job's final accuracy: */
   double final_test_accuracy; /* on the parameters pulled once every worker finished */
 } ts_train_result_t;
@@ -61,6 +64,8 @@ typedef struct {
   double phase_s[3];          /* time in pull, compute, push over the interval */
   bool final;
   double test_accuracy, test_loss; /* when final */
+  double auc;                 /* a CTR model: the interval's training AUC (progressive
+                               * validation), or the test AUC when final; 0 otherwise */
 } ts_progress_t;
 
 typedef void (*ts_progress_cb)(void *arg, const ts_progress_t *p);
@@ -92,6 +97,18 @@ typedef struct {
                                    no rate (ts_progress_line.h) */
   void *progress_arg;           /* passed to every callback above */
 } ts_trainer_t;
+
+/* Seconds of clock id (CLOCK_MONOTONIC for durations, CLOCK_REALTIME for Unix times). */
+double ts_trainer_clock_s(clockid_t id);
+
+/* After a step of `batch` examples with the given loss and stale partitions: marks are the
+ * times it started pulling, computing, pushing and ended; its phases go to phase (the
+ * interval's pull, compute, push seconds) and to on_step (may be NULL), its counts to res
+ * and the interval's. Shared by every training loop (this one, worker/ts_ctr_train.h). */
+void ts_trainer_count_step(const double marks[4], uint64_t step, float loss, uint64_t batch,
+                           uint64_t stale, double phase[3], double *interval_loss,
+                           uint64_t *interval_steps, uint64_t *interval_examples,
+                           ts_train_result_t *res, ts_step_cb on_step, void *arg);
 
 /* Steps per epoch for n examples, W workers of batch B (0 when one step does not fit). */
 uint64_t ts_trainer_steps_per_epoch(size_t n, int workers, int batch);

@@ -14,9 +14,14 @@
 #                        [--keras]  (Keras workers: a CNN, examples/python/keras_fashion_mnist.py,
 #                                    job deploy/local/keras.cfg;
 #                                    makes or reuses python/venv.sh's venv with TensorFlow)
+#                        [--ctr]    (a CTR model, embeddings + MLP, job deploy/local/ctr.cfg, on
+#                                    Criteo-shaped rows bench/criteo_gen writes: 300k training
+#                                    and 30k test rows, 26 fields of up to 1000 ids; prints each
+#                                    worker's test AUC and the best the data allows; --epochs:
+#                                    1 unless given)
 set -euo pipefail
 
-mode=sync workers=2 shards=2 epochs= keep=0 keras=0
+mode=sync workers=2 shards=2 epochs= keep=0 keras=0 ctr=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --mode) mode=$2; shift 2 ;;
@@ -25,11 +30,13 @@ while [ $# -gt 0 ]; do
     --epochs) epochs=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --keras) keras=1; shift ;;
+    --ctr) ctr=1; shift ;;
     -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
     *) echo "demo: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ -n "$epochs" ] || epochs=3
+if [ -z "$epochs" ]; then epochs=3; [ "$ctr" = 0 ] || epochs=1; fi
+[ "$keras$ctr" != 11 ] || { echo "demo: --keras and --ctr are two demos: pick one" >&2; exit 2; }
 case "$mode" in sync|async|ssp) ;; *) echo "demo: --mode is sync, async or ssp" >&2; exit 2 ;; esac
 for n in "$workers" "$shards" "$epochs"; do
   [[ "$n" =~ ^[1-9][0-9]?$ ]] || { echo "demo: counts are whole numbers from 1 to 99" >&2; exit 2; }
@@ -90,10 +97,21 @@ sets=(--set "cluster.ps=$(list "${ps_ports[@]}")"
       --set "job.mode=\"$mode\"" --set "train.epochs=$epochs" --set "train.log_interval_s=0.5")
 cfg="$root/deploy/local/cluster.cfg"
 [ "$keras" = 1 ] && cfg="$root/deploy/local/keras.cfg"
+best=
+if [ "$ctr" = 1 ]; then
+  cfg="$root/deploy/local/ctr.cfg"
+  echo "demo: generating Criteo-shaped rows (bench/criteo_gen) into $run"
+  gen() { "$build/bench/criteo_gen" --seed 7 --max-cardinality 1000 "$@" 2>&1 >/dev/null; }
+  gen --rows 300000 -o "$run/train.tsv" >/dev/null
+  best=$(gen --rows 30000 --stream 1 -o "$run/test.tsv" | sed -n 's/.*best_auc=\([0-9.]*\).*/\1/p')
+  sets+=(--set "data.train_path=\"$run/train.tsv\"" --set "data.test_path=\"$run/test.tsv\"")
+fi
 psctl() { "$build/psctl/psctl" -c "$cfg" "${sets[@]}" "$@"; }
 
-what=MLP; [ "$keras" = 1 ] && what="Keras CNN"
-echo "demo: $shards shard(s) + $workers $what worker(s), $mode mode, $epochs epoch(s) of Fashion-MNIST; logs in $run"
+what=MLP data=Fashion-MNIST
+[ "$keras" = 1 ] && what="Keras CNN"
+[ "$ctr" = 1 ] && what="CTR (embeddings + MLP)" data="Criteo-shaped rows"
+echo "demo: $shards shard(s) + $workers $what worker(s), $mode mode, $epochs epoch(s) of $data; logs in $run"
 for i in $(seq 0 $((shards - 1))); do
   "$build/server/ps-server" -c "$cfg" "${sets[@]}" --shard "$i" 2>"$run/ps-$i.log" &
   pids+=($!)
@@ -145,7 +163,13 @@ for t in $(seq 0 $((workers - 1))); do
   if wait "${worker_pids[$t]}"; then
     line=$(grep '^done:' "$run/worker-$t.out" || true)
     acc=$(sed -n 's/.* test_accuracy=\([0-9.]*\).*/\1/p' <<<"$line")
-    echo "  worker $t: test accuracy ${acc:-?}   ($line)"
+    if [ "$ctr" = 1 ]; then
+      auc=$(sed -n 's/.* auc=\([0-9.]*\).*/\1/p' <<<"$line")
+      ll=$(sed -n 's/.* logloss=\([0-9.]*\).*/\1/p' <<<"$line")
+      echo "  worker $t: test AUC ${auc:-?}, log loss ${ll:-?}   ($line)"
+    else
+      echo "  worker $t: test accuracy ${acc:-?}   ($line)"
+    fi
     fin=$(sed -n 's/.*final_test_accuracy=\([0-9.]*\).*/\1/p' <<<"$line")
     [ -z "$fin" ] || final="  the job's final parameters (evaluated by worker $t once all had finished): test accuracy $fin"
   else
@@ -155,6 +179,7 @@ for t in $(seq 0 $((workers - 1))); do
   fi
 done
 [ -z "$final" ] || echo "$final"
+[ -z "$best" ] || echo "  the best AUC any model can reach on the test rows (the generator's hidden model): $best"
 echo
 psctl status || status=1
 exit $status

@@ -218,7 +218,7 @@ static void test_enums(void **state) {
        "optimizer.name: must be one of \"sgd\", \"momentum\", \"adam\", not \"rmsprop\""},
       {"model = { activation = \"sigmoid\"; };", 1,
        "model.activation: must be one of \"relu\", \"tanh\", not \"sigmoid\""},
-      {"data = { format = \"csv\"; };", 1, "data.format: must be one of \"idx\", not \"csv\""},
+      {"data = { format = \"csv\"; };", 1, "data.format: must be one of \"idx\", \"criteo\", not \"csv\""},
   };
   expect_all(bad, sizeof bad / sizeof bad[0]);
   assert_string_equal(ts_mode_name(TS_MODE_SYNC), "sync");

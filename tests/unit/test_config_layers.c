@@ -121,8 +121,45 @@ static void test_mistakes(void **state) {
   assert_non_null(strstr(err, "0 layers, outside 1..64"));
 }
 
+/* Embedding layers (data.format "criteo"): one field or a list, and their mistakes. */
+static void test_embedding(void **state) {
+  (void)state;
+  const char *text =
+      "model = { layers = (\n"
+      "  { type = \"embedding\"; table = \"ads\"; dim = 8; field = 3; },\n"
+      "  { type = \"embedding\"; table = \"all\"; dim = 16; field = [1, 2, 26]; },\n"
+      "  { type = \"dense\"; units = 2; }\n"
+      "); };\n";
+  size_t n = 0;
+  char err[256];
+  assert_int_equal(parse(text, &n, err, sizeof err), 0);
+  assert_int_equal(n, 3);
+  assert_string_equal(layers[0].type, "embedding");
+  assert_string_equal(layers[0].table, "ads");
+  assert_int_equal(layers[0].dim, 8);
+  assert_int_equal(layers[0].num_fields, 1);
+  assert_int_equal(layers[0].fields[0], 3);
+  assert_string_equal(layers[1].table, "all");
+  assert_int_equal(layers[1].num_fields, 3);
+  assert_int_equal(layers[1].fields[2], 26);
+  expect("{ type = \"embedding\"; table = \"t\"; dim = 8; }",
+         "layer 1 (embedding): missing 'field' (embedding takes table, dim, field)");
+  expect("{ type = \"embedding\"; table = \"t\"; dim = 8; field = 27; }",
+         "layer 1 (embedding): field = 27 outside 1..26");
+  expect("{ type = \"embedding\"; table = \"t\"; dim = 0; field = 1; }",
+         "layer 1 (embedding): dim = 0 outside 1..4096");
+  expect("{ type = \"embedding\"; table = \"\"; dim = 4; field = 1; }",
+         "layer 1 (embedding): table must be a non-empty string");
+  expect("{ type = \"embedding\"; table = \"t\"; dim = 4; field = []; }",
+         "layer 1 (embedding): field must be a field number or a list of 1..26 of them");
+  expect("{ type = \"embedding\"; table = \"t\"; dim = 4; field = 1; units = 3; }",
+         "unknown key 'units': embedding takes table, dim, field");
+  expect("{ type = \"dot\"; units = 3; }", "layer 1 (dot): unknown key 'units': dot takes no keys");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_lenet5),
       cmocka_unit_test(test_mistakes),
   };

@@ -63,6 +63,8 @@ KEYS: Dict[str, str] = {
     "data.train_labels": "train_labels",
     "data.test_images": "test_images",
     "data.test_labels": "test_labels",
+    "data.train_path": "train_path",
+    "data.test_path": "test_path",
     "train.batch_size": "batch_size",
     "train.epochs": "epochs",
     "train.state_every": "state_every",
@@ -147,6 +149,8 @@ class JobKeys:
     train_labels: str  #: data.train_labels
     test_images: str  #: data.test_images
     test_labels: str  #: data.test_labels
+    train_path: str  #: data.train_path
+    test_path: str  #: data.test_path
     batch_size: int  #: train.batch_size
     epochs: int  #: train.epochs
     state_every: int  #: train.state_every

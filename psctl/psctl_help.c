@@ -90,6 +90,21 @@ static const psctl_command_t commands[] = {
      "or install it: psctl completion bash > /etc/bash_completion.d/psctl, or psctl\n"
      "completion zsh > _psctl in a directory of $fpath. It is made from psctl's own tables\n"
      "of commands and options, so it knows every command of this psctl.\n"},
+    {"export", "export --format safetensors|npz -o FILE [--vocab TABLE=N]...",
+     "the job's parameters as a safetensors or .npz file (for Keras, numpy, PyTorch)",
+     "Pulls the model from every shard (all must be up) and writes it to FILE: each dense\n"
+     "tensor by its name (conv1/kernel, float32, its declared shape; BatchNormalization's\n"
+     "moving statistics too), with the job's settings, the step and the state tensors'\n"
+     "names as metadata (safetensors' __metadata__; in an .npz the uint8 array\n"
+     "__metadata__, UTF-8 JSON). The file appears whole or not at all (written beside it,\n"
+     "then renamed). tessera.load_weights(FILE, keras_model) loads it into Keras.\n"
+     "  --format F       safetensors or npz (a zip of .npy files, stored; at most 4 GiB)\n"
+     "  -o, --output FILE   the file to write (for export, -o names the file)\n"
+     "  --vocab TABLE=N  export embedding table TABLE as a dense N x dim matrix of ids\n"
+     "                   0..N-1 (pulling creates rows not yet made); a model with tables\n"
+     "                   needs one per table: the shards cannot list a table's keys\n"
+     "Exit 0 when the file was written, 1 when a shard is down or a pull or the write\n"
+     "failed, 2 for a usage error.\n"},
     {"help", "help [COMMAND]", "this list, or one command's help", "Prints psctl's help, or COMMAND's.\n"},
 };
 

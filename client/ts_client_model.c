@@ -52,9 +52,10 @@ int ts_client_attach(ts_client_t *c, uint32_t shard, char *errmsg, size_t errlen
   }
   for (size_t i = 0; i < st->n_model; i++) {
     const Tessera__TensorDecl *d = st->model[i];
-    t[i] = (ts_client_tensor_t){.name = d->name, .shape = d->shape, .rank = d->n_shape,
-                                .init = (ts_client_init_t)d->init};
-    kinds[i] = d->kind == TESSERA__TENSOR_KIND__TENSOR_STATE ? TS_CLIENT_STATE : TS_CLIENT_TRAINABLE;
+    t[i] = (ts_client_tensor_t){
+        .name = d->name, .shape = d->shape, .rank = d->n_shape, .init = (ts_client_init_t)d->init};
+    kinds[i] =
+        d->kind == TESSERA__TENSOR_KIND__TENSOR_STATE ? TS_CLIENT_STATE : TS_CLIENT_TRAINABLE;
   }
   /* Only a table's name and width matter to a reader: the other settings are the
    * declaring worker's, and no Declare is sent from here. */

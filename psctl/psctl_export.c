@@ -19,8 +19,8 @@ int psctl_export_add_vocab(psctl_export_opts_t *o, const char *arg, char *errmsg
   const char *eq = strrchr(arg, '=');
   char *end = NULL;
   unsigned long long n = eq ? strtoull(eq + 1, &end, 10) : 0;
-  if (!eq || eq == arg || (size_t)(eq - arg) >= sizeof o->vocab[0].name || !end || *end ||
-      !eq[1] || eq[1] == '-' || n == 0 || n > PSCTL_EXPORT_MAX_VOCAB) {
+  if (!eq || eq == arg || (size_t)(eq - arg) >= sizeof o->vocab[0].name || !end || *end || !eq[1] ||
+      eq[1] == '-' || n == 0 || n > PSCTL_EXPORT_MAX_VOCAB) {
     ts_errmsg_printf(errmsg, errlen,
                      "--vocab takes TABLE=N (the table's ids 0..N-1 as a dense matrix, "
                      "1 <= N <= %u), not '%s'",
@@ -132,8 +132,8 @@ static int pull_tensors(ts_client_t *c, entries_t *es, uint64_t *step) {
       return TS_EXIT_FAILURE;
     }
     es->owned[es->n - 1] = dst[t];
-    *e = (psctl_weights_entry_t){.name = ts_client_tensor_name(c, t), .dtype = PSCTL_DT_F32,
-                                 .rank = rank, .data = dst[t]};
+    *e = (psctl_weights_entry_t){
+        .name = ts_client_tensor_name(c, t), .dtype = PSCTL_DT_F32, .rank = rank, .data = dst[t]};
     memcpy(e->shape, shape, rank * sizeof *shape);
   }
   ts_client_req_t req;
@@ -163,8 +163,11 @@ static int pull_table(ts_client_t *c, size_t t, uint64_t rows, entries_t *es) {
     return TS_EXIT_FAILURE;
   }
   es->owned[es->n - 1] = dst;
-  *e = (psctl_weights_entry_t){.name = ts_client_table_name(c, t), .dtype = PSCTL_DT_F32,
-                               .shape = {rows, dim}, .rank = 2, .data = dst};
+  *e = (psctl_weights_entry_t){.name = ts_client_table_name(c, t),
+                               .dtype = PSCTL_DT_F32,
+                               .shape = {rows, dim},
+                               .rank = 2,
+                               .data = dst};
   for (uint64_t k = 0; k < rows; k++) keys[k] = (int64_t)k;
   ts_client_req_t req;
   ts_client_req_init(&req, TS_CLIENT_SPARSE_PULL);

@@ -25,13 +25,18 @@ static const struct {
 };
 
 int psctl_weights_parse_format(const char *name, psctl_weights_format_t *out) {
-  if (name && strcmp(name, "safetensors") == 0) *out = PSCTL_WEIGHTS_SAFETENSORS;
-  else if (name && strcmp(name, "npz") == 0) *out = PSCTL_WEIGHTS_NPZ;
-  else return TS_EINVAL;
+  if (name && strcmp(name, "safetensors") == 0)
+    *out = PSCTL_WEIGHTS_SAFETENSORS;
+  else if (name && strcmp(name, "npz") == 0)
+    *out = PSCTL_WEIGHTS_NPZ;
+  else
+    return TS_EINVAL;
   return 0;
 }
 
-size_t psctl_dtype_size(psctl_dtype_t dtype) { return dtypes[dtype].size; }
+size_t psctl_dtype_size(psctl_dtype_t dtype) {
+  return dtypes[dtype].size;
+}
 
 static uint64_t entry_bytes(const psctl_weights_entry_t *e) {
   uint64_t n = dtypes[e->dtype].size;
@@ -189,8 +194,11 @@ static int write_npz(FILE *f, const psctl_weights_entry_t *e, size_t n, const ch
     psctl_weights_entry_t meta_e;
     const psctl_weights_entry_t *x = &e[i];
     if (i == n) { /* the metadata: its UTF-8 text as a uint8 array */
-      meta_e = (psctl_weights_entry_t){.name = "__metadata__", .dtype = PSCTL_DT_U8,
-                                       .shape = {strlen(metadata)}, .rank = 1, .data = metadata};
+      meta_e = (psctl_weights_entry_t){.name = "__metadata__",
+                                       .dtype = PSCTL_DT_U8,
+                                       .shape = {strlen(metadata)},
+                                       .rank = 1,
+                                       .data = metadata};
       x = &meta_e;
     }
     char hdr[PSCTL_WEIGHTS_MAX_RANK * 24 + 192];
@@ -249,8 +257,9 @@ static int write_npz(FILE *f, const psctl_weights_entry_t *e, size_t n, const ch
     off += 46 + nl;
   }
   if (rc == 0 && off > 0xffffffffu) {
-    ts_errmsg_printf(errmsg, errlen, "the .npz would pass 4 GiB (zip64 is not written): use "
-                                     "--format safetensors");
+    ts_errmsg_printf(errmsg, errlen,
+                     "the .npz would pass 4 GiB (zip64 is not written): use "
+                     "--format safetensors");
     rc = TS_ETOOBIG;
   }
   if (rc == 0) {

@@ -75,9 +75,8 @@ static void test_safetensors(void **state) {
   (void)state;
   char path[128], err[256] = "";
   snprintf(path, sizeof path, "%s/m.safetensors", dir);
-  assert_int_equal(psctl_weights_write(path, PSCTL_WEIGHTS_SAFETENSORS, entries, 2, meta, err,
-                                       sizeof err),
-                   0);
+  assert_int_equal(
+      psctl_weights_write(path, PSCTL_WEIGHTS_SAFETENSORS, entries, 2, meta, err, sizeof err), 0);
   size_t len;
   uint8_t *b = slurp(path, &len);
   uint64_t hl = rd(b, 8);
@@ -178,8 +177,8 @@ static void test_errors(void **state) {
   /* a file under a folder that does not exist */
   char missing[160];
   snprintf(missing, sizeof missing, "%s/no/such/m.safetensors", dir);
-  int rc = psctl_weights_write(missing, PSCTL_WEIGHTS_SAFETENSORS, entries, 2, meta, err,
-                               sizeof err);
+  int rc =
+      psctl_weights_write(missing, PSCTL_WEIGHTS_SAFETENSORS, entries, 2, meta, err, sizeof err);
   assert_true(rc < 0);
   assert_non_null(strstr(err, "cannot write"));
   assert_non_null(strstr(err, "No such file or directory"));
@@ -205,9 +204,9 @@ static void test_errors(void **state) {
   assert_int_equal(psctl_weights_write(path, PSCTL_WEIGHTS_SAFETENSORS, entries, 2,
                                        "{\"step\": 42}", err, sizeof err),
                    TS_EINVAL);
-  assert_int_equal(psctl_weights_write(path, PSCTL_WEIGHTS_SAFETENSORS, entries, 2, "[1]", err,
-                                       sizeof err),
-                   TS_EINVAL);
+  assert_int_equal(
+      psctl_weights_write(path, PSCTL_WEIGHTS_SAFETENSORS, entries, 2, "[1]", err, sizeof err),
+      TS_EINVAL);
   assert_dir_empty();
 }
 

@@ -5,8 +5,9 @@ scores the test accuracy the worker reported for the final parameters (to 1e-4: 
 extra and mis-shaped names, and psctl export's usage errors, an unwritable file and shards
 that are down.
 
-Skipped (with the reason printed by run_pytest.sh's -rs) where TensorFlow cannot be imported
-or Debian's dataset-fashion-mnist is missing. About 20 s on 2 cores.
+The Keras tests skip (with the reason printed by run_pytest.sh's -rs) where TensorFlow cannot
+be imported, the LeNet-5 ones where Debian's dataset-fashion-mnist is missing. About 40 s on
+2 cores, most of it importing TensorFlow.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import tessera
 from conftest import BUILD, ROOT
 from test_keras import _why
 
-pytestmark = pytest.mark.skipif(bool(_why), reason=_why or "-")
+needs_tf = pytest.mark.skipif(bool(_why), reason=_why or "-")
 
 DATA = Path("/usr/share/datasets/fashion-mnist")
 PSCTL = BUILD / "psctl" / "psctl"
@@ -76,6 +77,8 @@ def trained(tmp_path_factory):
     """A LeNet-5 job trained for STEPS steps by one ps-worker on 2 shards, still up:
     (cluster, the worker's final test accuracy)."""
     from conftest import Cluster
+    if not (DATA / "t10k-labels-idx1-ubyte.gz").exists():
+        pytest.skip(f"{DATA} missing (Debian's dataset-fashion-mnist)")
     c = Cluster(num_shards=2, num_workers=1, extra=_lenet5_job())
     try:
         w = subprocess.run([str(PS_WORKER), "-c", str(c.config), "--task", "0"],
@@ -91,6 +94,7 @@ def trained(tmp_path_factory):
         c.stop()
 
 
+@needs_tf
 @needs_data
 @pytest.mark.parametrize("fmt", ["safetensors", "npz"])
 def test_round_trip_lenet5(trained, tmp_path, fmt):
@@ -119,6 +123,7 @@ def test_round_trip_lenet5(trained, tmp_path, fmt):
     assert abs(acc - worker_acc) <= 1e-4 + 1e-9, (acc, worker_acc)
 
 
+@needs_tf
 @needs_data
 def test_load_weights_refuses_what_does_not_match(trained, tmp_path):
     import keras
@@ -189,3 +194,34 @@ def test_export_without_shards(cluster, tmp_path):
     c2 = cluster(num_shards=1)
     r = _psctl(c2.config, "export", "--format", "npz", "-o", str(tmp_path / "m.npz"))
     assert r.returncode == 1 and "holds no model" in r.stderr, r.stderr
+
+
+def test_export_tables_and_state(cluster, tmp_path):
+    """A model of a dense tensor, a state tensor and a table, trained a little through the
+    Python client: the export holds exactly what the shards hold, the table as a dense
+    matrix of ids 0..N-1 (--vocab), and names the state tensor in its metadata."""
+    c = cluster(2, 1, 'job = { mode = "async"; partition_bytes = 64; };\n'
+                      'optimizer = { name = "sgd"; learning_rate = 1.0; };\n')
+    with tessera.Client(c.config, timeout=10) as cl:
+        params = cl.declare({"w": (3, 7), "bn/moving_mean": tessera.Tensor((5,), "zeros",
+                                                                            kind="state")},
+                            tables={"emb": tessera.Table(4, init="uniform", init_scale=0.5,
+                                                         optimizer="sgd", learning_rate=1.0)})
+        cl.push({"w": np.arange(21, dtype=np.float32).reshape(3, 7) / 8})
+        cl.push_rows("emb", [0, 3, 5], np.ones((3, 4), np.float32))
+        cl.pull(params)
+        rows = cl.pull_rows("emb", np.arange(6))
+    r = _psctl(c.config, "export", "--format", "safetensors", "-o", str(tmp_path / "m"))
+    assert r.returncode == 2 and "table emb: give its vocabulary, --vocab emb=N" in r.stderr
+    assert not (tmp_path / "m").exists()
+    for fmt in ("safetensors", "npz"):
+        out = tmp_path / f"m.{fmt}"
+        r = _psctl(c.config, "export", "--format", fmt, "--vocab", "emb=6", "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        assert "exported 2 tensor(s), 1 table(s)" in r.stdout
+        arrays, meta = tessera.read_weights(out)
+        assert sorted(arrays) == ["bn/moving_mean", "emb", "w"]
+        np.testing.assert_array_equal(arrays["w"], params["w"])
+        np.testing.assert_array_equal(arrays["bn/moving_mean"], np.zeros(5, np.float32))
+        np.testing.assert_array_equal(arrays["emb"], rows)
+        assert json.loads(meta["tessera.state_tensors"]) == ["bn/moving_mean"]

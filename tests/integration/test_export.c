@@ -34,11 +34,7 @@ static const ts_client_kind_t kinds[NT] = {TS_CLIENT_TRAINABLE, TS_CLIENT_STATE}
 
 static ts_client_t *open_client(ts_cluster_t *c, bool admin) {
   ts_client_opts_t o;
-  tc_opts(&o, c->addrs, (size_t)c->num_shards);
-  o.admin = admin;
-  o.task = admin ? -1 : 0;
-  o.request_timeout_s = 10;
-  o.require_all = true;
+  tc_opts_role(&o, c->addrs, (size_t)c->num_shards, admin);
   ts_client_t *cl = NULL;
   assert_int_equal(tc_open(&cl, &o, NULL, 0, 0), 0);
   return cl;

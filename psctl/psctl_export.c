@@ -175,6 +175,7 @@ static int pull_table(ts_client_t *c, size_t t, uint64_t rows, entries_t *es) {
   req.keys = keys;
   req.num_keys = rows;
   req.rows_dst = dst;
+  req.sparse_flags = TS_CLIENT_ROWS_READ_ONLY; /* an export changes no table */
   req.timeout_s = EXPORT_TIMEOUT_S;
   int rc = ts_client_run(c, &req);
   ts_free(keys);

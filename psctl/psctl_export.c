@@ -189,7 +189,10 @@ static int pull_table(ts_client_t *c, size_t t, uint64_t rows, entries_t *es) {
 int psctl_export_run(ts_client_t *c, const ts_config_t *cfg, const psctl_export_opts_t *o) {
   char err[512];
   psctl_weights_format_t fmt;
-  psctl_weights_parse_format(o->format, &fmt);
+  if (psctl_weights_parse_format(o->format, &fmt) < 0) {
+    fprintf(stderr, "psctl: --format takes safetensors or npz, not '%s'\n", o->format);
+    return TS_EXIT_USAGE;
+  }
   if (ts_client_attach(c, 0, err, sizeof err) < 0) {
     fprintf(stderr, "psctl: export: %s\n", err);
     return TS_EXIT_FAILURE;

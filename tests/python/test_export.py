@@ -168,6 +168,10 @@ def test_export_errors(trained, tmp_path):
     r = _psctl(c.config, "export", "--format", "npz", "--vocab", "emb=10", "-o",
                str(tmp_path / "m"))
     assert r.returncode == 2 and "no table of that name" in r.stderr
+    r = _psctl(c.config, "export", "--format", "npz", "--shard", "0", "-o", str(tmp_path / "m"))
+    assert r.returncode == 2 and "export reads every shard" in r.stderr
+    r = _psctl(c.config, "export", "--format", "npz", "-w", "-o", str(tmp_path / "m"))
+    assert r.returncode == 2 and "export has no --watch" in r.stderr
     # an unwritable file: nothing left behind
     r = _psctl(c.config, "export", "--format", "npz", "-o", str(tmp_path / "no" / "m.npz"))
     assert r.returncode == 1 and "cannot write" in r.stderr and "No such file" in r.stderr

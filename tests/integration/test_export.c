@@ -43,9 +43,9 @@ static ts_client_t *open_client(ts_cluster_t *c, bool admin) {
 static char out[8192], err[8192];
 
 static int export(ts_cluster_t *c, const char *fmt, const char *path) {
-  const char *argv[] = {ts_psctl_path, "-c",    c->config, "export", "--format", fmt,
-                        "--vocab",     "emb=5", "-o",      path,     NULL};
-  return ts_run_capture(argv, out, sizeof out, err, sizeof err);
+  const char *args[] = {"-c",      c->config, "export", "--format", fmt,
+                        "--vocab", "emb=5",   "-o",     path,       NULL};
+  return ts_run_psctl(args, out, sizeof out, err, sizeof err);
 }
 
 static void test_attach_and_export(void **state) {

@@ -530,8 +530,26 @@ int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size
     return TS_EINVAL;
   }
   bool with_tables = opts->struct_size == sizeof *opts;
-  const ts_client_table_t *tables = with_tables ? opts->tables : NULL;
-  size_t num_tables = with_tables ? opts->num_tables : 0;
+  int rc = ts_cl_set_model(c, tensors, n, opts->kinds, with_tables ? opts->tables : NULL,
+                           with_tables ? opts->num_tables : 0, seed, opts->values_follow, errmsg,
+                           errlen);
+  if (rc < 0) return rc;
+  ts_cl_op_t op = {.kind = OP_DECLARE, .wait_ready = true};
+  rc = ts_cl_run_op(c, &op, errmsg, errlen);
+  opts->awaiting_values = rc == 0 && op.awaiting;
+  uv_mutex_lock(&c->mu);
+  if (rc == 0)
+    c->declared = true; /* from now on a reconnect re-declares */
+  else
+    ts_cl_free_model(c); /* refused: no plan, so requests fail with ENOTDECLARED */
+  uv_mutex_unlock(&c->mu);
+  return rc;
+}
+
+int ts_cl_set_model(ts_client_t *c, const ts_client_tensor_t *tensors, size_t n,
+                    const ts_client_kind_t *kinds, const ts_client_table_t *tables,
+                    size_t num_tables, uint64_t seed, bool values_follow, char *errmsg,
+                    size_t errlen) {
   if (n == 0 && num_tables == 0) {
     ts_errmsg_printf(errmsg, errlen, "a model needs at least one tensor or table");
     return TS_EINVAL;
@@ -563,7 +581,7 @@ int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size
   if (rc < 0) goto fail;
   rc = TS_ENOMEM;
   c->decl.seed = seed;
-  c->decl.values_follow = opts->values_follow;
+  c->decl.values_follow = values_follow;
   c->decl.n_tensors = n;
   c->decl.tensors = c->decl_p;
   for (size_t i = 0; i < n; i++) {
@@ -580,7 +598,7 @@ int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size
       elems[i] *= tensors[i].shape[k];
     }
     t->init = (Tessera__Init)tensors[i].init;
-    t->kind = opts->kinds && opts->kinds[i] == TS_CLIENT_STATE ? TESSERA__TENSOR_KIND__TENSOR_STATE
+    t->kind = kinds && kinds[i] == TS_CLIENT_STATE ? TESSERA__TENSOR_KIND__TENSOR_STATE
                                                                : TESSERA__TENSOR_KIND__TENSOR_TRAINABLE;
   }
   /* A model of tables alone has no partitions: an empty plan. */
@@ -603,17 +621,7 @@ int ts_client_declare_ex(ts_client_t *c, const ts_client_tensor_t *tensors, size
     c->shard_parts[s][c->shard_nparts[s]++] = k;
   }
   ts_free(elems);
-  elems = NULL;
-  ts_cl_op_t op = {.kind = OP_DECLARE, .wait_ready = true};
-  rc = ts_cl_run_op(c, &op, errmsg, errlen);
-  opts->awaiting_values = rc == 0 && op.awaiting;
-  uv_mutex_lock(&c->mu);
-  if (rc == 0)
-    c->declared = true; /* from now on a reconnect re-declares */
-  else
-    ts_cl_free_model(c); /* refused: no plan, so requests fail with ENOTDECLARED */
-  uv_mutex_unlock(&c->mu);
-  return rc;
+  return 0;
 fail:
   if (rc == TS_ENOMEM) ts_errmsg_printf(errmsg, errlen, "out of memory");
   ts_free(elems);

@@ -129,6 +129,7 @@ typedef struct ts_cl_op {
                                rows instead of partitions */
   bool checkpoint;          /* shutdown: final checkpoint */
   bool force;               /* model reset: close the worker connections first */
+  bool with_model;          /* status: ask for the declared model too (ts_client_attach) */
   int push_kind;            /* OP_PUSH: Tessera__PushKind (gradients, or values to assign) */
   bool awaiting;            /* declare: a shard's model waits for its initial values */
   uint32_t shard;
@@ -271,6 +272,14 @@ struct ts_client {
 
 /* ts_client.c */
 void ts_cl_free_model(ts_client_t *c);
+/* The model's Declare and partition plan from a tensor and table list (copied), as
+ * ts_client_declare_ex takes them, replacing any model the client had (`declared` is left
+ * false: the caller sends the Declare, or only reads, ts_client_attach). Returns 0,
+ * TS_EINVAL, TS_EUNAVAIL (no partition size yet) or TS_ENOMEM, errmsg saying why. */
+int ts_cl_set_model(ts_client_t *c, const ts_client_tensor_t *tensors, size_t n,
+                    const ts_client_kind_t *kinds, const ts_client_table_t *tables,
+                    size_t num_tables, uint64_t seed, bool values_follow, char *errmsg,
+                    size_t errlen);
 
 /* ts_client_link.c */
 extern const ts_conn_cbs_t ts_cl_link_cbs;

@@ -370,6 +370,7 @@ static void send_req(ts_cl_wreq_t *r) {
     case TS_MSG_STATUS: {
       Tessera__Status m = TESSERA__STATUS__INIT;
       m.request_id = r->id;
+      m.with_model = r->op && r->op->with_model;
       rc = ts_conn_send(conn, TS_MSG_STATUS, &m.base, NULL, 0, NULL, NULL);
       break;
     }

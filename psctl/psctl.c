@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "psctl_complete.h"
+#include "psctl_export.h"
 #include "psctl_fmt.h"
 #include "psctl_help.h"
 #include "psctl_json.h"
@@ -394,7 +395,16 @@ static void note_defaults(const ts_config_t *cfg, size_t nsets) {
             cfg->num_ps, list, from);
 }
 
-enum { OPT_SET = 256, OPT_TIMEOUT, OPT_SHARD, OPT_NO_CHECKPOINT, OPT_FORCE, OPT_INTERVAL };
+enum {
+  OPT_SET = 256,
+  OPT_TIMEOUT,
+  OPT_SHARD,
+  OPT_NO_CHECKPOINT,
+  OPT_FORCE,
+  OPT_INTERVAL,
+  OPT_FORMAT,
+  OPT_VOCAB
+};
 
 /* getopt's table: also what the shell completion and "did you mean" know of the options
  * (a command's own options are those its synopsis names, psctl_help.c). */
@@ -408,15 +418,33 @@ static const struct option longopts[] = {
     {"no-checkpoint", no_argument, NULL, OPT_NO_CHECKPOINT},
     {"force", no_argument, NULL, OPT_FORCE},
     {"shard", required_argument, NULL, OPT_SHARD},
+    {"format", required_argument, NULL, OPT_FORMAT},
+    {"vocab", required_argument, NULL, OPT_VOCAB},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0}};
 
 /* The values the completion offers for an option: file names for -c, the formats of -o. */
-static const psctl_value_hint_t value_hints[] = {{"config", NULL}, {"output", "table json"}};
+static const psctl_value_hint_t value_hints[] = {
+    {"config", NULL}, {"output", "table json"}, {"format", "safetensors npz"}};
 
 static const psctl_options_t options = {longopts, value_hints,
                                         sizeof value_hints / sizeof value_hints[0]};
+
+/* export: every shard holds part of the model, so all must answer. */
+static int export_report(cluster_view_t *v, const psctl_export_opts_t *xo) {
+  if (v->only_shard >= 0) {
+    fprintf(stderr, "psctl: export reads every shard: --shard does not apply\n");
+    return TS_EXIT_USAGE;
+  }
+  for (size_t s = 0; s < v->cfg.num_ps; s++)
+    if (!v->st[s]) {
+      fprintf(stderr, "psctl: export: shard %zu (%s) is down: %s\n", s, v->cfg.ps[s],
+              v->why[s] ? v->why[s] : "no answer");
+      return TS_EXIT_FAILURE;
+    }
+  return psctl_export_run(v->client, &v->cfg, xo);
+}
 
 /* psctl help [COMMAND], psctl [COMMAND] --help: on stdout, exit 0; an unknown command is a
  * usage error. */
@@ -443,6 +471,10 @@ int main(int argc, char **argv) {
   size_t nsets = 0;
   if (!sets) return TS_EXIT_FAILURE;
   bool final_checkpoint = true, force = false, help = false, watch = false;
+  /* export: -o names its file, not the output format: read once the command is known */
+  const char *o_arg = NULL;
+  psctl_export_opts_t xo = {0};
+  char xerr[256];
   int opt, rc = TS_EXIT_USAGE;
   /* Options anywhere on the line, as kubectl's and etcdctl's: `psctl status -o json` is
    * `psctl -o json status` (GNU getopt moves the command behind the options). Its own
@@ -461,12 +493,14 @@ int main(int argc, char **argv) {
         watch = true;
         break;
       case 'o':
-        if (strcmp(optarg, "json") == 0) {
-          out = OUT_JSON;
-        } else if (strcmp(optarg, "table") == 0) {
-          out = OUT_TABLE;
-        } else {
-          fprintf(stderr, "psctl: --output takes table or json, not '%s'\n", optarg);
+        o_arg = optarg;
+        break;
+      case OPT_FORMAT:
+        xo.format = optarg;
+        break;
+      case OPT_VOCAB:
+        if (psctl_export_add_vocab(&xo, optarg, xerr, sizeof xerr) < 0) {
+          fprintf(stderr, "psctl: %s\n", xerr);
           goto done;
         }
         break;
@@ -574,6 +608,22 @@ int main(int argc, char **argv) {
     rc = fflush(stdout) == 0 ? TS_EXIT_OK : TS_EXIT_FAILURE;
     goto done;
   }
+  bool export_cmd = strcmp(cmd, "export") == 0;
+  if (export_cmd) {
+    xo.path = o_arg;
+    if ((rc = psctl_export_check(&xo)) != TS_EXIT_OK) goto done;
+    rc = TS_EXIT_USAGE;
+  } else if (o_arg && strcmp(o_arg, "json") == 0) {
+    out = OUT_JSON;
+  } else if (o_arg && strcmp(o_arg, "table") != 0) {
+    fprintf(stderr, "psctl: --output takes table or json, not '%s'\n", o_arg);
+    goto done;
+  }
+  if (!export_cmd && (xo.format || xo.num_vocab)) {
+    fprintf(stderr, "psctl: %s has no --%s (see psctl %s --help)\n", cmd,
+            xo.format ? "format" : "vocab", cmd);
+    goto done;
+  }
   bool model_cmd = strcmp(cmd, "model") == 0;
   bool admin_cmd = strcmp(cmd, "checkpoint") == 0 || strcmp(cmd, "shutdown") == 0 || model_cmd;
   if (model_cmd && (optind + 1 >= argc || strcmp(argv[optind + 1], "reset") != 0)) {
@@ -635,7 +685,9 @@ int main(int argc, char **argv) {
   v.interval = watch ? 0 : interval; /* tables: two samples this far apart */
   colour = out == OUT_TABLE && use_colour();
   rc = gather(&v, timeout);
-  if (rc == 0 && watch)
+  if (rc == 0 && export_cmd)
+    rc = export_report(&v, &xo);
+  else if (rc == 0 && watch)
     rc = watch_report(&v, cmd, out, interval > 0 ? interval : 2.0);
   else if (rc == 0)
     rc = admin_cmd ? cmd_admin(&v, cmd, final_checkpoint, force, out) : cmd_report(&v, cmd, out);

@@ -90,6 +90,24 @@ static const psctl_command_t commands[] = {
      "or install it: psctl completion bash > /etc/bash_completion.d/psctl, or psctl\n"
      "completion zsh > _psctl in a directory of $fpath. It is made from psctl's own tables\n"
      "of commands and options, so it knows every command of this psctl.\n"},
+    /* --output=FILE, not -o FILE: an option a synopsis names is that command's own to the
+     * completion (psctl_complete.h), and -o stays every command's output option. */
+    {"export", "export --format F --output=FILE [--vocab TABLE=N]...",
+     "the job's parameters as a safetensors or .npz file (for Keras, numpy, PyTorch)",
+     "Pulls the model from every shard (all must be up) and writes it to FILE: each dense\n"
+     "tensor by its name (conv1/kernel, float32, its declared shape; BatchNormalization's\n"
+     "moving statistics too), with the job's settings, the step and the state tensors'\n"
+     "names as metadata (safetensors' __metadata__; in an .npz the uint8 array\n"
+     "__metadata__, UTF-8 JSON). The file appears whole or not at all (written beside it,\n"
+     "then renamed). tessera.load_weights(FILE, keras_model) loads it into Keras.\n"
+     "  --format F       safetensors or npz (a zip of .npy files, stored; at most 4 GiB)\n"
+     "  -o, --output FILE  the file to write (for export, -o names a file, not a format)\n"
+     "  --vocab TABLE=N  export embedding table TABLE as a dense N x dim matrix of ids\n"
+     "                   0..N-1 (read-only: an id with no row gets its initial row); a\n"
+     "                   model with tables needs one per table: the shards cannot list a\n"
+     "                   table's keys\n"
+     "Exit 0 when the file was written, 1 when a shard is down or a pull or the write\n"
+     "failed, 2 for a usage error.\n"},
     {"help", "help [COMMAND]", "this list, or one command's help", "Prints psctl's help, or COMMAND's.\n"},
 };
 

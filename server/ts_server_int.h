@@ -438,6 +438,8 @@ typedef struct {
   Tessera__TableStatus *ts; /* one per table */
   Tessera__TableStatus **tp;
   uint64_t *hot; /* TS_STABLE_HOT_KEYS per table: the tables' hottest keys */
+  Tessera__TensorDecl *md; /* Status.with_model: one per declared tensor */
+  Tessera__TensorDecl **mdp;
 } ts_shard_status_msg_t;
 
 /* Fill *sm with the shard's state now. Returns 0 or TS_ENOMEM; release it in both cases. */

@@ -18,6 +18,33 @@ void ts_shard_status_release(ts_shard_status_msg_t *sm) {
   ts_free(sm->ts);
   ts_free(sm->tp);
   ts_free(sm->hot);
+  ts_free(sm->md);
+  ts_free(sm->mdp);
+}
+
+/* Status.with_model: the declared tensors (names and shapes point into the store). */
+static int build_model(ts_server_t *srv, ts_shard_status_msg_t *sm) {
+  ts_store_t *st = &srv->store;
+  uint32_t n = st->declared ? st->num_tensors : 0;
+  sm->r.model_seed = st->declared ? st->seed : 0;
+  if (n == 0) return 0;
+  sm->md = ts_calloc(n, sizeof *sm->md);
+  sm->mdp = ts_calloc(n, sizeof *sm->mdp);
+  if (!sm->md || !sm->mdp) return TS_ENOMEM;
+  for (uint32_t i = 0; i < n; i++) {
+    ts_tensor_t *t = &st->tensors[i];
+    Tessera__TensorDecl *d = &sm->md[i];
+    tessera__tensor_decl__init(d);
+    d->name = t->name;
+    d->shape = t->shape;
+    d->n_shape = t->rank;
+    d->init = (Tessera__Init)t->init;
+    d->kind = t->state ? TESSERA__TENSOR_KIND__TENSOR_STATE : TESSERA__TENSOR_KIND__TENSOR_TRAINABLE;
+    sm->mdp[i] = d;
+  }
+  sm->r.n_model = n;
+  sm->r.model = sm->mdp;
+  return 0;
 }
 
 /* The tables' part of a ShardStatus (names point into the store). */
@@ -129,7 +156,7 @@ int ts_shard_status_build(ts_server_t *srv, ts_shard_status_msg_t *sm) {
 
 void ts_shard_status_handle(ts_session_t *s, Tessera__Status *m) {
   ts_shard_status_msg_t sm;
-  if (ts_shard_status_build(s->srv, &sm) < 0) {
+  if (ts_shard_status_build(s->srv, &sm) < 0 || (m->with_model && build_model(s->srv, &sm) < 0)) {
     ts_session_reply_error(s, TS_MSG_STATUS, m->request_id, TS_ENOMEM, "out of memory");
   } else {
     sm.r.request_id = m->request_id;

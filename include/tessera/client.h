@@ -390,6 +390,25 @@ TS_CLIENT_API int ts_client_part(const ts_client_t *c, size_t k, ts_client_part_
 TS_CLIENT_API size_t ts_client_num_tables(const ts_client_t *c);
 TS_CLIENT_API uint32_t ts_client_table_dim(const ts_client_t *c, size_t t);
 
+/* Declared tensor t's name and shape (rank returned, *shape (may be NULL) pointing into the
+ * client, valid until the model changes or the client is closed; NULL and 0 out of range),
+ * its kind, and table t's name (NULL out of range). */
+TS_CLIENT_API const char *ts_client_tensor_name(const ts_client_t *c, size_t t);
+TS_CLIENT_API size_t ts_client_tensor_shape(const ts_client_t *c, size_t t,
+                                            const uint64_t **shape);
+TS_CLIENT_API ts_client_kind_t ts_client_tensor_kind(const ts_client_t *c, size_t t);
+TS_CLIENT_API const char *ts_client_table_name(const ts_client_t *c, size_t t);
+
+/* Read the model the shards hold without declaring it (an admin client may not declare;
+ * psctl export): ask shard `shard` for its declared tensors and tables and plan them as a
+ * declare of that list would, replacing any model this client had. Then the functions
+ * above enumerate it and PULL and SPARSE_PULL requests read it; nothing is re-declared when
+ * a shard reconnects. Returns 0; TS_CLIENT_ENOTDECLARED when the shard holds no model;
+ * TS_CLIENT_EUNAVAIL when it has no ready connection; TS_CLIENT_EINVAL for a shard out of
+ * range or a call on the client thread; TS_CLIENT_ENOMEM. Not concurrently with requests in
+ * flight. */
+TS_CLIENT_API int ts_client_attach(ts_client_t *c, uint32_t shard, char *errmsg, size_t errlen);
+
 /* --- requests ----------------------------------------------------------------------- */
 
 typedef enum {

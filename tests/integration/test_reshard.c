@@ -50,12 +50,8 @@ static const char *job(char *buf, size_t n, const char *dir, uint64_t partition_
 
 static ts_client_t *open_client(ts_cluster_t *c, bool admin) {
   ts_client_opts_t o;
-  tc_opts(&o, c->addrs, (size_t)c->num_shards);
-  o.admin = admin;
-  o.task = admin ? -1 : 0;
+  tc_opts_role(&o, c->addrs, (size_t)c->num_shards, admin);
   o.connect_timeout_s = 5;
-  o.request_timeout_s = 10;
-  o.require_all = true;
   ts_client_t *cl = NULL;
   assert_int_equal(tc_open(&cl, &o, admin ? NULL : model, 2, 7), 0);
   return cl;

@@ -84,6 +84,14 @@ void tc_opts(ts_client_opts_t *o, const char *const *addrs, size_t num_shards) {
   o->log_level = TS_CLIENT_LOG_DEBUG;
 }
 
+void tc_opts_role(ts_client_opts_t *o, const char *const *addrs, size_t num_shards, bool admin) {
+  tc_opts(o, addrs, num_shards);
+  o->admin = admin;
+  o->task = admin ? -1 : 0;
+  o->request_timeout_s = 10;
+  o->require_all = true;
+}
+
 int tc_open(ts_client_t **cl, const ts_client_opts_t *o, const ts_client_tensor_t *model,
             size_t n, uint64_t seed) {
   char err[512];

@@ -43,6 +43,10 @@ size_t tc_shard_parts(const ts_client_t *c, uint32_t s);
 /* Shard options with struct_size set and the client's logs sent to ts_log. */
 void tc_opts(ts_client_opts_t *o, const char *const *addrs, size_t num_shards);
 
+/* tc_opts for an admin client, or worker task 0, that needs every shard (require_all) and
+ * waits 10 s for a request. */
+void tc_opts_role(ts_client_opts_t *o, const char *const *addrs, size_t num_shards, bool admin);
+
 /* Open a client with options o into *cl and, when model is not NULL, declare its n tensors
  * with seed. Returns 0, or the negative code after saying on stderr which step failed and
  * why (*cl may then hold an open client, the caller's to close). */

@@ -15,6 +15,7 @@ DOCUMENTED = [
     tessera.Client.push, tessera.Client.push_pull, tessera.load_job, tk.Optimizer,
     tk.optimizer, tk.ProgressCallback, tessera.Table, tessera.Client.pull_rows,
     tessera.Client.push_rows, tessera.Client.push_pull_rows, tk.Embedding,
+    tessera.load_weights, tessera.read_weights,
 ]
 
 
@@ -43,7 +44,8 @@ def test_numpydoc_parameters(obj):
                                 tessera.Client.pull, tessera.Client.push,
                                 tessera.Client.push_pull, tessera.load_job, tk.optimizer,
                                 tessera.Client.pull_rows, tessera.Client.push_rows,
-                                tessera.Client.push_pull_rows],
+                                tessera.Client.push_pull_rows, tessera.load_weights,
+                                tessera.read_weights],
                          ids=lambda o: o.__qualname__)
 def test_numpydoc_returns(fn):
     assert _section(inspect.getdoc(fn) or "", "Returns"), f"{fn.__qualname__}: no Returns"

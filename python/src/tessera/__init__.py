@@ -36,6 +36,7 @@ from ._errors import (
 from ._job import Job, load_job
 from .client import Client, PushResult, Request, ShardStatus, Tensor, WorkerStatus
 from .tables import RowsPushResult, Table
+from .weights import load_weights, read_weights
 
 #: The version of the C library compiled into the extension ("MAJOR.MINOR.PATCH").
 __version__: str = _client.version
@@ -46,5 +47,5 @@ __all__ = [
     "PermissionDenied", "ProtocolError", "PushResult", "Request", "RowsPushResult",
     "ShapeError", "ShardStatus", "StaleGradient", "Table", "Tensor", "TesseraError",
     "Unavailable", "UnknownTable", "UnknownTensor",
-    "WorkerStatus", "error_class", "load_job", "__version__",
+    "WorkerStatus", "error_class", "load_job", "load_weights", "read_weights", "__version__",
 ]

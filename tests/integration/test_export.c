@@ -1,0 +1,139 @@
+/*
+ * Reading a model without declaring it (ts_client_attach) and psctl export, on real
+ * shards: an admin client learns the declared tensors (names, shapes, kinds) and tables from
+ * a shard's status and pulls exactly what a worker pulls; psctl export writes them, and the
+ * safetensors file's bytes are the pulled values. Before any declare both say that no model
+ * is held. (tests/python/test_export.py loads such files into Keras.)
+ */
+#include <cjson/cJSON.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "calls.h"
+#include "harness.h"
+
+/* Small partitions: each tensor spreads over both shards. */
+static const char job[] =
+    "job = { mode = \"async\"; partition_bytes = 256; };\n"
+    "optimizer = { name = \"sgd\"; learning_rate = 1.0; };\n";
+
+#define NT 2
+static const uint64_t shape0[] = {12, 10}, shape1[] = {7};
+static const ts_client_tensor_t model[NT] = {
+    {.name = "fc1/kernel", .shape = shape0, .rank = 2, .init = TS_CLIENT_INIT_GLOROT_UNIFORM},
+    {.name = "bn/moving_mean", .shape = shape1, .rank = 1, .init = TS_CLIENT_INIT_ONES},
+};
+static const ts_client_kind_t kinds[NT] = {TS_CLIENT_TRAINABLE, TS_CLIENT_STATE};
+
+static ts_client_t *open_client(ts_cluster_t *c, bool admin) {
+  ts_client_opts_t o;
+  tc_opts_role(&o, c->addrs, (size_t)c->num_shards, admin);
+  ts_client_t *cl = NULL;
+  assert_int_equal(tc_open(&cl, &o, NULL, 0, 0), 0);
+  return cl;
+}
+
+static char out[8192], err[8192];
+
+static int export(ts_cluster_t *c, const char *fmt, const char *path) {
+  const char *args[] = {"-c",      c->config, "export", "--format", fmt,
+                        "--vocab", "emb=5",   "-o",     path,       NULL};
+  return ts_run_psctl(args, out, sizeof out, err, sizeof err);
+}
+
+static void test_attach_and_export(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 1, job), 0);
+  char e[512], path[600];
+  snprintf(path, sizeof path, "%s/m.safetensors", c.dir);
+
+  /* nothing declared yet */
+  ts_client_t *admin = open_client(&c, true);
+  assert_int_equal(ts_client_attach(admin, 0, e, sizeof e), TS_CLIENT_ENOTDECLARED);
+  assert_non_null(strstr(e, "holds no model"));
+  assert_int_equal(export(&c, "safetensors", path), 1);
+  assert_non_null(strstr(err, "holds no model"));
+
+  /* a worker declares and trains a little */
+  ts_client_t *w = open_client(&c, false);
+  ts_client_table_t tb = {.name = "emb",
+                          .dim = 3,
+                          .init = TS_CLIENT_ROW_UNIFORM,
+                          .init_param = 0.5,
+                          .optimizer = TS_CLIENT_ROWOPT_SGD};
+  ts_client_declare_opts_t d;
+  ts_client_declare_opts_init(&d);
+  d.seed = 9;
+  d.kinds = kinds;
+  d.tables = &tb;
+  d.num_tables = 1;
+  if (ts_client_declare_ex(w, model, NT, &d, e, sizeof e) < 0) fail_msg("declare: %s", e);
+  float g0[120], g1[7] = {0}, want0[120], want1[7];
+  for (int i = 0; i < 120; i++) g0[i] = (float)(i % 9) / 8.0f;
+  const float *grad[NT] = {g0, g1};
+  assert_int_equal(tc_push(w, grad, 0, NULL, NULL, 0), 0);
+  float *wdst[NT] = {want0, want1};
+  assert_int_equal(tc_pull(w, wdst, 0, 0, NULL, NULL, 0), 0);
+
+  /* the admin client plans the same model and pulls the same values */
+  assert_int_equal(ts_client_attach(admin, 1, e, sizeof e), 0);
+  assert_int_equal(ts_client_num_tensors(admin), NT);
+  assert_int_equal(ts_client_num_parts(admin), ts_client_num_parts(w));
+  for (size_t t = 0; t < NT; t++) {
+    const uint64_t *shape;
+    assert_string_equal(ts_client_tensor_name(admin, t), model[t].name);
+    assert_int_equal(ts_client_tensor_shape(admin, t, &shape), model[t].rank);
+    assert_memory_equal(shape, model[t].shape, model[t].rank * sizeof *shape);
+    assert_int_equal(ts_client_tensor_kind(admin, t), kinds[t]);
+  }
+  assert_null(ts_client_tensor_name(admin, NT));
+  assert_int_equal(ts_client_num_tables(admin), 1);
+  assert_string_equal(ts_client_table_name(admin, 0), "emb");
+  assert_int_equal(ts_client_table_dim(admin, 0), 3);
+  float got0[120], got1[7];
+  float *adst[NT] = {got0, got1};
+  assert_int_equal(tc_pull(admin, adst, 0, 0, NULL, NULL, 0), 0);
+  assert_memory_equal(got0, want0, sizeof got0);
+  assert_memory_equal(got1, want1, sizeof got1);
+
+  /* psctl export: the file's bytes are the pulled values */
+  assert_int_equal(export(&c, "safetensors", path), 0);
+  assert_non_null(strstr(out, "exported 2 tensor(s), 1 table(s)"));
+  char *file = ts_read_file(path);
+  assert_non_null(file);
+  uint64_t hl = 0;
+  for (int k = 7; k >= 0; k--) hl = hl << 8 | (uint8_t)file[k];
+  cJSON *h = cJSON_ParseWithLength(file + 8, (size_t)hl);
+  assert_non_null(h);
+  cJSON *k = cJSON_GetObjectItem(h, "fc1/kernel");
+  size_t lo = (size_t)cJSON_GetArrayItem(cJSON_GetObjectItem(k, "data_offsets"), 0)->valuedouble;
+  assert_memory_equal(file + 8 + hl + lo, want0, sizeof want0);
+  cJSON *emb = cJSON_GetObjectItem(h, "emb");
+  assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(emb, "shape"), 0)->valuedouble, 5);
+  cJSON *meta = cJSON_GetObjectItem(h, "__metadata__");
+  assert_string_equal(cJSON_GetObjectItem(meta, "tessera.state_tensors")->valuestring,
+                      "[\"bn/moving_mean\"]");
+  cJSON_Delete(h);
+  free(file);
+  snprintf(path, sizeof path, "%s/m.npz", c.dir);
+  assert_int_equal(export(&c, "npz", path), 0);
+
+  ts_client_close(w);
+  ts_client_close(admin);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_attach_and_export),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

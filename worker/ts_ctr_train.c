@@ -85,10 +85,10 @@ static int run_all(const ts_ctr_trainer_t *t, step_reqs_t *q, bool dense, char *
   return first;
 }
 
-/* Every table's request of kind for the batch's keys: rows into rows (a pull) or
- * gradients from row_grads (a push). */
+/* Every table's request of kind for the batch's keys: rows into rows (a pull; read_only:
+ * making no rows, as evaluation must) or gradients from row_grads (a push). */
 static void table_reqs(ts_ctr_t *m, step_reqs_t *q, ts_client_req_kind_t kind, size_t batch,
-                       uint64_t step, uint64_t min_version, uint64_t clock) {
+                       uint64_t step, uint64_t min_version, uint64_t clock, bool read_only) {
   for (size_t i = 0; i < m->num_tables; i++) {
     ts_client_req_t *r = &q->table[i];
     ts_client_req_init(r, kind);
@@ -100,12 +100,15 @@ static void table_reqs(ts_ctr_t *m, step_reqs_t *q, ts_client_req_kind_t kind, s
     r->step = step;
     r->min_version = min_version;
     r->clock = clock;
+    r->sparse_flags = read_only ? TS_CLIENT_ROWS_READ_ONLY : 0;
   }
 }
 
-/* Pull the batch's rows of every table and (dense) the dense layers. */
+/* Pull the batch's rows of every table (read_only: evaluation's, making no rows) and
+ * (dense) the dense layers. */
 static int pull(const ts_ctr_trainer_t *t, step_reqs_t *q, float *params, size_t batch,
-                uint64_t min_version, uint64_t clock, bool dense, char *errmsg, size_t errlen) {
+                uint64_t min_version, uint64_t clock, bool dense, bool read_only, char *errmsg,
+                size_t errlen) {
   ts_ctr_t *m = t->model;
   const ts_layers_t *d = &m->net.desc;
   ts_client_req_init(&q->dense, TS_CLIENT_PULL);
@@ -113,7 +116,7 @@ static int pull(const ts_ctr_trainer_t *t, step_reqs_t *q, float *params, size_t
   q->dense.dst = q->dst;
   q->dense.min_version = min_version;
   q->dense.clock = clock;
-  table_reqs(m, q, TS_CLIENT_SPARSE_PULL, batch, 0, min_version, clock);
+  table_reqs(m, q, TS_CLIENT_SPARSE_PULL, batch, 0, min_version, clock, read_only);
   int rc = run_all(t, q, dense, errmsg, errlen);
   if (rc == 0 && dense) rc = ts_seq_set_params(&m->net, 0, params, d->param_count);
   return rc;
@@ -129,7 +132,7 @@ static int push(const ts_ctr_trainer_t *t, step_reqs_t *q, float *grads, size_t 
   for (size_t i = 0; i < d->num_tensors; i++) q->grad[i] = grads + d->tensors[i].offset;
   q->dense.grad = q->grad;
   q->dense.step = step;
-  table_reqs(m, q, TS_CLIENT_SPARSE_PUSH, batch, step, 0, step);
+  table_reqs(m, q, TS_CLIENT_SPARSE_PUSH, batch, step, 0, step, false);
   rc = run_all(t, q, true, errmsg, errlen);
   *stale = q->dense.stale;
   for (size_t i = 0; i < m->num_tables; i++) *stale += q->table[i].stale;
@@ -175,7 +178,7 @@ static int evaluate(const ts_ctr_trainer_t *t, step_reqs_t *q, float *params, ts
     ts_ctr_keys(m, rows, b);
     /* The first pull waits for the step every worker's last push closed (sync). */
     rc = pull(t, q, params, b, first && sync ? TS_CLIENT_VERSION_NEXT : 0, res->steps, first,
-              errmsg, errlen);
+              true, errmsg, errlen);
     first = false;
     float l = 0.0f;
     if (rc == 0) rc = ts_ctr_step(m, b, false, &l, p);
@@ -254,7 +257,8 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
     ts_ctr_keys(m, rows, B);
     double ts0 = now_s();
     activity(t, "pulling the batch's rows and the dense layers");
-    rc = pull(t, q, params, B, sync ? TS_CLIENT_VERSION_NEXT : 0, k, true, errmsg, errlen);
+    rc = pull(t, q, params, B, sync ? TS_CLIENT_VERSION_NEXT : 0, k, true, false, errmsg,
+              errlen);
     if (rc < 0) {
       if (*t->stop) break;
       ts_errmsg_wrapf(errmsg, errlen, "pull at step %llu", (unsigned long long)k);

@@ -15,6 +15,7 @@
 #include "ts_config_job.h"
 #include "ts_err.h"
 #include "ts_log.h"
+#include "ts_text.h"
 
 /* --- replies ----------------------------------------------------------------------- */
 
@@ -112,7 +113,8 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
       w->progress = m->epoch_progress;
       w->reported = w->step_known = true;
     }
-    if (m->device && *m->device) snprintf(w->device, sizeof w->device, "%s", m->device);
+    /* Stored clean: psctl, /status and logs print it (base/ts_text.h). */
+    if (m->device && *m->device) ts_text_clean(m->device, w->device, sizeof w->device);
     if (m->done && ts_barrier_done(&srv->barrier, s->task)) {
       ts_log_info("worker %d finished at step %llu", s->task, (unsigned long long)m->step);
       ts_sync_check_barriers(srv, false);
@@ -284,7 +286,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
   if (s->role == TESSERA__ROLE__ROLE_WORKER) {
     ts_worker_info_t *w = &srv->workers[s->task];
     bool first = ts_barrier_join(&srv->barrier, s->task, ts_server_now_ms(srv));
-    snprintf(w->identity, sizeof w->identity, "%s", m->identity ? m->identity : "");
+    ts_text_clean(m->identity, w->identity, sizeof w->identity);
     ts_sync_worker_seen(srv, s->task);
     ts_log_info("worker %d %s from %s (%s)", s->task, first ? "joined" : "reconnected",
                 s->conn.peer, w->identity);

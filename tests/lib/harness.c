@@ -27,6 +27,7 @@
 const char *ts_ps_server_path = TS_PS_SERVER;
 const char *ts_psctl_path = TS_PSCTL;
 const char *ts_ps_worker_path = TS_PS_WORKER;
+const char *ts_fake_shard_path = TS_FAKE_SHARD;
 
 /* Ports come from 15000-29999, below Linux's ephemeral range (32768-60999) where the
  * kernel picks the local ports of outgoing connections, so a client's connection cannot

@@ -140,5 +140,7 @@ int ts_http_get(int port, const char *path, char *body, size_t n, char *ctype, s
 extern const char *ts_ps_server_path;
 extern const char *ts_psctl_path;
 extern const char *ts_ps_worker_path;
+/* tests/lib/fake_shard.c: a hostile peer on a shard's address (its header comment). */
+extern const char *ts_fake_shard_path;
 
 #endif

@@ -36,12 +36,37 @@ int ts_session_reply(ts_session_t *s, uint16_t type, const ProtobufCMessage *msg
   return rc;
 }
 
+#define LOG_BURST 20.0
+#define LOG_PER_S 2.0
+
+static void log_suppressed(ts_session_t *s) {
+  if (!s->log_suppressed) return;
+  ts_log_notice("%s: suppressed %llu log lines about this peer (%g at once, then %g a second)",
+                s->conn.peer, (unsigned long long)s->log_suppressed, LOG_BURST, LOG_PER_S);
+  s->log_suppressed = 0;
+}
+
+bool ts_session_log_allowed(ts_session_t *s) {
+  uint64_t now = ts_server_now_ms(s->srv);
+  if (!s->log_refill_ms) s->log_tokens = LOG_BURST;
+  else s->log_tokens += (double)(now - s->log_refill_ms) / 1000.0 * LOG_PER_S;
+  if (s->log_tokens > LOG_BURST) s->log_tokens = LOG_BURST;
+  s->log_refill_ms = now ? now : 1;
+  if (s->log_tokens < 1.0) {
+    s->log_suppressed++;
+    return false;
+  }
+  s->log_tokens -= 1.0;
+  log_suppressed(s);
+  return true;
+}
+
 void ts_session_reply_error(ts_session_t *s, uint16_t req_type, uint64_t request_id, int code,
                             const char *detail) {
   s->srv->errors++;
   ts_metrics_refused(&s->srv->metrics, ts_metrics_req_of(req_type), code);
-  ts_log_info("%s: request %llu refused: %s: %s", s->conn.peer, (unsigned long long)request_id,
-              ts_err_name(code), detail);
+  ts_session_log(s, TS_LOG_INFO, "%s: request %llu refused: %s: %s", s->conn.peer,
+                 (unsigned long long)request_id, ts_err_name(code), detail);
   int rc = ts_conn_send_error(&s->conn, request_id, code, detail);
   if (rc < 0) ts_session_reply_failed(s, TS_MSG_ERROR, rc);
   ts_replyq_enforce(s->srv);
@@ -390,6 +415,7 @@ static bool is_protocol_violation(int err) {
 static void on_session_close(ts_conn_t *c, int err) {
   ts_session_t *s = c->data;
   ts_server_t *srv = s->srv;
+  log_suppressed(s);
   if (is_protocol_violation(err)) {
     srv->rejected_frames++;
     ts_metrics_rejected(&srv->metrics, err);

@@ -327,6 +327,14 @@ int ts_cluster_stop(ts_cluster_t *c) {
   return c->bad_exits;
 }
 
+void ts_asan_small_quarantine(void) {
+  const char *asan = getenv("ASAN_OPTIONS");
+  char opts[1024];
+  snprintf(opts, sizeof opts, "%s%squarantine_size_mb=4:thread_local_quarantine_size_kb=64",
+           asan ? asan : "", asan && *asan ? ":" : "");
+  setenv("ASAN_OPTIONS", opts, 1);
+}
+
 long ts_proc_rss_kib(pid_t pid) {
   char path[64], line[256];
   snprintf(path, sizeof path, "/proc/%d/status", (int)pid);

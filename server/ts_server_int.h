@@ -313,13 +313,13 @@ bool ts_session_admin_allowed(ts_session_t *s, uint16_t type, uint64_t request_i
 void ts_session_reply_failed(ts_session_t *s, uint16_t type, int rc);
 
 /* Whether a log line this peer causes may be written: a burst of 20, then 2 a second, per
- * connection, so that a peer repeating a refused request cannot flood the log. A line
+ * connection (ts_session_log asks only for the levels the log writes), so that a peer repeating a refused request cannot flood the log. A line
  * allowed after some were dropped is preceded by "suppressed N log lines about this peer";
  * the connection's close says how many were dropped since. */
 bool ts_session_log_allowed(ts_session_t *s);
-#define ts_session_log(s, level, ...)                         \
-  do {                                                        \
-    if (ts_session_log_allowed(s)) ts_log(level, __VA_ARGS__); \
+#define ts_session_log(s, level, ...)                                                  \
+  do {                                                                                 \
+    if (ts_log_enabled(level) && ts_session_log_allowed(s)) ts_log(level, __VA_ARGS__); \
   } while (0)
 
 /* Queue a reply frame (no payload). When it cannot be queued the connection is closed, for

@@ -107,6 +107,7 @@ static void serve(int fd, bool handshake_error) {
       send_status(fd, id);
     } else {
       send_error(fd, id);
+      if (type == TS_MSG_HANDSHAKE) break; /* as a shard closes after refusing a handshake */
     }
   }
 }

@@ -1,5 +1,7 @@
 #include "ts_log.h"
 
+#include "ts_text.h"
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -33,54 +35,8 @@ static const char *const level_names[] = {
     [TS_LOG_NOTICE] = "notice", [TS_LOG_INFO] = "info", [TS_LOG_DEBUG] = "debug",
 };
 
-/* Length of the valid UTF-8 sequence at s (1-4), or 0 when s does not start one (a stray
- * continuation byte, an overlong form, a surrogate, a value past U+10FFFF, a cut sequence). */
-static size_t utf8_len(const unsigned char *s) {
-  unsigned char c = s[0];
-  size_t n;
-  uint32_t min, v;
-  if (c < 0x80) return 1;
-  if (c >= 0xc2 && c <= 0xdf) n = 2, min = 0x80, v = c & 0x1f;
-  else if (c >= 0xe0 && c <= 0xef) n = 3, min = 0x800, v = c & 0x0f;
-  else if (c >= 0xf0 && c <= 0xf4) n = 4, min = 0x10000, v = c & 0x07;
-  else return 0;
-  for (size_t i = 1; i < n; i++) {
-    if ((s[i] & 0xc0) != 0x80) return 0; /* also stops at the NUL */
-    v = (v << 6) | (s[i] & 0x3f);
-  }
-  if (v < min || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff)) return 0;
-  return n;
-}
-
 size_t ts_log_escape(const char *in, char *out, size_t outlen) {
-  if (outlen == 0) return 0;
-  static const char hex[] = "0123456789abcdef";
-  const unsigned char *s = (const unsigned char *)in;
-  size_t o = 0;
-  while (*s) {
-    size_t n = utf8_len(s);
-    char esc[4];
-    const char *piece = (const char *)s;
-    size_t plen = n;
-    if (n == 1 && (*s < 0x20 || *s == 0x7f || *s == '\\')) n = 0;
-    if (n == 0) {
-      if (*s == '\\') {
-        esc[0] = esc[1] = '\\';
-        plen = 2;
-      } else {
-        esc[0] = '\\', esc[1] = 'x', esc[2] = hex[*s >> 4], esc[3] = hex[*s & 15];
-        plen = 4;
-      }
-      piece = esc;
-      n = 1;
-    }
-    if (o + plen >= outlen) break;
-    memcpy(out + o, piece, plen);
-    o += plen;
-    s += n;
-  }
-  out[o] = '\0';
-  return o;
+  return ts_text_escape(in, out, outlen, true);
 }
 
 bool ts_log_parse_level(const char *s, ts_log_level_t *out) {

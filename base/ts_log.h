@@ -32,7 +32,8 @@ void ts_log_init(const char *name, ts_log_level_t level);
 
 /* Copy in to out (outlen bytes, always NUL-terminated when outlen > 0) with every byte that
  * could break a log line written as \xNN: control characters (newline, carriage return,
- * ESC ...), DEL, and bytes that are not part of valid UTF-8; a backslash becomes \\.
+ * ESC ...), DEL, C1 controls, and bytes that are not part of valid UTF-8; a backslash
+ * becomes \\ (ts_text_escape).
  * Valid UTF-8 text passes unchanged. Returns the length written (truncated at a whole
  * escape). */
 size_t ts_log_escape(const char *in, char *out, size_t outlen);

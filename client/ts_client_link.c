@@ -12,6 +12,7 @@
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_msg.h"
+#include "ts_text.h"
 
 static uint64_t loop_now(ts_client_t *c) { return uv_now(&c->loop); }
 
@@ -37,8 +38,10 @@ static void set_fatal(ts_cl_shard_t *sh, int code) {
 }
 
 void ts_cl_note_why(ts_cl_shard_t *sh, const char *prefix, const char *detail) {
+  char why[sizeof sh->why];
+  snprintf(why, sizeof why, "%s%.200s", prefix, detail);
   uv_mutex_lock(&sh->cl->mu);
-  snprintf(sh->why, sizeof sh->why, "%s%.200s", prefix, detail);
+  ts_text_clean(why, sh->why, sizeof sh->why);
   sh->tried = true;
   uv_cond_broadcast(&sh->cl->cv);
   uv_mutex_unlock(&sh->cl->mu);
@@ -244,6 +247,26 @@ static void handle_handshake_reply(ts_cl_shard_t *sh, const Tessera__HandshakeRe
   became_ready(sh);
 }
 
+/* A shard's Error as this library may pass it on (*view, its detail in buf): a code that is
+ * not one of Tessera's (a shard sends no other) becomes TS_EPROTO with the number in the
+ * text, and the detail is cleaned (base/ts_text.h), so that neither an unknown code nor a
+ * control byte from a peer reaches a caller, a terminal or an exception. */
+static const Tessera__Error *peer_error(const Tessera__Error *e, Tessera__Error *view,
+                                        char *buf, size_t n) {
+  *view = *e;
+  char raw[1024];
+  if (ts_err_is_ts(e->code))
+    snprintf(raw, sizeof raw, "%s", e->detail ? e->detail : "");
+  else
+    snprintf(raw, sizeof raw, "the shard answered with error code %d, which is not one of "
+             "Tessera's: %s", (int)e->code, e->detail ? e->detail : "");
+  view->code = ts_err_is_ts(e->code) ? e->code : TS_EPROTO;
+  ts_text_clean(raw, buf, n);
+  view->detail = buf;
+  view->name = (char *)ts_err_name(view->code);
+  return view;
+}
+
 static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessage *msg,
                      bool discarded) {
   ts_cl_link_t *l = conn->data;
@@ -262,7 +285,10 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       if (sh->state == SH_HANDSHAKE) handle_handshake_reply(sh, (const Tessera__HandshakeReply *)msg);
       break;
     case TS_MSG_ERROR: {
-      const Tessera__Error *e = (const Tessera__Error *)msg;
+      Tessera__Error view;
+      char detail[512];
+      const Tessera__Error *e =
+          peer_error((const Tessera__Error *)msg, &view, detail, sizeof detail);
       if (e->request_id == sh->hs_id || sh->state < SH_DECLARING) {
         /* Read before set_fatal wakes ts_client_open: while it waits, it says why itself. */
         uv_mutex_lock(&sh->cl->mu);
@@ -364,7 +390,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
       if (!r) break;
       if (r->op) {
-        snprintf(r->op->path, sizeof r->op->path, "%s", m->path);
+        ts_text_clean(m->path, r->op->path, sizeof r->op->path);
         r->op->ckpt_step = m->step;
       }
       ts_cl_complete_req(r, 0, NULL);
@@ -374,7 +400,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       const Tessera__ShutdownReply *m = (const Tessera__ShutdownReply *)msg;
       ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
       if (!r) break;
-      if (r->op) snprintf(r->op->path, sizeof r->op->path, "%s", m->checkpoint_path);
+      if (r->op) ts_text_clean(m->checkpoint_path, r->op->path, sizeof r->op->path);
       ts_cl_complete_req(r, 0, NULL);
       break;
     }

@@ -224,9 +224,16 @@ const ts_config_def_t ts_config_defs[] = {
           "frames and allocator overhead; a pull reply's values are parameter memory and not "
           "counted). Over it the shard stops reading that connection until half is written. "
           "At least 64 KiB (a few status replies), at most 16 GiB."),
-    INT64("server.max_reply_bytes", max_reply_bytes, 65536, 64 * GIB, "268435456",
+    INT64("server.max_reply_bytes", max_reply_bytes, 65536, 64 * GIB, "67108864",
           "Memory the replies queued to all connections together may take; over it the "
-          "connection with the most queued is closed first. At least 64 KiB, at most 64 GiB."),
+          "connection with the most queued is closed first. 64 MiB: what all peers together "
+          "can make a shard hold in replies they do not read. At least 64 KiB, at most 64 GiB."),
+    INT64("server.max_status_reply_bytes", max_status_reply_bytes, 65536, 64 * GIB, "4194304",
+          "Of those, the memory queued Status replies may take (psctl status, the client "
+          "library's ts_client_status), so that peers asking for status faster than they "
+          "read cannot crowd out workers' replies: one connection may hold 1/64 of it "
+          "(at least 16 KiB) and is closed over that; over the whole, the connection with "
+          "the most queued Status replies is closed first. At least 64 KiB, at most 64 GiB."),
     FLOAT("server.reply_full_timeout_s", reply_full_timeout_s, 0.1, 3600.0, 0, "10.0",
           "A connection whose queued replies stay above half of "
           "server.max_reply_bytes_per_connection this long (it asks faster than it reads) is "

@@ -88,6 +88,7 @@ typedef struct {
   double pull_hold_timeout_s;   /* a pull reply may keep an update waiting this long */
   int64_t max_reply_bytes_per_connection; /* memory of the replies queued to one peer */
   int64_t max_reply_bytes;                /* ... and to all peers together */
+  int64_t max_status_reply_bytes;         /* ... of which Status replies */
   double reply_full_timeout_s;  /* a peer whose queue stays this full this long is dropped */
   int max_parked_pulls;         /* pulls one connection may have waiting for a version */
   int push_dedup_clients;       /* clients per worker task whose push ids are remembered */

@@ -7,6 +7,7 @@
 
 #include "ts_alloc.h"
 #include "ts_err.h"
+#include "ts_text.h"
 
 /* The descriptor column of TS_FRAME_MAP (proto/ts_frame.h). */
 #define DESC_ROW_(name, value, desc, metrics, dir, data) [value] = &desc,
@@ -80,6 +81,8 @@ static int check_tables(const Tessera__Declare *d, char *errbuf, size_t errlen) 
     const char *bad = NULL;
     if (nl == 0 || nl > TS_MSG_MAX_NAME)
       bad = "a name of 0 or over 256 bytes";
+    else if (!ts_text_is_safe(t->name))
+      bad = "a name with a control byte or invalid UTF-8";
     else if (t->dim == 0 || t->dim > TS_MSG_MAX_DIM)
       bad = "a width (dim) out of 1 to 4096";
     else if ((unsigned)t->init > TESSERA__ROW_INIT__ROW_INIT_TRUNCATED_NORMAL)
@@ -171,6 +174,12 @@ static int validate(uint16_t type, const ProtobufCMessage *m, uint64_t data_len,
         if (nl == 0 || nl > TS_MSG_MAX_NAME) {
           snprintf(errbuf, errlen, "tensor %zu has a name of %zu bytes (1 to %d allowed)", i, nl,
                    TS_MSG_MAX_NAME);
+          return TS_EPROTO;
+        }
+        /* Names reach psctl, /status and logs: text only (base/ts_text.h). */
+        if (!ts_text_is_safe(t->name)) {
+          snprintf(errbuf, errlen, "tensor %zu has a name with a control byte or invalid UTF-8",
+                   i);
           return TS_EPROTO;
         }
         if (t->n_shape == 0 || t->n_shape > TS_MSG_MAX_RANK) {

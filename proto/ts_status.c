@@ -5,6 +5,7 @@
 
 #include "ts_alloc.h"
 #include "ts_err.h"
+#include "ts_text.h"
 
 ts_client_mode_t ts_status_mode(Tessera__Mode mode) {
   switch (mode) {
@@ -24,6 +25,19 @@ static size_t align_up(size_t n) {
   return (n + a - 1) / a * a;
 }
 
+/* Room for s cleaned, with its NUL. */
+static size_t text_size(const char *s) { return ts_text_escape(s, NULL, 0, false) + 1; }
+
+/* Copy s cleaned to *str (text_size(s) bytes there) and move *str past it: a shard's
+ * strings (a worker's device, a table's name) reach terminals and exceptions. */
+static const char *put_text(char **str, const char *s) {
+  const char *at = *str;
+  size_t n = text_size(s);
+  ts_text_escape(s, *str, n, false);
+  *str += n;
+  return at;
+}
+
 /* The block: the struct, the workers, the tables, the barrier list, then the strings. */
 int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t **out) {
   *out = NULL;
@@ -33,12 +47,10 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
   size_t off_t = align_up(off_w + nw * sizeof(ts_client_worker_status_t));
   size_t off_b = align_up(off_t + nt * sizeof(ts_client_table_status_t));
   size_t off_s = off_b + nb * sizeof(int32_t);
-  size_t total = off_s + strlen(ckpt) + 1;
-  for (size_t i = 0; i < nt; i++)
-    total += strlen(pb->tables[i]->name ? pb->tables[i]->name : "") + 1;
+  size_t total = off_s + text_size(ckpt);
+  for (size_t i = 0; i < nt; i++) total += text_size(pb->tables[i]->name);
   for (size_t i = 0; i < nw; i++)
-    total += strlen(pb->workers[i]->identity ? pb->workers[i]->identity : "") + 1 +
-             strlen(pb->workers[i]->device ? pb->workers[i]->device : "") + 1;
+    total += text_size(pb->workers[i]->identity) + text_size(pb->workers[i]->device);
   char *block = ts_calloc(1, total);
   if (!block) return TS_ENOMEM;
   ts_client_shard_status_t *st = (ts_client_shard_status_t *)(void *)block;
@@ -61,41 +73,27 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
       .final_test_accuracy = pb->final_test_accuracy, .final_reporter = pb->final_reporter,
       .tables = tb, .num_tables = nt};
   for (size_t i = 0; i < nb; i++) barrier[i] = pb->barrier_waiting_for[i];
-  size_t len = strlen(ckpt) + 1;
-  memcpy(str, ckpt, len);
-  st->last_checkpoint = str;
-  str += len;
+  st->last_checkpoint = put_text(&str, ckpt);
   for (size_t i = 0; i < nw; i++) {
     const Tessera__WorkerStatus *ws = pb->workers[i];
-    const char *id = ws->identity ? ws->identity : "";
-    const char *dev = ws->device ? ws->device : "";
-    len = strlen(id) + 1;
-    memcpy(str, id, len);
     w[i] = (ts_client_worker_status_t){
         .task = ws->task, .step = ws->step, .loss = ws->loss,
         .examples_per_sec = ws->examples_per_sec, .last_seen_s = ws->last_seen_s,
         .alive = ws->alive, .done = ws->done, .epoch_progress = ws->epoch_progress,
-        .identity = str, .clock = ws->clock, .stale_dropped = ws->stale_dropped,
+        .identity = put_text(&str, ws->identity), .clock = ws->clock,
+        .stale_dropped = ws->stale_dropped,
         .reported = ws->reported, .step_known = ws->step_known};
-    str += len;
-    len = strlen(dev) + 1;
-    memcpy(str, dev, len);
-    w[i].device = str;
-    str += len;
+    w[i].device = put_text(&str, ws->device);
   }
   for (size_t i = 0; i < nt; i++) {
     const Tessera__TableStatus *ts = pb->tables[i];
-    const char *name = ts->name ? ts->name : "";
-    len = strlen(name) + 1;
-    memcpy(str, name, len);
     tb[i] = (ts_client_table_status_t){
-        .name = str, .dim = ts->dim, .rows = ts->rows, .bytes = ts->bytes,
+        .name = put_text(&str, ts->name), .dim = ts->dim, .rows = ts->rows, .bytes = ts->bytes,
         .version = ts->version, .created = ts->created, .evicted = ts->evicted,
         .filtered = ts->filtered, .pulled_rows = ts->pulled_rows,
         .pushed_rows = ts->pushed_rows, .hot_share = ts->hot_share};
     for (size_t k = 0; k < ts->n_hot_keys && k < 8; k++) tb[i].hot_keys[k] = ts->hot_keys[k];
     tb[i].num_hot_keys = ts->n_hot_keys < 8 ? (uint32_t)ts->n_hot_keys : 8;
-    str += len;
   }
   *out = st;
   return 0;

@@ -213,12 +213,13 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
       [TS_METRICS_LIMIT_PULL_HOLD] = "pull_hold_timeout_s",
       [TS_METRICS_LIMIT_REPLY_FULL] = "reply_full_timeout_s",
       [TS_METRICS_LIMIT_REPLY_TOTAL] = "max_reply_bytes",
+      [TS_METRICS_LIMIT_STATUS_REPLY] = "max_status_reply_bytes",
       [TS_METRICS_LIMIT_PULL_REPEATS] = "pull_repeats",
       [TS_METRICS_LIMIT_PARKED_PULLS] = "max_parked_pulls",
   };
   ts_prom_family(b, "tessera_ps_limit_drops_total", "counter",
                  "Connections closed for holding more than a per-peer limit allows, by limit.");
-  for (int i = 0; i <= TS_METRICS_LIMIT_REPLY_TOTAL; i++) {
+  for (int i = 0; i <= TS_METRICS_LIMIT_STATUS_REPLY; i++) {
     snprintf(lab, sizeof lab, "limit=\"%s\"", limit_names[i]);
     ts_prom_sample(b, "tessera_ps_limit_drops_total", lab, (double)m->limit_drops[i]);
   }

@@ -40,6 +40,7 @@ typedef enum {
   TS_METRICS_LIMIT_PULL_HOLD,     /* dropped: server.pull_hold_timeout_s */
   TS_METRICS_LIMIT_REPLY_FULL,    /* dropped: server.reply_full_timeout_s */
   TS_METRICS_LIMIT_REPLY_TOTAL,   /* dropped: server.max_reply_bytes */
+  TS_METRICS_LIMIT_STATUS_REPLY,  /* dropped: server.max_status_reply_bytes */
   TS_METRICS_LIMIT_PULL_REPEATS,  /* refused: a pull naming a partition twice */
   TS_METRICS_LIMIT_PARKED_PULLS,  /* refused: server.max_parked_pulls */
   TS_METRICS_LIMIT__COUNT

@@ -229,8 +229,8 @@ void ts_pull_handle(ts_session_t *s, Tessera__Pull *m) {
   if (rc == 0) {
     rc = check_repeats(&srv->store, q, err, sizeof err);
     if (rc == TS_EINVAL) {
-      ts_log_warn("%s: pull %llu refused: %s", s->conn.peer, (unsigned long long)request_id,
-                  err);
+      ts_session_log(s, TS_LOG_WARN, "%s: pull %llu refused: %s", s->conn.peer,
+                     (unsigned long long)request_id, err);
       srv->metrics.limit_refusals[TS_METRICS_LIMIT_PULL_REPEATS]++;
     }
   }

@@ -411,11 +411,12 @@ void ts_push_rx_handle(ts_session_t *s, Tessera__Push *m, bool discarded) {
   }
   if (rx->duplicates) {
     srv->metrics.push_duplicates++;
-    ts_log_info("%s: task %d's push %llu (client %016llx) was already applied to %llu of its %zu "
-                "partitions: not applied again (a retry)",
-                s->conn.peer, s->task, (unsigned long long)m->push_id,
-                (unsigned long long)m->client_incarnation, (unsigned long long)rx->duplicates,
-                m->n_parts);
+    ts_session_log(s, TS_LOG_INFO,
+                   "%s: task %d's push %llu (client %016llx) was already applied to %llu of its "
+                   "%zu partitions: not applied again (a retry)",
+                   s->conn.peer, s->task, (unsigned long long)m->push_id,
+                   (unsigned long long)m->client_incarnation, (unsigned long long)rx->duplicates,
+                   m->n_parts);
   }
   bool assign = m->kind != TESSERA__PUSH_KIND__PUSH_KIND_GRADIENT;
   if (assign) {

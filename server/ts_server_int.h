@@ -183,6 +183,11 @@ struct ts_session {
   int spull_code;          /* refused at its meta (its keys are read and dropped) */
   char spull_msg[256];
   uint64_t reply_full_ms;  /* since when its queued replies are over half their budget (0: not) */
+  uint64_t status_mem;     /* of reply_mem, its queued Status replies' (ts_shard_status.c) */
+  /* Log lines this peer causes (ts_session_log_allowed): a token bucket, and the lines
+   * suppressed since the last one written. */
+  double log_tokens;
+  uint64_t log_refill_ms, log_suppressed;
 };
 
 struct ts_server {
@@ -210,6 +215,7 @@ struct ts_server {
   uint64_t sparse_key_bytes; /* keys held by SparsePulls being read or parked */
   uint32_t hot_ticks;        /* ticks since the tables' hottest keys were last decayed */
   uint64_t reply_mem;       /* memory of the replies queued to all connections (ts_conn.h) */
+  uint64_t status_reply_mem; /* of it, Status replies' (server.max_status_reply_bytes) */
   uint64_t last_tick_ms;    /* when the tick last ran (ts_server.c: the loop's lag) */
   ts_worker_info_t *workers;
   uint32_t num_workers;
@@ -306,6 +312,16 @@ bool ts_session_admin_allowed(ts_session_t *s, uint16_t type, uint64_t request_i
 
 /* A reply could not be queued (rc from ts_conn_send): log it and close the connection. */
 void ts_session_reply_failed(ts_session_t *s, uint16_t type, int rc);
+
+/* Whether a log line this peer causes may be written: a burst of 20, then 2 a second, per
+ * connection (ts_session_log asks only for the levels the log writes), so that a peer repeating a refused request cannot flood the log. A line
+ * allowed after some were dropped is preceded by "suppressed N log lines about this peer";
+ * the connection's close says how many were dropped since. */
+bool ts_session_log_allowed(ts_session_t *s);
+#define ts_session_log(s, level, ...)                                                  \
+  do {                                                                                 \
+    if (ts_log_enabled(level) && ts_session_log_allowed(s)) ts_log(level, __VA_ARGS__); \
+  } while (0)
 
 /* Queue a reply frame (no payload). When it cannot be queued the connection is closed, for
  * the same reason. Returns 0 or the negative code of ts_conn_send. */

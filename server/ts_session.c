@@ -15,6 +15,7 @@
 #include "ts_config_job.h"
 #include "ts_err.h"
 #include "ts_log.h"
+#include "ts_text.h"
 
 /* --- replies ----------------------------------------------------------------------- */
 
@@ -35,12 +36,37 @@ int ts_session_reply(ts_session_t *s, uint16_t type, const ProtobufCMessage *msg
   return rc;
 }
 
+#define LOG_BURST 20.0
+#define LOG_PER_S 2.0
+
+static void log_suppressed(ts_session_t *s) {
+  if (!s->log_suppressed) return;
+  ts_log_notice("%s: suppressed %llu log lines about this peer (%g at once, then %g a second)",
+                s->conn.peer, (unsigned long long)s->log_suppressed, LOG_BURST, LOG_PER_S);
+  s->log_suppressed = 0;
+}
+
+bool ts_session_log_allowed(ts_session_t *s) {
+  uint64_t now = ts_server_now_ms(s->srv);
+  if (!s->log_refill_ms) s->log_tokens = LOG_BURST;
+  else s->log_tokens += (double)(now - s->log_refill_ms) / 1000.0 * LOG_PER_S;
+  if (s->log_tokens > LOG_BURST) s->log_tokens = LOG_BURST;
+  s->log_refill_ms = now ? now : 1;
+  if (s->log_tokens < 1.0) {
+    s->log_suppressed++;
+    return false;
+  }
+  s->log_tokens -= 1.0;
+  log_suppressed(s);
+  return true;
+}
+
 void ts_session_reply_error(ts_session_t *s, uint16_t req_type, uint64_t request_id, int code,
                             const char *detail) {
   s->srv->errors++;
   ts_metrics_refused(&s->srv->metrics, ts_metrics_req_of(req_type), code);
-  ts_log_info("%s: request %llu refused: %s: %s", s->conn.peer, (unsigned long long)request_id,
-              ts_err_name(code), detail);
+  ts_session_log(s, TS_LOG_INFO, "%s: request %llu refused: %s: %s", s->conn.peer,
+                 (unsigned long long)request_id, ts_err_name(code), detail);
   int rc = ts_conn_send_error(&s->conn, request_id, code, detail);
   if (rc < 0) ts_session_reply_failed(s, TS_MSG_ERROR, rc);
   ts_replyq_enforce(s->srv);
@@ -112,7 +138,8 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
       w->progress = m->epoch_progress;
       w->reported = w->step_known = true;
     }
-    if (m->device && *m->device) snprintf(w->device, sizeof w->device, "%s", m->device);
+    /* Stored clean: psctl, /status and logs print it (base/ts_text.h). */
+    if (m->device && *m->device) ts_text_clean(m->device, w->device, sizeof w->device);
     if (m->done && ts_barrier_done(&srv->barrier, s->task)) {
       ts_log_info("worker %d finished at step %llu", s->task, (unsigned long long)m->step);
       ts_sync_check_barriers(srv, false);
@@ -284,7 +311,7 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
   if (s->role == TESSERA__ROLE__ROLE_WORKER) {
     ts_worker_info_t *w = &srv->workers[s->task];
     bool first = ts_barrier_join(&srv->barrier, s->task, ts_server_now_ms(srv));
-    snprintf(w->identity, sizeof w->identity, "%s", m->identity ? m->identity : "");
+    ts_text_clean(m->identity, w->identity, sizeof w->identity);
     ts_sync_worker_seen(srv, s->task);
     ts_log_info("worker %d %s from %s (%s)", s->task, first ? "joined" : "reconnected",
                 s->conn.peer, w->identity);
@@ -388,6 +415,7 @@ static bool is_protocol_violation(int err) {
 static void on_session_close(ts_conn_t *c, int err) {
   ts_session_t *s = c->data;
   ts_server_t *srv = s->srv;
+  log_suppressed(s);
   if (is_protocol_violation(err)) {
     srv->rejected_frames++;
     ts_metrics_rejected(&srv->metrics, err);

@@ -5,10 +5,12 @@
  */
 #include "ts_server_int.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "ts_alloc.h"
 #include "ts_err.h"
+#include "ts_log.h"
 #include "ts_notify.h"
 
 void ts_shard_status_release(ts_shard_status_msg_t *sm) {
@@ -154,13 +156,79 @@ int ts_shard_status_build(ts_server_t *srv, ts_shard_status_msg_t *sm) {
   return build_tables(srv, sm);
 }
 
+/* --- Status replies' own share of the reply memory ---------------------------------- */
+
+/* What one queued Status reply is charged: its frame and the write request around it. */
+#define STATUS_OVERHEAD 256
+
+static void status_written(ts_conn_t *c, void *arg, int err) {
+  (void)err; /* written or cancelled by a close: either way its memory is free */
+  ts_session_t *s = c->data;
+  uint64_t bytes = (uint64_t)(uintptr_t)arg;
+  s->status_mem -= bytes;
+  s->srv->status_reply_mem -= bytes;
+}
+
+/* Make room for `need` bytes of Status replies to s. One connection may hold 1/64 of
+ * server.max_status_reply_bytes (64 KiB, a hundred replies, by default; 16 KiB at least):
+ * no client that reads its replies comes near it, and one that asks without reading is
+ * closed after a few hundred, before it has cost the loop much. All together stay under the
+ * share by closing the connections that hold the most (a closing one gives its share back
+ * when libuv cancels its writes, on the next turn of the loop). False when s was closed. */
+static bool status_room(ts_session_t *s, uint64_t need) {
+  ts_server_t *srv = s->srv;
+  uint64_t limit = (uint64_t)srv->cfg->max_status_reply_bytes;
+  uint64_t one = limit / 64 > 16384 ? limit / 64 : 16384;
+  if (s->status_mem + need > one) {
+    ts_log_warn("%s: its queued Status replies would take %llu bytes, over 1/64 of "
+                "server.max_status_reply_bytes (%llu): it asks for status faster than it "
+                "reads; closing",
+                s->conn.peer, (unsigned long long)(s->status_mem + need),
+                (unsigned long long)one);
+    srv->metrics.limit_drops[TS_METRICS_LIMIT_STATUS_REPLY]++;
+    ts_conn_close(&s->conn, TS_EBUSY);
+    return false;
+  }
+  uint64_t held = srv->status_reply_mem;
+  for (const ts_session_t *o = srv->sessions; o; o = o->next)
+    if (o->conn.closing) held -= o->status_mem;
+  while (held + need > limit) {
+    ts_session_t *worst = NULL;
+    for (ts_session_t *o = srv->sessions; o; o = o->next)
+      if (!o->conn.closing && o->status_mem && (!worst || o->status_mem > worst->status_mem))
+        worst = o;
+    if (!worst) break; /* one reply larger than the share: sent all the same */
+    ts_log_warn("%s: Status replies queued to all connections take %llu bytes, over "
+                "server.max_status_reply_bytes (%llu); closing this one, which holds the most "
+                "(%llu bytes): it asks for status faster than it reads",
+                worst->conn.peer, (unsigned long long)held, (unsigned long long)limit,
+                (unsigned long long)worst->status_mem);
+    srv->metrics.limit_drops[TS_METRICS_LIMIT_STATUS_REPLY]++;
+    held -= worst->status_mem;
+    ts_conn_close(&worst->conn, TS_EBUSY);
+  }
+  return !s->conn.closing;
+}
+
 void ts_shard_status_handle(ts_session_t *s, Tessera__Status *m) {
   ts_shard_status_msg_t sm;
   if (ts_shard_status_build(s->srv, &sm) < 0 || (m->with_model && build_model(s->srv, &sm) < 0)) {
     ts_session_reply_error(s, TS_MSG_STATUS, m->request_id, TS_ENOMEM, "out of memory");
   } else {
     sm.r.request_id = m->request_id;
-    ts_session_reply(s, TS_MSG_STATUS_REPLY, &sm.r.base);
+    uint64_t bytes = ts_msg_frame_size(&sm.r.base) + STATUS_OVERHEAD;
+    if (status_room(s, bytes)) {
+      s->status_mem += bytes;
+      s->srv->status_reply_mem += bytes;
+      int rc = ts_conn_send(&s->conn, TS_MSG_STATUS_REPLY, &sm.r.base, NULL, 0, status_written,
+                            (void *)(uintptr_t)bytes);
+      if (rc < 0) {
+        s->status_mem -= bytes;
+        s->srv->status_reply_mem -= bytes;
+        ts_session_reply_failed(s, TS_MSG_STATUS_REPLY, rc);
+      }
+      ts_replyq_enforce(s->srv);
+    }
   }
   ts_shard_status_release(&sm);
   ts_msg_free(&m->base);

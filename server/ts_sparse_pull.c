@@ -85,8 +85,8 @@ int ts_sparse_pull_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
                      "try again",
                      (double)srv->sparse_key_bytes / (1024.0 * 1024.0),
                      (unsigned long long)(SPARSE_KEY_BUDGET >> 20));
-    ts_log_warn("%s: sparse pull %llu refused: %s", s->conn.peer,
-                (unsigned long long)m->request_id, err);
+    ts_session_log(s, TS_LOG_WARN, "%s: sparse pull %llu refused: %s", s->conn.peer,
+                   (unsigned long long)m->request_id, err);
     return refuse(s, TS_EBUSY, err);
   }
   ts_pull_req_t *q = ts_malloc(sizeof *q + key_bytes);

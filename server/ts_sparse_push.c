@@ -223,10 +223,11 @@ void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discard
     if (s->task >= 0 && (uint32_t)s->task < srv->num_workers) srv->workers[s->task].stale_dropped++;
   } else if (result == TESSERA__PUSH_RESULT__PUSH_DUPLICATE) {
     srv->metrics.push_duplicates++;
-    ts_log_info("%s: task %d's sparse push %llu to table '%s' for step %llu was a duplicate: not "
-                "applied again",
-                s->conn.peer, s->task, (unsigned long long)m->push_id, ts_stable_name(t),
-                (unsigned long long)m->step);
+    ts_session_log(s, TS_LOG_INFO,
+                   "%s: task %d's sparse push %llu to table '%s' for step %llu was a duplicate: "
+                   "not applied again",
+                   s->conn.peer, s->task, (unsigned long long)m->push_id, ts_stable_name(t),
+                   (unsigned long long)m->step);
   }
   if (result == TESSERA__PUSH_RESULT__PUSH_APPLIED || result == TESSERA__PUSH_RESULT__PUSH_ACCUMULATED) {
     ts_pushid_window_t *w = pushid_window(s, m->push_id, m->client_incarnation, m->table);

@@ -32,8 +32,9 @@ void ts_waitq_park(ts_session_t *s, ts_pull_req_t *q, uint64_t timeout_ms) {
              "%u pulls of this connection already wait for a version "
              "(server.max_parked_pulls)",
              s->parked);
-    ts_log_warn("%s: pull %llu refused: %u parked pulls is the limit (server.max_parked_pulls)",
-                s->conn.peer, (unsigned long long)q->request_id, s->parked);
+    ts_session_log(s, TS_LOG_WARN,
+                   "%s: pull %llu refused: %u parked pulls is the limit (server.max_parked_pulls)",
+                   s->conn.peer, (unsigned long long)q->request_id, s->parked);
     srv->metrics.limit_refusals[TS_METRICS_LIMIT_PARKED_PULLS]++;
     ts_session_reply_error(s, q->sparse ? TS_MSG_SPARSE_PULL : TS_MSG_PULL, q->request_id,
                            TS_EBUSY, detail);

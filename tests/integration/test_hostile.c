@@ -284,7 +284,9 @@ static void test_identity_cannot_forge_log_lines(void **state) {
   assert_true(fd >= 0);
   close(fd);
   good_client_still_served(f);
-  assert_logged(f, "(evil\\x0a<2>ps-server[0] crit: forged\\x1b[2J\\xff)");
+  /* Stored clean (docs/security.md, "What a peer can print or return"), then escaped as
+   * every log line is, backslashes doubled. */
+  assert_logged(f, "(evil\\\\x0a<2>ps-server[0] crit: forged\\\\x1b[2J\\\\xff)");
   char *log = ts_cluster_log(&f->c, 0);
   assert_non_null(log);
   for (const char *line = log; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)

@@ -27,6 +27,7 @@
 const char *ts_ps_server_path = TS_PS_SERVER;
 const char *ts_psctl_path = TS_PSCTL;
 const char *ts_ps_worker_path = TS_PS_WORKER;
+const char *ts_fake_shard_path = TS_FAKE_SHARD;
 
 /* Ports come from 15000-29999, below Linux's ephemeral range (32768-60999) where the
  * kernel picks the local ports of outgoing connections, so a client's connection cannot
@@ -324,6 +325,14 @@ int ts_cluster_stop(ts_cluster_t *c) {
     if (system(cmd) != 0) fprintf(stderr, "harness: could not remove %s\n", c->dir);
   }
   return c->bad_exits;
+}
+
+void ts_asan_small_quarantine(void) {
+  const char *asan = getenv("ASAN_OPTIONS");
+  char opts[1024];
+  snprintf(opts, sizeof opts, "%s%squarantine_size_mb=4:thread_local_quarantine_size_kb=64",
+           asan ? asan : "", asan && *asan ? ":" : "");
+  setenv("ASAN_OPTIONS", opts, 1);
 }
 
 long ts_proc_rss_kib(pid_t pid) {

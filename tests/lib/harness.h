@@ -57,6 +57,12 @@ int ts_cluster_stop(ts_cluster_t *c);
 double ts_now_s(void);
 void ts_sleep_ms(int ms);
 
+/* Under AddressSanitizer a shard's freed memory waits in a quarantine of up to 256 MiB,
+ * which would show as RSS growth the plain build does not have: tests that bound a shard's
+ * growth call this first, to keep it small (ASAN_OPTIONS, which the shards inherit), so the
+ * bound means the same in both builds. */
+void ts_asan_small_quarantine(void);
+
 /* Resident set size of a process in KiB (0 when unknown). */
 long ts_proc_rss_kib(pid_t pid);
 
@@ -143,5 +149,7 @@ int ts_http_get(int port, const char *path, char *body, size_t n, char *ctype, s
 extern const char *ts_ps_server_path;
 extern const char *ts_psctl_path;
 extern const char *ts_ps_worker_path;
+/* tests/lib/fake_shard.c: a hostile peer on a shard's address (its header comment). */
+extern const char *ts_fake_shard_path;
 
 #endif

@@ -100,7 +100,8 @@ static inline void check_defaults(const ts_config_t *c) {
   assert_int_equal(c->push_contended_min_bytes_per_s, 1048576);
   assert_true(c->pull_hold_timeout_s == 10.0);
   assert_int_equal(c->max_reply_bytes_per_connection, 16777216);
-  assert_int_equal(c->max_reply_bytes, 268435456);
+  assert_int_equal(c->max_reply_bytes, 67108864);
+  assert_int_equal(c->max_status_reply_bytes, 4194304);
   assert_true(c->reply_full_timeout_s == 10.0);
   assert_int_equal(c->max_parked_pulls, 64);
   assert_int_equal(c->push_dedup_clients, 4);

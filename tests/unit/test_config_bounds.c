@@ -287,6 +287,7 @@ static void test_reference(void **state) {
       "server.pull_hold_timeout_s",
       "server.max_reply_bytes_per_connection",
       "server.max_reply_bytes",
+      "server.max_status_reply_bytes",
       "server.reply_full_timeout_s",
       "server.max_parked_pulls",
       "server.push_dedup_clients",

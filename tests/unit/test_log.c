@@ -14,7 +14,9 @@
 
 #include <cmocka.h>
 
+#include "ts_alloc.h"
 #include "ts_log.h"
+#include "ts_text.h"
 
 typedef struct {
   int lines;
@@ -84,6 +86,35 @@ static void test_escape(void **state) {
   assert_string_equal(out, "\\x0a\\x0a");
   assert_int_equal(ts_log_escape("abc", out, 1), 0);
   assert_string_equal(out, "");
+}
+
+/* base/ts_text.c: peer strings are stored clean. Control bytes, DEL and invalid UTF-8 are
+ * escaped, a backslash is kept, so cleaning is idempotent; the length asked for with no
+ * buffer is the length written with one large enough. */
+static void test_text_clean(void **state) {
+  (void)state;
+  char out[256], again[256];
+  assert_int_equal(ts_text_clean("/gpu:0\x1b[2J\x07", out, sizeof out),
+                   strlen("/gpu:0\\x1b[2J\\x07"));
+  assert_string_equal(out, "/gpu:0\\x1b[2J\\x07");
+  ts_text_clean("a\\b caf\xc3\xa9 \xff\x7f\n", out, sizeof out);
+  assert_string_equal(out, "a\\b caf\xc3\xa9 \\xff\\x7f\\x0a");
+  ts_text_clean(out, again, sizeof again);
+  assert_string_equal(again, out);
+  assert_true(ts_text_is_safe(out));
+  assert_false(ts_text_is_safe("bell\x07"));
+  assert_false(ts_text_is_safe("\xc0\xaf"));
+  assert_false(ts_text_is_safe("csi \xc2\x9b" "2J"));
+  assert_true(ts_text_is_safe("nbsp \xc2\xa0"));
+  assert_true(ts_text_is_safe(NULL));
+  assert_int_equal(ts_text_escape("\x1b\x1b", NULL, 0, false), 8);
+  assert_int_equal(ts_text_escape("a\\", NULL, 0, true), 3);
+  assert_int_equal(ts_text_clean(NULL, out, sizeof out), 0);
+  assert_string_equal(out, "");
+  char *dup = ts_text_clean_dup("x\x1b");
+  assert_non_null(dup);
+  assert_string_equal(dup, "x\\x1b");
+  ts_free(dup);
 }
 
 /* The sink gets the escaped line too. */
@@ -163,6 +194,7 @@ static void test_status_line_fits(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_thread_sink), cmocka_unit_test(test_escape),
+                                     cmocka_unit_test(test_text_clean),
                                      cmocka_unit_test(test_sink_escaped),
                                      cmocka_unit_test(test_status_line),
                                      cmocka_unit_test(test_status_line_fits)};

@@ -35,6 +35,7 @@ KEYS: Dict[str, str] = {
     "server.pull_hold_timeout_s": "pull_hold_timeout_s",
     "server.max_reply_bytes_per_connection": "max_reply_bytes_per_connection",
     "server.max_reply_bytes": "max_reply_bytes",
+    "server.max_status_reply_bytes": "max_status_reply_bytes",
     "server.reply_full_timeout_s": "reply_full_timeout_s",
     "server.max_parked_pulls": "max_parked_pulls",
     "server.push_dedup_clients": "push_dedup_clients",
@@ -121,6 +122,7 @@ class JobKeys:
     pull_hold_timeout_s: float  #: server.pull_hold_timeout_s
     max_reply_bytes_per_connection: int  #: server.max_reply_bytes_per_connection
     max_reply_bytes: int  #: server.max_reply_bytes
+    max_status_reply_bytes: int  #: server.max_status_reply_bytes
     reply_full_timeout_s: float  #: server.reply_full_timeout_s
     max_parked_pulls: int  #: server.max_parked_pulls
     push_dedup_clients: int  #: server.push_dedup_clients

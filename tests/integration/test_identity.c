@@ -142,6 +142,13 @@ static void good_round(fixture_t *f, int t) {
   assert_memory_equal(f->expect, f->got, sizeof f->got);
 }
 
+/* The shard's RSS may not grow by more than 64 MiB during an attack (issue 29). */
+static void assert_rss_within(fixture_t *f, long before_kib) {
+  long after = ts_proc_rss_kib(f->c.pid[0]);
+  fprintf(stderr, "shard RSS %ld -> %ld KiB\n", before_kib, after);
+  if (after - before_kib > 64 * 1024) fail_msg("shard RSS grew from %ld to %ld KiB", before_kib, after);
+}
+
 /* How many times needle is in shard 0's log. */
 static int log_count(fixture_t *f, const char *needle) {
   char *log = ts_cluster_log(&f->c, 0);
@@ -203,6 +210,7 @@ static void test_second_connection_refused(void **state) {
   fixture_t f;
   start(&f, TOKEN_ONLY);
   good_round(&f, 1);
+  long rss = ts_proc_rss_kib(f.c.pid[0]);
   for (int i = 0; i < 20; i++) {
     int code;
     char detail[512];
@@ -226,6 +234,7 @@ static void test_second_connection_refused(void **state) {
   assert_false(worker(st, 1)->done);
   ts_client_status_free(st);
   good_round(&f, 1);
+  assert_rss_within(&f, rss);
   stop(&f);
 }
 
@@ -301,6 +310,7 @@ static void test_final_accuracy(void **state) {
   fixture_t f;
   start(&f, TOKEN_ONLY);
   char err[512];
+  long rss = ts_proc_rss_kib(f.c.pid[0]);
   ts_client_set_final_accuracy(f.good[0], 0.99);
   for (int i = 0; i < 3000; i++) assert_int_equal(ts_client_heartbeat(f.good[0], err, sizeof err), 0);
   good_round(&f, 1);
@@ -328,6 +338,7 @@ static void test_final_accuracy(void **state) {
   ts_client_status_free(st);
   assert_int_equal(log_count(&f, "the job's final test accuracy: 0.750000"), 1);
   assert_int_equal(log_count(&f, "the job's final test accuracy:"), 1);
+  assert_rss_within(&f, rss);
   stop(&f);
 }
 

@@ -91,7 +91,7 @@ void ts_auth_proof(const char *key, const uint8_t *server_nonce, const uint8_t *
                    uint8_t out[TS_AUTH_MAC_LEN]) {
   crypto_auth_hmacsha256_state st;
   crypto_auth_hmacsha256_init(&st, (const unsigned char *)key, strlen(key));
-  crypto_auth_hmacsha256_update(&st, (const unsigned char *)proof_label, sizeof proof_label);
+  crypto_auth_hmacsha256_update(&st, (const unsigned char *)proof_label, sizeof proof_label - 1);
   crypto_auth_hmacsha256_update(&st, server_nonce, TS_AUTH_NONCE_LEN);
   crypto_auth_hmacsha256_update(&st, client_nonce, TS_AUTH_NONCE_LEN);
   crypto_auth_hmacsha256_final(&st, out);

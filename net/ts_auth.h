@@ -8,9 +8,10 @@
  * Two more keys come from the same token (docs/security.md):
  *   task key   HMAC-SHA256(token, "worker/T") in lower-case hex: a worker that handshakes
  *              with it instead of the token proves it is task T (`psctl token derive`).
- *   shard proof  the handshake reply's HMAC-SHA256(key, "tessera shard proof" || server
- *              nonce || client nonce) with the key the client used: the shard proves it
- *              knows the token, so a client refuses anything else answering on its address.
+ *   shard proof  the handshake reply's HMAC-SHA256(key, "tessera shard proof" (19 bytes,
+ *              no terminating 0) || server nonce || client nonce) with the key the client
+ *              used: the shard proves it knows the token, so a client refuses anything else
+ *              answering on its address. tests/unit/test_auth_keys.c has known answers.
  */
 #ifndef TS_AUTH_H
 #define TS_AUTH_H

@@ -51,6 +51,14 @@ char *ts_client_token_read(const char *path, char *errmsg, size_t errlen) {
 
 void ts_client_token_free(char *token) { ts_auth_free_token(token); }
 
+_Static_assert(TS_CLIENT_TASK_KEY_LEN == TS_AUTH_TASK_KEY_LEN, "the task key's length");
+
+int ts_client_task_key(const char *token, int task, char *out, size_t n) {
+  if (!token || task < 0 || !out || n < TS_AUTH_TASK_KEY_LEN + 1) return TS_EINVAL;
+  ts_auth_task_key(token, task, out);
+  return 0;
+}
+
 void ts_client_opts_init(ts_client_opts_t *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
@@ -389,6 +397,14 @@ bool ts_client_shard_up(ts_client_t *c, uint32_t shard, char *why, size_t whylen
   if (!up) ts_errmsg_printf(why, whylen, "%s", c->shards[shard].why[0] ? c->shards[shard].why : "no answer");
   uv_mutex_unlock(&c->mu);
   return up;
+}
+
+int ts_client_shard_error(ts_client_t *c, uint32_t shard) {
+  if (!c || shard >= c->n) return 0;
+  uv_mutex_lock(&c->mu);
+  int code = c->shards[shard].state == SH_READY ? 0 : c->shards[shard].fatal;
+  uv_mutex_unlock(&c->mu);
+  return code;
 }
 
 uint64_t ts_client_partition_bytes(ts_client_t *c) {

@@ -26,6 +26,7 @@
 
 #include "tessera.pb-c.h"
 #include "tessera/client.h"
+#include "ts_auth.h"
 #include "ts_conn.h"
 #include "ts_plan.h"
 
@@ -187,6 +188,7 @@ struct ts_cl_shard {
   uint64_t backoff_ms;
   ts_cl_wreq_t *queued, *pending;
   uint64_t hs_id;
+  uint8_t hs_nonce[2][TS_AUTH_NONCE_LEN]; /* the shard's and ours, for its proof */
   bool tried;               /* mu: at least one attempt finished (for ts_client_open) */
   uint64_t incarnation;     /* from the shard's Hello; a change means it restarted */
   uint64_t pulled_version;  /* lowest version of the last pull from this shard */

@@ -4,6 +4,7 @@
  * wire request waiting for it. */
 #include "ts_client_int.h"
 
+#include <sodium.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -208,6 +209,11 @@ static void handle_hello(ts_cl_shard_t *sh, const Tessera__Hello *m) {
     ts_auth_mac(c->token, m->nonce.data, m->nonce.len, mac);
     hs.mac.data = mac;
     hs.mac.len = sizeof mac;
+    /* The shard proves it knows the key too (handle_handshake_reply). */
+    memcpy(sh->hs_nonce[0], m->nonce.data, TS_AUTH_NONCE_LEN);
+    randombytes_buf(sh->hs_nonce[1], TS_AUTH_NONCE_LEN);
+    hs.client_nonce.data = sh->hs_nonce[1];
+    hs.client_nonce.len = TS_AUTH_NONCE_LEN;
   }
   ts_cl_set_state(sh->cl, sh, SH_HANDSHAKE);
   sh->state_ms = loop_now(c);
@@ -223,8 +229,29 @@ static void became_ready(ts_cl_shard_t *sh) {
   ts_cl_flush_queued(sh);
 }
 
+/* Mutual authentication: with a key, the reply must carry the shard's proof of it
+ * (net/ts_auth.h). Anything else answering on the shard's address is refused for good. */
+static bool shard_proved(ts_cl_shard_t *sh, const Tessera__HandshakeReply *m) {
+  ts_client_t *c = sh->cl;
+  if (!c->token ||
+      ts_auth_verify_proof(c->token, sh->hs_nonce[0], sh->hs_nonce[1], m->proof.data,
+                           m->proof.len) == 0)
+    return true;
+  char why[400];
+  snprintf(why, sizeof why,
+           "authentication failed: %.80s %s it knows the token (not a shard of this job, one "
+           "without auth.token_file, or older than this client)",
+           sh->addr, m->proof.len ? "sent a wrong proof that" : "did not prove");
+  ts_log_err("shard %u: %s", sh->index, why);
+  ts_cl_note_why(sh, "", why);
+  set_fatal(sh, TS_EAUTH);
+  ts_conn_close(&sh->link->conn, TS_EAUTH);
+  return false;
+}
+
 static void handle_handshake_reply(ts_cl_shard_t *sh, const Tessera__HandshakeReply *m) {
   ts_client_t *c = sh->cl;
+  if (!shard_proved(sh, m)) return;
   uv_mutex_lock(&c->mu);
   c->partition_bytes = m->partition_bytes;
   c->job_workers = m->num_workers;

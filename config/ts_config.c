@@ -509,9 +509,13 @@ const ts_config_def_t ts_config_defs[] = {
 
     STRING("auth.token_file", token_file, 0, PATH_BYTES, "\"\"",
            "File holding the shared token workers authenticate with; empty = no "
-           "authentication, and servers then listen on loopback only."),
+           "authentication, and servers then listen on loopback only. A worker's file may "
+           "hold its task key instead (psctl token derive), which proves its task "
+           "(docs/security.md)."),
     STRING("auth.admin_token_file", admin_token_file, 0, PATH_BYTES, "\"\"",
-           "File holding the admin token psctl needs for admin requests; empty = none."),
+           "File holding the admin token psctl needs for admin requests (checkpoint, "
+           "shutdown, model reset); empty = none. psctl reads status with the worker token "
+           "when this file is not readable on its host."),
 };
 
 const size_t ts_config_ndefs = sizeof ts_config_defs / sizeof ts_config_defs[0];

@@ -15,6 +15,7 @@
 #include "psctl_json.h"
 #include "psctl_suggest.h"
 #include "psctl_tables.h"
+#include "psctl_token.h"
 #include "psctl_watch.h"
 #include "tessera/client.h"
 #include "ts_alloc.h"
@@ -35,6 +36,8 @@ typedef struct {
   ts_client_shard_status_t **before; /* tables --interval: the first sample, per shard */
   double interval;                   /* seconds between the samples (0: one sample) */
   bool in_place;                     /* --watch on a terminal: the table says who is down */
+  bool admin_cmd;                    /* checkpoint, shutdown, model reset */
+  const char *token_file, *token_key; /* the credential used (psctl_token_file) */
 } cluster_view_t;
 
 /* Ask every shard that is up for its status into v->st (the why of those that are not). */
@@ -70,9 +73,9 @@ static int sample_again(cluster_view_t *v) {
 static int gather(cluster_view_t *v, double timeout) {
   ts_config_t *cfg = &v->cfg;
   char err[1024];
-  const char *tfile = cfg->admin_token_file && *cfg->admin_token_file ? cfg->admin_token_file
-                      : cfg->token_file && *cfg->token_file          ? cfg->token_file
-                                                                     : NULL;
+  const char *tfile;
+  psctl_token_file(cfg, v->admin_cmd, &tfile, &v->token_key);
+  v->token_file = tfile;
   char *token = NULL;
   if (tfile && !(token = ts_client_token_read(tfile, err, sizeof err))) {
     fprintf(stderr, "psctl: %s\n", err);
@@ -403,7 +406,8 @@ enum {
   OPT_FORCE,
   OPT_INTERVAL,
   OPT_FORMAT,
-  OPT_VOCAB
+  OPT_VOCAB,
+  OPT_TASK
 };
 
 /* getopt's table: also what the shell completion and "did you mean" know of the options
@@ -418,6 +422,7 @@ static const struct option longopts[] = {
     {"no-checkpoint", no_argument, NULL, OPT_NO_CHECKPOINT},
     {"force", no_argument, NULL, OPT_FORCE},
     {"shard", required_argument, NULL, OPT_SHARD},
+    {"task", required_argument, NULL, OPT_TASK},
     {"format", required_argument, NULL, OPT_FORMAT},
     {"vocab", required_argument, NULL, OPT_VOCAB},
     {"help", no_argument, NULL, 'h'},
@@ -462,6 +467,17 @@ static int print_help(const char *name) {
   return TS_EXIT_OK;
 }
 
+/* --shard N, --task T: an index of cluster.ps or cluster.workers; -1 (said) when not one. */
+static long parse_index(const char *arg, const char *opt, const char *what) {
+  char *end;
+  long v = strtol(arg, &end, 10);
+  if (*end || !*arg || v < 0 || v >= TS_CONFIG_MAX_HOSTS) {
+    fprintf(stderr, "psctl: %s takes a %s index, not '%s'\n", opt, what, arg);
+    return -1;
+  }
+  return v;
+}
+
 int main(int argc, char **argv) {
   const char *config_path = NULL;
   output_t out = OUT_TABLE;
@@ -471,6 +487,7 @@ int main(int argc, char **argv) {
   size_t nsets = 0;
   if (!sets) return TS_EXIT_FAILURE;
   bool final_checkpoint = true, force = false, help = false, watch = false;
+  long task = -1; /* token derive --task T */
   /* export: -o names its file, not the output format: read once the command is known */
   const char *o_arg = NULL;
   psctl_export_opts_t xo = {0};
@@ -528,15 +545,12 @@ int main(int argc, char **argv) {
         }
         break;
       }
-      case OPT_SHARD: {
-        char *end;
-        only_shard = strtol(optarg, &end, 10);
-        if (*end || !*optarg || only_shard < 0 || only_shard >= TS_CONFIG_MAX_HOSTS) {
-          fprintf(stderr, "psctl: --shard takes a shard index, not '%s'\n", optarg);
-          goto done;
-        }
+      case OPT_SHARD:
+        if ((only_shard = parse_index(optarg, "--shard", "shard")) < 0) goto done;
         break;
-      }
+      case OPT_TASK:
+        if ((task = parse_index(optarg, "--task", "worker")) < 0) goto done;
+        break;
       case 'h':
         help = true;
         break;
@@ -575,6 +589,7 @@ int main(int argc, char **argv) {
     const char *topic = first < argc ? argv[first] : help && cmd ? cmd : NULL;
     int end = first + 1;
     if (topic && strcmp(topic, "model") == 0 && end < argc && strcmp(argv[end], "reset") == 0) end++;
+    if (topic && strcmp(topic, "token") == 0 && end < argc && strcmp(argv[end], "derive") == 0) end++;
     if (topic && end < argc) {
       fprintf(stderr, "psctl: help is about one command, not '%s' too\n", argv[end]);
       goto done;
@@ -624,15 +639,25 @@ int main(int argc, char **argv) {
             xo.format ? "format" : "vocab", cmd);
     goto done;
   }
-  bool model_cmd = strcmp(cmd, "model") == 0;
+  bool model_cmd = strcmp(cmd, "model") == 0, token_cmd = strcmp(cmd, "token") == 0;
   bool admin_cmd = strcmp(cmd, "checkpoint") == 0 || strcmp(cmd, "shutdown") == 0 || model_cmd;
   if (model_cmd && (optind + 1 >= argc || strcmp(argv[optind + 1], "reset") != 0)) {
     fprintf(stderr, "psctl: model takes one subcommand: reset (see psctl model --help)\n");
     goto done;
   }
-  if (optind + 1 + model_cmd < argc) {
+  if (token_cmd && (optind + 1 >= argc || strcmp(argv[optind + 1], "derive") != 0 || task < 0)) {
+    fprintf(stderr, "psctl: token takes one subcommand: derive --task T (see psctl token --help)\n");
+    goto done;
+  }
+  if (task >= 0 && !token_cmd) {
+    fprintf(stderr, "psctl: --task is an option of token derive only\n");
+    goto done;
+  }
+  int sub = model_cmd || token_cmd;
+  if (optind + 1 + sub < argc) {
     fprintf(stderr, "psctl: unexpected argument '%s' after %s (see psctl %s --help)\n",
-            argv[optind + 1 + model_cmd], model_cmd ? "model reset" : cmd, cmd);
+            argv[optind + 1 + sub], model_cmd ? "model reset" : token_cmd ? "token derive" : cmd,
+            cmd);
     goto done;
   }
   if (force && !model_cmd) {
@@ -673,7 +698,7 @@ int main(int argc, char **argv) {
     rc = TS_EXIT_CONFIG;
     goto done;
   }
-  if (defaults) note_defaults(&v.cfg, nsets);
+  if (defaults && !token_cmd) note_defaults(&v.cfg, nsets);
   if (only_shard >= 0 && (size_t)only_shard >= v.cfg.num_ps) {
     fprintf(stderr, "psctl: --shard %ld: the job has %zu shard(s) (cluster.ps)\n", only_shard,
             v.cfg.num_ps);
@@ -684,7 +709,15 @@ int main(int argc, char **argv) {
   v.only_shard = only_shard;
   v.interval = watch ? 0 : interval; /* tables: two samples this far apart */
   colour = out == OUT_TABLE && use_colour();
+  v.admin_cmd = admin_cmd;
+  if (token_cmd) {
+    rc = psctl_token_derive(&v.cfg, task);
+    ts_config_free(&v.cfg);
+    goto done;
+  }
   rc = gather(&v, timeout);
+  /* A refused credential is not a shard down: its own message and exit code. */
+  if (rc == 0) rc = psctl_token_refused(v.client, &v.cfg, only_shard, v.token_file, v.token_key);
   if (rc == 0 && export_cmd)
     rc = export_report(&v, &xo);
   else if (rc == 0 && watch)

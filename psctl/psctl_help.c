@@ -33,7 +33,8 @@ static const psctl_command_t commands[] = {
      "WORKERS table (see psctl workers). On a terminal a bar shows the workers' progress\n"
      "through the epoch. With -o json: one object {mode, step, healthy, shards[], workers[]}.\n"
      WATCH_HELP
-     "Exit 0 when every shard answered, 1 when one is down.\n"},
+     "Exit 0 when every shard answered, 1 when one is down, 77 when a shard refused the\n"
+     "token. Reading (status, health, shards, workers, tables) needs only the worker token.\n"},
     {"shards", "shards [-w] [--interval S]",
      "one line per shard: address, up, partitions, bytes, version",
      "One line per shard of cluster.ps: ADDRESS, UP, PARTITIONS, BYTES, VERSION (its lowest\n"
@@ -108,6 +109,12 @@ static const psctl_command_t commands[] = {
      "                   table's keys\n"
      "Exit 0 when the file was written, 1 when a shard is down or a pull or the write\n"
      "failed, 2 for a usage error.\n"},
+    {"token", "token derive --task T", "print worker T's task key (from auth.token_file)",
+     "token derive --task T: prints worker T's task key, HMAC-SHA256 of \"worker/T\" under\n"
+     "the job's token (auth.token_file), as 64 hex characters. A worker whose\n"
+     "auth.token_file holds its task key instead of the job's token proves to the shards\n"
+     "that it is task T, and a connection that only claims T with the job's token\n"
+     "cannot take the task from it (docs/security.md). Asks no shard.\n"},
     {"help", "help [COMMAND]", "this list, or one command's help", "Prints psctl's help, or COMMAND's.\n"},
 };
 
@@ -132,7 +139,9 @@ void psctl_usage(FILE *f) {
           "Colour is used only when stdout is a terminal and NO_COLOR is not set.\n"
           "\n"
           "Exit codes: 0 every shard (or shard N) answered, 1 a shard is down or failed,\n"
-          "2 usage error, 78 bad configuration (also an unreadable token file).\n"
+          "2 usage error, 77 a shard refused the token (or could not prove it knows it),\n"
+          "78 bad configuration (also an unreadable token file). Reading commands work with\n"
+          "the worker token (auth.token_file) when the admin token's file is not readable.\n"
           "\n"
           "psctl COMMAND --help (or psctl help COMMAND) describes one command.\n",
           global_options);
@@ -148,6 +157,7 @@ void psctl_command_names(char *buf, size_t n) {
   buf[0] = 0;
   for (size_t i = 0; i < sizeof commands / sizeof commands[0] && len < n; i++)
     len += (size_t)snprintf(buf + len, n - len, "%s%s", i ? ", " : "",
-                            strcmp(commands[i].name, "model") == 0 ? "model reset"
-                                                                   : commands[i].name);
+                            strcmp(commands[i].name, "model") == 0   ? "model reset"
+                            : strcmp(commands[i].name, "token") == 0 ? "token derive"
+                                                                     : commands[i].name);
 }

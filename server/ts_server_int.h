@@ -113,6 +113,7 @@ typedef struct {
   bool step_known; /* step came from a report or an accepted push */
   char identity[128];
   char device[64]; /* the device it reported ("" until then) */
+  ts_session_t *holder; /* the connection that speaks for the task (ts_identity.h), or NULL */
 } ts_worker_info_t;
 
 /* A push is received piece by piece (docs/architecture.md, "Pushes"): its
@@ -173,6 +174,10 @@ struct ts_session {
   bool handshaken;
   Tessera__Role role;
   int task;
+  int holder_of;    /* the task it holds (ts_identity.h), -1 when none */
+  bool task_proven; /* its handshake used the task's key, not the shared token */
+  bool dup_warned;  /* a second connection for its task was refused and logged */
+  bool read_only;   /* an admin client with the worker token: status only */
   uint8_t nonce[TS_AUTH_NONCE_LEN];
   uint64_t frame_ns; /* when its last frame was read (uv_hrtime), for the latencies */
   ts_push_rx_t rx;   /* the push being received */

@@ -14,6 +14,7 @@
 #include "ts_build_config.h"
 #include "ts_config_job.h"
 #include "ts_err.h"
+#include "ts_identity.h"
 #include "ts_log.h"
 #include "ts_text.h"
 
@@ -81,6 +82,14 @@ bool ts_session_admin_allowed(ts_session_t *s, uint16_t type, uint64_t request_i
     ts_session_reply_error(s, type, request_id, TS_EPERM, err);
     return false;
   }
+  if (s->read_only && srv->admin_token) {
+    ts_errmsg_printf(err, sizeof err,
+             "%s needs the admin token (auth.admin_token_file): this client authenticated "
+             "with the worker token, which may only read status",
+             what);
+    ts_session_reply_error(s, type, request_id, TS_EPERM, err);
+    return false;
+  }
   if (srv->token && !srv->admin_token) {
     ts_errmsg_printf(err, sizeof err,
              "%s needs an admin token: set auth.admin_token_file (the worker token is not enough)",
@@ -101,34 +110,11 @@ static void protocol_error(ts_session_t *s, uint64_t request_id, int code, const
 
 /* Every handler below takes the decoded message and frees it before it returns. */
 
-/* The job's final test accuracy, sent by the worker shard 0 chose (handle_heartbeat). Only
- * an accuracy (a number in [0, 1]) from that worker is kept: on shard 0 the chosen one, on
- * the others the first to report (they do not choose). Anything else is refused, with one
- * warning per shard process (heartbeats repeat it). */
-static void job_accuracy(ts_server_t *srv, int task, double acc) {
-  const char *why = NULL;
-  if (!(acc >= 0.0 && acc <= 1.0)) /* NaN included */
-    why = "not an accuracy in [0, 1]";
-  else if (srv->final_reporter >= 0 && task != srv->final_reporter)
-    why = "not from the reporting worker";
-  if (why) {
-    if (!srv->final_refused_warned)
-      ts_log_warn("worker %d's final test accuracy %g refused: %s (worker %d reports)", task, acc,
-                  why, srv->final_reporter);
-    srv->final_refused_warned = true;
-    return;
-  }
-  if (srv->has_final_acc && srv->final_acc == acc) return; /* sent again with a heartbeat */
-  srv->has_final_acc = true;
-  srv->final_acc = acc;
-  srv->final_reporter = task;
-  ts_log_notice("the job's final test accuracy: %.6f (evaluated by worker %d)", acc, task);
-}
-
 static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   ts_server_t *srv = s->srv;
-  if (s->role == TESSERA__ROLE__ROLE_WORKER && s->task >= 0 &&
-      (uint32_t)s->task < srv->num_workers) {
+  /* Only the connection that holds the task speaks for it (ts_identity.h). */
+  bool holder = ts_identity_holds(s);
+  if (holder) {
     ts_worker_info_t *w = &srv->workers[s->task];
     /* An older client has no `reported` field: a step or a loss is its report. */
     if (m->reported || m->step > 0 || m->loss != 0.0) {
@@ -145,24 +131,25 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
       ts_sync_check_barriers(srv, false);
       ts_waitq_serve(srv);
     }
-    if (m->has_final_test_accuracy) job_accuracy(srv, s->task, m->final_test_accuracy);
   }
   Tessera__HeartbeatReply r = TESSERA__HEARTBEAT_REPLY__INIT;
   r.request_id = m->request_id;
   r.step = ts_store_min_version(&srv->store);
   uint64_t now = ts_server_now_ms(srv);
   r.workers_finished = ts_barrier_count_finished(&srv->barrier, now, srv->job_since_ms);
+  if (holder && m->has_final_test_accuracy)
+    ts_identity_final_accuracy(s, m->final_test_accuracy, r.workers_finished);
   r.num_workers = srv->num_workers;
   /* Shard 0 chooses who evaluates the final parameters: the first done worker to ask
    * (job_end: not a periodic heartbeat, nor a stopped worker's goodbye) once every worker
    * has finished, which is the last to finish unless the count was completed by one going
    * silent or stopping. One choice per shard process, so one report per job. */
-  if (srv->shard == 0 && m->done && m->job_end && srv->final_reporter < 0 && s->task >= 0 &&
+  if (srv->shard == 0 && holder && m->done && m->job_end && srv->final_reporter < 0 &&
       r.workers_finished == r.num_workers && ts_barrier_worker(&srv->barrier, s->task)) {
     srv->final_reporter = s->task;
     ts_log_info("every worker finished: worker %d evaluates the final parameters", s->task);
   }
-  r.report_final = srv->shard == 0 && m->done && srv->final_reporter == s->task;
+  r.report_final = srv->shard == 0 && holder && m->done && srv->final_reporter == s->task;
   ts_session_reply(s, TS_MSG_HEARTBEAT_REPLY, &r.base);
   ts_msg_free(&m->base);
 }
@@ -242,9 +229,47 @@ static bool authenticate(ts_server_t *srv, ts_session_t *s, uint64_t request_id)
   return true;
 }
 
-static int check_mac(const char *token, const uint8_t *nonce, const ProtobufCBinaryData *mac) {
-  if (!token) return 0;
-  return ts_auth_verify(token, nonce, TS_AUTH_NONCE_LEN, mac->data, mac->len);
+/* The key a handshake's mac was made with, or NULL when it matches none: for an admin
+ * client the admin token (or, read-only, the worker token); for a worker the shared token
+ * or its task's key (*proven). Without a token every handshake passes with no key. */
+static const char *check_mac(ts_server_t *srv, const Tessera__Handshake *m, const uint8_t *nonce,
+                             bool *proven, bool *read_only, bool *ok) {
+  const ProtobufCBinaryData *mac = &m->mac;
+  *proven = *read_only = false;
+  *ok = true;
+  if (!srv->token) return NULL;
+  if (m->role == TESSERA__ROLE__ROLE_ADMIN) {
+    if (srv->admin_token &&
+        ts_auth_verify(srv->admin_token, nonce, TS_AUTH_NONCE_LEN, mac->data, mac->len) == 0)
+      return srv->admin_token;
+    *read_only = true;
+  }
+  if (ts_auth_verify(srv->token, nonce, TS_AUTH_NONCE_LEN, mac->data, mac->len) == 0)
+    return srv->token;
+  if (m->role == TESSERA__ROLE__ROLE_WORKER &&
+      ts_auth_verify_task(srv->token, m->task, nonce, TS_AUTH_NONCE_LEN, mac->data, mac->len) ==
+          0) {
+    *proven = true;
+    return srv->token; /* the proof is made with the task key: see reply_proof */
+  }
+  *ok = false;
+  return NULL;
+}
+
+/* HandshakeReply.proof: the shard's MAC over both nonces with the key the client used. */
+static void reply_proof(const ts_session_t *s, const Tessera__Handshake *m, const char *key,
+                        bool proven, uint8_t out[TS_AUTH_MAC_LEN], ProtobufCBinaryData *proof) {
+  if (!key || m->client_nonce.len != TS_AUTH_NONCE_LEN) return;
+  if (proven) {
+    char tkey[TS_AUTH_TASK_KEY_LEN + 1];
+    ts_auth_task_key(key, m->task, tkey);
+    ts_auth_proof(tkey, s->nonce, m->client_nonce.data, out);
+    sodium_memzero(tkey, sizeof tkey);
+  } else {
+    ts_auth_proof(key, s->nonce, m->client_nonce.data, out);
+  }
+  proof->data = out;
+  proof->len = TS_AUTH_MAC_LEN;
 }
 
 /* A worker whose job file differs from this shard's in a setting the job shares (mode,
@@ -293,9 +318,9 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
     protocol_error(s, m->request_id, TS_EINVAL, err);
     goto out;
   }
-  const char *token =
-      m->role == TESSERA__ROLE__ROLE_ADMIN && srv->admin_token ? srv->admin_token : srv->token;
-  if (check_mac(token, s->nonce, &m->mac) < 0) {
+  bool proven, read_only, mac_ok;
+  const char *key = check_mac(srv, m, s->nonce, &proven, &read_only, &mac_ok);
+  if (!mac_ok) {
     srv->auth_failures++;
     srv->metrics.auth_failures++;
     ts_errmsg_printf(err, sizeof err, "authentication failed for %s role from %s",
@@ -305,7 +330,11 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
   }
   if (m->role == TESSERA__ROLE__ROLE_WORKER && !job_matches(s, m)) goto out;
   if (!authenticate(srv, s, m->request_id)) goto out;
+  if (m->role == TESSERA__ROLE__ROLE_WORKER &&
+      !ts_identity_claim(s, m->request_id, m->task, proven))
+    goto out;
   s->handshaken = true;
+  s->read_only = m->role == TESSERA__ROLE__ROLE_ADMIN && read_only;
   s->role = m->role;
   s->task = m->role == TESSERA__ROLE__ROLE_WORKER ? m->task : -1;
   if (s->role == TESSERA__ROLE__ROLE_WORKER) {
@@ -313,12 +342,16 @@ static void handle_handshake(ts_session_t *s, Tessera__Handshake *m) {
     bool first = ts_barrier_join(&srv->barrier, s->task, ts_server_now_ms(srv));
     ts_text_clean(m->identity, w->identity, sizeof w->identity);
     ts_sync_worker_seen(srv, s->task);
-    ts_log_info("worker %d %s from %s (%s)", s->task, first ? "joined" : "reconnected",
-                s->conn.peer, w->identity);
+    ts_log_info("worker %d %s from %s (%s)%s", s->task, first ? "joined" : "reconnected",
+                s->conn.peer, w->identity, proven ? ", proved by its task key" : "");
   } else {
-    ts_log_debug("admin client from %s", s->conn.peer);
+    ts_log_debug("admin client from %s%s", s->conn.peer, s->read_only ? " (read-only)" : "");
   }
   Tessera__HandshakeReply r = TESSERA__HANDSHAKE_REPLY__INIT;
+  uint8_t proof[TS_AUTH_MAC_LEN];
+  reply_proof(s, m, key, proven, proof, &r.proof);
+  r.task_proven = proven;
+  r.read_only = s->read_only;
   r.request_id = m->request_id;
   r.shard = srv->shard;
   r.num_shards = (uint32_t)srv->cfg->num_ps;
@@ -421,6 +454,7 @@ static void on_session_close(ts_conn_t *c, int err) {
     ts_metrics_rejected(&srv->metrics, err);
   }
   ts_waitq_drop_session(srv, s);
+  ts_identity_release(s);
   preauth_remove(srv, s);
   if (s->counted) srv->num_authed--;
   if (s->prev)
@@ -471,6 +505,7 @@ void ts_session_accept(uv_stream_t *listener, int status) {
   }
   s->srv = srv;
   s->task = -1;
+  s->holder_of = -1;
   s->id = ++srv->next_session_id;
   if (ts_conn_init(srv->loop, &s->conn, &session_cbs, 0, s) < 0) {
     ts_free(s);

@@ -210,6 +210,13 @@ TS_CLIENT_API char *ts_client_token_read(const char *path, char *errmsg, size_t 
 /* Wipe a token of ts_client_token_read from memory and free it. NULL is ignored. */
 TS_CLIENT_API void ts_client_token_free(char *token);
 
+/* The task key of worker `task` under the job's token: HMAC-SHA256(token, "worker/T") as 64
+ * lower-case hex characters and a 0 into out (n > TS_CLIENT_TASK_KEY_LEN). A worker whose token is its task
+ * key proves to the shards that it is that task (docs/security.md); psctl token derive
+ * prints it. Returns 0, or TS_CLIENT_EINVAL (no token, a negative task, out too small). */
+#define TS_CLIENT_TASK_KEY_LEN 64
+TS_CLIENT_API int ts_client_task_key(const char *token, int task, char *out, size_t n);
+
 typedef struct ts_client ts_client_t;
 
 /* Start the client thread and connect to every shard. Waits up to connect_timeout_s for
@@ -254,6 +261,11 @@ TS_CLIENT_API uint32_t ts_client_num_shards(const ts_client_t *c);
 /* Whether shard i currently has a ready connection; when not, *why (optional) gets the last
  * error seen ("connection refused"). */
 TS_CLIENT_API bool ts_client_shard_up(ts_client_t *c, uint32_t shard, char *why, size_t whylen);
+
+/* Why shard i is refused for good, when retrying will not help: TS_CLIENT_EAUTH (the shard
+ * refused this client's token, or could not prove it knows it: not a shard of this job),
+ * or another code of such a refusal (version, configuration); 0 when none. */
+TS_CLIENT_API int ts_client_shard_error(ts_client_t *c, uint32_t shard);
 
 /* The job's settings as the shards announced them in the handshake (0 / UNSPECIFIED before
  * any shard answered, or for a NULL client). */

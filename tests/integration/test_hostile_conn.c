@@ -124,30 +124,9 @@ static double metric_at_least(fixture_t *f, const char *series, double want) {
 
 /* Connected and authenticated as worker `task` by hand (Hello, MAC of its nonce). */
 static int raw_authed_worker(int port, int task) {
-  int fd = ts_raw_connect(port);
-  if (fd < 0) return -1;
-  uint8_t meta[4096];
-  uint32_t len;
-  if (ts_raw_read_frame(fd, meta, &len) != TS_MSG_HELLO) goto fail;
-  Tessera__Hello *h = tessera__hello__unpack(NULL, len, meta);
-  if (!h) goto fail;
-  uint8_t mac[TS_AUTH_MAC_LEN];
-  ts_auth_mac(TOKEN, h->nonce.data, h->nonce.len, mac);
-  tessera__hello__free_unpacked(h, NULL);
-  Tessera__Handshake hs = TESSERA__HANDSHAKE__INIT;
-  hs.request_id = 1;
-  hs.protocol = TS_PROTOCOL_VERSION;
-  hs.role = TESSERA__ROLE__ROLE_WORKER;
-  hs.task = task;
-  hs.identity = "trickler";
-  hs.mac.data = mac;
-  hs.mac.len = sizeof mac;
-  ts_raw_send_msg(fd, TS_MSG_HANDSHAKE, &hs.base, 0);
-  if (ts_raw_read_frame(fd, meta, &len) != TS_MSG_HANDSHAKE_REPLY) goto fail;
-  return fd;
-fail:
-  close(fd);
-  return -1;
+  int code;
+  char detail[256];
+  return ts_raw_worker_key(port, task, TOKEN, "trickler", &code, detail, sizeof detail);
 }
 
 /* True when the peer has closed fd (reading whatever it sent first), without waiting. */

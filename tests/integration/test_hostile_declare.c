@@ -330,9 +330,10 @@ static void test_model_reset(void **state) {
   assert_int_equal(ts_run_capture(bare, out, sizeof out, perr, sizeof perr), 2);
   const char *forced[] = {ts_psctl_path, "-c", c.config, "--force", "status", NULL};
   assert_int_equal(ts_run_capture(forced, out, sizeof out, perr, sizeof perr), 2);
-  /* Without the admin token: the handshake itself is refused. */
+  /* With the worker token only: psctl may read, the reset is refused by name. */
   assert_int_equal(
       psctl(&c, "auth.admin_token_file=\"\"", true, out, sizeof out, perr, sizeof perr), 1);
+  assert_non_null(strstr(perr, "needs the admin token"));
   /* With it, but a worker is connected and no --force. */
   assert_int_equal(psctl(&c, NULL, false, out, sizeof out, perr, sizeof perr), 1);
   assert_non_null(strstr(perr, "--force"));

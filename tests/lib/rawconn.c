@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ts_auth.h"
 #include "ts_frame.h"
 
 /* rcvbuf > 0: set before connect, so the window the peer sees is small from the start. */
@@ -106,24 +107,54 @@ int ts_raw_worker(int port, int task, const char *identity) {
   return ts_raw_worker_rcvbuf(port, task, identity, 0);
 }
 
-int ts_raw_worker_rcvbuf(int port, int task, const char *identity, int rcvbuf) {
-  int fd = connect_rcvbuf(port, rcvbuf);
+/* The handshake on a connected fd, with the MAC of key (NULL: none): fd once the shard
+ * answered with a HandshakeReply; else -1 (fd closed) with its Error's code and detail. */
+static int handshake(int fd, int task, const char *key, const char *identity, int *code,
+                     char *detail, size_t n) {
+  *code = 0;
+  if (n) detail[0] = 0;
   if (fd < 0) return -1;
-  uint8_t meta[4096];
+  uint8_t meta[4096], mac[TS_AUTH_MAC_LEN];
   uint32_t len;
   if (ts_raw_read_frame(fd, meta, &len) != TS_MSG_HELLO) goto fail;
+  Tessera__Hello *h = tessera__hello__unpack(NULL, len, meta);
+  if (!h) goto fail;
+  if (key) ts_auth_mac(key, h->nonce.data, h->nonce.len, mac);
+  tessera__hello__free_unpacked(h, NULL);
   Tessera__Handshake hs = TESSERA__HANDSHAKE__INIT;
   hs.request_id = 1;
   hs.protocol = TS_PROTOCOL_VERSION;
   hs.role = TESSERA__ROLE__ROLE_WORKER;
   hs.task = task;
   hs.identity = (char *)identity;
+  if (key) {
+    hs.mac.data = mac;
+    hs.mac.len = sizeof mac;
+  }
   ts_raw_send_msg(fd, TS_MSG_HANDSHAKE, &hs.base, 0);
-  if (ts_raw_read_frame(fd, meta, &len) != TS_MSG_HANDSHAKE_REPLY) goto fail;
-  return fd;
+  int type = ts_raw_read_frame(fd, meta, &len);
+  if (type == TS_MSG_HANDSHAKE_REPLY) return fd;
+  if (type == TS_MSG_ERROR) {
+    Tessera__Error *e = tessera__error__unpack(NULL, len, meta);
+    if (e) {
+      *code = e->code;
+      if (n) snprintf(detail, n, "%s", e->detail ? e->detail : "");
+      tessera__error__free_unpacked(e, NULL);
+    }
+  }
 fail:
   close(fd);
   return -1;
+}
+
+int ts_raw_worker_rcvbuf(int port, int task, const char *identity, int rcvbuf) {
+  int code;
+  return handshake(connect_rcvbuf(port, rcvbuf), task, NULL, identity, &code, NULL, 0);
+}
+
+int ts_raw_worker_key(int port, int task, const char *key, const char *identity, int *code,
+                      char *detail, size_t n) {
+  return handshake(ts_raw_connect(port), task, key, identity, code, detail, n);
 }
 
 int ts_raw_expect_error(int fd, char *detail, size_t n) {

@@ -41,6 +41,12 @@ void ts_raw_send_parts(int fd, uint16_t type, uint64_t request_id, size_t n, siz
 /* Connect and handshake as worker `task` (no token); the socket, or -1. */
 int ts_raw_worker(int port, int task, const char *identity);
 
+/* Connect and handshake as worker `task` with the MAC of key (NULL: none). The socket once
+ * the shard answered with a HandshakeReply; -1 when it did not, with the code and detail of
+ * its Error (0 and "" when it sent none) in *code and detail[0..n). */
+int ts_raw_worker_key(int port, int task, const char *key, const char *identity, int *code,
+                      char *detail, size_t n);
+
 /* The same with the socket's receive buffer set to rcvbuf bytes before it connects (the
  * kernel doubles it), so the shard's replies to a peer that reads slowly wait in the
  * shard's own queue instead of megabytes of socket buffers. */

@@ -132,3 +132,17 @@ def test_token_from_the_job_file(cluster, tmp_path):
         tessera.Client(cluster=cl.addrs, connect_timeout=3)  # no token at all
     with pytest.raises(tessera.ConfigError, match="at least 16"):
         tessera.Client(cluster=cl.addrs, token_file=str(short))
+
+
+def test_shard_must_prove_the_token(cluster, tmp_path):
+    # A client with a token wants the shard's proof of it (docs/security.md, "Knowing the
+    # shard is a shard"): a server that cannot give it (here a shard without a token, as a
+    # stranger on its address would be) is refused with AuthError, saying why.
+    token = tmp_path / "token"
+    token.write_text("correct horse battery staple\n")
+    cl = cluster(1, 1, "")
+    with pytest.raises(tessera.AuthError, match="did not prove it knows the token") as ei:
+        tessera.Client(cluster=cl.addrs, token_file=str(token), connect_timeout=3)
+    assert ei.value.name == "EAUTH"
+    with tessera.Client(cluster=cl.addrs, connect_timeout=3) as c:  # no token: as before
+        c.declare({"w": 4})

@@ -36,8 +36,9 @@ uint64_t ts_ckpt_changes(const ts_store_t *s);
 /* Restore into an undeclared store, at start (docs/operations.md, "Changing the number of
  * shards"):
  *  1. the newest valid checkpoint of this shard in its own layout (the same shard count and
- *     partition size) in dir; invalid ones (truncated, hash mismatch, unreadable) are logged
- *     with the reason and an older one is tried. Returns 1 (path, *sequence set), unless a
+ *     partition size) in dir; invalid ones (truncated, hash mismatch, unreadable, a NaN or
+ *     Inf value, which no snapshot holds) are logged with the reason and an older one is
+ *     tried. Returns 1 (path, *sequence set), unless a
  *     complete set of another layout (below) was written after it, as when the shard count
  *     changed and then changed back: the newest state wins, and that set is restored.
  *  2. when there is none: re-sharding. The files of another layout found in dir and in the
@@ -45,6 +46,9 @@ uint64_t ts_ckpt_changes(const ts_store_t *s);
  *     of every old shard at one step; the newest such set is taken and this shard copies the
  *     partitions it holds under its own plan out of it. Returns 2 (path gets a description).
  *     Files of another layout but no usable set: TS_EDATA, errmsg lists what was found.
+ *  3. when this shard has files of its own layout and every one was rejected, and no set
+ *     of another layout could be restored instead: TS_EDATA, errmsg naming the first few
+ *     files and their reasons and counting the rest; never a silent fresh start.
  * Returns 0 when there is nothing to restore, or a negative error for an unreadable
  * directory. The store stays undeclared unless something was restored. */
 int ts_ckpt_restore(ts_store_t *s, const char *dir, char *const *from, size_t nfrom, char *path,

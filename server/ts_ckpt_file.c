@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,6 +158,12 @@ void ts_ckpt_file_free_names(char **names, int n) {
   ts_free(names);
 }
 
+size_t ts_ckpt_first_nonfinite(const float *v, size_t n) {
+  size_t i = 0;
+  while (i < n && isfinite(v[i])) i++;
+  return i;
+}
+
 bool ts_ckpt_file_same_layout(const Tessera__CheckpointMeta *m, uint32_t num_shards,
                               uint64_t partition_bytes) {
   return m->num_shards == num_shards && m->partition_bytes == partition_bytes;
@@ -198,6 +205,34 @@ int ts_ckpt_file_clean_tmp(const char *dir, uint32_t shard) {
   }
   closedir(d);
   return removed;
+}
+
+int ts_ckpt_file_probe(const char *dir, uint32_t shard, char *errmsg, size_t errlen) {
+  int rc = mkdir_p(dir);
+  if (rc < 0) {
+    ts_errmsg_printf(errmsg, errlen, "cannot create checkpoint directory %s: %s", dir,
+                     strerror(-rc));
+    return rc;
+  }
+  char tmp[640];
+  snprintf(tmp, sizeof tmp, "%s/.shard-%u-write-test.tmp", dir, shard);
+  /* A page, as a checkpoint's first write would be: a full disk fails here. */
+  static const char page[4096];
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) {
+    rc = -errno;
+    ts_errmsg_printf(errmsg, errlen, "checkpoint.dir %s takes no file: cannot create %s: %s", dir,
+                     tmp, strerror(errno));
+    return rc;
+  }
+  rc = write_all(fd, page, sizeof page, NULL);
+  if (rc == 0 && fsync(fd) < 0) rc = -errno;
+  close(fd);
+  unlink(tmp);
+  if (rc < 0)
+    ts_errmsg_printf(errmsg, errlen, "checkpoint.dir %s takes no file: writing %s failed: %s", dir,
+                     tmp, strerror(-rc));
+  return rc;
 }
 
 /* After path was written into dir: delete this shard's checkpoints of its own layout

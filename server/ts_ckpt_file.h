@@ -74,9 +74,18 @@ int ts_ckpt_file_read_meta(const char *path, Tessera__CheckpointMeta **meta, cha
 int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **meta, char *errmsg,
                       size_t errlen);
 
+/* The index of the first NaN or Inf among v[0..n), or n when every value is finite:
+ * snapshots never hold one, so a file that does is refused by name when it is read. */
+size_t ts_ckpt_first_nonfinite(const float *v, size_t n);
+
 /* Whether a file's layout is (num_shards, partition_bytes). */
 bool ts_ckpt_file_same_layout(const Tessera__CheckpointMeta *m, uint32_t num_shards,
                               uint64_t partition_bytes);
+
+/* Whether dir takes a checkpoint of shard: dir is made if missing, then a small test file
+ * is written, fsynced and removed. Returns 0, or a negative errno with errmsg saying what
+ * failed (not a directory, not writable, no space). */
+int ts_ckpt_file_probe(const char *dir, uint32_t shard, char *errmsg, size_t errlen);
 
 /* Delete shard's temporary files in dir: checkpoint writes a crash interrupted (each is
  * logged). Returns how many were removed. Call before the shard writes again. */

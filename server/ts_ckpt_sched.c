@@ -234,15 +234,24 @@ bool ts_ckpt_sched_final(ts_server_t *srv) {
   return false;
 }
 
-int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen) {
+int ts_ckpt_sched_restore(ts_server_t *srv, bool fresh, char *errmsg, size_t errlen) {
   const ts_config_t *cfg = srv->cfg;
   if (!cfg->checkpoint_dir || !*cfg->checkpoint_dir) return 0;
+  /* A directory that takes no file would fail every checkpoint, silently until the first:
+   * refused now, as a bad key is. */
+  if (ts_ckpt_file_probe(cfg->checkpoint_dir, srv->shard, errmsg, errlen) < 0) return TS_ECONFIG;
   ts_ckpt_file_clean_tmp(cfg->checkpoint_dir, srv->shard);
   uint64_t t0 = uv_hrtime(), seq = 0;
   char path[600], err[1536];
-  int r =
-      ts_ckpt_restore(&srv->store, cfg->checkpoint_dir, cfg->checkpoint_restore_from,
-                      cfg->num_checkpoint_restore_from, path, sizeof path, &seq, err, sizeof err);
+  int r = 0;
+  if (fresh)
+    ts_log_notice("--fresh: not restoring %s; starting with no model (the files there stay, "
+                  "and the next checkpoint written is newer than all of them)",
+                  cfg->checkpoint_dir);
+  else
+    r = ts_ckpt_restore(&srv->store, cfg->checkpoint_dir, cfg->checkpoint_restore_from,
+                        cfg->num_checkpoint_restore_from, path, sizeof path, &seq, err,
+                        sizeof err);
   if (r == TS_EDATA || r == TS_ENOMEM) {
     /* Old checkpoints exist but none can be used: starting fresh would quietly throw the
      * training away, so the operator decides (docs/operations.md). */
@@ -261,7 +270,7 @@ int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen) {
     ts_log_notice("restored checkpoint %s%s: %zu partition(s), %u table(s) at step %llu in %.0f ms",
                   r == 2 ? "set " : "", path, srv->store.num_parts, srv->store.num_tables,
                   (unsigned long long)srv->restored_step, (double)(uv_hrtime() - t0) / 1e6);
-  } else {
+  } else if (!fresh) {
     ts_log_info("no checkpoint in %s: starting fresh", cfg->checkpoint_dir);
   }
   uint64_t last = ts_ckpt_file_last_sequence(cfg->checkpoint_dir, srv->shard);

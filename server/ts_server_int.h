@@ -469,13 +469,16 @@ void ts_declare_reset(ts_session_t *s, Tessera__ModelReset *m);
 
 /* --- ts_ckpt_sched.c ------------------------------------------------------------------- */
 
-/* At start, before listening (a client that can connect finds the restored model): delete
- * temporary files of interrupted writes, restore the newest checkpoint of checkpoint.dir
- * (or re-shard one of another layout, also from checkpoint.restore_from: ts_ckpt.h),
- * and learn the sequence to go on from. Returns 0, also when nothing could be read (logged;
- * the shard starts fresh), or TS_ECONFIG with errmsg when checkpoints of another layout
- * exist but hold no usable set (or no memory to look at them): the shard must not start. */
-int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen);
+/* At start, before listening (a client that can connect finds the restored model): check
+ * that checkpoint.dir takes a file (made if missing: a test file written, fsynced and
+ * removed), delete temporary files of interrupted writes, restore the newest checkpoint of
+ * checkpoint.dir (or re-shard one of another layout, also from checkpoint.restore_from:
+ * ts_ckpt.h) unless fresh (--fresh, logged), and learn the sequence to go on from.
+ * Returns 0, also when the directory cannot be listed (logged), or TS_ECONFIG with errmsg:
+ * the directory takes no file, every checkpoint of this shard was rejected (without
+ * fresh), or checkpoints of another layout exist but hold no usable set (or no memory to
+ * look at them): the shard must not start. */
+int ts_ckpt_sched_restore(ts_server_t *srv, bool fresh, char *errmsg, size_t errlen);
 
 /* Once listening: initialise srv->ckpt_timer (the caller closes it) and start it when
  * checkpoint.interval_s asks for periodic checkpoints. */

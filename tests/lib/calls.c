@@ -97,3 +97,21 @@ int tc_open(ts_client_t **cl, const ts_client_opts_t *o, const ts_client_tensor_
   if (rc < 0) fprintf(stderr, "declare: %s\n", err);
   return rc;
 }
+
+int tc_checkpoint(const char *const *addrs, size_t num_shards, uint32_t shard, char *path,
+                  size_t n) {
+  ts_client_opts_t o;
+  tc_opts(&o, addrs, num_shards);
+  o.admin = true;
+  o.task = -1;
+  o.connect_timeout_s = 5;
+  o.request_timeout_s = 10;
+  ts_client_t *a = NULL;
+  char err[512];
+  uint64_t step = 0;
+  int rc = ts_client_open(&a, &o, err, sizeof err);
+  if (rc == 0) rc = ts_client_checkpoint(a, shard, path, n, &step, err, sizeof err);
+  if (rc < 0) fprintf(stderr, "checkpoint: %s\n", err);
+  ts_client_close(a);
+  return rc;
+}

@@ -49,4 +49,9 @@ void tc_opts(ts_client_opts_t *o, const char *const *addrs, size_t num_shards);
 int tc_open(ts_client_t **cl, const ts_client_opts_t *o, const ts_client_tensor_t *model,
             size_t n, uint64_t seed);
 
+/* Ask shard `shard` of the num_shards at addrs for a checkpoint over an admin connection
+ * (no token): 0 with its file in path, or the negative code after saying why on stderr. */
+int tc_checkpoint(const char *const *addrs, size_t num_shards, uint32_t shard, char *path,
+                  size_t n);
+
 #endif

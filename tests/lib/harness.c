@@ -187,6 +187,10 @@ double ts_done_field(const ts_proc_t *p, const char *key) {
 }
 
 int ts_cluster_start_shard(ts_cluster_t *c, int i) {
+  return ts_cluster_start_shard_arg(c, i, NULL);
+}
+
+int ts_cluster_start_shard_arg(ts_cluster_t *c, int i, const char *arg) {
   char log[400], shard[16];
   snprintf(log, sizeof log, "%s/ps-%d.log", c->dir, i);
   snprintf(shard, sizeof shard, "%d", i);
@@ -199,7 +203,7 @@ int ts_cluster_start_shard(ts_cluster_t *c, int i) {
       dup2(fd, 2);
       close(fd);
     }
-    execl(ts_ps_server_path, "ps-server", "-c", c->config, "--shard", shard, (char *)NULL);
+    execl(ts_ps_server_path, "ps-server", "-c", c->config, "--shard", shard, arg, (char *)NULL);
     _exit(127);
   }
   c->pid[i] = pid;

@@ -42,6 +42,8 @@ int ts_cluster_start(ts_cluster_t *c, int num_shards, int num_workers, const cha
 
 /* Start (again) shard i with the same job file; waits until it accepts. */
 int ts_cluster_start_shard(ts_cluster_t *c, int i);
+/* The same with one more argument for ps-server (e.g. "--fresh"; NULL: none). */
+int ts_cluster_start_shard_arg(ts_cluster_t *c, int i, const char *arg);
 
 /* Send sig to shard i and, for SIGTERM/SIGINT/SIGKILL, reap it. A shard that exits with a
  * non-zero status, or does not exit within 5 s of SIGTERM/SIGINT (it is then killed),

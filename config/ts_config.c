@@ -457,7 +457,10 @@ const ts_config_def_t ts_config_defs[] = {
 
     STRING("checkpoint.dir", checkpoint_dir, 0, PATH_BYTES, "\"\"",
            "Directory each shard writes checkpoints to; empty = no checkpoints. A path: at "
-           "most 4095 bytes."),
+           "most 4095 bytes. Made and write-tested at start (a file written, fsynced, "
+           "removed): a directory that takes no file stops the start (exit 78), and so do "
+           "checkpoints of the shard that are all unusable, unless ps-server --fresh "
+           "(docs/operations.md)."),
     FLOAT("checkpoint.interval_s", checkpoint_interval_s, 0.1, 604800.0, 0, "60",
           "Seconds between checkpoints (taken only when parameters changed). At least 0.1 s: "
           "each one fsyncs the shard's partitions; at most a week."),

@@ -1,6 +1,7 @@
 #include "ts_status.h"
 
 #include <stdalign.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "ts_alloc.h"
@@ -19,6 +20,11 @@ ts_client_mode_t ts_status_mode(Tessera__Mode mode) {
   }
 }
 
+void ts_status_checkpoint_note(char *buf, size_t n, uint32_t failures, const char *error) {
+  snprintf(buf, n, "last checkpoint: failed %u\u00d7 (%s)", failures,
+           error && *error ? error : "no reason given");
+}
+
 static size_t align_up(size_t n) {
   const size_t a = alignof(max_align_t);
   return (n + a - 1) / a * a;
@@ -29,11 +35,12 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
   *out = NULL;
   size_t nw = pb->n_workers, nb = pb->n_barrier_waiting_for, nt = pb->n_tables;
   const char *ckpt = pb->last_checkpoint ? pb->last_checkpoint : "";
+  const char *ckerr = pb->checkpoint_error ? pb->checkpoint_error : "";
   size_t off_w = align_up(sizeof(ts_client_shard_status_t));
   size_t off_t = align_up(off_w + nw * sizeof(ts_client_worker_status_t));
   size_t off_b = align_up(off_t + nt * sizeof(ts_client_table_status_t));
   size_t off_s = off_b + nb * sizeof(int32_t);
-  size_t total = off_s + strlen(ckpt) + 1;
+  size_t total = off_s + strlen(ckpt) + 1 + strlen(ckerr) + 1;
   for (size_t i = 0; i < nt; i++)
     total += strlen(pb->tables[i]->name ? pb->tables[i]->name : "") + 1;
   for (size_t i = 0; i < nw; i++)
@@ -64,6 +71,11 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
   size_t len = strlen(ckpt) + 1;
   memcpy(str, ckpt, len);
   st->last_checkpoint = str;
+  str += len;
+  len = strlen(ckerr) + 1;
+  memcpy(str, ckerr, len);
+  st->checkpoint_error = str;
+  st->checkpoint_failures = pb->checkpoint_failures;
   str += len;
   for (size_t i = 0; i < nw; i++) {
     const Tessera__WorkerStatus *ws = pb->workers[i];

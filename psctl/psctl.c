@@ -17,6 +17,7 @@
 #include "ts_config.h"
 #include "ts_err.h"
 #include "ts_job_status.h"
+#include "ts_status.h"
 #include "ts_log.h"
 
 typedef enum { OUT_TABLE, OUT_JSON } output_t;
@@ -215,6 +216,19 @@ static void print_progress_bar(const ts_job_status_worker_t *w, size_t n) {
   printf("] %3.0f%%\n\n", f * 100.0);
 }
 
+/* A line per shard whose checkpoints fail: "shard 0: last checkpoint: failed 3× (...)". */
+static void print_ckpt_failures(const ts_job_status_shard_t *sh, size_t n) {
+  for (size_t s = 0; s < n; s++) {
+    if (!sh[s].st || !sh[s].st->checkpoint_failures) continue;
+    char note[256];
+    ts_status_checkpoint_note(note, sizeof note, sh[s].st->checkpoint_failures,
+                              sh[s].st->checkpoint_error);
+    printf("shard %zu: ", sh[s].index);
+    cell(note, 0, false);
+    printf("\n");
+  }
+}
+
 static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   size_t nw = v->cfg.num_workers;
   ts_job_status_shard_t *sh = ts_calloc(v->cfg.num_ps, sizeof *sh);
@@ -239,6 +253,7 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   ts_client_mode_t mode;
   uint64_t step = ts_job_status_job_step(&view, &mode);
   size_t up = ts_job_status_shards_up(&view);
+  size_t failing = ts_job_status_ckpt_failing(&view);
   const char *mname = up ? ts_client_mode_name(mode) : ts_mode_name(v->cfg.mode);
   if (out == OUT_JSON) {
     cJSON *root = NULL;
@@ -261,6 +276,7 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
     int by = -1;
     if (ts_job_status_final_accuracy(&view, &acc, &by))
       printf("final test accuracy: %.4f (worker %d evaluated the final parameters)\n", acc, by);
+    print_ckpt_failures(sh, n);
     printf("\n");
     if (isatty(STDOUT_FILENO) == 1) print_progress_bar(w, nw);
     print_shards_table(v);
@@ -273,8 +289,9 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   } else if (strcmp(cmd, "workers") == 0) {
     print_workers_table(w, nw);
   } else {
-    cell(up == n ? "healthy" : "unhealthy", 0, up == n);
+    cell(up == n && !failing ? "healthy" : "unhealthy", 0, up == n && !failing);
     printf(": %zu of %zu shard(s) up\n", up, n);
+    print_ckpt_failures(sh, n);
   }
   for (size_t s = 0; s < n; s++)
     if (!sh[s].st)
@@ -282,7 +299,8 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
               sh[s].error ? sh[s].error : "no answer");
   ts_free(sh);
   ts_free(w);
-  return up == n ? TS_EXIT_OK : TS_EXIT_FAILURE;
+  /* health: checkpoints that fail make the job unhealthy, as a shard down does. */
+  return up == n && !(failing && strcmp(cmd, "health") == 0) ? TS_EXIT_OK : TS_EXIT_FAILURE;
 }
 
 /* checkpoint / shutdown / model reset: one request per shard that answered; every shard

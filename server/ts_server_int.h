@@ -241,7 +241,11 @@ struct ts_server {
   uint64_t ckpt_seq;     /* sequence of the newest checkpoint on disk */
   uint64_t ckpt_base;    /* sequence of this model's last full checkpoint written (0: none) */
   uint32_t ckpt_since_full; /* increments written since it (checkpoint.full_every) */
-  uint64_t ckpt_applied; /* ts_ckpt_changes when the last one was taken */
+  uint64_t ckpt_applied; /* ts_ckpt_changes at the last checkpoint written or restored */
+  uint64_t ckpt_saved_step; /* the step it holds */
+  uint32_t ckpt_failures;   /* attempts failed in a row since (0: the last one worked) */
+  char ckpt_error[200];     /* the last failure's reason, e.g. "No space left on device" */
+  int ckpt_final_tries;     /* attempts at the final checkpoint of a stop */
   char last_ckpt[600];
   uint64_t last_ckpt_ms; /* loop time of the last checkpoint written or restored */
   bool have_ckpt;

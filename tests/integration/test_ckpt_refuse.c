@@ -31,27 +31,15 @@ static const ts_client_tensor_t model[] = {
     {.name = "w", .shape = shape, .rank = 2, .init = TS_CLIENT_INIT_ZEROS}};
 
 static ts_client_t *open_client(ts_cluster_t *c, bool admin) {
-  ts_client_opts_t o = {.struct_size = sizeof(ts_client_opts_t),
-                        .addrs = c->addrs,
-                        .num_shards = 1,
-                        .admin = admin,
-                        .task = admin ? -1 : 0,
-                        .connect_timeout_s = 5,
-                        .request_timeout_s = 10,
-                        .require_all = true};
+  ts_client_opts_t o;
+  tc_opts_role(&o, c->addrs, 1, admin);
   ts_client_t *cl = NULL;
   assert_int_equal(tc_open(&cl, &o, admin ? NULL : model, 1, 3), 0);
   return cl;
 }
 
 static void push_ones(ts_client_t *cl, int times) {
-  static float g[N];
-  for (int i = 0; i < N; i++) g[i] = 1.0f;
-  char err[512];
-  for (int i = 0; i < times; i++) {
-    const float *gp[] = {g};
-    assert_int_equal(tc_push(cl, gp, 0, NULL, err, sizeof err), 0);
-  }
+  assert_int_equal(tc_push_filled(cl, 1.0f, N, times), 0);
 }
 
 static float pulled_first(ts_client_t *cl) {

@@ -43,6 +43,14 @@ size_t tc_shard_parts(const ts_client_t *c, uint32_t s);
 /* Shard options with struct_size set and the client's logs sent to ts_log. */
 void tc_opts(ts_client_opts_t *o, const char *const *addrs, size_t num_shards);
 
+/* Push a gradient of n values v (one tensor), times times. Returns 0, or the negative
+ * code after saying why on stderr. */
+int tc_push_filled(ts_client_t *c, float v, size_t n, int times);
+
+/* tc_opts for a test's worker (task 0) or admin client: connect within 5 s, requests within
+ * 10 s, every shard required. */
+void tc_opts_role(ts_client_opts_t *o, const char *const *addrs, size_t num_shards, bool admin);
+
 /* Open a client with options o into *cl and, when model is not NULL, declare its n tensors
  * with seed. Returns 0, or the negative code after saying on stderr which step failed and
  * why (*cl may then hold an open client, the caller's to close). */

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "psctl_ckpt.h"
 #include "psctl_fmt.h"
 #include "psctl_help.h"
 #include "psctl_tables.h"
@@ -538,14 +539,18 @@ int main(int argc, char **argv) {
     goto done;
   }
   bool model_cmd = strcmp(cmd, "model") == 0;
+  /* checkpoint list: the files in checkpoint.dir, read here (psctl_ckpt.h). */
+  bool ckpt_list = strcmp(cmd, "checkpoint") == 0 && optind + 1 < argc &&
+                   strcmp(argv[optind + 1], "list") == 0;
   bool admin_cmd = strcmp(cmd, "checkpoint") == 0 || strcmp(cmd, "shutdown") == 0 || model_cmd;
   if (model_cmd && (optind + 1 >= argc || strcmp(argv[optind + 1], "reset") != 0)) {
     fprintf(stderr, "psctl: model takes one subcommand: reset (see psctl model --help)\n");
     goto done;
   }
-  if (optind + 1 + model_cmd < argc) {
+  if (optind + 1 + model_cmd + ckpt_list < argc) {
     fprintf(stderr, "psctl: unexpected argument '%s' after %s (see psctl %s --help)\n",
-            argv[optind + 1 + model_cmd], model_cmd ? "model reset" : cmd, cmd);
+            argv[optind + 1 + model_cmd + ckpt_list],
+            model_cmd ? "model reset" : ckpt_list ? "checkpoint list" : cmd, cmd);
     goto done;
   }
   if (force && !model_cmd) {
@@ -583,6 +588,13 @@ int main(int argc, char **argv) {
             v.cfg.num_ps);
     ts_config_free(&v.cfg);
     rc = TS_EXIT_USAGE;
+    goto done;
+  }
+  if (ckpt_list) {
+    cJSON *list = NULL;
+    rc = psctl_checkpoint_list(&v.cfg, only_shard, out == OUT_JSON ? &list : NULL);
+    if (list) print_json(list);
+    ts_config_free(&v.cfg);
     goto done;
   }
   v.only_shard = only_shard;

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <cmocka.h>
 #include <sodium.h>
 
@@ -125,6 +126,13 @@ static void test_unusable_refused_unless_fresh(void **state) {
   expect_refused(&c, (const char *const[]){strrchr(a, '/') + 1, strrchr(b, '/') + 1,
                                            "checksum mismatch", "truncated",
                                            "2 file(s) rejected", "--fresh", NULL});
+  /* psctl checkpoint list says the same of each file. */
+  static char out[16384], perr[4096];
+  const char *list[] = {ts_psctl_path, "-c", c.config, "checkpoint", "list", NULL};
+  assert_int_equal(ts_run_capture(list, out, sizeof out, perr, sizeof perr), 1);
+  assert_non_null(strstr(out, "SHARD FILE"));
+  assert_non_null(strstr(out, "NO: checksum mismatch"));
+  assert_non_null(strstr(out, strrchr(b, '/') + 1));
 
   /* A newer file announcing a 4 GiB header. */
   uint8_t head[64] = "TSCKPT01\xff\xff\xff\xff";
@@ -196,9 +204,25 @@ static void test_nan_with_valid_hash_refused(void **state) {
   ts_cluster_t c;
   two_checkpoints(&c, dir, a, b);
   assert_int_equal(unlink(a), 0);
+  /* Before: valid, at step 5 (psctl checkpoint list, JSON). */
+  static char out[16384], perr[4096];
+  const char *list[] = {ts_psctl_path, "-c", c.config, "-o", "json", "checkpoint", "list", NULL};
+  assert_int_equal(ts_run_capture(list, out, sizeof out, perr, sizeof perr), 0);
+  cJSON *j = cJSON_Parse(out);
+  assert_non_null(j);
+  assert_int_equal(cJSON_GetArraySize(j), 1);
+  cJSON *e = cJSON_GetArrayItem(j, 0);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(e, "valid")));
+  assert_int_equal(cJSON_GetObjectItem(e, "step")->valuedouble, 5);
+  assert_string_equal(cJSON_GetObjectItem(e, "file")->valuestring, strrchr(b, '/') + 1);
+  cJSON_Delete(j);
   forge_nan(b);
   expect_refused(&c, (const char *const[]){strrchr(b, '/') + 1,
                                            "tensor 'w' parameter element 17 is NaN", NULL});
+  /* The hash checks, the values do not: psctl says which. */
+  const char *table[] = {ts_psctl_path, "-c", c.config, "checkpoint", "list", NULL};
+  assert_int_equal(ts_run_capture(table, out, sizeof out, perr, sizeof perr), 1);
+  assert_non_null(strstr(out, "NO: tensor 'w' parameter element 17 is not finite"));
   assert_int_equal(ts_cluster_stop(&c), 0);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

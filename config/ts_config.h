@@ -39,6 +39,7 @@
 #define TS_EXIT_OK 0
 #define TS_EXIT_FAILURE 1
 #define TS_EXIT_USAGE 2
+#define TS_EXIT_NOTHING_TO_TRAIN 3 /* ps-worker: the job had no step left for it */
 #define TS_EXIT_CONFIG 78
 
 #define TS_CONFIG_MAX_HOSTS 256

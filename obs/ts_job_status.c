@@ -70,6 +70,14 @@ size_t ts_job_status_shards_up(const ts_job_status_view_t *v) {
   return up;
 }
 
+const char *ts_job_status_job_id(const ts_job_status_view_t *v) {
+  for (size_t s = 0; s < v->num_shards; s++) {
+    const ts_client_shard_status_t *st = v->shards[s].st;
+    if (st && st->job_id && *st->job_id) return st->job_id;
+  }
+  return NULL;
+}
+
 size_t ts_job_status_ckpt_failing(const ts_job_status_view_t *v) {
   size_t n = 0;
   for (size_t s = 0; s < v->num_shards; s++)
@@ -191,6 +199,11 @@ cJSON *ts_job_status_json_job(const ts_job_status_view_t *v, bool with_workers) 
                                                : "unknown");
   cJSON_AddNumberToObject(root, "step", (double)step);
   cJSON_AddBoolToObject(root, "healthy", up == v->num_shards && !ts_job_status_ckpt_failing(v));
+  const char *id = ts_job_status_job_id(v);
+  if (id)
+    cJSON_AddStringToObject(root, "job_id", id);
+  else
+    cJSON_AddNullToObject(root, "job_id");
   cJSON *shards = cJSON_AddArrayToObject(root, "shards");
   for (size_t s = 0; shards && s < v->num_shards; s++)
     cJSON_AddItemToArray(shards, ts_job_status_json_shard(&v->shards[s]));

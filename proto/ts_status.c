@@ -36,11 +36,12 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
   size_t nw = pb->n_workers, nb = pb->n_barrier_waiting_for, nt = pb->n_tables;
   const char *ckpt = pb->last_checkpoint ? pb->last_checkpoint : "";
   const char *ckerr = pb->checkpoint_error ? pb->checkpoint_error : "";
+  const char *job = pb->job_id ? pb->job_id : "";
   size_t off_w = align_up(sizeof(ts_client_shard_status_t));
   size_t off_t = align_up(off_w + nw * sizeof(ts_client_worker_status_t));
   size_t off_b = align_up(off_t + nt * sizeof(ts_client_table_status_t));
   size_t off_s = off_b + nb * sizeof(int32_t);
-  size_t total = off_s + strlen(ckpt) + 1 + strlen(ckerr) + 1;
+  size_t total = off_s + strlen(ckpt) + 1 + strlen(ckerr) + 1 + strlen(job) + 1;
   for (size_t i = 0; i < nt; i++)
     total += strlen(pb->tables[i]->name ? pb->tables[i]->name : "") + 1;
   for (size_t i = 0; i < nw; i++)
@@ -76,6 +77,10 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
   memcpy(str, ckerr, len);
   st->checkpoint_error = str;
   st->checkpoint_failures = pb->checkpoint_failures;
+  str += len;
+  len = strlen(job) + 1;
+  memcpy(str, job, len);
+  st->job_id = str;
   str += len;
   for (size_t i = 0; i < nw; i++) {
     const Tessera__WorkerStatus *ws = pb->workers[i];

@@ -271,8 +271,9 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
     }
     print_json(root);
   } else if (strcmp(cmd, "status") == 0) {
-    printf("job: mode %s, step %llu, %zu of %zu shard(s) up, %zu worker(s)\n", mname,
-           (unsigned long long)step, up, n, nw);
+    const char *id = ts_job_status_job_id(&view);
+    printf("job%s%s: mode %s, step %llu, %zu of %zu shard(s) up, %zu worker(s)\n", id ? " " : "",
+           id ? id : "", mname, (unsigned long long)step, up, n, nw);
     double acc;
     int by = -1;
     if (ts_job_status_final_accuracy(&view, &acc, &by))

@@ -17,7 +17,7 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: ps-server -c FILE [--shard N] [--set KEY=VALUE]... [--insecure] [--fresh]\n"
+          "usage: ps-server -c FILE [--shard N] [--set KEY=VALUE]... [--insecure] [--fresh|--adopt]\n"
           "\n"
           "Serves shard N of the job in FILE on cluster.ps[N].\n"
           "\n"
@@ -27,6 +27,8 @@ static void usage(FILE *f) {
           "      --insecure        allow a non-loopback address without auth tokens\n"
       "      --fresh           do not restore checkpoint.dir: start with no model (its\n"
       "                        files stay; needed when none of them is usable)\n"
+      "      --adopt           restore checkpoints another job wrote (another job.mode\n"
+      "                        or optimizer.name) and continue them as this job\n"
           "      --log-level LVL   crit|err|warn|notice|info|debug (default info)\n"
           "  -h, --help            this text\n"
           "  -V, --version         print the version\n"
@@ -79,7 +81,8 @@ int main(int argc, char **argv) {
   uv_loop_init(&loop);
   ts_server_t *srv = NULL;
   ts_server_opts_t opts = {.cfg = &cfg, .shard = (uint32_t)cli.id, .insecure = cli.insecure,
-                           .fresh = cli.fresh};
+                           .fresh = cli.fresh,
+                           .adopt = cli.adopt};
   rc = ts_server_start(&srv, &loop, &opts, err, sizeof err);
   ts_cli_free(&cli);
   if (rc < 0) {

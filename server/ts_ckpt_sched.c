@@ -293,7 +293,8 @@ bool ts_ckpt_sched_final(ts_server_t *srv) {
   return final_checkpoint(srv);
 }
 
-int ts_ckpt_sched_restore(ts_server_t *srv, bool fresh, char *errmsg, size_t errlen) {
+int ts_ckpt_sched_restore(ts_server_t *srv, bool fresh, bool adopt, char *errmsg,
+                          size_t errlen) {
   const ts_config_t *cfg = srv->cfg;
   if (!cfg->checkpoint_dir || !*cfg->checkpoint_dir) return 0;
   /* A directory that takes no file would fail every checkpoint, silently until the first:
@@ -309,7 +310,7 @@ int ts_ckpt_sched_restore(ts_server_t *srv, bool fresh, char *errmsg, size_t err
                   cfg->checkpoint_dir);
   else
     r = ts_ckpt_restore(&srv->store, cfg->checkpoint_dir, cfg->checkpoint_restore_from,
-                        cfg->num_checkpoint_restore_from, path, sizeof path, &seq, err,
+                        cfg->num_checkpoint_restore_from, adopt, path, sizeof path, &seq, err,
                         sizeof err);
   if (r == TS_EDATA || r == TS_ENOMEM) {
     /* Old checkpoints exist but none can be used: starting fresh would quietly throw the

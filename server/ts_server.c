@@ -256,7 +256,7 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
 
   /* Restore before listening: a client that can connect finds the restored model. */
   randombytes_buf(&srv->incarnation, sizeof srv->incarnation);
-  if ((rc = ts_ckpt_sched_restore(srv, opts->fresh, errmsg, errlen)) < 0) {
+  if ((rc = ts_ckpt_sched_restore(srv, opts->fresh, opts->adopt, errmsg, errlen)) < 0) {
     freeaddrinfo(ai);
     goto fail;
   }

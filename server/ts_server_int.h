@@ -441,6 +441,7 @@ typedef struct {
   Tessera__TableStatus *ts; /* one per table */
   Tessera__TableStatus **tp;
   uint64_t *hot; /* TS_STABLE_HOT_KEYS per table: the tables' hottest keys */
+  char job_id[17]; /* ts_ckpt_job_id ("" before a model is declared) */
 } ts_shard_status_msg_t;
 
 /* Fill *sm with the shard's state now. Returns 0 or TS_ENOMEM; release it in both cases. */
@@ -477,12 +478,14 @@ void ts_declare_reset(ts_session_t *s, Tessera__ModelReset *m);
  * that checkpoint.dir takes a file (made if missing: a test file written, fsynced and
  * removed), delete temporary files of interrupted writes, restore the newest checkpoint of
  * checkpoint.dir (or re-shard one of another layout, also from checkpoint.restore_from:
- * ts_ckpt.h) unless fresh (--fresh, logged), and learn the sequence to go on from.
+ * ts_ckpt.h; files of another job only when adopt, --adopt) unless fresh (--fresh,
+ * logged), and learn the sequence to go on from.
  * Returns 0, also when the directory cannot be listed (logged), or TS_ECONFIG with errmsg:
  * the directory takes no file, every checkpoint of this shard was rejected (without
  * fresh), or checkpoints of another layout exist but hold no usable set (or no memory to
  * look at them): the shard must not start. */
-int ts_ckpt_sched_restore(ts_server_t *srv, bool fresh, char *errmsg, size_t errlen);
+int ts_ckpt_sched_restore(ts_server_t *srv, bool fresh, bool adopt, char *errmsg,
+                          size_t errlen);
 
 /* Once listening: initialise srv->ckpt_timer (the caller closes it) and start it when
  * checkpoint.interval_s asks for periodic checkpoints. */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ts_alloc.h"
+#include "ts_ckpt.h"
 #include "ts_err.h"
 #include "ts_notify.h"
 #include "ts_status.h"
@@ -124,6 +125,8 @@ int ts_shard_status_build(ts_server_t *srv, ts_shard_status_msg_t *sm) {
   r->restored_step = srv->restored_step;
   r->checkpoint_failures = srv->ckpt_failures;
   r->checkpoint_error = srv->ckpt_error;
+  r->job_id = sm->job_id;
+  if (srv->store.declared) ts_ckpt_job_id(&srv->store, sm->job_id);
   r->has_final_test_accuracy = srv->has_final_acc;
   r->final_test_accuracy = srv->final_acc;
   r->final_reporter = srv->final_reporter;

@@ -274,11 +274,59 @@ static void test_dir_that_takes_no_file(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* The job id psctl status -o json shows ("" before a model). */
+static void job_id(const ts_cluster_t *c, char *id, size_t n) {
+  static char out[65536], perr[4096];
+  const char *argv[] = {ts_psctl_path, "-c", c->config, "-o", "json", "status", NULL};
+  assert_int_equal(ts_run_capture(argv, out, sizeof out, perr, sizeof perr), 0);
+  cJSON *j = cJSON_Parse(out);
+  assert_non_null(j);
+  const cJSON *v = cJSON_GetObjectItem(j, "job_id");
+  snprintf(id, n, "%s", cJSON_IsString(v) ? v->valuestring : "");
+  cJSON_Delete(j);
+}
+
+/* A job with another optimizer reusing the directory: refused naming both jobs, unless
+ * --adopt, which continues the training as the new job. */
+static void test_other_job_refused_unless_adopt(void **state) {
+  (void)state;
+  char dir[] = "/tmp/tessera-ckpt-job-XXXXXX", a[600], b[600], first[32], second[32];
+  assert_non_null(mkdtemp(dir));
+  ts_cluster_t c;
+  two_checkpoints(&c, dir, a, b);
+  assert_int_equal(ts_cluster_start_shard(&c, 0), 0);
+  job_id(&c, first, sizeof first);
+  assert_int_equal(strlen(first), 16);
+  ts_cluster_signal(&c, 0, SIGKILL);
+  retarget(&c, "name = \"sgd\"", "name = \"momentum\"");
+  expect_refused(&c, (const char *const[]){"written by job", first, "optimizer sgd",
+                                           "optimizer.name momentum", "--adopt", NULL});
+  assert_int_equal(ts_cluster_start_shard_arg(&c, 0, "--adopt"), 0);
+  ts_client_t *w = open_client(&c, false);
+  assert_true(pulled_first(w) == -2.5f); /* the old job's parameters */
+  ts_client_close(w);
+  job_id(&c, second, sizeof second);
+  assert_int_equal(strlen(second), 16);
+  assert_string_not_equal(first, second);
+  /* Its next checkpoint is the new job's: a plain restart takes it. */
+  char p[600];
+  checkpoint(&c, p, sizeof p);
+  ts_cluster_signal(&c, 0, SIGKILL);
+  assert_int_equal(ts_cluster_start_shard(&c, 0), 0);
+  job_id(&c, first, sizeof first);
+  assert_string_equal(first, second);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_unusable_refused_unless_fresh),
       cmocka_unit_test(test_nan_with_valid_hash_refused),
       cmocka_unit_test(test_dir_that_takes_no_file),
+      cmocka_unit_test(test_other_job_refused_unless_adopt),
   };
   return cmocka_run_group_tests_name("ckpt_refuse", tests, NULL, NULL);
 }

@@ -154,7 +154,7 @@ static int restore(ts_store_t *s, char *err, size_t errlen) {
   store_init(s);
   char got[600] = "";
   uint64_t seq = 0;
-  return ts_ckpt_restore(s, dir, NULL, 0, got, sizeof got, &seq, err, errlen);
+  return ts_ckpt_restore(s, dir, NULL, 0, false, got, sizeof got, &seq, err, errlen);
 }
 
 /* Restore must reject the file and leave the store undeclared: the only checkpoint

@@ -166,10 +166,7 @@ static void test_unusable_refused_unless_fresh(void **state) {
   w = open_client(&c, false);
   assert_true(pulled_first(w) == -0.5f);
   ts_client_close(w);
-  assert_int_equal(ts_cluster_stop(&c), 0);
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  assert_int_equal(ts_cluster_stop_rm(&c, dir), 0);
 }
 
 /* Put a NaN at parameter element 17 of the only checkpoint and recompute its BLAKE2b hash,
@@ -223,10 +220,7 @@ static void test_nan_with_valid_hash_refused(void **state) {
   const char *table[] = {ts_psctl_path, "-c", c.config, "checkpoint", "list", NULL};
   assert_int_equal(ts_run_capture(table, out, sizeof out, perr, sizeof perr), 1);
   assert_non_null(strstr(out, "NO: tensor 'w' parameter element 17 is not finite"));
-  assert_int_equal(ts_cluster_stop(&c), 0);
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  assert_int_equal(ts_cluster_stop_rm(&c, dir), 0);
 }
 
 /* Point c's job file at checkpoint directory to instead of from. */
@@ -268,10 +262,7 @@ static void test_dir_that_takes_no_file(void **state) {
     expect_refused(&c, (const char *const[]){"takes no file", "Permission denied", NULL});
     chmod(ro, 0700);
   }
-  assert_int_equal(ts_cluster_stop(&c), 0);
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-  assert_int_equal(system(cmd), 0);
+  assert_int_equal(ts_cluster_stop_rm(&c, root), 0);
 }
 
 /* The job id psctl status -o json shows ("" before a model). */
@@ -315,10 +306,7 @@ static void test_other_job_refused_unless_adopt(void **state) {
   assert_int_equal(ts_cluster_start_shard(&c, 0), 0);
   job_id(&c, first, sizeof first);
   assert_string_equal(first, second);
-  assert_int_equal(ts_cluster_stop(&c), 0);
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  assert_int_equal(ts_cluster_stop_rm(&c, dir), 0);
 }
 
 int main(void) {

@@ -496,3 +496,11 @@ double ts_rel_l2(const float *a, const float *b, size_t n) {
   }
   return norm > 0 ? sqrt(diff / norm) : 0.0;
 }
+
+int ts_cluster_stop_rm(ts_cluster_t *c, const char *dir) {
+  int rc = ts_cluster_stop(c);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "harness: cannot remove %s\n", dir);
+  return rc;
+}

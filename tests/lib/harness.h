@@ -55,6 +55,10 @@ void ts_cluster_signal(ts_cluster_t *c, int i, int sig);
  * log); tests assert it is 0, so a leak or UB in ps-server fails the test. */
 int ts_cluster_stop(ts_cluster_t *c);
 
+/* Stop c's shards (as ts_cluster_stop) and remove dir, a test's own directory beside
+ * the cluster's: the number ts_cluster_stop returns. */
+int ts_cluster_stop_rm(ts_cluster_t *c, const char *dir);
+
 /* Monotonic time in seconds, and a sleep of ms milliseconds. */
 double ts_now_s(void);
 void ts_sleep_ms(int ms);

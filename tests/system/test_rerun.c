@@ -58,10 +58,7 @@ static void test_rerun_of_a_finished_job(void **state) {
   ts_cluster_signal(&c, 0, SIGTERM);
   assert_int_equal(ts_cluster_start_shard(&c, 0), 0);
   expect_nothing_to_train(&c);
-  assert_int_equal(ts_cluster_stop(&c), 0);
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  assert_int_equal(ts_cluster_stop_rm(&c, dir), 0);
 }
 
 int main(void) {

@@ -473,6 +473,12 @@ const ts_config_def_t ts_config_defs[] = {
         "the dense parameters whole; a restore reads the full one and the newest such "
         "increment. 1 = every checkpoint full. psctl checkpoint, shutdown and SIGTERM always "
         "write a full one."),
+    BOOL("checkpoint.sign", checkpoint_sign, "false",
+         "Sign checkpoints: their hash is keyed with a key derived from the admin token "
+         "(auth.admin_token_file, required), so whoever can write checkpoint.dir without "
+         "the token cannot make a file the shard restores. A shard with sign = true refuses "
+         "unsigned files and files signed with another token; one without refuses signed "
+         "files (docs/security.md)."),
     {.name = "checkpoint.restore_from",
      .type = TS_CT_STRINGS,
      .offset = FIELD(checkpoint_restore_from),

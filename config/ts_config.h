@@ -151,6 +151,7 @@ typedef struct {
   double checkpoint_interval_s;
   int checkpoint_keep;
   int checkpoint_full_every;
+  bool checkpoint_sign; /* a keyed hash from the admin token (ts_ckpt_file.h) */
   char **checkpoint_restore_from; /* old shards' checkpoint directories, to re-shard from */
   size_t num_checkpoint_restore_from;
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "psctl_fmt.h"
+#include "tessera/client.h"
 #include "ts_alloc.h"
 #include "ts_ckpt_file.h"
 #include "ts_err.h"
@@ -107,6 +108,20 @@ int psctl_checkpoint_list(const ts_config_t *cfg, long only_shard, cJSON **json)
     fprintf(stderr, "psctl: checkpoint.dir is not set: the job keeps no checkpoints (give the "
                     "job file, or --set checkpoint.dir=\"DIR\")\n");
     return TS_EXIT_CONFIG;
+  }
+  /* Signed checkpoints verify with the admin token's key, as on the shards. */
+  if (cfg->checkpoint_sign) {
+    char err[512];
+    char *token = cfg->admin_token_file && *cfg->admin_token_file
+                      ? ts_client_token_read(cfg->admin_token_file, err, sizeof err)
+                      : NULL;
+    if (!token) {
+      fprintf(stderr, "psctl: checkpoint.sign needs auth.admin_token_file to verify: %s\n",
+              cfg->admin_token_file && *cfg->admin_token_file ? err : "not set");
+      return TS_EXIT_CONFIG;
+    }
+    ts_ckpt_file_set_key(token);
+    ts_client_token_free(token);
   }
   char **names = NULL;
   uint32_t *shards = NULL;

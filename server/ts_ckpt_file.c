@@ -27,6 +27,33 @@
 #define MAGIC_LEN 8
 #define HASH_LEN crypto_generichash_BYTES /* 32 */
 
+/* --- signing ------------------------------------------------------------------------ */
+
+static uint8_t sign_key[HASH_LEN];
+static bool signing;
+
+void ts_ckpt_file_key(const char *token, uint8_t key[32]) {
+  static const char label[] = "tessera checkpoint signing key 1";
+  crypto_generichash_state h;
+  crypto_generichash_init(&h, NULL, 0, 32);
+  crypto_generichash_update(&h, (const uint8_t *)label, sizeof label);
+  crypto_generichash_update(&h, (const uint8_t *)token, strlen(token));
+  crypto_generichash_final(&h, key, 32);
+}
+
+void ts_ckpt_file_set_key(const char *token) {
+  signing = token != NULL;
+  if (token)
+    ts_ckpt_file_key(token, sign_key);
+  else
+    sodium_memzero(sign_key, sizeof sign_key);
+}
+
+/* The hash of a file: keyed while signing. */
+static void hash_init(crypto_generichash_state *h) {
+  crypto_generichash_init(h, signing ? sign_key : NULL, signing ? sizeof sign_key : 0, HASH_LEN);
+}
+
 /* --- writing ------------------------------------------------------------------------ */
 
 static int write_all(int fd, const void *buf, size_t n, crypto_generichash_state *h) {
@@ -288,7 +315,7 @@ int ts_ckpt_file_write(const ts_ckpt_snapshot_t *snap, const char *dir, int keep
     return rc;
   }
   crypto_generichash_state h;
-  crypto_generichash_init(&h, NULL, 0, HASH_LEN);
+  hash_init(&h);
   uint8_t len4[4] = {(uint8_t)snap->meta_len, (uint8_t)(snap->meta_len >> 8),
                      (uint8_t)(snap->meta_len >> 16), (uint8_t)(snap->meta_len >> 24)};
   uint8_t hash[HASH_LEN];
@@ -407,7 +434,7 @@ int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **met
   }
   /* The hash covers everything but its own 32 bytes: check it before trusting anything. */
   crypto_generichash_state h;
-  crypto_generichash_init(&h, NULL, 0, HASH_LEN);
+  hash_init(&h);
   crypto_generichash_update(&h, head, sizeof head);
   uint8_t *buf = ts_malloc(1 << 20);
   uint8_t *metabuf = ts_malloc(meta_len ? meta_len : 1);
@@ -441,7 +468,11 @@ int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **met
   if (sodium_memcmp(want_hash, have_hash, HASH_LEN) != 0) {
     ts_free(metabuf);
     fclose(f);
-    return bad(errmsg, errlen, path, "checksum mismatch: the file is corrupt or truncated");
+    return bad(errmsg, errlen, path,
+               signing ? "signature mismatch: not signed with this job's admin token "
+                         "(checkpoint.sign), or corrupt"
+                       : "checksum mismatch: the file is corrupt or truncated (or signed: "
+                         "checkpoint.sign)");
   }
   Tessera__CheckpointMeta *m =
       tessera__checkpoint_meta__unpack(&ts_protobuf_allocator, meta_len, metabuf);
@@ -450,7 +481,7 @@ int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **met
     fclose(f);
     return bad(errmsg, errlen, path, "the checkpoint header does not parse");
   }
-  /* The hash is not keyed: whoever can write the file can make it check, so the sizes are
+  /* Unless signed, whoever can write the file can make its hash check, so the sizes are
    * summed without wrapping (at most two state buffers, Adam's, and no count beyond the
    * file), else a huge count could make the sum match a short file. */
   uint64_t data = 0, room = (size - MAGIC_LEN - 4 - meta_len - HASH_LEN) / 4;

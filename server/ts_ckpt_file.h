@@ -2,7 +2,7 @@
  * The checkpoint file format (docs/operations.md): a file is
  *
  *   "TSCKPT01" | u32 meta_len (LE) | CheckpointMeta (proto/tessera.proto) | float32 data |
- * table records (format 2) | BLAKE2b-256
+ * table records (format 2) | BLAKE2b-256 (keyed when signed: ts_ckpt_file_set_key)
  *
  * the data being every listed part's values and then its optimizer state buffers, in the
  * order the meta lists them; the table records each table's rows (ts_ckpt_tables.h), in
@@ -44,6 +44,13 @@ typedef struct ts_ckpt_snapshot {
   uint8_t *records; /* every table's row records, in file order (NULL when none) */
   size_t records_len;
 } ts_ckpt_snapshot_t;
+
+/* Checkpoint signing (checkpoint.sign): from now on, files are written and verified with
+ * a BLAKE2b keyed by ts_ckpt_file_key(token) instead of the plain hash; NULL goes back to
+ * the plain hash. Process-wide: call before the first write or read. */
+void ts_ckpt_file_set_key(const char *token);
+/* The 32-byte key a token gives (for tests that forge signed files). */
+void ts_ckpt_file_key(const char *token, uint8_t key[32]);
 
 /* Write a snapshot into dir (created if missing): a temporary file, fsync, rename, fsync of
  * the directory; only then delete this shard's checkpoints of its own layout beyond the

@@ -4,7 +4,8 @@
  * junk files make a bounded message), unless started with --fresh, which says so. A file
  * of NaN parameters whose hash was recomputed is refused by tensor and element. A
  * checkpoint.dir that takes no file (under a regular file, not writable) is refused at
- * start.
+ * start, and so is checkpoint.sign without an admin token. A job with another mode or
+ * optimizer refuses the directory unless --adopt.
  */
 #include <fcntl.h>
 #include <math.h>
@@ -262,6 +263,9 @@ static void test_dir_that_takes_no_file(void **state) {
     expect_refused(&c, (const char *const[]){"takes no file", "Permission denied", NULL});
     chmod(ro, 0700);
   }
+  /* checkpoint.sign without the admin token its key comes from. */
+  retarget(&c, "checkpoint = { dir", "checkpoint = { sign = true; dir");
+  expect_refused(&c, (const char *const[]){"checkpoint.sign needs auth.admin_token_file", NULL});
   assert_int_equal(ts_cluster_stop_rm(&c, root), 0);
 }
 

@@ -14,12 +14,14 @@ int ts_cli_parse(const ts_cli_spec_t *spec, int argc, char **argv, ts_cli_t *out
   out->level = TS_LOG_INFO;
   out->sets = ts_calloc((size_t)argc, sizeof *out->sets);
   if (!out->sets) return TS_EXIT_FAILURE;
-  enum { OPT_SET = 256, OPT_INSECURE, OPT_LOG_LEVEL };
+  enum { OPT_SET = 256, OPT_INSECURE, OPT_FRESH, OPT_ADOPT, OPT_LOG_LEVEL };
   const struct option longopts[] = {
       {"config", required_argument, NULL, 'c'},
       {spec->id_name, required_argument, NULL, 'i'},
       {"set", required_argument, NULL, OPT_SET},
       {"insecure", no_argument, NULL, OPT_INSECURE},
+      {"fresh", no_argument, NULL, OPT_FRESH},
+      {"adopt", no_argument, NULL, OPT_ADOPT},
       {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
@@ -53,6 +55,18 @@ int ts_cli_parse(const ts_cli_spec_t *spec, int argc, char **argv, ts_cli_t *out
           return TS_EXIT_USAGE;
         }
         out->insecure = true;
+        break;
+      case OPT_FRESH:
+      case OPT_ADOPT:
+        if (!spec->allow_fresh) {
+          fprintf(stderr, "%s: unknown option --%s\n", spec->prog,
+                  opt == OPT_FRESH ? "fresh" : "adopt");
+          return TS_EXIT_USAGE;
+        }
+        if (opt == OPT_FRESH)
+          out->fresh = true;
+        else
+          out->adopt = true;
         break;
       case OPT_LOG_LEVEL:
         if (!ts_log_parse_level(optarg, &out->level)) {

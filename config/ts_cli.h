@@ -1,7 +1,7 @@
 /*
  * The command line shared by ps-server and ps-worker: -c FILE, --set KEY=VALUE..., an
  * identity flag (--shard N or --task N), --log-level, --help, --version, and for the server
- * --insecure; then loading the job (ts_config_load with TF_CONFIG) and resolving the
+ * --insecure, --fresh and --adopt; then loading the job (ts_config_load with TF_CONFIG) and resolving the
  * identity from TF_CONFIG when the flag is absent.
  */
 #ifndef TS_CLI_H
@@ -18,6 +18,7 @@ typedef struct {
   const char *id_name;     /* "shard" or "task": the long option and the TF_CONFIG role */
   ts_task_role_t id_role;  /* TS_ROLE_PS or TS_ROLE_WORKER */
   bool allow_insecure;     /* accept --insecure */
+  bool allow_fresh;        /* accept --fresh and --adopt */
   void (*usage)(FILE *f);
 } ts_cli_spec_t;
 
@@ -27,6 +28,7 @@ typedef struct {
   size_t num_sets;
   long id;                 /* -1 until resolved */
   bool insecure;
+  bool fresh, adopt;
   ts_log_level_t level;
 } ts_cli_t;
 

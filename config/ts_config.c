@@ -476,7 +476,10 @@ const ts_config_def_t ts_config_defs[] = {
 
     STRING("checkpoint.dir", checkpoint_dir, 0, PATH_BYTES, "\"\"",
            "Directory each shard writes checkpoints to; empty = no checkpoints. A path: at "
-           "most 4095 bytes."),
+           "most 4095 bytes. Made and write-tested at start (a file written, fsynced, "
+           "removed): a directory that takes no file stops the start (exit 78), and so do "
+           "checkpoints of the shard that are all unusable, unless ps-server --fresh "
+           "(docs/operations.md)."),
     FLOAT("checkpoint.interval_s", checkpoint_interval_s, 0.1, 604800.0, 0, "60",
           "Seconds between checkpoints (taken only when parameters changed). At least 0.1 s: "
           "each one fsyncs the shard's partitions; at most a week."),
@@ -489,6 +492,12 @@ const ts_config_def_t ts_config_defs[] = {
         "the dense parameters whole; a restore reads the full one and the newest such "
         "increment. 1 = every checkpoint full. psctl checkpoint, shutdown and SIGTERM always "
         "write a full one."),
+    BOOL("checkpoint.sign", checkpoint_sign, "false",
+         "Sign checkpoints: their hash is keyed with a key derived from the admin token "
+         "(auth.admin_token_file, required), so whoever can write checkpoint.dir without "
+         "the token cannot make a file the shard restores. A shard with sign = true refuses "
+         "unsigned files and files signed with another token; one without refuses signed "
+         "files (docs/security.md)."),
     {.name = "checkpoint.restore_from",
      .type = TS_CT_STRINGS,
      .offset = FIELD(checkpoint_restore_from),

@@ -39,6 +39,7 @@
 #define TS_EXIT_OK 0
 #define TS_EXIT_FAILURE 1
 #define TS_EXIT_USAGE 2
+#define TS_EXIT_NOTHING_TO_TRAIN 3 /* ps-worker: the job had no step left for it */
 #define TS_EXIT_CONFIG 78
 
 #define TS_CONFIG_MAX_HOSTS 256
@@ -152,6 +153,7 @@ typedef struct {
   double checkpoint_interval_s;
   int checkpoint_keep;
   int checkpoint_full_every;
+  bool checkpoint_sign; /* a keyed hash from the admin token (ts_ckpt_file.h) */
   char **checkpoint_restore_from; /* old shards' checkpoint directories, to re-shard from */
   size_t num_checkpoint_restore_from;
 

@@ -20,6 +20,7 @@ struct ts_admin {
   bool published, ready;
   double published_at; /* CLOCK_MONOTONIC seconds */
   char why[128];
+  char note[256]; /* a ready daemon's warning (ts_admin_note) */
   void *snap; /* role->snap_size bytes */
   uint8_t *blob;
   size_t blob_len, blob_cap;
@@ -35,7 +36,7 @@ static double mono_s(void) {
  * view.snap and view.blob, freed by drop) when the page has a callback to read it. */
 typedef struct {
   bool published, ready, oom;
-  char why[128];
+  char why[128], note[256];
   ts_admin_view_t view;
 } take_t;
 
@@ -50,6 +51,7 @@ static void take(ts_admin_t *a, take_t *t, bool want_role) {
   t->ready = a->ready;
   t->view.age_s = mono_s() - a->published_at;
   memcpy(t->why, a->why, sizeof t->why);
+  memcpy(t->note, a->note, sizeof t->note);
   if (snap) {
     memcpy(snap, a->snap, a->role->snap_size);
     if (a->blob_len && (blob = ts_malloc(a->blob_len)) != NULL) {
@@ -112,6 +114,10 @@ static void page_readyz(ts_admin_t *a, const take_t *t, ts_http_reply_t *r) {
     char text[160];
     snprintf(text, sizeof text, "not ready: %s\n", t->why[0] ? t->why : "starting");
     ts_http_reply_text(r, 503, NULL, text);
+  } else if (t->note[0]) {
+    char text[300];
+    snprintf(text, sizeof text, "ok\n%s\n", t->note);
+    ts_http_reply_text(r, 200, NULL, text);
   } else {
     ts_http_reply_text(r, 200, NULL, "ok\n");
   }
@@ -219,6 +225,12 @@ void ts_admin_publish(ts_admin_t *a, const void *snap, const uint8_t *blob, size
   snprintf(a->why, sizeof a->why, "%s", why ? why : "");
   a->published = true;
   a->published_at = mono_s();
+  pthread_mutex_unlock(&a->mu);
+}
+
+void ts_admin_note(ts_admin_t *a, const char *note) {
+  pthread_mutex_lock(&a->mu);
+  snprintf(a->note, sizeof a->note, "%s", note ? note : "");
   pthread_mutex_unlock(&a->mu);
 }
 

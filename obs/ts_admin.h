@@ -8,7 +8,8 @@
  *   /livez    200 "ok" (restart me when not): 503 "event loop stalled: no tick for S s"
  *             when a role that publishes on a timer (stall_s > 0) has not published for
  *             stall_s; else what the role's livez callback says, if it has one
- *   /readyz   200 "ok" (route traffic to me when so): 503 "starting" before the first
+ *   /readyz   200 "ok" (route traffic to me when so), followed by a line of the owner's
+ *             note when it set one (ts_admin_note): 503 "starting" before the first
  *             publish, "event loop stalled" past stall_s, "not ready: WHY" while the last
  *             publish said not ready
  *   /metrics  the role's families, then the endpoint's own connection families
@@ -96,6 +97,11 @@ int ts_admin_listen(ts_admin_t *a, const char *addr, const ts_http_limits_t *lim
  * memory, the previous one is kept. */
 void ts_admin_publish(ts_admin_t *a, const void *snap, const uint8_t *blob, size_t blob_len,
                       bool ready, const char *why);
+
+/* A warning that does not make the daemon unready (owner's thread), e.g. "last
+ * checkpoint: failed 3x (No space left on device)": /readyz answers "ok" and this line.
+ * NULL or "" clears it. */
+void ts_admin_note(ts_admin_t *a, const char *note);
 
 /* Stop serving (waiting for requests in progress) and free. NULL is ignored. */
 void ts_admin_stop(ts_admin_t *a);

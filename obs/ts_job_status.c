@@ -70,6 +70,21 @@ size_t ts_job_status_shards_up(const ts_job_status_view_t *v) {
   return up;
 }
 
+const char *ts_job_status_job_id(const ts_job_status_view_t *v) {
+  for (size_t s = 0; s < v->num_shards; s++) {
+    const ts_client_shard_status_t *st = v->shards[s].st;
+    if (st && st->job_id && *st->job_id) return st->job_id;
+  }
+  return NULL;
+}
+
+size_t ts_job_status_ckpt_failing(const ts_job_status_view_t *v) {
+  size_t n = 0;
+  for (size_t s = 0; s < v->num_shards; s++)
+    n += v->shards[s].st && v->shards[s].st->checkpoint_failures > 0;
+  return n;
+}
+
 bool ts_job_status_final_accuracy(const ts_job_status_view_t *v, double *acc, int *task) {
   for (size_t s = 0; s < v->num_shards; s++) {
     const ts_client_shard_status_t *st = v->shards[s].st;
@@ -104,6 +119,13 @@ cJSON *ts_job_status_json_table(const ts_client_table_status_t *t) {
   return o;
 }
 
+static void add_number_or_null(cJSON *o, const char *key, bool known, double value) {
+  if (known)
+    cJSON_AddNumberToObject(o, key, value);
+  else
+    cJSON_AddNullToObject(o, key);
+}
+
 cJSON *ts_job_status_json_shard(const ts_job_status_shard_t *sh) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
@@ -123,6 +145,14 @@ cJSON *ts_job_status_json_shard(const ts_job_status_shard_t *sh) {
     cJSON_AddNumberToObject(o, "errors", (double)st->errors);
     cJSON_AddNumberToObject(o, "connections", (double)st->connections);
     cJSON_AddNumberToObject(o, "uptime_s", st->uptime_s);
+    /* The newest checkpoint and, while checkpoints fail, how often and why. */
+    cJSON *ck = cJSON_AddObjectToObject(o, "checkpoint");
+    if (ck) {
+      cJSON_AddStringToObject(ck, "last", st->last_checkpoint ? st->last_checkpoint : "");
+      add_number_or_null(ck, "age_s", st->last_checkpoint_age_s >= 0, st->last_checkpoint_age_s);
+      cJSON_AddNumberToObject(ck, "failures", st->checkpoint_failures);
+      cJSON_AddStringToObject(ck, "error", st->checkpoint_error ? st->checkpoint_error : "");
+    }
     cJSON *wait = cJSON_AddArrayToObject(o, "barrier_waiting_for");
     for (size_t i = 0; wait && i < st->num_barrier_waiting_for; i++)
       cJSON_AddItemToArray(wait, cJSON_CreateNumber(st->barrier_waiting_for[i]));
@@ -136,13 +166,6 @@ cJSON *ts_job_status_json_shard(const ts_job_status_shard_t *sh) {
     cJSON_AddStringToObject(o, "error", sh->error ? sh->error : "no answer");
   }
   return o;
-}
-
-static void add_number_or_null(cJSON *o, const char *key, bool known, double value) {
-  if (known)
-    cJSON_AddNumberToObject(o, key, value);
-  else
-    cJSON_AddNullToObject(o, key);
 }
 
 cJSON *ts_job_status_json_worker(const ts_job_status_worker_t *w) {
@@ -175,7 +198,12 @@ cJSON *ts_job_status_json_job(const ts_job_status_view_t *v, bool with_workers) 
                           : v->configured_mode ? v->configured_mode
                                                : "unknown");
   cJSON_AddNumberToObject(root, "step", (double)step);
-  cJSON_AddBoolToObject(root, "healthy", up == v->num_shards);
+  cJSON_AddBoolToObject(root, "healthy", up == v->num_shards && !ts_job_status_ckpt_failing(v));
+  const char *id = ts_job_status_job_id(v);
+  if (id)
+    cJSON_AddStringToObject(root, "job_id", id);
+  else
+    cJSON_AddNullToObject(root, "job_id");
   cJSON *shards = cJSON_AddArrayToObject(root, "shards");
   for (size_t s = 0; shards && s < v->num_shards; s++)
     cJSON_AddItemToArray(shards, ts_job_status_json_shard(&v->shards[s]));

@@ -80,6 +80,13 @@ uint64_t ts_job_status_job_step(const ts_job_status_view_t *v, ts_client_mode_t 
 bool ts_job_status_final_accuracy(const ts_job_status_view_t *v, double *acc, int *task);
 
 /* Shards of the view that answered. */
+/* The job's identity (ts_client_shard_status_t.job_id) as the first shard up with a model
+ * says it; NULL before a model is declared. */
+const char *ts_job_status_job_id(const ts_job_status_view_t *v);
+
+/* Shards up whose checkpoints fail (the last attempt, and any before it since one was
+ * written): the job is not healthy while any does, as nothing new survives a restart. */
+size_t ts_job_status_ckpt_failing(const ts_job_status_view_t *v);
 size_t ts_job_status_shards_up(const ts_job_status_view_t *v);
 
 /* The JSON pieces; each returns a new cJSON tree (NULL when out of memory) the caller

@@ -1,6 +1,7 @@
 #include "ts_status.h"
 
 #include <stdalign.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "ts_alloc.h"
@@ -18,6 +19,11 @@ ts_client_mode_t ts_status_mode(Tessera__Mode mode) {
     default:
       return TS_CLIENT_MODE_UNSPECIFIED;
   }
+}
+
+void ts_status_checkpoint_note(char *buf, size_t n, uint32_t failures, const char *error) {
+  snprintf(buf, n, "last checkpoint: failed %u\u00d7 (%s)", failures,
+           error && *error ? error : "no reason given");
 }
 
 static size_t align_up(size_t n) {
@@ -43,11 +49,13 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
   *out = NULL;
   size_t nw = pb->n_workers, nb = pb->n_barrier_waiting_for, nt = pb->n_tables;
   const char *ckpt = pb->last_checkpoint ? pb->last_checkpoint : "";
+  const char *ckerr = pb->checkpoint_error ? pb->checkpoint_error : "";
+  const char *job = pb->job_id ? pb->job_id : "";
   size_t off_w = align_up(sizeof(ts_client_shard_status_t));
   size_t off_t = align_up(off_w + nw * sizeof(ts_client_worker_status_t));
   size_t off_b = align_up(off_t + nt * sizeof(ts_client_table_status_t));
   size_t off_s = off_b + nb * sizeof(int32_t);
-  size_t total = off_s + text_size(ckpt);
+  size_t total = off_s + text_size(ckpt) + text_size(ckerr) + text_size(job);
   for (size_t i = 0; i < nt; i++) total += text_size(pb->tables[i]->name);
   for (size_t i = 0; i < nw; i++)
     total += text_size(pb->workers[i]->identity) + text_size(pb->workers[i]->device);
@@ -74,6 +82,9 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
       .tables = tb, .num_tables = nt};
   for (size_t i = 0; i < nb; i++) barrier[i] = pb->barrier_waiting_for[i];
   st->last_checkpoint = put_text(&str, ckpt);
+  st->checkpoint_error = put_text(&str, ckerr);
+  st->checkpoint_failures = pb->checkpoint_failures;
+  st->job_id = put_text(&str, job);
   for (size_t i = 0; i < nw; i++) {
     const Tessera__WorkerStatus *ws = pb->workers[i];
     w[i] = (ts_client_worker_status_t){

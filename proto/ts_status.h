@@ -15,6 +15,10 @@
  * (*out NULL). Pure: any thread. */
 int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t **out);
 
+/* "last checkpoint: failed 3× (No space left on device)": the line psctl status and
+ * health and a shard's /readyz show while checkpoints fail. */
+void ts_status_checkpoint_note(char *buf, size_t n, uint32_t failures, const char *error);
+
 /* The public mode of a wire mode (unknown values map to UNSPECIFIED). */
 ts_client_mode_t ts_status_mode(Tessera__Mode mode);
 

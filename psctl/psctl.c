@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "psctl_ckpt.h"
 #include "psctl_complete.h"
 #include "psctl_export.h"
 #include "psctl_fmt.h"
@@ -23,6 +24,7 @@
 #include "ts_config.h"
 #include "ts_err.h"
 #include "ts_job_status.h"
+#include "ts_status.h"
 #include "ts_log.h"
 
 typedef enum { OUT_TABLE, OUT_JSON } output_t;
@@ -217,6 +219,19 @@ static void print_progress_bar(const ts_job_status_worker_t *w, size_t n) {
   printf("] %3.0f%%\n\n", f * 100.0);
 }
 
+/* A line per shard whose checkpoints fail: "shard 0: last checkpoint: failed 3× (...)". */
+static void print_ckpt_failures(const ts_job_status_shard_t *sh, size_t n) {
+  for (size_t s = 0; s < n; s++) {
+    if (!sh[s].st || !sh[s].st->checkpoint_failures) continue;
+    char note[256];
+    ts_status_checkpoint_note(note, sizeof note, sh[s].st->checkpoint_failures,
+                              sh[s].st->checkpoint_error);
+    printf("shard %zu: ", sh[s].index);
+    cell(note, 0, false);
+    printf("\n");
+  }
+}
+
 static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   size_t nw = v->cfg.num_workers;
   ts_job_status_shard_t *sh = ts_calloc(v->cfg.num_ps, sizeof *sh);
@@ -241,6 +256,7 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   ts_client_mode_t mode;
   uint64_t step = ts_job_status_job_step(&view, &mode);
   size_t up = ts_job_status_shards_up(&view);
+  size_t failing = ts_job_status_ckpt_failing(&view);
   const char *mname = up ? ts_client_mode_name(mode) : ts_mode_name(v->cfg.mode);
   if (out == OUT_JSON) {
     cJSON *root = NULL;
@@ -257,12 +273,14 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
     }
     print_json(root);
   } else if (strcmp(cmd, "status") == 0) {
-    printf("job: mode %s, step %llu, %zu of %zu shard(s) up, %zu worker(s)\n", mname,
-           (unsigned long long)step, up, n, nw);
+    const char *id = ts_job_status_job_id(&view);
+    printf("job%s%s: mode %s, step %llu, %zu of %zu shard(s) up, %zu worker(s)\n", id ? " " : "",
+           id ? id : "", mname, (unsigned long long)step, up, n, nw);
     double acc;
     int by = -1;
     if (ts_job_status_final_accuracy(&view, &acc, &by))
       printf("final test accuracy: %.4f (worker %d evaluated the final parameters)\n", acc, by);
+    print_ckpt_failures(sh, n);
     printf("\n");
     if (isatty(STDOUT_FILENO) == 1) print_progress_bar(w, nw);
     print_shards_table(v);
@@ -275,8 +293,9 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   } else if (strcmp(cmd, "workers") == 0) {
     print_workers_table(w, nw);
   } else {
-    cell(up == n ? "healthy" : "unhealthy", 0, up == n);
+    cell(up == n && !failing ? "healthy" : "unhealthy", 0, up == n && !failing);
     printf(": %zu of %zu shard(s) up\n", up, n);
+    print_ckpt_failures(sh, n);
   }
   for (size_t s = 0; s < n && !v->in_place; s++)
     if (!sh[s].st)
@@ -284,7 +303,8 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
               sh[s].error ? sh[s].error : "no answer");
   ts_free(sh);
   ts_free(w);
-  return up == n ? TS_EXIT_OK : TS_EXIT_FAILURE;
+  /* health: checkpoints that fail make the job unhealthy, as a shard down does. */
+  return up == n && !(failing && strcmp(cmd, "health") == 0) ? TS_EXIT_OK : TS_EXIT_FAILURE;
 }
 
 /* checkpoint / shutdown / model reset: one request per shard that answered; every shard
@@ -640,6 +660,9 @@ int main(int argc, char **argv) {
     goto done;
   }
   bool model_cmd = strcmp(cmd, "model") == 0, token_cmd = strcmp(cmd, "token") == 0;
+  /* checkpoint list: the files in checkpoint.dir, read here (psctl_ckpt.h). */
+  bool ckpt_list = strcmp(cmd, "checkpoint") == 0 && optind + 1 < argc &&
+                   strcmp(argv[optind + 1], "list") == 0;
   bool admin_cmd = strcmp(cmd, "checkpoint") == 0 || strcmp(cmd, "shutdown") == 0 || model_cmd;
   if (model_cmd && (optind + 1 >= argc || strcmp(argv[optind + 1], "reset") != 0)) {
     fprintf(stderr, "psctl: model takes one subcommand: reset (see psctl model --help)\n");
@@ -653,10 +676,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "psctl: --task is an option of token derive only\n");
     goto done;
   }
-  int sub = model_cmd || token_cmd;
+  int sub = model_cmd || token_cmd || ckpt_list;
   if (optind + 1 + sub < argc) {
     fprintf(stderr, "psctl: unexpected argument '%s' after %s (see psctl %s --help)\n",
-            argv[optind + 1 + sub], model_cmd ? "model reset" : token_cmd ? "token derive" : cmd,
+            argv[optind + 1 + sub],
+            model_cmd   ? "model reset"
+            : token_cmd ? "token derive"
+            : ckpt_list ? "checkpoint list"
+                        : cmd,
             cmd);
     goto done;
   }
@@ -704,6 +731,13 @@ int main(int argc, char **argv) {
             v.cfg.num_ps);
     ts_config_free(&v.cfg);
     rc = TS_EXIT_USAGE;
+    goto done;
+  }
+  if (ckpt_list) {
+    cJSON *list = NULL;
+    rc = psctl_checkpoint_list(&v.cfg, only_shard, out == OUT_JSON ? &list : NULL);
+    if (list) print_json(list);
+    ts_config_free(&v.cfg);
     goto done;
   }
   v.only_shard = only_shard;

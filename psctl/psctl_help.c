@@ -70,9 +70,13 @@ static const psctl_command_t commands[] = {
      "Prints 'healthy' and exits 0 when every shard (or shard N with --shard N) answers;\n"
      "prints 'unhealthy', the reason per shard on stderr, and exits 1 otherwise. For\n"
      "healthchecks (docker compose, systemd).\n"},
-    {"checkpoint", "checkpoint", "every shard writes a checkpoint now (admin)",
+    {"checkpoint", "checkpoint [list]", "every shard writes a checkpoint now (admin); list: the files",
      "Asks every shard to write a checkpoint to checkpoint.dir now and prints each file and\n"
-     "the step it holds. Needs the admin token (auth.admin_token_file).\n"},
+     "the step it holds. Needs the admin token (auth.admin_token_file).\n"
+     "checkpoint list reads checkpoint.dir on this host instead (the shards' directory, or\n"
+     "--set checkpoint.dir=\"DIR\" for one shard's): per shard each file with its STEP,\n"
+     "SIZE, AGE and VALID (read whole, its hash and sizes checked, else why not), oldest\n"
+     "first; -o json: an array. Exit 0, 1 when a file is not valid, 78 without a directory.\n"},
     {"shutdown", "shutdown [--no-checkpoint]",
      "every shard writes a final checkpoint and stops (admin)",
      "Asks every shard to write a final checkpoint (when checkpoint.dir is set) and stop.\n"

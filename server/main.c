@@ -17,7 +17,7 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: ps-server -c FILE [--shard N] [--set KEY=VALUE]... [--insecure]\n"
+          "usage: ps-server -c FILE [--shard N] [--set KEY=VALUE]... [--insecure] [--fresh|--adopt]\n"
           "\n"
           "Serves shard N of the job in FILE on cluster.ps[N].\n"
           "\n"
@@ -25,6 +25,10 @@ static void usage(FILE *f) {
           "  -s, --shard N         which shard (default: from TF_CONFIG's task)\n"
           "      --set KEY=VALUE   override a key, e.g. --set job.mode=\"async\"\n"
           "      --insecure        allow a non-loopback address without auth tokens\n"
+      "      --fresh           do not restore checkpoint.dir: start with no model (its\n"
+      "                        files stay; needed when none of them is usable)\n"
+      "      --adopt           restore checkpoints another job wrote (another job.mode\n"
+      "                        or optimizer.name) and continue them as this job\n"
           "      --log-level LVL   crit|err|warn|notice|info|debug (default info)\n"
           "  -h, --help            this text\n"
           "  -V, --version         print the version\n"
@@ -59,7 +63,7 @@ static void raise_fd_limit(const ts_config_t *cfg) {
 int main(int argc, char **argv) {
   static const ts_cli_spec_t spec = {.prog = "ps-server", .id_name = "shard",
                                      .id_role = TS_ROLE_PS, .allow_insecure = true,
-                                     .usage = usage};
+                                     .allow_fresh = true, .usage = usage};
   ts_cli_t cli;
   ts_config_t cfg;
   memset(&cfg, 0, sizeof cfg);
@@ -72,11 +76,13 @@ int main(int argc, char **argv) {
   }
   raise_fd_limit(&cfg);
   ts_fpenv_flush_denormals(); /* the optimizers' passes: base/ts_fpenv.h */
-  char err[512];
+  char err[2048]; /* a refused checkpoint directory names a few files */
   uv_loop_t loop;
   uv_loop_init(&loop);
   ts_server_t *srv = NULL;
-  ts_server_opts_t opts = {.cfg = &cfg, .shard = (uint32_t)cli.id, .insecure = cli.insecure};
+  ts_server_opts_t opts = {.cfg = &cfg, .shard = (uint32_t)cli.id, .insecure = cli.insecure,
+                           .fresh = cli.fresh,
+                           .adopt = cli.adopt};
   rc = ts_server_start(&srv, &loop, &opts, err, sizeof err);
   ts_cli_free(&cli);
   if (rc < 0) {

@@ -7,6 +7,7 @@
 #include "ts_ckpt.h"
 
 #include <math.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -19,17 +20,48 @@
 #include "ts_log.h"
 #include "ts_msg.h"
 
-/* --- the snapshot ------------------------------------------------------------------- */
+/* --- the job's identity -------------------------------------------------------------- */
 
 static const char *optimizer_name(ts_optimizer_t o) {
   return o == TS_OPT_ADAM ? "adam" : o == TS_OPT_MOMENTUM ? "momentum" : "sgd";
 }
 
-static const char *first_nonfinite(const float *v, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (!isfinite(v[i])) return "a NaN or Inf value";
-  return NULL;
+static void hash_u64(crypto_generichash_state *h, uint64_t v) {
+  uint8_t b[8];
+  for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+  crypto_generichash_update(h, b, sizeof b);
 }
+
+static void hash_str(crypto_generichash_state *h, const char *str) {
+  crypto_generichash_update(h, (const uint8_t *)str, strlen(str) + 1);
+}
+
+void ts_ckpt_job_id(const ts_store_t *s, char out[TS_CKPT_JOB_ID_LEN + 1]) {
+  crypto_generichash_state h;
+  uint8_t id[TS_CKPT_JOB_ID_LEN / 2];
+  crypto_generichash_init(&h, NULL, 0, sizeof id);
+  hash_str(&h, "tessera job 1");
+  hash_u64(&h, (uint64_t)s->mode);
+  hash_str(&h, optimizer_name(s->optim.kind));
+  hash_u64(&h, s->seed);
+  for (uint32_t t = 0; t < s->num_tensors; t++) {
+    const ts_tensor_t *x = &s->tensors[t];
+    hash_str(&h, x->name);
+    hash_u64(&h, x->rank);
+    for (size_t d = 0; d < x->rank; d++) hash_u64(&h, x->shape[d]);
+    hash_u64(&h, (uint64_t)x->init);
+    hash_u64(&h, x->state);
+  }
+  for (uint32_t t = 0; t < s->num_tables; t++) {
+    ts_stable_t *tab = ts_stables_at(s->tables, t);
+    hash_str(&h, ts_stable_name(tab));
+    hash_u64(&h, ts_stable_dim(tab));
+  }
+  crypto_generichash_final(&h, id, sizeof id);
+  sodium_bin2hex(out, TS_CKPT_JOB_ID_LEN + 1, id, sizeof id);
+}
+
+/* --- the snapshot ------------------------------------------------------------------- */
 
 int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, uint64_t base_sequence,
                      ts_ckpt_snapshot_t **out, char *errmsg, size_t errlen) {
@@ -51,7 +83,7 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, uint64_t base_seque
     ts_store_record(s, ts_store_part_at(s, i), &r);
     total += r.count * (size_t)(1 + nstate);
     for (int b = 0; b <= nstate; b++) {
-      if (first_nonfinite(r.bufs[b], r.count)) {
+      if (ts_ckpt_first_nonfinite(r.bufs[b], r.count) < r.count) {
         ts_errmsg_printf(errmsg, errlen,
                  "tensor '%s' part %u holds NaN or Inf %s: not checkpointed (the previous "
                  "checkpoint is kept)",
@@ -126,6 +158,9 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, uint64_t base_seque
   m.parts = cpp;
   ts_ckpt_tables_fill(&tabs, &m);
   m.base_sequence = base_sequence;
+  char job_id[TS_CKPT_JOB_ID_LEN + 1];
+  ts_ckpt_job_id(s, job_id);
+  m.job_id = job_id;
   snap->meta_len = protobuf_c_message_get_packed_size(&m.base);
   snap->meta = ts_malloc(snap->meta_len ? snap->meta_len : 1);
   if (!snap->meta) goto fail;
@@ -248,8 +283,15 @@ static int load(ts_store_t *s, const char *path, FILE *f, const Tessera__Checkpo
     if (!keep_state) state_dropped = true;
     for (uint32_t b = 0; b <= cp->state_buffers && !why[0]; b++) {
       float *dst = b == 0 ? r.bufs[0] : keep_state ? r.bufs[b] : skip;
-      if (fread(dst, sizeof(float), cp->count, f) != cp->count)
+      if (fread(dst, sizeof(float), cp->count, f) != cp->count) {
         ts_errmsg_printf(why, sizeof why, "truncated while reading partition data");
+        break;
+      }
+      size_t at = ts_ckpt_first_nonfinite(dst, cp->count);
+      if (dst != skip && at < cp->count)
+        ts_errmsg_printf(why, sizeof why, "tensor '%s' %s element %llu is %s",
+                         s->tensors[cp->tensor].name, b == 0 ? "parameter" : "optimizer state",
+                         (unsigned long long)(cp->offset + at), isnan(dst[at]) ? "NaN" : "Inf");
     }
     ts_store_restored(p, cp->version, keep_state ? cp->updates : 0);
   }
@@ -286,10 +328,49 @@ static int load_base(ts_store_t *s, const char *dir, uint64_t base, const char *
   return rc < 0 ? TS_EDATA : 0;
 }
 
+/* This shard's rejected checkpoints: the first LOG_REJECTS logged one by one (a directory
+ * of 3,000 bad files makes a few lines, then a count), the first NAME_REJECTS named in the
+ * error when none is usable. */
+#define LOG_REJECTS 20
+#define NAME_REJECTS 3
+
+typedef struct {
+  int count;
+  char named[1200];
+} rejects_t;
+
+static void reject(rejects_t *r, const char *err) {
+  if (r->count < LOG_REJECTS) ts_log_err("checkpoint rejected, trying an older one: %s", err);
+  if (r->count < NAME_REJECTS) {
+    size_t len = strlen(r->named);
+    snprintf(r->named + len, sizeof r->named - len, "%s%.350s", len ? "; " : "", err);
+  }
+  r->count++;
+}
+
 /* The newest valid checkpoint of this shard in its own layout: 1 restored (*wall gets the
- * time it was written), 0 none. An increment is restored onto its full checkpoint. Files
- * of another layout are passed over: they are re-sharding's. */
-static int restore_own(ts_store_t *s, const char *dir, char *path, size_t pathlen,
+ * time it was written), 0 none, TS_EDATA when there were some and every one was rejected
+ * (errmsg names them). An increment is restored onto its full checkpoint. Files of another
+ * layout are passed over: they are re-sharding's. */
+/* Whether a file restored into s is of this job: its job_id (none in older files) is the
+ * one its model has under this shard's settings. Else TS_EDATA, why naming both. */
+static int same_job(const ts_store_t *s, const char *path, const Tessera__CheckpointMeta *m,
+                    char *errmsg, size_t errlen) {
+  char mine[TS_CKPT_JOB_ID_LEN + 1];
+  ts_ckpt_job_id(s, mine);
+  if (!m->job_id || !*m->job_id || strcmp(m->job_id, mine) == 0) return 0;
+  char why[400];
+  ts_errmsg_printf(why, sizeof why,
+                   "written by job %.16s (mode %s, optimizer %s); this job, with the same "
+                   "model, is %s (job.mode %s, optimizer.name %s): start the shard with "
+                   "--adopt to continue that training as this job",
+                   m->job_id, ts_msg_mode_name(m->mode), m->optimizer ? m->optimizer : "?",
+                   mine, ts_msg_mode_name(ts_store_wire_mode(s->mode)),
+                   optimizer_name(s->optim.kind));
+  return bad(errmsg, errlen, path, why);
+}
+
+static int restore_own(ts_store_t *s, const char *dir, bool adopt, char *path, size_t pathlen,
                        uint64_t *sequence, double *wall, char *errmsg, size_t errlen) {
   char **names;
   int n = ts_ckpt_file_list(dir, (int)s->shard, &names, NULL);
@@ -298,6 +379,7 @@ static int restore_own(ts_store_t *s, const char *dir, char *path, size_t pathle
     return n;
   }
   int restored = 0;
+  rejects_t rej = {0};
   for (int i = n - 1; i >= 0 && !restored; i--) {
     char full[600], err[1024];
     snprintf(full, sizeof full, "%s/%s", dir, names[i]);
@@ -314,6 +396,7 @@ static int restore_own(ts_store_t *s, const char *dir, char *path, size_t pathle
       ts_require(m != NULL); /* set on success */
       if (m->base_sequence) rc = load_base(s, dir, m->base_sequence, full, err, sizeof err);
       if (rc == 0) rc = load(s, full, f, m, err, sizeof err);
+      if (rc == 0 && !adopt) rc = same_job(s, full, m, err, sizeof err);
       if (rc < 0 && s->declared) ts_store_free(s); /* the base alone is not this state */
       if (rc == 0) {
         restored = 1;
@@ -328,22 +411,36 @@ static int restore_own(ts_store_t *s, const char *dir, char *path, size_t pathle
       ts_msg_free(&m->base);
       fclose(f);
     }
-    if (rc < 0) ts_log_err("checkpoint rejected, trying an older one: %s", err);
+    if (rc < 0) reject(&rej, err);
   }
   ts_ckpt_file_free_names(names, n);
-  return restored;
+  if (rej.count > LOG_REJECTS)
+    ts_log_err("... and %d more checkpoint(s) of shard %u rejected", rej.count - LOG_REJECTS,
+               s->shard);
+  if (restored || rej.count == 0) return restored;
+  char more[96] = "";
+  if (rej.count > NAME_REJECTS)
+    snprintf(more, sizeof more, "; and %d more (the log names the first %d)",
+             rej.count - NAME_REJECTS, LOG_REJECTS);
+  ts_errmsg_printf(errmsg, errlen,
+                   "no usable checkpoint of shard %u in %s: %d file(s) rejected: %s%s. Not "
+                   "starting fresh, which would throw the training away: repair or move the "
+                   "files, or start the shard with --fresh",
+                   s->shard, dir, rej.count, rej.named, more);
+  return TS_EDATA;
 }
 
-int ts_ckpt_restore(ts_store_t *s, const char *dir, char *const *from, size_t nfrom, char *path,
-                    size_t pathlen, uint64_t *sequence, char *errmsg, size_t errlen) {
+int ts_ckpt_restore(ts_store_t *s, const char *dir, char *const *from, size_t nfrom, bool adopt,
+                    char *path, size_t pathlen, uint64_t *sequence, char *errmsg, size_t errlen) {
   double own = -1;
-  int rc = restore_own(s, dir, path, pathlen, sequence, &own, errmsg, errlen);
-  if (rc < 0) return rc;
+  int rc = restore_own(s, dir, adopt, path, pathlen, sequence, &own, errmsg, errlen);
+  if (rc < 0 && rc != TS_EDATA) return rc;
+  bool rejected = rc == TS_EDATA; /* every file of this shard's own layout */
   /* The other layouts' files, in dir and in checkpoint.restore_from. */
   char **dirs = ts_calloc(nfrom + 1, sizeof *dirs);
   if (!dirs) {
     if (rc == 0) ts_errmsg_printf(errmsg, errlen, "out of memory");
-    return rc == 1 ? 1 : TS_ENOMEM;
+    return rc == 1 ? 1 : rejected ? TS_EDATA : TS_ENOMEM;
   }
   dirs[0] = (char *)dir;
   for (size_t i = 0; i < nfrom; i++) dirs[i + 1] = from[i];
@@ -359,11 +456,23 @@ int ts_ckpt_restore(ts_store_t *s, const char *dir, char *const *from, size_t nf
       rc = 2;
     } else {
       ts_log_err("re-sharding failed, restoring this shard's own checkpoint again");
-      rc = restore_own(s, dir, path, pathlen, sequence, &own, errmsg, errlen);
+      rc = restore_own(s, dir, adopt, path, pathlen, sequence, &own, errmsg, errlen);
     }
-  } else if (rc == 0) {
-    rc = ts_ckpt_reshard(s, dirs, nfrom + 1, -1, path, pathlen, errmsg, errlen);
-    if (rc == 1) rc = 2;
+  } else if (rc == 0 || rejected) {
+    /* A complete set of another layout can still be restored; when there is none, the
+     * rejection of this shard's own files stands. */
+    char rerr[1024];
+    rc = ts_ckpt_reshard(s, dirs, nfrom + 1, -1, path, pathlen, rejected ? rerr : errmsg,
+                         rejected ? sizeof rerr : errlen);
+    if (rc == 1) {
+      rc = 2;
+    } else if (rejected) {
+      if (rc < 0) {
+        size_t len = strlen(errmsg);
+        snprintf(errmsg + len, errlen - len, "; re-sharding: %s", rerr);
+      }
+      rc = TS_EDATA;
+    }
   }
   ts_free(dirs);
   if (rc == 2 && sequence) *sequence = 0;

@@ -33,11 +33,18 @@ uint64_t ts_ckpt_step(const ts_store_t *s);
  * the scheduler skips a checkpoint when it has not moved since the last. */
 uint64_t ts_ckpt_changes(const ts_store_t *s);
 
+/* A job's identity: BLAKE2b of its model (tensors: names, shapes, initialisers; tables:
+ * names and widths; the seed) and the settings a checkpoint cannot be carried across
+ * (job.mode, optimizer.name), as 16 hex digits. Every shard of a job computes the same. */
+#define TS_CKPT_JOB_ID_LEN 16
+void ts_ckpt_job_id(const ts_store_t *s, char out[TS_CKPT_JOB_ID_LEN + 1]);
+
 /* Restore into an undeclared store, at start (docs/operations.md, "Changing the number of
  * shards"):
  *  1. the newest valid checkpoint of this shard in its own layout (the same shard count and
- *     partition size) in dir; invalid ones (truncated, hash mismatch, unreadable) are logged
- *     with the reason and an older one is tried. Returns 1 (path, *sequence set), unless a
+ *     partition size) in dir; invalid ones (truncated, hash mismatch, unreadable, a NaN or
+ *     Inf value, which no snapshot holds) are logged with the reason and an older one is
+ *     tried. Returns 1 (path, *sequence set), unless a
  *     complete set of another layout (below) was written after it, as when the shard count
  *     changed and then changed back: the newest state wins, and that set is restored.
  *  2. when there is none: re-sharding. The files of another layout found in dir and in the
@@ -45,9 +52,14 @@ uint64_t ts_ckpt_changes(const ts_store_t *s);
  *     of every old shard at one step; the newest such set is taken and this shard copies the
  *     partitions it holds under its own plan out of it. Returns 2 (path gets a description).
  *     Files of another layout but no usable set: TS_EDATA, errmsg lists what was found.
+ *  A file of another job (its job_id, ts_ckpt_job_id, differs from the one its model has
+ *  under this shard's settings) is rejected unless adopt (ps-server --adopt).
+ *  3. when this shard has files of its own layout and every one was rejected, and no set
+ *     of another layout could be restored instead: TS_EDATA, errmsg naming the first few
+ *     files and their reasons and counting the rest; never a silent fresh start.
  * Returns 0 when there is nothing to restore, or a negative error for an unreadable
  * directory. The store stays undeclared unless something was restored. */
-int ts_ckpt_restore(ts_store_t *s, const char *dir, char *const *from, size_t nfrom, char *path,
-                    size_t pathlen, uint64_t *sequence, char *errmsg, size_t errlen);
+int ts_ckpt_restore(ts_store_t *s, const char *dir, char *const *from, size_t nfrom, bool adopt,
+                    char *path, size_t pathlen, uint64_t *sequence, char *errmsg, size_t errlen);
 
 #endif

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,33 @@
 #define MAGIC "TSCKPT01"
 #define MAGIC_LEN 8
 #define HASH_LEN crypto_generichash_BYTES /* 32 */
+
+/* --- signing ------------------------------------------------------------------------ */
+
+static uint8_t sign_key[HASH_LEN];
+static bool signing;
+
+void ts_ckpt_file_key(const char *token, uint8_t key[32]) {
+  static const char label[] = "tessera checkpoint signing key 1";
+  crypto_generichash_state h;
+  crypto_generichash_init(&h, NULL, 0, 32);
+  crypto_generichash_update(&h, (const uint8_t *)label, sizeof label);
+  crypto_generichash_update(&h, (const uint8_t *)token, strlen(token));
+  crypto_generichash_final(&h, key, 32);
+}
+
+void ts_ckpt_file_set_key(const char *token) {
+  signing = token != NULL;
+  if (token)
+    ts_ckpt_file_key(token, sign_key);
+  else
+    sodium_memzero(sign_key, sizeof sign_key);
+}
+
+/* The hash of a file: keyed while signing. */
+static void hash_init(crypto_generichash_state *h) {
+  crypto_generichash_init(h, signing ? sign_key : NULL, signing ? sizeof sign_key : 0, HASH_LEN);
+}
 
 /* --- writing ------------------------------------------------------------------------ */
 
@@ -157,6 +185,12 @@ void ts_ckpt_file_free_names(char **names, int n) {
   ts_free(names);
 }
 
+size_t ts_ckpt_first_nonfinite(const float *v, size_t n) {
+  size_t i = 0;
+  while (i < n && isfinite(v[i])) i++;
+  return i;
+}
+
 bool ts_ckpt_file_same_layout(const Tessera__CheckpointMeta *m, uint32_t num_shards,
                               uint64_t partition_bytes) {
   return m->num_shards == num_shards && m->partition_bytes == partition_bytes;
@@ -198,6 +232,34 @@ int ts_ckpt_file_clean_tmp(const char *dir, uint32_t shard) {
   }
   closedir(d);
   return removed;
+}
+
+int ts_ckpt_file_probe(const char *dir, uint32_t shard, char *errmsg, size_t errlen) {
+  int rc = mkdir_p(dir);
+  if (rc < 0) {
+    ts_errmsg_printf(errmsg, errlen, "cannot create checkpoint directory %s: %s", dir,
+                     strerror(-rc));
+    return rc;
+  }
+  char tmp[640];
+  snprintf(tmp, sizeof tmp, "%s/.shard-%u-write-test.tmp", dir, shard);
+  /* A page, as a checkpoint's first write would be: a full disk fails here. */
+  static const char page[4096];
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) {
+    rc = -errno;
+    ts_errmsg_printf(errmsg, errlen, "checkpoint.dir %s takes no file: cannot create %s: %s", dir,
+                     tmp, strerror(errno));
+    return rc;
+  }
+  rc = write_all(fd, page, sizeof page, NULL);
+  if (rc == 0 && fsync(fd) < 0) rc = -errno;
+  close(fd);
+  unlink(tmp);
+  if (rc < 0)
+    ts_errmsg_printf(errmsg, errlen, "checkpoint.dir %s takes no file: writing %s failed: %s", dir,
+                     tmp, strerror(-rc));
+  return rc;
 }
 
 /* After path was written into dir: delete this shard's checkpoints of its own layout
@@ -253,7 +315,7 @@ int ts_ckpt_file_write(const ts_ckpt_snapshot_t *snap, const char *dir, int keep
     return rc;
   }
   crypto_generichash_state h;
-  crypto_generichash_init(&h, NULL, 0, HASH_LEN);
+  hash_init(&h);
   uint8_t len4[4] = {(uint8_t)snap->meta_len, (uint8_t)(snap->meta_len >> 8),
                      (uint8_t)(snap->meta_len >> 16), (uint8_t)(snap->meta_len >> 24)};
   uint8_t hash[HASH_LEN];
@@ -372,7 +434,7 @@ int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **met
   }
   /* The hash covers everything but its own 32 bytes: check it before trusting anything. */
   crypto_generichash_state h;
-  crypto_generichash_init(&h, NULL, 0, HASH_LEN);
+  hash_init(&h);
   crypto_generichash_update(&h, head, sizeof head);
   uint8_t *buf = ts_malloc(1 << 20);
   uint8_t *metabuf = ts_malloc(meta_len ? meta_len : 1);
@@ -406,7 +468,11 @@ int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **met
   if (sodium_memcmp(want_hash, have_hash, HASH_LEN) != 0) {
     ts_free(metabuf);
     fclose(f);
-    return bad(errmsg, errlen, path, "checksum mismatch: the file is corrupt or truncated");
+    return bad(errmsg, errlen, path,
+               signing ? "signature mismatch: not signed with this job's admin token "
+                         "(checkpoint.sign), or corrupt"
+                       : "checksum mismatch: the file is corrupt or truncated (or signed: "
+                         "checkpoint.sign)");
   }
   Tessera__CheckpointMeta *m =
       tessera__checkpoint_meta__unpack(&ts_protobuf_allocator, meta_len, metabuf);
@@ -415,7 +481,7 @@ int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **met
     fclose(f);
     return bad(errmsg, errlen, path, "the checkpoint header does not parse");
   }
-  /* The hash is not keyed: whoever can write the file can make it check, so the sizes are
+  /* Unless signed, whoever can write the file can make its hash check, so the sizes are
    * summed without wrapping (at most two state buffers, Adam's, and no count beyond the
    * file), else a huge count could make the sum match a short file. */
   uint64_t data = 0, room = (size - MAGIC_LEN - 4 - meta_len - HASH_LEN) / 4;

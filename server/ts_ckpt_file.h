@@ -2,7 +2,7 @@
  * The checkpoint file format (docs/operations.md): a file is
  *
  *   "TSCKPT01" | u32 meta_len (LE) | CheckpointMeta (proto/tessera.proto) | float32 data |
- * table records (format 2) | BLAKE2b-256
+ * table records (format 2) | BLAKE2b-256 (keyed when signed: ts_ckpt_file_set_key)
  *
  * the data being every listed part's values and then its optimizer state buffers, in the
  * order the meta lists them; the table records each table's rows (ts_ckpt_tables.h), in
@@ -45,6 +45,13 @@ typedef struct ts_ckpt_snapshot {
   size_t records_len;
 } ts_ckpt_snapshot_t;
 
+/* Checkpoint signing (checkpoint.sign): from now on, files are written and verified with
+ * a BLAKE2b keyed by ts_ckpt_file_key(token) instead of the plain hash; NULL goes back to
+ * the plain hash. Process-wide: call before the first write or read. */
+void ts_ckpt_file_set_key(const char *token);
+/* The 32-byte key a token gives (for tests that forge signed files). */
+void ts_ckpt_file_key(const char *token, uint8_t key[32]);
+
 /* Write a snapshot into dir (created if missing): a temporary file, fsync, rename, fsync of
  * the directory; only then delete this shard's checkpoints of its own layout beyond the
  * newest `keep` (files of another layout stay: they may be a set to re-shard from; so do
@@ -74,9 +81,18 @@ int ts_ckpt_file_read_meta(const char *path, Tessera__CheckpointMeta **meta, cha
 int ts_ckpt_file_open(const char *path, FILE **fp, Tessera__CheckpointMeta **meta, char *errmsg,
                       size_t errlen);
 
+/* The index of the first NaN or Inf among v[0..n), or n when every value is finite:
+ * snapshots never hold one, so a file that does is refused by name when it is read. */
+size_t ts_ckpt_first_nonfinite(const float *v, size_t n);
+
 /* Whether a file's layout is (num_shards, partition_bytes). */
 bool ts_ckpt_file_same_layout(const Tessera__CheckpointMeta *m, uint32_t num_shards,
                               uint64_t partition_bytes);
+
+/* Whether dir takes a checkpoint of shard: dir is made if missing, then a small test file
+ * is written, fsynced and removed. Returns 0, or a negative errno with errmsg saying what
+ * failed (not a directory, not writable, no space). */
+int ts_ckpt_file_probe(const char *dir, uint32_t shard, char *errmsg, size_t errlen);
 
 /* Delete shard's temporary files in dir: checkpoint writes a crash interrupted (each is
  * logged). Returns how many were removed. Call before the shard writes again. */

@@ -23,6 +23,7 @@
  * file holds it, and no key may come twice.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,7 @@ static void found_free(found_t *f) {
 /* Every checkpoint file of another layout in dirs, by header. */
 static int collect(const ts_store_t *s, char *const *dirs, size_t ndirs, found_t *f) {
   size_t cap = 0;
+  int skipped = 0; /* the first 20 logged: a directory of junk makes a few lines */
   for (size_t d = 0; d < ndirs; d++) {
     char **names;
     uint32_t *shards;
@@ -82,13 +84,14 @@ static int collect(const ts_store_t *s, char *const *dirs, size_t ndirs, found_t
       snprintf(path, sizeof path, "%s/%s", dirs[d], names[i]);
       Tessera__CheckpointMeta *m;
       if (ts_ckpt_file_read_meta(path, &m, err, sizeof err) < 0) {
-        ts_log_warn("re-sharding: skipping %s", err);
+        if (skipped++ < 20) ts_log_warn("re-sharding: skipping %s", err);
         continue;
       }
       bool sane = m->shard == shards[i] && m->num_shards > 0 && m->shard < m->num_shards &&
                   m->num_shards <= 256 && (m->n_tensors > 0 || m->n_tables > 0);
       for (size_t t = 0; sane && t < m->n_tensors; t++) sane = m->tensors[t]->n_shape <= 8;
-      if (!sane) ts_log_warn("re-sharding: skipping %s: its header is inconsistent", path);
+      if (!sane && skipped++ < 20)
+        ts_log_warn("re-sharding: skipping %s: its header is inconsistent", path);
       /* This layout's own files are not re-sharding's, nor are increments (a set is of
        * full checkpoints: psctl checkpoint and shutdown write those). */
       if (!sane || m->base_sequence ||
@@ -119,6 +122,7 @@ static int collect(const ts_store_t *s, char *const *dirs, size_t ndirs, found_t
     ts_ckpt_file_free_names(names, n);
     ts_free(shards);
   }
+  if (skipped > 20) ts_log_warn("re-sharding: %d more file(s) skipped", skipped - 20);
   return 0;
 }
 
@@ -224,6 +228,13 @@ static int copy_part(copy_t *c, FILE *f, const Tessera__CheckpointPart *cp, char
       return TS_EDATA;
     }
     if (b > 0 && !keep_state) continue;
+    size_t at = ts_ckpt_first_nonfinite(c->tmp, cp->count);
+    if (at < cp->count) {
+      ts_errmsg_printf(why, whylen, "tensor %u %s element %llu is %s", cp->tensor,
+                       b == 0 ? "parameter" : "optimizer state",
+                       (unsigned long long)(cp->offset + at), isnan(c->tmp[at]) ? "NaN" : "Inf");
+      return TS_EDATA;
+    }
     for (uint32_t q = 0; q < s->plan.tensor_parts[cp->tensor]; q++) {
       const ts_part_t *pp = ts_plan_part(&s->plan, cp->tensor, q);
       uint64_t a = pp->offset > lo ? pp->offset : lo;

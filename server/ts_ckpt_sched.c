@@ -7,6 +7,7 @@
 #include "ts_server_int.h"
 
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "ts_alloc.h"
@@ -29,14 +30,35 @@ typedef struct {
   uint64_t bytes;
   double seconds;
   bool full_tables;     /* a full snapshot of tables whose changes are tracked */
+  uint64_t changes;     /* ts_ckpt_changes when taken: saved once written */
   uint64_t incarnation; /* the server's when taken (a model reset changes it) */
 } ckpt_job_t;
 
+/* Attempts at the final checkpoint of a stop (SIGTERM, psctl shutdown) before the shard
+ * stops without it, saying what is lost. */
+#define FINAL_TRIES 3
+
 /* A checkpoint was tried and failed, before its write (start_checkpoint) or in it
- * (ckpt_done): one count in /metrics, whoever asked for it. */
-static void count_failure(ts_server_t *srv) {
+ * (ckpt_done): one count in /metrics, whoever asked for it, and the reason kept for
+ * psctl status/health and /readyz until one is written. */
+static void count_failure(ts_server_t *srv, int rc, const char *err) {
   srv->metrics.checkpoints_failed++;
+  srv->ckpt_failures++;
+  /* An errno says it shortest ("No space left on device"); else the message itself. */
+  if (rc < 0 && !ts_err_is_ts(rc))
+    snprintf(srv->ckpt_error, sizeof srv->ckpt_error, "%s", strerror(-rc));
+  else
+    snprintf(srv->ckpt_error, sizeof srv->ckpt_error, "%.199s", err);
+  ts_shard_status_publish(srv);
 }
+
+/* Whether the store holds updates no checkpoint written holds. */
+static bool unsaved(const ts_server_t *srv) {
+  return srv->store.declared && !srv->store.awaiting &&
+         ts_ckpt_changes(&srv->store) != srv->ckpt_applied;
+}
+
+static bool final_checkpoint(ts_server_t *srv);
 
 static void ckpt_work(uv_work_t *req) {
   ckpt_job_t *j = req->data;
@@ -67,7 +89,16 @@ static void ckpt_done(uv_work_t *req, int status) {
       srv->ckpt_since_full++;
     }
   }
+  if (j->rc == 0 && j->incarnation == srv->incarnation) {
+    /* Saved only now that it is on disk: a failed write leaves the changes to the next. */
+    srv->ckpt_applied = j->changes;
+    srv->ckpt_saved_step = step;
+  }
   if (j->rc == 0) {
+    if (srv->ckpt_failures)
+      ts_log_notice("checkpoint written after %u failed attempt(s)", srv->ckpt_failures);
+    srv->ckpt_failures = 0;
+    srv->ckpt_error[0] = '\0';
     srv->ckpts_written++;
     srv->metrics.checkpoints_ok++;
     ts_prom_hist_observe(&srv->metrics.checkpoint_duration, j->seconds);
@@ -79,8 +110,8 @@ static void ckpt_done(uv_work_t *req, int status) {
                 (unsigned long long)step, (double)j->bytes / (1024.0 * 1024.0), j->seconds * 1000.0,
                 j->snap->base_sequence ? ", an increment" : "");
   } else {
-    count_failure(srv);
-    ts_log_err("checkpoint failed: %s", j->err);
+    count_failure(srv, j->rc, j->err);
+    ts_log_err("checkpoint failed (%u in a row): %s", srv->ckpt_failures, j->err);
   }
   ts_session_t *s = j->session_id ? ts_session_find(srv, j->session_id) : NULL;
   if (s && j->kind == CKPT_ADMIN) {
@@ -105,8 +136,12 @@ static void ckpt_done(uv_work_t *req, int status) {
   }
   ts_ckpt_snapshot_free(j->snap);
   bool stop = j->kind == CKPT_SHUTDOWN || j->kind == CKPT_SIGNAL || srv->stop_after_ckpt;
+  /* A stop waits for a checkpoint of the newest state: one that failed is tried again, and
+   * a periodic or requested one that was being written when the stop came is followed by
+   * a final one when updates arrived since its snapshot. */
+  bool again = j->rc != 0 || j->kind == CKPT_TIMER || j->kind == CKPT_ADMIN;
   ts_free(j);
-  if (stop) ts_server_stop(srv);
+  if (stop && !(again && final_checkpoint(srv))) ts_server_stop(srv);
 }
 
 /* The snapshot and its write, queued; see start_checkpoint. */
@@ -154,7 +189,7 @@ static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t ses
   }
   if (j->full_tables) ts_ckpt_tables_full_taken(&srv->store);
   srv->ckpt_seq++;
-  srv->ckpt_applied = ts_ckpt_changes(&srv->store);
+  j->changes = ts_ckpt_changes(&srv->store);
   srv->ckpt_busy = true;
   return 0;
 }
@@ -166,16 +201,14 @@ static int start_checkpoint_job(ts_server_t *srv, ckpt_kind_t kind, uint64_t ses
 static int start_checkpoint(ts_server_t *srv, ckpt_kind_t kind, uint64_t session_id,
                             uint64_t request_id, char *errmsg, size_t errlen) {
   int rc = start_checkpoint_job(srv, kind, session_id, request_id, errmsg, errlen);
-  if (rc < 0 && rc != TS_ECONFIG && rc != TS_EBUSY) count_failure(srv);
+  if (rc < 0 && rc != TS_ECONFIG && rc != TS_EBUSY) count_failure(srv, rc, errmsg);
   return rc;
 }
 
 static void on_ckpt_timer(uv_timer_t *t) {
   ts_server_t *srv = t->data;
-  /* Only when something changed since the last one. */
-  if (!srv->store.declared || srv->store.awaiting || srv->ckpt_busy ||
-      ts_ckpt_changes(&srv->store) == srv->ckpt_applied)
-    return;
+  /* Only when something changed since the last one written (a failed one is retried). */
+  if (srv->ckpt_busy || !unsaved(srv)) return;
   char err[512];
   int rc = start_checkpoint(srv, CKPT_TIMER, 0, 0, err, sizeof err);
   if (rc < 0) ts_log_err("periodic checkpoint skipped: %s", err);
@@ -202,47 +235,83 @@ void ts_ckpt_sched_shutdown(ts_session_t *s, Tessera__Shutdown *m) {
     if (srv->ckpt_busy) {
       srv->stop_after_ckpt = true;
     } else if (start_checkpoint(srv, CKPT_SHUTDOWN, s->id, m->request_id, err, sizeof err) == 0) {
+      srv->ckpt_final_tries = 1;
       goto out; /* the reply and the stop follow the checkpoint */
     } else {
-      ts_log_err("final checkpoint failed, stopping anyway: %s", err);
+      ts_log_err("final checkpoint failed: %s", err);
+      srv->ckpt_final_tries = 1;
     }
   }
   Tessera__ShutdownReply r = TESSERA__SHUTDOWN_REPLY__INIT;
   r.request_id = m->request_id;
   r.checkpoint_path = (char *)"";
   ts_session_reply(s, TS_MSG_SHUTDOWN_REPLY, &r.base);
-  if (!srv->stop_after_ckpt) ts_server_stop(srv);
+  if (!srv->stop_after_ckpt && !(m->checkpoint && final_checkpoint(srv))) ts_server_stop(srv);
 out:
   ts_msg_free(&m->base);
 }
 
-bool ts_ckpt_sched_final(ts_server_t *srv) {
-  if (!srv->cfg->checkpoint_dir || !*srv->cfg->checkpoint_dir || !srv->store.declared ||
-      srv->store.awaiting || ts_ckpt_changes(&srv->store) == srv->ckpt_applied)
-    return false;
+/* Say what a stop without a checkpoint of the newest state loses. */
+static void log_lost(ts_server_t *srv) {
+  char held[700] = "no checkpoint was written or restored";
+  if (srv->have_ckpt)
+    snprintf(held, sizeof held, "the newest checkpoint, %s, holds step %llu", srv->last_ckpt,
+             (unsigned long long)srv->ckpt_saved_step);
+  ts_log_crit("stopping WITHOUT a checkpoint of steps %llu -> %llu: they are lost (%s; the last "
+              "attempt failed: %s)",
+              (unsigned long long)srv->ckpt_saved_step,
+              (unsigned long long)ts_ckpt_step(&srv->store), held,
+              srv->ckpt_error[0] ? srv->ckpt_error : "unknown");
+}
+
+/* The final checkpoint of a stop, while what the store holds is not saved and
+ * FINAL_TRIES attempts are not used up: true when one was started (the stop follows it),
+ * false to stop now (after saying what is lost, if anything). */
+static bool final_checkpoint(ts_server_t *srv) {
   char err[512];
+  while (srv->cfg->checkpoint_dir && *srv->cfg->checkpoint_dir && unsaved(srv) &&
+         srv->ckpt_final_tries < FINAL_TRIES) {
+    srv->ckpt_final_tries++;
+    if (start_checkpoint(srv, CKPT_SIGNAL, 0, 0, err, sizeof err) == 0) {
+      srv->stop_after_ckpt = true;
+      ts_log_info("writing a final checkpoint before stopping (attempt %d of %d)",
+                  srv->ckpt_final_tries, FINAL_TRIES);
+      return true;
+    }
+    ts_log_err("final checkpoint failed: %s", err);
+  }
+  if (srv->cfg->checkpoint_dir && *srv->cfg->checkpoint_dir && unsaved(srv)) log_lost(srv);
+  return false;
+}
+
+bool ts_ckpt_sched_final(ts_server_t *srv) {
+  if (!srv->cfg->checkpoint_dir || !*srv->cfg->checkpoint_dir || !unsaved(srv)) return false;
   if (srv->ckpt_busy) {
     srv->stop_after_ckpt = true;
     return true;
   }
-  if (start_checkpoint(srv, CKPT_SIGNAL, 0, 0, err, sizeof err) == 0) {
-    srv->stop_after_ckpt = true;
-    ts_log_info("writing a final checkpoint before stopping");
-    return true;
-  }
-  ts_log_err("final checkpoint failed, stopping anyway: %s", err);
-  return false;
+  return final_checkpoint(srv);
 }
 
-int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen) {
+int ts_ckpt_sched_restore(ts_server_t *srv, bool fresh, bool adopt, char *errmsg,
+                          size_t errlen) {
   const ts_config_t *cfg = srv->cfg;
   if (!cfg->checkpoint_dir || !*cfg->checkpoint_dir) return 0;
+  /* A directory that takes no file would fail every checkpoint, silently until the first:
+   * refused now, as a bad key is. */
+  if (ts_ckpt_file_probe(cfg->checkpoint_dir, srv->shard, errmsg, errlen) < 0) return TS_ECONFIG;
   ts_ckpt_file_clean_tmp(cfg->checkpoint_dir, srv->shard);
   uint64_t t0 = uv_hrtime(), seq = 0;
   char path[600], err[1536];
-  int r =
-      ts_ckpt_restore(&srv->store, cfg->checkpoint_dir, cfg->checkpoint_restore_from,
-                      cfg->num_checkpoint_restore_from, path, sizeof path, &seq, err, sizeof err);
+  int r = 0;
+  if (fresh)
+    ts_log_notice("--fresh: not restoring %s; starting with no model (the files there stay, "
+                  "and the next checkpoint written is newer than all of them)",
+                  cfg->checkpoint_dir);
+  else
+    r = ts_ckpt_restore(&srv->store, cfg->checkpoint_dir, cfg->checkpoint_restore_from,
+                        cfg->num_checkpoint_restore_from, adopt, path, sizeof path, &seq, err,
+                        sizeof err);
   if (r == TS_EDATA || r == TS_ENOMEM) {
     /* Old checkpoints exist but none can be used: starting fresh would quietly throw the
      * training away, so the operator decides (docs/operations.md). */
@@ -253,6 +322,7 @@ int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen) {
     ts_log_err("%s", err);
   } else if (r >= 1) {
     srv->restored_step = ts_ckpt_step(&srv->store);
+    srv->ckpt_saved_step = srv->restored_step;
     srv->have_ckpt = true;
     srv->last_ckpt_ms = ts_server_now_ms(srv);
     srv->ckpt_applied = ts_ckpt_changes(&srv->store);
@@ -261,7 +331,7 @@ int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen) {
     ts_log_notice("restored checkpoint %s%s: %zu partition(s), %u table(s) at step %llu in %.0f ms",
                   r == 2 ? "set " : "", path, srv->store.num_parts, srv->store.num_tables,
                   (unsigned long long)srv->restored_step, (double)(uv_hrtime() - t0) / 1e6);
-  } else {
+  } else if (!fresh) {
     ts_log_info("no checkpoint in %s: starting fresh", cfg->checkpoint_dir);
   }
   uint64_t last = ts_ckpt_file_last_sequence(cfg->checkpoint_dir, srv->shard);

@@ -287,6 +287,19 @@ int ts_ckpt_tables_read(ts_store_t *s, FILE *f, const Tessera__CheckpointMeta *m
         break;
       }
       if (merge && ts_key_shard(key, s->num_shards) != s->shard) continue;
+      size_t nf = (rb - REC_HEAD) / sizeof(float), at;
+      float v = 0;
+      for (at = 0; at < nf; at++) {
+        memcpy(&v, rec + REC_HEAD + at * sizeof(float), sizeof v);
+        if (!isfinite(v)) break;
+      }
+      if (at < nf) {
+        ts_errmsg_printf(why, whylen, "table '%s' key %llu %s element %zu is %s", name,
+                         (unsigned long long)key, at < ct->dim ? "value" : "optimizer state",
+                         ct->dim ? at % ct->dim : at, isnan(v) ? "NaN" : "Inf");
+        rc = TS_EDATA;
+        break;
+      }
       rc = ts_stable_restore_row(t, &s->table_budget, key, updates, last_step,
                                  (const float *)(rec + REC_HEAD), (int)ct->state_buffers, incr, why,
                                  whylen);

@@ -250,6 +250,7 @@ static void finish_reset(ts_server_t *srv, int rc, const char *why) {
     ts_stage_free(&srv->stage);
     srv->ckpt_applied = 0; /* the new model's first update is worth a checkpoint */
     srv->ckpt_base = 0;    /* and is a full one */
+    srv->ckpt_saved_step = 0;
     srv->ckpt_since_full = 0;
     /* The end of the job was the old model's: the next model's training chooses its own
      * reporting worker, and has no final accuracy until that one sends it. */

@@ -16,6 +16,7 @@
 
 #include "ts_addr.h"
 #include "ts_alloc.h"
+#include "ts_ckpt_file.h"
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_notify.h"
@@ -224,6 +225,14 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
     rc = TS_ECONFIG;
     goto fail;
   }
+  if (cfg->checkpoint_sign && !srv->admin_token) {
+    ts_errmsg_printf(errmsg, errlen,
+                     "checkpoint.sign needs auth.admin_token_file: the signing key is derived "
+                     "from the admin token");
+    rc = TS_ECONFIG;
+    goto fail;
+  }
+  if (cfg->checkpoint_sign) ts_ckpt_file_set_key(srv->admin_token);
 
   struct addrinfo *ai = NULL;
   char why[300];
@@ -256,7 +265,7 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
 
   /* Restore before listening: a client that can connect finds the restored model. */
   randombytes_buf(&srv->incarnation, sizeof srv->incarnation);
-  if ((rc = ts_ckpt_sched_restore(srv, errmsg, errlen)) < 0) {
+  if ((rc = ts_ckpt_sched_restore(srv, opts->fresh, opts->adopt, errmsg, errlen)) < 0) {
     freeaddrinfo(ai);
     goto fail;
   }

@@ -22,6 +22,8 @@ typedef struct {
   const ts_config_t *cfg;  /* must outlive the server */
   uint32_t shard;
   bool insecure;           /* allow a non-loopback address without tokens */
+  bool fresh;              /* --fresh: do not restore checkpoint.dir */
+  bool adopt;              /* --adopt: restore checkpoints of another job (ts_ckpt.h) */
 } ts_server_opts_t;
 
 /* Create the server of shard opts->shard on loop: load tokens, bind and listen on

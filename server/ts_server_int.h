@@ -253,7 +253,11 @@ struct ts_server {
   uint64_t ckpt_seq;     /* sequence of the newest checkpoint on disk */
   uint64_t ckpt_base;    /* sequence of this model's last full checkpoint written (0: none) */
   uint32_t ckpt_since_full; /* increments written since it (checkpoint.full_every) */
-  uint64_t ckpt_applied; /* ts_ckpt_changes when the last one was taken */
+  uint64_t ckpt_applied; /* ts_ckpt_changes at the last checkpoint written or restored */
+  uint64_t ckpt_saved_step; /* the step it holds */
+  uint32_t ckpt_failures;   /* attempts failed in a row since (0: the last one worked) */
+  char ckpt_error[200];     /* the last failure's reason, e.g. "No space left on device" */
+  int ckpt_final_tries;     /* attempts at the final checkpoint of a stop */
   char last_ckpt[600];
   uint64_t last_ckpt_ms; /* loop time of the last checkpoint written or restored */
   bool have_ckpt;
@@ -461,6 +465,7 @@ typedef struct {
   uint64_t *hot; /* TS_STABLE_HOT_KEYS per table: the tables' hottest keys */
   Tessera__TensorDecl *md; /* Status.with_model: one per declared tensor */
   Tessera__TensorDecl **mdp;
+  char job_id[17]; /* ts_ckpt_job_id ("" before a model is declared) */
 } ts_shard_status_msg_t;
 
 /* Fill *sm with the shard's state now. Returns 0 or TS_ENOMEM; release it in both cases. */
@@ -493,13 +498,18 @@ void ts_declare_reset(ts_session_t *s, Tessera__ModelReset *m);
 
 /* --- ts_ckpt_sched.c ------------------------------------------------------------------- */
 
-/* At start, before listening (a client that can connect finds the restored model): delete
- * temporary files of interrupted writes, restore the newest checkpoint of checkpoint.dir
- * (or re-shard one of another layout, also from checkpoint.restore_from: ts_ckpt.h),
- * and learn the sequence to go on from. Returns 0, also when nothing could be read (logged;
- * the shard starts fresh), or TS_ECONFIG with errmsg when checkpoints of another layout
- * exist but hold no usable set (or no memory to look at them): the shard must not start. */
-int ts_ckpt_sched_restore(ts_server_t *srv, char *errmsg, size_t errlen);
+/* At start, before listening (a client that can connect finds the restored model): check
+ * that checkpoint.dir takes a file (made if missing: a test file written, fsynced and
+ * removed), delete temporary files of interrupted writes, restore the newest checkpoint of
+ * checkpoint.dir (or re-shard one of another layout, also from checkpoint.restore_from:
+ * ts_ckpt.h; files of another job only when adopt, --adopt) unless fresh (--fresh,
+ * logged), and learn the sequence to go on from.
+ * Returns 0, also when the directory cannot be listed (logged), or TS_ECONFIG with errmsg:
+ * the directory takes no file, every checkpoint of this shard was rejected (without
+ * fresh), or checkpoints of another layout exist but hold no usable set (or no memory to
+ * look at them): the shard must not start. */
+int ts_ckpt_sched_restore(ts_server_t *srv, bool fresh, bool adopt, char *errmsg,
+                          size_t errlen);
 
 /* Once listening: initialise srv->ckpt_timer (the caller closes it) and start it when
  * checkpoint.interval_s asks for periodic checkpoints. */

@@ -9,9 +9,11 @@
 #include <string.h>
 
 #include "ts_alloc.h"
+#include "ts_ckpt.h"
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_notify.h"
+#include "ts_status.h"
 
 void ts_shard_status_release(ts_shard_status_msg_t *sm) {
   ts_free(sm->ws);
@@ -150,6 +152,10 @@ int ts_shard_status_build(ts_server_t *srv, ts_shard_status_msg_t *sm) {
   r->last_checkpoint_age_s = srv->have_ckpt ? (double)(now - srv->last_ckpt_ms) / 1000.0 : -1.0;
   r->checkpoints_written = srv->ckpts_written;
   r->restored_step = srv->restored_step;
+  r->checkpoint_failures = srv->ckpt_failures;
+  r->checkpoint_error = srv->ckpt_error;
+  r->job_id = sm->job_id;
+  if (srv->store.declared) ts_ckpt_job_id(&srv->store, sm->job_id);
   r->has_final_test_accuracy = srv->has_final_acc;
   r->final_test_accuracy = srv->final_acc;
   r->final_reporter = srv->final_reporter;
@@ -267,6 +273,10 @@ void ts_shard_status_publish(ts_server_t *srv) {
         uint8_t *pb = ts_malloc(len ? len : 1);
         if (pb) {
           protobuf_c_message_pack(&sm.r.base, pb);
+          char note[256] = "";
+          if (srv->ckpt_failures)
+            ts_status_checkpoint_note(note, sizeof note, srv->ckpt_failures, srv->ckpt_error);
+          ts_admin_note(srv->admin, note);
           ts_admin_publish(srv->admin, m, pb, len, !srv->stopping,
                            srv->stopping ? "shutting down" : NULL);
           ts_free(pb);

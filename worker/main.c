@@ -52,7 +52,7 @@ static void usage(FILE *f) {
           "\n"
           "Exit codes: 0 done (or stopped by SIGTERM/SIGINT, also while waiting for the\n"
           "shards), 1 runtime failure (also: a shard unreachable for job.connect_timeout_s),\n"
-          "2 usage, 78 bad configuration, data or device placement, or a job file that\n"
+          "2 usage, 3 nothing to train (a sync job already at its last step), 78 bad configuration, data or device placement, or a job file that\n"
           "differs from the shards' (job.mode, cluster.workers, optimizer.*, model.*).\n");
 }
 
@@ -349,7 +349,13 @@ int main(int argc, char **argv) {
     goto out;
   }
   exit_code = TS_EXIT_OK;
-  if (!res.stopped) {
+  if (!res.stopped && res.nothing_to_train) {
+    /* A re-run of a finished job: no "done:" line, whose loss would be made up. */
+    ts_log_err("the job is at step %llu of %llu: nothing to train; raise train.epochs or "
+               "train.max_steps, or psctl model reset",
+               (unsigned long long)res.job_step, (unsigned long long)res.total_steps);
+    exit_code = TS_EXIT_NOTHING_TO_TRAIN;
+  } else if (!res.stopped) {
     /* The worker that evaluated the job's final parameters appends them. */
     char final[64] = "";
     if (res.has_final) {

@@ -357,7 +357,11 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     }
     pulled = true;
     k0 = version < total ? version : total;
-    if (k0 > 0) ts_log_notice("joining the job at step %llu", (unsigned long long)k0);
+    res->job_step = version;
+    res->total_steps = total;
+    res->nothing_to_train = total > 0 && version >= total;
+    if (k0 > 0 && !res->nothing_to_train)
+      ts_log_notice("joining the job at step %llu", (unsigned long long)k0);
   }
   rc = 0;
   for (uint64_t k = k0; k < total && !*t->stop; k++) {

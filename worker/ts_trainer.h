@@ -46,6 +46,9 @@ typedef struct {
   int stopped;                /* 1 when a signal stopped the run early */
   bool has_auc;               /* a CTR model (worker/ts_ctr_train.h): */
   double test_auc, train_auc; /* the test rows' AUC; the last log interval's training AUC */
+  bool nothing_to_train;      /* sync: the job was at or past its last step when this worker
+                                 joined (job_step, of total_steps): it made no step */
+  uint64_t job_step, total_steps;
   bool has_final;             /* this worker reported the job's final accuracy: */
   double final_test_accuracy; /* on the parameters pulled once every worker finished */
 } ts_train_result_t;

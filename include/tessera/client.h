@@ -704,6 +704,9 @@ typedef struct {
   int32_t final_reporter;       /* and the task that sent it */
   const ts_client_table_status_t *tables; /* the declared tables, in declared order */
   size_t num_tables;
+  uint32_t checkpoint_failures; /* checkpoint attempts failed in a row (0: the last worked) */
+  const char *checkpoint_error; /* the last failure's reason ("" when none) */
+  const char *job_id;           /* the job's identity, 16 hex digits ("" before a declare) */
 } ts_client_shard_status_t;
 
 /* Ask shard i for its status; *out (one allocation, strings and arrays included) is freed

@@ -1,6 +1,7 @@
 #include "calls.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ts_log.h"
@@ -84,14 +85,6 @@ void tc_opts(ts_client_opts_t *o, const char *const *addrs, size_t num_shards) {
   o->log_level = TS_CLIENT_LOG_DEBUG;
 }
 
-void tc_opts_role(ts_client_opts_t *o, const char *const *addrs, size_t num_shards, bool admin) {
-  tc_opts(o, addrs, num_shards);
-  o->admin = admin;
-  o->task = admin ? -1 : 0;
-  o->request_timeout_s = 10;
-  o->require_all = true;
-}
-
 int tc_open(ts_client_t **cl, const ts_client_opts_t *o, const ts_client_tensor_t *model,
             size_t n, uint64_t seed) {
   char err[512];
@@ -103,5 +96,43 @@ int tc_open(ts_client_t **cl, const ts_client_opts_t *o, const ts_client_tensor_
   if (!model) return 0;
   rc = ts_client_declare(*cl, model, n, seed, err, sizeof err);
   if (rc < 0) fprintf(stderr, "declare: %s\n", err);
+  return rc;
+}
+
+void tc_opts_role(ts_client_opts_t *o, const char *const *addrs, size_t num_shards, bool admin) {
+  tc_opts(o, addrs, num_shards);
+  o->admin = admin;
+  o->task = admin ? -1 : 0;
+  o->connect_timeout_s = 5;
+  o->request_timeout_s = 10;
+  o->require_all = true;
+}
+
+int tc_checkpoint(const char *const *addrs, size_t num_shards, uint32_t shard, char *path,
+                  size_t n) {
+  ts_client_opts_t o;
+  tc_opts_role(&o, addrs, num_shards, true);
+  ts_client_t *a = NULL;
+  char err[512];
+  uint64_t step = 0;
+  int rc = ts_client_open(&a, &o, err, sizeof err);
+  if (rc == 0) rc = ts_client_checkpoint(a, shard, path, n, &step, err, sizeof err);
+  if (rc < 0) fprintf(stderr, "checkpoint: %s\n", err);
+  ts_client_close(a);
+  return rc;
+}
+
+int tc_push_filled(ts_client_t *c, float v, size_t n, int times) {
+  float *g = malloc(n * sizeof *g);
+  if (!g) return -1;
+  for (size_t i = 0; i < n; i++) g[i] = v;
+  char err[512];
+  int rc = 0;
+  for (int i = 0; i < times && rc == 0; i++) {
+    const float *gp[] = {g};
+    rc = tc_push(c, gp, 0, NULL, err, sizeof err);
+    if (rc < 0) fprintf(stderr, "push: %s\n", err);
+  }
+  free(g);
   return rc;
 }

@@ -43,8 +43,12 @@ size_t tc_shard_parts(const ts_client_t *c, uint32_t s);
 /* Shard options with struct_size set and the client's logs sent to ts_log. */
 void tc_opts(ts_client_opts_t *o, const char *const *addrs, size_t num_shards);
 
-/* tc_opts for an admin client, or worker task 0, that needs every shard (require_all) and
- * waits 10 s for a request. */
+/* Push a gradient of n values v (one tensor), times times. Returns 0, or the negative
+ * code after saying why on stderr. */
+int tc_push_filled(ts_client_t *c, float v, size_t n, int times);
+
+/* tc_opts for an admin client, or worker task 0, that needs every shard (require_all),
+ * connects within 5 s and waits 10 s for a request. */
 void tc_opts_role(ts_client_opts_t *o, const char *const *addrs, size_t num_shards, bool admin);
 
 /* Open a client with options o into *cl and, when model is not NULL, declare its n tensors
@@ -52,5 +56,10 @@ void tc_opts_role(ts_client_opts_t *o, const char *const *addrs, size_t num_shar
  * why (*cl may then hold an open client, the caller's to close). */
 int tc_open(ts_client_t **cl, const ts_client_opts_t *o, const ts_client_tensor_t *model,
             size_t n, uint64_t seed);
+
+/* Ask shard `shard` of the num_shards at addrs for a checkpoint over an admin connection
+ * (no token): 0 with its file in path, or the negative code after saying why on stderr. */
+int tc_checkpoint(const char *const *addrs, size_t num_shards, uint32_t shard, char *path,
+                  size_t n);
 
 #endif

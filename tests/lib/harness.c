@@ -188,6 +188,10 @@ double ts_done_field(const ts_proc_t *p, const char *key) {
 }
 
 int ts_cluster_start_shard(ts_cluster_t *c, int i) {
+  return ts_cluster_start_shard_arg(c, i, NULL);
+}
+
+int ts_cluster_start_shard_arg(ts_cluster_t *c, int i, const char *arg) {
   char log[400], shard[16];
   snprintf(log, sizeof log, "%s/ps-%d.log", c->dir, i);
   snprintf(shard, sizeof shard, "%d", i);
@@ -200,7 +204,7 @@ int ts_cluster_start_shard(ts_cluster_t *c, int i) {
       dup2(fd, 2);
       close(fd);
     }
-    execl(ts_ps_server_path, "ps-server", "-c", c->config, "--shard", shard, (char *)NULL);
+    execl(ts_ps_server_path, "ps-server", "-c", c->config, "--shard", shard, arg, (char *)NULL);
     _exit(127);
   }
   c->pid[i] = pid;
@@ -508,4 +512,12 @@ double ts_rel_l2(const float *a, const float *b, size_t n) {
     norm += (double)b[i] * (double)b[i];
   }
   return norm > 0 ? sqrt(diff / norm) : 0.0;
+}
+
+int ts_cluster_stop_rm(ts_cluster_t *c, const char *dir) {
+  int rc = ts_cluster_stop(c);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "harness: cannot remove %s\n", dir);
+  return rc;
 }

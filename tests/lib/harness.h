@@ -42,6 +42,8 @@ int ts_cluster_start(ts_cluster_t *c, int num_shards, int num_workers, const cha
 
 /* Start (again) shard i with the same job file; waits until it accepts. */
 int ts_cluster_start_shard(ts_cluster_t *c, int i);
+/* The same with one more argument for ps-server (e.g. "--fresh"; NULL: none). */
+int ts_cluster_start_shard_arg(ts_cluster_t *c, int i, const char *arg);
 
 /* Send sig to shard i and, for SIGTERM/SIGINT/SIGKILL, reap it. A shard that exits with a
  * non-zero status, or does not exit within 5 s of SIGTERM/SIGINT (it is then killed),
@@ -52,6 +54,10 @@ void ts_cluster_signal(ts_cluster_t *c, int i, int sig);
  * exit cleanly on SIGTERM or whose log holds a sanitizer report (each printed with its
  * log); tests assert it is 0, so a leak or UB in ps-server fails the test. */
 int ts_cluster_stop(ts_cluster_t *c);
+
+/* Stop c's shards (as ts_cluster_stop) and remove dir, a test's own directory beside
+ * the cluster's: the number ts_cluster_stop returns. */
+int ts_cluster_stop_rm(ts_cluster_t *c, const char *dir);
 
 /* Monotonic time in seconds, and a sleep of ms milliseconds. */
 double ts_now_s(void);

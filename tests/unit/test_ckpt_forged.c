@@ -2,7 +2,8 @@
  * Checkpoint files as untrusted input: the BLAKE2b hash of a checkpoint is not keyed, so
  * anyone who can write into checkpoint.dir can make a file whose hash checks. Every count,
  * rank and index in it must be validated before it sizes a buffer or indexes an array;
- * a forged file is rejected (logged) and the shard starts fresh, it never corrupts memory.
+ * a forged file is rejected (named, with its reason) and the shard refuses to start; it
+ * never corrupts memory.
  * So is a forged table section (format 2): row counts, widths, repeated keys.
  * (Run under the sanitizer build to see the overflows these guard against.)
  */
@@ -59,6 +60,10 @@ static void file_path(char *path, size_t n) {
   snprintf(path, n, "%s/shard-0-%020llu.ckpt", dir, 1ull);
 }
 
+/* The key write_forged signs with (NULL: the plain hash), as a shard with checkpoint.sign
+ * would. */
+static const uint8_t *forge_key;
+
 /* Write the directory's checkpoint file as ts_ckpt_file_write lays it out (magic, meta
  * length, meta, data, BLAKE2b of all that), with whatever meta the test forged. */
 static void write_forged(const Tessera__CheckpointMeta *m, const float *data, size_t ndata) {
@@ -71,7 +76,7 @@ static void write_forged(const Tessera__CheckpointMeta *m, const float *data, si
   uint8_t len4[4] = {(uint8_t)mlen, (uint8_t)(mlen >> 8), (uint8_t)(mlen >> 16),
                      (uint8_t)(mlen >> 24)};
   crypto_generichash_state h;
-  crypto_generichash_init(&h, NULL, 0, crypto_generichash_BYTES);
+  crypto_generichash_init(&h, forge_key, forge_key ? 32 : 0, crypto_generichash_BYTES);
   crypto_generichash_update(&h, (const uint8_t *)"TSCKPT01", 8);
   crypto_generichash_update(&h, len4, 4);
   crypto_generichash_update(&h, meta, mlen);
@@ -153,15 +158,18 @@ static int restore(ts_store_t *s, char *err, size_t errlen) {
   store_init(s);
   char got[600] = "";
   uint64_t seq = 0;
-  return ts_ckpt_restore(s, dir, NULL, 0, got, sizeof got, &seq, err, errlen);
+  return ts_ckpt_restore(s, dir, NULL, 0, false, got, sizeof got, &seq, err, errlen);
 }
 
-/* Restore must reject the file and leave the store undeclared. */
+/* Restore must reject the file and leave the store undeclared: the only checkpoint
+ * rejected, the shard refuses to start (TS_EDATA) rather than start fresh. */
 static void expect_rejected(void) {
   ts_store_t s;
   char err[1536] = "";
   int rc = restore(&s, err, sizeof err);
-  assert_true(rc <= 0);
+  if (rc != TS_EDATA) fprintf(stderr, "restore: %d %s\n", rc, err);
+  assert_int_equal(rc, TS_EDATA);
+  assert_non_null(strstr(err, "no usable checkpoint of shard 0"));
   assert_false(s.declared);
   ts_store_free(&s);
 }
@@ -344,6 +352,45 @@ static void test_well_formed_restores(void **state) {
   ts_store_free(&s);
 }
 
+/* checkpoint.sign: with a key, only a file signed with it restores; an unsigned file whose
+ * hash checks (anyone can make one) and one signed with another token are refused, and a
+ * shard without the key refuses a signed file. */
+static void test_signed(void **state) {
+  (void)state;
+  forged_t x;
+  forged_init(&x, (const uint64_t[]){512}, 1);
+  float data[512];
+  for (int i = 0; i < 512; i++) data[i] = (float)i;
+  uint8_t key[32], other[32];
+  ts_ckpt_file_key("the admin token", key);
+  ts_ckpt_file_key("another token", other);
+  const struct {
+    const uint8_t *forge;
+    const char *token;
+    int want;
+    const char *why;
+  } cases[] = {
+      {NULL, "the admin token", TS_EDATA, "signature mismatch"},
+      {other, "the admin token", TS_EDATA, "signature mismatch"},
+      {key, "the admin token", 1, NULL},
+      {key, NULL, TS_EDATA, "checksum mismatch"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    forge_key = cases[i].forge;
+    write_forged(&x.m, data, 512);
+    ts_ckpt_file_set_key(cases[i].token);
+    ts_store_t s;
+    char err[1536] = "";
+    int rc = restore(&s, err, sizeof err);
+    ts_ckpt_file_set_key(NULL);
+    forge_key = NULL;
+    if (rc != cases[i].want) fail_msg("case %zu: restore %d: %s", i, rc, err);
+    if (cases[i].why) assert_non_null(strstr(err, cases[i].why));
+    assert_int_equal(s.declared, rc == 1);
+    ts_store_free(&s);
+  }
+}
+
 /* --- embedding tables (format 2) ----------------------------------------------------- */
 
 #define TDIM 4
@@ -463,6 +510,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_partition_listed_twice, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_reshard_header_only_set, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_reshard_plan_not_listed, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_signed, make_dir, remove_dir),
   };
   return cmocka_run_group_tests_name("ckpt_forged", tests, NULL, NULL);
 }

@@ -86,6 +86,7 @@ KEYS: Dict[str, str] = {
     "checkpoint.interval_s": "checkpoint_interval_s",
     "checkpoint.keep": "checkpoint_keep",
     "checkpoint.full_every": "checkpoint_full_every",
+    "checkpoint.sign": "checkpoint_sign",
     "checkpoint.restore_from": "checkpoint_restore_from",
     "auth.token_file": "token_file",
     "auth.admin_token_file": "admin_token_file",
@@ -173,6 +174,7 @@ class JobKeys:
     checkpoint_interval_s: float  #: checkpoint.interval_s
     checkpoint_keep: int  #: checkpoint.keep
     checkpoint_full_every: int  #: checkpoint.full_every
+    checkpoint_sign: bool  #: checkpoint.sign
     checkpoint_restore_from: List[str]  #: checkpoint.restore_from
     token_file: str  #: auth.token_file
     admin_token_file: str  #: auth.admin_token_file

@@ -139,8 +139,9 @@ const ts_config_def_t ts_config_defs[] = {
           "network loop."),
     FLOAT("job.connect_timeout_s", connect_timeout_s, 0.1, 86400.0, 0, "120.0",
           "Longest a worker waits at its start for every shard of cluster.ps to answer its "
-          "handshake (shards started after their workers, a shard restarting), logging which "
-          "shard it waits for and why every 5 s; then it gives up and exits 1. At least 0.1 s, "
+          "handshake (shards started after their workers, a shard restarting, a shard's host "
+          "name that does not resolve yet), logging which shard it waits for and why every 5 "
+          "s; then it gives up and exits 1. At least 0.1 s, "
           "at most a day: a worker waiting longer is better restarted by its supervisor."),
     INT("job.busy_poll_us", busy_poll_us, 0, 1000000, "50",
         "Microseconds a network thread (a shard's loop, a worker's client thread and the "

@@ -10,7 +10,6 @@
  *    /etc/hosts; where namespaces are not allowed it is skipped, saying so.
  * Times are printed; the assertions on them are generous (a loaded 2-core machine).
  */
-#include <fcntl.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -20,30 +19,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "harness.h"
-
-static int count_in_file(const char *path, const char *needle) {
-  char *s = ts_read_file(path);
-  int n = 0;
-  for (const char *p = s; p && (p = strstr(p, needle)); p += strlen(needle)) n++;
-  free(s);
-  return n;
-}
-
-static bool wait_log(const ts_proc_t *p, const char *needle, double timeout_s) {
-  double t0 = ts_now_s();
-  while (ts_now_s() - t0 < timeout_s) {
-    if (ts_file_has(p->err, needle)) return true;
-    ts_sleep_ms(20);
-  }
-  return false;
-}
 
 /* A name no resolver knows: ".invalid" is reserved for that (RFC 2606). */
 #define NOSUCH "tessera-no-such-shard.invalid"
@@ -58,7 +39,7 @@ static void test_name_never_resolves(void **state) {
   const char *extra[] = {"--set", ps, "--set", "job.connect_timeout_s=7", NULL};
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, extra, &w), 0);
-  assert_true(wait_log(&w, "connecting to 1 shard", 30));
+  assert_true(ts_proc_wait_log(&w, "connecting to 1 shard", 30));
   double t0 = ts_now_s();
   int st = ts_proc_wait(&w, 60);
   double took = ts_now_s() - t0;
@@ -69,7 +50,7 @@ static void test_name_never_resolves(void **state) {
   assert_int_equal(st, 1);
   assert_true(took >= 6.0 && took <= 30.0);
   /* The waiting notice (every 5 s) names the shard, the name and why. */
-  assert_true(count_in_file(w.err, who) >= 1);
+  assert_true(ts_file_count(w.err, who) >= 1);
   assert_true(ts_file_has(w.err, "cannot resolve '" NOSUCH "'"));
   assert_true(ts_file_has(w.err, "gave up after 7 s (job.connect_timeout_s)"));
   char *log = ts_read_file(w.err);
@@ -80,8 +61,10 @@ static void test_name_never_resolves(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
-/* In a child: a private mount namespace whose /etc/hosts is `hosts`. Returns 0, or -1. */
-static int private_hosts(const char *hosts) {
+/* In a child: a private mount namespace whose /etc/hosts is the file `arg`. Returns 0, or
+ * -1. */
+static int private_hosts(void *arg) {
+  const char *hosts = arg;
   if (unshare(CLONE_NEWNS) < 0 && unshare(CLONE_NEWUSER | CLONE_NEWNS) < 0) return -1;
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return -1;
   return mount(hosts, "/etc/hosts", NULL, MS_BIND, NULL);
@@ -90,36 +73,10 @@ static int private_hosts(const char *hosts) {
 static bool namespaces_allowed(const char *hosts) {
   pid_t pid = fork();
   if (pid < 0) return false;
-  if (pid == 0) _exit(private_hosts(hosts) == 0 ? 0 : 1);
+  if (pid == 0) _exit(private_hosts((void *)hosts) == 0 ? 0 : 1);
   int st = 0;
   waitpid(pid, &st, 0);
   return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
-/* ts_worker_start, with the worker in a mount namespace that sees `hosts` as /etc/hosts. */
-static int start_worker_with_hosts(ts_cluster_t *c, const char *hosts, const char *const *extra,
-                                   ts_proc_t *p) {
-  memset(p, 0, sizeof *p);
-  snprintf(p->out, sizeof p->out, "%s/worker-0.out", c->dir);
-  snprintf(p->err, sizeof p->err, "%s/worker-0.log", c->dir);
-  const char *argv[32] = {"ps-worker", "-c", c->config, "--task", "0"};
-  int n = 5;
-  for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
-  argv[n] = NULL;
-  pid_t pid = fork();
-  if (pid < 0) return -1;
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    int fo = open(p->out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int fe = open(p->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fo >= 0) dup2(fo, 1);
-    if (fe >= 0) dup2(fe, 2);
-    if (private_hosts(hosts) < 0) _exit(126);
-    execv(ts_ps_worker_path, (char *const *)argv);
-    _exit(127);
-  }
-  p->pid = pid;
-  return 0;
 }
 
 static void test_name_resolves_later(void **state) {
@@ -145,8 +102,8 @@ static void test_name_resolves_later(void **state) {
   snprintf(ps, sizeof ps, "cluster.ps=[\"tessera-shard-later:%d\"]", c.port[0]);
   const char *extra[] = {"--set", ps, "--set", "job.connect_timeout_s=120", NULL};
   ts_proc_t w;
-  assert_int_equal(start_worker_with_hosts(&c, hosts, extra, &w), 0);
-  bool waiting = wait_log(&w, "cannot resolve 'tessera-shard-later'", 60);
+  assert_int_equal(ts_worker_start_with(&c, 0, extra, &w, private_hosts, hosts), 0);
+  bool waiting = ts_proc_wait_log(&w, "cannot resolve 'tessera-shard-later'", 60);
   if (!waiting) ts_proc_dump(&w);
   assert_true(waiting);
   /* The name appears, as a Service's does once its pods exist: the same file, written in

@@ -447,7 +447,8 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
         r->op->hb0 = true;
         r->op->job_end = (ts_client_job_end_t){.workers_finished = m->workers_finished,
                                                .num_workers = m->num_workers,
-                                               .report_final = m->report_final};
+                                               .report_final = m->report_final,
+                                               .workers_joined = m->workers_joined};
       }
       if (r) ts_cl_complete_req(r, 0, NULL);
       break;

@@ -131,6 +131,11 @@ const ts_config_def_t ts_config_defs[] = {
     FLOAT("job.sync_timeout_s", sync_timeout_s, 0.01, 86400.0, 0, "10.0",
           "Longest a sync barrier waits for missing gradients before going on with the live "
           "workers. Positive so a barrier never waits forever; at most a day."),
+    FLOAT("job.start_timeout_s", start_timeout_s, 0.0, 86400.0, 0, "120.0",
+          "sync only: before the job's first step, longest its shards wait for every worker "
+          "of cluster.workers to join, logging every 5 s which are missing; then step 1 "
+          "proceeds with those that joined, with a warning naming the others. 0 starts "
+          "with the first worker, as job.sync_timeout_s alone would. At most a day."),
     FLOAT("job.heartbeat_timeout_s", heartbeat_timeout_s, 0.01, 3600.0, 0, "5.0",
           "A worker silent this long is taken for dead. Must exceed job.heartbeat_interval_s "
           "(checked), else live workers would be dropped."),

@@ -64,6 +64,7 @@ typedef struct {
   int replicas_to_aggregate; /* 0 = all workers */
   int staleness;
   double sync_timeout_s;
+  double start_timeout_s;     /* sync: step 1 waits this long for every worker to join */
   double heartbeat_timeout_s;
   double heartbeat_interval_s;
   int busy_poll_us;

@@ -126,6 +126,7 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   uint64_t now = ts_server_now_ms(srv);
   r.workers_finished = ts_barrier_count_finished(&srv->barrier, now, srv->job_since_ms);
   r.num_workers = srv->num_workers;
+  r.workers_joined = ts_barrier_count_joined(&srv->barrier, srv->job_since_ms);
   /* Shard 0 chooses who evaluates the final parameters: the first done worker to ask
    * (job_end: not a periodic heartbeat, nor a stopped worker's goodbye) once every worker
    * has finished, which is the last to finish unless the count was completed by one going

@@ -213,6 +213,8 @@ static void final_report(const ts_trainer_t *t, ts_towers_t *tw, float *const *d
     int rc = ts_client_job_end(t->client, &je, err, sizeof err);
     if (rc == 0) {
       fail_since = -1.0;
+      if (je.workers_joined > res->workers) res->workers = je.workers_joined;
+      res->num_workers = je.num_workers;
       if (je.report_final) break;
       if (je.workers_finished >= je.num_workers) return; /* another worker reports */
       if (!said)
@@ -256,8 +258,8 @@ static void final_report(const ts_trainer_t *t, ts_towers_t *tw, float *const *d
     ts_log_warn("sending the final accuracy to the shards: %s (the next heartbeats carry it)",
                 err);
   ts_log_notice("every worker finished: the final parameters' test accuracy is %.6f "
-                "(test loss %.4f), evaluated by this worker",
-                res->final_test_accuracy, (double)tloss);
+                "(test loss %.4f), evaluated by this worker; %u of %u workers took part",
+                res->final_test_accuracy, (double)tloss, res->workers, res->num_workers);
 }
 
 int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, size_t errlen) {

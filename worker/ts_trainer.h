@@ -45,6 +45,9 @@ typedef struct {
   int stopped;                /* 1 when a signal stopped the run early */
   bool has_final;             /* this worker reported the job's final accuracy: */
   double final_test_accuracy; /* on the parameters pulled once every worker finished */
+  uint32_t workers;           /* workers that took part, as shard 0 counts them at the end
+                                 (0: unknown) */
+  uint32_t num_workers;       /* of the job's */
 } ts_train_result_t;
 
 /* What the trainer reports at every log interval and once at the end (final = true, with

@@ -588,6 +588,8 @@ typedef struct {
   uint32_t workers_finished; /* done, or silent for the job's heartbeat timeout */
   uint32_t num_workers;      /* the job's workers */
   bool report_final;         /* this worker evaluates and reports the final parameters */
+  uint32_t workers_joined;   /* workers that joined the job: those taking part (0: the
+                                shard does not say) */
 } ts_client_job_end_t;
 
 /* A heartbeat (as ts_client_heartbeat) that returns shard 0's count of finished workers.

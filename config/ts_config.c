@@ -384,6 +384,11 @@ const ts_config_def_t ts_config_defs[] = {
           "when the last ones race)."),
     STRING("train.logdir", logdir, 0, PATH_BYTES, "\"\"",
            "Directory for TensorBoard event files; empty = none. A path: at most 4095 bytes."),
+    STRING("train.run_name", run_name, 0, 255, "\"\"",
+           "The TensorBoard run a worker writes under: train.logdir/RUN/worker-T/{train,"
+           "validation}. Empty: the time the worker started (UTC, 20261202-113501), so each "
+           "start is a run of its own; give a job's workers one name to see them together. "
+           "One directory name: no '/', at most 255 bytes."),
     FLOAT("train.log_interval_s", log_interval_s, 0.1, 86400.0, 0, "5.0",
           "Seconds between progress lines in a worker's log. At least 0.1 s so logging never "
           "dominates a step; at most a day. On a terminal ps-worker also redraws a live "

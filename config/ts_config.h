@@ -129,6 +129,7 @@ typedef struct {
   int epochs;
   int64_t max_steps;          /* 0 = no limit */
   char *logdir;
+  char *run_name;             /* TensorBoard run under logdir ("": the worker's start time) */
   double log_interval_s;
   int state_every;        /* train.state_every: steps between the workers' state pushes */
   double stall_timeout_s; /* train.stall_timeout_s: the worker's /livez threshold (0: auto,

@@ -334,9 +334,11 @@ void ts_observe_progress(void *arg, const ts_progress_t *p) {
   if (!p->final) {
     /* Keras's TensorBoard callback's names, at the step (not the epoch) they were
      * reached. */
-    static const char *const tags[] = {"epoch_loss", "epoch_learning_rate", "examples/sec"};
-    const float v[] = {(float)p->loss, (float)p->learning_rate, (float)p->examples_per_sec};
-    write_events(o, o->train_ev, (int64_t)p->step, tags, v, 3);
+    static const char *const tags[] = {"epoch_loss", "epoch_accuracy", "epoch_learning_rate",
+                                       "examples/sec"};
+    const float v[] = {(float)p->loss, (float)p->train_accuracy, (float)p->learning_rate,
+                       (float)p->examples_per_sec};
+    write_events(o, o->train_ev, (int64_t)p->step, tags, v, 4);
   } else {
     static const char *const tags[] = {"epoch_accuracy", "epoch_loss"};
     const float v[] = {(float)p->test_accuracy, (float)p->test_loss};

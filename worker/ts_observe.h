@@ -12,7 +12,7 @@
  * Event files go to train.logdir/RUN/worker-T/{train,validation}/ as Keras's TensorBoard
  * callback lays them out (RUN: train.run_name, or the worker's start time), opened by
  * ts_observe_ready so a start that fails leaves none: train/ holds epoch_loss,
- * epoch_learning_rate (the rate applied at that step) and examples/sec at every log
+ * epoch_accuracy (the training accuracy), epoch_learning_rate (the rate applied at that step) and examples/sec at every log
  * interval; validation/ holds epoch_accuracy and epoch_loss on the test set at the end,
  * and on the worker that evaluated the job's final parameters final_test_accuracy; each at
  * the step it was reached (the job's step in sync mode).

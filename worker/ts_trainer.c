@@ -329,7 +329,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   double last_progress = 0.0; /* of the epoch, as last reported */
   bool reported = false;      /* a progress report went to the client */
   double last_log = t0, interval_loss = 0.0;
-  uint64_t interval_steps = 0, interval_examples = 0;
+  uint64_t interval_steps = 0, interval_examples = 0, interval_correct = 0;
   double phase[3] = {0, 0, 0}; /* pull, compute, push seconds in the interval */
   uint64_t epoch_loaded = UINT64_MAX;
   uint64_t version = 0;       /* the lowest version the last pull returned */
@@ -475,6 +475,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     interval_loss += (double)loss;
     interval_steps++;
     interval_examples += (uint64_t)B;
+    interval_correct += (uint64_t)tw->correct;
 
     double now = now_s();
     double progress = (double)(in_epoch + 1) / (double)per_epoch;
@@ -503,6 +504,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
         ts_progress_t pg = {.step = k + 1, .total_steps = total, .epoch = epoch,
                             .epoch_progress = progress, .loss = res->loss,
                             .examples_per_sec = eps, .learning_rate = lr,
+                            .train_accuracy = (double)interval_correct / (double)interval_examples,
                             .seconds = now - t0, .phase_s = {phase[0], phase[1], phase[2]}};
         t->on_progress(t->progress_arg, &pg);
       }
@@ -511,6 +513,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       interval_loss = 0.0;
       interval_steps = 0;
       interval_examples = 0;
+      interval_correct = 0;
     }
   }
   res->seconds = now_s() - t0;

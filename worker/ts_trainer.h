@@ -63,6 +63,7 @@ typedef struct {
   uint64_t epoch;             /* 0-based epoch of the last step */
   double epoch_progress;      /* 0..1 within that epoch */
   double loss;                /* mean training loss over the interval */
+  double train_accuracy;      /* the interval's batches classified right, before each update */
   double examples_per_sec;    /* over the interval */
   double learning_rate;       /* the rate the shards applied at this step (optimizer.decay) */
   double seconds;             /* since training started */

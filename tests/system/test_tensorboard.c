@@ -2,8 +2,8 @@
  * A worker's TensorBoard event files (issue 30, "Right numbers" and "TensorBoard like
  * Keras"), read back from the real ps-worker's files:
  *  - the layout is Keras's: train.logdir/RUN/worker-T/{train,validation}, with its tags
- *    (epoch_loss, epoch_learning_rate in train/; epoch_accuracy, epoch_loss in
- *    validation/);
+ *    (epoch_loss, epoch_accuracy: the training accuracy, epoch_learning_rate in train/;
+ *    epoch_accuracy, epoch_loss in validation/);
  *  - epoch_learning_rate is the rate the shards applied at that step under
  *    optimizer.decay, not the base rate;
  *  - a worker that joins a running sync job writes its test results at the job's step,
@@ -113,9 +113,16 @@ static void test_layout_rate_and_steps(void **state) {
   ts_events_record_t *vr = read_dir(dir, &vn);
   assert_non_null(r);
   assert_non_null(vr);
-  /* train/: the loss and the scheduled rate at the job's steps 41..60. */
-  int rates = 0, losses = 0;
+  /* train/: the loss, the training accuracy and the scheduled rate at the job's steps
+   * 41..60. */
+  int rates = 0, losses = 0, accs = 0;
+  double acc_sum = 0;
   for (size_t i = 0; i < n; i++) {
+    if (strcmp(r[i].tag, "epoch_accuracy") == 0) {
+      assert_true(r[i].value >= 0.0f && r[i].value <= 1.0f);
+      acc_sum += (double)r[i].value;
+      accs++;
+    }
     if (strcmp(r[i].tag, "epoch_loss") == 0) {
       assert_true(r[i].step > 40 && r[i].step <= 60);
       losses++;
@@ -129,12 +136,19 @@ static void test_layout_rate_and_steps(void **state) {
   }
   assert_true(losses >= 1);
   assert_true(rates == losses);
+  assert_true(accs == losses);
+  fprintf(stderr, "training accuracy over steps 41..60: %.3f\n", acc_sum / accs);
+  /* Ten classes: 0.1 is a guess; 40 steps of SGD before learn more. */
+  assert_true(acc_sum / accs > 0.2);
   /* validation/: the test results at the job's step 60 (before: at 20, this worker's own
    * count, behind its own losses). */
   bool acc = false, loss = false;
   for (size_t i = 0; i < vn; i++) {
     if (vr[i].version[0]) continue;
-    if (strcmp(vr[i].tag, "epoch_accuracy") == 0) acc = true;
+    if (strcmp(vr[i].tag, "epoch_accuracy") == 0) {
+      fprintf(stderr, "test accuracy at step 60: %.3f\n", (double)vr[i].value);
+      acc = true;
+    }
     if (strcmp(vr[i].tag, "epoch_loss") == 0) loss = true;
     if (vr[i].step != 60) fail_msg("validation '%s' at step %lld, not 60", vr[i].tag, (long long)vr[i].step);
   }

@@ -69,9 +69,25 @@ void ts_client_opts_init(ts_client_opts_t *o) {
   o->log_level = TS_CLIENT_LOG_INFO;
 }
 
+/* A malformed address fails ts_client_open at once. A numeric one is the shard's address
+ * for good; a name is only checked here and resolved on the client thread before each
+ * connection (ts_cl_start_connect): one that does not resolve yet is waited for, as a
+ * refused connection is (on Kubernetes a worker often starts before its shards' names
+ * exist). */
 static int resolve(ts_cl_shard_t *sh, char *errmsg, size_t errlen) {
+  char host[256];
+  if (ts_addr_split(sh->addr, host, sizeof host, NULL) < 0) {
+    ts_errmsg_printf(errmsg, errlen, "shard %u: '%s' is not host:port", sh->index, sh->addr);
+    return TS_EINVAL;
+  }
   struct addrinfo *ai = NULL;
   char why[300];
+  struct addrinfo hints = {.ai_flags = AI_NUMERICHOST};
+  if (getaddrinfo(host, NULL, &hints, &ai) != 0) {
+    sh->by_name = true;
+    return 0;
+  }
+  freeaddrinfo(ai);
   if (ts_addr_resolve(sh->addr, false, &ai, why, sizeof why) < 0) {
     ts_errmsg_printf(errmsg, errlen, "shard %u: %s", sh->index, why);
     return TS_EINVAL;

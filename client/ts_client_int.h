@@ -182,6 +182,11 @@ struct ts_cl_shard {
   uint32_t index;
   char addr[160];
   struct sockaddr_storage sa;
+  bool by_name;             /* addr's host is a name: resolved again before each connect
+                               (a name that does not resolve yet, a shard moved to a new
+                               address), on the loop through uv_getaddrinfo */
+  bool resolving;           /* gai is in flight */
+  uv_getaddrinfo_t gai;
   ts_cl_link_t *link;
   ts_cl_sh_state_t state;   /* mu for writes */
   uv_timer_t retry;

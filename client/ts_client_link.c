@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ts_addr.h"
 #include "ts_alloc.h"
 #include "ts_auth.h"
 #include "ts_err.h"
@@ -111,7 +112,7 @@ static void on_connect(uv_connect_t *creq, int status) {
   l->sh->state_ms = loop_now(l->sh->cl);
 }
 
-void ts_cl_start_connect(ts_cl_shard_t *sh) {
+static void connect_to(ts_cl_shard_t *sh) {
   ts_client_t *c = sh->cl;
   ts_cl_link_t *l = ts_calloc(1, sizeof *l);
   if (!l || ts_conn_init(&c->loop, &l->conn, &ts_cl_link_cbs, TS_CL_MAX_DATA, l) < 0) {
@@ -131,6 +132,55 @@ void ts_cl_start_connect(ts_cl_shard_t *sh) {
     ts_cl_note_why(sh, "", uv_strerror(rc));
     ts_conn_close(&l->conn, rc);
   }
+}
+
+/* A name that does not resolve (yet) is retried like a refused connection, with its reason
+ * ("cannot resolve 'ps-0.ps': Name or service not known") in the waiting notices. */
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *ai) {
+  ts_cl_shard_t *sh = req->data;
+  ts_client_t *c = sh->cl;
+  sh->resolving = false;
+  uv_mutex_lock(&c->mu);
+  bool stop = c->stop;
+  uv_mutex_unlock(&c->mu);
+  if (stop || status == UV_ECANCELED) {
+    uv_freeaddrinfo(ai);
+    return;
+  }
+  if (status < 0 || !ai) {
+    char host[256] = "";
+    (void)ts_addr_split(sh->addr, host, sizeof host, NULL);
+    char why[320];
+    snprintf(why, sizeof why, "cannot resolve '%s': %s", host, uv_strerror(status));
+    uv_freeaddrinfo(ai);
+    ts_cl_note_why(sh, "", why);
+    schedule_retry(sh);
+    return;
+  }
+  memcpy(&sh->sa, ai->ai_addr, ai->ai_addrlen);
+  uv_freeaddrinfo(ai);
+  connect_to(sh);
+}
+
+void ts_cl_start_connect(ts_cl_shard_t *sh) {
+  if (!sh->by_name) {
+    connect_to(sh);
+    return;
+  }
+  char host[256], port[8];
+  int p = 0;
+  if (ts_addr_split(sh->addr, host, sizeof host, &p) < 0) return; /* checked at open */
+  snprintf(port, sizeof port, "%d", p);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV};
+  sh->gai.data = sh;
+  int rc = uv_getaddrinfo(&sh->cl->loop, &sh->gai, on_resolved, host, port, &hints);
+  if (rc < 0) {
+    ts_cl_note_why(sh, "cannot resolve: ", uv_strerror(rc));
+    schedule_retry(sh);
+    return;
+  }
+  sh->resolving = true;
 }
 
 /* --- receiving ---------------------------------------------------------------------- */
@@ -450,7 +500,8 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
         r->op->hb0 = true;
         r->op->job_end = (ts_client_job_end_t){.workers_finished = m->workers_finished,
                                                .num_workers = m->num_workers,
-                                               .report_final = m->report_final};
+                                               .report_final = m->report_final,
+                                               .workers_joined = m->workers_joined};
       }
       if (r) ts_cl_complete_req(r, 0, NULL);
       break;

@@ -46,6 +46,7 @@ static void shutdown_loop(ts_client_t *c) {
   for (uint32_t s = 0; s < c->n; s++) {
     ts_cl_shard_t *sh = &c->shards[s];
     uv_close((uv_handle_t *)&sh->retry, close_cb_noop);
+    if (sh->resolving) (void)uv_cancel((uv_req_t *)&sh->gai); /* else its callback sees stop */
     while (sh->queued) {
       ts_cl_wreq_t *r = sh->queued;
       sh->queued = r->next;

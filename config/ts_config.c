@@ -131,6 +131,11 @@ const ts_config_def_t ts_config_defs[] = {
     FLOAT("job.sync_timeout_s", sync_timeout_s, 0.01, 86400.0, 0, "10.0",
           "Longest a sync barrier waits for missing gradients before going on with the live "
           "workers. Positive so a barrier never waits forever; at most a day."),
+    FLOAT("job.start_timeout_s", start_timeout_s, 0.0, 86400.0, 0, "120.0",
+          "sync only: before the job's first step, longest its shards wait for every worker "
+          "of cluster.workers to join, logging every 5 s which are missing; then step 1 "
+          "proceeds with those that joined, with a warning naming the others. 0 starts "
+          "with the first worker, as job.sync_timeout_s alone would. At most a day."),
     FLOAT("job.heartbeat_timeout_s", heartbeat_timeout_s, 0.01, 3600.0, 0, "5.0",
           "A worker silent this long is taken for dead. Must exceed job.heartbeat_interval_s "
           "(checked), else live workers would be dropped."),
@@ -139,8 +144,9 @@ const ts_config_def_t ts_config_defs[] = {
           "network loop."),
     FLOAT("job.connect_timeout_s", connect_timeout_s, 0.1, 86400.0, 0, "120.0",
           "Longest a worker waits at its start for every shard of cluster.ps to answer its "
-          "handshake (shards started after their workers, a shard restarting), logging which "
-          "shard it waits for and why every 5 s; then it gives up and exits 1. At least 0.1 s, "
+          "handshake (shards started after their workers, a shard restarting, a shard's host "
+          "name that does not resolve yet), logging which shard it waits for and why every 5 "
+          "s; then it gives up and exits 1. At least 0.1 s, "
           "at most a day: a worker waiting longer is better restarted by its supervisor."),
     INT("job.busy_poll_us", busy_poll_us, 0, 1000000, "50",
         "Microseconds a network thread (a shard's loop, a worker's client thread and the "
@@ -397,6 +403,11 @@ const ts_config_def_t ts_config_defs[] = {
           "when the last ones race)."),
     STRING("train.logdir", logdir, 0, PATH_BYTES, "\"\"",
            "Directory for TensorBoard event files; empty = none. A path: at most 4095 bytes."),
+    STRING("train.run_name", run_name, 0, 255, "\"\"",
+           "The TensorBoard run a worker writes under: train.logdir/RUN/worker-T/{train,"
+           "validation}. Empty: the time the worker started (UTC, 20261202-113501), so each "
+           "start is a run of its own; give a job's workers one name to see them together. "
+           "One directory name: no '/', at most 255 bytes."),
     FLOAT("train.log_interval_s", log_interval_s, 0.1, 86400.0, 0, "5.0",
           "Seconds between progress lines in a worker's log. At least 0.1 s so logging never "
           "dominates a step; at most a day. On a terminal ps-worker also redraws a live "

@@ -65,6 +65,7 @@ typedef struct {
   int replicas_to_aggregate; /* 0 = all workers */
   int staleness;
   double sync_timeout_s;
+  double start_timeout_s;     /* sync: step 1 waits this long for every worker to join */
   double heartbeat_timeout_s;
   double heartbeat_interval_s;
   int busy_poll_us;
@@ -131,6 +132,7 @@ typedef struct {
   int epochs;
   int64_t max_steps;          /* 0 = no limit */
   char *logdir;
+  char *run_name;             /* TensorBoard run under logdir ("": the worker's start time) */
   double log_interval_s;
   int state_every;        /* train.state_every: steps between the workers' state pushes */
   double stall_timeout_s; /* train.stall_timeout_s: the worker's /livez threshold (0: auto,

@@ -88,6 +88,13 @@ bool ts_barrier_finished(const ts_barrier_t *b, int task, uint64_t now_ms, uint6
   return !live(w) && older_than(now_ms, w->last_seen_ms, b->heartbeat_ms);
 }
 
+uint32_t ts_barrier_count_joined(const ts_barrier_t *b, uint64_t since_ms) {
+  uint32_t n = 0;
+  for (uint32_t t = 0; t < b->num_workers; t++)
+    n += b->w[t].seen && b->w[t].last_seen_ms >= since_ms;
+  return n;
+}
+
 uint32_t ts_barrier_count_finished(const ts_barrier_t *b, uint64_t now_ms, uint64_t since_ms) {
   uint32_t n = 0;
   for (uint32_t t = 0; t < b->num_workers; t++)

@@ -86,6 +86,10 @@ void ts_barrier_forget_done(ts_barrier_t *b);
  * not finished any more. False for an unknown task. */
 bool ts_barrier_finished(const ts_barrier_t *b, int task, uint64_t now_ms, uint64_t since_ms);
 
+/* How many of the job's workers have joined (handshook) and been heard from since since_ms
+ * (the shard's start or a model reset): the workers taking part in the job. */
+uint32_t ts_barrier_count_joined(const ts_barrier_t *b, uint64_t since_ms);
+
 /* How many of the job's workers have finished (ts_barrier_finished). */
 uint32_t ts_barrier_count_finished(const ts_barrier_t *b, uint64_t now_ms, uint64_t since_ms);
 

@@ -259,6 +259,8 @@ static void finish_reset(ts_server_t *srv, int rc, const char *why) {
     srv->final_acc = 0.0;
     srv->final_refused_warned = false;
     srv->job_since_ms = ts_server_now_ms(srv);
+    srv->start_passed = false; /* the next model's step 1 waits for its workers again */
+    srv->start_wait_ms = 0;
     ts_barrier_forget_done(&srv->barrier);
     /* To clients the shard is now a new one, as after a restart without a checkpoint: what
      * they pulled before says nothing about the versions of the next model. */

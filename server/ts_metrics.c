@@ -265,7 +265,8 @@ void ts_metrics_render(ts_buf_t *b, const ts_metrics_t *m, const Tessera__ShardS
   ts_prom_family(b, "tessera_ps_rejected_frames_total", "counter",
                  "Protocol violations that closed their connection, by reason.");
   for (unsigned c = 0; c < TS_METRICS_NUM_CODES; c++) {
-    if (!m->rejected[c] && c != code_index(TS_EPROTO)) continue;
+    /* The reasons docs/operations.md names are there from the start, at 0. */
+    if (!m->rejected[c] && c != code_index(TS_EPROTO) && c != code_index(TS_ETOOBIG)) continue;
     reason_of(c, reason, sizeof reason);
     snprintf(lab, sizeof lab, "reason=\"%s\"", reason);
     ts_prom_sample(b, "tessera_ps_rejected_frames_total", lab, (double)m->rejected[c]);

@@ -3,6 +3,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "ts_schedule.h"
+
 /* The two loops every pushed byte goes through (the finiteness check of each chunk as it
  * lands, then the update) in an AVX2 build beside the baseline SSE2 one, picked once at
  * load time from the CPU (GCC's target_clones: an ifunc). 32-byte vectors halve the
@@ -29,21 +31,10 @@ void ts_optim_from_config(ts_optim_t *o, const ts_config_t *cfg) {
 }
 
 float ts_optim_rate(const ts_optim_t *o, uint64_t t) {
-  double step = (double)(t ? t - 1 : 0), steps = (double)o->decay_steps;
-  switch (o->decay) {
-    case TS_DECAY_EXPONENTIAL: {
-      double p = step / steps;
-      if (o->staircase) p = floor(p);
-      return (float)((double)o->lr * pow(o->decay_rate, p));
-    }
-    case TS_DECAY_COSINE: {
-      double done = step < steps ? step / steps : 1.0;
-      double cosine = 0.5 * (1.0 + cos(M_PI * done));
-      return (float)((double)o->lr * ((1.0 - o->decay_alpha) * cosine + o->decay_alpha));
-    }
-    default:
-      return o->lr;
-  }
+  const ts_schedule_t s = {.decay = o->decay, .lr = o->lr, .decay_steps = o->decay_steps,
+                           .decay_rate = o->decay_rate, .staircase = o->staircase != 0,
+                           .decay_alpha = o->decay_alpha};
+  return ts_schedule_rate(&s, t);
 }
 
 int ts_optim_state_buffers(const ts_optim_t *o) {

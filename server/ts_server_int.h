@@ -236,6 +236,10 @@ struct ts_server {
   int final_reporter;
   uint64_t job_since_ms; /* start, or the last model reset: workers never seen since then
                           * count as finished after job.heartbeat_timeout_s */
+  /* Sync: step 1 waits for every worker (job.start_timeout_s, ts_sync.c). */
+  bool start_passed;       /* step 1 may close: every worker joined, or the wait is over */
+  uint64_t start_wait_ms;  /* when the first barrier of step 1 opened (0: none yet) */
+  uint64_t start_log_ms;   /* the last "waiting for its workers" notice */
   bool has_final_acc;
   double final_acc;
   bool final_refused_warned; /* a report was refused (warned once) */

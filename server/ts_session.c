@@ -140,6 +140,7 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
   if (holder && m->has_final_test_accuracy)
     ts_identity_final_accuracy(s, m->final_test_accuracy, r.workers_finished);
   r.num_workers = srv->num_workers;
+  r.workers_joined = ts_barrier_count_joined(&srv->barrier, srv->job_since_ms);
   /* Shard 0 chooses who evaluates the final parameters: the first done worker to ask
    * (job_end: not a periodic heartbeat, nor a stopped worker's goodbye) once every worker
    * has finished, which is the last to finish unless the count was completed by one going

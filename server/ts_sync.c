@@ -35,14 +35,70 @@ static bool check_tables(ts_server_t *srv, uint64_t now, bool timeouts) {
   return moved;
 }
 
+/* The tasks of cluster.workers that have not joined since the job began, as
+ * "task 1 (10.0.0.7:9200), task 3 (...)" into out (cut at n). Returns how many. */
+static uint32_t missing_workers(ts_server_t *srv, char *out, size_t n) {
+  uint32_t count = 0;
+  size_t len = 0;
+  out[0] = 0;
+  for (uint32_t t = 0; t < srv->num_workers; t++) {
+    const ts_barrier_worker_t *w = &srv->barrier.w[t];
+    if (w->seen && w->last_seen_ms >= srv->job_since_ms) continue;
+    count++;
+    const char *addr = t < srv->cfg->num_workers ? srv->cfg->workers[t] : "?";
+    if (len + 1 < n)
+      len += (size_t)snprintf(out + len, n - len, "%stask %u (%s)", count > 1 ? ", " : "", t, addr);
+  }
+  return count;
+}
+
+#define START_LOG_INTERVAL_MS 5000
+
+/* Step 1 of a sync job waits for every worker of cluster.workers to join: until then its
+ * barriers do not time out (job.sync_timeout_s), for up to job.start_timeout_s from the
+ * first gradient, with a notice every 5 s naming who is missing; then a warning, and step 1
+ * goes on with those that joined. A job past step 1 (restored from a checkpoint, or
+ * stepped) never waits again; a model reset starts the wait anew. Returns whether this
+ * check may time barriers out. */
+static bool start_gate(ts_server_t *srv, uint64_t now, bool timeouts) {
+  if (srv->start_passed) return timeouts;
+  uint32_t joined = ts_barrier_count_joined(&srv->barrier, srv->job_since_ms);
+  if (ts_store_min_version(&srv->store) > 0 || joined >= srv->num_workers) {
+    srv->start_passed = true;
+    return timeouts;
+  }
+  bool first = srv->start_wait_ms == 0;
+  if (first) srv->start_wait_ms = srv->start_log_ms = now;
+  char missing[512];
+  uint32_t n = missing_workers(srv, missing, sizeof missing);
+  double waited = (double)(now - srv->start_wait_ms) / 1000.0;
+  if (waited >= srv->cfg->start_timeout_s) {
+    ts_log_warn("sync job: step 1 proceeds with %u of %u workers after %.0f s "
+                "(job.start_timeout_s); %u never joined: %s",
+                joined, srv->num_workers, waited, n, missing);
+    srv->start_passed = true;
+    return timeouts;
+  }
+  if (first || now - srv->start_log_ms >= START_LOG_INTERVAL_MS) {
+    srv->start_log_ms = now;
+    ts_log_notice("sync job waiting for its workers before step 1 for %.0f s: %u of %u "
+                  "joined; missing %s; step 1 proceeds without them after %.0f s "
+                  "(job.start_timeout_s)",
+                  waited, joined, srv->num_workers, missing, srv->cfg->start_timeout_s);
+  }
+  return false;
+}
+
 void ts_sync_check_barriers(ts_server_t *srv, bool timeouts) {
   if (srv->store.mode != TS_MODE_SYNC || !srv->store.declared) return;
   uint64_t now = ts_server_now_ms(srv);
-  bool moved = false;
+  bool moved = false, gated = false;
   for (size_t i = 0; i < srv->store.num_parts; i++) {
     ts_spart_t *p = ts_store_part_at(&srv->store, i);
     uint32_t have = ts_store_sync_count(p);
     if (have == 0 || ts_store_sync_pending(p)) continue;
+    if (!gated) timeouts = start_gate(srv, now, timeouts);
+    gated = true;
     const uint8_t *contributed = ts_store_contributed(p);
     uint64_t opened = ts_store_opened_ms(p);
     ts_barrier_verdict_t v =

@@ -357,15 +357,16 @@ int main(int argc, char **argv) {
     exit_code = TS_EXIT_NOTHING_TO_TRAIN;
   } else if (!res.stopped) {
     /* The worker that evaluated the job's final parameters appends them. */
-    char final[64] = "";
+    char final[96] = "", workers[32] = "";
+    if (res.workers > 0) snprintf(workers, sizeof workers, " workers=%u", res.workers);
     if (res.has_final) {
-      ts_observe_final_accuracy(obs, res.steps, res.final_test_accuracy);
+      ts_observe_final_accuracy(obs, res.last_step, res.final_test_accuracy);
       snprintf(final, sizeof final, " final_test_accuracy=%.6f", res.final_test_accuracy);
     }
     printf("done: task=%ld steps=%llu examples=%llu loss=%.4f test_accuracy=%.4f "
-           "examples_per_sec=%.1f started_at=%.3f finished_at=%.3f%s\n",
+           "examples_per_sec=%.1f started_at=%.3f finished_at=%.3f%s%s\n",
            task, (unsigned long long)res.steps, (unsigned long long)res.examples, res.loss,
-           res.test_accuracy, res.examples_per_sec, res.started_at, res.finished_at, final);
+           res.test_accuracy, res.examples_per_sec, res.started_at, res.finished_at, workers, final);
     fflush(stdout);
   }
 out:

@@ -68,6 +68,14 @@ static double wall_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+int ts_events_check_dir(const char *dir, char *errmsg, size_t errlen) {
+  int rc = make_dirs(dir);
+  if (rc == 0 && access(dir, W_OK | X_OK) < 0) rc = -errno;
+  if (rc < 0)
+    snprintf(errmsg, errlen, "cannot use the event directory %s: %s", dir, strerror(-rc));
+  return rc;
+}
+
 int ts_events_open(ts_events_t **out, const char *dir, char *errmsg, size_t errlen) {
   *out = NULL;
   int rc = make_dirs(dir);

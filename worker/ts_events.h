@@ -26,6 +26,11 @@ typedef struct ts_events ts_events_t;
  * file_version record. Returns 0, or a negative errno with errmsg naming the path. */
 int ts_events_open(ts_events_t **out, const char *dir, char *errmsg, size_t errlen);
 
+/* Create dir (and its parents) when missing and check that files can be made in it, without
+ * making any: a worker checks train.logdir at its start and opens its event files only once
+ * it trains. Returns 0, or a negative errno with errmsg naming the path. */
+int ts_events_check_dir(const char *dir, char *errmsg, size_t errlen);
+
 /* Write one event at step with n scalar values (tags[i], values[i]) and the given wall
  * time (seconds since the epoch). Returns 0 or a negative errno. */
 int ts_events_write_scalars(ts_events_t *e, int64_t step, double wall_time,

@@ -138,6 +138,11 @@ int ts_model_compute(ts_model_t *model, size_t batch, float *loss) {
   return model->engine->compute(model->impl, batch, loss);
 }
 
+int ts_model_last_correct(const ts_model_t *model, size_t *correct) {
+  if (!built(model) || !correct) return TS_EINVAL;
+  return model->engine->last_correct(model->impl, correct);
+}
+
 int ts_model_forward_backward(ts_model_t *model, const float *x, const int32_t *labels,
                               size_t batch, float *loss) {
   int rc = ts_model_load_batch(model, x, labels, batch);

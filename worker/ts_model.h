@@ -204,6 +204,11 @@ int ts_model_forward_backward(ts_model_t *model, const float *x, const int32_t *
 int ts_model_load_batch(ts_model_t *model, const float *x, const int32_t *labels, size_t batch);
 int ts_model_compute(ts_model_t *model, size_t batch, float *loss);
 
+/* How many examples of the last ts_model_compute's batch the model classified right (the
+ * argmax of their logits, before the update, was their label): a training accuracy. 0 with
+ * *correct = 0 before any compute. */
+int ts_model_last_correct(const ts_model_t *model, size_t *correct);
+
 /* Evaluate on n host examples (any n >= 1) in chunks of batch_capacity, dropout off:
  * *accuracy = the fraction whose argmax equals the label, *loss = mean softmax
  * cross-entropy. Either output may be NULL. Labels must be in range as above. Does not touch

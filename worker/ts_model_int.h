@@ -39,6 +39,9 @@ struct ts_model_engine {
   int (*evaluate)(void *impl, const float *x, const int32_t *labels, size_t n, float *accuracy,
                   float *loss);
 
+  /* The examples of the last compute's batch whose logits' argmax was their label. */
+  int (*last_correct)(const void *impl, size_t *correct);
+
   /* Wait for every table the engine runs on. */
   int (*synchronize)(const void *impl);
 

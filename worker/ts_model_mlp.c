@@ -48,6 +48,7 @@ typedef struct {
   float **a;       /* a[K], K = 1..L-1: activations of hidden layers */
   float *probs;    /* softmax of the logits */
   float *g0, *g1;  /* gradient scratch, batch_capacity x the widest layer each */
+  size_t last_correct; /* of the last compute's batch (the evaluation ops run there too) */
 } mlp_t;
 
 static size_t num_layers(const mlp_t *m) {
@@ -453,10 +454,18 @@ static int mlp_load_batch(void *impl, const float *x, const int32_t *labels, siz
 }
 
 static int mlp_compute(void *impl, size_t batch, float *loss) {
+  mlp_t *m = impl;
   run_state_t st = {.batch = batch};
-  int rc = run_phases(impl, true, false, &st);
+  /* The evaluation ops too: the argmax reads the logits, which backward leaves alone. */
+  int rc = run_phases(m, true, true, &st);
   if (rc < 0) return rc;
   if (loss) *loss = st.loss;
+  m->last_correct = st.correct;
+  return 0;
+}
+
+static int mlp_last_correct(const void *impl, size_t *correct) {
+  *correct = ((const mlp_t *)impl)->last_correct;
   return 0;
 }
 
@@ -492,6 +501,7 @@ static const ts_model_engine_t mlp_engine = {
     .get_grads = mlp_get_grads,
     .load_batch = mlp_load_batch,
     .compute = mlp_compute,
+    .last_correct = mlp_last_correct,
     .evaluate = mlp_evaluate,
     .synchronize = mlp_synchronize,
     .destroy = mlp_destroy, /* no dropout, one table: set_training and is_split stay NULL */

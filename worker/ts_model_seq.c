@@ -41,6 +41,11 @@ static int seq_compute(void *impl, size_t batch, float *loss) {
   return ts_seq_compute(impl, batch, loss);
 }
 
+static int seq_last_correct(const void *impl, size_t *correct) {
+  *correct = ((const ts_seq_t *)impl)->last_correct;
+  return 0;
+}
+
 static int seq_evaluate(void *impl, const float *x, const int32_t *labels, size_t n,
                         float *accuracy, float *loss) {
   return ts_seq_evaluate(impl, x, labels, n, accuracy, loss);
@@ -65,6 +70,7 @@ static const ts_model_engine_t seq_engine = {
     .get_grads = seq_get_grads,
     .load_batch = seq_load_batch,
     .compute = seq_compute,
+    .last_correct = seq_last_correct,
     .evaluate = seq_evaluate,
     .synchronize = seq_synchronize,
     .set_training = seq_set_training,

@@ -50,7 +50,8 @@ struct ts_observe {
   const ts_config_t *cfg;
   int task;
   ts_admin_t *admin;
-  ts_events_t *events;
+  char events_dir[4400];  /* logdir/RUN/worker-T ("" without train.logdir) */
+  ts_events_t *train_ev, *val_ev; /* its train/ and validation/ files, from ts_observe_ready */
   bool events_failed;
   ts_progress_line_t *line; /* on a terminal: the live progress line (training thread's) */
   bool notify;
@@ -104,7 +105,9 @@ static void render_metrics(const ts_admin_view_t *v, ts_buf_t *b) {
   GAUGE("tessera_worker_loss", "Mean training loss over the last log interval.", s->loss);
   GAUGE("tessera_worker_examples_per_second", "Training examples per second over the last log interval.",
         s->examples_per_sec);
-  GAUGE("tessera_worker_learning_rate", "The optimizer's learning rate.", s->learning_rate);
+  GAUGE("tessera_worker_learning_rate",
+        "The learning rate the shards applied at the last reported step (optimizer.decay).",
+        s->learning_rate);
   GAUGE("tessera_worker_ready", "1 while the worker trains (model declared, not done).",
         s->ready && !s->done);
   if (s->ready && !s->trained)
@@ -214,15 +217,28 @@ int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char 
   o->watchdog_ms = ts_notify_watchdog_interval_ms();
   int rc = 0;
   if (cfg->logdir && *cfg->logdir) {
-    char dir[4200];
-    snprintf(dir, sizeof dir, "%s/worker-%d", cfg->logdir, task);
-    rc = ts_events_open(&o->events, dir, errmsg, errlen);
+    /* Checked now, written once the worker trains: a start that fails leaves no file. */
+    char run[256];
+    const char *name = cfg->run_name ? cfg->run_name : "";
+    if (strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
+      snprintf(errmsg, errlen, "train.run_name: \"%s\" is not one directory name", name);
+      rc = TS_ECONFIG;
+      goto fail;
+    }
+    if (!*name) {
+      time_t now = time(NULL);
+      struct tm tm;
+      gmtime_r(&now, &tm);
+      strftime(run, sizeof run, "%Y%m%d-%H%M%S", &tm);
+      name = run;
+    }
+    snprintf(o->events_dir, sizeof o->events_dir, "%s/%s/worker-%d", cfg->logdir, name, task);
+    rc = ts_events_check_dir(cfg->logdir, errmsg, errlen);
     if (rc < 0) {
       ts_errmsg_wrapf(errmsg, errlen, "train.logdir");
       rc = TS_ECONFIG;
       goto fail;
     }
-    ts_log_info("TensorBoard event file: %s", ts_events_path(o->events));
   }
   observe_ctx_t ctx = {.cfg = cfg, .task = task};
   if ((rc = ts_admin_new(&o->admin, &worker_role, &ctx, sizeof ctx)) < 0) {
@@ -246,7 +262,27 @@ fail:
   return rc;
 }
 
+/* The event files of this run, Keras's layout: train/ and validation/. A failure is logged
+ * and training goes on without them. */
+static void open_events(ts_observe_t *o) {
+  if (!o->events_dir[0]) return;
+  char dir[4450], err[4600];
+  snprintf(dir, sizeof dir, "%s/train", o->events_dir);
+  int rc = ts_events_open(&o->train_ev, dir, err, sizeof err);
+  if (rc == 0) {
+    snprintf(dir, sizeof dir, "%s/validation", o->events_dir);
+    rc = ts_events_open(&o->val_ev, dir, err, sizeof err);
+  }
+  if (rc < 0) {
+    ts_log_err("train.logdir: %s; no TensorBoard events", err);
+    o->events_failed = true;
+    return;
+  }
+  ts_log_info("TensorBoard event files: %s/{train,validation}", o->events_dir);
+}
+
 void ts_observe_ready(ts_observe_t *o, uint64_t total_steps) {
+  open_events(o);
   o->snap.ready = true;
   o->snap.total_steps = total_steps;
   o->snap.progress_at = mono_s();
@@ -278,14 +314,14 @@ void ts_observe_step(void *arg, uint64_t step, const double phase_s[3]) {
   pet_watchdog(o);
 }
 
-static void write_events(ts_observe_t *o, int64_t step, const char *const *tags, const float *v,
-                         size_t n) {
-  if (!o->events || o->events_failed) return;
-  int rc = ts_events_write_scalars(o->events, step, wall_s(), tags, v, n);
+static void write_events(ts_observe_t *o, ts_events_t *ev, int64_t step,
+                         const char *const *tags, const float *v, size_t n) {
+  if (!ev || o->events_failed) return;
+  int rc = ts_events_write_scalars(ev, step, wall_s(), tags, v, n);
   if (rc < 0) {
     /* Training matters more than its curves: say so once and go on without them. */
     ts_log_err("cannot write to the event file %s: %s; no more TensorBoard events",
-               ts_events_path(o->events), ts_strerror(rc));
+               ts_events_path(ev), ts_strerror(rc));
     o->events_failed = true;
   }
 }
@@ -319,14 +355,17 @@ void ts_observe_progress(void *arg, const ts_progress_t *p) {
   }
   publish(o);
   if (!p->final) {
-    static const char *const tags[] = {"loss", "examples/sec", "learning_rate", "auc"};
-    const float v[] = {(float)p->loss, (float)p->examples_per_sec, (float)p->learning_rate,
-                       (float)p->auc};
-    write_events(o, (int64_t)p->step, tags, v, auc ? 4 : 3);
+    /* Keras's TensorBoard callback's names, at the step (not the epoch) they were
+     * reached; a CTR model's AUC as Keras's AUC metric names it. */
+    static const char *const tags[] = {"epoch_loss", "epoch_accuracy", "epoch_learning_rate",
+                                       "examples/sec", "epoch_auc"};
+    const float v[] = {(float)p->loss, (float)p->train_accuracy, (float)p->learning_rate,
+                       (float)p->examples_per_sec, (float)p->auc};
+    write_events(o, o->train_ev, (int64_t)p->step, tags, v, auc ? 5 : 4);
   } else {
-    static const char *const tags[] = {"accuracy", "test_loss", "test_auc"};
+    static const char *const tags[] = {"epoch_accuracy", "epoch_loss", "epoch_auc"};
     const float v[] = {(float)p->test_accuracy, (float)p->test_loss, (float)p->auc};
-    write_events(o, (int64_t)p->step, tags, v, auc ? 3 : 2);
+    write_events(o, o->val_ev, (int64_t)p->step, tags, v, auc ? 3 : 2);
   }
   if (o->notify) {
     if (p->final)
@@ -370,13 +409,14 @@ void ts_observe_final_accuracy(ts_observe_t *o, uint64_t step, double accuracy) 
   publish(o);
   static const char *const tags[] = {"final_test_accuracy"};
   const float v[] = {(float)accuracy};
-  write_events(o, (int64_t)step, tags, v, 1);
+  write_events(o, o->val_ev, (int64_t)step, tags, v, 1);
 }
 
 void ts_observe_stop(ts_observe_t *o) {
   if (!o) return;
   ts_admin_stop(o->admin);
   ts_progress_line_free(o->line);
-  ts_events_close(o->events);
+  ts_events_close(o->train_ev);
+  ts_events_close(o->val_ev);
   ts_free(o);
 }

@@ -9,10 +9,13 @@
  * admin endpoint (obs/ts_admin.h, the worker's role of it) as a snapshot the HTTP thread
  * renders from; the HTTP thread never touches the trainer (CONTRIBUTING.md).
  *
- * Event files go to train.logdir/worker-T/ (one TensorBoard run per worker) with the tags
- * loss, examples/sec and learning_rate at every log interval, and accuracy and test_loss
- * (the test set) at the end, at the step they were reached; the worker that evaluated the
- * job's final parameters adds final_test_accuracy at its last step.
+ * Event files go to train.logdir/RUN/worker-T/{train,validation}/ as Keras's TensorBoard
+ * callback lays them out (RUN: train.run_name, or the worker's start time), opened by
+ * ts_observe_ready so a start that fails leaves none: train/ holds epoch_loss,
+ * epoch_accuracy (the training accuracy), epoch_learning_rate (the rate applied at that step) and examples/sec at every log
+ * interval; validation/ holds epoch_accuracy and epoch_loss on the test set at the end,
+ * and on the worker that evaluated the job's final parameters final_test_accuracy; each at
+ * the step it was reached (the job's step in sync mode).
  */
 #ifndef TS_OBSERVE_H
 #define TS_OBSERVE_H
@@ -26,9 +29,10 @@
 
 typedef struct ts_observe ts_observe_t;
 
-/* Start the endpoint of worker `task` and, when train.logdir is set, open its event file.
+/* Start the endpoint of worker `task` and, when train.logdir is set, check it (its event
+ * files are opened by ts_observe_ready).
  * Returns 0; TS_ECONFIG for an address that does not parse or resolve, or an event
- * directory that cannot be created; a negative errno when the port cannot be bound; with
+ * directory that cannot be created or written, a bad train.run_name; a negative errno when the port cannot be bound; with
  * errmsg. cfg must outlive the observer. */
 int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char *errmsg,
                      size_t errlen);

@@ -14,6 +14,8 @@ struct ts_progress_line {
   double drawn_s;           /* training time of the last drawing (-1: none yet) */
   double ref_s;             /* start of the rate's window */
   uint64_t ref_step;
+  uint64_t first_step;      /* the step this worker started from */
+  bool started;
   double steps_per_s;       /* over the last window (0 until one is complete) */
   double loss;              /* smoothed */
   bool have_loss;
@@ -46,6 +48,11 @@ void ts_progress_line_step(ts_progress_line_t *pl, const ts_progress_t *p) {
   double loss = p->loss;
   pl->loss = pl->have_loss ? pl->loss + LOSS_EMA * (loss - pl->loss) : loss;
   pl->have_loss = true;
+  if (!pl->started) { /* the window starts where this worker did: a worker joining a
+                        * running job at step 936 has made 1 step, not 937 */
+    pl->started = true;
+    pl->first_step = pl->ref_step = p->first_step;
+  }
   if (p->seconds - pl->ref_s >= RATE_S) {
     pl->steps_per_s = (double)(p->step - pl->ref_step) / (p->seconds - pl->ref_s);
     pl->ref_s = p->seconds;
@@ -56,7 +63,7 @@ void ts_progress_line_step(ts_progress_line_t *pl, const ts_progress_t *p) {
   pl->drawn_s = p->seconds;
   /* Until the first window closes, the rate since the start. */
   double rate = pl->steps_per_s > 0 ? pl->steps_per_s
-                : p->seconds > 0    ? (double)p->step / p->seconds
+                : p->seconds > 0    ? (double)(p->step - pl->first_step) / p->seconds
                                     : 0.0;
   char eta[32] = "?";
   if (rate > 0) duration(eta, sizeof eta, (double)(p->total_steps - p->step) / rate);

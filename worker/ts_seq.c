@@ -749,6 +749,11 @@ int ts_seq_compute(ts_seq_t *seq, size_t batch, float *loss) {
   if (!seq || !seq->num_segments || batch < 1 || batch > seq->batch_capacity) return TS_EINVAL;
   float l = 0.0f;
   int rc = forward(seq, batch, &l);
+  /* The training accuracy, from the logits before backward may reuse their buffer. */
+  const ts_kernels_t *k = last_seg(seq)->kernels;
+  if (rc == 0)
+    rc = k->argmax_correct(k, batch, seq->desc.classes, out_of(seq, seq->desc.num_layers - 1),
+                           seq->labels, &seq->last_correct);
   if (rc == 0) rc = backward(seq, batch);
   if (rc == 0 && loss) *loss = l;
   return rc;

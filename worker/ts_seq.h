@@ -88,6 +88,7 @@ typedef struct {
   int32_t **argmax; /* per max_pool layer */
   float **mask;     /* per dropout layer: device mask */
   float *probs;     /* softmax of the logits, on the last segment */
+  size_t last_correct; /* of the last ts_seq_compute's batch (argmax of the logits = label) */
   float *input_grad; /* after a backward pass with want_input_grad: d input, on the first
                       * segment (one of its scratch buffers) */
 

@@ -80,8 +80,11 @@ static int alloc_common(ts_towers_t *tw, size_t n) {
   tw->models = ts_calloc(n, sizeof *tw->models);
   tw->kernels = ts_calloc(n, sizeof *tw->kernels);
   tw->tower_loss = ts_calloc(n, sizeof *tw->tower_loss);
+  tw->tower_correct = ts_calloc(n, sizeof *tw->tower_correct);
   tw->tower_rc = ts_calloc(n, sizeof *tw->tower_rc);
-  return tw->models && tw->kernels && tw->tower_loss && tw->tower_rc ? 0 : TS_ENOMEM;
+  return tw->models && tw->kernels && tw->tower_loss && tw->tower_correct && tw->tower_rc
+             ? 0
+             : TS_ENOMEM;
 }
 
 int ts_towers_wrap(ts_towers_t *tw, ts_model_t *model, char *errmsg, size_t errlen) {
@@ -325,6 +328,7 @@ void ts_towers_destroy(ts_towers_t *tw) {
   ts_free(tw->pull_dst);
   ts_free(tw->push_src);
   ts_free(tw->tower_loss);
+  ts_free(tw->tower_correct);
   ts_free(tw->tower_rc);
   memset(tw, 0, sizeof *tw);
 }
@@ -400,6 +404,7 @@ static void run_tower(ts_towers_t *tw, size_t t) {
   float loss = 0.0f;
   int rc = ts_model_compute(m, tw->micro, &loss);
   if (rc == 0) rc = ts_model_synchronize(m);
+  if (rc == 0) rc = ts_model_last_correct(m, &tw->tower_correct[t]);
   tw->tower_loss[t] = loss;
   tw->tower_rc[t] = rc;
 }
@@ -480,12 +485,14 @@ int ts_towers_step(ts_towers_t *tw, float *loss, char *errmsg, size_t errlen) {
   for (size_t t = 1; t < tw->n; t++)
     if (started[t]) pthread_join(th[t], NULL);
   double sum = 0.0;
+  tw->correct = 0;
   for (size_t t = 0; t < tw->n; t++) {
     if (tw->tower_rc[t] < 0) {
       kernel_error(tw, t, "forward/backward", tw->tower_rc[t], errmsg, errlen);
       return tw->tower_rc[t];
     }
     sum += (double)tw->tower_loss[t];
+    tw->correct += tw->tower_correct[t];
   }
   if (loss) *loss = (float)(sum / (double)tw->n);
   return average(tw, errmsg, errlen);

@@ -85,6 +85,8 @@ typedef struct {
   float **pull_dst;       /* per tensor: where a pull lands */
   const float **push_src; /* per tensor: what a push sends */
   float *tower_loss;      /* n */
+  size_t *tower_correct;  /* n: examples of its micro-batch classified right */
+  size_t correct;         /* the last step's batch classified right (ts_towers_step) */
   int *tower_rc;          /* n */
   size_t micro;           /* micro-batch of the batch loaded last */
 } ts_towers_t;

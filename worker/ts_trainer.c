@@ -15,6 +15,7 @@
 
 #include "ts_alloc.h"
 #include "ts_err.h"
+#include "ts_schedule.h"
 #include "ts_init.h"
 #include "ts_log.h"
 
@@ -228,6 +229,8 @@ static void final_report(const ts_trainer_t *t, ts_towers_t *tw, float *const *d
     int rc = ts_client_job_end(t->client, &je, err, sizeof err);
     if (rc == 0) {
       fail_since = -1.0;
+      if (je.workers_joined > res->workers) res->workers = je.workers_joined;
+      res->num_workers = je.num_workers;
       if (je.report_final) break;
       if (je.workers_finished >= je.num_workers) return; /* another worker reports */
       if (!said)
@@ -271,8 +274,8 @@ static void final_report(const ts_trainer_t *t, ts_towers_t *tw, float *const *d
     ts_log_warn("sending the final accuracy to the shards: %s (the next heartbeats carry it)",
                 err);
   ts_log_notice("every worker finished: the final parameters' test accuracy is %.6f "
-                "(test loss %.4f), evaluated by this worker",
-                res->final_test_accuracy, (double)tloss);
+                "(test loss %.4f), evaluated by this worker; %u of %u workers took part",
+                res->final_test_accuracy, (double)tloss, res->workers, res->num_workers);
 }
 
 int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, size_t errlen) {
@@ -330,12 +333,18 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
               ts_mode_name(cfg->mode), W, B, (unsigned long long)per_epoch,
               (unsigned long long)total, cfg->epochs, cfg->max_steps > 0 ? ", capped by max_steps" : "");
 
+  /* The rate the shards applied at a step: the schedule at the job's update count, which
+   * in sync mode is the global step and in async and ssp the pulled version (every push
+   * is an update). */
+  ts_schedule_t sched;
+  ts_schedule_from_config(&sched, cfg);
+  const bool sync = cfg->mode == TS_MODE_SYNC;
   const double t0 = now_s();
   res->started_at = ts_trainer_clock_s(CLOCK_REALTIME);
   double last_progress = 0.0; /* of the epoch, as last reported */
   bool reported = false;      /* a progress report went to the client */
   double last_log = t0, interval_loss = 0.0;
-  uint64_t interval_steps = 0, interval_examples = 0;
+  uint64_t interval_steps = 0, interval_examples = 0, interval_correct = 0;
   double phase[3] = {0, 0, 0}; /* pull, compute, push seconds in the interval */
   uint64_t epoch_loaded = UINT64_MAX;
   uint64_t version = 0;       /* the lowest version the last pull returned */
@@ -474,13 +483,16 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     const double marks[4] = {ts0, ts1, ts2, now_s()};
     ts_trainer_count_step(marks, k + 1, loss, (uint64_t)B, stale, phase, &interval_loss,
                           &interval_steps, &interval_examples, res, t->on_step, t->progress_arg);
+    interval_correct += (uint64_t)tw->correct;
 
     double now = now_s();
     double progress = (double)(in_epoch + 1) / (double)per_epoch;
+    res->last_step = k + 1;
+    const double lr = (double)ts_schedule_rate(&sched, sync ? k + 1 : version + 1);
     if (t->on_live) {
       ts_progress_t lp = {.step = k + 1, .total_steps = total, .epoch = epoch,
                           .epoch_progress = progress, .loss = (double)loss,
-                          .learning_rate = cfg->learning_rate, .seconds = now - t0};
+                          .learning_rate = lr, .seconds = now - t0, .first_step = k0};
       t->on_live(t->progress_arg, &lp);
     }
     /* A line every log_interval_s, and at each tenth of an epoch when 0.1 s has passed,
@@ -499,7 +511,8 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       if (t->on_progress) {
         ts_progress_t pg = {.step = k + 1, .total_steps = total, .epoch = epoch,
                             .epoch_progress = progress, .loss = res->loss,
-                            .examples_per_sec = eps, .learning_rate = cfg->learning_rate,
+                            .examples_per_sec = eps, .learning_rate = lr,
+                            .train_accuracy = (double)interval_correct / (double)interval_examples,
                             .seconds = now - t0, .phase_s = {phase[0], phase[1], phase[2]}};
         t->on_progress(t->progress_arg, &pg);
       }
@@ -508,6 +521,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       interval_loss = 0.0;
       interval_steps = 0;
       interval_examples = 0;
+      interval_correct = 0;
     }
   }
   res->seconds = now_s() - t0;
@@ -564,11 +578,15 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   res->test_accuracy = (double)acc;
   res->test_loss = (double)tloss;
   if (t->on_progress) {
-    ts_progress_t pg = {.step = res->steps, .total_steps = total,
+    /* At the step of the parameters evaluated, as every other scalar: the job's step in
+     * sync mode (a worker that joined late made fewer), this worker's in async and ssp. */
+    if (res->last_step == 0) res->last_step = sync ? k0 : res->steps;
+    ts_progress_t pg = {.step = res->last_step, .total_steps = total,
                         .epoch = per_epoch ? (res->steps ? (res->steps - 1) / per_epoch : 0) : 0,
                         .epoch_progress = 1.0, .loss = res->loss,
                         .examples_per_sec = res->examples_per_sec,
-                        .learning_rate = cfg->learning_rate, .seconds = res->seconds,
+                        .learning_rate = (double)ts_schedule_rate(&sched, sync ? res->last_step : version),
+                        .seconds = res->seconds,
                         .final = true, .test_accuracy = res->test_accuracy,
                         .test_loss = res->test_loss};
     t->on_progress(t->progress_arg, &pg);

@@ -51,18 +51,27 @@ typedef struct {
   uint64_t job_step, total_steps;
   bool has_final;             /* this worker reported the job's final accuracy: */
   double final_test_accuracy; /* on the parameters pulled once every worker finished */
+  uint32_t workers;           /* workers that took part, as shard 0 counts them at the end
+                                 (0: unknown) */
+  uint32_t num_workers;       /* of the job's */
+  uint64_t last_step;         /* the step of the last report: the job's step in sync mode,
+                                 this worker's in async and ssp */
 } ts_train_result_t;
 
 /* What the trainer reports at every log interval and once at the end (final = true, with
  * the test results). Observers (metrics, TensorBoard event files) hook in here. */
 typedef struct {
-  uint64_t step;              /* steps done */
+  uint64_t step;              /* steps done: the job's (global) step in sync mode, this
+                                 worker's in async and ssp */
+  uint64_t first_step;        /* the step this worker started from (a worker joining a
+                                 running sync job starts at its step) */
   uint64_t total_steps;
   uint64_t epoch;             /* 0-based epoch of the last step */
   double epoch_progress;      /* 0..1 within that epoch */
   double loss;                /* mean training loss over the interval */
+  double train_accuracy;      /* the interval's batches classified right, before each update */
   double examples_per_sec;    /* over the interval */
-  double learning_rate;
+  double learning_rate;       /* the rate the shards applied at this step (optimizer.decay) */
   double seconds;             /* since training started */
   double phase_s[3];          /* time in pull, compute, push over the interval */
   bool final;

@@ -222,8 +222,10 @@ typedef struct ts_client ts_client_t;
 /* Start the client thread and connect to every shard. Waits up to connect_timeout_s for
  * the shards to answer the handshake. With require_all, fails (TS_CLIENT_EUNAVAIL, errmsg
  * naming each unreachable shard and why) unless all did; otherwise succeeds with whatever
- * answered and keeps trying the rest in the background. Also fails for bad addresses or
- * options (TS_CLIENT_EINVAL; also when opts->struct_size is 0 or larger than this library
+ * answered and keeps trying the rest in the background. A shard named by a host name is
+ * resolved before each connection attempt: a name that does not resolve (yet) is retried
+ * like a refused connection ("cannot resolve 'NAME': ..."). Also fails for addresses that
+ * are not host:port or options (TS_CLIENT_EINVAL; also when opts->struct_size is 0 or larger than this library
  * knows) or a refused handshake (TS_CLIENT_EAUTH, TS_CLIENT_EVERSION ...; TS_CLIENT_ECONFIG
  * when a shard's job differs from opts->job, with or without require_all), or when
  * opts->cancel is set meanwhile (TS_CLIENT_ESHUTDOWN). While it waits it logs the shards
@@ -625,6 +627,8 @@ typedef struct {
   uint32_t workers_finished; /* done, or silent for the job's heartbeat timeout */
   uint32_t num_workers;      /* the job's workers */
   bool report_final;         /* this worker evaluates and reports the final parameters */
+  uint32_t workers_joined;   /* workers that joined the job: those taking part (0: the
+                                shard does not say) */
 } ts_client_job_end_t;
 
 /* A heartbeat (as ts_client_heartbeat) that returns shard 0's count of finished workers.

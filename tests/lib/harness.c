@@ -416,6 +416,28 @@ int ts_run_psctl(const char *const *args, char *out, size_t n, char *err, size_t
 }
 
 int ts_worker_start(ts_cluster_t *c, int task, const char *const *extra, ts_proc_t *p) {
+  return ts_worker_start_with(c, task, extra, p, NULL, NULL);
+}
+
+bool ts_proc_wait_log(const ts_proc_t *p, const char *needle, double timeout_s) {
+  double t0 = ts_now_s();
+  while (ts_now_s() - t0 < timeout_s) {
+    if (ts_file_has(p->err, needle)) return true;
+    ts_sleep_ms(2);
+  }
+  return false;
+}
+
+int ts_file_count(const char *path, const char *needle) {
+  char *s = ts_read_file(path);
+  int n = 0;
+  for (const char *q = s; q && (q = strstr(q, needle)); q += strlen(needle)) n++;
+  free(s);
+  return n;
+}
+
+int ts_worker_start_with(ts_cluster_t *c, int task, const char *const *extra, ts_proc_t *p,
+                         int (*setup)(void *), void *arg) {
   memset(p, 0, sizeof *p);
   snprintf(p->out, sizeof p->out, "%s/worker-%d.out", c->dir, task);
   snprintf(p->err, sizeof p->err, "%s/worker-%d.log", c->dir, task);
@@ -433,6 +455,7 @@ int ts_worker_start(ts_cluster_t *c, int task, const char *const *extra, ts_proc
     int fe = open(p->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fo >= 0) dup2(fo, 1);
     if (fe >= 0) dup2(fe, 2);
+    if (setup && setup(arg) != 0) _exit(126);
     execv(ts_ps_worker_path, (char *const *)argv);
     _exit(127);
   }

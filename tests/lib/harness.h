@@ -101,6 +101,17 @@ typedef struct {
  * NULL). Returns 0 or -1. */
 int ts_worker_start(ts_cluster_t *c, int task, const char *const *extra, ts_proc_t *p);
 
+/* ts_worker_start, with setup(arg) called in the child just before it runs ps-worker (to
+ * enter a namespace, say); the child exits 126 when setup returns non-zero. */
+int ts_worker_start_with(ts_cluster_t *c, int task, const char *const *extra, ts_proc_t *p,
+                         int (*setup)(void *), void *arg);
+
+/* Waits until p's log (stderr) holds needle (true) or timeout_s passes (false). */
+bool ts_proc_wait_log(const ts_proc_t *p, const char *needle, double timeout_s);
+
+/* How many times needle occurs in the file at path (0 when it cannot be read). */
+int ts_file_count(const char *path, const char *needle);
+
 /* Wait for p to exit, at most timeout_s seconds (then it is killed and -1 returned).
  * Returns the exit status (128 + signal for a killed process). */
 int ts_proc_wait(ts_proc_t *p, double timeout_s);

@@ -9,7 +9,8 @@
  *     Adam 0.002) reaches a test AUC within 0.025 of the best (measured: 0.855 against
  *     0.868, a gap of 0.013), both workers report the same AUC and log loss (sync: the
  *     same final parameters), and the log, worker 0's /metrics (while it trains) and
- *     its TensorBoard events (each interval's auc, the test_auc) show the AUC;
+ *     its TensorBoard events (each interval's epoch_auc in train/, the test rows' in
+ *     validation/) show the AUC;
  *   - a bad line in the training file: the worker exits 78 naming the file and the line;
  *   - DLRM's dot interactions (a dot layer) train too: AUC above 0.75 after one epoch of
  *     50k rows on one shard and one worker.
@@ -167,23 +168,30 @@ static void test_ctr_job_auc(void **state) {
   assert_true(ts_done_field(&w[0], "steps=") == 2.0 * 390);
   assert_true(ts_file_has(w[0].err, "logloss") && ts_file_has(w[0].err, " auc 0."));
   assert_true(ts_file_has(w[0].err, "embedding table(s)"));
-  /* TensorBoard: the intervals' auc and the test_auc of the done: line. */
-  char pattern[460];
-  snprintf(pattern, sizeof pattern, "%s/tb/worker-0/events.out.tfevents.*", c.dir);
-  glob_t g;
-  assert_int_equal(glob(pattern, 0, NULL, &g), 0);
-  ts_events_record_t *r = NULL;
-  size_t n = 0;
-  char err[256];
-  assert_int_equal(ts_events_read(g.gl_pathv[0], &r, &n, err, sizeof err), 0);
-  globfree(&g);
+  /* TensorBoard, as Keras lays it out: the intervals' epoch_auc in train/, the test rows'
+   * (the done: line's auc) in validation/. */
   size_t intervals = 0;
   double test_auc = -1;
-  for (size_t i = 0; i < n; i++) {
-    intervals += strcmp(r[i].tag, "auc") == 0;
-    if (strcmp(r[i].tag, "test_auc") == 0) test_auc = (double)r[i].value;
+  for (int part = 0; part < 2; part++) {
+    char pattern[460];
+    snprintf(pattern, sizeof pattern, "%s/tb/*/worker-0/%s/events.out.tfevents.*", c.dir,
+             part ? "validation" : "train");
+    glob_t g;
+    assert_int_equal(glob(pattern, 0, NULL, &g), 0);
+    ts_events_record_t *r = NULL;
+    size_t n = 0;
+    char err[256];
+    assert_int_equal(ts_events_read(g.gl_pathv[0], &r, &n, err, sizeof err), 0);
+    globfree(&g);
+    for (size_t i = 0; i < n; i++) {
+      if (strcmp(r[i].tag, "epoch_auc") != 0) continue;
+      if (part)
+        test_auc = (double)r[i].value;
+      else
+        intervals++;
+    }
+    ts_free(r);
   }
-  ts_free(r);
   assert_true(intervals >= 1);
   assert_true(fabs(test_auc - auc0) < 1e-6);
   assert_int_equal(ts_cluster_stop(&c), 0);

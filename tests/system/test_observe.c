@@ -65,7 +65,7 @@ static void test_worker_metrics_and_events(void **state) {
   char logdir[400], set_logdir[420];
   snprintf(logdir, sizeof logdir, "%s/tb", c.dir);
   snprintf(set_logdir, sizeof set_logdir, "train.logdir=%s", logdir);
-  const char *extra[] = {"--set", set_logdir, "--set", "train.max_steps=2500", "--set", "train.epochs=3", "--set",
+  const char *extra[] = {"--set", set_logdir, "--set", "train.run_name=\"r1\"", "--set", "train.max_steps=2500", "--set", "train.epochs=3", "--set",
                          "train.log_interval_s=0.1", NULL};
   ts_proc_t w;
   assert_int_equal(ts_worker_start(&c, 0, extra, &w), 0);
@@ -132,20 +132,28 @@ static void test_worker_metrics_and_events(void **state) {
 
   assert_int_equal(ts_proc_wait(&w, 300), 0);
 
-  /* The event file reads back (both CRCs of every record checked) and holds exactly what
-   * the log says: loss and examples/s at every logged step, the test accuracy at the end. */
-  char dir[450];
-  snprintf(dir, sizeof dir, "%s/worker-0", logdir);
-  char *path = event_file(dir);
+  /* The event files (Keras's layout: RUN/worker-T/{train,validation}) read back (both CRCs
+   * of every record checked) and hold exactly what the log says: loss and examples/s at
+   * every logged step, the test accuracy at the end. */
+  char dir[450], vdir[460];
+  snprintf(dir, sizeof dir, "%s/r1/worker-0/train", logdir);
+  snprintf(vdir, sizeof vdir, "%s/r1/worker-0/validation", logdir);
+  char *path = event_file(dir), *vpath = event_file(vdir);
   assert_non_null(path);
-  ts_events_record_t *r = NULL;
-  size_t n = 0;
+  assert_non_null(vpath);
+  ts_events_record_t *r = NULL, *vr = NULL;
+  size_t n = 0, vn = 0;
   char e[512];
   int rc = ts_events_read(path, &r, &n, e, sizeof e);
   if (rc < 0) fprintf(stderr, "%s\n", e);
   assert_int_equal(rc, 0);
+  rc = ts_events_read(vpath, &vr, &vn, e, sizeof e);
+  if (rc < 0) fprintf(stderr, "%s\n", e);
+  assert_int_equal(rc, 0);
   assert_true(n > 3);
+  assert_true(vn >= 3);
   assert_string_equal(r[0].version, "brain.Event:2");
+  assert_string_equal(vr[0].version, "brain.Event:2");
   char *log = ts_read_file(w.err);
   assert_non_null(log);
   int lines = 0;
@@ -154,9 +162,9 @@ static void test_worker_metrics_and_events(void **state) {
     double pct, loss, eps;
     assert_int_equal(sscanf(l, " info: step %llu/%llu epoch %llu %lf%% loss %lf %lf examples/s",
                             &s, &total, &epoch, &pct, &loss, &eps), 6);
-    double el = value_at(r, n, (int64_t)s, "loss");
+    double el = value_at(r, n, (int64_t)s, "epoch_loss");
     double ee = value_at(r, n, (int64_t)s, "examples/sec");
-    double lr = value_at(r, n, (int64_t)s, "learning_rate");
+    double lr = value_at(r, n, (int64_t)s, "epoch_learning_rate");
     /* The log prints 4 decimals of loss and none of examples/s. */
     if (fabs(el - loss) > 5.1e-5) fail_msg("step %llu: event loss %.6f, log %.4f", s, el, loss);
     if (fabs(ee - eps) > 0.51 + eps * 1e-6)
@@ -171,30 +179,34 @@ static void test_worker_metrics_and_events(void **state) {
   double secs, acc, tloss;
   assert_int_equal(sscanf(fin, "finished: %llu steps in %lf s, test accuracy %lf, test loss %lf",
                           &steps, &secs, &acc, &tloss), 4);
-  assert_true(fabs(value_at(r, n, (int64_t)steps, "accuracy") - acc) <= 5.1e-5);
-  assert_true(fabs(value_at(r, n, (int64_t)steps, "test_loss") - tloss) <= 5.1e-5);
+  assert_true(fabs(value_at(vr, vn, (int64_t)steps, "epoch_accuracy") - acc) <= 5.1e-5);
+  assert_true(fabs(value_at(vr, vn, (int64_t)steps, "epoch_loss") - tloss) <= 5.1e-5);
   /* The job's only worker is the last to finish: it evaluated the final parameters. */
   double final_acc = ts_done_field(&w, "final_test_accuracy=");
   assert_true(final_acc > 0);
-  assert_true(fabs(value_at(r, n, (int64_t)steps, "final_test_accuracy") - final_acc) <= 1e-6);
+  assert_true(fabs(value_at(vr, vn, (int64_t)steps, "final_test_accuracy") - final_acc) <= 1e-6);
   for (size_t i = 0; i < n; i++) assert_true(r[i].wall_time > 1.6e9);
+  for (size_t i = 0; i < vn; i++) assert_true(vr[i].wall_time > 1.6e9);
 
   /* TensorBoard's own reader agrees, where Python has it. */
   if (system("python3 -c 'import tensorboard' >/dev/null 2>&1") == 0) {
-    char cmd[1200];
+    char cmd[2000];
     snprintf(cmd, sizeof cmd,
              "python3 -c \"import sys\nfrom tensorboard.backend.event_processing import event_accumulator as ea\n"
              "a = ea.EventAccumulator(sys.argv[1]); a.Reload()\n"
-             "v = a.Scalars('accuracy')[-1]\nassert abs(v.value - %.4f) < 6e-5, v\n"
-             "assert len(a.Scalars('loss')) == %d\" %s",
-             acc, lines, dir);
+             "v = ea.EventAccumulator(sys.argv[2]); v.Reload()\n"
+             "x = v.Scalars('epoch_accuracy')[-1]\nassert abs(x.value - %.4f) < 6e-5, x\n"
+             "assert len(a.Scalars('epoch_loss')) == %d\" %s %s",
+             acc, lines, dir, vdir);
     assert_int_equal(system(cmd), 0);
   } else {
     fprintf(stderr, "note: tensorboard is not installed for python3; its reader is not tried\n");
   }
   free(log);
   ts_free(r);
+  ts_free(vr);
   free(path);
+  free(vpath);
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 

@@ -334,6 +334,24 @@ static void test_finished(void **state) {
   ts_barrier_free(&b);
 }
 
+/* Who took part: workers heard from since the job began (the shard's start or a reset). */
+static void test_count_joined(void **state) {
+  (void)state;
+  ts_barrier_t b;
+  assert_int_equal(ts_barrier_init(&b, 3, 0, SYNC_MS, HB_MS, 0), 0);
+  assert_int_equal(ts_barrier_count_joined(&b, 0), 0);
+  ts_barrier_join(&b, 0, 10);
+  ts_barrier_heard(&b, 0, 10);
+  ts_barrier_join(&b, 2, 20);
+  ts_barrier_heard(&b, 2, 20);
+  assert_int_equal(ts_barrier_count_joined(&b, 0), 2);
+  ts_barrier_leave(&b, 2); /* one that left still took part */
+  assert_int_equal(ts_barrier_count_joined(&b, 0), 2);
+  /* A reset at 15: only worker 2, heard at 20, is of the new job. */
+  assert_int_equal(ts_barrier_count_joined(&b, 15), 1);
+  ts_barrier_free(&b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_membership),
@@ -346,6 +364,7 @@ int main(void) {
       cmocka_unit_test(test_uneven_workers),
       cmocka_unit_test(test_ssp_bound),
       cmocka_unit_test(test_finished),
+      cmocka_unit_test(test_count_joined),
   };
   return cmocka_run_group_tests_name("barrier", tests, NULL, NULL);
 }

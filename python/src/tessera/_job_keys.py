@@ -17,6 +17,7 @@ KEYS: Dict[str, str] = {
     "job.replicas_to_aggregate": "replicas_to_aggregate",
     "job.staleness": "staleness",
     "job.sync_timeout_s": "sync_timeout_s",
+    "job.start_timeout_s": "start_timeout_s",
     "job.heartbeat_timeout_s": "heartbeat_timeout_s",
     "job.heartbeat_interval_s": "heartbeat_interval_s",
     "job.connect_timeout_s": "connect_timeout_s",
@@ -71,6 +72,7 @@ KEYS: Dict[str, str] = {
     "train.state_every": "state_every",
     "train.max_steps": "max_steps",
     "train.logdir": "logdir",
+    "train.run_name": "run_name",
     "train.log_interval_s": "log_interval_s",
     "train.stall_timeout_s": "stall_timeout_s",
     "device.placement": "placement",
@@ -105,6 +107,7 @@ class JobKeys:
     replicas_to_aggregate: int  #: job.replicas_to_aggregate
     staleness: int  #: job.staleness
     sync_timeout_s: float  #: job.sync_timeout_s
+    start_timeout_s: float  #: job.start_timeout_s
     heartbeat_timeout_s: float  #: job.heartbeat_timeout_s
     heartbeat_interval_s: float  #: job.heartbeat_interval_s
     connect_timeout_s: float  #: job.connect_timeout_s
@@ -159,6 +162,7 @@ class JobKeys:
     state_every: int  #: train.state_every
     max_steps: int  #: train.max_steps
     logdir: str  #: train.logdir
+    run_name: str  #: train.run_name
     log_interval_s: float  #: train.log_interval_s
     stall_timeout_s: float  #: train.stall_timeout_s
     placement: str  #: device.placement

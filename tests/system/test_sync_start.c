@@ -1,0 +1,80 @@
+/*
+ * A sync job waits for its workers before step 1 (issue 30, "Sync jobs wait for their
+ * workers"), through the real ps-server and ps-worker binaries:
+ *  - with one of two workers never started, the shard logs that step 1 waits for it,
+ *    naming its task and cluster.workers address, for job.start_timeout_s; then step 1
+ *    proceeds with a warning naming it, and the worker that trained says in its done:
+ *    line and its final accuracy line that 1 of 2 workers took part;
+ *  - with both workers started, nothing waits and both say workers=2.
+ * Times are printed; the assertions on them are generous (a loaded 2-core machine).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+static void test_missing_worker_waited_for(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 2,
+                                    "job = { mode = \"sync\"; sync_timeout_s = 0.5; "
+                                    "start_timeout_s = 8.0; };\n"
+                                    "model = { layers = [784, 16, 10]; };\n"
+                                    "train = { batch_size = 32; max_steps = 6; };"),
+                   0);
+  ts_proc_t w;
+  double t0 = ts_now_s();
+  assert_int_equal(ts_worker_start(&c, 0, NULL, &w), 0);
+  int st = ts_proc_wait(&w, 120);
+  double took = ts_now_s() - t0;
+  fprintf(stderr, "one of two workers: exit %d after %.1f s\n", st, took);
+  if (st != 0) ts_proc_dump(&w);
+  assert_int_equal(st, 0);
+  /* Before: each step waited job.sync_timeout_s (0.5 s) and nothing said a worker never
+   * came. Now step 1 waits job.start_timeout_s (8 s) for it. */
+  assert_true(took >= 7.0);
+  char missing[96];
+  snprintf(missing, sizeof missing, "missing task 1 (127.0.0.1:%d)", c.worker_port[1]);
+  assert_true(ts_cluster_log_has(&c, 0, "sync job waiting for its workers before step 1"));
+  assert_true(ts_cluster_log_has(&c, 0, "1 of 2 joined"));
+  assert_true(ts_cluster_log_has(&c, 0, missing));
+  assert_true(ts_cluster_log_has(&c, 0, "step 1 proceeds with 1 of 2 workers after 8 s "
+                                        "(job.start_timeout_s)"));
+  assert_true(ts_file_has(w.out, "done: task=0 steps=6 "));
+  assert_true(ts_file_has(w.out, " workers=1"));
+  assert_true(ts_file_has(w.err, "1 of 2 workers took part"));
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+static void test_all_workers_no_wait(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 2,
+                                    "job = { mode = \"sync\"; start_timeout_s = 300.0; };\n"
+                                    "model = { layers = [784, 16, 10]; };\n"
+                                    "train = { batch_size = 32; max_steps = 6; };"),
+                   0);
+  ts_proc_t w[2];
+  assert_int_equal(ts_workers_run(&c, 2, NULL, 120, w), 0);
+  for (int t = 0; t < 2; t++) assert_true(ts_file_has(w[t].out, " workers=2"));
+  char *log = ts_cluster_log(&c, 0);
+  assert_non_null(log);
+  if (log && strstr(log, "never joined")) fprintf(stderr, "shard log:\n%s\n", log);
+  assert_null(strstr(log, "never joined"));
+  free(log);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_missing_worker_waited_for),
+      cmocka_unit_test(test_all_workers_no_wait),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

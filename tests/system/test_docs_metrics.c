@@ -152,6 +152,9 @@ static void test_doc_metrics_exist(void **state) {
       if (close) snprintf(labels, sizeof labels, "%.*s", (int)(close - p - n - 1), p + n + 1);
     }
     mentions++;
+    /* A CTR model's only: system ctr reads them on a CTR worker's /metrics. */
+    if (strcmp(name, "tessera_worker_auc") == 0 || strcmp(name, "tessera_worker_test_auc") == 0)
+      continue;
     problems += check_mention(name, labels);
   }
   fprintf(stderr, "%d metric mentions in docs/operations.md checked, %d not on /metrics\n",

@@ -221,13 +221,15 @@ class Embedding(keras.layers.Layer):
     def compute_mask(self, inputs, mask=None):
         if not self.mask_zero or self.combiner:
             return None
-        return self._pad_mask(tf.convert_to_tensor(inputs))
+        return self._pad_mask(inputs)
 
     @staticmethod
     def _pad_mask(inputs):
-        """ids != padding (0, or the empty string)."""
-        return tf.not_equal(inputs, "" if inputs.dtype == tf.string else
-                            tf.zeros((), inputs.dtype))
+        """ids != padding (0, or the empty string); symbolic inputs (a functional model's
+        KerasTensor) too."""
+        if keras.backend.standardize_dtype(inputs.dtype) == "string":
+            return keras.ops.not_equal(inputs, "")
+        return keras.ops.not_equal(inputs, 0)
 
     def _ids(self, inputs):
         """The int64 ids of the input (string ids hashed)."""

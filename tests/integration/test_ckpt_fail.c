@@ -32,10 +32,8 @@ static const ts_client_tensor_t model[] = {
 static char out[65536], err[65536];
 
 static ts_client_t *open_client(ts_cluster_t *c, bool admin) {
-  ts_client_opts_t o;
-  tc_opts_role(&o, c->addrs, 1, admin);
-  ts_client_t *cl = NULL;
-  assert_int_equal(tc_open(&cl, &o, admin ? NULL : model, 1, 3), 0);
+  ts_client_t *cl = tc_open_role(c->addrs, 1, admin, model, 1, 3);
+  assert_non_null(cl);
   return cl;
 }
 

@@ -108,6 +108,16 @@ void tc_opts_role(ts_client_opts_t *o, const char *const *addrs, size_t num_shar
   o->require_all = true;
 }
 
+ts_client_t *tc_open_role(const char *const *addrs, size_t num_shards, bool admin,
+                          const ts_client_tensor_t *model, size_t n, uint64_t seed) {
+  ts_client_opts_t o;
+  tc_opts_role(&o, addrs, num_shards, admin);
+  ts_client_t *cl = NULL;
+  if (tc_open(&cl, &o, admin ? NULL : model, n, seed) == 0) return cl;
+  ts_client_close(cl);
+  return NULL;
+}
+
 int tc_checkpoint(const char *const *addrs, size_t num_shards, uint32_t shard, char *path,
                   size_t n) {
   ts_client_opts_t o;

@@ -51,6 +51,11 @@ int tc_push_filled(ts_client_t *c, float v, size_t n, int times);
  * connects within 5 s and waits 10 s for a request. */
 void tc_opts_role(ts_client_opts_t *o, const char *const *addrs, size_t num_shards, bool admin);
 
+/* A client of the shards at addrs with tc_opts_role's options: an admin client, or worker
+ * task 0 declaring model's n tensors with seed. NULL (having said why) when that fails. */
+ts_client_t *tc_open_role(const char *const *addrs, size_t num_shards, bool admin,
+                          const ts_client_tensor_t *model, size_t n, uint64_t seed);
+
 /* Open a client with options o into *cl and, when model is not NULL, declare its n tensors
  * with seed. Returns 0, or the negative code after saying on stderr which step failed and
  * why (*cl may then hold an open client, the caller's to close). */

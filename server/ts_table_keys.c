@@ -79,7 +79,8 @@ static void handle(ts_session_t *s, const Tessera__TableKeys *m) {
     return;
   }
   uint64_t cursor = m->cursor;
-  uint64_t slots = m->max_keys * SLOTS_PER_KEY > MIN_SLOTS ? m->max_keys * SLOTS_PER_KEY : MIN_SLOTS;
+  uint64_t slots =
+      m->max_keys * SLOTS_PER_KEY > MIN_SLOTS ? m->max_keys * SLOTS_PER_KEY : MIN_SLOTS;
   size_t n = ts_table_keys(rows, &cursor, kb->keys, (size_t)max, slots);
   bytes = n * sizeof(uint64_t);
   kb->charged = ts_alloc_cost(sizeof *kb + (size_t)max * sizeof(uint64_t));

@@ -4,7 +4,8 @@
  * a shard's status and pulls exactly what a worker pulls; psctl export writes them, and the
  * safetensors file's bytes are the pulled values. A table without --vocab is written as
  * emb/ids (the keys its rows have on the shards, ascending) and emb/rows, exactly the rows
- * a read-only pull of those ids gets. Before any declare both say that no model is held. (tests/python/test_export.py loads such files into Keras.)
+ * a read-only pull of those ids gets. Before any declare both say that no model is held.
+ * (tests/python/test_export.py loads such files into Keras.)
  */
 #include <cjson/cJSON.h>
 #include <setjmp.h>

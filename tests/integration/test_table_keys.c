@@ -27,11 +27,11 @@
 
 #include "calls.h"
 #include "harness.h"
+#include "rawconn.h"
 #include "tabraw.h"
 #include "ts_err.h"
 #include "ts_frame.h"
 #include "ts_key.h"
-#include "rawconn.h"
 
 #define NKEYS 1500
 #define GROW 20000
@@ -69,7 +69,9 @@ static int cmp_i64(const void *a, const void *b) {
 }
 
 /* The key of index i: spread, negative ones included. */
-static int64_t key_of(size_t i) { return (int64_t)i * 7919 - 3000; }
+static int64_t key_of(size_t i) {
+  return (int64_t)i * 7919 - 3000;
+}
 
 /* Whether sorted a[0..n) holds k. */
 static bool has(const int64_t *a, size_t n, int64_t k) {
@@ -174,8 +176,8 @@ static void test_list_page_grow(void **state) {
   touch(w, 0, 4, grow, GROW);
   size_t len = 0;
   for (;;) {
-    assert_int_equal(
-        ts_client_table_keys(admin, 0, 0, cursor, rest + len, 4096, &p, e, sizeof e), 0);
+    assert_int_equal(ts_client_table_keys(admin, 0, 0, cursor, rest + len, 4096, &p, e, sizeof e),
+                     0);
     assert_int_equal(p.erased, erased0); /* nothing erased: no restart needed */
     len += p.num_keys;
     cursor = p.next_cursor;
@@ -216,10 +218,8 @@ static void test_list_page_grow(void **state) {
   ts_client_keys_free(got);
 
   /* the library's own checks */
-  assert_int_equal(ts_client_table_keys(admin, 0, 0, 0, pg, 0, &p, e, sizeof e),
-                   TS_CLIENT_EINVAL);
-  assert_int_equal(ts_client_table_keys(admin, 0, 2, 0, pg, 5, &p, e, sizeof e),
-                   TS_CLIENT_EINVAL);
+  assert_int_equal(ts_client_table_keys(admin, 0, 0, 0, pg, 0, &p, e, sizeof e), TS_CLIENT_EINVAL);
+  assert_int_equal(ts_client_table_keys(admin, 0, 2, 0, pg, 5, &p, e, sizeof e), TS_CLIENT_EINVAL);
   assert_int_equal(ts_client_table_keys(admin, 7, 0, 0, pg, 5, &p, e, sizeof e),
                    TS_CLIENT_ENOTABLE);
 

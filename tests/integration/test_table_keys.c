@@ -9,12 +9,18 @@
  *     key present for the whole walk still listed exactly once, no restart signalled;
  *   - rows evicted between two pages (max_rows): the reply's `erased` moves on, the signal
  *     ts_client_table_keys_all restarts a shard's walk on;
+ *   - a listing of more than a page a shard while another worker keeps evicting rows
+ *     (max_rows): ts_client_table_keys_all returns sorted, distinct keys that were all
+ *     made at some time, within its restart bound (how often it restarted is printed: it
+ *     depends on the timing);
  *   - hostile requests on a raw worker connection (max_keys 0 and 2^64 - 1, an unknown
  *     table, a cursor far past the end): typed errors, the connection kept and answered
  *     rightly afterwards, and the well-behaved client beside it still lists the same keys.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -276,9 +282,90 @@ static void test_list_page_grow(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+#define CHURN_ROWS 70000 /* max_rows a shard: a listing needs two pages of 65,536 */
+#define CHURN_FILL (2 * CHURN_ROWS + 20000)
+#define CHURN_BATCH 256
+
+typedef struct {
+  ts_client_t *w;
+  atomic_bool stop;
+  int64_t next; /* keys made: [0, next) of churn_key */
+  int rc;
+} churn_t;
+
+static int64_t churn_key(int64_t i) {
+  return i * 104729 + 17;
+}
+
+static void *churn(void *p) {
+  churn_t *ch = p;
+  int64_t keys[CHURN_BATCH];
+  while (!atomic_load(&ch->stop) && ch->rc == 0) {
+    for (int i = 0; i < CHURN_BATCH; i++) keys[i] = churn_key(ch->next + i);
+    float rows[CHURN_BATCH * 2];
+    ts_client_req_t req;
+    ts_client_req_init(&req, TS_CLIENT_SPARSE_PULL);
+    req.table = 0;
+    req.keys = keys;
+    req.num_keys = CHURN_BATCH;
+    req.rows_dst = rows;
+    ch->rc = ts_client_run(ch->w, &req);
+    ch->next += CHURN_BATCH;
+  }
+  return NULL;
+}
+
+static void test_list_while_evicting(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 1, job), 0);
+  char e[512];
+  ts_client_t *w = open_client(&c, false);
+  ts_client_table_t tb = {
+      .name = "churn", .dim = 2, .optimizer = TS_CLIENT_ROWOPT_SGD, .max_rows = CHURN_ROWS};
+  ts_client_declare_opts_t d;
+  ts_client_declare_opts_init(&d);
+  d.tables = &tb;
+  d.num_tables = 1;
+  if (ts_client_declare_ex(w, NULL, 0, &d, e, sizeof e) < 0) fail_msg("declare: %s", e);
+  int64_t *fill = malloc(CHURN_FILL * sizeof *fill);
+  assert_non_null(fill);
+  for (int64_t i = 0; i < CHURN_FILL; i++) fill[i] = churn_key(i);
+  touch(w, 0, 2, fill, CHURN_FILL);
+  free(fill);
+  ts_client_t *admin = open_client(&c, true);
+  assert_int_equal(ts_client_attach(admin, 0, e, sizeof e), 0);
+  churn_t ch = {.w = w, .next = CHURN_FILL};
+  atomic_init(&ch.stop, false);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, churn, &ch), 0);
+  int64_t *got = NULL;
+  size_t n = 0;
+  uint32_t restarts = 0;
+  int rc = ts_client_table_keys_all(admin, 0, &got, &n, &restarts, e, sizeof e);
+  atomic_store(&ch.stop, true);
+  pthread_join(th, NULL);
+  if (rc != 0) fail_msg("keys_all: %s", e);
+  assert_int_equal(ch.rc, 0);
+  printf("listed %zu keys of 2 shards while %lld more were made, %u restart(s)\n", n,
+         (long long)(ch.next - CHURN_FILL), restarts);
+  assert_true(restarts <= 2 * 3);
+  assert_true(n > CHURN_ROWS && n <= 2 * CHURN_ROWS + (size_t)(ch.next - CHURN_FILL));
+  for (size_t i = 0; i < n; i++) {
+    if (i) assert_true(got[i] > got[i - 1]);
+    int64_t k = got[i] - 17;
+    assert_true(k >= 0 && k % 104729 == 0 && k / 104729 < ch.next);
+  }
+  ts_client_keys_free(got);
+  ts_client_close(w);
+  ts_client_close(admin);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_list_page_grow),
+      cmocka_unit_test(test_list_while_evicting),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

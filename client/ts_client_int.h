@@ -78,7 +78,7 @@ typedef struct {
 
 typedef enum {
   OP_DECLARE, OP_PULL, OP_PUSH, OP_PUSH_PULL, OP_HEARTBEAT, OP_STATUS, OP_CHECKPOINT, OP_SHUTDOWN,
-  OP_MODEL_RESET
+  OP_MODEL_RESET, OP_TABLE_KEYS
 } ts_cl_op_kind_t;
 
 typedef struct ts_cl_wreq ts_cl_wreq_t;
@@ -144,6 +144,11 @@ typedef struct ts_cl_op {
   bool dropped;             /* model reset: the reply */
   uint64_t reset_bytes;
   uint32_t workers_closed;
+  uint32_t keys_table;      /* table keys: the request (TableKeys), where the keys go */
+  uint64_t keys_cursor, keys_max;
+  uint64_t *keys_out;
+  uint64_t keys_n, keys_next, keys_erased, keys_rows; /* table keys: the reply */
+  bool keys_done, keys_got;
   bool ask_end;             /* heartbeat: ts_client_job_end's (Heartbeat.job_end) */
   bool hb0;                 /* heartbeat: shard 0 answered, with: */
   ts_client_job_end_t job_end;

@@ -196,6 +196,23 @@ static int on_meta(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessage
     }
     return rc;
   }
+  if (h->type == TS_MSG_TABLE_KEYS_REPLY && l->sh) {
+    const Tessera__TableKeysReply *m = (const Tessera__TableKeysReply *)msg;
+    ts_cl_wreq_t *r = ts_cl_find_pending(l->sh, m->request_id);
+    if (!r || !r->op) return 0; /* nobody waits for it: read and drop */
+    if (r->type != TS_MSG_TABLE_KEYS || m->table != r->op->keys_table ||
+        m->num_keys > r->op->keys_max) {
+      snprintf(conn->errmsg, sizeof conn->errmsg, "table keys reply does not match the request");
+      ts_log_err("shard %u (%s): %s", l->sh->index, l->sh->addr, conn->errmsg);
+      return TS_EPROTO;
+    }
+    if (m->num_keys) {
+      r->rx = uv_buf_init((char *)r->op->keys_out, (unsigned)(m->num_keys * sizeof(uint64_t)));
+      *iov = &r->rx;
+      *niov = 1;
+    }
+    return 0;
+  }
   if (h->type != TS_MSG_PULL_REPLY || !l->sh) return 0;
   const Tessera__PullReply *m = (const Tessera__PullReply *)msg;
   ts_cl_wreq_t *r = ts_cl_find_pending(l->sh, m->request_id);
@@ -489,6 +506,25 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
         r->op->dropped = m->dropped;
         r->op->reset_bytes = m->bytes;
         r->op->workers_closed = m->workers_closed;
+      }
+      ts_cl_complete_req(r, 0, NULL);
+      break;
+    }
+    case TS_MSG_TABLE_KEYS_REPLY: {
+      const Tessera__TableKeysReply *m = (const Tessera__TableKeysReply *)msg;
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      if (!r) break;
+      if (r->op && discarded && m->num_keys) {
+        ts_cl_complete_req(r, TS_EPROTO, "the keys of a table keys reply were lost");
+        break;
+      }
+      if (r->op) {
+        r->op->keys_n = m->num_keys;
+        r->op->keys_next = m->next_cursor;
+        r->op->keys_done = m->done;
+        r->op->keys_erased = m->erased;
+        r->op->keys_rows = m->rows;
+        r->op->keys_got = true;
       }
       ts_cl_complete_req(r, 0, NULL);
       break;

@@ -387,6 +387,19 @@ static void send_req(ts_cl_wreq_t *r) {
       rc = ts_conn_send(conn, TS_MSG_SHUTDOWN, &m.base, NULL, 0, NULL, NULL);
       break;
     }
+    case TS_MSG_TABLE_KEYS: {
+      Tessera__TableKeys m = TESSERA__TABLE_KEYS__INIT;
+      m.request_id = r->id;
+      if (!r->op) {
+        rc = TS_EINTERNAL;
+        break;
+      }
+      m.table = r->op->keys_table;
+      m.cursor = r->op->keys_cursor;
+      m.max_keys = r->op->keys_max;
+      rc = ts_conn_send(conn, TS_MSG_TABLE_KEYS, &m.base, NULL, 0, NULL, NULL);
+      break;
+    }
     case TS_MSG_MODEL_RESET: {
       Tessera__ModelReset m = TESSERA__MODEL_RESET__INIT;
       m.request_id = r->id;
@@ -555,6 +568,9 @@ void ts_cl_start_op(ts_client_t *c, ts_cl_op_t *op) {
         break;
       case OP_MODEL_RESET:
         if (s == op->shard) rc = ts_cl_submit_wire(c, sh, op, TS_MSG_MODEL_RESET, NULL, 0);
+        break;
+      case OP_TABLE_KEYS:
+        if (s == op->shard) rc = ts_cl_submit_wire(c, sh, op, TS_MSG_TABLE_KEYS, NULL, 0);
         break;
     }
   }

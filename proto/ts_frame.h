@@ -3,7 +3,7 @@
  *
  * A frame is a 20-byte header, meta_len bytes of protobuf meta, data_len bytes of raw
  * payload (float32 values; a table's frames also carry int64 keys, tessera.proto's
- * SparsePull and SparsePush say how):
+ * SparsePull, SparsePush and TableKeysReply say how):
  *
  *   offset 0  magic "TSR1"
  *          4  u16 protocol version (TS_PROTOCOL_VERSION)
@@ -66,7 +66,9 @@ typedef enum { TS_FRAME_C2S = 1, TS_FRAME_S2C = 2 } ts_frame_dir_t;
   X(SPARSE_PULL, 21, tessera__sparse_pull__descriptor, SPARSE_PULL, TS_FRAME_C2S, 1)       \
   X(SPARSE_PULL_REPLY, 22, tessera__sparse_pull_reply__descriptor, OTHER, TS_FRAME_S2C, 1) \
   X(SPARSE_PUSH, 23, tessera__sparse_push__descriptor, SPARSE_PUSH, TS_FRAME_C2S, 1)       \
-  X(SPARSE_PUSH_REPLY, 24, tessera__sparse_push_reply__descriptor, OTHER, TS_FRAME_S2C, 0)
+  X(SPARSE_PUSH_REPLY, 24, tessera__sparse_push_reply__descriptor, OTHER, TS_FRAME_S2C, 0) \
+  X(TABLE_KEYS, 25, tessera__table_keys__descriptor, OTHER, TS_FRAME_C2S, 0)               \
+  X(TABLE_KEYS_REPLY, 26, tessera__table_keys_reply__descriptor, OTHER, TS_FRAME_S2C, 1)
 
 #define TS_FRAME_ENUM_(name, value, desc, metrics, dir, data) TS_MSG_##name = value,
 typedef enum {

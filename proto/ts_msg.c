@@ -144,6 +144,15 @@ static int validate(uint16_t type, const ProtobufCMessage *m, uint64_t data_len,
       }
       return check_bytes("sparse pull reply", p->num_keys * p->dim * 4, data_len, errbuf, errlen);
     }
+    case TS_MSG_TABLE_KEYS_REPLY: {
+      const Tessera__TableKeysReply *p = (const Tessera__TableKeysReply *)m;
+      if (p->num_keys > TS_MSG_MAX_KEYS) {
+        snprintf(errbuf, errlen, "table keys reply of %llu keys, more than %llu",
+                 (unsigned long long)p->num_keys, (unsigned long long)TS_MSG_MAX_KEYS);
+        return TS_EPROTO;
+      }
+      return check_bytes("table keys reply", p->num_keys * 8, data_len, errbuf, errlen);
+    }
     case TS_MSG_SPARSE_PUSH: {
       const Tessera__SparsePush *p = (const Tessera__SparsePush *)m;
       if (p->dim == 0 || p->dim > TS_MSG_MAX_DIM) {

@@ -150,6 +150,31 @@ static int pull_tensors(ts_client_t *c, entries_t *es, uint64_t *step) {
   return 0;
 }
 
+/* Keys per read-only pull of a table's rows (1 Mi rows of 64 floats make 256 MiB: pull
+ * them a quarter million at a time). */
+#define ROWS_CHUNK ((uint64_t)1 << 18)
+
+/* Rows of keys[0..n) of table t into dst (n x dim), read-only, ROWS_CHUNK at a time. */
+static int pull_rows(ts_client_t *c, size_t t, const int64_t *keys, uint64_t n, float *dst) {
+  uint32_t dim = ts_client_table_dim(c, t);
+  for (uint64_t off = 0; off < n; off += ROWS_CHUNK) {
+    ts_client_req_t req;
+    ts_client_req_init(&req, TS_CLIENT_SPARSE_PULL);
+    req.table = (uint32_t)t;
+    req.keys = keys + off;
+    req.num_keys = n - off < ROWS_CHUNK ? n - off : ROWS_CHUNK;
+    req.rows_dst = dst + off * dim;
+    req.sparse_flags = TS_CLIENT_ROWS_READ_ONLY; /* an export changes no table */
+    req.timeout_s = EXPORT_TIMEOUT_S;
+    if (ts_client_run(c, &req) < 0) {
+      fprintf(stderr, "psctl: export: pulling table %s failed: %s\n",
+              ts_client_table_name(c, t), req.errmsg);
+      return TS_EXIT_FAILURE;
+    }
+  }
+  return 0;
+}
+
 /* Table t as a dense matrix of ids 0..rows-1. */
 static int pull_table(ts_client_t *c, size_t t, uint64_t rows, entries_t *es) {
   uint32_t dim = ts_client_table_dim(c, t);
@@ -169,21 +194,49 @@ static int pull_table(ts_client_t *c, size_t t, uint64_t rows, entries_t *es) {
                                .rank = 2,
                                .data = dst};
   for (uint64_t k = 0; k < rows; k++) keys[k] = (int64_t)k;
-  ts_client_req_t req;
-  ts_client_req_init(&req, TS_CLIENT_SPARSE_PULL);
-  req.table = (uint32_t)t;
-  req.keys = keys;
-  req.num_keys = rows;
-  req.rows_dst = dst;
-  req.sparse_flags = TS_CLIENT_ROWS_READ_ONLY; /* an export changes no table */
-  req.timeout_s = EXPORT_TIMEOUT_S;
-  int rc = ts_client_run(c, &req);
+  int rc = pull_rows(c, t, keys, rows, dst);
   ts_free(keys);
-  if (rc < 0) {
-    fprintf(stderr, "psctl: export: pulling table %s failed: %s\n", e->name, req.errmsg);
+  return rc;
+}
+
+/* Table t as the ids of its rows, listed on the shards (ascending, each once), and their
+ * rows: entries NAME/ids (int64, n) and NAME/rows (float32, n x dim). */
+static int pull_table_ids(ts_client_t *c, size_t t, entries_t *es) {
+  const char *name = ts_client_table_name(c, t);
+  uint32_t dim = ts_client_table_dim(c, t);
+  char err[512];
+  int64_t *keys = NULL;
+  size_t n = 0;
+  if (ts_client_table_keys_all(c, (uint32_t)t, &keys, &n, NULL, err, sizeof err) < 0) {
+    fprintf(stderr, "psctl: export: listing the ids of table %s failed: %s\n", name, err);
     return TS_EXIT_FAILURE;
   }
-  return 0;
+  /* One block the list owns for the ids and both names; the rows in another. */
+  size_t nl = strlen(name) + sizeof "/rows";
+  int64_t *ids = ts_malloc(n * sizeof *ids + 2 * nl);
+  float *dst = ts_malloc((n ? n : 1) * dim * sizeof *dst);
+  psctl_weights_entry_t *ei = ids && dst ? add_entry(es) : NULL;
+  if (ei) es->owned[es->n - 1] = ids;
+  psctl_weights_entry_t *er = ei ? add_entry(es) : NULL;
+  if (!er) {
+    if (!ei) ts_free(ids);
+    ts_free(dst);
+    ts_client_keys_free(keys);
+    fprintf(stderr, "psctl: export: out of memory\n");
+    return TS_EXIT_FAILURE;
+  }
+  es->owned[es->n - 1] = dst;
+  ei = &es->e[es->n - 2]; /* add_entry may have moved the list */
+  char *ids_name = (char *)(ids + n), *rows_name = ids_name + nl;
+  snprintf(ids_name, nl, "%s/ids", name);
+  snprintf(rows_name, nl, "%s/rows", name);
+  if (n) memcpy(ids, keys, n * sizeof *ids);
+  ts_client_keys_free(keys);
+  *ei = (psctl_weights_entry_t){
+      .name = ids_name, .dtype = PSCTL_DT_I64, .shape = {n}, .rank = 1, .data = ids};
+  *er = (psctl_weights_entry_t){
+      .name = rows_name, .dtype = PSCTL_DT_F32, .shape = {n, dim}, .rank = 2, .data = dst};
+  return pull_rows(c, t, ids, n, dst);
 }
 
 int psctl_export_run(ts_client_t *c, const ts_config_t *cfg, const psctl_export_opts_t *o) {
@@ -197,7 +250,7 @@ int psctl_export_run(ts_client_t *c, const ts_config_t *cfg, const psctl_export_
     fprintf(stderr, "psctl: export: %s\n", err);
     return TS_EXIT_FAILURE;
   }
-  /* Every table needs its rows named: the shards cannot list a table's keys. */
+  /* A --vocab names a table of the model. */
   for (size_t i = 0; i < o->num_vocab; i++) {
     bool found = false;
     for (size_t t = 0; t < ts_client_num_tables(c); t++)
@@ -216,15 +269,8 @@ int psctl_export_run(ts_client_t *c, const ts_config_t *cfg, const psctl_export_
     uint64_t rows = 0;
     for (size_t i = 0; i < o->num_vocab; i++)
       if (strcmp(o->vocab[i].name, name) == 0) rows = o->vocab[i].rows;
-    if (rows == 0) {
-      fprintf(stderr,
-              "psctl: export: table %s: give its vocabulary, --vocab %s=N (ids 0..N-1 "
-              "exported as a dense N x %u matrix): the shards cannot list a table's keys\n",
-              name, name, ts_client_table_dim(c, t));
-      rc = TS_EXIT_USAGE;
-      break;
-    }
-    rc = pull_table(c, t, rows, &es);
+    /* With --vocab a dense matrix; without, the ids the shards hold and their rows. */
+    rc = rows ? pull_table(c, t, rows, &es) : pull_table_ids(c, t, &es);
   }
   char *meta = rc == 0 ? metadata(cfg, c, step) : NULL;
   if (rc == 0 && !meta) {

@@ -11,13 +11,15 @@
 #include "ts_config.h"
 
 /* --vocab NAME=N: table NAME exported as a dense [N, dim] matrix of the rows of keys
- * 0..N-1. */
+ * 0..N-1. A table without one is exported as NAME/ids (int64, the keys its rows have on
+ * the shards, listed with ts_client_table_keys_all, ascending) and NAME/rows (float32,
+ * [n, dim]). */
 typedef struct {
   char name[128];
   uint64_t rows;
 } psctl_vocab_t;
 
-/* The most --vocab options, and the largest N (a dense matrix is pulled in one request). */
+/* The most --vocab options, and the largest N. */
 #define PSCTL_EXPORT_MAX_VOCABS 64
 #define PSCTL_EXPORT_MAX_VOCAB (1u << 20)
 

@@ -109,8 +109,8 @@ static const psctl_command_t commands[] = {
      "  -o, --output FILE  the file to write (for export, -o names a file, not a format)\n"
      "  --vocab TABLE=N  export embedding table TABLE as a dense N x dim matrix of ids\n"
      "                   0..N-1 (read-only: an id with no row gets its initial row); a\n"
-     "                   model with tables needs one per table: the shards cannot list a\n"
-     "                   table's keys\n"
+     "                   table without one is written as TABLE/ids (int64, the ids its\n"
+     "                   rows have on the shards, ascending) and TABLE/rows (float32)\n"
      "Exit 0 when the file was written, 1 when a shard is down or a pull or the write\n"
      "failed, 2 for a usage error.\n"},
     {"token", "token derive --task T", "print worker T's task key (from auth.token_file)",

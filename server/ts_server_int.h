@@ -15,6 +15,7 @@
  *                      of ts_push_rx.c), applied or accumulated
  *   ts_sparse_pull.c   a table's rows for a list of keys: keys in a budgeted buffer, the
  *                      reply copied out of the table; expiry swept from the tick
+ *   ts_table_keys.c    a page of a table's keys (evaluation, export)
  *   ts_pull.c          pull replies written straight from parameter memory
  *   ts_waitq.c         pulls parked until their version (or ssp clock) is there
  *   ts_sync.c          the sync barrier applied to the store: steps closed, pulls answered
@@ -403,6 +404,9 @@ void ts_sparse_pull_send(ts_session_t *s, const ts_pull_req_t *q);
 void ts_pull_req_free(ts_server_t *srv, ts_pull_req_t *q);
 /* The session closes: drop a SparsePull being read. */
 void ts_sparse_pull_close(ts_session_t *s);
+
+/* --- ts_table_keys.c: TableKeys, a page of a table's keys ---------------------------- */
+void ts_table_keys_handle(ts_session_t *s, Tessera__TableKeys *m);
 /* From the tick: evict expired rows (steps_to_live), a bounded number of slots per table. */
 void ts_sparse_tick(ts_server_t *srv);
 

@@ -416,6 +416,9 @@ static void on_frame(ts_conn_t *c, const ts_frame_header_t *h, ProtobufCMessage 
     case TS_MSG_SPARSE_PUSH:
       ts_sparse_push_handle(s, (Tessera__SparsePush *)msg, discarded);
       return;
+    case TS_MSG_TABLE_KEYS:
+      ts_table_keys_handle(s, (Tessera__TableKeys *)msg);
+      return;
     case TS_MSG_HEARTBEAT:
       handle_heartbeat(s, (Tessera__Heartbeat *)msg);
       return;

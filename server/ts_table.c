@@ -42,8 +42,9 @@ void ts_table_free(ts_table_t *t) {
   ts_free(t->metas);
   ts_free(t->slots);
   uint32_t dim = t->dim, nstate = t->nstate;
-  uint64_t max_rows = t->max_rows;
+  uint64_t max_rows = t->max_rows, erased = t->erased + t->size;
   memset(t, 0, sizeof *t); /* empty, with its shape: usable again */
+  t->erased = erased;       /* its rows count as lost: a key listing restarts */
   t->dim = dim;
   t->nstate = nstate;
   t->stride = (size_t)dim * (1 + nstate);
@@ -159,6 +160,7 @@ bool ts_table_erase(ts_table_t *t, uint64_t key) {
   ts_require(ts_table_live(m) && m->key == key);
   m->next_free = t->free_head;
   t->free_head = id;
+  t->erased++;
   t->size--;
   /* Backward shift: move up every later entry of the run whose home is not between the
    * hole and it, so no probe ever meets a hole before its key. */
@@ -179,6 +181,18 @@ uint32_t ts_table_next(const ts_table_t *t, uint32_t *cursor) {
     if (ts_table_live(ts_table_meta(t, id))) return id;
   }
   return TS_TABLE_NONE;
+}
+
+size_t ts_table_keys(const ts_table_t *t, uint64_t *cursor, uint64_t *out, size_t max,
+                     uint64_t max_slots) {
+  size_t n = 0;
+  uint64_t id = *cursor;
+  for (; id < t->next_row && n < max && max_slots; id++, max_slots--) {
+    const ts_table_meta_t *m = ts_table_meta(t, (uint32_t)id);
+    if (ts_table_live(m)) out[n++] = m->key;
+  }
+  *cursor = id;
+  return n;
 }
 
 uint64_t ts_table_bytes(const ts_table_t *t) {

@@ -63,6 +63,7 @@ typedef struct {
   uint32_t next_row;  /* rows ever handed out (the free list aside) */
   uint32_t free_head; /* erased rows, linked through next_free (TS_TABLE_NONE: none) */
   uint64_t max_rows;  /* rows the table may hold */
+  uint64_t erased;    /* rows ever erased (a key listing's restart rule, TableKeys) */
 } ts_table_t;
 
 /* An empty table of rows of dim floats and nstate state buffers, holding at most max_rows
@@ -110,6 +111,14 @@ static inline void ts_table_prefetch_row(const ts_table_t *t, uint64_t hash) {
 /* Iterate the live rows: *cursor starts at 0; returns the next live row id, or
  * TS_TABLE_NONE at the end. Inserting or erasing during a walk may skip or repeat rows. */
 uint32_t ts_table_next(const ts_table_t *t, uint32_t *cursor);
+
+/* A page of a key listing (TableKeys): the keys of the live rows from row slot *cursor on,
+ * at most max of them into out, looking at no more than max_slots row slots (so a table
+ * of mostly erased rows cannot make one page long). Returns the keys written; *cursor
+ * moves past the last slot looked at, t->next_row once the walk is through. Rows never
+ * move while they live, so a key present for a whole walk is listed exactly once. */
+size_t ts_table_keys(const ts_table_t *t, uint64_t *cursor, uint64_t *out, size_t max,
+                     uint64_t max_slots);
 
 /* Bytes the table holds (slabs, their metadata, the index): for budgets and status. */
 uint64_t ts_table_bytes(const ts_table_t *t);

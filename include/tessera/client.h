@@ -423,6 +423,40 @@ TS_CLIENT_API const char *ts_client_table_name(const ts_client_t *c, size_t t);
  * flight. */
 TS_CLIENT_API int ts_client_attach(ts_client_t *c, uint32_t shard, char *errmsg, size_t errlen);
 
+/* The keys of a table's rows (evaluation and export of a table with no bounded vocabulary;
+ * tessera.proto's TableKeys). `table` is its index in the declared (or attached) model's
+ * tables. Read-only: a worker or any admin client may list, the worker token is enough.
+ *
+ * ts_client_table_keys asks shard `shard` for one page: at most max (1 to 1,048,576) keys
+ * of its rows from `cursor` on (0 first, then page->next_cursor), in the shard's slot
+ * order, into keys[0..page->num_keys). page->done says the walk is through; page->erased
+ * counts the rows the table ever lost on that shard and page->rows its live rows now. A
+ * key present for the whole walk is listed exactly once (rows never move while they live,
+ * a growing table re-hashes only its index); a key erased meanwhile may be listed though
+ * gone, one erased and made again twice. Errors: TS_CLIENT_ENOTABLE (no such table),
+ * TS_CLIENT_ENOTDECLARED, TS_CLIENT_EINVAL (max out of range, a cursor past the shard's
+ * row slots: start again at 0), TS_CLIENT_EUNAVAIL.
+ *
+ * ts_client_table_keys_all lists every shard's keys with the restart rule: when a shard's
+ * `erased` changes between two pages it walks that shard again from 0, up to 3 times (a
+ * table evicting all the time is then listed as it walks, duplicates removed); pages of
+ * 65,536 keys. *keys (free with ts_client_keys_free; NULL when there are none) gets the
+ * keys, ascending and each once, *n their number, *restarts (may be NULL) the walks
+ * started again. Not concurrently with requests in flight on the calling thread. */
+typedef struct {
+  size_t num_keys;
+  uint64_t next_cursor;
+  bool done;
+  uint64_t erased, rows;
+} ts_client_keys_page_t;
+TS_CLIENT_API int ts_client_table_keys(ts_client_t *c, uint32_t table, uint32_t shard,
+                                       uint64_t cursor, int64_t *keys, size_t max,
+                                       ts_client_keys_page_t *page, char *errmsg, size_t errlen);
+TS_CLIENT_API int ts_client_table_keys_all(ts_client_t *c, uint32_t table, int64_t **keys,
+                                           size_t *n, uint32_t *restarts, char *errmsg,
+                                           size_t errlen);
+TS_CLIENT_API void ts_client_keys_free(int64_t *keys);
+
 /* --- requests ----------------------------------------------------------------------- */
 
 typedef enum {

@@ -275,7 +275,7 @@ PyObject *Client_drain_logs(ClientObject *self, PyObject *Py_UNUSED(a)) {
 /* --- the blocking calls: each a job on a helper thread (_jobs.c) ------------------------ */
 
 /* A job of kind on this client, once check_open passed; NULL with an exception set. */
-static job_t *client_job(ClientObject *self, job_kind_t kind) {
+job_t *client_job(ClientObject *self, job_kind_t kind) {
   if (check_open(self) < 0) return NULL;
   job_t *j = job_new(kind, self->sh);
   if (!j) PyErr_NoMemory();
@@ -284,7 +284,7 @@ static job_t *client_job(ClientObject *self, job_kind_t kind) {
 
 /* Run j and make the call's return value: the library's error raised, or result(j) (None
  * without result). Frees j (job_run does when the wait is abandoned). */
-static PyObject *client_run(ClientObject *self, job_t *j, PyObject *(*result)(const job_t *)) {
+PyObject *client_run(ClientObject *self, job_t *j, PyObject *(*result)(const job_t *)) {
   if (job_run(j, self->sh->logq, self->logfn) < 0) return NULL;
   PyObject *r = j->rc < 0 ? raise_code(j->rc, j->errmsg) : result ? result(j) : Py_NewRef(Py_None);
   job_free(j);
@@ -553,6 +553,8 @@ static PyMethodDef Client_methods[] = {
      "submit(kind, tensors, grads, dsts, step, min_version, clock, timeout) -> Request"},
     {"status", (PyCFunction)Client_status, METH_VARARGS, "status(shard) -> dict"},
     {"heartbeat", (PyCFunction)Client_heartbeat, METH_NOARGS, "Heartbeat every shard now."},
+    {"table_keys", (PyCFunction)Client_table_keys, METH_VARARGS,
+     "table_keys(table) -> bytes of int64 keys, ascending"},
     {"checkpoint", (PyCFunction)Client_checkpoint, METH_VARARGS, "checkpoint(shard) -> (path, step)"},
     {"shutdown", (PyCFunction)Client_shutdown, METH_VARARGS, "shutdown(shard, checkpoint) -> path"},
     {"set_timeout", (PyCFunction)Client_set_timeout, METH_VARARGS, "set_timeout(seconds)"},

@@ -43,7 +43,9 @@ typedef struct {
   } line[LOGQ_MAX];
 } logq_t;
 
-typedef enum { JOB_OPEN, JOB_DECLARE, JOB_STATUS, JOB_HEARTBEAT, JOB_CHECKPOINT, JOB_SHUTDOWN } job_kind_t;
+typedef enum {
+  JOB_OPEN, JOB_DECLARE, JOB_STATUS, JOB_HEARTBEAT, JOB_CHECKPOINT, JOB_SHUTDOWN, JOB_TABLE_KEYS
+} job_kind_t;
 
 /* State shared by a Client and its helper threads; freed by the Client once bg is 0. */
 typedef struct {
@@ -90,6 +92,10 @@ typedef struct job {
   ts_client_shard_status_t *status;
   char path[4096];
   uint64_t step;
+  /* JOB_TABLE_KEYS: table index in, every shard's keys out (ts_client_keys_free) */
+  uint32_t table;
+  int64_t *keys;
+  size_t nkeys;
 } job_t;
 
 typedef struct {
@@ -149,6 +155,11 @@ char *dup_utf8(PyObject *o);
  * shard's tables as a list of dicts (its status). */
 int parse_tables(PyObject *tables, job_t *j);
 PyObject *tables_list(const ts_client_shard_status_t *s);
+/* _tables.c: Client.table_keys(table) -> bytes of the table's keys (int64, ascending). */
+PyObject *Client_table_keys(ClientObject *self, PyObject *args);
+/* _client.c: a job of kind for this client, and running it (releasing the GIL) to result. */
+job_t *client_job(ClientObject *self, job_kind_t kind);
+PyObject *client_run(ClientObject *self, job_t *j, PyObject *(*result)(const job_t *));
 /* _client.c: raise (and return -1) unless the client is open / has no declare running. */
 int check_open(ClientObject *self);
 int check_no_declare(ClientObject *self);

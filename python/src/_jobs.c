@@ -144,6 +144,7 @@ void job_free(job_t *j) {
   }
   free(j->names);
   free(j->shapes);
+  ts_client_keys_free(j->keys);
   free(j->tensors);
   free(j->kinds);
   for (size_t i = 0; j->table_names && i < j->ntables; i++) free(j->table_names[i]);
@@ -196,6 +197,10 @@ static void *job_main(void *arg) {
   case JOB_CHECKPOINT:
     j->rc = ts_client_checkpoint(c, j->shard, j->path, sizeof j->path, &j->step, j->errmsg,
                                  sizeof j->errmsg);
+    break;
+  case JOB_TABLE_KEYS:
+    j->rc = ts_client_table_keys_all(c, j->table, &j->keys, &j->nkeys, NULL, j->errmsg,
+                                     sizeof j->errmsg);
     break;
   case JOB_SHUTDOWN:
     j->rc = ts_client_shutdown(c, j->shard, j->checkpoint, j->path, sizeof j->path, j->errmsg,

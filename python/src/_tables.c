@@ -77,3 +77,17 @@ PyObject *tables_list(const ts_client_shard_status_t *s) {
   }
   return l;
 }
+
+static PyObject *keys_result(const job_t *j) {
+  return PyBytes_FromStringAndSize(j->keys ? (const char *)j->keys : "",
+                                   (Py_ssize_t)(j->nkeys * sizeof(int64_t)));
+}
+
+PyObject *Client_table_keys(ClientObject *self, PyObject *args) {
+  unsigned int table;
+  job_t *j;
+  if (!PyArg_ParseTuple(args, "I", &table) || !(j = client_job(self, JOB_TABLE_KEYS)))
+    return NULL;
+  j->table = table;
+  return client_run(self, j, keys_result);
+}

@@ -81,6 +81,9 @@ void fuzz_check_decoded(const char *target, uint16_t type, const ProtobufCMessag
     const Tessera__PullReply *p = (const Tessera__PullReply *)m;
     fuzz_check(ts_msg_parts_bytes(p->parts, p->n_parts) == data_len, target,
                "pull reply payload matches");
+  } else if (type == TS_MSG_TABLE_KEYS_REPLY) {
+    const Tessera__TableKeysReply *p = (const Tessera__TableKeysReply *)m;
+    fuzz_check(p->num_keys * 8 == data_len, target, "table keys reply payload matches");
   } else {
     fuzz_check(data_len == 0, target, "no payload on a type without one");
   }

@@ -273,6 +273,20 @@ static void valid_frames(void) {
   mrr.workers_closed = 2;
   write_frame("19-model-reset-reply", TS_MSG_MODEL_RESET_REPLY, &mrr.base, 0, 0, 0);
 
+  Tessera__TableKeys tk = TESSERA__TABLE_KEYS__INIT;
+  tk.request_id = 12;
+  tk.cursor = 4096;
+  tk.max_keys = 65536;
+  write_frame("25-table-keys", TS_MSG_TABLE_KEYS, &tk.base, 0, 0, 0);
+
+  Tessera__TableKeysReply tkr = TESSERA__TABLE_KEYS_REPLY__INIT;
+  tkr.request_id = 12;
+  tkr.num_keys = 4;
+  tkr.next_cursor = 4100;
+  tkr.erased = 3;
+  tkr.rows = 4;
+  write_frame("26-table-keys-reply", TS_MSG_TABLE_KEYS_REPLY, &tkr.base, 32, 32, 0);
+
   /* Truncated: a header only, and half a meta. */
   write_frame("20-declare-header-only", TS_MSG_DECLARE, &decl.base, 0, 0, TS_FRAME_HEADER_SIZE);
   write_frame("21-declare-half-meta", TS_MSG_DECLARE, &decl.base, 0, 0,

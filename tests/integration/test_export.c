@@ -2,8 +2,10 @@
  * Reading a model without declaring it (ts_client_attach) and psctl export, on real
  * shards: an admin client learns the declared tensors (names, shapes, kinds) and tables from
  * a shard's status and pulls exactly what a worker pulls; psctl export writes them, and the
- * safetensors file's bytes are the pulled values. Before any declare both say that no model
- * is held. (tests/python/test_export.py loads such files into Keras.)
+ * safetensors file's bytes are the pulled values. A table without --vocab is written as
+ * emb/ids (the keys its rows have on the shards, ascending) and emb/rows, exactly the rows
+ * a read-only pull of those ids gets. Before any declare both say that no model is held.
+ * (tests/python/test_export.py loads such files into Keras.)
  */
 #include <cjson/cJSON.h>
 #include <setjmp.h>
@@ -41,6 +43,29 @@ static ts_client_t *open_client(ts_cluster_t *c, bool admin) {
 }
 
 static char out[8192], err[8192];
+
+/* The bytes of entry `name` of a safetensors file (NULL when absent), *len their size. */
+static const char *entry(const char *file, const char *name, size_t *len) {
+  uint64_t hl = 0;
+  for (int k = 7; k >= 0; k--) hl = hl << 8 | (uint8_t)file[k];
+  cJSON *h = cJSON_ParseWithLength(file + 8, (size_t)hl);
+  assert_non_null(h);
+  cJSON *e = cJSON_GetObjectItem(h, name);
+  const char *at = NULL;
+  if (e) {
+    cJSON *off = cJSON_GetObjectItem(e, "data_offsets");
+    size_t lo = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble;
+    *len = (size_t)cJSON_GetArrayItem(off, 1)->valuedouble - lo;
+    at = file + 8 + hl + lo;
+  }
+  cJSON_Delete(h);
+  return at;
+}
+
+static int export_ids(ts_cluster_t *c, const char *path) {
+  const char *args[] = {"-c", c->config, "export", "--format", "safetensors", "-o", path, NULL};
+  return ts_run_psctl(args, out, sizeof out, err, sizeof err);
+}
 
 static int export(ts_cluster_t *c, const char *fmt, const char *path) {
   const char *args[] = {"-c",      c->config, "export", "--format", fmt,
@@ -125,6 +150,68 @@ static void test_attach_and_export(void **state) {
   free(file);
   snprintf(path, sizeof path, "%s/m.npz", c.dir);
   assert_int_equal(export(&c, "npz", path), 0);
+
+  /* Without --vocab: the table's ids and rows. No row yet: both empty. */
+  snprintf(path, sizeof path, "%s/ids.safetensors", c.dir);
+  assert_int_equal(export_ids(&c, path), 0);
+  file = ts_read_file(path);
+  size_t len = 99;
+  assert_non_null(entry(file, "emb/ids", &len));
+  assert_int_equal(len, 0);
+  assert_non_null(entry(file, "emb/rows", &len));
+  assert_int_equal(len, 0);
+  assert_null(entry(file, "emb", &len));
+  free(file);
+  /* the worker makes rows (hashed ids: negative, huge) and trains some of them */
+  int64_t ids[] = {1000000007, -5, 3, 42, INT64_MIN + 1, 77};
+  const size_t nid = sizeof ids / sizeof ids[0];
+  float rows[6 * 3], grads[6 * 3];
+  ts_client_req_t q;
+  ts_client_req_init(&q, TS_CLIENT_SPARSE_PULL);
+  q.table = 0;
+  q.keys = ids;
+  q.num_keys = nid;
+  q.rows_dst = rows;
+  assert_int_equal(ts_client_run(w, &q), 0);
+  for (size_t i = 0; i < nid * 3; i++) grads[i] = 0.25f * (float)(i % 5);
+  ts_client_req_init(&q, TS_CLIENT_SPARSE_PUSH);
+  q.table = 0;
+  q.keys = ids;
+  q.num_keys = 3;
+  q.rows_grad = grads;
+  assert_int_equal(ts_client_run(w, &q), 0);
+  assert_int_equal(export_ids(&c, path), 0);
+  assert_non_null(strstr(out, "1 table(s)"));
+  /* what the file must hold: the ids ascending and their rows now */
+  int64_t want_ids[6];
+  memcpy(want_ids, ids, sizeof ids);
+  for (size_t i = 0; i < nid; i++)
+    for (size_t j = i + 1; j < nid; j++)
+      if (want_ids[j] < want_ids[i]) {
+        int64_t t = want_ids[i];
+        want_ids[i] = want_ids[j];
+        want_ids[j] = t;
+      }
+  float want_rows[6 * 3];
+  ts_client_req_init(&q, TS_CLIENT_SPARSE_PULL);
+  q.table = 0;
+  q.keys = want_ids;
+  q.num_keys = nid;
+  q.rows_dst = want_rows;
+  q.sparse_flags = TS_CLIENT_ROWS_READ_ONLY;
+  assert_int_equal(ts_client_run(w, &q), 0);
+  file = ts_read_file(path);
+  assert_non_null(file);
+  const char *got = entry(file, "emb/ids", &len);
+  assert_int_equal(len, sizeof want_ids);
+  assert_memory_equal(got, want_ids, sizeof want_ids);
+  got = entry(file, "emb/rows", &len);
+  assert_int_equal(len, sizeof want_rows);
+  assert_memory_equal(got, want_rows, sizeof want_rows);
+  free(file);
+  snprintf(path, sizeof path, "%s/ids.npz", c.dir);
+  const char *nargs[] = {"-c", c.config, "export", "--format", "npz", "-o", path, NULL};
+  assert_int_equal(ts_run_psctl(nargs, out, sizeof out, err, sizeof err), 0);
 
   ts_client_close(w);
   ts_client_close(admin);

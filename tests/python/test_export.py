@@ -203,7 +203,8 @@ def test_export_without_shards(cluster, tmp_path):
 def test_export_tables_and_state(cluster, tmp_path):
     """A model of a dense tensor, a state tensor and a table, trained a little through the
     Python client: the export holds exactly what the shards hold, the table as a dense
-    matrix of ids 0..N-1 (--vocab), and names the state tensor in its metadata."""
+    matrix of ids 0..N-1 (--vocab) or, without --vocab, as emb/ids (the ids its rows have)
+    and emb/rows, and names the state tensor in its metadata."""
     c = cluster(2, 1, 'job = { mode = "async"; partition_bytes = 64; };\n'
                       'optimizer = { name = "sgd"; learning_rate = 1.0; };\n')
     with tessera.Client(c.config, timeout=10) as cl:
@@ -215,9 +216,16 @@ def test_export_tables_and_state(cluster, tmp_path):
         cl.push_rows("emb", [0, 3, 5], np.ones((3, 4), np.float32))
         cl.pull(params)
         rows = cl.pull_rows("emb", np.arange(6))
-    r = _psctl(c.config, "export", "--format", "safetensors", "-o", str(tmp_path / "m"))
-    assert r.returncode == 2 and "table emb: give its vocabulary, --vocab emb=N" in r.stderr
-    assert not (tmp_path / "m").exists()
+    for fmt in ("safetensors", "npz"):
+        out = tmp_path / f"ids.{fmt}"
+        r = _psctl(c.config, "export", "--format", fmt, "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        arrays, _ = tessera.read_weights(out)
+        assert sorted(arrays) == ["bn/moving_mean", "emb/ids", "emb/rows", "w"]
+        ids = arrays["emb/ids"]
+        assert ids.dtype == np.int64 and set([0, 3, 5]) <= set(ids.tolist()) <= set(range(6))
+        assert list(ids) == sorted(ids)
+        np.testing.assert_array_equal(arrays["emb/rows"], rows[ids])
     for fmt in ("safetensors", "npz"):
         out = tmp_path / f"m.{fmt}"
         r = _psctl(c.config, "export", "--format", fmt, "--vocab", "emb=6", "-o", str(out))
@@ -229,3 +237,36 @@ def test_export_tables_and_state(cluster, tmp_path):
         np.testing.assert_array_equal(arrays["bn/moving_mean"], np.zeros(5, np.float32))
         np.testing.assert_array_equal(arrays["emb"], rows)
         assert json.loads(meta["tessera.state_tensors"]) == ["bn/moving_mean"]
+
+
+@needs_tf
+def test_export_ids_into_keras_embedding(cluster, tmp_path):
+    """A table exported as ids + rows (no --vocab) loads into a bounded Keras Embedding of
+    the table's name: the listed ids' rows set, the others kept; ids past its vocabulary
+    are refused; an unbounded table's arrays are extra unless strict=False."""
+    import keras
+    c = cluster(2, 1, 'job = { mode = "async"; };\n'
+                      'optimizer = { name = "sgd"; learning_rate = 1.0; };\n')
+    with tessera.Client(c.config, timeout=10) as cl:
+        cl.declare({}, tables={"lookup/embeddings": tessera.Table(4, init="uniform",
+                                                                  init_scale=0.5)})
+        cl.push_rows("lookup/embeddings", [1, 4], np.ones((2, 4), np.float32))
+        rows = cl.pull_rows("lookup/embeddings", [1, 4], read_only=True)
+    out = tmp_path / "t.safetensors"
+    r = _psctl(c.config, "export", "--format", "safetensors", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    model = keras.Sequential([keras.Input((1,)),
+                              keras.layers.Embedding(6, 4, name="lookup",
+                                                     embeddings_initializer="zeros")])
+    assert tessera.load_weights(out, model) == ["lookup/embeddings"]
+    got = model.get_layer("lookup").embeddings.numpy()
+    np.testing.assert_array_equal(got[[1, 4]], rows)
+    assert not got[[0, 2, 3, 5]].any()
+    small = keras.Sequential([keras.Input((1,)),
+                              keras.layers.Embedding(3, 4, name="lookup")])
+    with pytest.raises(ValueError, match="outside the model's vocabulary 0..2"):
+        tessera.load_weights(out, small)
+    other = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="d")])
+    with pytest.raises(ValueError, match="strict=False to skip them"):
+        tessera.load_weights(out, other)
+    assert tessera.load_weights(out, other, strict=False) == []

@@ -96,9 +96,14 @@ def test_save_and_load_model_with_trained_rows(cluster, tmp_path):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             m.save(tmp_path / "unbounded.keras")
-        assert any("export_rows(ids)" in str(w.message) for w in caught)
+        assert any("export_table()" in str(w.message) for w in caught)
         np.testing.assert_array_equal(m.get_layer("hashed").export_rows([3, 7]),
                                       c.pull_rows("hashed", [3, 7], read_only=True))
+        # export_table: the ids the shards hold (listed by them) and exactly their rows
+        ids, rows = m.get_layer("hashed").export_table()
+        assert ids.dtype == np.int64 and ids.size == _rows(c, "hashed") > 0
+        np.testing.assert_array_equal(ids, np.unique(ids))
+        np.testing.assert_array_equal(rows, c.pull_rows("hashed", ids, read_only=True))
 
 
 def _rss_kib(pid: int) -> int:

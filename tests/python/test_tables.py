@@ -50,6 +50,28 @@ def test_same_rows_on_any_shard_count(cluster):
     assert 0.05 < float(got[0].std()) < 0.2
 
 
+def test_table_keys(cluster):
+    """Client.table_keys: the ids of the rows over every shard, ascending, each once;
+    read-only pulls add none; a table growing between two listings lists the new ids too;
+    an unknown table is refused."""
+    cl = cluster(2, 1, ASYNC)
+    with tessera.Client(cl.config, timeout=10) as c:
+        c.declare({}, tables={"emb": tessera.Table(4), "other": tessera.Table(2)})
+        empty = c.table_keys("emb")
+        assert empty.dtype == np.int64 and empty.shape == (0,)
+        ids = np.array([2**62, -7, 3, 3, 0, -2**63 + 5, 11], dtype=np.int64)
+        c.pull_rows("emb", ids)
+        c.pull_rows("emb", [99, 100], read_only=True)   # makes no row
+        got = c.table_keys("emb")
+        np.testing.assert_array_equal(got, np.unique(ids))
+        assert c.table_keys("other").size == 0
+        more = np.arange(5000, dtype=np.int64) * 7919 + 1
+        c.pull_rows("emb", more)
+        np.testing.assert_array_equal(c.table_keys("emb"), np.union1d(ids, more))
+        with pytest.raises(tessera.UnknownTable):
+            c.table_keys("nope")
+
+
 def test_read_only_pull_changes_nothing(cluster):
     """read_only=True (evaluation, export): keys without a row read the initializer's row
     and no row is made; an admission by count sees no sighting; existing rows read as

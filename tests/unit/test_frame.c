@@ -196,7 +196,8 @@ static void test_data_on_type_without_data(void **state) {
     ts_frame_encode_header(buf, type, 0, 4);
     int rc = decode(buf, sizeof buf, MAX_DATA, &h, &desc);
     if (type == TS_MSG_PUSH || type == TS_MSG_PULL_REPLY || type == TS_MSG_SPARSE_PULL ||
-        type == TS_MSG_SPARSE_PULL_REPLY || type == TS_MSG_SPARSE_PUSH) {
+        type == TS_MSG_SPARSE_PULL_REPLY || type == TS_MSG_SPARSE_PUSH ||
+        type == TS_MSG_TABLE_KEYS_REPLY) {
       assert_true(ts_frame_type_has_data(type));
       assert_int_equal(rc, TS_FRAME_HEADER_SIZE);
       assert_int_equal(h.data_len, 4);

@@ -107,6 +107,16 @@ static void test_payload_size_mismatch(void **state) {
   assert_int_equal(decode_err(TS_MSG_PULL_REPLY, &r.base, 24, err, sizeof err), TS_ESIZE);
   ts_msg_free(decode_ok(TS_MSG_PULL_REPLY, &r.base, 20));
 
+  /* A TableKeysReply: 8 bytes a key, at most 2^20 keys. */
+  Tessera__TableKeysReply k = TESSERA__TABLE_KEYS_REPLY__INIT;
+  k.num_keys = 3;
+  assert_int_equal(decode_err(TS_MSG_TABLE_KEYS_REPLY, &k.base, 12, err, sizeof err), TS_ESIZE);
+  assert_int_equal(decode_err(TS_MSG_TABLE_KEYS_REPLY, &k.base, 32, err, sizeof err), TS_ESIZE);
+  ts_msg_free(decode_ok(TS_MSG_TABLE_KEYS_REPLY, &k.base, 24));
+  k.num_keys = TS_MSG_MAX_KEYS + 1;
+  assert_int_equal(decode_err(TS_MSG_TABLE_KEYS_REPLY, &k.base, 8 * k.num_keys, err, sizeof err),
+                   TS_EPROTO);
+
   /* An empty Push with a payload. */
   Tessera__Push e = TESSERA__PUSH__INIT;
   assert_int_equal(decode_err(TS_MSG_PUSH, &e.base, 4, err, sizeof err), TS_ESIZE);

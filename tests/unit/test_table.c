@@ -2,7 +2,7 @@
  * A shard's row table (server/ts_table.h): a million random inserts, finds and erases
  * against a reference; rows never move while the index grows; max_rows; the walk over live
  * rows; allocation failures leave the table as it was; memory per row against the raw
- * value + state bytes.
+ * value + state bytes; a key listing in pages (ts_table_keys) across growth and erasures.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -111,6 +111,42 @@ static void test_rows_do_not_move(void **state) {
   assert_int_equal(ts_table_find(&t, 42), TS_TABLE_NONE);
 }
 
+/* Pages of 7 keys, at most 9 slots a page: every live key once, the erased ones not,
+ * keys inserted between pages (the index growing) do not repeat the old ones, and
+ * `erased` counts erasures and a clear. */
+static void test_keys_in_pages(void **state) {
+  (void)state;
+  ts_table_t t;
+  assert_int_equal(ts_table_init(&t, 2, 0, 0), 0);
+  bool created;
+  int err;
+  for (uint64_t k = 0; k < 300; k++) ts_table_insert(&t, k * 31, &created, &err);
+  for (uint64_t k = 0; k < 300; k += 3) assert_true(ts_table_erase(&t, k * 31));
+  assert_int_equal(t.erased, 100);
+  static uint8_t seen[60000];
+  uint64_t cursor = 0, out[7];
+  size_t total = 0, pages = 0;
+  while (cursor < t.next_row) {
+    size_t n = ts_table_keys(&t, &cursor, out, 7, 9);
+    assert_true(n <= 7);
+    for (size_t i = 0; i < n; i++) {
+      assert_true(out[i] < sizeof seen);
+      assert_int_equal(seen[out[i]]++, 0);
+    }
+    total += n;
+    if (++pages == 3) /* the table grows 30-fold mid-walk: old keys keep their slots */
+      for (uint64_t k = 0; k < 9000; k++) ts_table_insert(&t, 20000 + k * 4, &created, &err);
+  }
+  for (uint64_t k = 0; k < 300; k++) assert_int_equal(seen[k * 31], k % 3 != 0);
+  /* the new rows: in the free slots (those before the cursor unlisted), then past it */
+  assert_true(total >= 200 + 9000 - 9 * 3 - 100);
+  cursor = t.next_row;
+  assert_int_equal(ts_table_keys(&t, &cursor, out, 7, 9), 0);
+  size_t live = t.size;
+  ts_table_free(&t);
+  assert_int_equal(t.erased, 100 + live);
+}
+
 static void test_max_rows(void **state) {
   (void)state;
   ts_table_t t;
@@ -178,7 +214,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_random_operations), cmocka_unit_test(test_rows_do_not_move),
       cmocka_unit_test(test_max_rows),          cmocka_unit_test(test_allocation_failures),
-      cmocka_unit_test(test_bytes_per_row),
+      cmocka_unit_test(test_bytes_per_row),     cmocka_unit_test(test_keys_in_pages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

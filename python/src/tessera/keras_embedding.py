@@ -136,8 +136,9 @@ class Embedding(keras.layers.Layer):
     ``model.save`` writes the trained rows of a bounded vocabulary (``input_dim``), read
     from the shards (``export_rows``); ``keras.saving.load_model`` gives a model whose layer
     holds them and predicts without shards. An unbounded table (``input_dim=None``) is not
-    written into the file (its ids are not known to one worker): export it with
-    ``export_rows(ids)`` or ``psctl export``.
+    written into the file (the model would need the ids' lookup to predict from them):
+    ``export_table()`` returns its ids (listed on the shards) and rows, and ``psctl
+    export`` writes them as ``TABLE/ids`` and ``TABLE/rows``.
     """
 
     _TABLE_KEYS = ("beta1", "beta2", "epsilon", "initial_accumulator", "l1", "l2", "beta",
@@ -308,7 +309,7 @@ class Embedding(keras.layers.Layer):
             warnings.warn(
                 f"tessera.keras.Embedding {self.name!r}: the rows of its unbounded table "
                 f"{self.table!r} are not saved with the model: export them with "
-                f"layer.export_rows(ids) or `psctl export`", stacklevel=2)
+                f"layer.export_table() (ids and rows) or `psctl export`", stacklevel=2)
 
     def load_own_variables(self, store):
         rows = store["rows"] if "rows" in store else None
@@ -336,11 +337,12 @@ class Embedding(keras.layers.Layer):
         """The rows of ``ids`` (default: every id of a bounded vocabulary,
         ``[0, input_dim)``), read from the shards without changing them: an id never
         trained reads its initial row. Raises ValueError for an unbounded table without
-        ids."""
+        ids: :meth:`export_table` lists its ids on the shards."""
         if ids is None:
             if self.input_dim is None:
                 raise ValueError(f"tessera.keras.Embedding {self.name!r}: an unbounded table "
-                                 f"has no id list: pass the ids to export")
+                                 f"has no id list: pass the ids to export, or call "
+                                 f"layer.export_table() for the ids the shards hold")
             ids = np.arange(self.input_dim, dtype=np.int64)
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         if self._loaded is not None and not self._attached():
@@ -352,6 +354,18 @@ class Embedding(keras.layers.Layer):
             c.pull_rows(self.table, ids[i:i + step], into=out[i:i + step], min_version=0,
                         read_only=True)
         return out
+
+    def export_table(self, *, chunk: int = 1 << 18) -> "tuple[np.ndarray, np.ndarray]":
+        """The ids the table's rows have on the shards (int64, ascending, each once:
+        ``Client.table_keys``) and their rows (float32, ``[n, output_dim]``), read without
+        changing the shards; for a bounded vocabulary too (then only the ids with a row).
+        Needs the layer attached to a live job (compiled with a tessera optimizer and
+        built)."""
+        if self._loaded is not None and not self._attached():
+            ids = np.arange(self._loaded.shape[0], dtype=np.int64)
+            return ids, self._loaded
+        ids = self._client().table_keys(self.table)
+        return ids, self.export_rows(ids, chunk=chunk)
 
     # -- the shards --------------------------------------------------------------------
 

@@ -152,6 +152,29 @@ class TablesMixin:
         """The declared tables and their row widths, in declared order."""
         return {n: self._table_dims[i] for n, i in self._table_index.items()}
 
+    def table_keys(self, table: str) -> np.ndarray:
+        """The ids of the table's rows on every shard: int64, ascending, each once.
+
+        What evaluation and export need of a table with no bounded vocabulary (then
+        ``pull_rows(table, ids, read_only=True)`` reads their rows). The shards list their
+        rows a page at a time; a key present for the whole listing is in it exactly once,
+        however much the table grows meanwhile. When rows are evicted or expire during the
+        listing, a shard's walk starts again (three times at most; a table evicting all the
+        time is then returned as it was walked, so a key evicted meanwhile may still be in
+        it: pulling it read-only gives its initial row). Read-only: a worker's token is
+        enough.
+
+        Raises
+        ------
+        tessera.UnknownTable
+            No table of that name was declared.
+        tessera.TesseraError
+            A shard is down, the model is not declared there, or the request failed.
+        """
+        t, _ = self._table(table)
+        raw = self._live().table_keys(t)  # type: ignore[attr-defined]
+        return np.frombuffer(raw, dtype="<i8").astype(np.int64, copy=True)
+
     def _table(self, table: str) -> Tuple[int, int]:
         try:
             i = self._table_index[table]

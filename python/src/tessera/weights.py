@@ -116,8 +116,13 @@ def load_weights(path: "str | os.PathLike[str]", model: Any, *, strict: bool = T
     ``sequential/conv1/kernel``), the name ``tessera.keras`` declares it under, or by that
     path without the model's own name in front (``conv1/kernel``), which is ps-worker's name
     for the same layer: a Keras model with layers named as the job file's (``conv1``,
-    ``fc1``, ...) takes a ps-worker job's file. Nothing is assigned unless every check
-    passes.
+    ``fc1``, ...) takes a ps-worker job's file. A table exported without ``--vocab``
+    (``NAME/ids`` and ``NAME/rows``) goes into a variable named ``NAME`` of shape
+    ``[vocabulary, dim]``: each listed id's row is set, the other rows keep their values
+    (an id outside the vocabulary is an error). Nothing can put such rows into the shards
+    or into an unbounded ``tessera.keras.Embedding`` (its rows live on the shards): with
+    ``strict`` they are refused as arrays of no variable; ``strict=False`` skips them, and
+    :func:`read_weights` returns them. Nothing is assigned unless every check passes.
 
     Parameters
     ----------
@@ -152,25 +157,48 @@ def load_weights(path: "str | os.PathLike[str]", model: Any, *, strict: bool = T
         raise ValueError(f"load_weights: several variables are named {dup}: give the layers "
                          f"distinct names")
     prefix = f"{model.name}/"
-    keys = [n if n in arrays or not n.startswith(prefix) or n[len(prefix):] not in arrays
+    # A table exported without --vocab: NAME/ids (int64) and NAME/rows, its rows by id.
+    pairs = {n[:-4] for n in arrays if n.endswith("/ids") and n[:-4] + "/rows" in arrays}
+    have = set(arrays) | pairs
+    keys = [n if n in have or not n.startswith(prefix) or n[len(prefix):] not in have
             else n[len(prefix):] for n in names]
-    missing = [n for n, k in zip(names, keys) if k not in arrays]
-    extra = sorted(set(arrays) - set(keys))
+    missing = [n for n, k in zip(names, keys) if k not in have]
+    used = set(keys) | {k + s for k in keys if k in pairs and k not in arrays
+                        for s in ("/ids", "/rows")}
+    extra = sorted(set(arrays) - used)
     problems = []
     if strict and missing:
         problems.append(f"the model's variables {missing} are not in {os.fspath(path)}")
     if strict and extra:
+        hint = ("; a table's NAME/ids and NAME/rows load only into a variable named NAME "
+                "(a bounded [vocabulary, dim] matrix): pass strict=False to skip them"
+                if any(n.endswith(("/ids", "/rows")) for n in extra) else "")
         problems.append(f"{os.fspath(path)} holds {extra}, which are no variable of the model "
-                        f"(its variables: {names})")
+                        f"(its variables: {names}){hint}")
     for k, v in zip(keys, variables):
         if k in arrays and tuple(arrays[k].shape) != tuple(v.shape):
             problems.append(f"{k}: the file's shape is {list(arrays[k].shape)}, the model's "
                             f"{list(v.shape)}")
+        elif k not in arrays and k in pairs:
+            ids, rows = arrays[k + "/ids"], arrays[k + "/rows"]
+            shape = tuple(v.shape)
+            if (len(shape) != 2 or ids.ndim != 1 or rows.shape != (ids.shape[0], shape[1])):
+                problems.append(f"{k}: the file's ids {list(ids.shape)} and rows "
+                                f"{list(rows.shape)} do not fit the model's {list(shape)}")
+            elif ids.size and (int(ids.min()) < 0 or int(ids.max()) >= shape[0]):
+                bad = int(np.count_nonzero((ids < 0) | (ids >= shape[0])))
+                problems.append(f"{k}: {bad} of the file's ids are outside the model's "
+                                f"vocabulary 0..{shape[0] - 1}")
     if problems:
         raise ValueError("load_weights: " + "; ".join(problems))
     loaded = []
     for k, v in zip(keys, variables):
         if k in arrays:
             v.assign(np.asarray(arrays[k], dtype=v.dtype))
+            loaded.append(k)
+        elif k in pairs:
+            value = np.array(v.numpy())
+            value[arrays[k + "/ids"]] = arrays[k + "/rows"]
+            v.assign(value)
             loaded.append(k)
     return loaded

@@ -5,7 +5,8 @@
 #   - tessera-ps@0/1 start (Type=notify: READY) and report their STATUS= line;
 #   - tessera-worker@0/1 (5 epochs through /etc/tessera/worker.env) report READY and their
 #     progress, train to the end, print `done:`, leave their TensorBoard events in their
-#     LogsDirectory (/var/log/tessera/worker-T) and the unit inactive with success;
+#     LogsDirectory (/var/log/tessera/worker-T/RUN/worker-T/train) and the unit inactive
+#     with success;
 #   - shard 0 SIGKILLed is restarted by systemd and restores its checkpoint at the last step;
 #   - `systemctl stop` of shard 1 (its interval raised by a drop-in, so no periodic
 #     checkpoint has the last step) writes a final checkpoint, which a restart restores;
@@ -113,8 +114,8 @@ for t in 0 1; do
     { journal "$u" | tail -10; fail "$u: no done: line with $steps steps and test accuracy >= 0.5 in the journal"; }
   echo "deploy: $u: $done_line"
   # TensorBoard events in the unit's LogsDirectory, as docs/operations.md says.
-  events=$(ct sh -c "ls /var/log/tessera/worker-$t/events.out.tfevents.*") ||
-    fail "$u: no TensorBoard event file in /var/log/tessera/worker-$t: $(ct find /var/log/tessera)"
+  events=$(ct sh -c "ls /var/log/tessera/worker-$t/*/worker-$t/train/events.out.tfevents.*") ||
+    fail "$u: no TensorBoard event file in /var/log/tessera/worker-$t/RUN/worker-$t/train: $(ct find /var/log/tessera)"
   echo "deploy: $u: TensorBoard events $events"
 done
 ts_step "both workers trained $epochs epochs, exited 0, units inactive (Result=success)"

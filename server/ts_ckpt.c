@@ -216,7 +216,7 @@ void ts_ckpt_snapshot_free(ts_ckpt_snapshot_t *snap) {
 /* --- restoring ---------------------------------------------------------------------- */
 
 static int bad(char *errmsg, size_t errlen, const char *path, const char *why) {
-  ts_errmsg_printf(errmsg, errlen, "%.300s: %.200s", path, why);
+  ts_errmsg_printf(errmsg, errlen, "%.300s: %.400s", path, why);
   return TS_EDATA;
 }
 
@@ -352,22 +352,19 @@ static void reject(rejects_t *r, const char *err) {
  * time it was written), 0 none, TS_EDATA when there were some and every one was rejected
  * (errmsg names them). An increment is restored onto its full checkpoint. Files of another
  * layout are passed over: they are re-sharding's. */
-/* Whether a file restored into s is of this job: its job_id (none in older files) is the
- * one its model has under this shard's settings. Else TS_EDATA, why naming both. */
-static int same_job(const ts_store_t *s, const char *path, const Tessera__CheckpointMeta *m,
-                    char *errmsg, size_t errlen) {
+bool ts_ckpt_other_job(const ts_store_t *s, const Tessera__CheckpointMeta *m, char *why,
+                       size_t whylen) {
   char mine[TS_CKPT_JOB_ID_LEN + 1];
   ts_ckpt_job_id(s, mine);
-  if (!m->job_id || !*m->job_id || strcmp(m->job_id, mine) == 0) return 0;
-  char why[400];
-  ts_errmsg_printf(why, sizeof why,
+  if (!m->job_id || !*m->job_id || strcmp(m->job_id, mine) == 0) return false;
+  ts_errmsg_printf(why, whylen,
                    "written by job %.16s (mode %s, optimizer %s); this job, with the same "
                    "model, is %s (job.mode %s, optimizer.name %s): start the shard with "
                    "--adopt to continue that training as this job",
                    m->job_id, ts_msg_mode_name(m->mode), m->optimizer ? m->optimizer : "?",
                    mine, ts_msg_mode_name(ts_store_wire_mode(s->mode)),
                    optimizer_name(s->optim.kind));
-  return bad(errmsg, errlen, path, why);
+  return true;
 }
 
 static int restore_own(ts_store_t *s, const char *dir, bool adopt, char *path, size_t pathlen,
@@ -396,7 +393,9 @@ static int restore_own(ts_store_t *s, const char *dir, bool adopt, char *path, s
       ts_require(m != NULL); /* set on success */
       if (m->base_sequence) rc = load_base(s, dir, m->base_sequence, full, err, sizeof err);
       if (rc == 0) rc = load(s, full, f, m, err, sizeof err);
-      if (rc == 0 && !adopt) rc = same_job(s, full, m, err, sizeof err);
+      char why[400];
+      if (rc == 0 && !adopt && ts_ckpt_other_job(s, m, why, sizeof why))
+        rc = bad(err, sizeof err, full, why);
       if (rc < 0 && s->declared) ts_store_free(s); /* the base alone is not this state */
       if (rc == 0) {
         restored = 1;
@@ -450,7 +449,7 @@ int ts_ckpt_restore(ts_store_t *s, const char *dir, char *const *from, size_t nf
     ts_log_notice("a checkpoint set of another layout is newer than %s: re-sharding from it", path);
     ts_store_free(s);
     char desc[600];
-    int r = ts_ckpt_reshard(s, dirs, nfrom + 1, own, desc, sizeof desc, errmsg, errlen);
+    int r = ts_ckpt_reshard(s, dirs, nfrom + 1, own, adopt, desc, sizeof desc, errmsg, errlen);
     if (r == 1) {
       snprintf(path, pathlen, "%s", desc);
       rc = 2;
@@ -462,7 +461,7 @@ int ts_ckpt_restore(ts_store_t *s, const char *dir, char *const *from, size_t nf
     /* A complete set of another layout can still be restored; when there is none, the
      * rejection of this shard's own files stands. */
     char rerr[1024];
-    rc = ts_ckpt_reshard(s, dirs, nfrom + 1, -1, path, pathlen, rejected ? rerr : errmsg,
+    rc = ts_ckpt_reshard(s, dirs, nfrom + 1, -1, adopt, path, pathlen, rejected ? rerr : errmsg,
                          rejected ? sizeof rerr : errlen);
     if (rc == 1) {
       rc = 2;

@@ -7,7 +7,9 @@
  *    line and its final accuracy line that 1 of 2 workers took part;
  *  - with both workers started, nothing waits and both say workers=2;
  *  - with job.min_workers = 1, step 1 begins as soon as one of the two joined, with a
- *    notice naming the other, instead of waiting job.start_timeout_s (300 s) for it.
+ *    notice naming the other, instead of waiting job.start_timeout_s (300 s) for it; psctl
+ *    status (its job line, its final-accuracy line, JSON workers_joined) and psctl workers
+ *    say 1 of 2 workers took part.
  * Times are printed; the assertions on them are generous (a loaded 2-core machine).
  */
 #include <setjmp.h>
@@ -96,6 +98,20 @@ static void test_min_workers(void **state) {
   assert_false(ts_cluster_log_has(&c, 0, "never joined"));
   assert_true(ts_file_has(w.out, "done: task=0 steps=6 "));
   assert_true(ts_file_has(w.out, " workers=1"));
+  /* psctl says how many took part: status, its final-accuracy line, JSON, workers. */
+  static char out[16384], err[4096];
+  const char *status[] = {"-c", c.config, "status", NULL};
+  assert_int_equal(ts_run_psctl(status, out, sizeof out, err, sizeof err), 0);
+  if (!strstr(out, "2 worker(s) (1 took part)")) fprintf(stderr, "psctl status:\n%s\n", out);
+  assert_non_null(strstr(out, "2 worker(s) (1 took part)"));
+  assert_true(ts_file_has(w.err, "1 of 2 workers took part")); /* its final accuracy */
+  assert_non_null(strstr(out, "evaluated the final parameters), 1 of 2 workers took part"));
+  const char *json[] = {"-c", c.config, "-o", "json", "status", NULL};
+  assert_int_equal(ts_run_psctl(json, out, sizeof out, err, sizeof err), 0);
+  assert_non_null(strstr(out, "\"workers_joined\": 1"));
+  const char *workers[] = {"-c", c.config, "workers", NULL};
+  assert_int_equal(ts_run_psctl(workers, out, sizeof out, err, sizeof err), 0);
+  assert_non_null(strstr(out, "1 of 2 workers took part"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 

@@ -44,6 +44,11 @@ void ts_ckpt_job_id(const ts_store_t *s, char out[TS_CKPT_JOB_ID_LEN + 1]) {
   hash_u64(&h, (uint64_t)s->mode);
   hash_str(&h, optimizer_name(s->optim.kind));
   hash_u64(&h, s->seed);
+  /* Only when set: a job without a name keeps the id it had before names existed. */
+  if (s->job_name && *s->job_name) {
+    hash_str(&h, "job.name");
+    hash_str(&h, s->job_name);
+  }
   for (uint32_t t = 0; t < s->num_tensors; t++) {
     const ts_tensor_t *x = &s->tensors[t];
     hash_str(&h, x->name);
@@ -161,6 +166,7 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, uint64_t base_seque
   char job_id[TS_CKPT_JOB_ID_LEN + 1];
   ts_ckpt_job_id(s, job_id);
   m.job_id = job_id;
+  m.job_name = (char *)s->job_name;
   snap->meta_len = protobuf_c_message_get_packed_size(&m.base);
   snap->meta = ts_malloc(snap->meta_len ? snap->meta_len : 1);
   if (!snap->meta) goto fail;
@@ -357,13 +363,18 @@ bool ts_ckpt_other_job(const ts_store_t *s, const Tessera__CheckpointMeta *m, ch
   char mine[TS_CKPT_JOB_ID_LEN + 1];
   ts_ckpt_job_id(s, mine);
   if (!m->job_id || !*m->job_id || strcmp(m->job_id, mine) == 0) return false;
+  char theirs_name[96] = "", my_name[96] = "";
+  if (m->job_name && *m->job_name)
+    snprintf(theirs_name, sizeof theirs_name, "name '%.63s', ", m->job_name);
+  if (s->job_name && *s->job_name)
+    snprintf(my_name, sizeof my_name, "job.name '%.63s', ", s->job_name);
   ts_errmsg_printf(why, whylen,
-                   "written by job %.16s (mode %s, optimizer %s); this job, with the same "
-                   "model, is %s (job.mode %s, optimizer.name %s): start the shard with "
+                   "written by job %.16s (%smode %s, optimizer %s); this job, with the same "
+                   "model, is %s (%sjob.mode %s, optimizer.name %s): start the shard with "
                    "--adopt to continue that training as this job",
-                   m->job_id, ts_msg_mode_name(m->mode), m->optimizer ? m->optimizer : "?",
-                   mine, ts_msg_mode_name(ts_store_wire_mode(s->mode)),
-                   optimizer_name(s->optim.kind));
+                   m->job_id, theirs_name, ts_msg_mode_name(m->mode),
+                   m->optimizer ? m->optimizer : "?", mine, my_name,
+                   ts_msg_mode_name(ts_store_wire_mode(s->mode)), optimizer_name(s->optim.kind));
   return true;
 }
 

@@ -34,8 +34,9 @@ uint64_t ts_ckpt_step(const ts_store_t *s);
 uint64_t ts_ckpt_changes(const ts_store_t *s);
 
 /* A job's identity: BLAKE2b of its model (tensors: names, shapes, initialisers; tables:
- * names and widths; the seed) and the settings a checkpoint cannot be carried across
- * (job.mode, optimizer.name), as 16 hex digits. Every shard of a job computes the same. */
+ * names and widths; the seed), the settings a checkpoint cannot be carried across
+ * (job.mode, optimizer.name) and job.name when set, as 16 hex digits. Every shard of a job
+ * computes the same. The cluster's shape is left out: re-sharding keeps the id. */
 #define TS_CKPT_JOB_ID_LEN 16
 void ts_ckpt_job_id(const ts_store_t *s, char out[TS_CKPT_JOB_ID_LEN + 1]);
 /* Whether checkpoint m was written by another job than the one declared in s (files

@@ -275,6 +275,7 @@ static void test_reference(void **state) {
       "job.mode",
       "job.replicas_to_aggregate",
       "job.min_workers",
+      "job.name",
       "job.staleness",
       "job.sync_timeout_s",
       "job.heartbeat_timeout_s",

@@ -136,6 +136,15 @@ const ts_config_def_t ts_config_defs[] = {
           "of cluster.workers to join, logging every 5 s which are missing; then step 1 "
           "proceeds with those that joined, with a warning naming the others. 0 starts "
           "with the first worker, as job.sync_timeout_s alone would. At most a day."),
+    STRING("job.name", job_name, 0, 63, "\"\"",
+           "The job's name, part of its identity (ps-server's job id, stored in checkpoints) "
+           "when set: two jobs of the same model, job.mode and optimizer.name share an id "
+           "unless their names differ, so a shard refuses the other's checkpoint.dir. At "
+           "most 63 bytes; empty keeps the id of a job without one."),
+    INT("job.min_workers", min_workers, 0, TS_CONFIG_MAX_HOSTS, "0",
+        "sync only: workers that must have joined for step 1 to begin without waiting "
+        "job.start_timeout_s for the rest, 0 = every worker of cluster.workers. More than "
+        "the workers could never be reached (checked)."),
     FLOAT("job.heartbeat_timeout_s", heartbeat_timeout_s, 0.01, 3600.0, 0, "5.0",
           "A worker silent this long is taken for dead. Must exceed job.heartbeat_interval_s "
           "(checked), else live workers would be dropped."),

@@ -66,6 +66,8 @@ typedef struct {
   int staleness;
   double sync_timeout_s;
   double start_timeout_s;     /* sync: step 1 waits this long for every worker to join */
+  int min_workers;            /* sync: step 1 needs this many joined, 0 = all workers */
+  char *job_name;             /* job.name: part of the job's identity when set */
   double heartbeat_timeout_s;
   double heartbeat_interval_s;
   int busy_poll_us;

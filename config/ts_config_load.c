@@ -217,6 +217,17 @@ static int check_distinct(ts_config_loader_t *ld) {
   return 0;
 }
 
+/* A count of workers (key's value n) cannot exceed cluster.workers: it would never be
+ * reached. */
+static int at_most_workers(ts_config_loader_t *ld, const char *key, int n) {
+  if ((size_t)n <= ld->cfg->num_workers) return 0;
+  where_for(ld, key, "cluster.workers");
+  return ts_config_fail(ld, key,
+                        "%d is more than the %zu workers of cluster.workers; it would never be "
+                        "reached",
+                        n, ld->cfg->num_workers);
+}
+
 static int validate(ts_config_loader_t *ld) {
   ts_config_t *cfg = ld->cfg;
   if (cfg->num_ps_http != 0 && cfg->num_ps_http != cfg->num_ps) {
@@ -228,13 +239,9 @@ static int validate(ts_config_loader_t *ld) {
   }
   int rc = check_distinct(ld);
   if (rc < 0) return rc;
-  if ((size_t)cfg->replicas_to_aggregate > cfg->num_workers) {
-    where_for(ld, "job.replicas_to_aggregate", "cluster.workers");
-    return ts_config_fail(
-        ld, "job.replicas_to_aggregate",
-        "%d is more than the %zu workers of cluster.workers; it would never be reached",
-        cfg->replicas_to_aggregate, cfg->num_workers);
-  }
+  if ((rc = at_most_workers(ld, "job.replicas_to_aggregate", cfg->replicas_to_aggregate)) < 0 ||
+      (rc = at_most_workers(ld, "job.min_workers", cfg->min_workers)) < 0)
+    return rc;
   if (cfg->heartbeat_interval_s >= cfg->heartbeat_timeout_s) {
     where_for(ld, "job.heartbeat_interval_s", "job.heartbeat_timeout_s");
     return ts_config_fail(

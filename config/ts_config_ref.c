@@ -136,6 +136,7 @@ void ts_config_write_reference(FILE *f) {
       "- `cluster.ps_http` is empty or has one entry per entry of `cluster.ps`.\n"
       "- No address appears twice across `cluster.ps`, `cluster.ps_http` and `cluster.workers`.\n"
       "- `job.replicas_to_aggregate` is at most the number of workers.\n"
+      "- `job.min_workers` is at most the number of workers.\n"
       "- `job.heartbeat_interval_s` is less than `job.heartbeat_timeout_s`.\n"
       "- `job.partition_bytes` is at most `server.max_message_bytes`.\n"
       "- The task index from `TF_CONFIG` names an entry of `cluster.ps` or\n"

@@ -78,6 +78,15 @@ const char *ts_job_status_job_id(const ts_job_status_view_t *v) {
   return NULL;
 }
 
+uint32_t ts_job_status_workers_joined(const ts_job_status_view_t *v) {
+  uint32_t n = 0;
+  for (size_t s = 0; s < v->num_shards; s++) {
+    const ts_client_shard_status_t *st = v->shards[s].st;
+    if (st && st->workers_joined > n) n = st->workers_joined;
+  }
+  return n;
+}
+
 size_t ts_job_status_ckpt_failing(const ts_job_status_view_t *v) {
   size_t n = 0;
   for (size_t s = 0; s < v->num_shards; s++)
@@ -204,6 +213,8 @@ cJSON *ts_job_status_json_job(const ts_job_status_view_t *v, bool with_workers) 
     cJSON_AddStringToObject(root, "job_id", id);
   else
     cJSON_AddNullToObject(root, "job_id");
+  cJSON_AddNumberToObject(root, "num_workers", (double)v->num_workers);
+  cJSON_AddNumberToObject(root, "workers_joined", ts_job_status_workers_joined(v));
   cJSON *shards = cJSON_AddArrayToObject(root, "shards");
   for (size_t s = 0; shards && s < v->num_shards; s++)
     cJSON_AddItemToArray(shards, ts_job_status_json_shard(&v->shards[s]));

@@ -16,7 +16,8 @@
  * finished), "dead" (it vanished or missed its heartbeats), "not joined" (never seen).
  *
  * The JSON object (stable; fields are only ever added):
- *   {"mode", "step", "healthy", "shards": [{"index", "address", "up", "partitions",
+ *   {"mode", "step", "healthy", "job_id", "num_workers" (cluster.workers), "workers_joined"
+ *    (those that took part), "shards": [{"index", "address", "up", "partitions",
  *    "bytes", "version", "step", "pushes", "pulls", "stale_dropped", "rejected_frames",
  *    "errors", "connections", "uptime_s", "barrier_waiting_for", "tables": [{"name",
  *    "dim", "rows", "bytes", "version", "created", "evicted", "filtered", "pulled_rows",
@@ -83,6 +84,10 @@ bool ts_job_status_final_accuracy(const ts_job_status_view_t *v, double *acc, in
 /* The job's identity (ts_client_shard_status_t.job_id) as the first shard up with a model
  * says it; NULL before a model is declared. */
 const char *ts_job_status_job_id(const ts_job_status_view_t *v);
+
+/* Workers that took part in the job: the most any shard of the view saw join
+ * (ts_client_shard_status_t.workers_joined). */
+uint32_t ts_job_status_workers_joined(const ts_job_status_view_t *v);
 
 /* Shards up whose checkpoints fail (the last attempt, and any before it since one was
  * written): the job is not healthy while any does, as nothing new survives a restart. */

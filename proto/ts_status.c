@@ -85,6 +85,7 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
   st->checkpoint_error = put_text(&str, ckerr);
   st->checkpoint_failures = pb->checkpoint_failures;
   st->job_id = put_text(&str, job);
+  st->workers_joined = pb->workers_joined;
   for (size_t i = 0; i < nw; i++) {
     const Tessera__WorkerStatus *ws = pb->workers[i];
     w[i] = (ts_client_worker_status_t){

@@ -257,6 +257,7 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
   uint64_t step = ts_job_status_job_step(&view, &mode);
   size_t up = ts_job_status_shards_up(&view);
   size_t failing = ts_job_status_ckpt_failing(&view);
+  uint32_t joined = ts_job_status_workers_joined(&view);
   const char *mname = up ? ts_client_mode_name(mode) : ts_mode_name(v->cfg.mode);
   if (out == OUT_JSON) {
     cJSON *root = NULL;
@@ -274,12 +275,15 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
     print_json(root);
   } else if (strcmp(cmd, "status") == 0) {
     const char *id = ts_job_status_job_id(&view);
-    printf("job%s%s: mode %s, step %llu, %zu of %zu shard(s) up, %zu worker(s)\n", id ? " " : "",
-           id ? id : "", mname, (unsigned long long)step, up, n, nw);
+    printf("job%s%s: mode %s, step %llu, %zu of %zu shard(s) up, %zu worker(s) (%u took "
+           "part)\n",
+           id ? " " : "", id ? id : "", mname, (unsigned long long)step, up, n, nw, joined);
     double acc;
     int by = -1;
     if (ts_job_status_final_accuracy(&view, &acc, &by))
-      printf("final test accuracy: %.4f (worker %d evaluated the final parameters)\n", acc, by);
+      printf("final test accuracy: %.4f (worker %d evaluated the final parameters), %u of %zu "
+             "workers took part\n",
+             acc, by, joined, nw);
     print_ckpt_failures(sh, n);
     printf("\n");
     if (isatty(STDOUT_FILENO) == 1) print_progress_bar(w, nw);
@@ -292,6 +296,7 @@ static int cmd_report(cluster_view_t *v, const char *cmd, output_t out) {
     psctl_tables_print(stdout, sh, n, v->before, v->interval);
   } else if (strcmp(cmd, "workers") == 0) {
     print_workers_table(w, nw);
+    printf("%u of %zu workers took part\n", joined, nw);
   } else {
     cell(up == n && !failing ? "healthy" : "unhealthy", 0, up == n && !failing);
     printf(": %zu of %zu shard(s) up\n", up, n);

@@ -44,6 +44,11 @@ void ts_ckpt_job_id(const ts_store_t *s, char out[TS_CKPT_JOB_ID_LEN + 1]) {
   hash_u64(&h, (uint64_t)s->mode);
   hash_str(&h, optimizer_name(s->optim.kind));
   hash_u64(&h, s->seed);
+  /* Only when set: a job without a name keeps the id it had before names existed. */
+  if (s->job_name && *s->job_name) {
+    hash_str(&h, "job.name");
+    hash_str(&h, s->job_name);
+  }
   for (uint32_t t = 0; t < s->num_tensors; t++) {
     const ts_tensor_t *x = &s->tensors[t];
     hash_str(&h, x->name);
@@ -161,6 +166,7 @@ int ts_ckpt_snapshot(const ts_store_t *s, uint64_t sequence, uint64_t base_seque
   char job_id[TS_CKPT_JOB_ID_LEN + 1];
   ts_ckpt_job_id(s, job_id);
   m.job_id = job_id;
+  m.job_name = (char *)s->job_name;
   snap->meta_len = protobuf_c_message_get_packed_size(&m.base);
   snap->meta = ts_malloc(snap->meta_len ? snap->meta_len : 1);
   if (!snap->meta) goto fail;
@@ -216,7 +222,7 @@ void ts_ckpt_snapshot_free(ts_ckpt_snapshot_t *snap) {
 /* --- restoring ---------------------------------------------------------------------- */
 
 static int bad(char *errmsg, size_t errlen, const char *path, const char *why) {
-  ts_errmsg_printf(errmsg, errlen, "%.300s: %.200s", path, why);
+  ts_errmsg_printf(errmsg, errlen, "%.300s: %.400s", path, why);
   return TS_EDATA;
 }
 
@@ -352,22 +358,24 @@ static void reject(rejects_t *r, const char *err) {
  * time it was written), 0 none, TS_EDATA when there were some and every one was rejected
  * (errmsg names them). An increment is restored onto its full checkpoint. Files of another
  * layout are passed over: they are re-sharding's. */
-/* Whether a file restored into s is of this job: its job_id (none in older files) is the
- * one its model has under this shard's settings. Else TS_EDATA, why naming both. */
-static int same_job(const ts_store_t *s, const char *path, const Tessera__CheckpointMeta *m,
-                    char *errmsg, size_t errlen) {
+bool ts_ckpt_other_job(const ts_store_t *s, const Tessera__CheckpointMeta *m, char *why,
+                       size_t whylen) {
   char mine[TS_CKPT_JOB_ID_LEN + 1];
   ts_ckpt_job_id(s, mine);
-  if (!m->job_id || !*m->job_id || strcmp(m->job_id, mine) == 0) return 0;
-  char why[400];
-  ts_errmsg_printf(why, sizeof why,
-                   "written by job %.16s (mode %s, optimizer %s); this job, with the same "
-                   "model, is %s (job.mode %s, optimizer.name %s): start the shard with "
+  if (!m->job_id || !*m->job_id || strcmp(m->job_id, mine) == 0) return false;
+  char theirs_name[96] = "", my_name[96] = "";
+  if (m->job_name && *m->job_name)
+    snprintf(theirs_name, sizeof theirs_name, "name '%.63s', ", m->job_name);
+  if (s->job_name && *s->job_name)
+    snprintf(my_name, sizeof my_name, "job.name '%.63s', ", s->job_name);
+  ts_errmsg_printf(why, whylen,
+                   "written by job %.16s (%smode %s, optimizer %s); this job, with the same "
+                   "model, is %s (%sjob.mode %s, optimizer.name %s): start the shard with "
                    "--adopt to continue that training as this job",
-                   m->job_id, ts_msg_mode_name(m->mode), m->optimizer ? m->optimizer : "?",
-                   mine, ts_msg_mode_name(ts_store_wire_mode(s->mode)),
-                   optimizer_name(s->optim.kind));
-  return bad(errmsg, errlen, path, why);
+                   m->job_id, theirs_name, ts_msg_mode_name(m->mode),
+                   m->optimizer ? m->optimizer : "?", mine, my_name,
+                   ts_msg_mode_name(ts_store_wire_mode(s->mode)), optimizer_name(s->optim.kind));
+  return true;
 }
 
 static int restore_own(ts_store_t *s, const char *dir, bool adopt, char *path, size_t pathlen,
@@ -396,7 +404,9 @@ static int restore_own(ts_store_t *s, const char *dir, bool adopt, char *path, s
       ts_require(m != NULL); /* set on success */
       if (m->base_sequence) rc = load_base(s, dir, m->base_sequence, full, err, sizeof err);
       if (rc == 0) rc = load(s, full, f, m, err, sizeof err);
-      if (rc == 0 && !adopt) rc = same_job(s, full, m, err, sizeof err);
+      char why[400];
+      if (rc == 0 && !adopt && ts_ckpt_other_job(s, m, why, sizeof why))
+        rc = bad(err, sizeof err, full, why);
       if (rc < 0 && s->declared) ts_store_free(s); /* the base alone is not this state */
       if (rc == 0) {
         restored = 1;
@@ -450,7 +460,7 @@ int ts_ckpt_restore(ts_store_t *s, const char *dir, char *const *from, size_t nf
     ts_log_notice("a checkpoint set of another layout is newer than %s: re-sharding from it", path);
     ts_store_free(s);
     char desc[600];
-    int r = ts_ckpt_reshard(s, dirs, nfrom + 1, own, desc, sizeof desc, errmsg, errlen);
+    int r = ts_ckpt_reshard(s, dirs, nfrom + 1, own, adopt, desc, sizeof desc, errmsg, errlen);
     if (r == 1) {
       snprintf(path, pathlen, "%s", desc);
       rc = 2;
@@ -462,7 +472,7 @@ int ts_ckpt_restore(ts_store_t *s, const char *dir, char *const *from, size_t nf
     /* A complete set of another layout can still be restored; when there is none, the
      * rejection of this shard's own files stands. */
     char rerr[1024];
-    rc = ts_ckpt_reshard(s, dirs, nfrom + 1, -1, path, pathlen, rejected ? rerr : errmsg,
+    rc = ts_ckpt_reshard(s, dirs, nfrom + 1, -1, adopt, path, pathlen, rejected ? rerr : errmsg,
                          rejected ? sizeof rerr : errlen);
     if (rc == 1) {
       rc = 2;

@@ -34,10 +34,15 @@ uint64_t ts_ckpt_step(const ts_store_t *s);
 uint64_t ts_ckpt_changes(const ts_store_t *s);
 
 /* A job's identity: BLAKE2b of its model (tensors: names, shapes, initialisers; tables:
- * names and widths; the seed) and the settings a checkpoint cannot be carried across
- * (job.mode, optimizer.name), as 16 hex digits. Every shard of a job computes the same. */
+ * names and widths; the seed), the settings a checkpoint cannot be carried across
+ * (job.mode, optimizer.name) and job.name when set, as 16 hex digits. Every shard of a job
+ * computes the same. The cluster's shape is left out: re-sharding keeps the id. */
 #define TS_CKPT_JOB_ID_LEN 16
 void ts_ckpt_job_id(const ts_store_t *s, char out[TS_CKPT_JOB_ID_LEN + 1]);
+/* Whether checkpoint m was written by another job than the one declared in s (files
+ * older than job ids have none: never another job); why then names both ids and --adopt. */
+bool ts_ckpt_other_job(const ts_store_t *s, const Tessera__CheckpointMeta *m, char *why,
+                       size_t whylen);
 
 /* Restore into an undeclared store, at start (docs/operations.md, "Changing the number of
  * shards"):
@@ -53,7 +58,8 @@ void ts_ckpt_job_id(const ts_store_t *s, char out[TS_CKPT_JOB_ID_LEN + 1]);
  *     partitions it holds under its own plan out of it. Returns 2 (path gets a description).
  *     Files of another layout but no usable set: TS_EDATA, errmsg lists what was found.
  *  A file of another job (its job_id, ts_ckpt_job_id, differs from the one its model has
- *  under this shard's settings) is rejected unless adopt (ps-server --adopt).
+ *  under this shard's settings) is rejected unless adopt (ps-server --adopt), and so is a
+ *  set to re-shard from with such a file.
  *  3. when this shard has files of its own layout and every one was rejected, and no set
  *     of another layout could be restored instead: TS_EDATA, errmsg naming the first few
  *     files and their reasons and counting the rest; never a silent fresh start.

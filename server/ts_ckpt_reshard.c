@@ -18,6 +18,10 @@
  * at one version and update count, else the set is refused: merging them would invent a
  * state no shard ever had.
  *
+ * A set written by another job (ts_ckpt.h's job id, in every file) is refused as a file of
+ * this layout is, unless adopt (ps-server --adopt): after loading, since the id is of the
+ * model the set declares under this shard's settings.
+ *
  * Embedding tables: every file's rows are read (ts_ckpt_tables_read) and a row kept where
  * ts_key_shard(key, new count) is this shard; each must be a key of the old shard whose
  * file holds it, and no key may come twice.
@@ -30,6 +34,7 @@
 #include <sys/stat.h>
 
 #include "ts_alloc.h"
+#include "ts_ckpt.h"
 #include "ts_ckpt_file.h"
 #include "ts_ckpt_reshard.h"
 #include "ts_ckpt_tables.h"
@@ -495,8 +500,20 @@ int ts_ckpt_reshard_newest_set(const ts_store_t *s, char *const *dirs, size_t nd
   return found;
 }
 
-int ts_ckpt_reshard(ts_store_t *s, char *const *dirs, size_t ndirs, double newer_than, char *desc,
-                    size_t desclen, char *errmsg, size_t errlen) {
+/* Whether a file of set g, loaded into s, was written by another job: why names it. */
+static bool other_job(const ts_store_t *s, const group_t *g, char *why, size_t whylen) {
+  for (uint32_t i = 0; i < g->num_shards; i++) {
+    char w[400];
+    if (ts_ckpt_other_job(s, g->files[i]->meta, w, sizeof w)) {
+      ts_errmsg_printf(why, whylen, "%.250s: %s", g->files[i]->path, w);
+      return true;
+    }
+  }
+  return false;
+}
+
+int ts_ckpt_reshard(ts_store_t *s, char *const *dirs, size_t ndirs, double newer_than, bool adopt,
+                    char *desc, size_t desclen, char *errmsg, size_t errlen) {
   found_t f = {0};
   int rc = find(s, dirs, ndirs, &f, errmsg, errlen);
   if (rc < 0 || f.ncands == 0) {
@@ -509,7 +526,12 @@ int ts_ckpt_reshard(ts_store_t *s, char *const *dirs, size_t ndirs, double newer
     const group_t *g = &f.groups[k];
     if (g->have != g->num_shards || g->newest <= newer_than) continue;
     tried++;
-    if (load_set(s, g, why, sizeof why) < 0) {
+    int r = load_set(s, g, why, sizeof why);
+    if (r == 0 && !adopt && other_job(s, g, why, sizeof why)) {
+      ts_store_free(s);
+      r = TS_EDATA;
+    }
+    if (r < 0) {
       ts_log_err("checkpoint set of %u shard(s) at step %llu rejected, trying an older one: %s",
                  g->num_shards, (unsigned long long)g->step, why);
       continue;

@@ -155,6 +155,7 @@ int ts_shard_status_build(ts_server_t *srv, ts_shard_status_msg_t *sm) {
   r->checkpoint_failures = srv->ckpt_failures;
   r->checkpoint_error = srv->ckpt_error;
   r->job_id = sm->job_id;
+  r->workers_joined = ts_barrier_count_joined(&srv->barrier, srv->job_since_ms);
   if (srv->store.declared) ts_ckpt_job_id(&srv->store, sm->job_id);
   r->has_final_test_accuracy = srv->has_final_acc;
   r->final_test_accuracy = srv->final_acc;

@@ -54,16 +54,28 @@ static uint32_t missing_workers(ts_server_t *srv, char *out, size_t n) {
 
 #define START_LOG_INTERVAL_MS 5000
 
-/* Step 1 of a sync job waits for every worker of cluster.workers to join: until then its
- * barriers do not time out (job.sync_timeout_s), for up to job.start_timeout_s from the
- * first gradient, with a notice every 5 s naming who is missing; then a warning, and step 1
- * goes on with those that joined. A job past step 1 (restored from a checkpoint, or
- * stepped) never waits again; a model reset starts the wait anew. Returns whether this
- * check may time barriers out. */
+/* Step 1 of a sync job waits for every worker of cluster.workers to join (or for
+ * job.min_workers of them): until then its barriers do not time out (job.sync_timeout_s),
+ * for up to job.start_timeout_s from the first gradient, with a notice every 5 s naming who
+ * is missing; then a warning, and step 1 goes on with those that joined. A job past step 1
+ * (restored from a checkpoint, or stepped) never waits again; a model reset starts the
+ * wait anew. Returns whether this check may time barriers out. */
 static bool start_gate(ts_server_t *srv, uint64_t now, bool timeouts) {
   if (srv->start_passed) return timeouts;
   uint32_t joined = ts_barrier_count_joined(&srv->barrier, srv->job_since_ms);
+  uint32_t need = srv->num_workers;
+  if (srv->cfg->min_workers > 0 && (uint32_t)srv->cfg->min_workers < need)
+    need = (uint32_t)srv->cfg->min_workers;
   if (ts_store_min_version(&srv->store) > 0 || joined >= srv->num_workers) {
+    srv->start_passed = true;
+    return timeouts;
+  }
+  if (joined >= need) {
+    char missing[512];
+    uint32_t n = missing_workers(srv, missing, sizeof missing);
+    ts_log_notice("sync job: step 1 begins with %u of %u workers (job.min_workers %u); %u "
+                  "not joined yet: %s",
+                  joined, srv->num_workers, need, n, missing);
     srv->start_passed = true;
     return timeouts;
   }
@@ -81,10 +93,13 @@ static bool start_gate(ts_server_t *srv, uint64_t now, bool timeouts) {
   }
   if (first || now - srv->start_log_ms >= START_LOG_INTERVAL_MS) {
     srv->start_log_ms = now;
+    char goal[64] = "";
+    if (need < srv->num_workers)
+      snprintf(goal, sizeof goal, " (step 1 begins with %u: job.min_workers)", need);
     ts_log_notice("sync job waiting for its workers before step 1 for %.0f s: %u of %u "
-                  "joined; missing %s; step 1 proceeds without them after %.0f s "
+                  "joined%s; missing %s; step 1 proceeds without them after %.0f s "
                   "(job.start_timeout_s)",
-                  waited, joined, srv->num_workers, missing, srv->cfg->start_timeout_s);
+                  waited, joined, srv->num_workers, goal, missing, srv->cfg->start_timeout_s);
   }
   return false;
 }

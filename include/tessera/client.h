@@ -745,6 +745,8 @@ typedef struct {
   uint32_t checkpoint_failures; /* checkpoint attempts failed in a row (0: the last worked) */
   const char *checkpoint_error; /* the last failure's reason ("" when none) */
   const char *job_id;           /* the job's identity, 16 hex digits ("" before a declare) */
+  uint32_t workers_joined;      /* workers that joined since the model was declared: those
+                                   taking part (older shards: 0) */
 } ts_client_shard_status_t;
 
 /* Ask shard i for its status; *out (one allocation, strings and arrays included) is freed

@@ -404,7 +404,7 @@ static PyObject *status_dict(const ts_client_shard_status_t *s) {
     PyList_SET_ITEM(waiting, (Py_ssize_t)i, PyLong_FromLong(s->barrier_waiting_for[i]));
   PyObject *d = Py_BuildValue(
       "{s:I,s:I,s:s,s:K,s:I,s:K,s:K,s:I,s:N,s:K,s:K,s:K,s:K,s:K,s:d,s:I,s:N,s:K,s:K,s:K,s:K,"
-      "s:s,s:d,s:K,s:K}",
+      "s:s,s:d,s:K,s:K,s:I,s:s,s:s,s:I}",
       "shard", s->shard, "num_shards", s->num_shards, "mode", ts_client_mode_name(s->mode),
       "step", (unsigned long long)s->step, "partitions", s->partitions, "bytes",
       (unsigned long long)s->bytes, "version", (unsigned long long)s->version, "tensors",
@@ -418,7 +418,9 @@ static PyObject *status_dict(const ts_client_shard_status_t *s) {
       (unsigned long long)s->incarnation, "last_checkpoint",
       s->last_checkpoint ? s->last_checkpoint : "", "last_checkpoint_age_s",
       s->last_checkpoint_age_s, "checkpoints_written", (unsigned long long)s->checkpoints_written,
-      "restored_step", (unsigned long long)s->restored_step);
+      "restored_step", (unsigned long long)s->restored_step, "checkpoint_failures",
+      s->checkpoint_failures, "checkpoint_error", s->checkpoint_error ? s->checkpoint_error : "",
+      "job_id", s->job_id ? s->job_id : "", "workers_joined", s->workers_joined);
   PyObject *fin = s->has_final_test_accuracy ? PyFloat_FromDouble(s->final_test_accuracy)
                                              : Py_NewRef(Py_None);
   PyObject *who = s->has_final_test_accuracy ? PyLong_FromLong(s->final_reporter)

@@ -5,7 +5,8 @@
  * of NaN parameters whose hash was recomputed is refused by tensor and element. A
  * checkpoint.dir that takes no file (under a regular file, not writable) is refused at
  * start, and so is checkpoint.sign without an admin token. A job with another mode or
- * optimizer refuses the directory unless --adopt.
+ * optimizer, or only another job.name, refuses the directory unless --adopt, also when its
+ * files are of another layout (job.partition_bytes) and would be re-sharded.
  */
 #include <fcntl.h>
 #include <math.h>
@@ -279,10 +280,15 @@ static void job_id(const ts_cluster_t *c, char *id, size_t n) {
   cJSON_Delete(j);
 }
 
+/* How the second job differs from the first. */
+typedef enum { OPTIMIZER, OPTIMIZER_RESHARD, NAME } other_t;
+
 /* A job with another optimizer reusing the directory: refused naming both jobs, unless
- * --adopt, which continues the training as the new job. */
-static void test_other_job_refused_unless_adopt(void **state) {
-  (void)state;
+ * --adopt, which continues the training as the new job. With OPTIMIZER_RESHARD, the new job
+ * also has another job.partition_bytes, so the old files are a set of another layout to
+ * re-shard; with NAME it has the same settings but a job.name. */
+static void other_job_refused_unless_adopt(other_t how) {
+  bool reshard = how == OPTIMIZER_RESHARD;
   char dir[] = "/tmp/tessera-ckpt-job-XXXXXX", a[600], b[600], first[32], second[32];
   assert_non_null(mkdtemp(dir));
   ts_cluster_t c;
@@ -291,10 +297,20 @@ static void test_other_job_refused_unless_adopt(void **state) {
   job_id(&c, first, sizeof first);
   assert_int_equal(strlen(first), 16);
   ts_cluster_signal(&c, 0, SIGKILL);
-  retarget(&c, "name = \"sgd\"", "name = \"momentum\"");
+  if (how == NAME) {
+    retarget(&c, "mode = \"async\";", "mode = \"async\"; name = \"exp-b\";");
+  } else {
+    retarget(&c, "name = \"sgd\"", "name = \"momentum\"");
+  }
+  if (reshard) retarget(&c, "mode = \"async\";", "mode = \"async\"; partition_bytes = 4096;");
   expect_refused(&c, (const char *const[]){"written by job", first, "optimizer sgd",
-                                           "optimizer.name momentum", "--adopt", NULL});
+                                           how == NAME ? "job.name 'exp-b'"
+                                                       : "optimizer.name momentum",
+                                           "--adopt",
+                                           reshard ? "every complete checkpoint set" : "",
+                                           NULL});
   assert_int_equal(ts_cluster_start_shard_arg(&c, 0, "--adopt"), 0);
+  assert_true(ts_cluster_log_has(&c, 0, reshard ? "re-sharded from" : "restored checkpoint"));
   ts_client_t *w = open_client(&c, false);
   assert_true(pulled_first(w) == -2.5f); /* the old job's parameters */
   ts_client_close(w);
@@ -311,12 +327,30 @@ static void test_other_job_refused_unless_adopt(void **state) {
   assert_int_equal(ts_cluster_stop_rm(&c, dir), 0);
 }
 
+static void test_other_job_refused_unless_adopt(void **state) {
+  (void)state;
+  other_job_refused_unless_adopt(OPTIMIZER);
+}
+
+static void test_other_job_reshard_refused_unless_adopt(void **state) {
+  (void)state;
+  other_job_refused_unless_adopt(OPTIMIZER_RESHARD);
+}
+
+/* job.name alone makes another job: the same model and settings no longer share an id. */
+static void test_other_job_by_name_refused_unless_adopt(void **state) {
+  (void)state;
+  other_job_refused_unless_adopt(NAME);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_unusable_refused_unless_fresh),
       cmocka_unit_test(test_nan_with_valid_hash_refused),
       cmocka_unit_test(test_dir_that_takes_no_file),
       cmocka_unit_test(test_other_job_refused_unless_adopt),
+      cmocka_unit_test(test_other_job_reshard_refused_unless_adopt),
+      cmocka_unit_test(test_other_job_by_name_refused_unless_adopt),
   };
   return cmocka_run_group_tests_name("ckpt_refuse", tests, NULL, NULL);
 }

@@ -146,3 +146,33 @@ def test_shard_must_prove_the_token(cluster, tmp_path):
     assert ei.value.name == "EAUTH"
     with tessera.Client(cluster=cl.addrs, connect_timeout=3) as c:  # no token: as before
         c.declare({"w": 4})
+
+
+def test_status_checkpoint_failures_job_id_workers_joined(cluster, tmp_path):
+    """ShardStatus carries what psctl status shows beside the counters: checkpoint failures
+    in a row with the last reason, the job's id, and the workers that took part."""
+    ck = tmp_path / "ck"
+    cl = cluster(1, 1, 'job = { mode = "async"; };\n'
+                       'optimizer = { name = "sgd"; learning_rate = 1.0; };\n'
+                       f'checkpoint = {{ dir = "{ck}"; interval_s = 3600; }};\n')
+    with tessera.Client(str(cl.config), timeout=10) as w, \
+            tessera.Client(str(cl.config), admin=True, timeout=10) as adm:
+        st = adm.status(0)
+        assert (st.job_id, st.checkpoint_failures, st.checkpoint_error) == ("", 0, "")
+        w.declare({"w": 8})
+        w.push({"w": np.ones(8, np.float32)})
+        w.heartbeat()
+        st = adm.status(0)
+        assert re.fullmatch(r"[0-9a-f]{16}", st.job_id), st.job_id
+        assert st.workers_joined == 1 and st.num_workers == 1
+        # The directory replaced by a regular file: the next checkpoint fails (root
+        # writes through a chmod), and the status says how often and why.
+        for f in ck.iterdir():
+            f.unlink()
+        ck.rmdir()
+        ck.write_text("not a directory\n")
+        with pytest.raises(tessera.TesseraError):
+            adm.checkpoint(0)
+        st = adm.status(0)
+        assert st.checkpoint_failures == 1
+        assert "Not a directory" in st.checkpoint_error, st.checkpoint_error

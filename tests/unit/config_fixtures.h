@@ -85,6 +85,8 @@ static inline void check_defaults(const ts_config_t *c) {
   assert_string_equal(c->workers[0], "127.0.0.1:9200");
   assert_int_equal(c->mode, TS_MODE_SYNC);
   assert_int_equal(c->replicas_to_aggregate, 0);
+  assert_int_equal(c->min_workers, 0);
+  assert_string_equal(c->job_name, "");
   assert_int_equal(c->staleness, 2);
   assert_true(c->sync_timeout_s == 10.0);
   assert_true(c->heartbeat_timeout_s == 5.0);

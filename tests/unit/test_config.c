@@ -342,6 +342,10 @@ static void test_cross_key(void **state) {
       "job = { replicas_to_aggregate = 3; };\n",
       2, NULL, NULL, 0,
       "job.replicas_to_aggregate: 3 is more than the 2 workers of cluster.workers");
+  expect_error(
+      "cluster = { workers = [\"127.0.0.1:9200\", \"127.0.0.1:9201\"]; };\n"
+      "job = { min_workers = 3; };\n",
+      2, NULL, NULL, 0, "job.min_workers: 3 is more than the 2 workers of cluster.workers");
   /* The message names where the offending value came from. */
   const char *ov[] = {"job.replicas_to_aggregate=2"};
   expect_error(NULL, 0, "{\"cluster\":{\"worker\":[\"w:1\"]}}", ov, 1,

@@ -18,6 +18,8 @@ KEYS: Dict[str, str] = {
     "job.staleness": "staleness",
     "job.sync_timeout_s": "sync_timeout_s",
     "job.start_timeout_s": "start_timeout_s",
+    "job.name": "job_name",
+    "job.min_workers": "min_workers",
     "job.heartbeat_timeout_s": "heartbeat_timeout_s",
     "job.heartbeat_interval_s": "heartbeat_interval_s",
     "job.connect_timeout_s": "connect_timeout_s",
@@ -108,6 +110,8 @@ class JobKeys:
     staleness: int  #: job.staleness
     sync_timeout_s: float  #: job.sync_timeout_s
     start_timeout_s: float  #: job.start_timeout_s
+    job_name: str  #: job.name
+    min_workers: int  #: job.min_workers
     heartbeat_timeout_s: float  #: job.heartbeat_timeout_s
     heartbeat_interval_s: float  #: job.heartbeat_interval_s
     connect_timeout_s: float  #: job.connect_timeout_s

@@ -74,6 +74,12 @@ class ShardStatus:
     last_checkpoint_age_s: float
     checkpoints_written: int
     restored_step: int
+    #: checkpoint attempts failed in a row (0: the last worked, or none was tried) and the
+    #: last failure's reason ("" when none): psctl's "last checkpoint: failed 3x (...)"
+    checkpoint_failures: int = 0
+    checkpoint_error: str = ""
+    job_id: str = ""          # the job's identity, 16 hex digits ("" before a declare)
+    workers_joined: int = 0   # workers that joined since the model was declared: took part
     final_test_accuracy: Optional[float] = None  # the job's, once its reporting worker sent it
     final_reporter: Optional[int] = None         # the task that evaluated the final parameters
     #: the declared embedding tables on this shard, each a dict: name, dim, rows, bytes,

@@ -82,8 +82,11 @@ static void test_sync_worker_killed_and_rejoins(void **state) {
                                     "job = { mode = \"sync\"; sync_timeout_s = 2.0; "
                                     "heartbeat_timeout_s = 2.0; heartbeat_interval_s = 0.25; };\n"
                                     "model = { layers = [784, 32, 10]; };\n"
-                                    "train = { batch_size = 32; max_steps = 600; log_interval_s = 0.5; };"),
+                                    "train = { batch_size = 32; epochs = 5; max_steps = 3000; log_interval_s = 0.5; };"),
                    0);
+  /* 3000 steps (an epoch is 625), so that the job is still running when the killed worker
+   * is back: two workers make 700 steps a second here, and a worker that joins a job at its
+   * last step has nothing to train (exit 3, tests/system/test_rerun.c). */
   ts_proc_t w[3];
   for (int t = 0; t < 3; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
   wait_for_step(&c, 100, 30);

@@ -213,7 +213,11 @@ fail:
 
 /* Close: fails every request in flight (their callbacks run before ts_client_close
  * returns), then reaps them. Waits for abandoned helper jobs first: they use the client. */
-static void client_close(ClientObject *self) {
+/* Close the client. drain: hand the log lines queued meanwhile to the Python log function;
+ * not from tp_dealloc, which the garbage collector may run while the objects that function
+ * reaches (the logging module's) are being torn down: calling it there crashed (a SIGINT'd
+ * worker with a stopped shard, test_interrupt "stopped"). Undrained lines are freed. */
+static void client_close_ex(ClientObject *self, bool drain) {
   if (!self->sh || self->closed) return;
   self->closed = true;
   shared_t *sh = self->sh;
@@ -227,8 +231,10 @@ static void client_close(ClientObject *self) {
   Py_END_ALLOW_THREADS
   sh->c = NULL;
   client_reap(self);
-  logq_drain(sh->logq, self->logfn);
+  if (drain) logq_drain(sh->logq, self->logfn);
 }
+
+static void client_close(ClientObject *self) { client_close_ex(self, true); }
 
 PyObject *Client_close(ClientObject *self, PyObject *Py_UNUSED(a)) {
   client_close(self);
@@ -237,7 +243,7 @@ PyObject *Client_close(ClientObject *self, PyObject *Py_UNUSED(a)) {
 
 static void Client_dealloc(ClientObject *self) {
   PyObject_GC_UnTrack(self);
-  client_close(self);
+  client_close_ex(self, false);
   if (self->sh) {
     logq_free(self->sh->logq);
     free(self->sh);

@@ -45,7 +45,7 @@ void ts_ckpt_job_id(const ts_store_t *s, char out[TS_CKPT_JOB_ID_LEN + 1]) {
   hash_str(&h, optimizer_name(s->optim.kind));
   hash_u64(&h, s->seed);
   /* Only when set: a job without a name keeps the id it had before names existed. */
-  if (s->job_name && *s->job_name) {
+  if (*s->job_name) {
     hash_str(&h, "job.name");
     hash_str(&h, s->job_name);
   }
@@ -366,7 +366,7 @@ bool ts_ckpt_other_job(const ts_store_t *s, const Tessera__CheckpointMeta *m, ch
   char theirs_name[96] = "", my_name[96] = "";
   if (m->job_name && *m->job_name)
     snprintf(theirs_name, sizeof theirs_name, "name '%.63s', ", m->job_name);
-  if (s->job_name && *s->job_name)
+  if (*s->job_name)
     snprintf(my_name, sizeof my_name, "job.name '%.63s', ", s->job_name);
   ts_errmsg_printf(why, whylen,
                    "written by job %.16s (%smode %s, optimizer %s); this job, with the same "

@@ -21,7 +21,7 @@ void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard) {
   s->num_shards = (uint32_t)cfg->num_ps;
   s->num_workers = (uint32_t)cfg->num_workers;
   s->mode = cfg->mode;
-  s->job_name = cfg->job_name ? cfg->job_name : "";
+  if (cfg->job_name) snprintf(s->job_name, sizeof s->job_name, "%s", cfg->job_name);
   s->partition_bytes = (uint64_t)cfg->partition_bytes;
   s->max_model_bytes = cfg->max_model_bytes > 0 ? (uint64_t)cfg->max_model_bytes : UINT64_MAX;
   s->table_budget.max_bytes =

@@ -44,7 +44,7 @@ typedef struct {
   uint64_t partition_bytes;
   uint64_t max_model_bytes; /* server.max_model_bytes: the budget of ts_store_prepare */
   ts_optim_t optim;
-  const char *job_name; /* job.name ("" when unset; the configuration's string) */
+  char job_name[64]; /* job.name ("" when unset; a copy: the store outlives the configuration) */
 
   bool declared;
   uint64_t seed;

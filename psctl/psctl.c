@@ -432,7 +432,8 @@ enum {
   OPT_INTERVAL,
   OPT_FORMAT,
   OPT_VOCAB,
-  OPT_TASK
+  OPT_TASK,
+  OPT_FROM_CHECKPOINT
 };
 
 /* getopt's table: also what the shell completion and "did you mean" know of the options
@@ -450,6 +451,7 @@ static const struct option longopts[] = {
     {"task", required_argument, NULL, OPT_TASK},
     {"format", required_argument, NULL, OPT_FORMAT},
     {"vocab", required_argument, NULL, OPT_VOCAB},
+    {"from-checkpoint", no_argument, NULL, OPT_FROM_CHECKPOINT},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0}};
@@ -539,6 +541,9 @@ int main(int argc, char **argv) {
         break;
       case OPT_FORMAT:
         xo.format = optarg;
+        break;
+      case OPT_FROM_CHECKPOINT:
+        xo.from_checkpoint = true;
         break;
       case OPT_VOCAB:
         if (psctl_export_add_vocab(&xo, optarg, xerr, sizeof xerr) < 0) {
@@ -659,9 +664,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "psctl: --output takes table or json, not '%s'\n", o_arg);
     goto done;
   }
-  if (!export_cmd && (xo.format || xo.num_vocab)) {
+  if (!export_cmd && (xo.format || xo.num_vocab || xo.from_checkpoint)) {
     fprintf(stderr, "psctl: %s has no --%s (see psctl %s --help)\n", cmd,
-            xo.format ? "format" : "vocab", cmd);
+            xo.format ? "format" : xo.num_vocab ? "vocab" : "from-checkpoint", cmd);
     goto done;
   }
   bool model_cmd = strcmp(cmd, "model") == 0, token_cmd = strcmp(cmd, "token") == 0;
@@ -736,6 +741,12 @@ int main(int argc, char **argv) {
             v.cfg.num_ps);
     ts_config_free(&v.cfg);
     rc = TS_EXIT_USAGE;
+    goto done;
+  }
+  if (export_cmd && xo.from_checkpoint) { /* the files on this host: no shard asked */
+    rc = only_shard >= 0 ? TS_EXIT_USAGE : psctl_export_checkpoint(&v.cfg, &xo);
+    if (only_shard >= 0) fprintf(stderr, "psctl: export reads every shard: --shard does not apply\n");
+    ts_config_free(&v.cfg);
     goto done;
   }
   if (ckpt_list) {

@@ -102,9 +102,8 @@ static void print_age(char *buf, size_t n, double s) {
     snprintf(buf, n, "%.0fd", s / 86400);
 }
 
-int psctl_checkpoint_list(const ts_config_t *cfg, long only_shard, cJSON **json) {
-  const char *dir = cfg->checkpoint_dir;
-  if (!dir || !*dir) {
+int psctl_checkpoint_dir_ready(const ts_config_t *cfg) {
+  if (!cfg->checkpoint_dir || !*cfg->checkpoint_dir) {
     fprintf(stderr, "psctl: checkpoint.dir is not set: the job keeps no checkpoints (give the "
                     "job file, or --set checkpoint.dir=\"DIR\")\n");
     return TS_EXIT_CONFIG;
@@ -123,6 +122,13 @@ int psctl_checkpoint_list(const ts_config_t *cfg, long only_shard, cJSON **json)
     ts_ckpt_file_set_key(token);
     ts_client_token_free(token);
   }
+  return 0;
+}
+
+int psctl_checkpoint_list(const ts_config_t *cfg, long only_shard, cJSON **json) {
+  int ready = psctl_checkpoint_dir_ready(cfg);
+  if (ready) return ready;
+  const char *dir = cfg->checkpoint_dir;
   char **names = NULL;
   uint32_t *shards = NULL;
   int n = ts_ckpt_file_list(dir, -1, &names, &shards);

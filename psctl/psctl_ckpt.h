@@ -1,10 +1,15 @@
-/* psctl checkpoint list: the checkpoint files in checkpoint.dir, read on this host. */
+/* psctl checkpoint list: the checkpoint files in checkpoint.dir, read on this host (and
+ * what psctl export --from-checkpoint needs before it reads them). */
 #ifndef PSCTL_CKPT_H
 #define PSCTL_CKPT_H
 
 #include <cjson/cJSON.h>
 
 #include "ts_config.h"
+
+/* Before psctl reads checkpoint.dir: it is set, and with checkpoint.sign the files' key
+ * is taken from the admin token. Returns 0, or TS_EXIT_CONFIG after printing why. */
+int psctl_checkpoint_dir_ready(const ts_config_t *cfg);
 
 /* Per shard of cfg (or shard only_shard when >= 0), each checkpoint file in
  * cfg->checkpoint_dir, oldest first: FILE, STEP, SIZE, AGE and VALID (the file read whole,

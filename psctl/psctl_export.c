@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psctl_weights.h"
+#include "psctl_export_int.h"
 #include "ts_alloc.h"
 #include "ts_build_config.h"
 #include "ts_config_job.h"
@@ -56,16 +56,16 @@ int psctl_export_check(const psctl_export_opts_t *o) {
 }
 
 /* The file's description of the job: strings only, as safetensors' __metadata__ wants. */
-static char *metadata(const ts_config_t *cfg, ts_client_t *c, uint64_t step) {
+static char *metadata(const ts_config_t *cfg, const char *const *state_names, size_t nstate,
+                      uint64_t step) {
   cJSON *m = cJSON_CreateObject(), *job = cJSON_CreateObject(), *state = cJSON_CreateArray();
   char *out = NULL, *job_s = NULL, *state_s = NULL;
   ts_config_job_setting_t *set = ts_calloc(TS_CONFIG_JOB_MAX, sizeof *set);
   if (!m || !job || !state || !set) goto done;
   size_t ns = ts_config_job_settings(cfg, set);
   for (size_t i = 0; i < ns; i++) cJSON_AddStringToObject(job, set[i].key, set[i].value);
-  for (size_t t = 0; t < ts_client_num_tensors(c); t++)
-    if (ts_client_tensor_kind(c, t) == TS_CLIENT_STATE)
-      cJSON_AddItemToArray(state, cJSON_CreateString(ts_client_tensor_name(c, t)));
+  for (size_t t = 0; t < nstate; t++)
+    cJSON_AddItemToArray(state, cJSON_CreateString(state_names[t]));
   char num[32];
   snprintf(num, sizeof num, "%llu", (unsigned long long)step);
   job_s = cJSON_PrintUnformatted(job);
@@ -87,13 +87,7 @@ done:
   return out;
 }
 
-typedef struct {
-  psctl_weights_entry_t *e;
-  void **owned; /* per entry, its buffer (freed with the list) */
-  size_t n, cap;
-} entries_t;
-
-static psctl_weights_entry_t *add_entry(entries_t *es) {
+psctl_weights_entry_t *psctl_entries_add(psctl_entries_t *es) {
   if (es->n == es->cap) {
     size_t cap = es->cap ? 2 * es->cap : 16;
     psctl_weights_entry_t *e = ts_realloc(es->e, cap * sizeof *e);
@@ -108,20 +102,20 @@ static psctl_weights_entry_t *add_entry(entries_t *es) {
   return &es->e[es->n++];
 }
 
-static void free_entries(entries_t *es) {
+void psctl_entries_free(psctl_entries_t *es) {
   for (size_t i = 0; i < es->n; i++) ts_free(es->owned[i]);
   ts_free(es->e);
   ts_free(es->owned);
 }
 
 /* The dense tensors, pulled in one request. Returns 0 or a TS_EXIT_* after printing why. */
-static int pull_tensors(ts_client_t *c, entries_t *es, uint64_t *step) {
+static int pull_tensors(ts_client_t *c, psctl_entries_t *es, uint64_t *step) {
   size_t n = ts_client_num_tensors(c);
   if (n == 0) return 0;
   float **dst = ts_calloc(n, sizeof *dst);
   if (!dst) return TS_EXIT_FAILURE;
   for (size_t t = 0; t < n; t++) {
-    psctl_weights_entry_t *e = add_entry(es);
+    psctl_weights_entry_t *e = psctl_entries_add(es);
     uint64_t elems = ts_client_tensor_elems(c, t);
     const uint64_t *shape;
     size_t rank = ts_client_tensor_shape(c, t, &shape);
@@ -176,11 +170,11 @@ static int pull_rows(ts_client_t *c, size_t t, const int64_t *keys, uint64_t n, 
 }
 
 /* Table t as a dense matrix of ids 0..rows-1. */
-static int pull_table(ts_client_t *c, size_t t, uint64_t rows, entries_t *es) {
+static int pull_table(ts_client_t *c, size_t t, uint64_t rows, psctl_entries_t *es) {
   uint32_t dim = ts_client_table_dim(c, t);
   int64_t *keys = ts_malloc(rows * sizeof *keys);
   float *dst = ts_malloc(rows * dim * sizeof *dst);
-  psctl_weights_entry_t *e = keys && dst ? add_entry(es) : NULL;
+  psctl_weights_entry_t *e = keys && dst ? psctl_entries_add(es) : NULL;
   if (!e) {
     ts_free(keys);
     ts_free(dst);
@@ -201,7 +195,7 @@ static int pull_table(ts_client_t *c, size_t t, uint64_t rows, entries_t *es) {
 
 /* Table t as the ids of its rows, listed on the shards (ascending, each once), and their
  * rows: entries NAME/ids (int64, n) and NAME/rows (float32, n x dim). */
-static int pull_table_ids(ts_client_t *c, size_t t, entries_t *es) {
+static int pull_table_ids(ts_client_t *c, size_t t, psctl_entries_t *es) {
   const char *name = ts_client_table_name(c, t);
   uint32_t dim = ts_client_table_dim(c, t);
   char err[512];
@@ -215,9 +209,9 @@ static int pull_table_ids(ts_client_t *c, size_t t, entries_t *es) {
   size_t nl = strlen(name) + sizeof "/rows";
   int64_t *ids = ts_malloc(n * sizeof *ids + 2 * nl);
   float *dst = ts_malloc((n ? n : 1) * dim * sizeof *dst);
-  psctl_weights_entry_t *ei = ids && dst ? add_entry(es) : NULL;
+  psctl_weights_entry_t *ei = ids && dst ? psctl_entries_add(es) : NULL;
   if (ei) es->owned[es->n - 1] = ids;
-  psctl_weights_entry_t *er = ei ? add_entry(es) : NULL;
+  psctl_weights_entry_t *er = ei ? psctl_entries_add(es) : NULL;
   if (!er) {
     if (!ei) ts_free(ids);
     ts_free(dst);
@@ -241,11 +235,6 @@ static int pull_table_ids(ts_client_t *c, size_t t, entries_t *es) {
 
 int psctl_export_run(ts_client_t *c, const ts_config_t *cfg, const psctl_export_opts_t *o) {
   char err[512];
-  psctl_weights_format_t fmt;
-  if (psctl_weights_parse_format(o->format, &fmt) < 0) {
-    fprintf(stderr, "psctl: --format takes safetensors or npz, not '%s'\n", o->format);
-    return TS_EXIT_USAGE;
-  }
   if (ts_client_attach(c, 0, err, sizeof err) < 0) {
     fprintf(stderr, "psctl: export: %s\n", err);
     return TS_EXIT_FAILURE;
@@ -261,7 +250,7 @@ int psctl_export_run(ts_client_t *c, const ts_config_t *cfg, const psctl_export_
       return TS_EXIT_USAGE;
     }
   }
-  entries_t es = {0};
+  psctl_entries_t es = {0};
   uint64_t step = 0;
   int rc = pull_tensors(c, &es, &step);
   for (size_t t = 0; rc == 0 && t < ts_client_num_tables(c); t++) {
@@ -272,29 +261,53 @@ int psctl_export_run(ts_client_t *c, const ts_config_t *cfg, const psctl_export_
     /* With --vocab a dense matrix; without, the ids the shards hold and their rows. */
     rc = rows ? pull_table(c, t, rows, &es) : pull_table_ids(c, t, &es);
   }
-  char *meta = rc == 0 ? metadata(cfg, c, step) : NULL;
-  if (rc == 0 && !meta) {
+  if (rc == 0) {
+    const char **state = ts_calloc(ts_client_num_tensors(c) + 1, sizeof *state);
+    size_t nstate = 0;
+    for (size_t t = 0; state && t < ts_client_num_tensors(c); t++)
+      if (ts_client_tensor_kind(c, t) == TS_CLIENT_STATE) state[nstate++] = ts_client_tensor_name(c, t);
+    rc = state ? psctl_export_write(cfg, o, &es, state, nstate, ts_client_num_tensors(c),
+                                    ts_client_num_tables(c), step)
+               : TS_EXIT_FAILURE;
+    if (!state) fprintf(stderr, "psctl: export: out of memory\n");
+    ts_free(state);
+  }
+  psctl_entries_free(&es);
+  return rc;
+}
+
+int psctl_export_write(const ts_config_t *cfg, const psctl_export_opts_t *o, psctl_entries_t *es,
+                       const char *const *state, size_t nstate, size_t ntensors, size_t ntables,
+                       uint64_t step) {
+  char err[512];
+  psctl_weights_format_t fmt;
+  if (psctl_weights_parse_format(o->format, &fmt) < 0) {
+    fprintf(stderr, "psctl: --format takes safetensors or npz, not '%s'\n", o->format);
+    return TS_EXIT_USAGE;
+  }
+  int rc = 0;
+  char *meta = metadata(cfg, state, nstate, step);
+  if (!meta) {
     fprintf(stderr, "psctl: export: out of memory\n");
     rc = TS_EXIT_FAILURE;
   }
   if (rc == 0) {
-    int wrc = psctl_weights_write(o->path, fmt, es.e, es.n, meta, err, sizeof err);
+    int wrc = psctl_weights_write(o->path, fmt, es->e, es->n, meta, err, sizeof err);
     if (wrc < 0) {
       fprintf(stderr, "psctl: export: %s\n", err);
       rc = TS_EXIT_FAILURE;
     } else {
       uint64_t bytes = 0;
-      for (size_t i = 0; i < es.n; i++) {
+      for (size_t i = 0; i < es->n; i++) {
         uint64_t b = 4;
-        for (size_t k = 0; k < es.e[i].rank; k++) b *= es.e[i].shape[k];
+        for (size_t k = 0; k < es->e[i].rank; k++) b *= es->e[i].shape[k];
         bytes += b;
       }
       printf("exported %zu tensor(s), %zu table(s), %.1f MiB at step %llu to %s (%s)\n",
-             ts_client_num_tensors(c), ts_client_num_tables(c), (double)bytes / (1024.0 * 1024.0),
-             (unsigned long long)step, o->path, o->format);
+             ntensors, ntables, (double)bytes / (1024.0 * 1024.0), (unsigned long long)step,
+             o->path, o->format);
     }
   }
   cJSON_free(meta);
-  free_entries(&es);
   return rc;
 }

@@ -1,10 +1,12 @@
 /*
- * psctl export: the job's parameters, read from the live shards, as a safetensors or .npz
- * file (psctl_weights.h) with the job's description as metadata.
+ * psctl export: the job's parameters, read from the live shards (or from a checkpoint
+ * directory: psctl_export_ckpt.c), as a safetensors or .npz file (psctl_weights.h) with the
+ * job's description as metadata.
  */
 #ifndef PSCTL_EXPORT_H
 #define PSCTL_EXPORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "tessera/client.h"
@@ -28,6 +30,7 @@ typedef struct {
   const char *format; /* --format: "safetensors" or "npz" */
   psctl_vocab_t vocab[PSCTL_EXPORT_MAX_VOCABS];
   size_t num_vocab;
+  bool from_checkpoint; /* --from-checkpoint: checkpoint.dir, not the live shards */
 } psctl_export_opts_t;
 
 /* Parses "NAME=N" into o->vocab. Returns 0, or TS_EINVAL with errmsg saying why. */
@@ -41,5 +44,11 @@ int psctl_export_check(const psctl_export_opts_t *o);
  * and prints what was written on stdout. cfg supplies the metadata (the job settings).
  * Returns a TS_EXIT_* code after printing why on stderr. */
 int psctl_export_run(ts_client_t *c, const ts_config_t *cfg, const psctl_export_opts_t *o);
+
+/* The same from checkpoint.dir on this host, no shard needed: the newest checkpoint of the
+ * job's own layout or a complete set of its files re-sharded into one store, as a shard's
+ * restore picks them (another job's files too: exporting adopts nothing). Returns a
+ * TS_EXIT_* code after printing why on stderr. */
+int psctl_export_checkpoint(const ts_config_t *cfg, const psctl_export_opts_t *o);
 
 #endif

@@ -97,7 +97,7 @@ static const psctl_command_t commands[] = {
      "of commands and options, so it knows every command of this psctl.\n"},
     /* --output=FILE, not -o FILE: an option a synopsis names is that command's own to the
      * completion (psctl_complete.h), and -o stays every command's output option. */
-    {"export", "export --format F --output=FILE [--vocab TABLE=N]...",
+    {"export", "export --format F --output=FILE [--vocab TABLE=N]... [--from-checkpoint]",
      "the job's parameters as a safetensors or .npz file (for Keras, numpy, PyTorch)",
      "Pulls the model from every shard (all must be up) and writes it to FILE: each dense\n"
      "tensor by its name (conv1/kernel, float32, its declared shape; BatchNormalization's\n"
@@ -105,14 +105,18 @@ static const psctl_command_t commands[] = {
      "names as metadata (safetensors' __metadata__; in an .npz the uint8 array\n"
      "__metadata__, UTF-8 JSON). The file appears whole or not at all (written beside it,\n"
      "then renamed). tessera.load_weights(FILE, keras_model) loads it into Keras.\n"
+     "  --from-checkpoint  read checkpoint.dir on this host instead, with no shard up:\n"
+     "                   every shard's newest checkpoint, re-sharded from a complete set\n"
+     "                   of the job's files as a restore does (--set checkpoint.dir=DIR)\n"
      "  --format F       safetensors or npz (a zip of .npy files, stored; at most 4 GiB)\n"
      "  -o, --output FILE  the file to write (for export, -o names a file, not a format)\n"
      "  --vocab TABLE=N  export embedding table TABLE as a dense N x dim matrix of ids\n"
      "                   0..N-1 (read-only: an id with no row gets its initial row); a\n"
      "                   table without one is written as TABLE/ids (int64, the ids its\n"
      "                   rows have on the shards, ascending) and TABLE/rows (float32)\n"
-     "Exit 0 when the file was written, 1 when a shard is down or a pull or the write\n"
-     "failed, 2 for a usage error.\n"},
+     "Exit 0 when the file was written, 1 when a shard is down, a pull or the write\n"
+     "failed or the directory holds no usable checkpoint, 2 for a usage error, 78 with\n"
+     "--from-checkpoint and no checkpoint.dir.\n"},
     {"token", "token derive --task T", "print worker T's task key (from auth.token_file)",
      "token derive --task T: prints worker T's task key, HMAC-SHA256 of \"worker/T\" under\n"
      "the job's token (auth.token_file), as 64 hex characters. A worker whose\n"

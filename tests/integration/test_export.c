@@ -5,10 +5,14 @@
  * safetensors file's bytes are the pulled values. A table without --vocab is written as
  * emb/ids (the keys its rows have on the shards, ascending) and emb/rows, exactly the rows
  * a read-only pull of those ids gets. Before any declare both say that no model is held.
+ * With the shards stopped, psctl export --from-checkpoint writes the same arrays out of
+ * their checkpoints (2 shards' files re-sharded into one store); a directory without one
+ * is an error.
  * (tests/python/test_export.py loads such files into Keras.)
  */
 #include <cjson/cJSON.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -73,10 +77,42 @@ static int export(ts_cluster_t *c, const char *fmt, const char *path) {
   return ts_run_psctl(args, out, sizeof out, err, sizeof err);
 }
 
+/* Every array of file a is in file b with the same bytes, and b has no other. */
+static void same_arrays(const char *a, const char *b) {
+  char *fa = ts_read_file(a), *fb = ts_read_file(b);
+  assert_non_null(fa);
+  assert_non_null(fb);
+  uint64_t hl = 0, hlb = 0;
+  for (int k = 7; k >= 0; k--) hl = hl << 8 | (uint8_t)fa[k];
+  for (int k = 7; k >= 0; k--) hlb = hlb << 8 | (uint8_t)fb[k];
+  cJSON *h = cJSON_ParseWithLength(fa + 8, (size_t)hl), *hb = cJSON_ParseWithLength(fb + 8, (size_t)hlb);
+  assert_non_null(h);
+  assert_non_null(hb);
+  assert_int_equal(cJSON_GetArraySize(h), cJSON_GetArraySize(hb));
+  int n = 0;
+  for (cJSON *e = h->child; e; e = e->next) {
+    if (strcmp(e->string, "__metadata__") == 0) continue;
+    size_t la = 0, lb = 0;
+    const char *da = entry(fa, e->string, &la), *db = entry(fb, e->string, &lb);
+    if (!db) fail_msg("%s: no %s", b, e->string);
+    assert_int_equal(la, lb);
+    assert_memory_equal(da, db, la);
+    n++;
+  }
+  assert_true(n >= 3);
+  cJSON_Delete(h);
+  cJSON_Delete(hb);
+  free(fa);
+  free(fb);
+}
+
 static void test_attach_and_export(void **state) {
   (void)state;
   ts_cluster_t c;
-  assert_int_equal(ts_cluster_start(&c, 2, 1, job), 0);
+  char ckdir[] = "/tmp/tessera-export-XXXXXX", cfg[1024];
+  assert_non_null(mkdtemp(ckdir));
+  snprintf(cfg, sizeof cfg, "%scheckpoint = { dir = \"%s\"; interval_s = 3600; };\n", job, ckdir);
+  assert_int_equal(ts_cluster_start(&c, 2, 1, cfg), 0);
   char e[512], path[600];
   snprintf(path, sizeof path, "%s/m.safetensors", c.dir);
 
@@ -213,9 +249,41 @@ static void test_attach_and_export(void **state) {
   const char *nargs[] = {"-c", c.config, "export", "--format", "npz", "-o", path, NULL};
   assert_int_equal(ts_run_psctl(nargs, out, sizeof out, err, sizeof err), 0);
 
+  /* From the checkpoints, the shards stopped: the same arrays, with and without --vocab. */
+  char live_ids[600], live_vocab[600], ck_ids[600], ck_vocab[600];
+  snprintf(live_ids, sizeof live_ids, "%s/ids.safetensors", c.dir);
+  snprintf(live_vocab, sizeof live_vocab, "%s/vocab.safetensors", c.dir);
+  snprintf(ck_ids, sizeof ck_ids, "%s/ck-ids.safetensors", c.dir);
+  snprintf(ck_vocab, sizeof ck_vocab, "%s/ck-vocab.safetensors", c.dir);
+  assert_int_equal(export(&c, "safetensors", live_vocab), 0);
+  const char *cargs[] = {"-c", c.config, "checkpoint", NULL};
+  assert_int_equal(ts_run_psctl(cargs, out, sizeof out, err, sizeof err), 0);
   ts_client_close(w);
   ts_client_close(admin);
-  assert_int_equal(ts_cluster_stop(&c), 0);
+  for (int i = 0; i < 2; i++) ts_cluster_signal(&c, i, SIGTERM);
+  const char *f1[] = {"-c", c.config, "export", "--from-checkpoint", "--format", "safetensors",
+                      "-o", ck_ids, NULL};
+  assert_int_equal(ts_run_psctl(f1, out, sizeof out, err, sizeof err), 0);
+  assert_non_null(strstr(out, "exported 2 tensor(s), 1 table(s)"));
+  assert_non_null(strstr(err, "from the set "));
+  same_arrays(live_ids, ck_ids);
+  const char *f2[] = {"-c", c.config, "export", "--from-checkpoint", "--vocab", "emb=5",
+                      "--format", "safetensors", "-o", ck_vocab, NULL};
+  assert_int_equal(ts_run_psctl(f2, out, sizeof out, err, sizeof err), 0);
+  same_arrays(live_vocab, ck_vocab);
+  /* a directory with no checkpoint */
+  char set[600];
+  snprintf(set, sizeof set, "checkpoint.dir=%s", c.dir);
+  const char *f3[] = {"-c", c.config, "--set", set, "export", "--from-checkpoint", "--format",
+                      "npz", "-o", ck_vocab, NULL};
+  assert_int_equal(ts_run_psctl(f3, out, sizeof out, err, sizeof err), 1);
+  assert_non_null(strstr(err, "no checkpoint in"));
+  /* signed files are verified with the admin token's key: none, no export */
+  const char *f4[] = {"-c", c.config, "--set", "checkpoint.sign=true", "export",
+                      "--from-checkpoint", "--format", "npz", "-o", ck_vocab, NULL};
+  assert_int_equal(ts_run_psctl(f4, out, sizeof out, err, sizeof err), 78);
+  assert_non_null(strstr(err, "checkpoint.sign needs auth.admin_token_file"));
+  assert_int_equal(ts_cluster_stop_rm(&c, ckdir), 0);
 }
 
 int main(void) {

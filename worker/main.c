@@ -360,7 +360,8 @@ int main(int argc, char **argv) {
     char final[96] = "", workers[32] = "";
     if (res.workers > 0) snprintf(workers, sizeof workers, " workers=%u", res.workers);
     if (res.has_final) {
-      ts_observe_final_accuracy(obs, res.last_step, res.final_test_accuracy);
+      ts_observe_final_accuracy(obs, res.global_step ? res.global_step : res.last_step,
+                                res.final_test_accuracy);
       snprintf(final, sizeof final, " final_test_accuracy=%.6f", res.final_test_accuracy);
     }
     printf("done: task=%ld steps=%llu examples=%llu loss=%.4f test_accuracy=%.4f "

@@ -240,6 +240,7 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
   res->started_at = ts_trainer_clock_s(CLOCK_REALTIME);
   double last_log = t0, interval_loss = 0.0, phase[3] = {0, 0, 0};
   uint64_t interval_steps = 0, interval_examples = 0;
+  uint64_t global_step = 0; /* the job's step after the last step (TensorBoard's step) */
   for (uint64_t k = 0; k < total && !*t->stop; k++) {
     uint64_t epoch = k / per_epoch, in_epoch = k % per_epoch;
     if (in_epoch == 0 && k > 0 && (rc = ts_criteo_rewind(rd)) < 0) {
@@ -264,6 +265,8 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
       ts_errmsg_wrapf(errmsg, errlen, "pull at step %llu", (unsigned long long)k);
       goto out;
     }
+    /* the job's step after this one: sync, the step; else the pulled version + this push */
+    global_step = sync ? k + 1 : q->dense.version + 1;
     double ts1 = now_s();
     float loss = 0.0f;
     rc = ts_ctr_step(m, B, true, &loss, p);
@@ -301,6 +304,7 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
                   (unsigned long long)epoch + 1, progress * 100.0, res->loss, res->train_auc, eps);
       if (t->on_progress) {
         ts_progress_t pg = {.step = k + 1,
+                            .global_step = global_step,
                             .total_steps = total,
                             .epoch = epoch,
                             .epoch_progress = progress,
@@ -339,6 +343,7 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
   }
   if (t->on_progress) {
     ts_progress_t pg = {.step = res->steps,
+                        .global_step = global_step,
                         .total_steps = total,
                         .epoch_progress = 1.0,
                         .loss = res->loss,

@@ -354,6 +354,8 @@ void ts_observe_progress(void *arg, const ts_progress_t *p) {
     o->snap.test_auc = p->auc;
   }
   publish(o);
+  /* TensorBoard's step: the job's (global) step, as TensorFlow's summaries use. */
+  const int64_t at = (int64_t)(p->global_step ? p->global_step : p->step);
   if (!p->final) {
     /* Keras's TensorBoard callback's names, at the step (not the epoch) they were
      * reached; a CTR model's AUC as Keras's AUC metric names it. */
@@ -361,11 +363,11 @@ void ts_observe_progress(void *arg, const ts_progress_t *p) {
                                        "examples/sec", "epoch_auc"};
     const float v[] = {(float)p->loss, (float)p->train_accuracy, (float)p->learning_rate,
                        (float)p->examples_per_sec, (float)p->auc};
-    write_events(o, o->train_ev, (int64_t)p->step, tags, v, auc ? 5 : 4);
+    write_events(o, o->train_ev, at, tags, v, auc ? 5 : 4);
   } else {
     static const char *const tags[] = {"epoch_accuracy", "epoch_loss", "epoch_auc"};
     const float v[] = {(float)p->test_accuracy, (float)p->test_loss, (float)p->auc};
-    write_events(o, o->val_ev, (int64_t)p->step, tags, v, auc ? 3 : 2);
+    write_events(o, o->val_ev, at, tags, v, auc ? 3 : 2);
   }
   if (o->notify) {
     if (p->final)

@@ -450,6 +450,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
       goto out;
     }
     uint64_t stale = 0;
+    const uint64_t step_version = version; /* of the parameters this step computed on */
     activity(t, true, "step %llu: pushing the gradients%s", (unsigned long long)k + 1,
              k + 1 < total ? " and pulling the next step's parameters" : "");
     /* The next step's pull travels with this push, one round trip instead of two; not
@@ -488,7 +489,10 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     double now = now_s();
     double progress = (double)(in_epoch + 1) / (double)per_epoch;
     res->last_step = k + 1;
-    const double lr = (double)ts_schedule_rate(&sched, sync ? k + 1 : version + 1);
+    /* The job's step after this push: in async and ssp the version the fused pull after
+     * it saw (others' pushes too), or the step's own version and this push. */
+    const uint64_t global_step = sync ? k + 1 : pulled ? version : step_version + 1;
+    const double lr = (double)ts_schedule_rate(&sched, sync ? k + 1 : step_version + 1);
     if (t->on_live) {
       ts_progress_t lp = {.step = k + 1, .total_steps = total, .epoch = epoch,
                           .epoch_progress = progress, .loss = (double)loss,
@@ -498,7 +502,10 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
     /* A line every log_interval_s, and at each tenth of an epoch when 0.1 s has passed,
      * so that even an epoch of a second shows several (and no more than ten a second). */
     bool tenth = (in_epoch + 1) * 10 / per_epoch != in_epoch * 10 / per_epoch;
-    if (now - last_log >= cfg->log_interval_s || k + 1 == total ||
+    /* Async and ssp: this push made the job's global step train.max_steps, so the next
+     * pull ends the run: the interval is reported now, or never. */
+    bool job_end = !sync && cfg->max_steps > 0 && global_step >= (uint64_t)cfg->max_steps;
+    if (now - last_log >= cfg->log_interval_s || k + 1 == total || job_end ||
         (tenth && now - last_log >= 0.1)) {
       double eps = (double)interval_examples / (now - last_log > 1e-9 ? now - last_log : 1e-9);
       res->loss = interval_loss / (double)interval_steps;
@@ -509,7 +516,8 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
                   (unsigned long long)(k + 1), (unsigned long long)total,
                   (unsigned long long)epoch + 1, progress * 100.0, res->loss, eps);
       if (t->on_progress) {
-        ts_progress_t pg = {.step = k + 1, .total_steps = total, .epoch = epoch,
+        ts_progress_t pg = {.step = k + 1, .global_step = global_step,
+                            .total_steps = total, .epoch = epoch,
                             .epoch_progress = progress, .loss = res->loss,
                             .examples_per_sec = eps, .learning_rate = lr,
                             .train_accuracy = (double)interval_correct / (double)interval_examples,
@@ -548,7 +556,7 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
    * pull holds the final parameters, and waiting for the version after it would wait for a
    * step nobody makes. */
   activity(t, true, "pulling the final parameters");
-  rc = pulled ? 0 : pull(t, dst, res->steps, NULL, errmsg, errlen);
+  rc = pulled ? 0 : pull(t, dst, res->steps, &version, errmsg, errlen);
   if (rc < 0 && cfg->mode == TS_MODE_SYNC && rc == TS_ETIMEDOUT) {
     /* A barrier that can never close (its workers gone) must not keep the result back. */
     ts_log_warn("final sync pull timed out (%s); evaluating the latest parameters", errmsg);
@@ -578,10 +586,13 @@ int ts_trainer_run(const ts_trainer_t *t, ts_train_result_t *res, char *errmsg, 
   res->test_accuracy = (double)acc;
   res->test_loss = (double)tloss;
   if (t->on_progress) {
-    /* At the step of the parameters evaluated, as every other scalar: the job's step in
-     * sync mode (a worker that joined late made fewer), this worker's in async and ssp. */
+    /* At the step of the parameters evaluated, as every other scalar: the job's step (in
+     * sync mode a worker that joined late made fewer; in async and ssp the updates the
+     * final parameters had). */
     if (res->last_step == 0) res->last_step = sync ? k0 : res->steps;
-    ts_progress_t pg = {.step = res->last_step, .total_steps = total,
+    res->global_step = sync ? res->last_step : version;
+    ts_progress_t pg = {.step = res->last_step, .global_step = res->global_step,
+                        .total_steps = total,
                         .epoch = per_epoch ? (res->steps ? (res->steps - 1) / per_epoch : 0) : 0,
                         .epoch_progress = 1.0, .loss = res->loss,
                         .examples_per_sec = res->examples_per_sec,

@@ -56,6 +56,9 @@ typedef struct {
   uint32_t num_workers;       /* of the job's */
   uint64_t last_step;         /* the step of the last report: the job's step in sync mode,
                                  this worker's in async and ssp */
+  uint64_t global_step;       /* the job's step of the final parameters (TensorBoard's
+                                 step): last_step in sync mode; in async and ssp their
+                                 version */
 } ts_train_result_t;
 
 /* What the trainer reports at every log interval and once at the end (final = true, with
@@ -65,6 +68,10 @@ typedef struct {
                                  worker's in async and ssp */
   uint64_t first_step;        /* the step this worker started from (a worker joining a
                                  running sync job starts at its step) */
+  uint64_t global_step;       /* the job's step (TensorFlow's global_step), where the
+                                 scalars are written: step in sync mode; in async and ssp
+                                 the updates the pulled parameters had, plus this worker's
+                                 push (0: step) */
   uint64_t total_steps;
   uint64_t epoch;             /* 0-based epoch of the last step */
   double epoch_progress;      /* 0..1 within that epoch */

@@ -8,6 +8,8 @@
  *    optimizer.decay, not the base rate;
  *  - a worker that joins a running sync job writes its test results at the job's step,
  *    as its losses are, not at its own count of steps;
+ *  - in async mode every scalar is at the job's (global) step too, as TensorFlow's
+ *    summaries are: a worker that goes on from a job at step 40 writes at 41..600;
  *  - a worker that fails to start (refused by its shard) leaves no event file.
  */
 #include <dirent.h>
@@ -84,35 +86,42 @@ static int run_worker(ts_cluster_t *c, const char *logdir, const char *run, int 
   return st;
 }
 
-static void test_layout_rate_and_steps(void **state) {
-  (void)state;
+/* A 1-shard, 1-worker job of a small MLP (job_text: the job and optimizer groups), the
+ * worker run to step 40 ("first") then again to step `to` ("second"): the second run's
+ * train/ and validation/ records (ts_free both). Skips the test without the data. */
+static void two_runs(ts_cluster_t *c, const char *job_text, int to, ts_events_record_t **r,
+                     size_t *n, ts_events_record_t **vr, size_t *vn, ts_proc_t *w) {
   if (access(DATA "t10k-images-idx3-ubyte.gz", R_OK) != 0)
     TS_SKIP("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
-  ts_cluster_t c;
-  assert_int_equal(ts_cluster_start(&c, 1, 1,
-                                    "job = { mode = \"sync\"; };\n"
-                                    "model = { layers = [784, 16, 10]; };\n"
-                                    "optimizer = { name = \"sgd\"; learning_rate = 0.1; "
-                                    "decay = \"exponential\"; decay_steps = 10; "
-                                    "decay_rate = 0.5; };\n"
-                                    "train = { batch_size = 32; log_interval_s = 0.1; };"),
-                   0);
+  assert_int_equal(ts_cluster_start(c, 1, 1, job_text), 0);
   char logdir[400], dir[600];
-  snprintf(logdir, sizeof logdir, "%s/tb", c.dir);
+  snprintf(logdir, sizeof logdir, "%s/tb", c->dir);
+  assert_int_equal(run_worker(c, logdir, "first", 40, w), 0);
+  assert_int_equal(run_worker(c, logdir, "second", to, w), 0);
+  snprintf(dir, sizeof dir, "%s/second/worker-0/train", logdir);
+  *r = read_dir(dir, n);
+  snprintf(dir, sizeof dir, "%s/second/worker-0/validation", logdir);
+  *vr = read_dir(dir, vn);
+  assert_non_null(*r);
+  assert_non_null(*vr);
+}
+
+static void test_layout_rate_and_steps(void **state) {
+  (void)state;
+  ts_cluster_t c;
   ts_proc_t w;
-  assert_int_equal(run_worker(&c, logdir, "first", 40, &w), 0);
-  /* The same worker again, to step 60: it joins the job at step 40 and makes 20. */
-  assert_int_equal(run_worker(&c, logdir, "second", 60, &w), 0);
+  size_t n = 0, vn = 0;
+  ts_events_record_t *r, *vr;
+  /* The same worker twice: the second run joins the job at step 40 and makes 20. */
+  two_runs(&c,
+           "job = { mode = \"sync\"; };\n"
+           "model = { layers = [784, 16, 10]; };\n"
+           "optimizer = { name = \"sgd\"; learning_rate = 0.1; "
+           "decay = \"exponential\"; decay_steps = 10; decay_rate = 0.5; };\n"
+           "train = { batch_size = 32; log_interval_s = 0.1; };",
+           60, &r, &n, &vr, &vn, &w);
   assert_true(ts_proc_wait_log(&w, "joining the job at step 40", 1));
   assert_true(ts_file_has(w.out, "done: task=0 steps=20 "));
-
-  size_t n = 0, vn = 0;
-  snprintf(dir, sizeof dir, "%s/second/worker-0/train", logdir);
-  ts_events_record_t *r = read_dir(dir, &n);
-  snprintf(dir, sizeof dir, "%s/second/worker-0/validation", logdir);
-  ts_events_record_t *vr = read_dir(dir, &vn);
-  assert_non_null(r);
-  assert_non_null(vr);
   /* train/: the loss, the training accuracy and the scheduled rate at the job's steps
    * 41..60. */
   int rates = 0, losses = 0, accs = 0;
@@ -156,9 +165,46 @@ static void test_layout_rate_and_steps(void **state) {
   ts_free(r);
   ts_free(vr);
   /* The first run is a run of its own. */
-  snprintf(dir, sizeof dir, "%s/first/worker-0/validation", logdir);
+  char dir[600];
+  snprintf(dir, sizeof dir, "%s/tb/first/worker-0/validation", c.dir);
   vr = read_dir(dir, &vn);
   assert_non_null(vr);
+  ts_free(vr);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* Async: train.max_steps is the job's global step; a second run of the worker goes on from
+ * step 40 to 600, making 560 steps of its own, and writes every scalar at the job's steps. */
+static void test_async_scalars_at_the_global_step(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  ts_proc_t w;
+  size_t n = 0, vn = 0;
+  ts_events_record_t *r, *vr;
+  two_runs(&c,
+           "job = { mode = \"async\"; };\n"
+           "model = { layers = [784, 16, 10]; };\n"
+           "train = { batch_size = 32; log_interval_s = 0.1; };",
+           600, &r, &n, &vr, &vn, &w);
+  assert_true(ts_file_has(w.out, "done: task=0 steps=560 "));
+  int scalars = 0;
+  int64_t last = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].version[0]) continue;
+    if (r[i].step <= 40 || r[i].step > 600)
+      fail_msg("train '%s' at step %lld, not within the job's steps 41..600", r[i].tag,
+               (long long)r[i].step);
+    scalars++;
+    if (r[i].step > last) last = r[i].step;
+  }
+  /* logged at every tenth of an epoch (187 steps) at least: some past the worker's own
+   * 560 steps, which only the job's step reaches */
+  assert_true(scalars >= 1);
+  if (last <= 560) fail_msg("the last training scalar at step %lld: the worker's own count", (long long)last);
+  for (size_t i = 0; i < vn; i++)
+    if (!vr[i].version[0] && vr[i].step != 600)
+      fail_msg("validation '%s' at step %lld, not 600", vr[i].tag, (long long)vr[i].step);
+  ts_free(r);
   ts_free(vr);
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
@@ -201,6 +247,7 @@ static void test_failed_start_leaves_nothing(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout_rate_and_steps),
+      cmocka_unit_test(test_async_scalars_at_the_global_step),
       cmocka_unit_test(test_failed_start_leaves_nothing),
   };
   return ts_skip_exit(cmocka_run_group_tests(tests, NULL, NULL));

@@ -39,6 +39,8 @@ static const struct {
   bool (*applies)(const ts_config_t *); /* NULL: always */
 } job_keys[] = {
     {"job.mode", NULL},
+    /* always sent, "" too: a worker of an unnamed job is refused by a named one's shards */
+    {"job.name", NULL},
     {"cluster.workers", NULL},
     {"job.replicas_to_aggregate", sync_only},
     {"job.staleness", ssp_only},

@@ -72,6 +72,7 @@ static void test_job_settings(void **state) {
     const char *worker, *shard;
   } bad[] = {
       {{"job.mode", "\"async\""}, "job.mode: this worker has \"async\", shard ", " has \"sync\""},
+      {{"job.name", "\"other\""}, "job.name: this worker has \"other\", shard ", " has \"\""},
       {{"cluster.workers", "3 workers"},
        "cluster.workers: this worker has 3 workers, shard ",
        " has 2 workers"},
@@ -114,12 +115,12 @@ static void test_job_settings(void **state) {
     double n = ts_metric_wait(c.http_port[s],
                               "tessera_ps_refused_requests_total{request=\"handshake\","
                               "reason=\"config\"}",
-                              0, 4);
-    assert_true(n >= 0 && n <= 4);
+                              0, 5);
+    assert_true(n >= 0 && n <= 5);
     refused += n;
   }
   assert_true(logged);
-  assert_true(refused >= 4);
+  assert_true(refused >= 5);
   ts_client_close(good);
   assert_int_equal(ts_cluster_stop(&c), 0);
 }

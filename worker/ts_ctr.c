@@ -28,7 +28,7 @@ int ts_ctr_init(ts_ctr_t *m, const ts_config_layer_t *layers, size_t n, size_t b
                 char *errmsg, size_t errlen) {
   memset(m, 0, sizeof *m);
   m->batch_capacity = batch_capacity;
-  m->input_elems = TS_CRITEO_INTS;
+  m->input_elems = TS_CTR_DENSE_INPUTS;
   bool seen[TS_CONFIG_EMB_FIELDS_MAX] = {false};
   size_t first_net = 0;
   while (first_net < n && strcmp(layers[first_net].type, "embedding") == 0) {
@@ -152,7 +152,9 @@ void ts_ctr_keys(ts_ctr_t *m, const ts_criteo_row_t *rows, size_t batch) {
   for (size_t b = 0; b < batch; b++) {
     const ts_criteo_row_t *r = &rows[b];
     m->labels[b] = r->label;
-    memcpy(m->x + b * m->input_elems, r->dense, sizeof r->dense);
+    float *x = m->x + b * m->input_elems;
+    memcpy(x, r->dense, sizeof r->dense);
+    for (int j = 0; j < TS_CRITEO_INTS; j++) x[TS_CRITEO_INTS + j] = r->int_missing[j] ? 1.0f : 0.0f;
     for (size_t s = 0; s < m->num_slots; s++) {
       const ts_ctr_slot_t *sl = &m->slots[s];
       ts_ctr_table_t *tb = &m->tables[sl->table];

@@ -1,7 +1,8 @@
 /*
  * The CTR model of ps-worker (docs/embeddings.md): embedding layers over the Criteo
  * categorical fields, their vectors concatenated with the 13 dense features (log(1 + x))
- * and fed to a network of dense layers (Wide & Deep's deep part), two logits (click or
+ * and 13 missing-value indicators (1 where the integer was empty: a missing value is not
+ * a 0, whose log is also 0) and fed to a network of dense layers (Wide & Deep's deep part), two logits (click or
  * not) under softmax cross-entropy, which for two classes is the log loss of a logistic
  * output.
  *
@@ -36,6 +37,9 @@
 #include "ts_criteo.h"
 #include "ts_seq.h"
 
+/* The network's first inputs: the 13 integer features, then their missing indicators. */
+#define TS_CTR_DENSE_INPUTS (2 * TS_CRITEO_INTS)
+
 #define TS_CTR_AUC_BINS (1u << 16)
 
 typedef struct {
@@ -59,7 +63,7 @@ typedef struct {
   size_t num_tables;
   ts_ctr_slot_t slots[TS_CONFIG_EMB_FIELDS_MAX];
   size_t num_slots;
-  size_t input_elems; /* 13 + the slots' dims (+ the pairs' dots) */
+  size_t input_elems; /* TS_CTR_DENSE_INPUTS + the slots' dims (+ the pairs' dots) */
   bool dot;           /* DLRM's dot interactions: a "dot" layer after the embeddings */
   size_t dot_offset;  /* the first pair's dot in the input; pairs (i < j) in order */
   size_t num_pairs;

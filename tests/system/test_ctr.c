@@ -6,8 +6,9 @@
  *   - criteo_gen is deterministic: the same arguments give the same bytes; another seed or
  *     stream, other rows;
  *   - the job (200k rows of 26 fields capped at 100 ids, Zipf 1.05, 2 epochs, batch 256,
- *     Adam 0.002) reaches a test AUC within 0.025 of the best (measured: 0.855 against
- *     0.868, a gap of 0.013), both workers report the same AUC and log loss (sync: the
+ *     Adam 0.002) reaches a test AUC within 0.01 of the best (the issue's bound; measured:
+ *     0.8612 against 0.8685, a gap of 0.0073, the same in every run: sync, seeded; 0.855
+ *     before the network saw which integers were missing), both workers report the same AUC and log loss (sync: the
  *     same final parameters), and the log, worker 0's /metrics (while it trains) and
  *     its TensorBoard events (each interval's epoch_auc in train/, the test rows' in
  *     validation/) show the AUC;
@@ -159,9 +160,9 @@ static void test_ctr_job_auc(void **state) {
   double ll0 = ts_done_field(&w[0], "logloss="), ll1 = ts_done_field(&w[1], "logloss=");
   fprintf(stderr, "test AUC %.4f (best %.4f, gap %.4f), log loss %.4f\n", auc0, best, best - auc0,
           ll0);
-  if (!(auc0 >= best - 0.025)) {
+  if (!(auc0 >= best - 0.01)) {
     ts_proc_dump(&w[0]);
-    fail_msg("test AUC %.4f is not within 0.025 of the best %.4f", auc0, best);
+    fail_msg("test AUC %.4f is not within 0.01 of the best %.4f", auc0, best);
   }
   assert_true(auc0 == auc1 && ll0 == ll1);
   assert_true(ll0 > 0.2 && ll0 < 0.5); /* ln 2 = 0.693 is a coin */
@@ -234,7 +235,7 @@ static void test_ctr_dot(void **state) {
   assert_int_equal(ts_workers_run(&c, 1, extra, 300, &w), 0);
   double auc = ts_done_field(&w, "auc=");
   fprintf(stderr, "dot interactions: test AUC %.4f (best %.4f)\n", auc, best);
-  assert_true(ts_file_has(w.err, "network input 546")); /* 13 + 26 x 8 + 26 x 25 / 2 */
+  assert_true(ts_file_has(w.err, "network input 559")); /* 13 + 13 + 26 x 8 + 26 x 25 / 2 */
   if (!(auc > 0.75)) {
     ts_proc_dump(&w);
     fail_msg("test AUC %.4f with dot interactions", auc);

@@ -158,7 +158,7 @@ static void check_row_grads(bool dot) {
   ts_ctr_t m;
   char err[256];
   assert_int_equal(ts_ctr_init(&m, l, k, 4, err, sizeof err), 0);
-  assert_int_equal(m.input_elems, 13 + 9 + (dot ? 3 : 0)); /* 3 fields of 3; 3 pairs */
+  assert_int_equal(m.input_elems, 26 + 9 + (dot ? 3 : 0)); /* 13 + 13 missing flags; 3 fields of 3; 3 pairs */
   assert_int_equal(m.num_tables, 1);
   assert_int_equal(ts_seq_init_params(&m.net, 7), 0);
   ts_criteo_row_t rows[4];

@@ -82,7 +82,8 @@ static void usage(FILE *f) {
           "  --batch B           keys per request, duplicates included (default 65536)\n"
           "  --zipf S            Zipf exponent of the keys (default 1.0)\n"
           "  --vocab V           ids drawn from [0, V) (default 1000000)\n"
-          "  --batches N         precomputed batches per worker, used in turn (default 8)\n"
+          "  --batches N         precomputed batches per worker, used in turn (default 8;\n"
+          "                      at most 2^27 keys per worker in all)\n"
           "  --seconds T         the timed run (default 1.5)\n"
           "  --warmup-seconds T  untimed requests before it (default 0.5; at least one)\n"
           "  --lr X              the table's SGD learning rate (default 0.01)\n"
@@ -134,7 +135,8 @@ static int parse_args(int argc, char **argv) {
   if (opt.shards < 1 || opt.shards > TS_CLUSTER_MAX || opt.workers < 1 ||
       opt.workers > MAX_WORKERS || opt.dim < 1 || opt.dim > 4096 || opt.batch < 1 ||
       opt.batch > (1u << 26) || !(opt.zipf > 0) || opt.vocab < 1 || opt.nbatches < 1 ||
-      opt.nbatches > 1024 || !(opt.seconds > 0 && opt.seconds <= 600) ||
+      opt.nbatches > 65536 || opt.nbatches * opt.batch > ((size_t)1 << 27) ||
+      !(opt.seconds > 0 && opt.seconds <= 600) ||
       !(opt.warmup_seconds >= 0 && opt.warmup_seconds <= 600) || !(opt.lr > 0) ||
       opt.memcpy_mib < 0 || opt.memcpy_mib > 16384) {
     fprintf(stderr, "sparsebench: an option is out of range (see --help)\n");

@@ -4,7 +4,10 @@
 #
 #   sparse  bench/sparsebench: a Tessera table (async, SGD, rows made on first touch); each
 #           request is one step's TS_CLIENT_SPARSE_PUSH_PULL of a CTR batch (BATCH keys:
-#           256 examples x 26 fields = 6656 by default) drawn Zipf(ZIPF) over VOCAB ids
+#           256 examples x 26 fields = 6656 by default) drawn Zipf(ZIPF) over VOCAB ids;
+#           BATCHES precomputed batches a worker (4000: 26.6 M draws, about one pass over
+#           them in the run), so the table grows as a job's does: rows are made on first
+#           touch, and the rows it holds at the end are reported
 #   dense   bench/psbench: the same table as one dense tensor of VOCAB x 16 float32 pushed
 #           and pulled whole every step, which is what a parameter server without sparse
 #           tables does with a stock embedding (and what tessera.keras would, 57 x the rows
@@ -17,7 +20,7 @@
 # 1-minute load average to fall below LOAD_MAX (1.0).
 #
 # usage: bench/table_size.sh [BUILD_DIR]   (default build)
-#   env: ROUNDS (5), SECS (3: timed seconds of a sparse run), WARMUP (1), SIZES ("100000
+#   env: SUMMARY_ONLY=1 (no runs: the summary and plot of OUT), ROUNDS (5), SECS (6: timed seconds of a sparse run), WARMUP (1), BATCHES (4000), SIZES ("100000
 #        1000000 10000000 100000000"), DENSE_MAX (10000000), BATCH (6656), ZIPF (1.05),
 #        ITERS (dense push+pulls timed per worker, 5), OUT (bench/results/table-size-DATE.jsonl)
 # Output: one JSON object per run appended to OUT (the tool's fields plus kind, vocab, round,
@@ -28,11 +31,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.." || exit 1
 build=${1:-build}
 rounds=${ROUNDS:-5}
-secs=${SECS:-3}
+secs=${SECS:-6}
 warmup=${WARMUP:-1}
 read -ra sizes <<<"${SIZES:-100000 1000000 10000000 100000000}"
 dense_max=${DENSE_MAX:-10000000}
 batch=${BATCH:-6656}
+batches=${BATCHES:-4000}
 zipf=${ZIPF:-1.05}
 iters=${ITERS:-5}
 load_max=${LOAD_MAX:-1.0}
@@ -61,6 +65,7 @@ d = json.loads(sys.argv[5]); d.update(kind=sys.argv[1], vocab=int(sys.argv[2]),
 round=int(sys.argv[3]), load_before=float(sys.argv[4])); print(json.dumps(d))' "$@" >>"$out"
 }
 
+[ "${SUMMARY_ONLY:-0}" = 1 ] && rounds=0
 echo "table_size.sh: ${rounds} round(s), sizes ${sizes[*]}, batch $batch, zipf $zipf -> $out" >&2
 for ((r = 1; r <= rounds; r++)); do
   wait_quiet
@@ -70,7 +75,7 @@ for ((r = 1; r <= rounds; r++)); do
     v=${sizes[$(((i + r) % n))]}
     load=$(load1)
     j=$("$build/bench/sparsebench" --shards 2 --workers 2 --dim "$dim" --batch "$batch" \
-      --zipf "$zipf" --vocab "$v" --seconds "$secs" --warmup-seconds "$warmup" \
+      --zipf "$zipf" --vocab "$v" --batches "$batches" --seconds "$secs" --warmup-seconds "$warmup" \
       --memcpy-mib 0 --output json 2>/dev/null | tail -1)
     if [ -n "$j" ]; then record sparse "$v" "$r" "$load" "$j"; else echo "sparse $v: failed" >&2; fi
     if [ "$v" -le "$dense_max" ]; then
@@ -101,3 +106,30 @@ for v in sorted({k[1] for k in by}):
     print(f"| {v:,} | {cell(s, 'p50_us')} | {cell(s, 'rows_held', 1, '%.0f')} | "
           f"{cell(d, 'p50_us') if d else 'not run (memory)'} | {len(s)} / {len(d)} |")
 PY
+
+# bench/table_size.png: step time against ids, log-log, median with min-max (gnuplot).
+if command -v gnuplot >/dev/null; then
+  tmp=$(mktemp -d)
+  python3 - "$out" "$tmp" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for kind in ("sparse", "dense"):
+    with open(f"{sys.argv[2]}/{kind}.dat", "w") as f:
+        for v in sorted({d["vocab"] for d in rows if d["kind"] == kind}):
+            ms = [d["p50_us"] / 1e3 for d in rows if d["kind"] == kind and d["vocab"] == v]
+            f.write(f"{v} {statistics.median(ms)} {min(ms)} {max(ms)}\n")
+PY
+  gnuplot <<GP
+set terminal png size 900,560
+set output "bench/table_size.png"
+set logscale xy
+set xlabel "ids in the table (dim 16)"
+set ylabel "step time, ms (push+pull of a 256 x 26 batch)"
+set key top left
+set grid
+plot "$tmp/dense.dat" using 1:2:3:4 with yerrorlines title "the table as one dense tensor, pushed and pulled whole", \
+     "$tmp/sparse.dat" using 1:2:3:4 with yerrorlines title "Tessera's sparse table (rows the batch touches)"
+GP
+  rm -rf "$tmp"
+  echo "wrote bench/table_size.png" >&2
+fi

@@ -24,10 +24,13 @@ static int add_tensor(const ts_store_t *s, uint32_t t, psctl_entries_t *es) {
   es->owned[es->n - 1] = v;
   *e = (psctl_weights_entry_t){.name = x->name, .dtype = PSCTL_DT_F32, .rank = x->rank, .data = v};
   memcpy(e->shape, x->shape, x->rank * sizeof *x->shape);
-  for (size_t i = 0; i < s->num_parts; i++) {
+  /* the tensor's own partitions, by the plan: not a walk over every partition per tensor */
+  size_t first = s->plan.tensor_first[t], end = first + s->plan.tensor_parts[t];
+  for (size_t i = first; i < end; i++) {
+    if (s->local[i] < 0) continue;
     ts_store_record_t r;
-    ts_store_record(s, ts_store_part_at(s, i), &r);
-    if (r.tensor == t) memcpy(v + r.offset, r.bufs[0], r.count * sizeof *v);
+    ts_store_record(s, ts_store_part_at(s, (size_t)s->local[i]), &r);
+    memcpy(v + r.offset, r.bufs[0], r.count * sizeof *v);
   }
   return 0;
 }

@@ -82,6 +82,7 @@ typedef struct {
   const char *optimizer;
   long busy_poll_us;          /* -1 = job.busy_poll_us's default */
   bool verbose;
+  const char *tls_dir;     /* --tls: auth.tls with the certificates there */
 } opts_t;
 
 static opts_t opt = {
@@ -123,6 +124,8 @@ static void usage(FILE *f) {
           "  --iperf-seconds S   length of one iperf3 measurement (default 2)\n"
           "  --iperf-runs N      iperf3 measurements, half before and half after (default 2)\n"
           "  --no-iperf          skip iperf3 (iperf3_gbps and ratio are null)\n"
+          "  --tls DIR           auth.tls with DIR's ca.pem, shard.pem/.key and client.pem/.key\n"
+          "                      (tests/lib/make_tls_certs.sh makes them)\n"
           "  --verbose           progress on stderr\n",
           MAX_WORKERS, TS_CLUSTER_MAX);
 }
@@ -199,6 +202,9 @@ static int parse_args(int argc, char **argv) {
       opt.iperf_runs = atoi(v);
     } else if (strcmp(a, "--no-iperf") == 0) {
       opt.iperf = false;
+    } else if (strcmp(a, "--tls") == 0) {
+      NEED_VALUE();
+      opt.tls_dir = v;
     } else if (strcmp(a, "--verbose") == 0) {
       opt.verbose = true;
     } else {
@@ -472,13 +478,24 @@ int main(int argc, char **argv) {
     opt.busy_poll_us = defaults.busy_poll_us;
     ts_config_free(&defaults);
   }
-  char extra[1024];
+  char extra[4096];
   snprintf(extra, sizeof extra,
            "job = { mode = \"%s\"; partition_bytes = %" PRIu64 "; sync_timeout_s = 60.0; "
            "heartbeat_timeout_s = 60.0; busy_poll_us = %ld; };\n"
            "optimizer = { name = \"%s\"; learning_rate = 0.0001; };\n"
            "server = { max_message_bytes = 2147483648; };\n",
            opt.sync ? "sync" : "async", opt.partition_bytes, opt.busy_poll_us, opt.optimizer);
+  char ca[600], cert[600], key[600];
+  if (opt.tls_dir) {
+    size_t len = strlen(extra);
+    snprintf(extra + len, sizeof extra - len,
+             "auth = { tls = true; tls_ca_file = \"%s/ca.pem\"; tls_cert_file = "
+             "\"%s/shard.pem\"; tls_key_file = \"%s/shard.key\"; };\n",
+             opt.tls_dir, opt.tls_dir, opt.tls_dir);
+    snprintf(ca, sizeof ca, "%s/ca.pem", opt.tls_dir);
+    snprintf(cert, sizeof cert, "%s/client.pem", opt.tls_dir);
+    snprintf(key, sizeof key, "%s/client.key", opt.tls_dir);
+  }
   ts_cluster_t cluster;
   if (ts_cluster_start(&cluster, opt.shards, opt.workers, extra) < 0) {
     fprintf(stderr, "psbench: could not start the shards\n");
@@ -519,6 +536,11 @@ int main(int argc, char **argv) {
     o.busy_poll_us = (uint32_t)opt.busy_poll_us;
     o.log = ts_log_forward;
     o.log_level = TS_CLIENT_LOG_DEBUG;
+    if (opt.tls_dir) {
+      o.tls_ca_file = ca;
+      o.tls_cert_file = cert;
+      o.tls_key_file = key;
+    }
     if (ts_client_open(&w[i].cl, &o, w[i].errmsg, sizeof w[i].errmsg) < 0 ||
         ts_client_declare(w[i].cl, &tensor, 1, 42, w[i].errmsg, sizeof w[i].errmsg) < 0) {
       fprintf(stderr, "psbench: worker %d: %s\n", i, w[i].errmsg);

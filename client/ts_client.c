@@ -10,6 +10,7 @@
 #include "ts_alloc.h"
 #include "ts_auth.h"
 #include "ts_client_int.h"
+#include "ts_tls.h"
 #include "ts_err.h"
 #include "ts_init.h"
 #include "ts_log.h"
@@ -80,6 +81,7 @@ static int resolve(ts_cl_shard_t *sh, char *errmsg, size_t errlen) {
     ts_errmsg_printf(errmsg, errlen, "shard %u: '%s' is not host:port", sh->index, sh->addr);
     return TS_EINVAL;
   }
+  snprintf(sh->host, sizeof sh->host, "%s", host);
   struct addrinfo *ai = NULL;
   char why[300];
   struct addrinfo hints = {.ai_flags = AI_NUMERICHOST};
@@ -172,6 +174,7 @@ static void free_client(ts_client_t *c) {
   ts_free(c->shards);
   ts_free(c->identity);
   ts_auth_free_token(c->token);
+  ts_tls_ctx_free(c->tls);
   ts_free(c);
 }
 
@@ -301,6 +304,14 @@ int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg
   c->opts.token = NULL;
   c->opts.job = NULL; /* the caller's: the handshake sends c->job_p */
   c->opening = true;
+  c->opts.tls_ca_file = c->opts.tls_cert_file = c->opts.tls_key_file = NULL; /* loaded here */
+  if (o.tls_ca_file) {
+    ts_tls_files_t files = {o.tls_ca_file, o.tls_cert_file, o.tls_key_file};
+    if ((rc = ts_tls_ctx_new(&c->tls, &files, false, errmsg, errlen)) < 0) {
+      free_client(c);
+      return rc;
+    }
+  }
   rc = take_job(c, &o, errmsg, errlen);
   if (rc < 0) {
     free_client(c);

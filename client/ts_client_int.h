@@ -186,6 +186,7 @@ struct ts_cl_shard {
   ts_client_t *cl;
   uint32_t index;
   char addr[160];
+  char host[256];           /* addr's host: what a TLS shard's certificate must name */
   struct sockaddr_storage sa;
   bool by_name;             /* addr's host is a name: resolved again before each connect
                                (a name that does not resolve yet, a shard moved to a new
@@ -217,6 +218,7 @@ struct ts_cl_shard {
 struct ts_client {
   ts_client_opts_t opts;
   char *identity, *token;
+  struct ts_tls_ctx *tls;        /* opts.tls_ca_file: every link speaks TLS with it */
   char **addrs;
   uv_thread_t thread;
   uv_loop_t loop;

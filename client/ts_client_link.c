@@ -3,6 +3,7 @@
  * heartbeat timeouts, progress inside large frames), and decoding every reply into the
  * wire request waiting for it. */
 #include "ts_client_int.h"
+#include "ts_tls.h"
 
 #include <sodium.h>
 #include <stdio.h>
@@ -86,6 +87,8 @@ static void on_link_close(ts_conn_t *conn, int err) {
                conn->errmsg[0] ? conn->errmsg : (err == TS_ECLOSED ? "closed by the server" : ts_strerror(err)));
     }
     if (was_ready) ts_log_warn("lost connection to shard %u (%s): %s", sh->index, sh->addr, sh->why);
+    /* TLS refused (a certificate either side does not accept): retrying will not help. */
+    if (err == TS_EAUTH) set_fatal(sh, TS_EAUTH);
     while (sh->pending) {
       ts_cl_wreq_t *r = sh->pending;
       sh->pending = r->next;
@@ -118,6 +121,12 @@ static void connect_to(ts_cl_shard_t *sh) {
   if (!l || ts_conn_init(&c->loop, &l->conn, &ts_cl_link_cbs, TS_CL_MAX_DATA, l) < 0) {
     ts_free(l);
     ts_cl_note_why(sh, "", "out of memory");
+    schedule_retry(sh);
+    return;
+  }
+  if (c->tls && ts_conn_use_tls(&l->conn, c->tls, sh->host) < 0) {
+    ts_cl_note_why(sh, "", "out of memory");
+    ts_conn_close(&l->conn, TS_ENOMEM);
     schedule_retry(sh);
     return;
   }

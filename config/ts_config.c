@@ -545,6 +545,23 @@ const ts_config_def_t ts_config_defs[] = {
            "File holding the admin token psctl needs for admin requests (checkpoint, "
            "shutdown, model reset); empty = none. psctl reads status with the worker token "
            "when this file is not readable on its host."),
+    BOOL("auth.tls", tls, "false",
+         "TLS 1.3 on every shard connection (workers, psctl, the Python package) and on the "
+         "admin HTTP endpoint (HTTPS), with the three files below: each side verifies the "
+         "other's certificate against auth.tls_ca_file (mutual TLS), and a client checks that "
+         "the shard's certificate names the address it dialled. Every process of the job "
+         "must agree: a plaintext peer on a TLS port is refused with an error saying so "
+         "(docs/security.md)."),
+    STRING("auth.tls_ca_file", tls_ca_file, 0, PATH_BYTES, "\"\"",
+           "PEM file of the CA (or CAs) that sign the job's certificates: shards verify "
+           "clients with it, clients verify shards. Needed with auth.tls."),
+    STRING("auth.tls_cert_file", tls_cert_file, 0, PATH_BYTES, "\"\"",
+           "PEM file of this host's certificate (then its chain). A shard's must name its "
+           "cluster.ps address in subjectAltName (an IP address or a DNS name). Needed with "
+           "auth.tls."),
+    STRING("auth.tls_key_file", tls_key_file, 0, PATH_BYTES, "\"\"",
+           "PEM file of the private key of auth.tls_cert_file (readable by the daemon's user "
+           "only). Needed with auth.tls."),
 };
 
 const size_t ts_config_ndefs = sizeof ts_config_defs / sizeof ts_config_defs[0];

@@ -164,6 +164,10 @@ typedef struct {
   /* auth */
   char *token_file;
   char *admin_token_file;
+  bool tls;                   /* TLS on shard and admin connections (net/ts_tls.h) */
+  char *tls_ca_file;
+  char *tls_cert_file;
+  char *tls_key_file;
 
   /* identity, from TF_CONFIG's task (or the --shard/--task flags, which the caller sets) */
   ts_task_role_t task_role;

@@ -5,8 +5,8 @@
 set -euo pipefail
 
 pkgs=(meson ninja-build pkg-config gcc clang protobuf-c-compiler libprotobuf-c-dev libuv1-dev
-      libopenblas-dev libconfig-dev libsodium-dev zlib1g-dev libcjson-dev libcmocka-dev
-      libmicrohttpd-dev libsystemd-dev dataset-fashion-mnist "$@")
+      libopenblas-dev libconfig-dev libsodium-dev libssl-dev zlib1g-dev libcjson-dev libcmocka-dev
+      libmicrohttpd-dev libsystemd-dev dataset-fashion-mnist openssl "$@")
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -7,6 +7,7 @@
  * on what is queued, and one way out, ts_conn_close. ts_require marks each state change.
  */
 #include "ts_conn.h"
+#include "ts_conn_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,19 +31,6 @@
  * section 12.2). */
 #define RECV_BUFFER (4 * 1024 * 1024)
 
-typedef struct {
-  uv_write_t req;
-  ts_conn_t *conn;
-  ts_conn_write_cb cb;      /* a whole frame (ts_conn_send) */
-  ts_conn_parts_cb pcb;     /* or a group of payload buffers (ts_conn_send_parts) */
-  void *arg;
-  unsigned first, count;    /* pcb: the payload buffers this request carries */
-  bool last;                /* the frame's final request */
-  unsigned corked;          /* whole frames held back (cork) that went out before it */
-  size_t mem;               /* charged to write_mem while queued */
-  unsigned nbufs;
-  uv_buf_t bufs[];
-} write_req_t;
 
 static void on_close(uv_handle_t *h);
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
@@ -91,6 +79,7 @@ int ts_conn_start(ts_conn_t *c) {
   int rc = uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read);
   if (rc == 0) c->reading = true;
   c->read_progress_ms = uv_now(c->handle.loop);
+  if (rc == 0 && c->tls) ts_conn_tls_start(c);
   return rc;
 }
 
@@ -111,7 +100,11 @@ static bool write_queue_drained(const ts_conn_t *c) {
 }
 
 size_t ts_conn_write_queue(const ts_conn_t *c) {
-  return uv_stream_get_write_queue_size((const uv_stream_t *)&c->handle);
+  /* With TLS: ciphertext handed to libuv, and plaintext still to be encrypted once the
+   * handshake is done (frames waiting for a handshake that never ends never go: they hold
+   * no close back). */
+  return uv_stream_get_write_queue_size((const uv_stream_t *)&c->handle) +
+         (c->tls && c->tls->ready ? c->tls->pending : 0);
 }
 
 void ts_conn_close(ts_conn_t *c, int err) {
@@ -125,6 +118,7 @@ void ts_conn_close(ts_conn_t *c, int err) {
 
 static void on_close(uv_handle_t *h) {
   ts_conn_t *c = h->data;
+  if (c->tls) ts_conn_tls_closed(c); /* libuv cancelled what it held; now what we hold */
   ts_free(c->meta);
   c->meta = NULL;
   ts_free(c->scratch);
@@ -154,13 +148,16 @@ static bool may_read(const ts_conn_t *c) {
 }
 
 static void update_reading(ts_conn_t *c) {
-  /* Bytes read ahead go first: the socket is read once they are all handed on. */
+  /* Bytes read ahead go first: the socket is read once they are all handed on. So do
+   * bytes TLS has decrypted, or can. */
   if (may_read(c) && c->ra_off < c->ra_len && !c->feeding) feed(c);
+  if (c->tls && may_read(c) && !c->tls->starved && !c->tls->pumping) ts_conn_tls_pump(c);
   if (c->closing) return;
   /* While the read-ahead is being handed on (feed), reading follows may_read alone: the
    * socket is read no earlier than feed returns with nothing left, and when it returns with
    * bytes left, reading was stopped by what stopped it (held, paused, closing). */
-  bool want = may_read(c) && (c->feeding || c->ra_off == c->ra_len);
+  bool want = may_read(c) && (c->feeding || c->ra_off == c->ra_len) &&
+              (!c->tls || c->tls->starved);
   uint64_t now = uv_now(c->handle.loop);
   if (want && !c->reading) {
     if (uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read) == 0) c->reading = true;
@@ -212,6 +209,10 @@ static void next_buf(ts_conn_t *c, uv_buf_t *buf) {
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   ts_conn_t *c = h->data;
+  if (c->tls) {
+    ts_conn_tls_alloc(c, buf);
+    return;
+  }
   /* Reading is started only once the read-ahead is used up (update_reading). */
   ts_require(c->ra_off == c->ra_len);
   if (c->state == TS_CONN_READ_HEADER && c->got == 0) {
@@ -369,6 +370,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (nread == 0) return;
   c->read_progress_ms = uv_now(c->handle.loop);
   c->bytes_in += (uint64_t)nread;
+  if (c->tls) {
+    ts_conn_tls_read(c, buf->base, (size_t)nread);
+    return;
+  }
   if (c->ra && buf->base == (char *)c->ra) {
     c->ra_off = 0;
     c->ra_len = (size_t)nread;
@@ -416,6 +421,9 @@ static void advance(ts_conn_t *c, size_t n) {
       const char *desc = NULL;
       int rc = ts_frame_decode_header(c->header, c->got, c->max_data, &c->hdr, &desc);
       if (rc == TS_EINCOMPLETE) return;
+      if (rc < 0 && c->header[0] == 0x16 && (c->got < 2 || c->header[1] == 0x03))
+        desc = "a TLS handshake on a plaintext connection: auth.tls must be the same on both "
+               "sides";
       if (rc < 0) {
         ts_log_warn("%s: closing connection: %s (%s)", c->peer, desc ? desc : "bad header",
                     ts_err_name(rc));
@@ -450,7 +458,23 @@ static void advance(ts_conn_t *c, size_t n) {
 /* --- writing ----------------------------------------------------------------------- */
 
 static void on_write(uv_write_t *req, int status) {
-  write_req_t *w = (write_req_t *)req;
+  ts_conn_int_write_done((write_req_t *)req, status);
+}
+
+bool ts_conn_int_after_write(ts_conn_t *c, int status) {
+  if (c->closing) return true;
+  if (status < 0 && status != UV_ECANCELED) {
+    ts_conn_close(c, status);
+    return true;
+  }
+  if (c->close_after_write && ts_conn_write_queue(c) == 0) {
+    ts_conn_close(c, c->close_err);
+    return true;
+  }
+  return false;
+}
+
+void ts_conn_int_write_done(write_req_t *w, int status) {
   ts_conn_t *c = w->conn;
   c->write_progress_ms = uv_now(c->handle.loop);
   if (status == 0) c->frames_out += w->corked + (w->last ? 1u : 0u);
@@ -458,15 +482,7 @@ static void on_write(uv_write_t *req, int status) {
   if (w->pcb) w->pcb(c, w->arg, w->first, w->count, w->last, status);
   ts_conn_charge(c, -(int64_t)w->mem);
   ts_free(w);
-  if (c->closing) return;
-  if (status < 0 && status != UV_ECANCELED) {
-    ts_conn_close(c, status);
-    return;
-  }
-  if (c->close_after_write && ts_conn_write_queue(c) == 0) {
-    ts_conn_close(c, c->close_err);
-    return;
-  }
+  if (ts_conn_int_after_write(c, status)) return;
   if (c->paused && write_queue_drained(c)) {
     c->paused = false;
     update_reading(c);
@@ -496,7 +512,9 @@ uint64_t ts_conn_read_stall_ms(const ts_conn_t *c, uint64_t now_ms) {
 /* Queue one write request; the stall clock starts when the queue goes from empty to not. */
 static int queue_write(ts_conn_t *c, write_req_t *w, size_t alloc_bytes) {
   if (ts_conn_write_queue(c) == 0) c->write_progress_ms = uv_now(c->handle.loop);
-  int rc = uv_write(&w->req, (uv_stream_t *)&c->handle, w->bufs, w->nbufs, on_write);
+  int rc = c->tls && !c->tls->plain
+               ? ts_conn_tls_queue(c, w)
+               : uv_write(&w->req, (uv_stream_t *)&c->handle, w->bufs, w->nbufs, on_write);
   if (rc < 0) return rc;
   /* Our allocation, and libuv's copy of a buffer list longer than the 4 a request holds. */
   w->mem = ts_alloc_cost(alloc_bytes);
@@ -679,6 +697,25 @@ int ts_conn_send_error(ts_conn_t *c, uint64_t request_id, int code, const char *
 
 void ts_conn_fail(ts_conn_t *c, uint64_t request_id, int code, const char *detail) {
   if (c->closing || c->close_after_write) return;
+  char tls_why[256];
+  if (c->tls && !c->tls->ready && !c->tls->plain) {
+    if (c->tls->first_n > 0 || !ts_tls_server(c->tls->tls)) {
+      /* In the middle of a TLS handshake: there is no channel to say it on. */
+      snprintf(c->errmsg, sizeof c->errmsg, "%s", detail ? detail : ts_strerror(code));
+      ts_conn_close(c, code);
+      return;
+    }
+    /* A TLS client speaks first; one that sent nothing may be a plaintext client waiting
+     * for our hello: it can read this in plaintext, as a refusal (EAUTH: it would not get
+     * in by trying again). */
+    code = TS_EAUTH;
+    snprintf(tls_why, sizeof tls_why,
+             "this shard requires TLS (auth.tls = true in its job file), and this client sent "
+             "no TLS hello: %s",
+             detail ? detail : ts_strerror(code));
+    detail = tls_why;
+    c->tls->plain = true;
+  }
   c->close_after_write = true;
   update_reading(c);
   c->close_err = code;
@@ -700,3 +737,11 @@ void ts_conn_close_graceful(ts_conn_t *c, int err) {
   update_reading(c);
   c->close_err = err;
 }
+
+/* --- for the TLS layer (ts_conn_int.h) ---------------------------------------------- */
+
+void ts_conn_int_next_buf(ts_conn_t *c, uv_buf_t *buf) { next_buf(c, buf); }
+void ts_conn_int_advance(ts_conn_t *c, size_t n) { advance(c, n); }
+bool ts_conn_int_may_read(const ts_conn_t *c) { return may_read(c); }
+void ts_conn_int_update_reading(ts_conn_t *c) { update_reading(c); }
+void ts_conn_int_flush_cork(ts_conn_t *c) { flush_cork(c); }

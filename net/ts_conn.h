@@ -27,6 +27,7 @@
 #include "ts_msg.h"
 
 typedef struct ts_conn ts_conn_t;
+struct ts_tls_ctx;
 
 /* The meta of a frame is decoded. For a frame with a payload (h->data_len > 0) set *iov to
  * *niov buffers whose lengths add up to h->data_len (the payload is read into them in order,
@@ -138,6 +139,8 @@ struct ts_conn {
    * took before the last stop, and when that time last started counting. */
   uint64_t frame_bytes, frame_active_ms, frame_mark_ms;
 
+  struct ts_conn_tls *tls;    /* TLS state (ts_conn_use_tls); NULL for plaintext */
+
   char peer[64];
   char errmsg[256];
   uint64_t frames_in, frames_out, bytes_in, bytes_out;
@@ -150,6 +153,15 @@ struct ts_conn {
  * anything is allocated for it. */
 int ts_conn_init(uv_loop_t *loop, ts_conn_t *c, const ts_conn_cbs_t *cbs, uint64_t max_data,
                  void *data);
+
+/* Speak TLS on c (ts_tls.h), between ts_conn_init and ts_conn_start: the handshake runs
+ * first (a client starts it in ts_conn_start), frames sent before it ends wait for it, and
+ * every frame after is encrypted, in records of up to 16 KiB, a window of ciphertext at a
+ * time. peer_host: for a client, the host its certificate must name (NULL: not checked).
+ * A failed handshake closes c with TS_EAUTH and errmsg saying why; a plaintext peer is
+ * refused with an Error frame it can read (a shard's side) or a clear errmsg (a client's).
+ * ctx must outlive c. 0 or TS_ENOMEM. */
+int ts_conn_use_tls(ts_conn_t *c, struct ts_tls_ctx *ctx, const char *peer_host);
 
 /* Set TCP_NODELAY and a 4 MiB receive buffer (the send buffer autotuned), record the peer
  * address, and start reading. */

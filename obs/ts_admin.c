@@ -202,7 +202,8 @@ int ts_admin_listen(ts_admin_t *a, const char *addr, const ts_http_limits_t *lim
                     size_t errlen) {
   int rc = ts_http_start(&a->http, addr, limits, on_request, a, errmsg, errlen);
   if (rc < 0) return rc;
-  ts_log_info("admin endpoint on http://%s (" ROUTES ")", addr);
+  ts_log_info("admin endpoint on %s://%s (" ROUTES ")",
+              limits && limits->tls_cert_file ? "https" : "http", addr);
   return 0;
 }
 

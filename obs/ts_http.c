@@ -50,6 +50,7 @@ struct ts_http {
   void *arg;
   char addr[128];
   ts_http_limits_t lim;
+  char *tls_cert, *tls_key; /* PEM text for HTTPS (NULL: plain HTTP) */
   http_conn_t *head, *tail; /* polling thread only */
   /* Read by any thread (ts_http_stats), written by the polling thread. */
   unsigned long long open, closed_deadline, closed_per_ip, closed_max;
@@ -320,12 +321,48 @@ static int listen_on(const char *addr, char *errmsg, size_t errlen, int *fd_out)
   return -err;
 }
 
+/* A PEM file's text (at most 1 MiB), ts_malloc'd; NULL with errmsg set. */
+static char *read_pem(const char *path, char *errmsg, size_t errlen) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    snprintf(errmsg, errlen, "%s: cannot open: %s", path, strerror(errno));
+    return NULL;
+  }
+  size_t cap = 1u << 20;
+  char *buf = ts_malloc(cap + 1);
+  size_t n = buf ? fread(buf, 1, cap + 1, f) : 0;
+  fclose(f);
+  if (!buf || n == 0 || n > cap) {
+    snprintf(errmsg, errlen, "%s: %s", path, !buf ? "out of memory" : n ? "over 1 MiB" : "empty");
+    ts_free(buf);
+    return NULL;
+  }
+  buf[n] = 0;
+  return buf;
+}
+
+static void free_http(ts_http_t *h) {
+  ts_free(h->tls_cert);
+  ts_free(h->tls_key);
+  ts_free(h);
+}
+
 int ts_http_start(ts_http_t **out, const char *addr, const ts_http_limits_t *limits,
                   ts_http_handler_cb handler, void *arg, char *errmsg, size_t errlen) {
   *out = NULL;
   ts_http_t *h = ts_calloc(1, sizeof *h);
   if (!h) return TS_ENOMEM;
   if (limits) h->lim = *limits;
+  bool tls = h->lim.tls_cert_file || h->lim.tls_key_file;
+  if (tls && (!h->lim.tls_cert_file || !h->lim.tls_key_file ||
+              !(h->tls_cert = read_pem(h->lim.tls_cert_file, errmsg, errlen)) ||
+              !(h->tls_key = read_pem(h->lim.tls_key_file, errmsg, errlen)))) {
+    if (!h->lim.tls_cert_file || !h->lim.tls_key_file)
+      snprintf(errmsg, errlen, "HTTPS needs both a certificate and a key");
+    free_http(h);
+    return TS_ECONFIG;
+  }
+  h->lim.tls_cert_file = h->lim.tls_key_file = NULL; /* the caller's: read */
   if (!h->lim.max_connections) h->lim.max_connections = DEFAULT_MAX_CONNECTIONS;
   if (!h->lim.max_connections_per_ip) h->lim.max_connections_per_ip = DEFAULT_PER_IP;
   if (!(h->lim.request_timeout_s > 0)) h->lim.request_timeout_s = DEFAULT_TIMEOUT_S;
@@ -339,13 +376,23 @@ int ts_http_start(ts_http_t **out, const char *addr, const ts_http_limits_t *lim
   int fd = -1;
   int rc = listen_on(addr, errmsg, errlen, &fd);
   if (rc < 0) {
-    ts_free(h);
+    free_http(h);
     return rc;
   }
+  /* TLS 1.3 only, as the shards' own connections. */
+  struct MHD_OptionItem tls_opts[] = {
+      {MHD_OPTION_HTTPS_MEM_CERT, 0, h->tls_cert},
+      {MHD_OPTION_HTTPS_MEM_KEY, 0, h->tls_key},
+      {MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)"NORMAL:-VERS-ALL:+VERS-TLS1.3"},
+      {MHD_OPTION_END, 0, NULL},
+  };
+  struct MHD_OptionItem no_opts[] = {{MHD_OPTION_END, 0, NULL}};
   /* Published before the thread starts, so a handler may already use *out (ts_http_stats). */
   *out = h;
-  h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
+  h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
+                                (tls ? MHD_USE_TLS : 0),
                             0, on_accept, h, on_request, h,
+                            MHD_OPTION_ARRAY, tls ? tls_opts : no_opts,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
                             MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
                             MHD_OPTION_CONNECTION_LIMIT,
@@ -357,8 +404,9 @@ int ts_http_start(ts_http_t **out, const char *addr, const ts_http_limits_t *lim
   if (!h->mhd) {
     *out = NULL;
     close(fd);
-    ts_free(h);
-    snprintf(errmsg, errlen, "admin address %s: libmicrohttpd failed to start", addr);
+    free_http(h);
+    snprintf(errmsg, errlen, "admin address %s: libmicrohttpd failed to start%s", addr,
+             tls ? " (HTTPS: is the key the certificate's, both PEM?)" : "");
     return TS_EINTERNAL;
   }
   *out = h;
@@ -369,5 +417,5 @@ void ts_http_stop(ts_http_t *h) {
   if (!h) return;
   /* Closes the listening socket and joins the thread. */
   MHD_stop_daemon(h->mhd);
-  ts_free(h);
+  free_http(h);
 }

@@ -34,6 +34,10 @@ typedef struct {
   unsigned max_connections;        /* [256] open at once */
   unsigned max_connections_per_ip; /* [32] open at once from one client address */
   double request_timeout_s;        /* [5] whole-request deadline */
+  /* HTTPS (TLS 1.3) with this PEM certificate (then its chain) and key, as auth.tls's
+   * files: both NULL (default) for plain HTTP. Clients are not asked for a certificate:
+   * probes (Kubernetes, Prometheus) rarely have one, and the endpoint serves reads only. */
+  const char *tls_cert_file, *tls_key_file;
 } ts_http_limits_t;
 
 /* Connection figures, for /metrics. */
@@ -57,9 +61,9 @@ typedef void (*ts_http_handler_cb)(void *arg, const char *path, ts_http_reply_t 
 
 /* Listen on addr ("host:port", as cluster.ps_http; the host is resolved, the first address
  * that binds wins) and serve with handler from a new thread, within limits (NULL: all
- * defaults; copied). Returns 0, TS_ECONFIG for an address that does not parse or resolve,
- * or a negative errno when bind/listen fail, with the reason in errmsg; nothing is left
- * running on error. */
+ * defaults; copied, the TLS files read here). Returns 0, TS_ECONFIG for an address that
+ * does not parse or resolve or a TLS file that cannot be read, or a negative errno when
+ * bind/listen fail, with the reason in errmsg; nothing is left running on error. */
 int ts_http_start(ts_http_t **out, const char *addr, const ts_http_limits_t *limits,
                   ts_http_handler_cb handler, void *arg, char *errmsg, size_t errlen);
 

@@ -92,6 +92,11 @@ static int gather(cluster_view_t *v, double timeout) {
   o.admin = true;
   o.identity = ident;
   o.token = token;
+  if (cfg->tls) {
+    o.tls_ca_file = cfg->tls_ca_file;
+    o.tls_cert_file = cfg->tls_cert_file;
+    o.tls_key_file = cfg->tls_key_file;
+  }
   o.connect_timeout_s = timeout;
   o.request_timeout_s = timeout;
   o.require_all = false;
@@ -101,7 +106,7 @@ static int gather(cluster_view_t *v, double timeout) {
   ts_client_token_free(token);
   if (rc < 0) {
     fprintf(stderr, "psctl: %s\n", err);
-    return rc == TS_EINVAL ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
+    return rc == TS_EINVAL || rc == TS_ECONFIG ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
   }
   v->st = ts_calloc(cfg->num_ps, sizeof *v->st);
   v->why = ts_calloc(cfg->num_ps, sizeof *v->why);

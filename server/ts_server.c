@@ -21,6 +21,7 @@
 #include "ts_log.h"
 #include "ts_notify.h"
 #include "ts_server_int.h"
+#include "ts_tls.h"
 
 /* A stopping shard drops a peer that does not read its last replies after this long at
  * most: the connection would otherwise keep the shard from ever exiting. */
@@ -233,6 +234,14 @@ int ts_server_start(ts_server_t **out, uv_loop_t *loop, const ts_server_opts_t *
     goto fail;
   }
   if (cfg->checkpoint_sign) ts_ckpt_file_set_key(srv->admin_token);
+  if (cfg->tls) {
+    ts_tls_files_t files = {cfg->tls_ca_file, cfg->tls_cert_file, cfg->tls_key_file};
+    char why[400];
+    if ((rc = ts_tls_ctx_new(&srv->tls, &files, true, why, sizeof why)) < 0) {
+      ts_errmsg_printf(errmsg, errlen, "auth.tls: %s", why);
+      goto fail;
+    }
+  }
 
   struct addrinfo *ai = NULL;
   char why[300];
@@ -337,5 +346,6 @@ void ts_server_free(ts_server_t *srv) {
   ts_pushid_free(&srv->pushids);
   ts_auth_free_token(srv->token);
   ts_auth_free_token(srv->admin_token);
+  ts_tls_ctx_free(srv->tls);
   ts_free(srv);
 }

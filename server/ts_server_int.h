@@ -229,6 +229,7 @@ struct ts_server {
   ts_pushid_t pushids;  /* the push ids applied, per task and client (ts_pushid.h) */
 
   char *token, *admin_token;
+  struct ts_tls_ctx *tls;    /* auth.tls: every connection speaks TLS with it */
   uint64_t started_ms;
 
   /* The end of the job (ts_session.c, handle_heartbeat): the worker shard 0 chose to

@@ -521,7 +521,8 @@ void ts_session_accept(uv_stream_t *listener, int status) {
   if (s->next) s->next->prev = s;
   srv->sessions = s;
   srv->num_sessions++;
-  if (uv_accept(listener, (uv_stream_t *)&s->conn.handle) < 0 || ts_conn_start(&s->conn) < 0) {
+  if (uv_accept(listener, (uv_stream_t *)&s->conn.handle) < 0 ||
+      (srv->tls && ts_conn_use_tls(&s->conn, srv->tls, NULL) < 0) || ts_conn_start(&s->conn) < 0) {
     ts_conn_close(&s->conn, TS_ECLOSED);
     return;
   }

@@ -66,7 +66,9 @@ int ts_shard_admin_start(ts_admin_t **out, const ts_config_t *cfg, uint32_t shar
   }
   ts_http_limits_t lim = {.max_connections = (unsigned)cfg->http_max_connections,
                           .max_connections_per_ip = (unsigned)cfg->http_max_connections_per_ip,
-                          .request_timeout_s = cfg->http_request_timeout_s};
+                          .request_timeout_s = cfg->http_request_timeout_s,
+                          .tls_cert_file = cfg->tls ? cfg->tls_cert_file : NULL,
+                          .tls_key_file = cfg->tls ? cfg->tls_key_file : NULL};
   rc = ts_admin_listen(*out, cfg->ps_http[shard], &lim, errmsg, errlen);
   if (rc < 0) {
     ts_errmsg_wrapf(errmsg, errlen, "cluster.ps_http[%u]", shard);

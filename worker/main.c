@@ -265,6 +265,11 @@ int main(int argc, char **argv) {
   o.task = (int)task;
   o.identity = ident;
   o.token = token;
+  if (cfg.tls) {
+    o.tls_ca_file = cfg.tls_ca_file;
+    o.tls_cert_file = cfg.tls_cert_file;
+    o.tls_key_file = cfg.tls_key_file;
+  }
   o.connect_timeout_s = cfg.connect_timeout_s;
   o.cancel = &stop_requested;
   /* The job as this worker's file has it: a shard whose file differs refuses it. */

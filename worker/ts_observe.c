@@ -248,7 +248,9 @@ int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char 
   publish(o); /* before it listens: no request finds it unpublished */
   ts_http_limits_t lim = {.max_connections = (unsigned)cfg->http_max_connections,
                           .max_connections_per_ip = (unsigned)cfg->http_max_connections_per_ip,
-                          .request_timeout_s = cfg->http_request_timeout_s};
+                          .request_timeout_s = cfg->http_request_timeout_s,
+                          .tls_cert_file = cfg->tls ? cfg->tls_cert_file : NULL,
+                          .tls_key_file = cfg->tls ? cfg->tls_key_file : NULL};
   rc = ts_admin_listen(o->admin, cfg->workers[task], &lim, errmsg, errlen);
   if (rc < 0) {
     ts_errmsg_wrapf(errmsg, errlen, "cluster.workers[%d]", task);

@@ -182,6 +182,16 @@ typedef struct {
   /* When not NULL, ts_client_open gives up within 50 ms of *cancel becoming non-zero (a
    * flag a signal handler sets), failing with TS_CLIENT_ESHUTDOWN. Default NULL. */
   const volatile sig_atomic_t *cancel;
+  /* TLS 1.3 to the shards (a job file's auth.tls): PEM files of the CA that signs the
+   * shards' certificates, and of this client's own certificate and key (the shards ask for
+   * one: mutual TLS). Each shard's certificate must name the host of its address. A shard
+   * whose certificate fails the check, or that speaks plaintext, is refused: ts_client_open
+   * fails with errmsg saying why (require_all), as for any shard it cannot reach. A file
+   * that cannot be loaded fails ts_client_open with TS_CLIENT_ECONFIG naming it. NULL
+   * tls_ca_file (default): plaintext. */
+  const char *tls_ca_file;
+  const char *tls_cert_file;
+  const char *tls_key_file;
 } ts_client_opts_t;
 
 /* One setting of a job, for ts_client_opts_t.job: a key as a job file spells it

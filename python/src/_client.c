@@ -109,16 +109,16 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"addrs", "task", "admin", "token_file", "identity",
                            "connect_timeout", "request_timeout", "heartbeat_interval",
                            "heartbeat_timeout", "require_all", "busy_poll_us", "log",
-                           "log_level", "job", NULL};
+                           "log_level", "job", "tls", NULL};
   PyObject *addrs, *logfn = Py_None, *token_file = Py_None, *identity = Py_None;
-  PyObject *job_o = Py_None;
+  PyObject *job_o = Py_None, *tls_o = Py_None;
   int task = 0, admin = 0, require_all = 1, log_level = TS_CLIENT_LOG_INFO;
   double connect_timeout = 5.0, request_timeout = 60.0, hb_interval = 0.0, hb_timeout = 5.0;
   unsigned int busy = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ipOOddddpIOiO", kwlist, &addrs, &task, &admin,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ipOOddddpIOiOO", kwlist, &addrs, &task, &admin,
                                    &token_file, &identity, &connect_timeout, &request_timeout,
                                    &hb_interval, &hb_timeout, &require_all, &busy, &logfn,
-                                   &log_level, &job_o))
+                                   &log_level, &job_o, &tls_o))
     return -1;
   if (self->sh) {
     PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
@@ -152,6 +152,20 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   }
   if (identity != Py_None && !(j->identity = dup_utf8(identity))) goto fail;
   if (job_o != Py_None && job_settings(j, job_o) < 0) goto fail;
+  if (tls_o != Py_None) {
+    /* (CA file, certificate file, key file): auth.tls */
+    if (!PyTuple_Check(tls_o) || PyTuple_GET_SIZE(tls_o) != 3) {
+      PyErr_SetString(PyExc_TypeError, "tls must be (ca_file, cert_file, key_file)");
+      goto fail;
+    }
+    for (int i = 0; i < 3; i++) {
+      PyObject *b = PyUnicode_EncodeFSDefault(PyTuple_GET_ITEM(tls_o, i));
+      if (!b) goto fail;
+      j->tls[i] = strdup(PyBytes_AS_STRING(b));
+      Py_DECREF(b);
+      if (!j->tls[i]) goto nomem;
+    }
+  }
   if (token_file != Py_None) {
     PyObject *b = PyUnicode_EncodeFSDefault(token_file);
     if (!b) goto fail;
@@ -169,6 +183,9 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   j->opts.task = task;
   j->opts.identity = j->identity;
   j->opts.token = j->token;
+  j->opts.tls_ca_file = j->tls[0];
+  j->opts.tls_cert_file = j->tls[1];
+  j->opts.tls_key_file = j->tls[2];
   j->opts.connect_timeout_s = connect_timeout;
   j->opts.request_timeout_s = request_timeout;
   j->opts.heartbeat_interval_s = hb_interval;

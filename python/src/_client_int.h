@@ -69,6 +69,7 @@ typedef struct job {
   size_t naddrs;
   char *identity;
   char *token;
+  char *tls[3];        /* auth.tls: CA, certificate and key files (NULL: plaintext) */
   ts_client_job_setting_t *job_kv; /* the job settings the handshake sends (opts.job) */
   char **job_str;                  /* their keys and values, 2 per setting */
   size_t njob;

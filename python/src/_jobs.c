@@ -138,6 +138,7 @@ void job_free(job_t *j) {
   free(j->job_str);
   free(j->job_kv);
   ts_client_token_free(j->token);
+  for (int i = 0; i < 3; i++) free(j->tls[i]);
   for (size_t i = 0; i < j->ntensors; i++) {
     free(j->names ? j->names[i] : NULL);
     free(j->shapes ? j->shapes[i] : NULL);

@@ -544,3 +544,29 @@ int ts_cluster_stop_rm(ts_cluster_t *c, const char *dir) {
   if (system(cmd) != 0) fprintf(stderr, "harness: cannot remove %s\n", dir);
   return rc;
 }
+
+int ts_tls_certs(char *dir, size_t n, char *auth_out, size_t auth_n) {
+  snprintf(dir, n, "/tmp/tessera-tls-XXXXXX");
+  if (!mkdtemp(dir)) {
+    perror("harness: mkdtemp");
+    return -1;
+  }
+  char script[600], out[256], err[2048];
+  snprintf(script, sizeof script, "%s/tests/lib/make_tls_certs.sh", TS_SOURCE_ROOT);
+  const char *argv[] = {"/bin/bash", script, dir, NULL};
+  if (ts_run_capture(argv, out, sizeof out, err, sizeof err) != 0) {
+    fprintf(stderr, "harness: %s failed: %s\n", script, err);
+    return -1;
+  }
+  snprintf(auth_out, auth_n,
+           "auth = { tls = true; tls_ca_file = \"%s/ca.pem\"; tls_cert_file = \"%s/shard.pem\"; "
+           "tls_key_file = \"%s/shard.key\"; };\n",
+           dir, dir, dir);
+  return 0;
+}
+
+void ts_tls_certs_rm(const char *dir) {
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "harness: could not remove %s\n", dir);
+}

@@ -33,6 +33,9 @@ typedef struct {
   int worker_port[TS_CLUSTER_MAX];      /* worker t's admin endpoint (cluster.workers) */
   pid_t pid[TS_CLUSTER_MAX];
   int bad_exits;               /* shards that stopped on SIGTERM with a non-zero status */
+  /* Set by a test whose job has auth.tls (ts_tls_certs's directory), after the start: the
+   * helpers' clients (model_pull) then speak TLS with its certificates. */
+  char tls_dir[256];
 } ts_cluster_t;
 
 /* Start num_shards servers for a job of num_workers workers. extra_cfg is appended to the
@@ -161,6 +164,14 @@ int ts_free_port(void);
  * the connection fails); the body (NUL-terminated, truncated to n-1) goes to body and the
  * Content-Type header's value to ctype (size ctn, may be NULL). */
 int ts_http_get(int port, const char *path, char *body, size_t n, char *ctype, size_t ctn);
+
+/* Test certificates for auth.tls (tests/lib/make_tls_certs.sh says which) in a new
+ * temporary directory, its path into dir (n bytes; remove it with ts_tls_certs_rm). With
+ * cert "shard", auth_out gets the job file's auth group for TLS with those files (the
+ * shards' certificate serves the clients of the test too: one host). 0, or -1 after saying
+ * why. */
+int ts_tls_certs(char *dir, size_t n, char *auth_out, size_t auth_n);
+void ts_tls_certs_rm(const char *dir);
 
 /* Paths of the built binaries (set by meson). */
 extern const char *ts_ps_server_path;

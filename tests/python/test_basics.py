@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,8 @@ import pytest
 
 import tessera
 from tessera import _client
+
+from conftest import ASYNC_SGD1
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,6 +149,28 @@ def test_shard_must_prove_the_token(cluster, tmp_path):
     assert ei.value.name == "EAUTH"
     with tessera.Client(cluster=cl.addrs, connect_timeout=3) as c:  # no token: as before
         c.declare({"w": 4})
+
+
+def test_tls_from_the_job_file(cluster, tmp_path):
+    # auth.tls (docs/security.md, "Encryption between hosts"): the job file's three files
+    # take the package's client through TLS 1.3; a CA that did not sign the shard's
+    # certificate is refused with AuthError saying so, and a plaintext client is refused
+    # in words.
+    certs = tmp_path / "certs"
+    subprocess.run(["bash", str(ROOT / "tests/lib/make_tls_certs.sh"), str(certs)], check=True)
+    auth = (f'auth = {{ tls = true; tls_ca_file = "{certs}/ca.pem"; '
+            f'tls_cert_file = "{certs}/shard.pem"; tls_key_file = "{certs}/shard.key"; }};\n'
+            'server = { handshake_timeout_s = 1.0; };\n')
+    cl = cluster(2, 1, ASYNC_SGD1 + auth)
+    with tessera.Client(cl.config, timeout=10) as c:
+        c.declare({"w": 1000})
+        c.push({"w": np.ones(1000, np.float32)})
+        assert np.array_equal(c.pull()["w"], np.full(1000, -1.0, np.float32))
+    other = (str(certs / "other-ca.pem"), str(certs / "client.pem"), str(certs / "client.key"))
+    with pytest.raises(tessera.AuthError, match="no CA of auth.tls_ca_file signed it"):
+        tessera.Client(cluster=cl.addrs, tls=other, connect_timeout=3)
+    with pytest.raises(tessera.TesseraError, match="this shard requires TLS"):
+        tessera.Client(cluster=cl.addrs, connect_timeout=3)
 
 
 def test_status_checkpoint_failures_job_id_workers_joined(cluster, tmp_path):

@@ -32,6 +32,15 @@ float *ts_pull_model_params(ts_cluster_t *c, const ts_model_t *m, uint64_t seed,
                         .connect_timeout_s = 5,
                         .request_timeout_s = 10,
                         .require_all = true};
+  char ca[300], cert[300], key[300];
+  if (c->tls_dir[0]) {
+    snprintf(ca, sizeof ca, "%s/ca.pem", c->tls_dir);
+    snprintf(cert, sizeof cert, "%s/shard.pem", c->tls_dir);
+    snprintf(key, sizeof key, "%s/shard.key", c->tls_dir);
+    o.tls_ca_file = ca;
+    o.tls_cert_file = cert;
+    o.tls_key_file = key;
+  }
   ts_client_t *cl = NULL;
   assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
   assert_int_equal(ts_client_declare(cl, decl, m->num_tensors, seed, err, sizeof err), 0);

@@ -122,11 +122,18 @@ static void check_final_report(ts_cluster_t *c, const ts_proc_t *w, int workers,
   if (!(fabs(shown - fin) <= 1e-6)) fail_msg("psctl shows %.9f, evaluated %.6f", shown, fin);
 }
 
-static void train_and_check(const char *mode, int workers, double min_acc) {
-  char job[2048];
+/* With tls, the whole job speaks TLS 1.3 (auth.tls): shards, workers, psctl and the test's
+ * own client. */
+static double train_and_check(const char *mode, int workers, double min_acc, bool tls) {
+  char job[4096], certs[256] = "", auth[1200] = "";
   job_text(job, sizeof job, mode, "batch_size = 64; epochs = 2; log_interval_s = 1.0;");
+  if (tls) {
+    assert_int_equal(ts_tls_certs(certs, sizeof certs, auth, sizeof auth), 0);
+    strncat(job, auth, sizeof job - strlen(job) - 1);
+  }
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, workers, job), 0);
+  snprintf(c.tls_dir, sizeof c.tls_dir, "%s", certs);
   ts_proc_t w[4];
   for (int t = 0; t < workers; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
   for (int t = 0; t < workers; t++) {
@@ -146,12 +153,23 @@ static void train_and_check(const char *mode, int workers, double min_acc) {
   fprintf(stderr, "%s: the final parameters' test accuracy %.4f\n", mode, fin);
   assert_true(fin >= min_acc);
   check_final_report(&c, w, workers, fin);
+  if (tls) {
+    for (int i = 0; i < 2; i++) assert_false(ts_cluster_log_has(&c, i, "TLS handshake with"));
+  }
   assert_int_equal(ts_cluster_stop(&c), 0);
+  if (tls) ts_tls_certs_rm(certs);
+  return fin;
 }
 
+/* 2 shards + 2 workers in sync mode, in plaintext and over TLS (auth.tls): the same data
+ * order and the same averaged steps, so the same final parameters (0.8593 both ways,
+ * 2026-12-02); the tolerance only allows for a step a loaded machine drops. */
 static void test_fashion_mnist_sync(void **state) {
   (void)state;
-  train_and_check("sync", 2, 0.84);
+  double plain = train_and_check("sync", 2, 0.84, false);
+  double tls = train_and_check("sync", 2, 0.84, true);
+  fprintf(stderr, "sync: final accuracy %.4f in plaintext, %.4f over TLS\n", plain, tls);
+  assert_true(fabs(plain - tls) <= 0.01);
 }
 
 /* Async with momentum ends where the two workers' last interleaved pushes leave it: the
@@ -159,7 +177,7 @@ static void test_fashion_mnist_sync(void **state) {
  * (2026-12-02), so the floor is 0.80 (a dead network stays at 0.10). */
 static void test_fashion_mnist_async(void **state) {
   (void)state;
-  train_and_check("async", 2, 0.80);
+  train_and_check("async", 2, 0.80, false);
 }
 
 /* --- sync exactness: 2 workers x batch B == 1 worker x batch 2B ------------------------ */

@@ -94,6 +94,10 @@ KEYS: Dict[str, str] = {
     "checkpoint.restore_from": "checkpoint_restore_from",
     "auth.token_file": "token_file",
     "auth.admin_token_file": "admin_token_file",
+    "auth.tls": "tls",
+    "auth.tls_ca_file": "tls_ca_file",
+    "auth.tls_cert_file": "tls_cert_file",
+    "auth.tls_key_file": "tls_key_file",
 }
 
 
@@ -186,3 +190,7 @@ class JobKeys:
     checkpoint_restore_from: List[str]  #: checkpoint.restore_from
     token_file: str  #: auth.token_file
     admin_token_file: str  #: auth.admin_token_file
+    tls: bool  #: auth.tls
+    tls_ca_file: str  #: auth.tls_ca_file
+    tls_cert_file: str  #: auth.tls_cert_file
+    tls_key_file: str  #: auth.tls_key_file

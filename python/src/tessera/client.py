@@ -122,6 +122,10 @@ class Client(TablesMixin):
         The job's by default.
     identity : str, optional
         Free text for the shards' logs (default "python task T pid P@host").
+    tls : (str, str, str), optional
+        TLS 1.3 to the shards: the CA file, this client's certificate and its key (PEM).
+        Default: the job's ``auth.tls_ca_file``, ``auth.tls_cert_file`` and
+        ``auth.tls_key_file`` when its ``auth.tls`` is true, else plaintext.
 
     Raises
     ------
@@ -139,7 +143,8 @@ class Client(TablesMixin):
                  busy_poll_us: Optional[int] = None,
                  heartbeat_interval: Optional[float] = None,
                  heartbeat_timeout: Optional[float] = None,
-                 identity: Optional[str] = None):
+                 identity: Optional[str] = None,
+                 tls: Optional[Tuple[str, str, str]] = None):
         self._c: Any = None
         self.job: Optional[Job] = None
         if config is not None:
@@ -170,6 +175,8 @@ class Client(TablesMixin):
             heartbeat_timeout = job.heartbeat_timeout_s if job else 5.0
         if connect_timeout is None:
             connect_timeout = min(float(timeout), 30.0)
+        if tls is None and job is not None and job.tls:
+            tls = (job.tls_ca_file, job.tls_cert_file, job.tls_key_file)
         if identity is None:
             identity = f"python task {task} pid {os.getpid()}@{socket.gethostname()}"
         self.task: int = int(task)
@@ -190,7 +197,7 @@ class Client(TablesMixin):
             connect_timeout=float(connect_timeout), request_timeout=float(timeout),
             heartbeat_interval=float(heartbeat_interval),
             heartbeat_timeout=float(heartbeat_timeout), require_all=require_all,
-            busy_poll_us=int(busy_poll_us), log=_log,
+            busy_poll_us=int(busy_poll_us), log=_log, tls=tls,
             log_level=_client.LOG_DEBUG if logger.isEnabledFor(logging.DEBUG)
             else _client.LOG_INFO,
             # A worker with a job file is checked against the shards' at the handshake (mode,

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <openssl/err.h>
@@ -18,6 +19,7 @@
 
 #include "calls.h"
 #include "harness.h"
+#include "rawconn.h"
 #include "ts_err.h"
 
 static char certs[256];
@@ -192,6 +194,35 @@ static void test_bad_shard_certificates(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* An attack on the handshake: 300 sockets each send the start of a TLS record announcing
+ * 16 KiB and stall, beside a good TLS client. They take only the pre-authentication quota
+ * (128) and its deadline; the good client gets in and is served exact values, each round
+ * trip under 2 s; the shard's RSS grows by less than 64 MiB. */
+#define FLOOD 300
+static void test_handshake_flood(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  start_tls_cluster(&c, "shard");
+  long before = ts_proc_rss_kib(c.pid[0]);
+  static int fds[FLOOD];
+  static const unsigned char partial[] = {0x16, 0x03, 0x01, 0x40, 0x00, 0x01, 0x00, 0x3f, 0xfc};
+  for (int i = 0; i < FLOOD; i++) {
+    fds[i] = ts_raw_connect(c.port[0]);
+    assert_true(fds[i] >= 0);
+    ts_raw_send_all(fds[i], partial, sizeof partial);
+  }
+  double t0 = ts_now_s();
+  exact_round_trip(&c, 1000);
+  double took = ts_now_s() - t0;
+  if (took > 2.0) fail_msg("the good client took %.2f s beside the flood", took);
+  long after = ts_proc_rss_kib(c.pid[0]);
+  fprintf(stderr, "handshake flood: shard RSS %ld -> %ld KiB\n", before, after);
+  assert_true(after - before < 64 * 1024);
+  for (int i = 0; i < FLOOD; i++) close(fds[i]);
+  assert_true(ts_cluster_log_has(&c, 0, "(server.max_preauth_connections); the oldest is closed"));
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 static void test_missing_files_refused_at_start(void **state) {
   (void)state;
   /* A key that is not there stops the start, naming the file. */
@@ -223,6 +254,7 @@ int main(void) {
       cmocka_unit_test(test_exact_values_over_tls),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_bad_shard_certificates),
+      cmocka_unit_test(test_handshake_flood),
       cmocka_unit_test(test_missing_files_refused_at_start),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

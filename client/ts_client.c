@@ -1,5 +1,6 @@
 /* The public API of include/tessera/client.h, except requests (ts_client_req.c): opening
  * and closing a client, the job and plan queries, declare, heartbeats, status and admin. */
+#include <float.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -723,6 +724,25 @@ int ts_client_job_end(ts_client_t *c, ts_client_job_end_t *out, char *errmsg, si
   }
   *out = op.job_end;
   return 0;
+}
+
+static bool is_auc(double v) { return v >= 0.0 && v <= 1.0; } /* false for NaN */
+
+void ts_client_set_auc(ts_client_t *c, double auc) {
+  if (!c) return;
+  uv_mutex_lock(&c->mu);
+  c->p_has_auc = is_auc(auc);
+  c->p_auc = c->p_has_auc ? auc : 0.0;
+  uv_mutex_unlock(&c->mu);
+}
+
+void ts_client_set_test_auc(ts_client_t *c, double auc, double logloss) {
+  if (!c) return;
+  uv_mutex_lock(&c->mu);
+  c->p_has_test_auc = is_auc(auc) && logloss >= 0.0 && logloss <= DBL_MAX;
+  c->p_test_auc = c->p_has_test_auc ? auc : 0.0;
+  c->p_test_logloss = c->p_has_test_auc ? logloss : 0.0;
+  uv_mutex_unlock(&c->mu);
 }
 
 void ts_client_set_final_accuracy(ts_client_t *c, double accuracy) {

@@ -268,6 +268,8 @@ struct ts_client {
   char p_device[64];             /* mu: ts_client_set_device */
   bool p_has_final;         /* ts_client_set_final_accuracy */
   double p_final;
+  bool p_has_auc, p_has_test_auc; /* mu: ts_client_set_auc, ts_client_set_test_auc */
+  double p_auc, p_test_auc, p_test_logloss;
   _Atomic double timeout_s;      /* ts_client_set_timeout may change it from any thread */
   uint64_t restarts;             /* mu */
 

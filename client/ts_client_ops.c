@@ -361,6 +361,11 @@ static void send_req(ts_cl_wreq_t *r) {
       memcpy(device, c->p_device, sizeof device);
       m.has_final_test_accuracy = c->p_has_final;
       m.final_test_accuracy = c->p_final;
+      m.has_auc = c->p_has_auc;
+      m.auc = c->p_auc;
+      m.has_test_auc = c->p_has_test_auc;
+      m.test_auc = c->p_test_auc;
+      m.test_logloss = c->p_test_logloss;
       uv_mutex_unlock(&c->mu);
       m.device = device;
       m.job_end = r->op && r->op->ask_end;

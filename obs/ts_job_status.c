@@ -24,6 +24,16 @@ void ts_job_status_merge_workers(const ts_job_status_view_t *v, ts_job_status_wo
         x->epoch_progress = ws->epoch_progress;
         x->reported = true;
       }
+      /* Every shard gets the same heartbeats: the freshest shard's AUC. */
+      if (ws->has_auc && (!x->has_auc || ws->last_seen_s <= x->last_seen_s)) {
+        x->has_auc = true;
+        x->auc = ws->auc;
+      }
+      if (ws->has_test_auc && !x->has_test_auc) {
+        x->has_test_auc = true;
+        x->test_auc = ws->test_auc;
+        x->test_logloss = ws->test_logloss;
+      }
       if (!x->seen || ws->last_seen_s < x->last_seen_s) x->last_seen_s = ws->last_seen_s;
       /* A shard without partitions gets no pushes: its step of the worker lags (sync). */
       if (ws->step_known && (!sync || st->partitions > 0)) {
@@ -193,6 +203,9 @@ cJSON *ts_job_status_json_worker(const ts_job_status_worker_t *w) {
     cJSON_AddStringToObject(o, "device", w->device);
   else
     cJSON_AddNullToObject(o, "device");
+  add_number_or_null(o, "auc", w->has_auc, w->auc);
+  add_number_or_null(o, "test_auc", w->has_test_auc, w->test_auc);
+  add_number_or_null(o, "test_logloss", w->has_test_auc, w->test_logloss);
   return o;
 }
 

@@ -63,6 +63,8 @@ typedef struct {
   uint64_t step;
   double loss, examples_per_sec, last_seen_s, epoch_progress;
   const char *device; /* the device it trains on; NULL or "" until reported */
+  bool has_auc, has_test_auc; /* a CTR model's AUC (progressive) and test AUC, log loss */
+  double auc, test_auc, test_logloss;
 } ts_job_status_worker_t;
 
 /* "alive", "stopped", "dead" or "not joined" (see above). */

@@ -1,5 +1,7 @@
 #include "ts_status.h"
 
+#include <float.h>
+
 #include <stdalign.h>
 #include <stdio.h>
 #include <string.h>
@@ -96,6 +98,13 @@ int ts_status_from_pb(const Tessera__ShardStatus *pb, ts_client_shard_status_t *
         .stale_dropped = ws->stale_dropped,
         .reported = ws->reported, .step_known = ws->step_known};
     w[i].device = put_text(&str, ws->device);
+    /* A shard's AUC is shown as it sent it only when it is one. */
+    w[i].has_auc = ws->has_auc && ws->auc >= 0.0 && ws->auc <= 1.0;
+    w[i].auc = w[i].has_auc ? ws->auc : 0.0;
+    w[i].has_test_auc = ws->has_test_auc && ws->test_auc >= 0.0 && ws->test_auc <= 1.0 &&
+                        ws->test_logloss >= 0.0 && ws->test_logloss <= DBL_MAX;
+    w[i].test_auc = w[i].has_test_auc ? ws->test_auc : 0.0;
+    w[i].test_logloss = w[i].has_test_auc ? ws->test_logloss : 0.0;
   }
   for (size_t i = 0; i < nt; i++) {
     const Tessera__TableStatus *ts = pb->tables[i];

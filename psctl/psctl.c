@@ -180,8 +180,12 @@ static void print_shards_table(const cluster_view_t *v) {
 }
 
 static void print_workers_table(const ts_job_status_worker_t *w, size_t n) {
-  printf("%-5s %10s %10s %12s %11s %8s %-10s %s\n", "TASK", "STEP", "LOSS", "EXAMPLES/S",
-         "LAST SEEN", "EPOCH", "STATE", "DEVICE");
+  bool ctr = false; /* a CTR model's AUC columns, when a worker reports one */
+  for (size_t i = 0; i < n; i++) ctr |= w[i].has_auc || w[i].has_test_auc;
+  printf("%-5s %10s %10s %12s %11s %8s ", "TASK", "STEP", "LOSS", "EXAMPLES/S", "LAST SEEN",
+         "EPOCH");
+  if (ctr) printf("%7s %8s %12s ", "AUC", "TEST AUC", "TEST LOGLOSS");
+  printf("%-10s %s\n", "STATE", "DEVICE");
   for (size_t i = 0; i < n; i++) {
     /* '-': not reported yet (before a worker's first report, never a made-up 0). */
     char step[24] = "-", loss[24] = "-", eps[24] = "-", seen[32] = "never", epoch[16] = "-";
@@ -193,6 +197,11 @@ static void print_workers_table(const ts_job_status_worker_t *w, size_t n) {
     }
     if (w[i].seen) snprintf(seen, sizeof seen, "%.1fs ago", w[i].last_seen_s);
     printf("%-5d %10s %10s %12s %11s %8s ", w[i].task, step, loss, eps, seen, epoch);
+    char auc[16] = "-", tauc[16] = "-", tloss[24] = "-";
+    if (w[i].has_auc) snprintf(auc, sizeof auc, "%.4f", w[i].auc);
+    if (w[i].has_test_auc) snprintf(tauc, sizeof tauc, "%.4f", w[i].test_auc);
+    if (w[i].has_test_auc) snprintf(tloss, sizeof tloss, "%.4f", w[i].test_logloss);
+    if (ctr) printf("%7s %8s %12s ", auc, tauc, tloss);
     const char *state = ts_job_status_worker_state(&w[i]);
     if (w[i].seen)
       cell(state, 10, w[i].done || w[i].alive);

@@ -114,6 +114,8 @@ typedef struct {
   bool step_known; /* step came from a report or an accepted push */
   char identity[128];
   char device[64]; /* the device it reported ("" until then) */
+  bool has_auc, has_test_auc; /* a CTR model's AUC (Heartbeat.auc, .test_auc) */
+  double auc, test_auc, test_logloss;
   ts_session_t *holder; /* the connection that speaks for the task (ts_identity.h), or NULL */
 } ts_worker_info_t;
 

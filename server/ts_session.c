@@ -7,6 +7,7 @@
 #include "ts_server_int.h"
 
 #include <sodium.h>
+#include <float.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -126,6 +127,17 @@ static void handle_heartbeat(ts_session_t *s, Tessera__Heartbeat *m) {
     }
     /* Stored clean: psctl, /status and logs print it (base/ts_text.h). */
     if (m->device && *m->device) ts_text_clean(m->device, w->device, sizeof w->device);
+    /* A CTR model's AUC: kept only when it is one (in [0, 1]; NaN refused). */
+    if (m->has_auc && m->auc >= 0.0 && m->auc <= 1.0) {
+      w->has_auc = true;
+      w->auc = m->auc;
+    }
+    if (m->has_test_auc && m->test_auc >= 0.0 && m->test_auc <= 1.0 && m->test_logloss >= 0.0 &&
+        m->test_logloss <= DBL_MAX) {
+      w->has_test_auc = true;
+      w->test_auc = m->test_auc;
+      w->test_logloss = m->test_logloss;
+    }
     if (m->done && ts_barrier_done(&srv->barrier, s->task)) {
       ts_log_info("worker %d finished at step %llu", s->task, (unsigned long long)m->step);
       ts_sync_check_barriers(srv, false);

@@ -115,6 +115,11 @@ int ts_shard_status_build(ts_server_t *srv, ts_shard_status_msg_t *sm) {
     ws[n].reported = w->reported;
     ws[n].step_known = w->step_known;
     ws[n].device = (char *)w->device;
+    ws[n].has_auc = w->has_auc;
+    ws[n].auc = w->auc;
+    ws[n].has_test_auc = w->has_test_auc;
+    ws[n].test_auc = w->test_auc;
+    ws[n].test_logloss = w->test_logloss;
     wp[n] = &ws[n];
     n++;
   }

@@ -299,6 +299,7 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
       res->loss = interval_loss / (double)interval_steps;
       res->train_auc = ts_ctr_auc(pos, neg);
       ts_client_set_progress(t->client, k + 1, res->loss, eps, progress, false);
+      ts_client_set_auc(t->client, res->train_auc); /* psctl workers: AUC */
       ts_log_info("step %llu/%llu  epoch %llu %3.0f%%  logloss %.4f  auc %.4f  %.0f examples/s",
                   (unsigned long long)(k + 1), (unsigned long long)total,
                   (unsigned long long)epoch + 1, progress * 100.0, res->loss, res->train_auc, eps);
@@ -341,6 +342,11 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
     ts_errmsg_wrapf(errmsg, errlen, "evaluation");
     goto out;
   }
+  /* psctl workers: TEST AUC and TEST LOGLOSS, with this heartbeat and the goodbye. */
+  ts_client_set_test_auc(t->client, res->test_auc, res->test_loss);
+  char hb_err[256];
+  if (ts_client_heartbeat(t->client, hb_err, sizeof hb_err) < 0)
+    ts_log_debug("heartbeat with the test AUC: %s", hb_err);
   if (t->on_progress) {
     ts_progress_t pg = {.step = res->steps,
                         .global_step = global_step,

@@ -663,6 +663,16 @@ TS_CLIENT_API void ts_client_set_done(ts_client_t *c, bool done);
  * clears it; longer than 63 bytes is cut. */
 TS_CLIENT_API void ts_client_set_device(ts_client_t *c, const char *device);
 
+/* A CTR model's AUC over its last log interval's batches, each scored before its update
+ * (progressive validation), carried by the next heartbeats so `psctl workers` can show it.
+ * A value outside [0, 1] (NaN) clears it. */
+TS_CLIENT_API void ts_client_set_auc(ts_client_t *c, double auc);
+
+/* A CTR model's AUC and log loss on the test rows, once the worker has evaluated them,
+ * carried by the next heartbeats (`psctl workers`: test auc, test logloss). An AUC outside
+ * [0, 1] or a log loss that is negative or not finite clears them. */
+TS_CLIENT_API void ts_client_set_test_auc(ts_client_t *c, double auc, double logloss);
+
 /* Send a heartbeat to every ready shard now and wait for the replies. */
 TS_CLIENT_API int ts_client_heartbeat(ts_client_t *c, char *errmsg, size_t errlen);
 
@@ -706,6 +716,10 @@ typedef struct {
                                   (ts_client_set_progress); else they are 0 and unknown */
   bool step_known;             /* step was reported or taken from a push the shard accepted */
   const char *device;          /* the device it trains on ("/cpu:0"); "" until reported */
+  bool has_auc;                /* a CTR model's progressive AUC (ts_client_set_auc) */
+  double auc;
+  bool has_test_auc;           /* its test AUC and log loss (ts_client_set_test_auc) */
+  double test_auc, test_logloss;
 } ts_client_worker_status_t;
 
 /* One embedding table on one shard. */

@@ -404,6 +404,16 @@ static PyObject *status_dict(const ts_client_shard_status_t *s) {
     /* What the worker has not reported is None (psctl's JSON null). */
     PyObject *dev = w->device && w->device[0] ? PyUnicode_FromString(w->device) : Py_NewRef(Py_None);
     PyObject *state = PyUnicode_FromString(w->done ? "stopped" : w->alive ? "alive" : "dead");
+    PyObject *auc = w->has_auc ? PyFloat_FromDouble(w->auc) : Py_NewRef(Py_None);
+    PyObject *tauc = w->has_test_auc ? PyFloat_FromDouble(w->test_auc) : Py_NewRef(Py_None);
+    PyObject *tloss = w->has_test_auc ? PyFloat_FromDouble(w->test_logloss) : Py_NewRef(Py_None);
+    if (d && (!auc || !tauc || !tloss || PyDict_SetItemString(d, "auc", auc) < 0 ||
+              PyDict_SetItemString(d, "test_auc", tauc) < 0 ||
+              PyDict_SetItemString(d, "test_logloss", tloss) < 0))
+      Py_CLEAR(d);
+    Py_XDECREF(auc);
+    Py_XDECREF(tauc);
+    Py_XDECREF(tloss);
     if (d && (!dev || !state || PyDict_SetItemString(d, "device", dev) < 0 ||
               PyDict_SetItemString(d, "state", state) < 0 ||
               PyDict_SetItemString(d, "reported", w->reported ? Py_True : Py_False) < 0 ||

@@ -11,7 +11,8 @@
  *     before the network saw which integers were missing), both workers report the same AUC and log loss (sync: the
  *     same final parameters), and the log, worker 0's /metrics (while it trains) and
  *     its TensorBoard events (each interval's epoch_auc in train/, the test rows' in
- *     validation/) show the AUC;
+ *     validation/) and psctl workers (the last interval's AUC, the test AUC and log loss)
+ *     show the AUC;
  *   - a bad line in the training file: the worker exits 78 naming the file and the line;
  *   - DLRM's dot interactions (a dot layer) train too: AUC above 0.75 after one epoch of
  *     50k rows on one shard and one worker.
@@ -195,6 +196,24 @@ static void test_ctr_job_auc(void **state) {
   }
   assert_true(intervals >= 1);
   assert_true(fabs(test_auc - auc0) < 1e-6);
+  /* psctl workers: each worker's last interval AUC, and its test AUC and log loss. */
+  static char out[65536], perr[4096];
+  const char *json[] = {"-c", c.config, "workers", "-o", "json", NULL};
+  assert_int_equal(ts_run_psctl(json, out, sizeof out, perr, sizeof perr), 0);
+  const char *at = strstr(out, "\"test_auc\":"), *ll = strstr(out, "\"test_logloss\":");
+  const char *live_auc = strstr(out, "\"auc\":");
+  assert_non_null(at);
+  assert_non_null(ll);
+  assert_non_null(live_auc);
+  double shown = atof(at + strlen("\"test_auc\":")), shown_ll = atof(ll + strlen("\"test_logloss\":"));
+  double shown_live = atof(live_auc + strlen("\"auc\":"));
+  fprintf(stderr, "psctl workers: auc %.4f, test auc %.6f, test logloss %.6f\n", shown_live, shown,
+          shown_ll);
+  assert_true(fabs(shown - auc0) < 1e-5 && fabs(shown_ll - ll0) < 1e-5);
+  assert_true(shown_live > 0.5 && shown_live <= 1.0);
+  const char *table[] = {"-c", c.config, "workers", NULL};
+  assert_int_equal(ts_run_psctl(table, out, sizeof out, perr, sizeof perr), 0);
+  assert_non_null(strstr(out, "TEST AUC"));
   assert_int_equal(ts_cluster_stop(&c), 0);
 
   /* A bad line: exit 78 with the file and line. */

@@ -43,6 +43,9 @@ class WorkerStatus:
     state: str = "alive"          # "alive", "stopped" (it said it finished or left), "dead"
     reported: bool = False        # loss, examples_per_sec, epoch_progress were reported
     step_known: bool = False      # step was reported or taken from an accepted push
+    auc: Optional[float] = None   # a CTR model's AUC over its last log interval's batches
+    test_auc: Optional[float] = None      # and on the test rows, once it evaluated them,
+    test_logloss: Optional[float] = None  # with their log loss (ps-worker's CTR model)
 
 
 @dataclass(frozen=True)

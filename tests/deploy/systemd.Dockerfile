@@ -7,7 +7,7 @@ FROM ${DEBIAN}
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       systemd systemd-sysv \
       meson ninja-build pkg-config gcc libc6-dev protobuf-c-compiler libprotobuf-c-dev \
-      libuv1-dev libopenblas-dev libconfig-dev libsodium-dev zlib1g-dev libcjson-dev \
+      libuv1-dev libopenblas-dev libconfig-dev libsodium-dev libssl-dev zlib1g-dev libcjson-dev \
       libmicrohttpd-dev libsystemd-dev dataset-fashion-mnist \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CTR model of ps-worker (deploy/local/ctr.cfg) three ways, for bench/RESULTS.md
+# The CTR model of ps-worker (deploy/local/ctr.cfg) four ways, for bench/RESULTS.md
 # (issue 28), in alternating rounds on the same Criteo-shaped rows (bench/criteo_gen:
 # ROWS training rows, 20000 test rows, 26 fields capped at CARD ids, Zipf 1.05, seed 3):
 #
@@ -10,10 +10,16 @@
 #               thread each, the same job
 #   local       the same model in one plain Keras process, Keras's Embedding and Adam
 #               0.002, global batch 2B, 2 TensorFlow threads
+#   pss         the same model on TensorFlow's ParameterServerStrategy (bench/keras_pss_ctr.py,
+#               Keras 2 from tf-keras): 2 ps tasks (the embedding split over them), 2 worker
+#               tasks and the coordinator, one TensorFlow thread each, batch B per worker
+#               step, Adam 0.002, asynchronous (the strategy is)
 #
 # examples/s over the training window (fit's for Keras, the training loop's for ps-worker:
 # the earliest start to the latest end of the workers, from their done: lines; start-up,
-# reading the files and the test evaluation left out), and each run's test AUC.
+# reading the files and the test evaluation left out), each run's test AUC, and the bytes
+# the run moved over the loopback interface (/proc/net/dev's lo, start-up included) per
+# step of a worker: what a step costs on the wire.
 #
 # usage: bench/keras_ctr.sh [BUILD_DIR]   env: RUNS (5), ROWS (200000), CARD (100), B (256),
 #        EPOCHS (2), VENV (default: python/venv.sh's)
@@ -27,6 +33,14 @@ for b in server/ps-server worker/ps-worker bench/criteo_gen; do
 done
 venv=${VENV:-$(python/venv.sh)} || { echo "keras_ctr.sh: python/venv.sh failed" >&2; exit 1; }
 py="$venv/bin/python"
+# tf-keras of the venv's TensorFlow version, unpacked beside the venv (as bench/keras.sh).
+tfv=$("$py" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
+tfk="$(dirname "$venv")/tf-keras-$tfv"
+ways=(ps-worker keras local pss)
+if [ ! -d "$tfk/tf_keras" ] && ! "$py" -m pip install -q --no-deps --target "$tfk" "tf-keras==$tfv" >&2; then
+  echo "keras_ctr.sh: could not install tf-keras==$tfv: the ParameterServerStrategy rounds skip" >&2
+  ways=(ps-worker keras local)
+fi
 export TF_CPP_MIN_LOG_LEVEL=2
 cfg=deploy/local/ctr.cfg
 bench_start keras-ctr
@@ -38,11 +52,16 @@ echo "# data: $rows training rows, 20000 test rows (best AUC $best), fields capp
 
 field() { sed -n "s/.*$1=\\([0-9.]*\\).*/\\1/p" "${@:2}"; }
 results=()
-report() { # what eps auc
-  printf 'what=%s run=%d examples_per_sec=%.0f auc=%s load=%s\n' "$1" "$r" "$2" "$3" \
-    "$(cut -d' ' -f1 /proc/loadavg)"
+lo_bytes() { awk '$1 == "lo:" {print $2}' /proc/net/dev; }
+report() { # what eps auc steps
+  local moved=$(( $(lo_bytes) - lo0 )) per=0
+  [ "${4:-0}" -gt 0 ] && per=$(( moved / $4 ))
+  printf 'what=%s run=%d examples_per_sec=%.0f auc=%s bytes_per_step=%d load=%s\n' "$1" "$r" \
+    "$2" "$3" "$per" "$(cut -d' ' -f1 /proc/loadavg)"
   results+=("$1 $2")
+  bytes+=("$1 $per")
 }
+bytes=()
 cluster_sets() {
   free_port p0; free_port p1; free_port h0; free_port h1; free_port w0; free_port w1
   psp=("$p0" "$p1")
@@ -52,15 +71,32 @@ cluster_sets() {
         --set "data.train_path=\"$dir/train.tsv\"" --set "data.test_path=\"$dir/test.tsv\"")
 }
 for r in $(seq 1 "$runs"); do
-  order=(ps-worker keras local)
-  for k in $(seq 0 2); do
-    what=${order[$(((k + r) % 3))]}
+  nw=${#ways[@]}
+  for k in $(seq 0 $((nw - 1))); do
+    what=${ways[$(((k + r) % nw))]}
+    lo0=$(lo_bytes)
     case $what in
+      pss)
+        free_port q0; free_port q1; free_port q2; free_port q3; free_port q4
+        pargs=(--ps "$q0,$q1" --workers "$q2,$q3" --chief "$q4" --records "$dir/records.bin")
+        for t in "ps 0" "ps 1" "worker 0" "worker 1"; do
+          read -r role idx <<<"$t"
+          PYTHONPATH="$tfk" timeout 900 "$py" bench/keras_pss_ctr.py --role "$role" --index "$idx" \
+            "${pargs[@]}" >/dev/null 2>"$dir/pss-$role$idx.log" </dev/null &
+          pids+=($!)
+        done
+        PYTHONPATH="$tfk" timeout 900 "$py" bench/keras_pss_ctr.py --role chief "${pargs[@]}" \
+          --train "$dir/train.tsv" --test "$dir/test.tsv" --batch "$B" --epochs "$epochs" \
+          >"$dir/pss.out" 2>"$dir/pss.log" ||
+          { echo "keras_ctr.sh: the ParameterServerStrategy run failed:"; tail -5 "$dir/pss.log"; exit 1; }
+        stop_all
+        report pss "$(field examples_per_sec "$dir/pss.out")" "$(field auc "$dir/pss.out")" \
+          "$(field steps "$dir/pss.out")" ;;
       local)
         "$py" bench/keras_ctr.py --local --train "$dir/train.tsv" --test "$dir/test.tsv" \
           --batch $((2 * B)) --epochs "$epochs" --threads 2 >"$dir/local.out" 2>"$dir/local.log" ||
           { echo "keras_ctr.sh: the local run failed:"; tail -5 "$dir/local.log"; exit 1; }
-        report local "$(field examples_per_sec "$dir/local.out")" "$(field auc "$dir/local.out")" ;;
+        report local "$(field examples_per_sec "$dir/local.out")" "$(field auc "$dir/local.out")" 1 ;;
       *)
         cluster_sets
         if [ "$what" = keras ]; then
@@ -70,13 +106,17 @@ for r in $(seq 1 "$runs"); do
         fi
         run_cluster 2 "${sets[@]}" ||
           { echo "keras_ctr.sh: a $what worker failed:"; tail -5 "$dir"/w*.log; exit 1; }
-        report "$what" "$(window_eps "$dir/w0.out" "$dir/w1.out")" "$(field auc "$dir/w0.out")" ;;
+        report "$what" "$(window_eps "$dir/w0.out" "$dir/w1.out")" "$(field auc "$dir/w0.out")" \
+          $(( $(field steps "$dir/w0.out") + $(field steps "$dir/w1.out") )) ;;
     esac
   done
 done
 echo "# summary (examples/s over the training window: median, min-max of $runs rounds)"
-for w in ps-worker keras local; do
+for w in "${ways[@]}"; do
   printf '%s\n' "${results[@]}" | awk -v w=$w '$1 == w {print $2}' | sort -g |
     awk -v w=$w '{a[NR]=$1} END {if (!NR) exit; m = (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2;
                    printf "# %s: median %.0f, min %.0f, max %.0f\n", w, m, a[1], a[NR]}'
+  printf '%s\n' "${bytes[@]}" | awk -v w=$w '$1 == w {print $2}' | sort -g |
+    awk -v w=$w '{a[NR]=$1} END {if (!NR) exit; m = (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2;
+                   printf "# %s: bytes per worker step median %.0f, min %.0f, max %.0f\n", w, m, a[1], a[NR]}'
 done

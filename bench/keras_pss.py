@@ -42,6 +42,24 @@ def cluster_spec(args) -> dict:
     return {"chief": hosts(args.chief), "worker": hosts(args.workers), "ps": hosts(args.ps)}
 
 
+def tf_task(args, spec: dict):
+    """Start this process's task of the cluster spec (args.role, args.index), TensorFlow on
+    args.threads threads: a ps or worker task serves until it is killed and never returns;
+    the chief gets (tensorflow, its cluster resolver)."""
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": spec, "task": {"type": args.role, "index": args.index}})
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if args.role != "chief":
+        server = tf.distribute.Server(resolver.cluster_spec(), job_name=args.role,
+                                      task_index=args.index, protocol="grpc", start=True)
+        server.join()
+        sys.exit(0)
+    return tf, resolver
+
+
 def build_model(keras):
     # The example's CNN, layer for layer (tf.keras spells them the same way).
     return example.build_model(keras)
@@ -67,18 +85,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     spec = cluster_spec(args)
-    os.environ["TF_CONFIG"] = json.dumps(
-        {"cluster": spec, "task": {"type": args.role, "index": args.index}})
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    if args.role != "chief":
-        server = tf.distribute.Server(resolver.cluster_spec(), job_name=args.role,
-                                      task_index=args.index, protocol="grpc", start=True)
-        server.join()
-        return 0
-
+    tf, resolver = tf_task(args, spec)
     import tf_keras as keras
     xtr, ytr, xte, yte = example.load(argparse.Namespace())
     x, y = prep(xtr), ytr.astype(np.int32)

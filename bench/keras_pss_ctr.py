@@ -21,7 +21,6 @@ The chief prints a line like ps-worker's (the training window is the timed fit's
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -34,6 +33,7 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import keras_ctr  # noqa: E402  (the data's features, the model, the AUC)
+import keras_pss  # noqa: E402  (the cluster's tasks)
 
 FEAT = 2 * keras_ctr.INTS
 RECORD = FEAT * 4 + keras_ctr.CATS * 8 + 4
@@ -61,20 +61,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="TensorFlow threads per task")
     args = ap.parse_args(argv)
 
-    hosts = lambda s: [f"127.0.0.1:{p}" for p in s.split(",") if p]  # noqa: E731
-    spec = {"chief": hosts(args.chief), "worker": hosts(args.workers), "ps": hosts(args.ps)}
-    os.environ["TF_CONFIG"] = json.dumps(
-        {"cluster": spec, "task": {"type": args.role, "index": args.index}})
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    if args.role != "chief":
-        server = tf.distribute.Server(resolver.cluster_spec(), job_name=args.role,
-                                      task_index=args.index, protocol="grpc", start=True)
-        server.join()
-        return 0
-
+    spec = keras_pss.cluster_spec(args)
+    tf, resolver = keras_pss.tf_task(args, spec)
     import tf_keras as keras
     keras.utils.set_random_seed(42)
     (xi, xc, y), (ti, tc, ty), vocab = keras_ctr.features(keras_ctr.read_tsv(args.train),

@@ -122,21 +122,50 @@ static int pull(const ts_ctr_trainer_t *t, step_reqs_t *q, float *params, size_t
   return rc;
 }
 
+/* Push the dense gradients and every table's rows' gradients. ids[0] (dense) and ids[1 +
+ * table]: 0 for a first attempt, else the push ids of the attempt it retries (retry_of: a
+ * shard that applied it before the failure answers duplicate), and each request's push id
+ * on return. */
 static int push(const ts_ctr_trainer_t *t, step_reqs_t *q, float *grads, size_t batch,
-                uint64_t step, uint64_t *stale, char *errmsg, size_t errlen) {
+                uint64_t step, uint64_t *stale, uint64_t *ids, char *errmsg, size_t errlen) {
   ts_ctr_t *m = t->model;
   const ts_layers_t *d = &m->net.desc;
-  int rc = ts_seq_get_grads(&m->net, 0, grads, d->param_count);
-  if (rc < 0) return rc;
   ts_client_req_init(&q->dense, TS_CLIENT_PUSH);
   for (size_t i = 0; i < d->num_tensors; i++) q->grad[i] = grads + d->tensors[i].offset;
   q->dense.grad = q->grad;
   q->dense.step = step;
+  q->dense.retry_of = ids[0];
   table_reqs(m, q, TS_CLIENT_SPARSE_PUSH, batch, step, 0, step, false);
-  rc = run_all(t, q, true, errmsg, errlen);
+  for (size_t i = 0; i < m->num_tables; i++) q->table[i].retry_of = ids[1 + i];
+  int rc = run_all(t, q, true, errmsg, errlen);
   *stale = q->dense.stale;
   for (size_t i = 0; i < m->num_tables; i++) *stale += q->table[i].stale;
+  if (q->dense.push_id) ids[0] = q->dense.push_id;
+  for (size_t i = 0; i < m->num_tables; i++)
+    if (q->table[i].push_id) ids[1 + i] = q->table[i].push_id;
   return rc;
+}
+
+/* A step's pull or push, retried while the shards are unreachable (they reconnect in the
+ * background), as the dense trainer does (ts_trainer_transient): a push's retries repeat
+ * its push ids, so no shard applies it twice. */
+static int with_retries(const ts_ctr_trainer_t *t, step_reqs_t *q, float *buf, size_t batch,
+                        bool is_push, uint64_t step_or_min, uint64_t clock, uint64_t *stale,
+                        char *errmsg, size_t errlen) {
+  uint64_t ids[1 + TS_CONFIG_EMB_FIELDS_MAX] = {0};
+  double start = now_s();
+  for (int attempt = 0;; attempt++) {
+    int rc = is_push ? push(t, q, buf, batch, step_or_min, stale, ids, errmsg, errlen)
+                     : pull(t, q, buf, batch, step_or_min, clock, true, false, errmsg, errlen);
+    if (rc == 0 || !ts_trainer_transient(rc) || *t->stop) return rc;
+    if (now_s() - start > TS_TRAINER_RETRY_GRACE_S) return rc;
+    if (attempt == 0) ts_log_warn("%s failed, retrying: %s", is_push ? "push" : "pull", errmsg);
+    char what[384];
+    snprintf(what, sizeof what, "%s retrying since %.1f s: %s", is_push ? "push" : "pull",
+             now_s() - start, errmsg);
+    if (t->on_activity) t->on_activity(t->progress_arg, false, what);
+    ts_trainer_sleep_s(0.2);
+  }
 }
 
 /* Read worker T's B rows of the next global step (skipping the others'), rewinding at an
@@ -258,8 +287,8 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
     ts_ctr_keys(m, rows, B);
     double ts0 = now_s();
     activity(t, "pulling the batch's rows and the dense layers");
-    rc = pull(t, q, params, B, sync ? TS_CLIENT_VERSION_NEXT : 0, k, true, false, errmsg,
-              errlen);
+    rc = with_retries(t, q, params, B, false, sync ? TS_CLIENT_VERSION_NEXT : 0, k, NULL, errmsg,
+                      errlen);
     if (rc < 0) {
       if (*t->stop) break;
       ts_errmsg_wrapf(errmsg, errlen, "pull at step %llu", (unsigned long long)k);
@@ -282,7 +311,10 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
     double ts2 = now_s();
     uint64_t stale = 0;
     activity(t, "pushing the dense gradients and the rows' gradients");
-    rc = push(t, q, grads, B, sync ? TS_CLIENT_STEP_PULLED : k, &stale, errmsg, errlen);
+    rc = ts_seq_get_grads(&m->net, 0, grads, m->net.desc.param_count);
+    if (rc == 0)
+      rc = with_retries(t, q, grads, B, true, sync ? TS_CLIENT_STEP_PULLED : k, k, &stale,
+                        errmsg, errlen);
     if (rc == TS_EFUTURE) rc = 0; /* a shard restarted behind: this step is lost there */
     if (rc < 0) {
       if (*t->stop) break;

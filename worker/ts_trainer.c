@@ -19,9 +19,6 @@
 #include "ts_init.h"
 #include "ts_log.h"
 
-/* How long a worker keeps retrying a pull or push while shards are unreachable. */
-#define RETRY_GRACE_S 120.0
-
 double ts_trainer_clock_s(clockid_t id) {
   struct timespec ts;
   clock_gettime(id, &ts);
@@ -62,11 +59,11 @@ void ts_trainer_epoch_order(uint64_t seed, uint64_t epoch, uint32_t *perm, size_
   }
 }
 
-static bool transient(int rc) {
+bool ts_trainer_transient(int rc) {
   return rc == TS_ECLOSED || rc == TS_EUNAVAIL || rc == TS_ETIMEDOUT || rc == TS_ENOTDECLARED;
 }
 
-static void sleep_s(double s) {
+void ts_trainer_sleep_s(double s) {
   struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
   nanosleep(&ts, NULL);
 }
@@ -112,11 +109,11 @@ static int pull_retry(const ts_trainer_t *t, float *const *dst, uint64_t min_ver
   double start = now_s();
   for (int attempt = 0;; attempt++) {
     int rc = pull_once(t, dst, min_version, clock, version, errmsg, errlen);
-    if (rc == 0 || !transient(rc) || *t->stop) return rc;
-    if (now_s() - start > RETRY_GRACE_S) return rc;
+    if (rc == 0 || !ts_trainer_transient(rc) || *t->stop) return rc;
+    if (now_s() - start > TS_TRAINER_RETRY_GRACE_S) return rc;
     if (attempt == 0) ts_log_warn("pull failed, retrying: %s", errmsg);
     activity(t, false, "pull retrying since %.1f s: %s", now_s() - start, errmsg);
-    sleep_s(0.2);
+    ts_trainer_sleep_s(0.2);
   }
 }
 
@@ -150,11 +147,11 @@ static int push(const ts_trainer_t *t, const float *const *grad, uint64_t step, 
     if (attempt > 0 && q.duplicate)
       ts_log_info("push retried: %llu partition(s) had it already and did not apply it again",
                   (unsigned long long)q.duplicate);
-    if (rc == 0 || !transient(rc) || *t->stop) return rc;
-    if (now_s() - start > RETRY_GRACE_S) return rc;
+    if (rc == 0 || !ts_trainer_transient(rc) || *t->stop) return rc;
+    if (now_s() - start > TS_TRAINER_RETRY_GRACE_S) return rc;
     if (attempt == 0) ts_log_warn("push failed, retrying: %s", errmsg);
     activity(t, false, "push retrying since %.1f s: %s", now_s() - start, errmsg);
-    sleep_s(0.2);
+    ts_trainer_sleep_s(0.2);
   }
 }
 
@@ -190,10 +187,10 @@ static int push_pull(const ts_trainer_t *t, const float *const *grad, uint64_t s
     return 0;
   }
   rc = q.push_rc;
-  if (!transient(rc) || *t->stop) return rc;
+  if (!ts_trainer_transient(rc) || *t->stop) return rc;
   ts_log_warn("push failed, retrying: %s", errmsg);
   activity(t, false, "push retrying: %s", errmsg);
-  sleep_s(0.2);
+  ts_trainer_sleep_s(0.2);
   return push(t, grad, step, stale, 1, q.push_id, errmsg, errlen);
 }
 
@@ -237,12 +234,12 @@ static void final_report(const ts_trainer_t *t, ts_towers_t *tw, float *const *d
         ts_log_info("waiting for %u other worker(s) to finish before the final evaluation",
                     je.num_workers - je.workers_finished);
       said = true;
-    } else if (!transient(rc)) {
+    } else if (!ts_trainer_transient(rc)) {
       ts_log_warn("no final accuracy: %s", err);
       return;
     } else if (fail_since < 0) {
       fail_since = now_s();
-    } else if (now_s() - fail_since > RETRY_GRACE_S) {
+    } else if (now_s() - fail_since > TS_TRAINER_RETRY_GRACE_S) {
       ts_log_warn("no final accuracy: %s", err);
       return;
     }
@@ -251,7 +248,7 @@ static void final_report(const ts_trainer_t *t, ts_towers_t *tw, float *const *d
                je.num_workers - je.workers_finished);
     else
       activity(t, false, "finished; asking shard 0 whether every worker finished: %s", err);
-    sleep_s(JOB_END_POLL_S);
+    ts_trainer_sleep_s(JOB_END_POLL_S);
   }
   activity(t, true, "pulling the job's final parameters");
   int rc = pull_retry(t, dst, 0, res->steps, NULL, err, sizeof err);

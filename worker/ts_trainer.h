@@ -120,6 +120,15 @@ typedef struct {
 /* Seconds of clock id (CLOCK_MONOTONIC for durations, CLOCK_REALTIME for Unix times). */
 double ts_trainer_clock_s(clockid_t id);
 
+/* How long a training loop keeps retrying a request while shards are unreachable, and
+ * which failures it retries: a connection closed or not up yet, a deadline, a shard that
+ * restarted without its model (the client declares it again). Every loop (this one,
+ * worker/ts_ctr_train.h) retries the same way: every 0.2 s (ts_trainer_sleep_s), logging
+ * the first failure. */
+#define TS_TRAINER_RETRY_GRACE_S 120.0
+bool ts_trainer_transient(int rc);
+void ts_trainer_sleep_s(double s);
+
 /* After a step of `batch` examples with the given loss and stale partitions: marks are the
  * times it started pulling, computing, pushing and ended; its phases go to phase (the
  * interval's pull, compute, push seconds) and to on_step (may be NULL), its counts to res

@@ -13,12 +13,14 @@
  *     its TensorBoard events (each interval's epoch_auc in train/, the test rows' in
  *     validation/) and psctl workers (the last interval's AUC, the test AUC and log loss)
  *     show the AUC;
+ *   - a shard killed and started again in an async job: the workers retry and finish;
  *   - a bad line in the training file: the worker exits 78 naming the file and the line;
  *   - DLRM's dot interactions (a dot layer) train too: AUC above 0.75 after one epoch of
  *     50k rows on one shard and one worker.
  */
 #include <math.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -237,6 +239,47 @@ static void test_ctr_job_auc(void **state) {
 }
 
 /* DLRM's dot interactions (a dot layer): one shard, one worker, one epoch of 50k rows. */
+/* A shard killed (SIGKILL) and started again while an async CTR job trains: the workers'
+ * pulls and pushes fail, are retried (a push with its push ids, so no shard applies it
+ * twice) once the client has reconnected and declared the model again on the new shard,
+ * and the job finishes; the restarted shard's half of the rows and layers starts over from
+ * the initialiser, so the AUC ends lower than the job's but far from a coin's 0.5. */
+static void test_ctr_shard_restart(void **state) {
+  (void)state;
+  char train[300], test[300], job[4096];
+  path_of(train, sizeof train, "train.tsv");
+  path_of(test, sizeof test, "test.tsv");
+  const char *gtrain[] = {"--rows", ROWS, "--seed", "3", "--max-cardinality", CARD, NULL};
+  const char *gtest[] = {"--rows", "20000", "--seed", "3", "--stream", "1", "--max-cardinality",
+                         CARD,     NULL};
+  assert_true(generate(train, gtrain) > 0);
+  assert_true(generate(test, gtest) > 0.8);
+  snprintf(job, sizeof job, "%s", job_text(train, test));
+  char *mode = strstr(job, "mode = \"sync\"");
+  assert_non_null(mode);
+  memcpy(mode, "mode =\"async\"", strlen("mode = \"sync\"")); /* same length */
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 2, job), 0);
+  ts_proc_t w[2];
+  for (int i = 0; i < 2; i++) assert_int_equal(ts_worker_start(&c, i, NULL, &w[i]), 0);
+  double live = -1;
+  for (double t0 = ts_now_s(); ts_now_s() - t0 < 200 && !(live > 0.5);)
+    live = ts_metric_wait(c.worker_port[0], "tessera_worker_auc", 0.5, 1.0);
+  assert_true(live > 0.5);
+  ts_cluster_signal(&c, 1, SIGKILL);
+  assert_int_equal(ts_cluster_start_shard(&c, 1), 0);
+  for (int i = 0; i < 2; i++)
+    if (ts_proc_wait(&w[i], 500) != 0) {
+      ts_proc_dump(&w[i]);
+      fail_msg("worker %d failed after the shard's restart", i);
+    }
+  assert_true(ts_file_has(w[0].err, "failed, retrying") || ts_file_has(w[1].err, "failed, retrying"));
+  double auc = ts_done_field(&w[0], "auc=");
+  fprintf(stderr, "after a shard restart: test AUC %.4f\n", auc);
+  assert_true(auc > 0.75);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 static void test_ctr_dot(void **state) {
   (void)state;
   char train[300], test[300];
@@ -279,6 +322,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_generator_deterministic),
       cmocka_unit_test(test_ctr_job_auc),
+      cmocka_unit_test(test_ctr_shard_restart),
       cmocka_unit_test(test_ctr_dot),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

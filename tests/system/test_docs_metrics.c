@@ -111,12 +111,13 @@ static void test_doc_metrics_exist(void **state) {
            "job = { mode = \"sync\"; };\n"
            "model = { layers = [784, 16, 10]; };\n"
            "checkpoint = { dir = \"%s\"; interval_s = 1; };\n"
-           "train = { batch_size = 32; log_interval_s = 0.2; };",
+           "train = { batch_size = 32; epochs = 200; log_interval_s = 0.2; };",
            ckpt);
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 1, 2, job), 0);
   /* Worker 0 stops at step 20 and waits for worker 1 (its test results on /metrics);
-   * worker 1 trains on. */
+   * worker 1 trains on (200 epochs: a fast host trains one in 0.1 s, and the worker would
+   * be done before its training metrics are read). */
   const char *short_run[] = {"--set", "train.max_steps=20", NULL};
   const char *long_run[] = {"--set", "train.max_steps=100000", NULL};
   ts_proc_t w0, w1;

@@ -82,11 +82,12 @@ static void test_sync_worker_killed_and_rejoins(void **state) {
                                     "job = { mode = \"sync\"; sync_timeout_s = 2.0; "
                                     "heartbeat_timeout_s = 2.0; heartbeat_interval_s = 0.25; };\n"
                                     "model = { layers = [784, 32, 10]; };\n"
-                                    "train = { batch_size = 32; epochs = 5; max_steps = 3000; log_interval_s = 0.5; };"),
+                                    "train = { batch_size = 32; epochs = 10; max_steps = 6000; log_interval_s = 0.5; };"),
                    0);
-  /* 3000 steps (an epoch is 625), so that the job is still running when the killed worker
-   * is back: two workers make 700 steps a second here, and a worker that joins a job at its
-   * last step has nothing to train (exit 3, tests/system/test_rerun.c). */
+  /* 6000 steps (an epoch is 625), so that the job is still running when the killed worker
+   * is back: two workers make 700 steps a second on a slow host and 5000 on a fast one, and
+   * a worker that joins a job at its last step has nothing to train (exit 3,
+   * tests/system/test_rerun.c). */
   ts_proc_t w[3];
   for (int t = 0; t < 3; t++) assert_int_equal(ts_worker_start(&c, t, NULL, &w[t]), 0);
   wait_for_step(&c, 100, 30);
@@ -101,8 +102,14 @@ static void test_sync_worker_killed_and_rejoins(void **state) {
   fprintf(stderr, "killed worker 2 at step %lld; %.2f s later the job is at step %lld\n", at_kill,
           ts_now_s() - t0, after);
   assert_true(after >= at_kill + 20);
-  /* Restarted, it rejoins at the job's step and finishes with the others. */
+  /* Restarted, it rejoins at the job's step and finishes with the others. The shards are
+   * held (SIGSTOP, well within the workers' heartbeat timeout) while it loads its data, so
+   * that a fast host does not finish the job before it is back. */
+  for (int s = 0; s < 2; s++) ts_cluster_signal(&c, s, SIGSTOP);
   assert_int_equal(ts_worker_start(&c, 2, NULL, &w[2]), 0);
+  bool loaded = ts_proc_wait_log(&w[2], "connecting to 2 shard(s)", 30);
+  for (int s = 0; s < 2; s++) ts_cluster_signal(&c, s, SIGCONT);
+  assert_true(loaded);
   for (int t = 0; t < 3; t++) {
     int rc = ts_proc_wait(&w[t], 90);
     if (rc != 0) ts_proc_dump(&w[t]);

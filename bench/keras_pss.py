@@ -42,6 +42,17 @@ def cluster_spec(args) -> dict:
     return {"chief": hosts(args.chief), "worker": hosts(args.workers), "ps": hosts(args.ps)}
 
 
+def cluster_args(ap: argparse.ArgumentParser) -> None:
+    """The task and the cluster's ports, as every ParameterServerStrategy benchmark takes
+    them (cluster_spec, tf_task)."""
+    ap.add_argument("--role", choices=["ps", "worker", "chief"], required=True)
+    ap.add_argument("--index", type=int, default=0)
+    ap.add_argument("--ps", required=True, help="ps ports, comma-separated")
+    ap.add_argument("--workers", required=True, help="worker ports, comma-separated")
+    ap.add_argument("--chief", required=True, help="the chief's port")
+    ap.add_argument("--threads", type=int, default=1, help="TensorFlow threads per task")
+
+
 def tf_task(args, spec: dict):
     """Start this process's task of the cluster spec (args.role, args.index), TensorFlow on
     args.threads threads: a ps or worker task serves until it is killed and never returns;
@@ -72,14 +83,9 @@ def prep(a: np.ndarray) -> np.ndarray:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--role", choices=["ps", "worker", "chief"], required=True)
-    ap.add_argument("--index", type=int, default=0)
-    ap.add_argument("--ps", required=True, help="ps ports, comma-separated")
-    ap.add_argument("--workers", required=True, help="worker ports, comma-separated")
-    ap.add_argument("--chief", required=True, help="the chief's port")
+    cluster_args(ap)
     ap.add_argument("--batch", type=int, default=32, help="examples per worker step")
     ap.add_argument("--steps", type=int, default=900, help="steps of all workers together")
-    ap.add_argument("--threads", type=int, default=1, help="TensorFlow threads per task")
     ap.add_argument("--steps-per-execution", type=int, default=1)
     ap.add_argument("--lr", type=float, default=0.001)
     args = ap.parse_args(argv)

@@ -47,18 +47,13 @@ def write_records(path: str, ints: np.ndarray, ids: np.ndarray, y: np.ndarray) -
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--role", choices=["ps", "worker", "chief"], required=True)
-    ap.add_argument("--index", type=int, default=0)
-    ap.add_argument("--ps", required=True, help="ps ports, comma-separated")
-    ap.add_argument("--workers", required=True, help="worker ports, comma-separated")
-    ap.add_argument("--chief", required=True, help="the chief's port")
+    keras_pss.cluster_args(ap)
     ap.add_argument("--train", help="chief: the training rows (Criteo TSV)")
     ap.add_argument("--test", help="chief: the test rows")
     ap.add_argument("--records", required=True, help="the binary rows the workers read")
     ap.add_argument("--batch", type=int, default=256, help="examples per worker step")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=0.002)
-    ap.add_argument("--threads", type=int, default=1, help="TensorFlow threads per task")
     args = ap.parse_args(argv)
 
     spec = keras_pss.cluster_spec(args)

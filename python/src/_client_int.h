@@ -29,6 +29,15 @@
 #include "ts_config.h"
 #include "ts_config_job.h"
 
+/* Py_NewRef is CPython 3.10's; the package supports 3.9 (pyproject.toml requires-python). */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *Py_NewRef(PyObject *o) {
+  Py_INCREF(o);
+  return o;
+}
+#endif
+
+
 #define SLICE_S 0.1 /* job_run's longest wait between two signal checks (requests: _sigint.h) */
 #define LOGQ_MAX 512
 #define LOGQ_LINE 512
@@ -164,5 +173,8 @@ PyObject *client_run(ClientObject *self, job_t *j, PyObject *(*result)(const job
 /* _client.c: raise (and return -1) unless the client is open / has no declare running. */
 int check_open(ClientObject *self);
 int check_no_declare(ClientObject *self);
+
+/* _status.c: a shard's status as a dict (ShardStatus's fields); NULL with an exception set. */
+PyObject *status_dict(const ts_client_shard_status_t *s);
 
 #endif

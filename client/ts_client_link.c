@@ -393,12 +393,14 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       const Tessera__Error *e =
           peer_error((const Tessera__Error *)msg, &view, detail, sizeof detail);
       if (e->request_id == sh->hs_id || sh->state < SH_DECLARING) {
-        /* Read before set_fatal wakes ts_client_open: while it waits, it says why itself. */
+        /* The reason first: ts_client_open, woken by any shard, reports a refused shard's
+         * why the moment it sees job_refused. `opening` is read before set_fatal wakes it:
+         * while it waits, it says why itself. */
+        ts_cl_note_why(sh, "", e->detail);
         uv_mutex_lock(&sh->cl->mu);
         bool opening = sh->cl->opening;
         if (e->code == TS_ECONFIG) sh->job_refused = true;
         uv_mutex_unlock(&sh->cl->mu);
-        ts_cl_note_why(sh, "", e->detail);
         if (e->code == TS_EAUTH || e->code == TS_EVERSION || e->code == TS_EINVAL ||
             e->code == TS_ECONFIG)
           set_fatal(sh, e->code);

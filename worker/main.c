@@ -115,6 +115,15 @@ static void log_variable_placement(const ts_client_t *client, const ts_model_t *
 
 /* The CTR job (data.format "criteo"): declare, train, evaluate, the done: line with the
  * test AUC and log loss. Returns the exit code. */
+/* A re-run of a finished job (or a worker joining at its last step): no "done:" line, whose
+ * loss would be made up, and its own exit status. */
+static int nothing_to_train(const ts_train_result_t *res) {
+  ts_log_err("the job is at step %llu of %llu: nothing to train; raise train.epochs or "
+             "train.max_steps, or psctl model reset",
+             (unsigned long long)res->job_step, (unsigned long long)res->total_steps);
+  return TS_EXIT_NOTHING_TO_TRAIN;
+}
+
 static int run_ctr(const ts_config_t *cfg, long task, ts_ctr_t *m, uint64_t rows,
                    ts_client_t *client, ts_observe_t *obs) {
   char err[1024];
@@ -143,6 +152,7 @@ static int run_ctr(const ts_config_t *cfg, long task, ts_ctr_t *m, uint64_t rows
     ts_log_err("%s", err);
     return rc == TS_ECONFIG || rc == TS_EDATA ? TS_EXIT_CONFIG : TS_EXIT_FAILURE;
   }
+  if (!res.stopped && res.nothing_to_train) return nothing_to_train(&res);
   if (!res.stopped) {
     printf("done: task=%ld steps=%llu examples=%llu loss=%.4f test_accuracy=%.4f "
            "examples_per_sec=%.1f started_at=%.3f finished_at=%.3f auc=%.6f logloss=%.6f\n",
@@ -355,11 +365,7 @@ int main(int argc, char **argv) {
   }
   exit_code = TS_EXIT_OK;
   if (!res.stopped && res.nothing_to_train) {
-    /* A re-run of a finished job: no "done:" line, whose loss would be made up. */
-    ts_log_err("the job is at step %llu of %llu: nothing to train; raise train.epochs or "
-               "train.max_steps, or psctl model reset",
-               (unsigned long long)res.job_step, (unsigned long long)res.total_steps);
-    exit_code = TS_EXIT_NOTHING_TO_TRAIN;
+    exit_code = nothing_to_train(&res);
   } else if (!res.stopped) {
     /* The worker that evaluated the job's final parameters appends them. */
     char final[96] = "", workers[32] = "";

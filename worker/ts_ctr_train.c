@@ -181,6 +181,41 @@ static int read_batch(const ts_ctr_trainer_t *t, ts_criteo_reader_t *rd, ts_crit
   return 1;
 }
 
+/* Sync: the job's step now, the dense layers' version, so that a worker that (re)joins a
+ * running job starts there, its rows and remaining steps lined up with the others' (as the
+ * dense trainer does). */
+static int job_step(const ts_ctr_trainer_t *t, step_reqs_t *q, float *params, uint64_t *step,
+                    char *errmsg, size_t errlen) {
+  const ts_layers_t *d = &t->model->net.desc;
+  ts_client_req_init(&q->dense, TS_CLIENT_PULL);
+  for (size_t i = 0; i < d->num_tensors; i++) q->dst[i] = params + d->tensors[i].offset;
+  q->dense.dst = q->dst;
+  int rc = ts_client_run(t->client, &q->dense);
+  if (rc < 0) {
+    snprintf(errmsg, errlen, "first pull: %s",
+             q->dense.errmsg[0] ? q->dense.errmsg : ts_strerror(rc));
+    return rc;
+  }
+  *step = q->dense.version;
+  return 0;
+}
+
+/* Read past the rows of the job's first `steps` steps of an epoch (every worker's). */
+static int skip_steps(const ts_ctr_trainer_t *t, ts_criteo_reader_t *rd, uint64_t steps,
+                      ts_criteo_row_t *scratch, char *errmsg, size_t errlen) {
+  uint64_t n = steps * (uint64_t)t->cfg->batch_size * (uint64_t)t->num_workers;
+  for (uint64_t i = 0; i < n; i++) {
+    int rc = ts_criteo_next(rd, scratch, errmsg, errlen);
+    if (rc < 0) return rc;
+    if (rc == 0) {
+      snprintf(errmsg, errlen, "%s: ended within the rows of step %llu", t->cfg->train_path,
+               (unsigned long long)steps);
+      return TS_EDATA;
+    }
+  }
+  return 0;
+}
+
 static void activity(const ts_ctr_trainer_t *t, const char *what) {
   if (t->on_activity) t->on_activity(t->progress_arg, true, what);
 }
@@ -270,7 +305,34 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
   double last_log = t0, interval_loss = 0.0, phase[3] = {0, 0, 0};
   uint64_t interval_steps = 0, interval_examples = 0;
   uint64_t global_step = 0; /* the job's step after the last step (TensorBoard's step) */
-  for (uint64_t k = 0; k < total && !*t->stop; k++) {
+  uint64_t k0 = 0;
+  if (sync) {
+    uint64_t version = 0;
+    rc = job_step(t, q, params, &version, errmsg, errlen);
+    if (rc < 0 && *t->stop) {
+      res->stopped = 1;
+      rc = 0;
+      goto out;
+    }
+    if (rc < 0) goto out;
+    k0 = version < total ? version : total;
+    res->job_step = version;
+    res->total_steps = total;
+    res->nothing_to_train = total > 0 && version >= total;
+    if (res->nothing_to_train) {
+      ts_client_set_done(t->client, true);
+      goto out;
+    }
+    if (k0 > 0) {
+      ts_log_notice("joining the job at step %llu: epoch %llu from row %llu of %s",
+                    (unsigned long long)k0, (unsigned long long)(k0 / per_epoch) + 1,
+                    (unsigned long long)((k0 % per_epoch) * B * (uint64_t)t->num_workers) + 1,
+                    cfg->train_path);
+      rc = skip_steps(t, rd, k0 % per_epoch, &rows[B], errmsg, errlen);
+      if (rc < 0) goto out;
+    }
+  }
+  for (uint64_t k = k0; k < total && !*t->stop; k++) {
     uint64_t epoch = k / per_epoch, in_epoch = k % per_epoch;
     if (in_epoch == 0 && k > 0 && (rc = ts_criteo_rewind(rd)) < 0) {
       snprintf(errmsg, errlen, "%s: rewinding for epoch %llu", cfg->train_path,
@@ -287,8 +349,10 @@ int ts_ctr_train(const ts_ctr_trainer_t *t, ts_train_result_t *res, char *errmsg
     ts_ctr_keys(m, rows, B);
     double ts0 = now_s();
     activity(t, "pulling the batch's rows and the dense layers");
-    rc = with_retries(t, q, params, B, false, sync ? TS_CLIENT_VERSION_NEXT : 0, k, NULL, errmsg,
-                      errlen);
+    /* Sync: the step after the one last pulled; the first, the job's step (job_step's pull
+     * was of that version already). */
+    uint64_t min_version = !sync ? 0 : k == k0 ? k0 : TS_CLIENT_VERSION_NEXT;
+    rc = with_retries(t, q, params, B, false, min_version, k, NULL, errmsg, errlen);
     if (rc < 0) {
       if (*t->stop) break;
       ts_errmsg_wrapf(errmsg, errlen, "pull at step %llu", (unsigned long long)k);

@@ -18,7 +18,7 @@ cross-entropy, as ps-worker's job deploy/local/ctr.cfg (with Adam 0.002).
 The ids are made dense (a field's distinct values over both files, in order) so that both
 ways run the very same model. Prints one line when done:
     done: task=T steps=N examples=N examples_per_sec=R started_at=S finished_at=F auc=A
-    logloss=L
+    logloss=L vocab=V
 with the rate and the window of fit (tracing included; reading the files and TensorFlow's
 start-up not), and the test rows' AUC and log loss.
 """
@@ -130,7 +130,8 @@ def main(argv=None) -> int:
     n = steps * B * E
     print(f"done: task={T} steps={steps * E} examples={n} "
           f"examples_per_sec={n / max(1e-9, finished - started):.1f} started_at={started:.3f} "
-          f"finished_at={finished:.3f} auc={auc(ty, p):.6f} logloss={ll:.6f}", flush=True)
+          f"finished_at={finished:.3f} auc={auc(ty, p):.6f} logloss={ll:.6f} vocab={vocab}",
+          flush=True)
     if not args.local:
         opt.close()
     return 0

@@ -22,7 +22,8 @@
 # step of a worker: what a step costs on the wire.
 #
 # usage: bench/keras_ctr.sh [BUILD_DIR]   env: RUNS (5), ROWS (200000), CARD (100), B (256),
-#        EPOCHS (2), VENV (default: python/venv.sh's)
+#        EPOCHS (2), VENV (default: python/venv.sh's), WAYS (the ways to run, in that order:
+#        "ps-worker keras local pss")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -36,10 +37,11 @@ py="$venv/bin/python"
 # tf-keras of the venv's TensorFlow version, unpacked beside the venv (as bench/keras.sh).
 tfv=$("$py" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
 tfk="$(dirname "$venv")/tf-keras-$tfv"
-ways=(ps-worker keras local pss)
-if [ ! -d "$tfk/tf_keras" ] && ! "$py" -m pip install -q --no-deps --target "$tfk" "tf-keras==$tfv" >&2; then
+read -r -a ways <<<"${WAYS:-ps-worker keras local pss}"
+if [[ " ${ways[*]} " == *" pss "* && ! -d "$tfk/tf_keras" ]] &&
+   ! "$py" -m pip install -q --no-deps --target "$tfk" "tf-keras==$tfv" >&2; then
   echo "keras_ctr.sh: could not install tf-keras==$tfv: the ParameterServerStrategy rounds skip" >&2
-  ways=(ps-worker keras local)
+  read -r -a ways <<<"${ways[*]/pss/}"
 fi
 export TF_CPP_MIN_LOG_LEVEL=2
 cfg=deploy/local/ctr.cfg
@@ -96,7 +98,8 @@ for r in $(seq 1 "$runs"); do
         "$py" bench/keras_ctr.py --local --train "$dir/train.tsv" --test "$dir/test.tsv" \
           --batch $((2 * B)) --epochs "$epochs" --threads 2 >"$dir/local.out" 2>"$dir/local.log" ||
           { echo "keras_ctr.sh: the local run failed:"; tail -5 "$dir/local.log"; exit 1; }
-        report local "$(field examples_per_sec "$dir/local.out")" "$(field auc "$dir/local.out")" 1 ;;
+        report local "$(field examples_per_sec "$dir/local.out")" "$(field auc "$dir/local.out")" 1
+        [ "$r" = 1 ] && echo "# the model's vocabulary: $(field vocab "$dir/local.out") ids" ;;
       *)
         cluster_sets
         if [ "$what" = keras ]; then

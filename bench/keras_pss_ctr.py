@@ -95,7 +95,14 @@ def main(argv=None) -> int:
     model.fit(creator, epochs=1, steps_per_epoch=steps, verbose=0)
     finished = time.time()
     plain = keras_ctr.build(keras, keras.layers.Embedding(vocab, keras_ctr.DIM))
-    plain.set_weights(model.get_weights())
+    # A variable split over the ps tasks (the embedding, once it passes min_shard_bytes) is
+    # one ShardedVariable of parts: the plain model's weight is the parts stacked.
+    for mine, theirs in zip(plain.layers, model.layers):
+        if isinstance(theirs, keras.layers.Embedding):
+            parts = getattr(theirs.embeddings, "variables", [theirs.embeddings])
+            mine.set_weights([np.concatenate([p.numpy() for p in parts], axis=0)])
+        elif theirs.weights:
+            mine.set_weights(theirs.get_weights())
     logits = plain.predict([ti, tc], batch_size=4096, verbose=0)
     z = logits[:, 1] - logits[:, 0]
     p = 1.0 / (1.0 + np.exp(-z.astype(np.float64)))

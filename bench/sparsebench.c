@@ -23,6 +23,13 @@
  * byte count per row, and this machine's memcpy bandwidth measured in the same run (after the
  * shards are stopped; --memcpy-mib 0 skips it). One JSON object with --output json.
  *
+ * A table of a given size under a steady load (bench/table_size.sh): --prefill makes a row
+ * of every id of [0, --vocab) before the warm-up; --hot-ids R draws the Zipf ranks over
+ * [0, R) and scatters them over the vocabulary (a fixed set of R ids, so a request carries
+ * the same work whatever the table's size); --fresh-share F replaces that share of every
+ * request's keys by ids no request used before (vocab and up: rows made every step); and
+ * --max-rows N bounds each shard's table, which then evicts its least recently used rows.
+ *
  * Everything stops by itself: one bounded run, client deadlines, the shards stopped (SIGTERM
  * then SIGKILL) and their directory removed.
  */
@@ -52,7 +59,9 @@ static struct {
   uint64_t vocab;
   double seconds, warmup_seconds, lr;
   long memcpy_mib;
-  bool json, verbose;
+  uint64_t hot_ids, max_rows;
+  double fresh_share;
+  bool prefill, json, verbose;
 } opt = {.shards = 1, .workers = 1, .dim = 64, .batch = 65536, .nbatches = 8, .zipf = 1.0,
          .vocab = 1000000, .seconds = 1.5, .warmup_seconds = 0.5, .lr = 0.01,
          .memcpy_mib = 256};
@@ -67,6 +76,7 @@ typedef struct {
   long requests;              /* in the timed run */
   double *lat;                /* microseconds, one per timed request */
   size_t nlat, cap;
+  uint64_t next_fresh;        /* the next never-used id of this worker (--fresh-share) */
   int err;
   char errmsg[512];
 } worker_t;
@@ -88,6 +98,12 @@ static void usage(FILE *f) {
           "  --warmup-seconds T  untimed requests before it (default 0.5; at least one)\n"
           "  --lr X              the table's SGD learning rate (default 0.01)\n"
           "  --memcpy-mib N      buffer of the memcpy measurement; 0 = skip (default 256)\n"
+          "  --prefill           make a row of every id of [0, V) before the warm-up\n"
+          "  --hot-ids R         Zipf ranks over [0, R) scattered over [0, V) (default V:\n"
+          "                      rank r is id r)\n"
+          "  --fresh-share F     share of each request's keys that are new ids (default 0)\n"
+          "  --max-rows N        rows per shard; the least recently used are evicted\n"
+          "                      (default 0: no bound)\n"
           "  --output table|json (default table)\n"
           "  --verbose\n",
           TS_CLUSTER_MAX, MAX_WORKERS);
@@ -101,6 +117,9 @@ static int parse_args(int argc, char **argv) {
       exit(0);
     } else if (!strcmp(a, "--verbose")) {
       opt.verbose = true;
+      continue;
+    } else if (!strcmp(a, "--prefill")) {
+      opt.prefill = true;
       continue;
     }
     if (!v) {
@@ -119,6 +138,9 @@ static int parse_args(int argc, char **argv) {
     else if (!strcmp(a, "--warmup-seconds")) opt.warmup_seconds = atof(v);
     else if (!strcmp(a, "--lr")) opt.lr = atof(v);
     else if (!strcmp(a, "--memcpy-mib")) opt.memcpy_mib = atol(v);
+    else if (!strcmp(a, "--hot-ids")) opt.hot_ids = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--fresh-share")) opt.fresh_share = atof(v);
+    else if (!strcmp(a, "--max-rows")) opt.max_rows = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--output")) {
       if (!strcmp(v, "json")) opt.json = true;
       else if (!strcmp(v, "table")) opt.json = false;
@@ -138,7 +160,8 @@ static int parse_args(int argc, char **argv) {
       opt.nbatches > 65536 || opt.nbatches * opt.batch > ((size_t)1 << 27) ||
       !(opt.seconds > 0 && opt.seconds <= 600) ||
       !(opt.warmup_seconds >= 0 && opt.warmup_seconds <= 600) || !(opt.lr > 0) ||
-      opt.memcpy_mib < 0 || opt.memcpy_mib > 16384) {
+      opt.memcpy_mib < 0 || opt.memcpy_mib > 16384 || opt.hot_ids > opt.vocab ||
+      !(opt.fresh_share >= 0 && opt.fresh_share <= 1) || opt.vocab > ((uint64_t)1 << 60)) {
     fprintf(stderr, "sparsebench: an option is out of range (see --help)\n");
     return -1;
   }
@@ -146,10 +169,18 @@ static int parse_args(int argc, char **argv) {
 }
 
 static int one_request(worker_t *w, uint64_t n) {
+  int64_t *keys = w->keys + (n % opt.nbatches) * opt.batch;
+  /* The first keys of the batch (its draws are independent) become ids never used before:
+   * vocab and up, each worker its own stride of them. */
+  size_t fresh = (size_t)(opt.fresh_share * (double)opt.batch);
+  for (size_t i = 0; i < fresh; i++) {
+    keys[i] = (int64_t)(opt.vocab + w->next_fresh * (uint64_t)opt.workers + (uint64_t)w->task);
+    w->next_fresh++;
+  }
   ts_client_req_t q;
   ts_client_req_init(&q, TS_CLIENT_SPARSE_PUSH_PULL);
   q.table = 0;
-  q.keys = w->keys + (n % opt.nbatches) * opt.batch;
+  q.keys = keys;
   q.num_keys = opt.batch;
   q.rows_grad = w->grad;
   q.rows_dst = w->dst;
@@ -157,6 +188,30 @@ static int one_request(worker_t *w, uint64_t n) {
   q.clock = n;
   int rc = ts_client_run(w->cl, &q);
   if (rc < 0) snprintf(w->errmsg, sizeof w->errmsg, "%s", q.errmsg);
+  return rc;
+}
+
+/* Make a row of every id of [0, vocab) (--prefill): pulls of a million keys at a time. */
+static int prefill(ts_client_t *cl, char *err, size_t errlen) {
+  const size_t chunk = (size_t)1 << 20;
+  int64_t *keys = malloc(chunk * sizeof *keys);
+  float *dst = malloc(chunk * opt.dim * sizeof *dst);
+  int rc = keys && dst ? 0 : -1;
+  if (rc < 0) snprintf(err, errlen, "out of memory for the prefill");
+  for (uint64_t at = 0; rc == 0 && at < opt.vocab; at += chunk) {
+    size_t n = opt.vocab - at < chunk ? (size_t)(opt.vocab - at) : chunk;
+    for (size_t i = 0; i < n; i++) keys[i] = (int64_t)(at + i);
+    ts_client_req_t q;
+    ts_client_req_init(&q, TS_CLIENT_SPARSE_PULL);
+    q.table = 0;
+    q.keys = keys;
+    q.num_keys = n;
+    q.rows_dst = dst;
+    rc = ts_client_run(cl, &q);
+    if (rc < 0) snprintf(err, errlen, "prefill: %s", q.errmsg);
+  }
+  free(keys);
+  free(dst);
   return rc;
 }
 
@@ -226,7 +281,12 @@ int main(int argc, char **argv) {
   memset(w, 0, sizeof w);
   for (int i = 0; i < opt.workers; i++) {
     w[i].task = i;
-    w[i].keys = sb_zipf_batches(27, i, opt.nbatches, opt.batch, opt.vocab, opt.zipf);
+    bool hot = opt.hot_ids && opt.hot_ids < opt.vocab;
+    w[i].keys = sb_zipf_batches(27, i, opt.nbatches, opt.batch, hot ? opt.hot_ids : opt.vocab,
+                                opt.zipf);
+    if (hot && w[i].keys)
+      for (size_t k = 0; k < opt.nbatches * opt.batch; k++)
+        w[i].keys[k] = (int64_t)(sb_mix64((uint64_t)w[i].keys[k]) % opt.vocab);
     w[i].grad = malloc(opt.batch * rowbytes);
     w[i].dst = malloc(opt.batch * rowbytes);
     if (!w[i].keys || !w[i].grad || !w[i].dst) {
@@ -252,7 +312,8 @@ int main(int argc, char **argv) {
   for (int i = 0; i < opt.shards; i++) rss0[i] = ts_proc_rss_kib(cluster.pid[i]);
 
   ts_client_table_t table = {.name = "emb", .dim = opt.dim, .init = TS_CLIENT_ROW_ZEROS,
-                             .optimizer = TS_CLIENT_ROWOPT_SGD, .learning_rate = opt.lr};
+                             .optimizer = TS_CLIENT_ROWOPT_SGD, .learning_rate = opt.lr,
+                             .max_rows = opt.max_rows};
   int failed = 0;
   for (int i = 0; i < opt.workers && !failed; i++) {
     ts_client_opts_t o;
@@ -277,6 +338,16 @@ int main(int argc, char **argv) {
       fprintf(stderr, "sparsebench: worker %d: %s\n", i, w[i].errmsg);
       failed = 1;
     }
+  }
+
+  double prefill_s = 0;
+  if (!failed && opt.prefill) {
+    double p0 = sb_now_s();
+    if (prefill(w[0].cl, w[0].errmsg, sizeof w[0].errmsg) < 0) {
+      fprintf(stderr, "sparsebench: %s\n", w[0].errmsg);
+      failed = 1;
+    }
+    prefill_s = sb_now_s() - p0;
   }
 
   pthread_barrier_t barrier;
@@ -311,7 +382,7 @@ int main(int argc, char **argv) {
   }
 
   /* Rows held and the table's bytes, from the shards' status; RSS growth since the start. */
-  uint64_t rows_held = 0, table_bytes = 0;
+  uint64_t rows_held = 0, table_bytes = 0, created = 0, evicted = 0;
   double rss_growth = 0;
   long rss_max = 0;
   for (int i = 0; i < opt.shards && !failed; i++) {
@@ -325,6 +396,8 @@ int main(int argc, char **argv) {
     if (st->num_tables > 0) {
       rows_held += st->tables[0].rows;
       table_bytes += st->tables[0].bytes;
+      created += st->tables[0].created;
+      evicted += st->tables[0].evicted;
     }
     ts_client_status_free(st);
     long k = ts_proc_rss_kib(cluster.pid[i]);
@@ -383,7 +456,13 @@ int main(int argc, char **argv) {
     json_num("client_cpu_s_per_mrows", 4, (cc1.user + cc1.sys - cc0.user - cc0.sys) / mrows);
     json_num("client_user_s_per_mrows", 4, (cc1.user - cc0.user) / mrows);
     json_num("client_sys_s_per_mrows", 4, (cc1.sys - cc0.sys) / mrows);
-    printf(", \"rows_held\": %" PRIu64 ", \"shard_rss_kib\": %ld", rows_held, rss_max);
+    printf(", \"rows_held\": %" PRIu64 ", \"rows_created\": %" PRIu64 ", \"rows_evicted\": %" PRIu64
+           ", \"shard_rss_kib\": %ld, \"prefill\": %s, \"hot_ids\": %" PRIu64
+           ", \"max_rows\": %" PRIu64,
+           rows_held, created, evicted, rss_max, opt.prefill ? "true" : "false", opt.hot_ids,
+           opt.max_rows);
+    json_num("fresh_share", 3, opt.fresh_share);
+    json_num("prefill_s", 1, prefill_s);
     json_num("rss_bytes_per_row", 1, rows_held ? rss_growth / (double)rows_held : (double)NAN);
     json_num("table_bytes_per_row", 1,
              rows_held ? (double)table_bytes / (double)rows_held : (double)NAN);
@@ -397,6 +476,8 @@ int main(int argc, char **argv) {
     printf("shard CPU s per M rows %.4f (user %.4f, sys %.4f); client %.4f\n",
            (sc1.user + sc1.sys - sc0.user - sc0.sys) / mrows, (sc1.user - sc0.user) / mrows,
            (sc1.sys - sc0.sys) / mrows, (cc1.user + cc1.sys - cc0.user - cc0.sys) / mrows);
+    printf("rows made %" PRIu64 ", evicted %" PRIu64 " (prefill %.1f s)\n", created, evicted,
+           prefill_s);
     printf("rows held %" PRIu64 ", RSS growth per row %.1f B, table bytes per row %.1f, raw %.0f; "
            "memcpy %.3f GB/s; load %.2f\n",
            rows_held, rows_held ? rss_growth / (double)rows_held : (double)NAN,

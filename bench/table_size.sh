@@ -15,6 +15,13 @@
 #           rows is 6.4 GB, and the shards, the gradient and the pulled copy of each worker
 #           hold one each: more than this 24 GiB machine)
 #
+# MODE=held measures the table at its size rather than the table growing: each sparse run
+# first makes a row of every one of the VOCAB ids (sparsebench --prefill), caps each shard
+# at VOCAB / 2 rows (--max-rows: the least recently used are evicted), draws each batch's
+# Zipf ranks over HOT ids scattered over the table (--hot-ids: the same work per step at
+# every size) and makes FRESH of each batch's keys ids never seen (--fresh-share: rows made,
+# and as many evicted, every step). MODE=grow (the default) is the sweep above.
+#
 # The step time is the median push+pull round trip of every request of every worker (p50_us
 # of either tool). Before every round the script waits (LOAD_WAIT_S, default 600) for the
 # 1-minute load average to fall below LOAD_MAX (1.0).
@@ -22,7 +29,8 @@
 # usage: bench/table_size.sh [BUILD_DIR]   (default build)
 #   env: SUMMARY_ONLY=1 (no runs: the summary and plot of OUT), ROUNDS (5), SECS (6: timed seconds of a sparse run), WARMUP (1), BATCHES (4000), SIZES ("100000
 #        1000000 10000000 100000000"), DENSE_MAX (10000000), BATCH (6656), ZIPF (1.05),
-#        ITERS (dense push+pulls timed per worker, 5), OUT (bench/results/table-size-DATE.jsonl)
+#        ITERS (dense push+pulls timed per worker, 5), MODE (grow | held), HOT (100000),
+#        FRESH (0.05), OUT (bench/results/table-size[-held]-DATE.jsonl)
 # Output: one JSON object per run appended to OUT (the tool's fields plus kind, vocab, round,
 # load_before), then a Markdown table on stdout: per table size the median (min-max) step
 # time of each kind and the rows the sparse shards held.
@@ -41,7 +49,14 @@ zipf=${ZIPF:-1.05}
 iters=${ITERS:-5}
 load_max=${LOAD_MAX:-1.0}
 load_wait=${LOAD_WAIT_S:-600}
-out=${OUT:-bench/results/table-size-$(date -u +%F).jsonl}
+mode=${MODE:-grow}
+hot=${HOT:-100000}
+fresh=${FRESH:-0.05}
+case $mode in
+  grow) sparse_args=(); out=${OUT:-bench/results/table-size-$(date -u +%F).jsonl} ;;
+  held) out=${OUT:-bench/results/table-size-held-$(date -u +%F).jsonl} ;;
+  *) echo "table_size.sh: MODE is grow or held, not $mode" >&2; exit 2 ;;
+esac
 dim=16
 
 for b in bench/sparsebench bench/psbench server/ps-server; do
@@ -66,17 +81,19 @@ round=int(sys.argv[3]), load_before=float(sys.argv[4])); print(json.dumps(d))' "
 }
 
 [ "${SUMMARY_ONLY:-0}" = 1 ] && rounds=0
-echo "table_size.sh: ${rounds} round(s), sizes ${sizes[*]}, batch $batch, zipf $zipf -> $out" >&2
+echo "table_size.sh: ${rounds} round(s), $mode, sizes ${sizes[*]}, batch $batch, zipf $zipf -> $out" >&2
 for ((r = 1; r <= rounds; r++)); do
   wait_quiet
   # the order of the sizes rotates with the round
   n=${#sizes[@]}
   for ((i = 0; i < n; i++)); do
     v=${sizes[$(((i + r) % n))]}
+    [ "$mode" = held ] && sparse_args=(--prefill --hot-ids "$((hot < v ? hot : v))"
+      --fresh-share "$fresh" --max-rows "$(((v + 1) / 2))")
     load=$(load1)
     j=$("$build/bench/sparsebench" --shards 2 --workers 2 --dim "$dim" --batch "$batch" \
       --zipf "$zipf" --vocab "$v" --batches "$batches" --seconds "$secs" --warmup-seconds "$warmup" \
-      --memcpy-mib 0 --output json 2>/dev/null | tail -1)
+      --memcpy-mib 0 "${sparse_args[@]}" --output json 2>/dev/null | tail -1)
     if [ -n "$j" ]; then record sparse "$v" "$r" "$load" "$j"; else echo "sparse $v: failed" >&2; fi
     if [ "$v" -le "$dense_max" ]; then
       load=$(load1)
@@ -99,15 +116,25 @@ def cell(ds, key, scale=1e-3, fmt="%.2f"):
         return "-"
     v = [d[key] * scale for d in ds]
     return f"{fmt % statistics.median(v)} ({fmt % min(v)}-{fmt % max(v)})"
-print("| ids (vocab) | sparse step, ms | rows held (sparse) | dense step, ms | runs |")
-print("|---|---|---|---|---|")
+held = any(d.get("prefill") for d in rows)
+print("| ids (vocab) | sparse step, ms | rows held (sparse) | "
+      + ("rows made after the prefill / evicted | " if held else "") + "dense step, ms | runs |")
+print("|---|---|---|---|---|" + ("---|" if held else ""))
 for v in sorted({k[1] for k in by}):
     s, d = by.get(("sparse", v), []), by.get(("dense", v), [])
-    print(f"| {v:,} | {cell(s, 'p50_us')} | {cell(s, 'rows_held', 1, '%.0f')} | "
+    churn = ""
+    if held:
+        made = [x["rows_created"] - v for x in s]
+        ev = [x["rows_evicted"] for x in s]
+        churn = (f"{statistics.median(made):,.0f} / {statistics.median(ev):,.0f} | "
+                 if s else "- | ")
+    print(f"| {v:,} | {cell(s, 'p50_us')} | {cell(s, 'rows_held', 1, '%.0f')} | {churn}"
           f"{cell(d, 'p50_us') if d else 'not run (memory)'} | {len(s)} / {len(d)} |")
 PY
 
-# bench/table_size.png: step time against ids, log-log, median with min-max (gnuplot).
+png=table_size.png
+[ "$mode" = held ] && png=table_size_held.png
+# bench/$png: step time against ids, log-log, median with min-max (gnuplot).
 if command -v gnuplot >/dev/null; then
   tmp=$(mktemp -d)
   python3 - "$out" "$tmp" <<'PY'
@@ -121,7 +148,7 @@ for kind in ("sparse", "dense"):
 PY
   gnuplot <<GP
 set terminal png size 900,560
-set output "bench/table_size.png"
+set output "bench/$png"
 set logscale xy
 set xlabel "ids in the table (dim 16)"
 set ylabel "step time, ms (push+pull of a 256 x 26 batch)"
@@ -131,5 +158,5 @@ plot "$tmp/dense.dat" using 1:2:3:4 with yerrorlines title "the table as one den
      "$tmp/sparse.dat" using 1:2:3:4 with yerrorlines title "Tessera's sparse table (rows the batch touches)"
 GP
   rm -rf "$tmp"
-  echo "wrote bench/table_size.png" >&2
+  echo "wrote bench/$png" >&2
 fi

@@ -33,14 +33,46 @@ static size_t slab_bytes(const ts_table_t *t) {
   return (size_t)TS_TABLE_SLAB_ROWS * t->stride * sizeof(float);
 }
 
-void ts_table_free(ts_table_t *t) {
+#define META_BYTES ((size_t)TS_TABLE_SLAB_ROWS * sizeof(ts_table_meta_t))
+
+/* Memory in transparent huge pages. A large table's lookups land anywhere in gigabytes of
+ * rows, metadata and index: on 4 KiB pages nearly every one misses the TLB as well as the
+ * cache. So once a table holds a group's worth of slabs, its slabs (and, apart, their
+ * metadata) are allocated in groups of at least 2 MiB (ts_huge_alloc), a slab id s >= group
+ * at the group's start taking the whole group; the first group's slabs are allocated one by
+ * one, so a small table does not hold 2 MiB. */
+#define HUGE_BYTES ((size_t)2 << 20)
+
+static size_t group_of(size_t bytes) { return bytes >= HUGE_BYTES ? 1 : (HUGE_BYTES + bytes - 1) / bytes; }
+
+/* What allocating slab s's memory takes, for a kind of `bytes` a slab: its own, a whole
+ * group's, or nothing (it is in a group allocated before). */
+static size_t alloc_for(size_t s, size_t bytes) {
+  size_t g = group_of(bytes);
+  if (s < g) return bytes;
+  return s % g == 0 ? g * bytes : 0;
+}
+
+/* The bytes allocated for the first n slabs of a kind of `bytes` a slab. */
+static uint64_t held_for(size_t n, size_t bytes) {
+  size_t g = group_of(bytes);
+  if (n <= g) return (uint64_t)n * bytes;
+  return (uint64_t)((n + g - 1) / g) * g * bytes;
+}
+
+static void free_slabs(ts_table_t *t) {
   for (size_t s = 0; s < t->nslabs; s++) {
-    ts_huge_free(t->slabs[s], slab_bytes(t));
-    ts_free(t->metas[s]);
+    size_t sb = alloc_for(s, slab_bytes(t)), mb = alloc_for(s, META_BYTES);
+    if (sb) ts_huge_free(t->slabs[s], sb);
+    if (mb) ts_huge_free(t->metas[s], mb);
   }
+}
+
+void ts_table_free(ts_table_t *t) {
+  free_slabs(t);
   ts_free(t->slabs);
   ts_free(t->metas);
-  ts_free(t->slots);
+  ts_huge_free(t->slots, t->cap * sizeof *t->slots);
   uint32_t dim = t->dim, nstate = t->nstate;
   uint64_t max_rows = t->max_rows, erased = t->erased + t->size;
   memset(t, 0, sizeof *t); /* empty, with its shape: usable again */
@@ -74,7 +106,7 @@ uint32_t ts_table_find(const ts_table_t *t, uint64_t key) {
 /* Twice the capacity (at least MIN_CAP), every entry placed again by its tag; rows stay. */
 static int grow_index(ts_table_t *t) {
   size_t cap = t->cap ? t->cap * 2 : MIN_CAP;
-  uint64_t *slots = ts_malloc(cap * sizeof *slots);
+  uint64_t *slots = ts_huge_alloc(cap * sizeof *slots);
   if (!slots) return TS_ENOMEM;
   memset(slots, 0xff, cap * sizeof *slots);
   for (size_t i = 0; i < t->cap; i++) {
@@ -84,7 +116,7 @@ static int grow_index(ts_table_t *t) {
     while (slots[j] != EMPTY) j = (j + 1) & (cap - 1);
     slots[j] = e;
   }
-  ts_free(t->slots);
+  ts_huge_free(t->slots, t->cap * sizeof *t->slots);
   t->slots = slots;
   t->cap = cap;
   return 0;
@@ -113,14 +145,16 @@ static uint32_t take_row(ts_table_t *t, int *err) {
       }
       t->slabs_cap = cap;
     }
-    float *slab = ts_huge_alloc(slab_bytes(t));
-    ts_table_meta_t *meta = ts_calloc(TS_TABLE_SLAB_ROWS, sizeof *meta);
+    size_t sb = alloc_for(s, slab_bytes(t)), mb = alloc_for(s, META_BYTES);
+    float *slab = sb ? ts_huge_alloc(sb) : t->slabs[s - 1] + TS_TABLE_SLAB_ROWS * t->stride;
+    ts_table_meta_t *meta = mb ? ts_huge_alloc(mb) : t->metas[s - 1] + TS_TABLE_SLAB_ROWS;
     if (!slab || !meta) {
-      if (slab) ts_huge_free(slab, slab_bytes(t));
-      ts_free(meta);
+      if (slab && sb) ts_huge_free(slab, sb);
+      if (meta && mb) ts_huge_free(meta, mb);
       *err = TS_ENOMEM;
       return TS_TABLE_NONE;
     }
+    if (mb && mb < HUGE_BYTES) memset(meta, 0, mb); /* not a fresh mapping: not zeroed */
     t->slabs[t->nslabs] = slab;
     t->metas[t->nslabs] = meta;
     t->nslabs++;
@@ -196,7 +230,7 @@ size_t ts_table_keys(const ts_table_t *t, uint64_t *cursor, uint64_t *out, size_
 }
 
 uint64_t ts_table_bytes(const ts_table_t *t) {
-  return (uint64_t)t->nslabs * (slab_bytes(t) + TS_TABLE_SLAB_ROWS * sizeof(ts_table_meta_t)) +
+  return held_for(t->nslabs, slab_bytes(t)) + held_for(t->nslabs, META_BYTES) +
          (uint64_t)t->cap * sizeof(uint64_t) +
          (uint64_t)t->slabs_cap * (sizeof(float *) + sizeof(ts_table_meta_t *));
 }
@@ -206,7 +240,7 @@ uint64_t ts_table_insert_cost(const ts_table_t *t) {
   if ((t->size + 1) * 2 > t->cap)
     c += (uint64_t)(t->cap ? t->cap * 2 : MIN_CAP) * sizeof(uint64_t);
   if (t->free_head == TS_TABLE_NONE && (size_t)(t->next_row >> TS_TABLE_SLAB_SHIFT) == t->nslabs) {
-    c += slab_bytes(t) + TS_TABLE_SLAB_ROWS * sizeof(ts_table_meta_t);
+    c += alloc_for(t->nslabs, slab_bytes(t)) + alloc_for(t->nslabs, META_BYTES);
     if (t->nslabs == t->slabs_cap)
       c += (uint64_t)(t->slabs_cap ? t->slabs_cap : 8) * (sizeof(float *) + sizeof(ts_table_meta_t *));
   }

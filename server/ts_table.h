@@ -3,8 +3,10 @@
  * table from 64-bit keys to rows of width dim, each row its value, its optimizer state and
  * the little metadata admission and eviction read.
  *
- * Layout. Rows live in slabs of TS_TABLE_SLAB_ROWS rows allocated as the table grows (large
- * ones on transparent huge pages, ts_huge_alloc) and never moved: a row's memory stays
+ * Layout. Rows live in slabs of TS_TABLE_SLAB_ROWS rows allocated as the table grows and
+ * never moved; past its first 2 MiB a table's slabs, their metadata and its index are on
+ * transparent huge pages (slabs in groups of at least 2 MiB, ts_huge_alloc), so a lookup
+ * in a table of gigabytes does not also miss the TLB. A row's memory stays
  * where it is until the row is erased, so a pull reply can be written straight from it.
  * An erased row's slot goes on a free list and is reused. The index is open addressing
  * with linear probing at a load factor of at most 1/2, deletion by backward shift (no

@@ -48,7 +48,7 @@ void ts_replyq_enforce(ts_server_t *srv) {
   }
 }
 
-void ts_replyq_tick(ts_server_t *srv, uint64_t now_ms) {
+void ts_replyq_tick(ts_server_t *srv, uint64_t now_ms, uint64_t late_ms) {
   uint64_t limit_ms = (uint64_t)(srv->cfg->reply_full_timeout_s * 1000.0);
   for (ts_session_t *s = srv->sessions; s; s = s->next) {
     if (s->conn.closing) continue;
@@ -60,6 +60,11 @@ void ts_replyq_tick(ts_server_t *srv, uint64_t now_ms) {
       s->reply_full_ms = now_ms ? now_ms : 1;
       continue;
     }
+    /* The loop did not run for late_ms (this tick is that late: the shard was busy, e.g.
+     * making the rows of a large pull): nothing was written meanwhile, so that time is not
+     * the peer's. Taken out of its time over half rather than restarting it, so a shard
+     * that lags every second still closes a peer that does not read. */
+    s->reply_full_ms = s->reply_full_ms + late_ms < now_ms ? s->reply_full_ms + late_ms : now_ms;
     if (now_ms - s->reply_full_ms <= limit_ms) continue;
     ts_log_warn("%s: its queued replies (%llu bytes) stayed over half of "
                 "server.max_reply_bytes_per_connection for %.1f s: it asks faster than it "

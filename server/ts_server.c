@@ -125,7 +125,7 @@ static void on_tick(uv_timer_t *t) {
   /* What one peer may hold (docs/architecture.md): a staging buffer, a partition, memory. */
   ts_push_rx_drop_slow(srv, now, late);
   ts_pull_drop_slow_readers(srv, now, late);
-  ts_replyq_tick(srv, now);
+  ts_replyq_tick(srv, now, late);
   ts_sync_check_barriers(srv, true);
   ts_sparse_tick(srv);
   ts_waitq_serve(srv);

@@ -461,7 +461,7 @@ void ts_replyq_enforce(ts_server_t *srv);
 
 /* From the tick: close the connections whose queued replies stayed over half their budget
  * for server.reply_full_timeout_s, then ts_replyq_enforce. */
-void ts_replyq_tick(ts_server_t *srv, uint64_t now_ms);
+void ts_replyq_tick(ts_server_t *srv, uint64_t now_ms, uint64_t late_ms);
 
 /* --- ts_shard_status.c ----------------------------------------------------------------------- */
 

@@ -59,7 +59,8 @@ static struct {
   uint64_t vocab;
   double seconds, warmup_seconds, lr;
   long memcpy_mib;
-  uint64_t hot_ids, max_rows;
+  uint64_t hot_ids, max_rows, max_table_bytes;
+  size_t prefill_keys;
   double fresh_share;
   bool prefill, json, verbose;
 } opt = {.shards = 1, .workers = 1, .dim = 64, .batch = 65536, .nbatches = 8, .zipf = 1.0,
@@ -99,11 +100,14 @@ static void usage(FILE *f) {
           "  --lr X              the table's SGD learning rate (default 0.01)\n"
           "  --memcpy-mib N      buffer of the memcpy measurement; 0 = skip (default 256)\n"
           "  --prefill           make a row of every id of [0, V) before the warm-up\n"
+          "  --prefill-keys N    keys per pull of the prefill (default: 8 MiB of rows)\n"
           "  --hot-ids R         Zipf ranks over [0, R) scattered over [0, V) (default V:\n"
           "                      rank r is id r)\n"
           "  --fresh-share F     share of each request's keys that are new ids (default 0)\n"
           "  --max-rows N        rows per shard; the least recently used are evicted\n"
           "                      (default 0: no bound)\n"
+          "  --max-table-bytes N server.max_table_bytes of each shard (default: the\n"
+          "                      server's, 4 GiB)\n"
           "  --output table|json (default table)\n"
           "  --verbose\n",
           TS_CLUSTER_MAX, MAX_WORKERS);
@@ -141,6 +145,8 @@ static int parse_args(int argc, char **argv) {
     else if (!strcmp(a, "--hot-ids")) opt.hot_ids = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--fresh-share")) opt.fresh_share = atof(v);
     else if (!strcmp(a, "--max-rows")) opt.max_rows = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--max-table-bytes")) opt.max_table_bytes = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--prefill-keys")) opt.prefill_keys = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--output")) {
       if (!strcmp(v, "json")) opt.json = true;
       else if (!strcmp(v, "table")) opt.json = false;
@@ -161,7 +167,8 @@ static int parse_args(int argc, char **argv) {
       !(opt.seconds > 0 && opt.seconds <= 600) ||
       !(opt.warmup_seconds >= 0 && opt.warmup_seconds <= 600) || !(opt.lr > 0) ||
       opt.memcpy_mib < 0 || opt.memcpy_mib > 16384 || opt.hot_ids > opt.vocab ||
-      !(opt.fresh_share >= 0 && opt.fresh_share <= 1) || opt.vocab > ((uint64_t)1 << 60)) {
+      !(opt.fresh_share >= 0 && opt.fresh_share <= 1) || opt.vocab > ((uint64_t)1 << 60) ||
+      opt.prefill_keys > ((size_t)1 << 26)) {
     fprintf(stderr, "sparsebench: an option is out of range (see --help)\n");
     return -1;
   }
@@ -191,9 +198,11 @@ static int one_request(worker_t *w, uint64_t n) {
   return rc;
 }
 
-/* Make a row of every id of [0, vocab) (--prefill): pulls of a million keys at a time. */
+/* Make a row of every id of [0, vocab) (--prefill): pulls of --prefill-keys keys (default
+ * 8 MiB of rows), under a shard's reply budget (server.max_reply_bytes_per_connection). */
 static int prefill(ts_client_t *cl, char *err, size_t errlen) {
-  const size_t chunk = (size_t)1 << 20;
+  const size_t chunk = opt.prefill_keys ? opt.prefill_keys
+                                        : ((size_t)8 << 20) / (opt.dim * sizeof(float));
   int64_t *keys = malloc(chunk * sizeof *keys);
   float *dst = malloc(chunk * opt.dim * sizeof *dst);
   int rc = keys && dst ? 0 : -1;
@@ -297,12 +306,14 @@ int main(int argc, char **argv) {
     memset(w[i].dst, 0, opt.batch * rowbytes);
   }
 
-  char extra[512];
+  char extra[512], budget[96] = "";
+  if (opt.max_table_bytes)
+    snprintf(budget, sizeof budget, " max_table_bytes = %" PRIu64 ";", opt.max_table_bytes);
   snprintf(extra, sizeof extra,
            "job = { mode = \"async\"; sync_timeout_s = 60.0; heartbeat_timeout_s = 60.0; };\n"
            "optimizer = { name = \"sgd\"; learning_rate = %g; };\n"
-           "server = { max_message_bytes = 4294967296; };\n",
-           opt.lr);
+           "server = { max_message_bytes = 4294967296;%s };\n",
+           opt.lr, budget);
   ts_cluster_t cluster;
   if (ts_cluster_start(&cluster, opt.shards, opt.workers, extra) < 0) {
     fprintf(stderr, "sparsebench: could not start the shards\n");

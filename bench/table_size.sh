@@ -20,7 +20,8 @@
 # at VOCAB / 2 rows (--max-rows: the least recently used are evicted), draws each batch's
 # Zipf ranks over HOT ids scattered over the table (--hot-ids: the same work per step at
 # every size) and makes FRESH of each batch's keys ids never seen (--fresh-share: rows made,
-# and as many evicted, every step). MODE=grow (the default) is the sweep above.
+# and as many evicted, every step), with each shard's server.max_table_bytes at
+# TABLE_BYTES (8 GiB: 10^8 rows of dim 16 fit). MODE=grow (the default) is the sweep above.
 #
 # The step time is the median push+pull round trip of every request of every worker (p50_us
 # of either tool). Before every round the script waits (LOAD_WAIT_S, default 600) for the
@@ -30,7 +31,7 @@
 #   env: SUMMARY_ONLY=1 (no runs: the summary and plot of OUT), ROUNDS (5), SECS (6: timed seconds of a sparse run), WARMUP (1), BATCHES (4000), SIZES ("100000
 #        1000000 10000000 100000000"), DENSE_MAX (10000000), BATCH (6656), ZIPF (1.05),
 #        ITERS (dense push+pulls timed per worker, 5), MODE (grow | held), HOT (100000),
-#        FRESH (0.05), OUT (bench/results/table-size[-held]-DATE.jsonl)
+#        FRESH (0.05), TABLE_BYTES (8589934592), OUT (bench/results/table-size[-held]-DATE.jsonl)
 # Output: one JSON object per run appended to OUT (the tool's fields plus kind, vocab, round,
 # load_before), then a Markdown table on stdout: per table size the median (min-max) step
 # time of each kind and the rows the sparse shards held.
@@ -52,6 +53,7 @@ load_wait=${LOAD_WAIT_S:-600}
 mode=${MODE:-grow}
 hot=${HOT:-100000}
 fresh=${FRESH:-0.05}
+table_bytes=${TABLE_BYTES:-8589934592}
 case $mode in
   grow) sparse_args=(); out=${OUT:-bench/results/table-size-$(date -u +%F).jsonl} ;;
   held) out=${OUT:-bench/results/table-size-held-$(date -u +%F).jsonl} ;;
@@ -89,7 +91,7 @@ for ((r = 1; r <= rounds; r++)); do
   for ((i = 0; i < n; i++)); do
     v=${sizes[$(((i + r) % n))]}
     [ "$mode" = held ] && sparse_args=(--prefill --hot-ids "$((hot < v ? hot : v))"
-      --fresh-share "$fresh" --max-rows "$(((v + 1) / 2))")
+      --fresh-share "$fresh" --max-rows "$(((v + 1) / 2))" --max-table-bytes "$table_bytes")
     load=$(load1)
     j=$("$build/bench/sparsebench" --shards 2 --workers 2 --dim "$dim" --batch "$batch" \
       --zipf "$zipf" --vocab "$v" --batches "$batches" --seconds "$secs" --warmup-seconds "$warmup" \

@@ -43,7 +43,9 @@ static size_t slab_bytes(const ts_table_t *t) {
  * one, so a small table does not hold 2 MiB. */
 #define HUGE_BYTES ((size_t)2 << 20)
 
-static size_t group_of(size_t bytes) { return bytes >= HUGE_BYTES ? 1 : (HUGE_BYTES + bytes - 1) / bytes; }
+static size_t group_of(size_t bytes) {
+  return bytes >= HUGE_BYTES ? 1 : (HUGE_BYTES + bytes - 1) / bytes;
+}
 
 /* What allocating slab s's memory takes, for a kind of `bytes` a slab: its own, a whole
  * group's, or nothing (it is in a group allocated before). */

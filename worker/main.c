@@ -113,8 +113,6 @@ static void log_variable_placement(const ts_client_t *client, const ts_model_t *
   }
 }
 
-/* The CTR job (data.format "criteo"): declare, train, evaluate, the done: line with the
- * test AUC and log loss. Returns the exit code. */
 /* A re-run of a finished job (or a worker joining at its last step): no "done:" line, whose
  * loss would be made up, and its own exit status. */
 static int nothing_to_train(const ts_train_result_t *res) {
@@ -123,6 +121,9 @@ static int nothing_to_train(const ts_train_result_t *res) {
              (unsigned long long)res->job_step, (unsigned long long)res->total_steps);
   return TS_EXIT_NOTHING_TO_TRAIN;
 }
+
+/* The CTR job (data.format "criteo"): declare, train, evaluate, the done: line with the
+ * test AUC and log loss. Returns the exit code. */
 
 static int run_ctr(const ts_config_t *cfg, long task, ts_ctr_t *m, uint64_t rows,
                    ts_client_t *client, ts_observe_t *obs) {

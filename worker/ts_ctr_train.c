@@ -106,14 +106,20 @@ static void table_reqs(ts_ctr_t *m, step_reqs_t *q, ts_client_req_kind_t kind, s
 
 /* Pull the batch's rows of every table (read_only: evaluation's, making no rows) and
  * (dense) the dense layers. */
+/* The dense layers' pull request, into params. */
+static void dense_pull_req(const ts_ctr_trainer_t *t, step_reqs_t *q, float *params) {
+  const ts_layers_t *d = &t->model->net.desc;
+  ts_client_req_init(&q->dense, TS_CLIENT_PULL);
+  for (size_t i = 0; i < d->num_tensors; i++) q->dst[i] = params + d->tensors[i].offset;
+  q->dense.dst = q->dst;
+}
+
 static int pull(const ts_ctr_trainer_t *t, step_reqs_t *q, float *params, size_t batch,
                 uint64_t min_version, uint64_t clock, bool dense, bool read_only, char *errmsg,
                 size_t errlen) {
   ts_ctr_t *m = t->model;
   const ts_layers_t *d = &m->net.desc;
-  ts_client_req_init(&q->dense, TS_CLIENT_PULL);
-  for (size_t i = 0; i < d->num_tensors; i++) q->dst[i] = params + d->tensors[i].offset;
-  q->dense.dst = q->dst;
+  dense_pull_req(t, q, params);
   q->dense.min_version = min_version;
   q->dense.clock = clock;
   table_reqs(m, q, TS_CLIENT_SPARSE_PULL, batch, 0, min_version, clock, read_only);
@@ -186,10 +192,7 @@ static int read_batch(const ts_ctr_trainer_t *t, ts_criteo_reader_t *rd, ts_crit
  * dense trainer does). */
 static int job_step(const ts_ctr_trainer_t *t, step_reqs_t *q, float *params, uint64_t *step,
                     char *errmsg, size_t errlen) {
-  const ts_layers_t *d = &t->model->net.desc;
-  ts_client_req_init(&q->dense, TS_CLIENT_PULL);
-  for (size_t i = 0; i < d->num_tensors; i++) q->dst[i] = params + d->tensors[i].offset;
-  q->dense.dst = q->dst;
+  dense_pull_req(t, q, params);
   int rc = ts_client_run(t->client, &q->dense);
   if (rc < 0) {
     snprintf(errmsg, errlen, "first pull: %s",

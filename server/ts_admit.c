@@ -71,21 +71,64 @@ static uint64_t xorshift(uint64_t *s) {
   return *s;
 }
 
-bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, uint64_t *rng, uint64_t *key) {
+/* Add row id (key, last_step) to the pool, kept oldest first, when it is among the pool's
+ * oldest and not there yet. */
+static void pool_add(ts_admit_pool_t *pool, uint32_t id, uint64_t key, uint64_t last_step) {
+  uint32_t n = pool->n;
+  if (n == TS_ADMIT_POOL && last_step >= pool->c[n - 1].last_step) return;
+  for (uint32_t i = 0; i < n; i++)
+    if (pool->c[i].id == id) return;
+  if (n == TS_ADMIT_POOL) n--; /* the youngest gives way */
+  uint32_t at = n;
+  while (at > 0 && pool->c[at - 1].last_step > last_step) {
+    pool->c[at] = pool->c[at - 1];
+    at--;
+  }
+  pool->c[at] = (ts_admit_cand_t){.key = key, .last_step = last_step, .id = id};
+  pool->n = n + 1;
+}
+
+/* Draw up to `round` row ids, their metadata prefetched before any is read (in a table of
+ * gigabytes each is a cache miss, and read one after the other, a branch on each, they
+ * cost a memory latency apiece), and put the live ones to the pool. */
+static void pool_sample(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *rng,
+                        uint32_t round) {
+  uint32_t ids[TS_ADMIT_POOL];
+  if (round > TS_ADMIT_POOL) round = TS_ADMIT_POOL;
+  for (uint32_t i = 0; i < round; i++) {
+    ids[i] = (uint32_t)(xorshift(rng) % t->next_row);
+    __builtin_prefetch(ts_table_meta(t, ids[i]), 0, 1);
+  }
+  for (uint32_t i = 0; i < round; i++) {
+    const ts_table_meta_t *m = ts_table_meta(t, ids[i]);
+    if (ts_table_live(m)) pool_add(pool, ids[i], m->key, m->last_step);
+  }
+}
+
+/* The pool's oldest candidate that is still what it was when sampled (the same key, live,
+ * untouched since), taken out of the pool; TS_TABLE_NONE when none is. */
+static uint32_t pool_take(ts_admit_pool_t *pool, const ts_table_t *t) {
+  while (pool->n > 0) {
+    ts_admit_cand_t c = pool->c[0];
+    memmove(&pool->c[0], &pool->c[1], --pool->n * sizeof c);
+    if (c.id >= t->next_row) continue; /* the table was emptied since */
+    const ts_table_meta_t *m = ts_table_meta(t, c.id);
+    if (ts_table_live(m) && m->key == c.key && m->last_step == c.last_step) return c.id;
+  }
+  return TS_TABLE_NONE;
+}
+
+bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, ts_admit_pool_t *pool,
+                        uint64_t *rng, uint64_t *key) {
   if (t->size == 0) return false;
-  uint32_t want = p->sample ? p->sample : 16, got = 0, victim = TS_TABLE_NONE;
-  uint64_t oldest = UINT64_MAX;
-  /* Random row ids; where most ids are free (after a mass eviction) the tries run out and
-   * a walk from a random id takes the next live ones, so this always finds a row. */
-  for (uint32_t tries = 0; got < want && tries < 8 * want; tries++) {
-    uint32_t id = (uint32_t)(xorshift(rng) % t->next_row);
-    const ts_table_meta_t *m = ts_table_meta(t, id);
-    if (!ts_table_live(m)) continue;
-    got++;
-    if (m->last_step < oldest) {
-      oldest = m->last_step;
-      victim = id;
-    }
+  uint32_t want = p->sample ? p->sample : 5, victim = TS_TABLE_NONE;
+  if (want > TS_ADMIT_POOL) want = TS_ADMIT_POOL;
+  /* Fresh samples, then the oldest valid candidate; where most ids are free (after a mass
+   * eviction) the draws run out and a walk from a random id takes the next live row, so
+   * this always finds one. */
+  for (uint32_t tries = 0; victim == TS_TABLE_NONE && tries < 8; tries++) {
+    pool_sample(pool, t, rng, want);
+    victim = pool_take(pool, t);
   }
   if (victim == TS_TABLE_NONE) {
     uint32_t cursor = (uint32_t)(xorshift(rng) % t->next_row), id;
@@ -96,6 +139,9 @@ bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, uint64_t *rng
     victim = id;
   }
   ts_require(victim != TS_TABLE_NONE); /* size > 0: a live row exists */
+  /* Its row is where the insert that wanted room puts the new one (the free list is last
+   * in, first out): loading it overlaps the erase's index miss. */
+  __builtin_prefetch(ts_table_row(t, victim), 1, 1);
   *key = ts_table_meta(t, victim)->key;
   ts_table_erase(t, *key);
   return true;

@@ -11,8 +11,9 @@
  * Eviction. By steps to live: a row untouched for steps_to_live global steps goes (a walk
  * of bounded length per call, resumed from a cursor, so a large table is swept a piece per
  * tick). By capacity: a table at max_rows makes room for a new row by evicting the least
- * recently used of `sample` rows picked at random (Redis's approximated LRU: the rows it
- * takes are among the oldest without any per-access list to keep).
+ * recently used of the oldest rows its random samples found (Redis's approximated LRU with
+ * its eviction pool: the rows it takes are among the oldest without any per-access list
+ * to keep, and each eviction reads only a few rows).
  *
  * Pure over a ts_table_t and the sketch: no I/O, the step is an argument.
  */
@@ -31,7 +32,7 @@ typedef struct {
   uint32_t admit_count;     /* sightings before a key becomes a row (<= 1: at once) */
   double admit_probability; /* 1: every key (after admit_count) */
   uint64_t steps_to_live;   /* 0: rows never expire */
-  uint32_t sample;          /* rows looked at to pick an LRU victim (default 16) */
+  uint32_t sample;          /* rows sampled per LRU eviction (default 5) */
   uint64_t seed;
 } ts_admit_policy_t;
 
@@ -62,9 +63,24 @@ bool ts_admit_key(const ts_admit_policy_t *p, ts_admit_sketch_t *s, uint64_t key
 size_t ts_admit_expire(const ts_admit_policy_t *p, ts_table_t *t, uint64_t now, uint32_t *cursor,
                        size_t budget, uint64_t *evicted);
 
-/* Make room in a full table: evict the least recently used (lowest last_step) of p->sample
- * live rows picked with the random state *rng (xorshift64, any non-zero start). Returns
+/* The oldest rows seen by a table's LRU samples (Redis's eviction pool): a candidate stays
+ * until it is evicted, touched again, or pushed out by older ones, so each eviction picks
+ * from far more than its own fresh samples. Zeroed: empty. */
+#define TS_ADMIT_POOL 16
+typedef struct {
+  uint64_t key, last_step; /* as sampled */
+  uint32_t id;
+} ts_admit_cand_t;
+typedef struct {
+  ts_admit_cand_t c[TS_ADMIT_POOL]; /* oldest first */
+  uint32_t n;
+} ts_admit_pool_t;
+
+/* Make room in a full table: sample p->sample row ids (at most TS_ADMIT_POOL) with the
+ * random state *rng (xorshift64, any non-zero start) into t's pool, and evict the least
+ * recently used (lowest last_step) candidate of the pool that is still as sampled. Returns
  * true with *key the key evicted, or false when the table is empty. */
-bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, uint64_t *rng, uint64_t *key);
+bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, ts_admit_pool_t *pool,
+                        uint64_t *rng, uint64_t *key);
 
 #endif

@@ -35,7 +35,7 @@
 /* Counters per row of the count-min sketch (4 rows of 16-bit counters: 128 KiB a table). */
 #define SKETCH_WIDTH (1u << 14)
 /* Rows sampled to pick an LRU victim. */
-#define LRU_SAMPLE 16
+#define LRU_SAMPLE 8
 /* Evictions tried to make room for one row before giving up on it. */
 #define MAX_EVICT_TRIES 8
 /* One pulled key in this many feeds the hottest keys' summary. */
@@ -49,6 +49,7 @@ struct ts_stable {
   int nstate;
   ts_admit_policy_t policy;
   ts_admit_sketch_t sketch;
+  ts_admit_pool_t pool; /* the LRU victims' candidates */
   bool has_sketch;
   uint64_t table_key; /* ts_init_key(seed, name): the initialiser's stream */
   uint64_t version;
@@ -347,7 +348,7 @@ static uint32_t new_row(ts_stable_t *t, ts_stable_budget_t *b, ts_table_t *tab, 
     if (!full && b->bytes + cost <= b->max_bytes) break;
     uint64_t victim;
     if (tab != &t->rows || tries >= MAX_EVICT_TRIES ||
-        !ts_admit_evict_lru(&t->policy, &t->rows, &b->rng, &victim))
+        !ts_admit_evict_lru(&t->policy, &t->rows, &t->pool, &b->rng, &victim))
       return TS_TABLE_NONE;
     tomb_add(t, b, victim);
     t->evicted++;
@@ -376,8 +377,8 @@ static void init_row(ts_stable_t *t, uint32_t id, uint64_t key) {
 
 /* How far ahead a loop over keys prefetches their index slots, and then their rows (the
  * slot loaded by then): a lookup's misses overlap the work on the keys before it. */
-#define PREFETCH_SLOT 16
-#define PREFETCH_ROW 8
+#define PREFETCH_SLOT 32
+#define PREFETCH_ROW 16
 
 void ts_stable_peek(ts_stable_t *t, const uint64_t *keys, size_t n, float *out) {
   size_t dim = t->rows.dim;

@@ -80,6 +80,13 @@ static void fill(ts_table_t *t, uint32_t n) {
   }
 }
 
+/* The step of a row of fill()'s table: its key's index. */
+static uint32_t step_of(uint64_t key) {
+  uint32_t k = 0;
+  while (ts_key_hash(k) != key) k++;
+  return k;
+}
+
 static void test_expire(void **state) {
   (void)state;
   ts_admit_policy_t p = {.steps_to_live = 500, .admit_probability = 1.0};
@@ -103,24 +110,60 @@ static void test_expire(void **state) {
   ts_table_free(&t);
 }
 
+/* The mean age rank (0: the oldest row) of 200 rows evicted from 10,000 aged by index, with
+ * `sample` rows drawn an eviction; the table is left at 9,800 rows. */
+static double mean_victim_rank(uint32_t sample, uint64_t rng) {
+  ts_admit_policy_t p = {.sample = sample, .admit_probability = 1.0};
+  ts_table_t t;
+  fill(&t, 10000);
+  ts_admit_pool_t pool = {0};
+  uint64_t key;
+  double rank = 0;
+  for (int i = 0; i < 200; i++) {
+    assert_true(ts_admit_evict_lru(&p, &t, &pool, &rng, &key));
+    rank += step_of(key) / 10000.0; /* the row's step is its index */
+  }
+  assert_int_equal(t.size, 9800);
+  ts_table_free(&t);
+  assert_false(ts_admit_evict_lru(&p, &t, &pool, &rng, &key)); /* empty */
+  return rank / 200;
+}
+
 static void test_lru_picks_old_rows(void **state) {
+  (void)state;
+  /* The oldest of 16 random rows is at rank 1/17 = 0.059 on average; the pool does better. */
+  assert_true(mean_victim_rank(16, 12345) < 0.1);
+  /* The shard's setting, 8 an eviction: the pool makes each victim the oldest of many more
+   * rows than its own 8 (without it the mean rank would be 1/9 = 0.111; it is 0.068). */
+  assert_true(mean_victim_rank(8, 777) < 0.08);
+}
+
+/* A candidate touched after it was sampled, or erased (and its slot made another key's),
+ * is never the victim: the pool checks its row is still as sampled. */
+static void test_lru_pool_skips_changed_rows(void **state) {
   (void)state;
   ts_admit_policy_t p = {.sample = 16, .admit_probability = 1.0};
   ts_table_t t;
-  fill(&t, 10000);
-  uint64_t rng = 12345, key;
-  double rank = 0;
-  for (int i = 0; i < 200; i++) {
-    assert_true(ts_admit_evict_lru(&p, &t, &rng, &key));
-    uint32_t k = 0;
-    while (ts_key_hash(k) != key) k++; /* the row's step is its index */
-    rank += k / 10000.0;
+  fill(&t, 1000);
+  ts_admit_pool_t pool = {0};
+  uint64_t rng = 4242, key;
+  assert_true(ts_admit_evict_lru(&p, &t, &pool, &rng, &key));
+  assert_true(pool.n >= 2);
+  /* the pool's oldest now touched, its next erased and its slot reused by a new key */
+  ts_admit_cand_t touched = pool.c[0], gone = pool.c[1];
+  ts_table_meta(&t, touched.id)->last_step = 1u << 20;
+  assert_true(ts_table_erase(&t, gone.key));
+  bool created;
+  int err;
+  uint32_t id = ts_table_insert(&t, ts_key_hash(5000), &created, &err);
+  assert_int_equal(id, gone.id);
+  ts_table_meta(&t, id)->last_step = 0; /* older than anything: but not a sampled row */
+  for (int i = 0; i < 50; i++) {
+    assert_true(ts_admit_evict_lru(&p, &t, &pool, &rng, &key));
+    assert_true(key != touched.key && key != gone.key);
+    if (key == ts_key_hash(5000)) break; /* sampled afresh: then it may go */
   }
-  /* The oldest of 16 random rows is at rank 1/17 = 0.059 on average. */
-  assert_true(rank / 200 < 0.1);
-  assert_int_equal(t.size, 9800);
   ts_table_free(&t);
-  assert_false(ts_admit_evict_lru(&p, &t, &rng, &key));
 }
 
 /* Capacity 1000, 10,000 distinct keys streaming through, each step touching its key: the
@@ -130,6 +173,7 @@ static void test_stream_through_capacity(void **state) {
   ts_admit_policy_t p = {.sample = 8, .admit_probability = 1.0};
   ts_table_t t;
   assert_int_equal(ts_table_init(&t, 16, 2, 1000), 0);
+  ts_admit_pool_t pool = {0};
   uint64_t rng = 99, evicted, full_bytes = 0;
   for (uint64_t step = 0; step < 10000; step++) {
     bool created;
@@ -137,7 +181,7 @@ static void test_stream_through_capacity(void **state) {
     uint32_t id = ts_table_insert(&t, ts_key_hash(step), &created, &err);
     if (id == TS_TABLE_NONE) {
       assert_int_equal(err, TS_ETOOBIG);
-      assert_true(ts_admit_evict_lru(&p, &t, &rng, &evicted));
+      assert_true(ts_admit_evict_lru(&p, &t, &pool, &rng, &evicted));
       id = ts_table_insert(&t, ts_key_hash(step), &created, &err);
     }
     assert_true(id != TS_TABLE_NONE && created);
@@ -157,6 +201,7 @@ int main(void) {
       cmocka_unit_test(test_admit_by_probability),
       cmocka_unit_test(test_expire),
       cmocka_unit_test(test_lru_picks_old_rows),
+      cmocka_unit_test(test_lru_pool_skips_changed_rows),
       cmocka_unit_test(test_stream_through_capacity),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -74,6 +74,7 @@ typedef struct {
    * shard's step counts every worker and every pull waits for the step); ssp, the push
    * (each shard knows every worker's clock for its staleness bound) */
   bool push_every_shard, pull_every_shard;
+  bool async;               /* the job's mode is async: a push+pull may go in one frame */
 } ts_cl_sparse_t;
 
 typedef enum {
@@ -123,6 +124,7 @@ typedef struct ts_cl_op {
   uint64_t clock;
   uint64_t push_id;         /* OP_PUSH, OP_PUSH_PULL: its id (0 until start_op gives a new
                                push one; a retry's from the start) */
+  bool retry;               /* push_id came with the request: a retry of an earlier one */
   uint8_t *acked;           /* with push_id: per shard, 1 when its push reply came (owned;
                                NULL when it could not be had) */
   ts_cl_staged_t *stage;    /* OP_PUSH_PULL: one per shard (owned) */
@@ -172,6 +174,8 @@ struct ts_cl_wreq {
    * reply rows go */
   size_t sp_off, sp_n;
   uv_buf_t rx;
+  uint64_t pull_id;         /* a table's push+pull in one frame: the push names its pull */
+  bool rides;               /* ... and the pull, answered without a frame of its own */
 };
 
 typedef enum { SH_DOWN, SH_CONNECTING, SH_HELLO, SH_HANDSHAKE, SH_DECLARING, SH_READY } ts_cl_sh_state_t;
@@ -202,6 +206,7 @@ struct ts_cl_shard {
   uint8_t hs_nonce[2][TS_AUTH_NONCE_LEN]; /* the shard's and ours, for its proof */
   bool tried;               /* mu: at least one attempt finished (for ts_client_open) */
   uint64_t incarnation;     /* from the shard's Hello; a change means it restarted */
+  uint32_t features;        /* from the shard's Hello (TS_FEATURE_*) */
   uint64_t pulled_version;  /* lowest version of the last pull from this shard */
   bool have_version;        /* pulled_version is valid for the shard's current incarnation */
   uint64_t state_ms;        /* loop time of the last state change (handshake timeout) */
@@ -342,6 +347,10 @@ int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t 
                          const char **why);
 /* Submit op's wire requests to shard sh (start_op, one shard at a time). */
 int ts_cl_sparse_start(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op);
+/* A push+pull's pull that rode in its push and was answered EBUSY (the shard had no room
+ * for its rows; the push went alone): sent again on its own, r completed. 0, or the error
+ * (r untouched). */
+int ts_cl_sparse_pull_again(ts_cl_shard_t *sh, ts_cl_wreq_t *r);
 /* Encode and send a table's wire request r on conn. */
 int ts_cl_sparse_send(ts_client_t *c, ts_cl_wreq_t *r, ts_conn_t *conn);
 /* Where a SparsePullReply's rows go (on_meta): 0 with *iov set, or TS_EPROTO when it does

@@ -269,6 +269,7 @@ static void handle_hello(ts_cl_shard_t *sh, const Tessera__Hello *m) {
     ts_log_warn("shard %u (%s) restarted", sh->index, sh->addr);
   }
   sh->incarnation = m->incarnation;
+  sh->features = m->features;
   Tessera__Handshake hs = TESSERA__HANDSHAKE__INIT;
   uint8_t mac[TS_AUTH_MAC_LEN];
   sh->hs_id = ++c->next_id;
@@ -417,6 +418,9 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
         ts_cl_note_why(sh, "model refused: ", e->detail);
         ts_cl_complete_req(r, e->code, e->detail);
         ts_conn_close(conn, e->code);
+      } else if (r && r->rides && e->code == TS_EBUSY && ts_cl_sparse_pull_again(sh, r) == 0) {
+        /* The push went alone (no room for its rows, or a duplicate): its pull is out on its
+         * own. A refused push refuses its pull with its own error, never EBUSY. */
       } else if (r) {
         ts_cl_complete_req(r, e->code, e->detail);
       } else if (e->request_id == 0) {

@@ -500,7 +500,7 @@ static size_t *shard_subset(ts_client_t *c, const ts_cl_op_t *op, uint32_t s, si
 
 void ts_cl_start_op(ts_client_t *c, ts_cl_op_t *op) {
   /* A new push's id, given here in the order the shards see the pushes. */
-  bool retry = op->push_id != 0;
+  bool retry = op->retry = op->push_id != 0;
   if ((op->kind == OP_PUSH || op->kind == OP_PUSH_PULL) && op->req && !op->push_id)
     op->push_id = atomic_fetch_add(&c->last_push_id, 1) + 1;
   /* Which shards answer the push; a retry starts from what the failed attempts had (those

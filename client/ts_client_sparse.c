@@ -2,6 +2,10 @@
  * Requests of embedding tables (include/tessera/client.h, TS_CLIENT_SPARSE_*): a caller's
  * key list, in any order and with duplicates, becomes one key list per shard.
  *
+ * In async mode a push+pull goes to a shard in one frame where it can (SparsePush's
+ * pull_request_id): the shard reads each row as it applies its gradient, so it looks each
+ * key up once, and the keys cross the wire once.
+ *
  * On the caller's thread (ts_cl_sparse_prepare) the keys are sorted, deduplicated and
  * grouped by the shard proto/ts_key.h names for each, ascending within a shard as the wire
  * requires; a push's gradient rows are summed per distinct key (in the caller's order, so
@@ -276,6 +280,7 @@ int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t 
   uv_mutex_lock(&c->mu);
   sp->push_every_shard = c->mode == TESSERA__MODE__MODE_SYNC || c->mode == TESSERA__MODE__MODE_SSP;
   sp->pull_every_shard = c->mode == TESSERA__MODE__MODE_SYNC;
+  sp->async = c->mode == TESSERA__MODE__MODE_ASYNC;
   uv_mutex_unlock(&c->mu);
   sp->c = c;
   scratch_t t;
@@ -305,11 +310,11 @@ static size_t pull_chunk(uint32_t dim) {
   return (size_t)(k < TS_MSG_MAX_KEYS ? k : TS_MSG_MAX_KEYS);
 }
 
-/* One wire request of op for keys [off, off + n) of shard sh. */
-static int submit(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, uint16_t type, size_t off,
-                  size_t n) {
+/* One wire request of op for keys [off, off + n) of shard sh, made but not queued yet. */
+static ts_cl_wreq_t *make_req(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, uint16_t type,
+                              size_t off, size_t n) {
   ts_cl_wreq_t *r = ts_calloc(1, sizeof *r);
-  if (!r) return TS_ENOMEM;
+  if (!r) return NULL;
   r->op = op;
   r->sh = sh;
   r->id = ++c->next_id;
@@ -322,7 +327,7 @@ static int submit(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, uint16_t ty
     r->iov = ts_calloc(1, sizeof *r->iov);
     if (!r->iov) {
       ts_cl_free_wreq(r);
-      return TS_ENOMEM;
+      return NULL;
     }
     size_t rec = (size_t)ts_msg_sparse_record_bytes(sp->dim);
     if (type == TS_MSG_SPARSE_PUSH) {
@@ -335,7 +340,44 @@ static int submit(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, uint16_t ty
       r->rx.len = n * sp->dim * sizeof(float);
     }
   }
-  return ts_cl_enqueue_wire(c, sh, op, r);
+  return r;
+}
+
+/* One wire request of op for keys [off, off + n) of shard sh, sent or queued. */
+static int submit(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, uint16_t type, size_t off,
+                  size_t n) {
+  ts_cl_wreq_t *r = make_req(c, sh, op, type, off, n);
+  return r ? ts_cl_enqueue_wire(c, sh, op, r) : TS_ENOMEM;
+}
+
+/* A push+pull of keys [off, off + n) of shard sh in one frame (async mode, a shard that
+ * does it, the rows in one reply): the push names the pull, which is answered without a
+ * frame of its own; its reply reads into the op's rows as a SparsePull's does. */
+static int submit_fused(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, size_t off, size_t n) {
+  ts_cl_wreq_t *push = make_req(c, sh, op, TS_MSG_SPARSE_PUSH, off, n);
+  ts_cl_wreq_t *pull = push ? make_req(c, sh, op, TS_MSG_SPARSE_PULL, off, n) : NULL;
+  if (!pull) {
+    ts_cl_free_wreq(push);
+    return TS_ENOMEM;
+  }
+  push->pull_id = pull->id;
+  pull->rides = true;
+  /* The pull first: it is pending (or failed) before its push can be answered, and a push
+   * that cannot be sent fails it (ts_cl_sparse_send). */
+  int rc = ts_cl_enqueue_wire(c, sh, op, pull);
+  if (rc < 0) {
+    ts_cl_free_wreq(push);
+    return rc;
+  }
+  return ts_cl_enqueue_wire(c, sh, op, push);
+}
+
+int ts_cl_sparse_pull_again(ts_cl_shard_t *sh, ts_cl_wreq_t *r) {
+  if (!r->op || !r->op->sp) return TS_EINVAL;
+  int rc = submit(sh->cl, sh, r->op, TS_MSG_SPARSE_PULL, r->sp_off, r->sp_n);
+  if (rc < 0) return rc;
+  ts_cl_complete_req(r, 0, NULL); /* the op waits for the new one instead */
+  return 0;
 }
 
 int ts_cl_sparse_start(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op) {
@@ -343,6 +385,14 @@ int ts_cl_sparse_start(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op) {
   size_t off = sp->shard_off[sh->index], n = sp->shard_off[sh->index + 1] - off;
   int rc = 0;
   bool acked = op->acked && op->acked[sh->index]; /* a retry: this shard had the push */
+  /* In one frame: async mode (the pull need not wait for a step: after this push the shard
+   * is past the version last pulled, what TS_CLIENT_VERSION_NEXT asks), not a retry (its
+   * push could be a duplicate), the rows in one reply. */
+  bool any_version = op->min_version == TS_CLIENT_VERSION_NEXT || op->min_version == 0;
+  if (op->kind == OP_PUSH_PULL && !acked && !op->retry && sp->async && any_version && n > 0 &&
+      (uint64_t)n * sp->dim * sizeof(float) <= TS_MSG_MAX_FUSED_ROWS &&
+      (sh->features & TS_FEATURE_SPARSE_PUSH_PULL))
+    return submit_fused(c, sh, op, off, n);
   if ((op->kind == OP_PUSH || op->kind == OP_PUSH_PULL) && !acked &&
       (n || sp->push_every_shard))
     rc = submit(c, sh, op, TS_MSG_SPARSE_PUSH, off, n);
@@ -382,8 +432,13 @@ int ts_cl_sparse_send(ts_client_t *c, ts_cl_wreq_t *r, ts_conn_t *conn) {
     m.step = op->step == TS_CLIENT_STEP_PULLED ? (have ? v : 0) : op->step;
     m.push_id = op->push_id;
     m.client_incarnation = m.push_id ? c->incarnation : 0;
-    return ts_conn_send(conn, TS_MSG_SPARSE_PUSH, &m.base, r->iov, r->sp_n ? 1 : 0, NULL, NULL);
+    m.pull_request_id = r->pull_id;
+    int rc = ts_conn_send(conn, TS_MSG_SPARSE_PUSH, &m.base, r->iov, r->sp_n ? 1 : 0, NULL, NULL);
+    ts_cl_wreq_t *riding = rc < 0 && r->pull_id ? ts_cl_take_pending(sh, r->pull_id) : NULL;
+    if (riding) ts_cl_complete_req(riding, rc, "the push carrying this pull could not be sent");
+    return rc;
   }
+  if (r->rides) return 0; /* its push carried it */
   Tessera__SparsePull m = TESSERA__SPARSE_PULL__INIT;
   m.request_id = r->id;
   m.table = sp->table;

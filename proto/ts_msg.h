@@ -28,6 +28,11 @@
 #define TS_MSG_MAX_DIM 4096
 #define TS_MSG_MAX_KEYS (UINT64_C(1) << 20)
 #define TS_MSG_MAX_SPARSE_REPLY (UINT64_C(64) << 20)
+/* Hello.features: what a server does beyond protocol 1's messages. */
+#define TS_FEATURE_SPARSE_PUSH_PULL 1u /* SparsePush.pull_request_id */
+/* The rows one push+pull in one frame may ask for (a shard holds them while the push is
+ * read: at most 4 such pushes' worth on a shard together). */
+#define TS_MSG_MAX_FUSED_ROWS (UINT64_C(32) << 20)
 
 /* The protobuf descriptor of a frame type, or NULL for an unknown type. */
 const ProtobufCMessageDescriptor *ts_msg_descriptor(uint16_t type);

@@ -160,6 +160,11 @@ typedef struct {
   Tessera__PushResult sp_result; /* decided at the meta: ACCUMULATED, APPLIED, STALE, DUPLICATE */
   uint64_t sp_rows, sp_filtered, sp_pieces_applied;
   int sp_bad_code;              /* a piece refused (EINVAL, ENONFINITE): the rest is dropped */
+  uint64_t sp_pull_id;          /* a push+pull in one frame: the pull's request id, else 0 */
+  struct ts_rows_reply *sp_reply; /* and its rows as the pieces are applied, */
+  uint64_t sp_reply_bytes;        /* these bytes of srv->fused_rows_bytes */
+  uint64_t sp_version0;           /* the table's version when its first piece was applied */
+  uint64_t sp_t0;                 /* and when (uv_hrtime) */
   char refuse_msg[256];
 } ts_push_rx_t;
 
@@ -221,6 +226,7 @@ struct ts_server {
   size_t num_parked;        /* pulls in waiting */
   size_t pull_writes;       /* pull replies being written (ts_pull_write_t) */
   uint64_t sparse_key_bytes; /* keys held by SparsePulls being read or parked */
+  uint64_t fused_rows_bytes; /* rows held by push+pulls in one frame being read */
   uint32_t hot_ticks;        /* ticks since the tables' hottest keys were last decayed */
   uint64_t reply_mem;       /* memory of the replies queued to all connections (ts_conn.h) */
   uint64_t status_reply_mem; /* of it, Status replies' (server.max_status_reply_bytes) */
@@ -393,6 +399,8 @@ int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
                         const uv_buf_t **iov, unsigned *niov);
 int ts_sparse_push_on_piece(ts_session_t *s, unsigned i);
 void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discarded);
+/* The session closes: drop a push+pull's rows being filled. */
+void ts_sparse_push_close(ts_session_t *s);
 
 /* --- ts_sparse_pull.c ------------------------------------------------------------------ */
 
@@ -403,6 +411,19 @@ int ts_sparse_pull_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
 void ts_sparse_pull_handle(ts_session_t *s, Tessera__SparsePull *m, bool discarded);
 bool ts_sparse_pull_ready(ts_server_t *srv, const ts_pull_req_t *q);
 void ts_sparse_pull_send(ts_session_t *s, const ts_pull_req_t *q);
+/* The rows of a SparsePullReply (a SparsePull's, or a push+pull's in one frame), freed once
+ * written; charged: what the connection's reply budget counts for it while it waits. */
+typedef struct ts_rows_reply {
+  size_t charged;
+  float rows[];
+} ts_rows_reply_t;
+/* Room for nfloats, or NULL (out of memory). */
+ts_rows_reply_t *ts_rows_reply_new(size_t nfloats);
+/* Send rb as the SparsePullReply `request_id` of nkeys rows of table (width dim) at version:
+ * the reply owns rb from here, sent or not. */
+void ts_rows_reply_send(ts_session_t *s, ts_rows_reply_t *rb, uint64_t request_id,
+                        uint32_t table, uint64_t nkeys, uint32_t dim, uint64_t version,
+                        uint64_t start_ns);
 /* Free a pull request (dense or sparse), giving its keys' budget back. */
 void ts_pull_req_free(ts_server_t *srv, ts_pull_req_t *q);
 /* The session closes: drop a SparsePull being read. */

@@ -121,17 +121,42 @@ bool ts_sparse_pull_ready(ts_server_t *srv, const ts_pull_req_t *q) {
   return true;
 }
 
-/* A reply's rows, freed once written (or cancelled), and what was charged for them. */
-typedef struct {
-  size_t charged;
-  float rows[];
-} reply_buf_t;
+ts_rows_reply_t *ts_rows_reply_new(size_t nfloats) {
+  ts_rows_reply_t *rb = ts_malloc(sizeof *rb + nfloats * sizeof(float));
+  if (rb) rb->charged = ts_alloc_cost(sizeof *rb + nfloats * sizeof(float));
+  return rb;
+}
 
 static void on_sent(ts_conn_t *c, void *arg, int err) {
   (void)err;
-  reply_buf_t *rb = arg;
+  ts_rows_reply_t *rb = arg;
   ts_conn_charge(c, -(int64_t)rb->charged);
   ts_free(rb);
+}
+
+void ts_rows_reply_send(ts_session_t *s, ts_rows_reply_t *rb, uint64_t request_id,
+                        uint32_t table, uint64_t nkeys, uint32_t dim, uint64_t version,
+                        uint64_t start_ns) {
+  ts_server_t *srv = s->srv;
+  size_t bytes = nkeys * dim * sizeof(float);
+  Tessera__SparsePullReply r = TESSERA__SPARSE_PULL_REPLY__INIT;
+  r.request_id = request_id;
+  r.table = table;
+  r.num_keys = nkeys;
+  r.dim = dim;
+  r.version = version;
+  uv_buf_t b = uv_buf_init((char *)rb->rows, (unsigned)bytes);
+  ts_conn_charge(&s->conn, (int64_t)rb->charged);
+  int rc = ts_conn_send(&s->conn, TS_MSG_SPARSE_PULL_REPLY, &r.base, &b, bytes ? 1 : 0, on_sent, rb);
+  if (rc < 0) {
+    ts_conn_charge(&s->conn, -(int64_t)rb->charged);
+    ts_free(rb);
+    ts_session_reply_failed(s, TS_MSG_SPARSE_PULL_REPLY, rc);
+    return;
+  }
+  srv->pulls++;
+  ts_prom_hist_observe(&srv->metrics.pull_duration, (double)(uv_hrtime() - start_ns) * 1e-9);
+  ts_replyq_enforce(srv);
 }
 
 void ts_sparse_pull_send(ts_session_t *s, const ts_pull_req_t *q) {
@@ -144,8 +169,7 @@ void ts_sparse_pull_send(ts_session_t *s, const ts_pull_req_t *q) {
     return;
   }
   uint32_t dim = ts_stable_dim(t);
-  size_t bytes = q->nkeys * dim * sizeof(float);
-  reply_buf_t *rb = ts_malloc(sizeof *rb + bytes);
+  ts_rows_reply_t *rb = ts_rows_reply_new(q->nkeys * dim);
   if (!rb) {
     ts_session_reply_error(s, TS_MSG_SPARSE_PULL, q->request_id, TS_ENOMEM,
                            "out of memory for a sparse pull reply");
@@ -155,25 +179,8 @@ void ts_sparse_pull_send(ts_session_t *s, const ts_pull_req_t *q) {
     ts_stable_peek(t, q->keys, q->nkeys, rb->rows);
   else
     ts_stable_pull(t, &st->table_budget, q->keys, q->nkeys, rb->rows);
-  rb->charged = ts_alloc_cost(sizeof *rb + bytes);
-  Tessera__SparsePullReply r = TESSERA__SPARSE_PULL_REPLY__INIT;
-  r.request_id = q->request_id;
-  r.table = q->table;
-  r.num_keys = q->nkeys;
-  r.dim = dim;
-  r.version = ts_stable_version(t);
-  uv_buf_t b = uv_buf_init((char *)rb->rows, (unsigned)bytes);
-  ts_conn_charge(&s->conn, (int64_t)rb->charged);
-  int rc = ts_conn_send(&s->conn, TS_MSG_SPARSE_PULL_REPLY, &r.base, &b, bytes ? 1 : 0, on_sent, rb);
-  if (rc < 0) {
-    ts_conn_charge(&s->conn, -(int64_t)rb->charged);
-    ts_free(rb);
-    ts_session_reply_failed(s, TS_MSG_SPARSE_PULL_REPLY, rc);
-    return;
-  }
-  srv->pulls++;
-  ts_prom_hist_observe(&srv->metrics.pull_duration, (double)(uv_hrtime() - q->start_ns) * 1e-9);
-  ts_replyq_enforce(srv);
+  ts_rows_reply_send(s, rb, q->request_id, q->table, q->nkeys, dim, ts_stable_version(t),
+                     q->start_ns);
 }
 
 void ts_sparse_pull_handle(ts_session_t *s, Tessera__SparsePull *m, bool discarded) {

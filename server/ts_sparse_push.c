@@ -16,6 +16,14 @@
  * pieces applied (async) or accumulated (sync), as a dense push keeps its good pieces, and
  * the error says how many records went in.
  *
+ * A push+pull in one frame (pull_request_id, async mode): each record's row is copied into
+ * the pull's reply as it is applied, while the update has it in cache, and the reply is sent
+ * after the push's; its rows (TS_MSG_MAX_FUSED_ROWS at most, else ETOOBIG) are held from the
+ * meta on, within FUSED_ROWS_BUDGET for all such pushes being read together. Past it the
+ * push is applied alone and its pull answered EBUSY, as is the pull of a duplicate push (the
+ * client then sends the pull on its own: EBUSY means that and nothing else). A refused push
+ * refuses its pull with its own error.
+ *
  * async/ssp: rows are updated as each piece lands; the version moves once per push. sync:
  * rows are summed into the table's accumulator, and the task counts for the step when the
  * whole push is in (also when a piece was refused: it was heard from, as for dense
@@ -26,9 +34,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ts_alloc.h"
 #include "ts_err.h"
 #include "ts_log.h"
 #include "ts_optim.h"
+
+/* Rows all push+pulls in one frame being read may hold together (4 of the largest). */
+#define FUSED_ROWS_BUDGET (4 * TS_MSG_MAX_FUSED_ROWS)
 
 static int refuse(ts_push_rx_t *rx, int code, const char *msg) {
   rx->active = false;
@@ -65,6 +77,8 @@ int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
   rx->sp_rows = rx->sp_filtered = rx->sp_pieces_applied = 0;
   rx->sp_bad_code = 0;
   rx->sp_have_prev = false;
+  rx->sp_pull_id = m->pull_request_id;
+  ts_sparse_push_close(s); /* no rows of an earlier push+pull left */
   rx->npieces = rx->nchunks = 0;
   if (s->role != TESSERA__ROLE__ROLE_WORKER)
     return refuse(rx, TS_EROLE, "only workers push gradients");
@@ -83,6 +97,24 @@ int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
                      ts_stable_name(t), ts_stable_dim(t));
     return refuse(rx, TS_ESHAPE, err);
   }
+  uint64_t fused_bytes = m->num_keys * m->dim * sizeof(float); /* num_keys <= 2^20 */
+  if (m->pull_request_id) {
+    if (st->mode != TS_MODE_ASYNC)
+      return refuse(rx, TS_EINVAL,
+                    "a push+pull in one frame (pull_request_id) is for async mode: send the "
+                    "pull after the push");
+    if (m->pull_request_id == m->request_id)
+      return refuse(rx, TS_EINVAL, "the pull's request id is the push's");
+    if (fused_bytes > TS_MSG_MAX_FUSED_ROWS) {
+      ts_errmsg_printf(err, sizeof err,
+                       "%llu rows of width %u make %.2f MiB, more than the %llu MiB a push+pull in "
+                       "one frame may ask for: pull them on their own",
+                       (unsigned long long)m->num_keys, m->dim,
+                       (double)fused_bytes / (1024.0 * 1024.0),
+                       (unsigned long long)(TS_MSG_MAX_FUSED_ROWS >> 20));
+      return refuse(rx, TS_ETOOBIG, err);
+    }
+  }
   rx->table = m->table;
   rx->rec_floats = 2 + (size_t)m->dim;
   rx->sp_result = TESSERA__PUSH_RESULT__PUSH_APPLIED;
@@ -99,6 +131,14 @@ int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
   }
   ts_pushid_window_t *w = pushid_window(s, m->push_id, m->client_incarnation, m->table);
   if (w && ts_pushid_seen(w, m->push_id)) rx->sp_result = TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
+  /* Past the budget (or out of memory) the push goes on alone and its pull is answered
+   * EBUSY: the client pulls on its own. */
+  if (m->pull_request_id && rx->sp_result == TESSERA__PUSH_RESULT__PUSH_APPLIED &&
+      srv->fused_rows_bytes + fused_bytes <= FUSED_ROWS_BUDGET &&
+      (rx->sp_reply = ts_rows_reply_new(m->num_keys * m->dim)) != NULL) {
+    rx->sp_reply_bytes = fused_bytes;
+    srv->fused_rows_bytes += fused_bytes;
+  }
   rx->active = true;
   if (rx->sp_result == TESSERA__PUSH_RESULT__PUSH_STALE ||
       rx->sp_result == TESSERA__PUSH_RESULT__PUSH_DUPLICATE || m->num_keys == 0)
@@ -166,14 +206,73 @@ int ts_sparse_push_on_piece(ts_session_t *s, unsigned i) {
       rx->sp_result = TESSERA__PUSH_RESULT__PUSH_STALE;
     } else {
       size_t n = rx->first[i + 1] - rx->first[i];
-      if (st->mode == TS_MODE_SYNC)
+      if (rx->sp_pieces_applied == 0) {
+        rx->sp_version0 = ts_stable_version(t);
+        rx->sp_t0 = uv_hrtime();
+      }
+      if (st->mode == TS_MODE_SYNC) {
         ts_stable_accumulate(t, &st->table_budget, rx->buf, n, &rx->sp_rows, &rx->sp_filtered);
-      else
-        ts_stable_apply(t, &st->table_budget, rx->buf, n, &rx->sp_rows, &rx->sp_filtered);
+      } else {
+        float *out = rx->sp_reply ? rx->sp_reply->rows + rx->first[i] * (rx->rec_floats - 2) : NULL;
+        ts_stable_apply_pull(t, &st->table_budget, rx->buf, n, &rx->sp_rows, &rx->sp_filtered, out);
+      }
       rx->sp_pieces_applied++;
     }
   }
   return ts_push_rx_take_turns(s);
+}
+
+void ts_sparse_push_close(ts_session_t *s) {
+  ts_push_rx_t *rx = &s->rx;
+  if (!rx->sp_reply) return;
+  ts_require(s->srv->fused_rows_bytes >= rx->sp_reply_bytes);
+  s->srv->fused_rows_bytes -= rx->sp_reply_bytes;
+  ts_free(rx->sp_reply);
+  rx->sp_reply = NULL;
+  rx->sp_reply_bytes = 0;
+}
+
+/* The pull of a push+pull in one frame, after its push's reply: its rows (code 0, the push
+ * applied whole), or the error `code` saying why. */
+static void answer_pull(ts_session_t *s, const Tessera__SparsePush *m, int code, const char *why) {
+  ts_push_rx_t *rx = &s->rx;
+  if (!rx->sp_pull_id) return;
+  ts_rows_reply_t *rb = rx->sp_reply;
+  char msg[600];
+  if (code == 0 && (!rb || rx->sp_pieces_applied != rx->npieces)) {
+    /* EBUSY, and only here: the client sends the pull on its own then. */
+    if (rx->sp_result == TESSERA__PUSH_RESULT__PUSH_DUPLICATE)
+      ts_errmsg_printf(msg, sizeof msg,
+                       "the push of this push+pull was a duplicate (a retry), so its rows were "
+                       "not read: pull them on their own");
+    else
+      ts_errmsg_printf(msg, sizeof msg,
+                       "no room for the rows of a push+pull (%.1f MiB of them are being read, "
+                       "%llu MiB at most): the push was applied, pull the rows on their own",
+                       (double)s->srv->fused_rows_bytes / (1024.0 * 1024.0),
+                       (unsigned long long)(FUSED_ROWS_BUDGET >> 20));
+    ts_sparse_push_close(s);
+    ts_session_reply_error(s, TS_MSG_SPARSE_PULL, rx->sp_pull_id, TS_EBUSY, msg);
+    return;
+  }
+  if (code < 0) {
+    ts_errmsg_printf(msg, sizeof msg, "the push of this push+pull failed: %s", why);
+    ts_sparse_push_close(s);
+    ts_session_reply_error(s, TS_MSG_SPARSE_PULL, rx->sp_pull_id, code, msg);
+    return;
+  }
+  ts_require(s->srv->fused_rows_bytes >= rx->sp_reply_bytes);
+  s->srv->fused_rows_bytes -= rx->sp_reply_bytes;
+  rx->sp_reply = NULL;
+  rx->sp_reply_bytes = 0;
+  ts_stable_t *t = ts_store_table(&s->srv->store, m->table);
+  ts_require(t != NULL);
+  /* One piece: nothing ran between its rows and now, so they are what a pull right behind
+   * the push reads, at the version after it. More: other pushes took turns between the
+   * pieces, so the rows hold every push done before the first piece (and this one). */
+  uint64_t version = rx->npieces > 1 ? rx->sp_version0 : ts_stable_version(t);
+  ts_rows_reply_send(s, rb, rx->sp_pull_id, m->table, m->num_keys, m->dim, version,
+                     rx->npieces ? rx->sp_t0 : uv_hrtime());
 }
 
 /* The worker's progress, as a dense push reports it. */
@@ -198,9 +297,10 @@ void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discard
   ts_push_rx_give_back(srv, rx);
   (void)discarded; /* STALE and DUPLICATE pushes drop their payload on purpose */
   if (!active) {
-    ts_session_reply_error(s, TS_MSG_SPARSE_PUSH, m->request_id,
-                           rx->refuse_code ? rx->refuse_code : TS_ENOMEM,
-                           rx->refuse_msg[0] ? rx->refuse_msg : "out of memory for the push payload");
+    int code = rx->refuse_code ? rx->refuse_code : TS_ENOMEM;
+    const char *why = rx->refuse_msg[0] ? rx->refuse_msg : "out of memory for the push payload";
+    ts_session_reply_error(s, TS_MSG_SPARSE_PUSH, m->request_id, code, why);
+    answer_pull(s, m, code, why);
     goto out;
   }
   ts_stable_t *t = ts_store_table(st, m->table);
@@ -249,6 +349,7 @@ void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discard
                        rx->refused_detail, (unsigned long long)rx->first[rx->sp_pieces_applied],
                        sync ? "accumulated for the step" : "applied", srv->stage.buf_bytes);
     ts_session_reply_error(s, TS_MSG_SPARSE_PUSH, m->request_id, rx->sp_bad_code, detail);
+    answer_pull(s, m, rx->sp_bad_code, detail);
   } else {
     Tessera__SparsePushReply r = TESSERA__SPARSE_PUSH_REPLY__INIT;
     r.request_id = m->request_id;
@@ -258,6 +359,7 @@ void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discard
     if (ts_session_reply(s, TS_MSG_SPARSE_PUSH_REPLY, &r.base) == 0)
       ts_prom_hist_observe(&srv->metrics.push_duration,
                            (double)(uv_hrtime() - rx->start_ns) * 1e-9);
+    answer_pull(s, m, 0, NULL);
   }
   if (sync) ts_sync_check_barriers(srv, false);
   ts_waitq_serve(srv);

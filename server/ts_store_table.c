@@ -395,27 +395,34 @@ void ts_stable_peek(ts_stable_t *t, const uint64_t *keys, size_t n, float *out) 
   t->pulled += n;
 }
 
+/* A pull of key k, whose row is id (TS_TABLE_NONE: it has none), into out, touching the row
+ * at `version`: a key without a row counts a sighting and is made when admitted, else gets
+ * the initialiser's row without being stored. */
+static void pull_row(ts_stable_t *t, ts_stable_budget_t *b, uint64_t k, uint32_t id,
+                     uint64_t version, float *out) {
+  size_t dim = t->rows.dim;
+  ts_hotkeys_see(&t->hot, k);
+  if (id == TS_TABLE_NONE && ts_admit_key(&t->policy, t->has_sketch ? &t->sketch : NULL, k)) {
+    id = new_row(t, b, &t->rows, k);
+    if (id != TS_TABLE_NONE) init_row(t, id, k);
+  }
+  if (id == TS_TABLE_NONE) {
+    ts_key_row_init(out, dim, (ts_key_init_t)t->decl.init, t->decl.init_param, t->table_key, k);
+    return;
+  }
+  memcpy(out, ts_table_row(&t->rows, id), dim * sizeof(float));
+  ts_table_meta_t *m = ts_table_meta(&t->rows, id);
+  if (m->last_step != version) m->count |= TS_STABLE_DIRTY; /* its recency changed */
+  m->last_step = version;
+}
+
 void ts_stable_pull(ts_stable_t *t, ts_stable_budget_t *b, const uint64_t *keys, size_t n,
                     float *out) {
   size_t dim = t->rows.dim;
   for (size_t i = 0; i < n; i++, out += dim) {
     if (i + PREFETCH_SLOT < n) ts_table_prefetch_slot(&t->rows, ts_key_hash(keys[i + PREFETCH_SLOT]));
     if (i + PREFETCH_ROW < n) ts_table_prefetch_row(&t->rows, ts_key_hash(keys[i + PREFETCH_ROW]));
-    uint64_t k = keys[i];
-    ts_hotkeys_see(&t->hot, k);
-    uint32_t id = ts_table_find(&t->rows, k);
-    if (id == TS_TABLE_NONE && ts_admit_key(&t->policy, t->has_sketch ? &t->sketch : NULL, k)) {
-      id = new_row(t, b, &t->rows, k);
-      if (id != TS_TABLE_NONE) init_row(t, id, k);
-    }
-    if (id == TS_TABLE_NONE) {
-      ts_key_row_init(out, dim, (ts_key_init_t)t->decl.init, t->decl.init_param, t->table_key, k);
-      continue;
-    }
-    memcpy(out, ts_table_row(&t->rows, id), dim * sizeof(float));
-    ts_table_meta_t *m = ts_table_meta(&t->rows, id);
-    if (m->last_step != t->version) m->count |= TS_STABLE_DIRTY; /* its recency changed */
-    m->last_step = t->version;
+    pull_row(t, b, keys[i], ts_table_find(&t->rows, keys[i]), t->version, out);
   }
   t->pulled += n;
 }
@@ -443,24 +450,33 @@ static void update_row(ts_stable_t *t, uint32_t id, const float *g, float scale)
                   t->nstate >= 2 ? w + 2 * dim : NULL, m->updates);
 }
 
-void ts_stable_apply(ts_stable_t *t, ts_stable_budget_t *b, const float *records, size_t n,
-                     uint64_t *rows, uint64_t *filtered) {
+void ts_stable_apply_pull(ts_stable_t *t, ts_stable_budget_t *b, const float *records, size_t n,
+                          uint64_t *rows, uint64_t *filtered, float *out) {
   size_t dim = t->rows.dim, rec = 2 + dim; /* floats per record: the key is two */
   for (size_t i = 0; i < n; i++, records += rec) {
     if (i + PREFETCH_SLOT < n)
       ts_table_prefetch_slot(&t->rows, ts_key_hash(load_key(records + PREFETCH_SLOT * rec)));
     if (i + PREFETCH_ROW < n)
       ts_table_prefetch_row(&t->rows, ts_key_hash(load_key(records + PREFETCH_ROW * rec)));
-    uint32_t id = grad_row(t, b, load_key(records));
+    uint64_t k = load_key(records);
+    uint32_t id = grad_row(t, b, k);
     if (id == TS_TABLE_NONE) {
       t->filtered++;
       (*filtered)++;
-      continue;
+    } else {
+      update_row(t, id, records + 2, 1.0f);
+      t->pushed++;
+      (*rows)++;
     }
-    update_row(t, id, records + 2, 1.0f);
-    t->pushed++;
-    (*rows)++;
+    /* The pull behind the push would read the row after the push's ts_stable_bump. */
+    if (out) pull_row(t, b, k, id, t->version + 1, out + i * dim);
   }
+  if (out) t->pulled += n;
+}
+
+void ts_stable_apply(ts_stable_t *t, ts_stable_budget_t *b, const float *records, size_t n,
+                     uint64_t *rows, uint64_t *filtered) {
+  ts_stable_apply_pull(t, b, records, n, rows, filtered, NULL);
 }
 
 void ts_stable_bump(ts_stable_t *t) { t->version++; }

@@ -99,6 +99,13 @@ void ts_stable_pull(ts_stable_t *t, ts_stable_budget_t *b, const uint64_t *keys,
  * *rows (updated) and *filtered. The caller calls ts_stable_bump once per push. */
 void ts_stable_apply(ts_stable_t *t, ts_stable_budget_t *b, const float *records, size_t n,
                      uint64_t *rows, uint64_t *filtered);
+
+/* Async: ts_stable_apply, then each key's row as ts_stable_pull would read it right after
+ * (a push+pull in one frame): out[i * dim ..] = record i's row, read while the update has
+ * it in cache, with the pull's admission, sighting and recency for a key left without a
+ * row. One lookup a key where the two calls make two. */
+void ts_stable_apply_pull(ts_stable_t *t, ts_stable_budget_t *b, const float *records, size_t n,
+                          uint64_t *rows, uint64_t *filtered, float *out);
 /* One push applied: the version moves on. */
 void ts_stable_bump(ts_stable_t *t);
 

@@ -99,15 +99,27 @@ void tt_send_pull(int fd, uint64_t id, uint32_t table, const uint64_t *keys, siz
 /* The reply to a pull: 0 with rows (n x dim) and *version, or the error's code. */
 int tt_read_pull(int fd, float *rows, size_t n, uint32_t dim, uint64_t *version, char *detail,
                  size_t dn) {
+  return tt_read_pull_of(fd, 0, rows, n, dim, version, detail, dn);
+}
+
+int tt_read_pull_of(int fd, uint64_t id, float *rows, size_t n, uint32_t dim, uint64_t *version,
+                    char *detail, size_t dn) {
   tt_frame_t f;
   int type = tt_read_frame(fd, &f);
   if (type != TS_MSG_SPARSE_PULL_REPLY) {
     assert_int_equal(type, TS_MSG_ERROR);
     free(f.data);
+    if (id) {
+      Tessera__Error *e = tessera__error__unpack(NULL, f.meta_len, f.meta);
+      assert_non_null(e);
+      assert_int_equal(e->request_id, id);
+      tessera__error__free_unpacked(e, NULL);
+    }
     return tt_error_of(&f, detail, dn);
   }
   Tessera__SparsePullReply *r = tessera__sparse_pull_reply__unpack(NULL, f.meta_len, f.meta);
   assert_non_null(r);
+  if (id) assert_int_equal(r->request_id, id);
   assert_int_equal(r->num_keys, n);
   assert_int_equal(r->dim, dim);
   assert_int_equal(f.data_len, n * dim * 4);
@@ -126,8 +138,14 @@ int tt_pull(int fd, uint32_t table, const uint64_t *keys, size_t n, uint32_t dim
 
 void tt_send_push(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
                   const uint64_t *keys, const float *grads, size_t n) {
+  tt_send_push_pull(fd, table, dim, step, push_id, 0, keys, grads, n);
+}
+
+void tt_send_push_pull(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
+                       uint64_t pull_id, const uint64_t *keys, const float *grads, size_t n) {
   Tessera__SparsePush p = TESSERA__SPARSE_PUSH__INIT;
-  p.request_id = 8;
+  p.request_id = TT_PUSH_ID;
+  p.pull_request_id = pull_id;
   p.table = table;
   p.num_keys = n;
   p.dim = dim;

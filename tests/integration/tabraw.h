@@ -14,6 +14,7 @@
 #include "tessera.pb-c.h"
 
 #define TT_SEED 11
+#define TT_PUSH_ID 8 /* the request id of tt_send_push's pushes */
 
 typedef struct {
   int type;
@@ -49,6 +50,10 @@ void tt_send_pull(int fd, uint64_t id, uint32_t table, const uint64_t *keys, siz
 int tt_read_pull(int fd, float *rows, size_t n, uint32_t dim, uint64_t *version, char *detail,
                  size_t dn);
 
+/* The same for the reply (or Error) to request `id` (asserted; 0: any). */
+int tt_read_pull_of(int fd, uint64_t id, float *rows, size_t n, uint32_t dim, uint64_t *version,
+                    char *detail, size_t dn);
+
 /* Both: 0 with rows, or the error's code. */
 int tt_pull(int fd, uint32_t table, const uint64_t *keys, size_t n, uint32_t dim, float *rows,
             uint64_t *version, char *detail, size_t dn);
@@ -56,6 +61,10 @@ int tt_pull(int fd, uint32_t table, const uint64_t *keys, size_t n, uint32_t dim
 /* Send a SparsePush of n rows of gradients (push_id 0: none). */
 void tt_send_push(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
                   const uint64_t *keys, const float *grads, size_t n);
+
+/* ... with pull_request_id pull_id: a push+pull in one frame (async mode). */
+void tt_send_push_pull(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
+                       uint64_t pull_id, const uint64_t *keys, const float *grads, size_t n);
 
 /* The reply to a push: 0 with *out (may be NULL), or the error's code. */
 int tt_read_push(int fd, tt_push_reply_t *out, char *detail, size_t dn);

@@ -357,11 +357,17 @@ static void check_logs(job_t *j, bool sync) {
    * off. */
   for (int i = 0; i < SHARDS; i++) ok &= went(j, i, 1) && came_back(j, i, 1);
   ok &= went(j, 1, 0) && came_back(j, 1, 0);
-  /* Each worker names the shard it lost and says what it does about the failed request. */
+  /* Each worker names the shard it lost, and a worker whose request failed with it says
+   * what it does about it. Not every worker has one: a sync worker can be waiting on
+   * shard 0's barrier (for the other worker, itself held up by shard 1) when the cut is
+   * noticed, its requests to shard 1 answered, and its next one waits for the reconnection
+   * instead of failing. At least one worker's does fail. */
+  int retried = 0;
   for (int t = 0; t < WORKERS; t++) {
     ok &= count_of(j->w[t].err, "lost connection to shard 1") > 0;
-    ok &= count_of(j->w[t].err, "retrying") + count_of(j->w[t].err, "pulling again") > 0;
+    retried += count_of(j->w[t].err, "retrying") + count_of(j->w[t].err, "pulling again") > 0;
   }
+  ok &= retried > 0;
   /* A sync job went on without worker 1 while it was cut off: it goes on from the job's
    * step when it is back, and says so (it does not train the steps it missed alone). */
   if (sync) ok &= count_of(j->w[1].err, "went on without this worker") > 0;

@@ -63,11 +63,18 @@ typedef struct {
   size_t nkeys;        /* the caller's keys */
   size_t nuniq;        /* distinct keys */
   uint64_t *ukeys;     /* the distinct keys, shard by shard, ascending within a shard */
-  uint32_t *inv;       /* caller's key i -> its place in ukeys */
+  /* The caller's keys by distinct key: ukeys[p] is the caller's keys
+   * pos[at[p] .. at[p + 1]), in the caller's order */
+  uint32_t *at;        /* nuniq + 1 offsets into pos */
+  uint32_t *pos;       /* nkeys caller's indices */
   size_t *shard_off;   /* shard s's keys are ukeys[shard_off[s] .. shard_off[s + 1]) */
+  /* push, per shard: a bit per piece (SparsePush.piece) sent in this attempt, and a bit per
+   * piece answered (and GOT_APPLIED, ts_client_sparse.c) */
+  uint8_t *sent, *answered;
   float *rows;         /* pull: nuniq x dim, the replies' rows (ukeys' order) */
   uint8_t *records;    /* push: nuniq records (key, then dim floats: duplicates summed) */
   float *dst;          /* pull: the caller's rows_dst */
+  const float *grad;   /* push: the caller's rows_grad, made into records as they are sent */
   uint64_t rows_filtered;
   bool read_only;      /* pull: TS_CLIENT_ROWS_READ_ONLY */
   /* Shards sent the request with no keys of theirs: sync, the push and the pull (each
@@ -125,7 +132,8 @@ typedef struct ts_cl_op {
   uint64_t push_id;         /* OP_PUSH, OP_PUSH_PULL: its id (0 until start_op gives a new
                                push one; a retry's from the start) */
   bool retry;               /* push_id came with the request: a retry of an earlier one */
-  uint8_t *acked;           /* with push_id: per shard, 1 when its push reply came (owned;
+  uint8_t *acked;           /* with push_id: per shard, 1 when its push reply came (a
+                               table's push: a bit per piece answered) (owned;
                                NULL when it could not be had) */
   ts_cl_staged_t *stage;    /* OP_PUSH_PULL: one per shard (owned) */
   ts_cl_sparse_t *sp;       /* a table's request (owned): OP_PULL, OP_PUSH, OP_PUSH_PULL of
@@ -176,6 +184,7 @@ struct ts_cl_wreq {
   uv_buf_t rx;
   uint64_t pull_id;         /* a table's push+pull in one frame: the push names its pull */
   bool rides;               /* ... and the pull, answered without a frame of its own */
+  uint8_t piece;            /* a table's push: SparsePush.piece */
 };
 
 typedef enum { SH_DOWN, SH_CONNECTING, SH_HELLO, SH_HANDSHAKE, SH_DECLARING, SH_READY } ts_cl_sh_state_t;

@@ -258,8 +258,8 @@ const ts_config_def_t ts_config_defs[] = {
         "answered EBUSY. A worker parks one per shard and step; at most 65536."),
     INT("server.push_dedup_clients", push_dedup_clients, 0, 64, "4",
         "Clients (ps-worker or library instances) per worker task whose push ids a shard "
-        "remembers, so a retried push is applied once; each takes 16 bytes per partition of "
-        "the shard. A client past it takes the least recently used one's place. 0 turns "
+        "remembers, so a retried push is applied once; each takes 16 bytes per partition and "
+        "64 per table of the shard. A client past it takes the least recently used one's place. 0 turns "
         "retry detection off; at most 64."),
     FLOAT("server.max_pull_wait_s", max_pull_wait_s, 1.0, 86400.0, 0, "300.0",
           "Longest a pull waits for its version; a longer client timeout is clamped to it (the "

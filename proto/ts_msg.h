@@ -29,7 +29,10 @@
 #define TS_MSG_MAX_KEYS (UINT64_C(1) << 20)
 #define TS_MSG_MAX_SPARSE_REPLY (UINT64_C(64) << 20)
 /* Hello.features: what a server does beyond protocol 1's messages. */
-#define TS_FEATURE_SPARSE_PUSH_PULL 1u /* SparsePush.pull_request_id */
+#define TS_FEATURE_SPARSE_PUSH_PULL 1u   /* SparsePush.pull_request_id */
+#define TS_FEATURE_SPARSE_PUSH_PIECES 2u /* SparsePush.piece */
+/* The frames one push's keys on a shard may go in (SparsePush.piece < it). */
+#define TS_MSG_MAX_PUSH_PIECES 4u
 /* The rows one push+pull in one frame may ask for (a shard holds them while the push is
  * read: at most 4 such pushes' worth on a shard together). */
 #define TS_MSG_MAX_FUSED_ROWS (UINT64_C(32) << 20)

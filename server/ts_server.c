@@ -344,6 +344,7 @@ void ts_server_free(ts_server_t *srv) {
   ts_free(srv->workers);
   ts_barrier_free(&srv->barrier);
   ts_pushid_free(&srv->pushids);
+  ts_rows_reply_cache_free(srv);
   ts_auth_free_token(srv->token);
   ts_auth_free_token(srv->admin_token);
   ts_tls_ctx_free(srv->tls);

@@ -56,6 +56,10 @@
 #include "ts_store.h"
 
 #define TS_SERVER_TICK_MS 100
+/* Sparse pull reply buffers a shard keeps for reuse: at most this many, of at most
+ * TS_REPLY_CACHE_BYTES together. */
+#define TS_REPLY_CACHE_BUFS 8
+#define TS_REPLY_CACHE_BYTES (UINT64_C(64) << 20)
 
 typedef struct ts_session ts_session_t;
 
@@ -227,6 +231,10 @@ struct ts_server {
   size_t pull_writes;       /* pull replies being written (ts_pull_write_t) */
   uint64_t sparse_key_bytes; /* keys held by SparsePulls being read or parked */
   uint64_t fused_rows_bytes; /* rows held by push+pulls in one frame being read */
+  /* Sparse pull replies' buffers kept for the next ones (ts_sparse_pull.c): fresh pages
+   * cost a page fault each */
+  struct ts_rows_reply *reply_cache[TS_REPLY_CACHE_BUFS];
+  size_t reply_cache_bytes;
   uint32_t hot_ticks;        /* ticks since the tables' hottest keys were last decayed */
   uint64_t reply_mem;       /* memory of the replies queued to all connections (ts_conn.h) */
   uint64_t status_reply_mem; /* of it, Status replies' (server.max_status_reply_bytes) */
@@ -415,10 +423,15 @@ void ts_sparse_pull_send(ts_session_t *s, const ts_pull_req_t *q);
  * written; charged: what the connection's reply budget counts for it while it waits. */
 typedef struct ts_rows_reply {
   size_t charged;
+  size_t cap; /* floats it has room for */
   float rows[];
 } ts_rows_reply_t;
-/* Room for nfloats, or NULL (out of memory). */
-ts_rows_reply_t *ts_rows_reply_new(size_t nfloats);
+/* Room for nfloats (a cached buffer when one fits), or NULL (out of memory). */
+ts_rows_reply_t *ts_rows_reply_new(ts_server_t *srv, size_t nfloats);
+/* Done with rb: kept for a later reply while the cache has room, else freed. */
+void ts_rows_reply_free(ts_server_t *srv, ts_rows_reply_t *rb);
+/* Free the cached buffers (the server's end). */
+void ts_rows_reply_cache_free(ts_server_t *srv);
 /* Send rb as the SparsePullReply `request_id` of nkeys rows of table (width dim) at version:
  * the reply owns rb from here, sent or not. */
 void ts_rows_reply_send(ts_session_t *s, ts_rows_reply_t *rb, uint64_t request_id,

@@ -567,6 +567,6 @@ void ts_session_accept(uv_stream_t *listener, int status) {
   hello.nonce.len = TS_AUTH_NONCE_LEN;
   hello.server_id = id;
   hello.incarnation = srv->incarnation;
-  hello.features = TS_FEATURE_SPARSE_PUSH_PULL;
+  hello.features = TS_FEATURE_SPARSE_PUSH_PULL | TS_FEATURE_SPARSE_PUSH_PIECES;
   ts_session_reply(s, TS_MSG_HELLO, &hello.base);
 }

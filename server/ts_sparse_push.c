@@ -51,13 +51,12 @@ static int refuse(ts_push_rx_t *rx, int code, const char *msg) {
 
 /* The push-id window of table `table` for this push's client, or NULL (no id, detection
  * off). Looked up anew each time: another session's lookup may move the slots. */
-static ts_pushid_window_t *pushid_window(ts_session_t *s, uint64_t push_id, uint64_t client,
-                                         uint32_t table) {
+static ts_pushid_window_t *pushid_window(ts_session_t *s, const Tessera__SparsePush *m) {
   ts_server_t *srv = s->srv;
-  if (!push_id) return NULL;
-  ts_pushid_window_t *wins = ts_pushid_lookup(&srv->pushids, s->task, client,
+  if (!m->push_id) return NULL;
+  ts_pushid_window_t *wins = ts_pushid_lookup(&srv->pushids, s->task, m->client_incarnation,
                                               ts_store_pushid_units(&srv->store), NULL);
-  return wins ? &wins[srv->store.num_parts + table] : NULL;
+  return wins ? &wins[ts_store_pushid_unit(&srv->store, m->table, m->piece)] : NULL;
 }
 
 int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__SparsePush *m,
@@ -97,6 +96,15 @@ int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
                      ts_stable_name(t), ts_stable_dim(t));
     return refuse(rx, TS_ESHAPE, err);
   }
+  if (m->piece >= TS_MSG_MAX_PUSH_PIECES) {
+    ts_errmsg_printf(err, sizeof err, "piece %u of a push: a push goes in %u frames at most",
+                     m->piece, TS_MSG_MAX_PUSH_PIECES);
+    return refuse(rx, TS_EINVAL, err);
+  }
+  if (m->piece && st->mode != TS_MODE_ASYNC)
+    return refuse(rx, TS_EINVAL,
+                  "a push in several frames (piece) is for async mode: each step's barrier "
+                  "counts one push a worker");
   uint64_t fused_bytes = m->num_keys * m->dim * sizeof(float); /* num_keys <= 2^20 */
   if (m->pull_request_id) {
     if (st->mode != TS_MODE_ASYNC)
@@ -129,13 +137,13 @@ int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
     }
     rx->sp_result = (Tessera__PushResult)state;
   }
-  ts_pushid_window_t *w = pushid_window(s, m->push_id, m->client_incarnation, m->table);
+  ts_pushid_window_t *w = pushid_window(s, m);
   if (w && ts_pushid_seen(w, m->push_id)) rx->sp_result = TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
   /* Past the budget (or out of memory) the push goes on alone and its pull is answered
    * EBUSY: the client pulls on its own. */
   if (m->pull_request_id && rx->sp_result == TESSERA__PUSH_RESULT__PUSH_APPLIED &&
       srv->fused_rows_bytes + fused_bytes <= FUSED_ROWS_BUDGET &&
-      (rx->sp_reply = ts_rows_reply_new(m->num_keys * m->dim)) != NULL) {
+      (rx->sp_reply = ts_rows_reply_new(srv, m->num_keys * m->dim)) != NULL) {
     rx->sp_reply_bytes = fused_bytes;
     srv->fused_rows_bytes += fused_bytes;
   }
@@ -227,7 +235,7 @@ void ts_sparse_push_close(ts_session_t *s) {
   if (!rx->sp_reply) return;
   ts_require(s->srv->fused_rows_bytes >= rx->sp_reply_bytes);
   s->srv->fused_rows_bytes -= rx->sp_reply_bytes;
-  ts_free(rx->sp_reply);
+  ts_rows_reply_free(s->srv, rx->sp_reply);
   rx->sp_reply = NULL;
   rx->sp_reply_bytes = 0;
 }
@@ -315,8 +323,8 @@ void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discard
       ts_stable_contribute(t, s->task, ts_server_now_ms(srv));
     else
       result = TESSERA__PUSH_RESULT__PUSH_STALE;
-  } else if (applying && (rx->sp_pieces_applied > 0 || m->num_keys == 0)) {
-    ts_stable_bump(t);
+  } else if (applying && (rx->sp_pieces_applied > 0 || m->num_keys == 0) && m->piece == 0) {
+    ts_stable_bump(t); /* once a push: with its first piece */
   }
   if (result == TESSERA__PUSH_RESULT__PUSH_STALE) {
     st->stale_dropped++;
@@ -330,11 +338,13 @@ void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discard
                    (unsigned long long)m->step);
   }
   if (result == TESSERA__PUSH_RESULT__PUSH_APPLIED || result == TESSERA__PUSH_RESULT__PUSH_ACCUMULATED) {
-    ts_pushid_window_t *w = pushid_window(s, m->push_id, m->client_incarnation, m->table);
+    ts_pushid_window_t *w = pushid_window(s, m);
     if (w && rx->sp_bad_code == 0) ts_pushid_record(w, m->push_id);
   }
   if ((unsigned)result < 4) srv->metrics.push_parts[result]++;
-  if (result == TESSERA__PUSH_RESULT__PUSH_APPLIED || result == TESSERA__PUSH_RESULT__PUSH_ACCUMULATED)
+  if ((result == TESSERA__PUSH_RESULT__PUSH_APPLIED ||
+       result == TESSERA__PUSH_RESULT__PUSH_ACCUMULATED) &&
+      m->piece == 0) /* a push in pieces counts once */
     count_push(s, m->step);
   if (rx->sp_bad_code) {
     char detail[512];

@@ -396,7 +396,13 @@ ts_stable_t *ts_store_table(ts_store_t *s, uint32_t i) {
   return s->declared && i < s->num_tables ? ts_stables_at(s->tables, i) : NULL;
 }
 
-size_t ts_store_pushid_units(const ts_store_t *s) { return s->num_parts + s->num_tables; }
+size_t ts_store_pushid_units(const ts_store_t *s) {
+  return s->num_parts + (size_t)s->num_tables * TS_MSG_MAX_PUSH_PIECES;
+}
+
+size_t ts_store_pushid_unit(const ts_store_t *s, uint32_t table, uint32_t piece) {
+  return s->num_parts + (size_t)table * TS_MSG_MAX_PUSH_PIECES + piece;
+}
 
 Tessera__Mode ts_store_wire_mode(ts_mode_t mode) {
   switch (mode) {

@@ -267,8 +267,10 @@ bool ts_store_sync_pending(const ts_spart_t *p);
 ts_stable_t *ts_store_table(ts_store_t *s, uint32_t i);
 
 /* Windows of push ids a client has on this shard (ts_pushid.h): one per partition, then
- * one per table. */
+ * one per table and piece of a push (SparsePush.piece: its pieces are applied once each). */
 size_t ts_store_pushid_units(const ts_store_t *s);
+/* The window of table's pushes' piece. */
+size_t ts_store_pushid_unit(const ts_store_t *s, uint32_t table, uint32_t piece);
 
 /* The wire form of a training mode (Hello, handshake reply, status, checkpoints). */
 Tessera__Mode ts_store_wire_mode(ts_mode_t mode);

@@ -143,9 +143,16 @@ void tt_send_push(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t 
 
 void tt_send_push_pull(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
                        uint64_t pull_id, const uint64_t *keys, const float *grads, size_t n) {
+  tt_send_push_piece(fd, table, dim, step, push_id, pull_id, 0, keys, grads, n);
+}
+
+void tt_send_push_piece(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
+                        uint64_t pull_id, uint32_t piece, const uint64_t *keys, const float *grads,
+                        size_t n) {
   Tessera__SparsePush p = TESSERA__SPARSE_PUSH__INIT;
   p.request_id = TT_PUSH_ID;
   p.pull_request_id = pull_id;
+  p.piece = piece;
   p.table = table;
   p.num_keys = n;
   p.dim = dim;

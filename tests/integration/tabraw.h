@@ -66,6 +66,11 @@ void tt_send_push(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t 
 void tt_send_push_pull(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
                        uint64_t pull_id, const uint64_t *keys, const float *grads, size_t n);
 
+/* ... as piece `piece` of its push (SparsePush.piece). */
+void tt_send_push_piece(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
+                        uint64_t pull_id, uint32_t piece, const uint64_t *keys, const float *grads,
+                        size_t n);
+
 /* The reply to a push: 0 with *out (may be NULL), or the error's code. */
 int tt_read_push(int fd, tt_push_reply_t *out, char *detail, size_t dn);
 

@@ -11,7 +11,9 @@
  *     error; a retried push (DUPLICATE) has its pull answered EBUSY;
  *   - no room for its rows (other push+pulls being read hold the shard's budget for them):
  *     the push is applied alone and its pull answered EBUSY, on which the client library
- *     sends the pull on its own, so a well-behaved worker's request still succeeds, exact.
+ *     sends the pull on its own, so a well-behaved worker's request still succeeds, exact;
+ *   - a push in pieces (SparsePush.piece): a retry after a lost piece applies only that one;
+ *     a piece index out of range, or any piece but the first in a sync job, refused.
  */
 #include <math.h>
 #include <poll.h>
@@ -187,6 +189,65 @@ static void test_sync_mode_refuses_it(void **state) {
   static float grads[N * DIM], rows[N * DIM];
   assert_int_equal(push_pull(fd, 0, DIM, keys, N, grads, NULL, rows, NULL, detail, sizeof detail),
                    TS_EINVAL);
+  /* A push in pieces likewise: the step's barrier counts one push a worker. */
+  tt_send_push_piece(fd, 0, DIM, 0, 9, 0, 1, keys, grads, N);
+  assert_int_equal(tt_read_push(fd, NULL, detail, sizeof detail), TS_EINVAL);
+  assert_non_null(strstr(detail, "async mode"));
+  close(fd);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
+/* A push in pieces (SparsePush.piece), each applied once: a retry after piece 1 was lost
+ * sends both again, and only piece 1 is applied; a piece index past the last refused. */
+static void test_push_in_pieces(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 1, "job = { mode = \"async\"; };"), 0);
+  int fd = tt_worker(&c, 0, 0);
+  Tessera__TableDecl t = tt_table_decl("emb", DIM, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 1.0);
+  t.init = TESSERA__ROW_INIT__ROW_INIT_ZEROS;
+  char detail[512];
+  assert_int_equal(tt_declare(fd, &t, 1, detail, sizeof detail), 0);
+  uint64_t keys[2 * N];
+  tt_shard_keys(keys, 2 * N, 0, 1, 1000);
+  static float grads[2 * N * DIM], rows[2 * N * DIM];
+  for (size_t i = 0; i < 2 * N; i++)
+    for (size_t j = 0; j < DIM; j++) grads[i * DIM + j] = grad_of(i, j);
+  const uint64_t id = 5;
+  tt_push_reply_t pr;
+  /* Piece 0 applied; piece 1 "lost". */
+  tt_send_push_piece(fd, 0, DIM, 0, id, 0, 0, keys, grads, N);
+  assert_int_equal(tt_read_push(fd, &pr, detail, sizeof detail), 0);
+  assert_int_equal(pr.result, TESSERA__PUSH_RESULT__PUSH_APPLIED);
+  /* The retry: piece 0 a duplicate, piece 1 applied, then piece 1 a duplicate too. */
+  const struct {
+    uint32_t piece;
+    int result;
+  } retry[] = {{0, TESSERA__PUSH_RESULT__PUSH_DUPLICATE},
+               {1, TESSERA__PUSH_RESULT__PUSH_APPLIED},
+               {1, TESSERA__PUSH_RESULT__PUSH_DUPLICATE}};
+  for (size_t k = 0; k < 3; k++) {
+    size_t at = retry[k].piece * N;
+    tt_send_push_piece(fd, 0, DIM, 0, id, 0, retry[k].piece, keys + at, grads + at * DIM, N);
+    assert_int_equal(tt_read_push(fd, &pr, detail, sizeof detail), 0);
+    assert_int_equal(pr.result, retry[k].result);
+  }
+  /* Every row moved by its gradient once. */
+  assert_int_equal(tt_pull(fd, 0, keys, 2 * N, DIM, rows, NULL, detail, sizeof detail), 0);
+  for (size_t i = 0; i < 2 * N * DIM; i++) assert_true(rows[i] == -grads[i]);
+  /* Another push id: its piece 3 applied (pieces need not come in order). */
+  tt_send_push_piece(fd, 0, DIM, 0, id + 1, 0, 3, keys, grads, N);
+  assert_int_equal(tt_read_push(fd, &pr, detail, sizeof detail), 0);
+  assert_int_equal(pr.result, TESSERA__PUSH_RESULT__PUSH_APPLIED);
+  tt_send_push_piece(fd, 0, DIM, 0, id + 2, 0, TS_MSG_MAX_PUSH_PIECES, keys, grads, N);
+  assert_int_equal(tt_read_push(fd, NULL, detail, sizeof detail), TS_EINVAL);
+  assert_non_null(strstr(detail, "frames at most"));
+  /* The table's version and the shard's pushes count the pushes whose first piece was
+   * applied. */
+  Tessera__ShardStatus *st = tt_status(fd);
+  assert_int_equal(st->tables[0]->version, 1);
+  assert_int_equal(st->pushes, 1);
+  tessera__shard_status__free_unpacked(st, NULL);
   close(fd);
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
@@ -312,6 +373,7 @@ int main(void) {
       cmocka_unit_test(test_rows_as_a_pull_reads_them),
       cmocka_unit_test(test_sync_mode_refuses_it),
       cmocka_unit_test(test_no_room_falls_back_to_a_pull),
+      cmocka_unit_test(test_push_in_pieces),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,7 +59,8 @@ static ts_client_t *open_tables(ts_cluster_t *c, const ts_client_table_t *tables
 }
 
 static int sparse(ts_client_t *cl, ts_client_req_kind_t kind, uint32_t table, const int64_t *keys,
-                  size_t n, const float *grad, float *dst, ts_client_req_t *out) {
+                  size_t n, const float *grad, float *dst, uint64_t retry_of,
+                  ts_client_req_t *out) {
   ts_client_req_t req;
   ts_client_req_init(&req, kind);
   req.table = table;
@@ -68,7 +69,9 @@ static int sparse(ts_client_t *cl, ts_client_req_kind_t kind, uint32_t table, co
   req.rows_grad = grad;
   req.rows_dst = dst;
   req.step = TS_CLIENT_STEP_PULLED;
-  req.min_version = kind == TS_CLIENT_SPARSE_PUSH_PULL ? TS_CLIENT_VERSION_NEXT : 0;
+  /* A retry's duplicate moves no version: its pull must not wait for the next. */
+  req.min_version = kind == TS_CLIENT_SPARSE_PUSH_PULL && !retry_of ? TS_CLIENT_VERSION_NEXT : 0;
+  req.retry_of = retry_of;
   int rc = ts_client_run(cl, &req);
   if (rc != 0) fprintf(stderr, "sparse request %d: %s\n", (int)kind, req.errmsg);
   if (out) *out = req;
@@ -113,7 +116,7 @@ static void test_rows_in_caller_order(void **state) {
     ts_client_t *cl = open_tables(&c, &table, 1, 0);
     float rows[10 * DIM];
     memset(rows, 0xff, sizeof rows);
-    assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PULL, 0, keys, n, NULL, rows, NULL), 0);
+    assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PULL, 0, keys, n, NULL, rows, 0, NULL), 0);
     for (size_t i = 0; i < n; i++) {
       float want[DIM];
       ts_key_row_init(want, DIM, TS_KEY_INIT_UNIFORM, 0.05, ts_init_key(SEED, "emb/users"),
@@ -129,7 +132,7 @@ static void test_rows_in_caller_order(void **state) {
       for (int64_t i = 0; i < 400; i++) {
         int64_t two[2] = {42, 1000 + i};
         float r2[2 * DIM];
-        assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PULL, 0, two, 2, NULL, r2, NULL), 0);
+        assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PULL, 0, two, 2, NULL, r2, 0, NULL), 0);
       }
       check_psctl_tables(&c, 7 + 400); /* each distinct key made once */
     }
@@ -153,7 +156,7 @@ static void test_push_sums_duplicates(void **state) {
   for (size_t i = 0; i < n; i++)
     for (int j = 0; j < DIM; j++) grad[i * DIM + j] = 0.25f * (float)(i + 1) + 0.125f * (float)j;
   ts_client_req_t res;
-  assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PUSH_PULL, 0, keys, n, grad, rows, &res), 0);
+  assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PUSH_PULL, 0, keys, n, grad, rows, 0, &res), 0);
   assert_int_equal(res.push_rc, 0);
   assert_int_equal(res.rows_filtered, 0);
   for (size_t i = 0; i < n; i++) {
@@ -168,9 +171,11 @@ static void test_push_sums_duplicates(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
-/* Many keys in one request (the client's radix sort): 20,000 draws of 3,000 ids spread
- * over the whole int64 range, negative ones included; each row moves by exactly the sum
- * of its gradients. */
+/* Many keys in one request (the client's radix sort): 60,000 draws of 40,000 ids spread
+ * over the whole int64 range, negative ones included, about 10,000 distinct a shard (each
+ * shard's push+pull in 4 frames, their rows put in place as each reply lands); each row
+ * moves by exactly the sum of its gradients, and a retry of the push (its pieces sent
+ * again, apart from their pulls) moves none again. */
 static void test_many_keys(void **state) {
   (void)state;
   ts_cluster_t c;
@@ -178,7 +183,7 @@ static void test_many_keys(void **state) {
   const ts_client_table_t table = {.name = "emb", .dim = 4, .init = TS_CLIENT_ROW_ZEROS,
                                    .optimizer = TS_CLIENT_ROWOPT_SGD, .learning_rate = 1.0};
   ts_client_t *cl = open_tables(&c, &table, 1, 0);
-  enum { N = 20000, IDS = 3000 };
+  enum { N = 60000, IDS = 40000 };
   int64_t *keys = malloc(N * sizeof *keys);
   float *grad = malloc(N * 4 * sizeof *grad), *rows = malloc(N * 4 * sizeof *rows);
   double *sum = calloc(IDS * 4, sizeof *sum);
@@ -195,17 +200,29 @@ static void test_many_keys(void **state) {
     }
   }
   ts_client_req_t res;
-  assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PUSH_PULL, 0, keys, N, grad, rows, &res), 0);
-  rng = 12345;
-  for (int i = 0; i < N; i++) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    int id = (int)(rng % IDS);
-    for (int j = 0; j < 4; j++)
-      if (rows[i * 4 + j] != (float)-sum[id * 4 + j])
-        fail_msg("key %lld element %d: %g, not %g", (long long)keys[i], j,
-                 (double)rows[i * 4 + j], -sum[id * 4 + j]);
+  assert_int_equal(sparse(cl, TS_CLIENT_SPARSE_PUSH_PULL, 0, keys, N, grad, rows, 0, &res), 0);
+  assert_int_equal(res.applied, 3); /* a shard's pieces count once */
+  /* The same push retried (retry_of): every piece of it a duplicate, no row moves again. */
+  for (int again = 0; again < 2; again++) {
+    if (again) {
+      ts_client_req_t q;
+      memset(rows, 0, N * 4 * sizeof *rows);
+      assert_int_equal(
+          sparse(cl, TS_CLIENT_SPARSE_PUSH_PULL, 0, keys, N, grad, rows, res.push_id, &q), 0);
+      assert_int_equal(q.applied, 0);
+      assert_int_equal(q.duplicate, 3);
+    }
+    rng = 12345;
+    for (int i = 0; i < N; i++) {
+      rng ^= rng << 13;
+      rng ^= rng >> 7;
+      rng ^= rng << 17;
+      int id = (int)(rng % IDS);
+      for (int j = 0; j < 4; j++)
+        if (rows[i * 4 + j] != (float)-sum[id * 4 + j])
+          fail_msg("key %lld element %d: %g, not %g", (long long)keys[i], j,
+                   (double)rows[i * 4 + j], -sum[id * 4 + j]);
+    }
   }
   free(keys);
   free(grad);
@@ -374,7 +391,7 @@ static void train(const ts_client_table_t *table, int workers, int64_t *vocab, s
   for (int w = 0; w < workers; w++) pthread_create(&th[w], NULL, run_worker, &a[w]);
   for (int w = 0; w < workers; w++) pthread_join(th[w], NULL);
   for (int w = 0; w < workers; w++) assert_int_equal(a[w].rc, 0);
-  assert_int_equal(sparse(a[0].cl, TS_CLIENT_SPARSE_PULL, 0, vocab, nvocab, NULL, out, NULL), 0);
+  assert_int_equal(sparse(a[0].cl, TS_CLIENT_SPARSE_PULL, 0, vocab, nvocab, NULL, out, 0, NULL), 0);
   for (int w = 0; w < workers; w++) ts_client_close(a[w].cl);
   assert_int_equal(ts_cluster_stop(&c), 0);
 }

@@ -8,12 +8,13 @@
  *
  * On the caller's thread (ts_cl_sparse_prepare) the keys are sorted, deduplicated and
  * grouped by the shard proto/ts_key.h names for each, ascending within a shard as the wire
- * requires; a push's gradient rows are summed per distinct key (in the caller's order, so
- * the sums do not depend on timing) into the records the shards are sent. On the client
- * thread each shard gets one push and its pulls, a pull cut into requests whose replies
- * stay under TS_MSG_MAX_SPARSE_REPLY; the replies land in one buffer in the distinct keys'
- * order, and when the op is done every caller's key gets its row from there
- * (ts_cl_sparse_publish), a key listed twice its row twice.
+ * requires, with each distinct key's list of the caller's places. On the client thread
+ * each shard gets its push (in async mode up to TS_MSG_MAX_PUSH_PIECES frames: SparsePush's
+ * piece) and its pulls, a pull cut into requests whose replies stay under
+ * TS_MSG_MAX_SPARSE_REPLY. A push's records are made as each frame is sent: a distinct key
+ * and its gradient rows summed in the caller's order, so the sums do not depend on timing.
+ * Each reply lands in one buffer in the distinct keys' order and its rows go to the
+ * caller's places at once (scatter_rows), a key listed twice its row twice.
  *
  * Versions. A table has a version per shard; what was last pulled of it from each shard
  * (c->table_pulled) tags a push made with TS_CLIENT_STEP_PULLED and makes the next
@@ -354,14 +355,23 @@ static size_t pull_chunk(uint32_t dim) {
 }
 
 /* In async mode a push's keys on one shard go in up to TS_MSG_MAX_PUSH_PIECES frames
- * (SparsePush.piece) of at least PIECE_MIN keys: the client thread makes a piece's records
- * as it sends it, the shard applies it while the next is made, and with a push+pull in one
- * frame the client puts a piece's rows in place while the shard works on the next (+30-40 %
- * rows/s at 8,000-26,000 distinct keys on one shard, +4-10 % at 2,400, bench/RESULTS.md
- * 17.6). The count depends only on the keys, so a retry sends the same pieces. */
+ * (SparsePush.piece) of about PIECE_MIN keys or more: the client thread makes a piece's
+ * records as it sends it, the shard applies it while the next is made, and with a push+pull
+ * in one frame the client puts a piece's rows in place while the shard works on the next
+ * (+44-52 % rows/s at 8,000-26,000 distinct keys on one shard, +10 % at 2,400,
+ * bench/RESULTS.md 17.6). */
 #define PIECE_MIN 1024
 
-static size_t push_pieces(const ts_cl_sparse_t *sp, const ts_cl_shard_t *sh, size_t n) {
+/* op->acked[s] of a table's push: a bit per piece the shard answered, and the piece count
+ * the first attempt chose (a retry must send the same pieces: each piece's id is applied
+ * once, so a different cut would apply some rows twice or never). */
+#define ACKED_COUNT_SHIFT 4
+#define ACKED_COUNTED 0x40u
+
+static size_t push_pieces(const ts_cl_op_t *op, const ts_cl_shard_t *sh, size_t n) {
+  const ts_cl_sparse_t *sp = op->sp;
+  if (op->acked && (op->acked[sh->index] & ACKED_COUNTED))
+    return ((op->acked[sh->index] >> ACKED_COUNT_SHIFT) & 3u) + 1;
   if (!sp->async || !(sh->features & TS_FEATURE_SPARSE_PUSH_PIECES)) return 1;
   size_t p = n / PIECE_MIN;
   return p < 1 ? 1 : p > TS_MSG_MAX_PUSH_PIECES ? TS_MSG_MAX_PUSH_PIECES : p;
@@ -445,9 +455,11 @@ int ts_cl_sparse_start(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op) {
   ts_cl_sparse_t *sp = op->sp;
   size_t off = sp->shard_off[sh->index], n = sp->shard_off[sh->index + 1] - off;
   int rc = 0;
-  size_t pieces = push_pieces(sp, sh, n), each = pieces > 1 ? (n + pieces - 1) / pieces : n;
+  size_t pieces = push_pieces(op, sh, n), each = pieces > 1 ? (n + pieces - 1) / pieces : n;
   /* A retry: the pieces this shard answered in earlier attempts are not sent again. */
-  unsigned had = op->acked ? op->acked[sh->index] : 0, all = (1u << pieces) - 1;
+  unsigned all = (1u << pieces) - 1, had = op->acked ? op->acked[sh->index] & all : 0;
+  if (op->acked)
+    op->acked[sh->index] = (uint8_t)(had | ACKED_COUNTED | (pieces - 1) << ACKED_COUNT_SHIFT);
   bool push = (op->kind == OP_PUSH || op->kind == OP_PUSH_PULL) && (n || sp->push_every_shard);
   sp->sent[sh->index] = push ? (uint8_t)(all & ~had) : 0;
   sp->answered[sh->index] = 0;
@@ -503,6 +515,13 @@ int ts_cl_sparse_send(ts_client_t *c, ts_cl_wreq_t *r, ts_conn_t *conn) {
     m.step = op->step == TS_CLIENT_STEP_PULLED ? (have ? v : 0) : op->step;
     m.push_id = op->push_id;
     m.piece = r->piece;
+    if (r->piece && !(sh->features & TS_FEATURE_SPARSE_PUSH_PIECES)) {
+      /* A retry of a push sent in pieces, to a shard that no longer takes them: in one
+       * frame it would be applied twice or not at all where the first attempt had part. */
+      ts_cl_wreq_t *riding = r->pull_id ? ts_cl_take_pending(sh, r->pull_id) : NULL;
+      if (riding) ts_cl_complete_req(riding, TS_EPROTO, "the shard no longer takes a push in pieces");
+      return TS_EPROTO;
+    }
     m.client_incarnation = m.push_id ? c->incarnation : 0;
     m.pull_request_id = r->pull_id;
     if (r->sp_n) make_records(sp, r->sp_off, r->sp_n);

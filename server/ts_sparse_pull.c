@@ -126,7 +126,9 @@ bool ts_sparse_pull_ready(ts_server_t *srv, const ts_pull_req_t *q) {
  * again comes back as fresh pages (glibc gives large blocks back to the kernel), a page
  * fault and zeroing each, which took 10 % of a shard's time with a push+pull in 4 pieces.
  * So up to TS_REPLY_CACHE_BUFS sent buffers are kept (TS_REPLY_CACHE_BYTES together), and
- * a reply takes the smallest that fits. */
+ * a reply takes the smallest that fits, if at most twice its size (a small reply never
+ * holds a large buffer, so right-sized ones are made and kept). A reply is charged to its
+ * connection for the rows it carries, not the buffer's room. */
 
 static size_t reply_bytes(size_t nfloats) { return sizeof(ts_rows_reply_t) + nfloats * sizeof(float); }
 
@@ -134,7 +136,9 @@ ts_rows_reply_t *ts_rows_reply_new(ts_server_t *srv, size_t nfloats) {
   int best = -1;
   for (int i = 0; i < TS_REPLY_CACHE_BUFS; i++) {
     ts_rows_reply_t *c = srv->reply_cache[i];
-    if (c && c->cap >= nfloats && (best < 0 || c->cap < srv->reply_cache[best]->cap)) best = i;
+    if (c && c->cap >= nfloats && c->cap / 2 <= nfloats &&
+        (best < 0 || c->cap < srv->reply_cache[best]->cap))
+      best = i;
   }
   ts_rows_reply_t *rb;
   if (best >= 0) {
@@ -146,7 +150,7 @@ ts_rows_reply_t *ts_rows_reply_new(ts_server_t *srv, size_t nfloats) {
   } else {
     return NULL;
   }
-  rb->charged = ts_alloc_cost(reply_bytes(rb->cap));
+  rb->charged = ts_alloc_cost(reply_bytes(nfloats));
   return rb;
 }
 

@@ -101,6 +101,9 @@ int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
                      m->piece, TS_MSG_MAX_PUSH_PIECES);
     return refuse(rx, TS_EINVAL, err);
   }
+  if (m->piece && !m->push_id)
+    return refuse(rx, TS_EINVAL,
+                  "a push in several frames (piece) needs its push_id: the pieces are one push");
   if (m->piece && st->mode != TS_MODE_ASYNC)
     return refuse(rx, TS_EINVAL,
                   "a push in several frames (piece) is for async mode: each step's barrier "

@@ -13,7 +13,8 @@
  *     the push is applied alone and its pull answered EBUSY, on which the client library
  *     sends the pull on its own, so a well-behaved worker's request still succeeds, exact;
  *   - a push in pieces (SparsePush.piece): a retry after a lost piece applies only that one;
- *     a piece index out of range, or any piece but the first in a sync job, refused.
+ *     a piece index out of range, a piece but the first without a push id or in a sync
+ *     job, refused.
  */
 #include <math.h>
 #include <poll.h>
@@ -242,6 +243,9 @@ static void test_push_in_pieces(void **state) {
   tt_send_push_piece(fd, 0, DIM, 0, id + 2, 0, TS_MSG_MAX_PUSH_PIECES, keys, grads, N);
   assert_int_equal(tt_read_push(fd, NULL, detail, sizeof detail), TS_EINVAL);
   assert_non_null(strstr(detail, "frames at most"));
+  tt_send_push_piece(fd, 0, DIM, 0, 0, 0, 1, keys, grads, N); /* no push id */
+  assert_int_equal(tt_read_push(fd, NULL, detail, sizeof detail), TS_EINVAL);
+  assert_non_null(strstr(detail, "needs its push_id"));
   /* The table's version and the shard's pushes count the pushes whose first piece was
    * applied. */
   Tessera__ShardStatus *st = tt_status(fd);

@@ -467,18 +467,18 @@ int ts_cl_sparse_start(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op) {
    * is past the version last pulled, what TS_CLIENT_VERSION_NEXT asks), not a retry (its
    * push could be a duplicate), each piece's rows in one reply. */
   bool any_version = op->min_version == TS_CLIENT_VERSION_NEXT || op->min_version == 0;
+#define PIECE_KEYS(i) ((i) + 1 < pieces ? each : n - (i) * each) /* the last: the rest */
   if (op->kind == OP_PUSH_PULL && !had && !op->retry && sp->async && any_version && n > 0 &&
       (uint64_t)each * sp->dim * sizeof(float) <= TS_MSG_MAX_FUSED_ROWS &&
       (sh->features & TS_FEATURE_SPARSE_PUSH_PULL)) {
     for (size_t i = 0; rc == 0 && i < pieces; i++)
-      rc = submit_fused(c, sh, op, off + i * each, i + 1 < pieces ? each : n - i * each,
-                        (unsigned)i);
+      rc = submit_fused(c, sh, op, off + i * each, PIECE_KEYS(i), (unsigned)i);
     return rc;
   }
   for (size_t i = 0; push && rc == 0 && i < pieces; i++)
     if (sp->sent[sh->index] >> i & 1)
-      rc = submit(c, sh, op, TS_MSG_SPARSE_PUSH, off + i * each,
-                  i + 1 < pieces ? each : n - i * each, (unsigned)i);
+      rc = submit(c, sh, op, TS_MSG_SPARSE_PUSH, off + i * each, PIECE_KEYS(i), (unsigned)i);
+#undef PIECE_KEYS
   if (op->kind == OP_PUSH || (n == 0 && !sp->pull_every_shard)) return rc;
   /* The pull, back to back with the push on one connection: the shard handles them in
    * order, so the pull sees the push applied (sync: waits for its step). */

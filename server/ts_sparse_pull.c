@@ -209,7 +209,7 @@ void ts_rows_reply_send(ts_session_t *s, ts_rows_reply_t *rb, uint64_t request_i
   int rc = ts_conn_send(&s->conn, TS_MSG_SPARSE_PULL_REPLY, &r.base, &b, bytes ? 1 : 0, on_sent, rb);
   if (rc < 0) {
     ts_conn_charge(&s->conn, -(int64_t)rb->charged);
-    ts_free(rb);
+    ts_rows_reply_free(srv, rb);
     ts_session_reply_failed(s, TS_MSG_SPARSE_PULL_REPLY, rc);
     return;
   }

@@ -233,24 +233,27 @@ int ts_sparse_push_on_piece(ts_session_t *s, unsigned i) {
   return ts_push_rx_take_turns(s);
 }
 
-void ts_sparse_push_close(ts_session_t *s) {
+/* The push+pull's rows buffer, taken from the push (NULL: none), its budget given back. */
+static ts_rows_reply_t *take_reply(ts_session_t *s) {
   ts_push_rx_t *rx = &s->rx;
-  if (!rx->sp_reply) return;
+  ts_rows_reply_t *rb = rx->sp_reply;
+  if (!rb) return NULL;
   ts_require(s->srv->fused_rows_bytes >= rx->sp_reply_bytes);
   s->srv->fused_rows_bytes -= rx->sp_reply_bytes;
-  ts_rows_reply_free(s->srv, rx->sp_reply);
   rx->sp_reply = NULL;
   rx->sp_reply_bytes = 0;
+  return rb;
 }
+
+void ts_sparse_push_close(ts_session_t *s) { ts_rows_reply_free(s->srv, take_reply(s)); }
 
 /* The pull of a push+pull in one frame, after its push's reply: its rows (code 0, the push
  * applied whole), or the error `code` saying why. */
 static void answer_pull(ts_session_t *s, const Tessera__SparsePush *m, int code, const char *why) {
   ts_push_rx_t *rx = &s->rx;
   if (!rx->sp_pull_id) return;
-  ts_rows_reply_t *rb = rx->sp_reply;
   char msg[600];
-  if (code == 0 && (!rb || rx->sp_pieces_applied != rx->npieces)) {
+  if (code == 0 && (!rx->sp_reply || rx->sp_pieces_applied != rx->npieces)) {
     /* EBUSY, and only here: the client sends the pull on its own then. */
     if (rx->sp_result == TESSERA__PUSH_RESULT__PUSH_DUPLICATE)
       ts_errmsg_printf(msg, sizeof msg,
@@ -272,10 +275,7 @@ static void answer_pull(ts_session_t *s, const Tessera__SparsePush *m, int code,
     ts_session_reply_error(s, TS_MSG_SPARSE_PULL, rx->sp_pull_id, code, msg);
     return;
   }
-  ts_require(s->srv->fused_rows_bytes >= rx->sp_reply_bytes);
-  s->srv->fused_rows_bytes -= rx->sp_reply_bytes;
-  rx->sp_reply = NULL;
-  rx->sp_reply_bytes = 0;
+  ts_rows_reply_t *rb = take_reply(s);
   ts_stable_t *t = ts_store_table(&s->srv->store, m->table);
   ts_require(t != NULL);
   /* One piece: nothing ran between its rows and now, so they are what a pull right behind

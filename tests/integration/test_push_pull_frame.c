@@ -30,6 +30,7 @@
 
 #include <cmocka.h>
 
+#include "calls.h"
 #include "harness.h"
 #include "rawconn.h"
 #include "tabraw.h"
@@ -176,15 +177,26 @@ static void test_rows_as_a_pull_reads_them(void **state) {
   }
 }
 
+/* One shard of a job in `mode` holding table "emb" (width DIM, SGD at rate 1, rows made
+ * by init), and a raw worker connection to it that has declared it. */
+static int one_table_shard(ts_cluster_t *c, const char *mode, Tessera__RowInit init) {
+  char job[64];
+  snprintf(job, sizeof job, "job = { mode = \"%s\"; };", mode);
+  assert_int_equal(ts_cluster_start(c, 1, 1, job), 0);
+  int fd = tt_worker(c, 0, 0);
+  Tessera__TableDecl t = tt_table_decl("emb", DIM, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 1.0);
+  t.init = init;
+  char detail[512];
+  assert_int_equal(tt_declare(fd, &t, 1, detail, sizeof detail), 0);
+  return fd;
+}
+
 /* In sync mode the pull must wait for the step: a push+pull in one frame is refused. */
 static void test_sync_mode_refuses_it(void **state) {
   (void)state;
   ts_cluster_t c;
-  assert_int_equal(ts_cluster_start(&c, 1, 1, "job = { mode = \"sync\"; };"), 0);
-  int fd = tt_worker(&c, 0, 0);
-  Tessera__TableDecl t = tt_table_decl("emb", DIM, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 1.0);
+  int fd = one_table_shard(&c, "sync", TESSERA__ROW_INIT__ROW_INIT_UNIFORM);
   char detail[512];
-  assert_int_equal(tt_declare(fd, &t, 1, detail, sizeof detail), 0);
   uint64_t keys[N];
   tt_shard_keys(keys, N, 0, 1, 1000);
   static float grads[N * DIM], rows[N * DIM];
@@ -203,12 +215,8 @@ static void test_sync_mode_refuses_it(void **state) {
 static void test_push_in_pieces(void **state) {
   (void)state;
   ts_cluster_t c;
-  assert_int_equal(ts_cluster_start(&c, 1, 1, "job = { mode = \"async\"; };"), 0);
-  int fd = tt_worker(&c, 0, 0);
-  Tessera__TableDecl t = tt_table_decl("emb", DIM, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 1.0);
-  t.init = TESSERA__ROW_INIT__ROW_INIT_ZEROS;
+  int fd = one_table_shard(&c, "async", TESSERA__ROW_INIT__ROW_INIT_ZEROS);
   char detail[512];
-  assert_int_equal(tt_declare(fd, &t, 1, detail, sizeof detail), 0);
   uint64_t keys[2 * N];
   tt_shard_keys(keys, 2 * N, 0, 1, 1000);
   static float grads[2 * N * DIM], rows[2 * N * DIM];
@@ -270,27 +278,19 @@ static void test_no_room_falls_back_to_a_pull(void **state) {
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 1, HOGS + 2, "job = { mode = \"async\"; };"), 0);
   ts_client_opts_t o;
-  ts_client_opts_init(&o);
-  o.addrs = c.addrs;
-  o.num_shards = 1;
+  tc_opts(&o, c.addrs, 1);
   o.identity = "test_push_pull_frame";
   o.request_timeout_s = 20;
   o.require_all = true;
   ts_client_t *cl = NULL;
   char err[256];
-  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
   /* tabraw's declare: the same tables, the first initialised to zeros. */
   ts_client_table_t tables[2] = {
       {.name = "emb", .dim = DIM, .init = TS_CLIENT_ROW_ZEROS, .optimizer = TS_CLIENT_ROWOPT_SGD,
        .learning_rate = 1.0},
       {.name = "big", .dim = 16, .init = TS_CLIENT_ROW_UNIFORM, .init_param = 0.05,
        .optimizer = TS_CLIENT_ROWOPT_SGD, .learning_rate = 1.0}};
-  ts_client_declare_opts_t d;
-  ts_client_declare_opts_init(&d);
-  d.seed = TT_SEED;
-  d.tables = tables;
-  d.num_tables = 2;
-  assert_int_equal(ts_client_declare_ex(cl, NULL, 0, &d, err, sizeof err), 0);
+  assert_int_equal(tc_open_tables(&cl, &o, tables, 2, TT_SEED), 0);
   Tessera__TableDecl t[2] = {tt_table_decl("emb", DIM, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 1.0),
                              tt_table_decl("big", 16, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 1.0)};
   t[0].init = TESSERA__ROW_INIT__ROW_INIT_ZEROS;

@@ -44,16 +44,7 @@ static ts_client_t *open_tables(ts_cluster_t *c, const ts_client_table_t *tables
   o.request_timeout_s = 20;
   o.require_all = true;
   ts_client_t *cl = NULL;
-  char err[256];
-  assert_int_equal(ts_client_open(&cl, &o, err, sizeof err), 0);
-  ts_client_declare_opts_t d;
-  ts_client_declare_opts_init(&d);
-  d.seed = SEED;
-  d.tables = tables;
-  d.num_tables = n;
-  int rc = ts_client_declare_ex(cl, NULL, 0, &d, err, sizeof err);
-  if (rc != 0) fprintf(stderr, "declare: %s\n", err);
-  assert_int_equal(rc, 0);
+  assert_int_equal(tc_open_tables(&cl, &o, tables, n, SEED), 0);
   assert_int_equal(ts_client_num_tables(cl), n);
   return cl;
 }

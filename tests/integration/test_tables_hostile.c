@@ -28,6 +28,7 @@
 
 #include <cmocka.h>
 
+#include "calls.h"
 #include "harness.h"
 #include "rawconn.h"
 #include "tabraw.h"
@@ -63,25 +64,14 @@ static void *good_worker(void *p) {
   o.request_timeout_s = 20;
   o.require_all = true;
   ts_client_t *cl = NULL;
-  char err[256];
-  if ((g->rc = ts_client_open(&cl, &o, err, sizeof err)) != 0) {
-    fprintf(stderr, "good worker: %s\n", err);
-    return NULL;
-  }
   /* The same tables, in the same order, as the hostile peers declare (tabraw's). */
   ts_client_table_t tables[2] = {
       {.name = "good", .dim = DIM, .init = TS_CLIENT_ROW_UNIFORM, .init_param = 0.05,
        .optimizer = TS_CLIENT_ROWOPT_SGD, .learning_rate = 1.0},
       {.name = "flood", .dim = DIM, .init = TS_CLIENT_ROW_UNIFORM, .init_param = 0.05,
        .optimizer = TS_CLIENT_ROWOPT_SGD, .learning_rate = 1.0}};
-  ts_client_declare_opts_t d;
-  ts_client_declare_opts_init(&d);
-  d.seed = TT_SEED;
-  d.tables = tables;
-  d.num_tables = 2;
-  if ((g->rc = ts_client_declare_ex(cl, NULL, 0, &d, err, sizeof err)) != 0) {
-    fprintf(stderr, "good worker: declare: %s\n", err);
-    ts_client_close(cl);
+  if ((g->rc = tc_open_tables(&cl, &o, tables, 2, TT_SEED)) != 0) { /* it said why */
+    if (cl) ts_client_close(cl);
     return NULL;
   }
   int64_t keys[GOOD_KEYS];

@@ -99,6 +99,21 @@ int tc_open(ts_client_t **cl, const ts_client_opts_t *o, const ts_client_tensor_
   return rc;
 }
 
+int tc_open_tables(ts_client_t **cl, const ts_client_opts_t *o, const ts_client_table_t *tables,
+                   size_t n, uint64_t seed) {
+  int rc = tc_open(cl, o, NULL, 0, 0);
+  if (rc < 0) return rc;
+  ts_client_declare_opts_t d;
+  ts_client_declare_opts_init(&d);
+  d.seed = seed;
+  d.tables = tables;
+  d.num_tables = n;
+  char err[512];
+  rc = ts_client_declare_ex(*cl, NULL, 0, &d, err, sizeof err);
+  if (rc < 0) fprintf(stderr, "declare: %s\n", err);
+  return rc;
+}
+
 void tc_opts_role(ts_client_opts_t *o, const char *const *addrs, size_t num_shards, bool admin) {
   tc_opts(o, addrs, num_shards);
   o->admin = admin;

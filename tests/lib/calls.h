@@ -61,6 +61,9 @@ ts_client_t *tc_open_role(const char *const *addrs, size_t num_shards, bool admi
  * why (*cl may then hold an open client, the caller's to close). */
 int tc_open(ts_client_t **cl, const ts_client_opts_t *o, const ts_client_tensor_t *model,
             size_t n, uint64_t seed);
+/* The same with a model of n embedding tables alone. */
+int tc_open_tables(ts_client_t **cl, const ts_client_opts_t *o, const ts_client_table_t *tables,
+                   size_t n, uint64_t seed);
 
 /* Ask shard `shard` of the num_shards at addrs for a checkpoint over an admin connection
  * (no token): 0 with its file in path, or the negative code after saying why on stderr. */

@@ -29,6 +29,8 @@
  * the same work whatever the table's size); --fresh-share F replaces that share of every
  * request's keys by ids no request used before (vocab and up: rows made every step); and
  * --max-rows N bounds each shard's table, which then evicts its least recently used rows.
+ * --prefill-stream makes the prefill's table as a stream where the hot ids recur would: their
+ * rows first, kept by eviction (the plain prefill leaves them anywhere in the table).
  *
  * Everything stops by itself: one bounded run, client deadlines, the shards stopped (SIGTERM
  * then SIGKILL) and their directory removed.
@@ -62,7 +64,7 @@ static struct {
   uint64_t hot_ids, max_rows, max_table_bytes;
   size_t prefill_keys;
   double fresh_share;
-  bool prefill, json, verbose;
+  bool prefill, prefill_stream, json, verbose;
 } opt = {.shards = 1, .workers = 1, .dim = 64, .batch = 65536, .nbatches = 8, .zipf = 1.0,
          .vocab = 1000000, .seconds = 1.5, .warmup_seconds = 0.5, .lr = 0.01,
          .memcpy_mib = 256};
@@ -101,6 +103,10 @@ static void usage(FILE *f) {
           "  --memcpy-mib N      buffer of the memcpy measurement; 0 = skip (default 256)\n"
           "  --prefill           make a row of every id of [0, V) before the warm-up\n"
           "  --prefill-keys N    keys per pull of the prefill (default: 8 MiB of rows)\n"
+          "  --prefill-stream    --prefill as a stream where the hot ids recur makes the\n"
+          "                      table: their rows first, then after every pull of the\n"
+          "                      prefill a push of them (zero gradients: their recency\n"
+          "                      renewed, so eviction keeps them where they were made)\n"
           "  --hot-ids R         Zipf ranks over [0, R) scattered over [0, V) (default V:\n"
           "                      rank r is id r)\n"
           "  --fresh-share F     share of each request's keys that are new ids (default 0)\n"
@@ -124,6 +130,9 @@ static int parse_args(int argc, char **argv) {
       continue;
     } else if (!strcmp(a, "--prefill")) {
       opt.prefill = true;
+      continue;
+    } else if (!strcmp(a, "--prefill-stream")) {
+      opt.prefill = opt.prefill_stream = true;
       continue;
     }
     if (!v) {
@@ -198,29 +207,52 @@ static int one_request(worker_t *w, uint64_t n) {
   return rc;
 }
 
+/* One TS_CLIENT_SPARSE_PUSH_PULL or (grad NULL) TS_CLIENT_SPARSE_PULL of n keys. */
+static int prefill_request(ts_client_t *cl, const int64_t *keys, size_t n, const float *grad,
+                           float *dst, uint64_t step, char *err, size_t errlen) {
+  ts_client_req_t q;
+  ts_client_req_init(&q, grad ? TS_CLIENT_SPARSE_PUSH_PULL : TS_CLIENT_SPARSE_PULL);
+  q.table = 0;
+  q.keys = keys;
+  q.num_keys = n;
+  q.rows_grad = grad;
+  q.rows_dst = dst;
+  q.step = q.clock = step;
+  int rc = ts_client_run(cl, &q);
+  if (rc < 0) snprintf(err, errlen, "prefill: %s", q.errmsg);
+  return rc;
+}
+
 /* Make a row of every id of [0, vocab) (--prefill): pulls of --prefill-keys keys (default
- * 8 MiB of rows), under a shard's reply budget (server.max_reply_bytes_per_connection). */
+ * 8 MiB of rows), under a shard's reply budget (server.max_reply_bytes_per_connection).
+ * With --prefill-stream the hot ids' rows come first and are pushed (zero gradients) after
+ * every pull, as a stream where they recur would touch them: a table that evicts its least
+ * recently used rows keeps them in the memory they were made in, with the other rows
+ * flowing through the rest, as a long-running job's table is. Without it, the hot rows are
+ * wherever their ids' turn and the evictions put them: scattered over the table. */
 static int prefill(ts_client_t *cl, char *err, size_t errlen) {
   const size_t chunk = opt.prefill_keys ? opt.prefill_keys
                                         : ((size_t)8 << 20) / (opt.dim * sizeof(float));
-  int64_t *keys = malloc(chunk * sizeof *keys);
-  float *dst = malloc(chunk * opt.dim * sizeof *dst);
-  int rc = keys && dst ? 0 : -1;
+  bool stream = opt.prefill_stream && opt.hot_ids && opt.hot_ids < opt.vocab;
+  size_t nhot = stream ? (size_t)opt.hot_ids : 0, big = chunk > nhot ? chunk : nhot;
+  int64_t *keys = malloc(chunk * sizeof *keys), *hot = malloc((nhot ? nhot : 1) * sizeof *hot);
+  float *dst = malloc(big * opt.dim * sizeof *dst);
+  float *zero = calloc(nhot ? nhot * opt.dim : 1, sizeof *zero);
+  int rc = keys && hot && dst && zero ? 0 : -1;
   if (rc < 0) snprintf(err, errlen, "out of memory for the prefill");
+  uint64_t step = 0;
+  for (size_t r = 0; r < nhot; r++) hot[r] = (int64_t)(sb_mix64((uint64_t)r) % opt.vocab);
+  if (rc == 0 && nhot) rc = prefill_request(cl, hot, nhot, zero, dst, step++, err, errlen);
   for (uint64_t at = 0; rc == 0 && at < opt.vocab; at += chunk) {
     size_t n = opt.vocab - at < chunk ? (size_t)(opt.vocab - at) : chunk;
     for (size_t i = 0; i < n; i++) keys[i] = (int64_t)(at + i);
-    ts_client_req_t q;
-    ts_client_req_init(&q, TS_CLIENT_SPARSE_PULL);
-    q.table = 0;
-    q.keys = keys;
-    q.num_keys = n;
-    q.rows_dst = dst;
-    rc = ts_client_run(cl, &q);
-    if (rc < 0) snprintf(err, errlen, "prefill: %s", q.errmsg);
+    rc = prefill_request(cl, keys, n, NULL, dst, 0, err, errlen);
+    if (rc == 0 && nhot) rc = prefill_request(cl, hot, nhot, zero, dst, step++, err, errlen);
   }
   free(keys);
+  free(hot);
   free(dst);
+  free(zero);
   return rc;
 }
 
@@ -468,9 +500,9 @@ int main(int argc, char **argv) {
     json_num("client_user_s_per_mrows", 4, (cc1.user - cc0.user) / mrows);
     json_num("client_sys_s_per_mrows", 4, (cc1.sys - cc0.sys) / mrows);
     printf(", \"rows_held\": %" PRIu64 ", \"rows_created\": %" PRIu64 ", \"rows_evicted\": %" PRIu64
-           ", \"shard_rss_kib\": %ld, \"prefill\": %s, \"hot_ids\": %" PRIu64
+           ", \"shard_rss_kib\": %ld, \"prefill\": %s, \"prefill_stream\": %s, \"hot_ids\": %" PRIu64
            ", \"max_rows\": %" PRIu64,
-           rows_held, created, evicted, rss_max, opt.prefill ? "true" : "false", opt.hot_ids,
+           rows_held, created, evicted, rss_max, opt.prefill ? "true" : "false", opt.prefill_stream ? "true" : "false", opt.hot_ids,
            opt.max_rows);
     json_num("fresh_share", 3, opt.fresh_share);
     json_num("prefill_s", 1, prefill_s);

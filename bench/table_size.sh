@@ -22,6 +22,10 @@
 # every size) and makes FRESH of each batch's keys ids never seen (--fresh-share: rows made,
 # and as many evicted, every step), with each shard's server.max_table_bytes at
 # TABLE_BYTES (8 GiB: 10^8 rows of dim 16 fit). MODE=grow (the default) is the sweep above.
+# PREFILL picks how the held table is made: scattered (the default: the ids in order, so
+# the hot rows end up anywhere in the table's memory, the worst case for the caches and the
+# TLB) or stream (sparsebench --prefill-stream: the hot ids first and again after every pull
+# of the prefill, as a long job's stream where they recur lays its table out).
 #
 # The step time is the median push+pull round trip of every request of every worker (p50_us
 # of either tool). Before every round the script waits (LOAD_WAIT_S, default 600) for the
@@ -31,7 +35,7 @@
 #   env: SUMMARY_ONLY=1 (no runs: the summary and plot of OUT), ROUNDS (5), SECS (6: timed seconds of a sparse run), WARMUP (1), BATCHES (4000), SIZES ("100000
 #        1000000 10000000 100000000"), DENSE_MAX (10000000), BATCH (6656), ZIPF (1.05),
 #        ITERS (dense push+pulls timed per worker, 5), MODE (grow | held), HOT (100000),
-#        FRESH (0.05), TABLE_BYTES (8589934592), OUT (bench/results/table-size[-held]-DATE.jsonl)
+#        FRESH (0.05), TABLE_BYTES (8589934592), PREFILL (scattered | stream), OUT (bench/results/table-size[-held]-DATE.jsonl)
 # Output: one JSON object per run appended to OUT (the tool's fields plus kind, vocab, round,
 # load_before), then a Markdown table on stdout: per table size the median (min-max) step
 # time of each kind and the rows the sparse shards held.
@@ -54,6 +58,12 @@ mode=${MODE:-grow}
 hot=${HOT:-100000}
 fresh=${FRESH:-0.05}
 table_bytes=${TABLE_BYTES:-8589934592}
+prefill=--prefill
+case ${PREFILL:-scattered} in
+  scattered) ;;
+  stream) prefill=--prefill-stream ;;
+  *) echo "table_size.sh: PREFILL is scattered or stream, not $PREFILL" >&2; exit 2 ;;
+esac
 case $mode in
   grow) sparse_args=(); out=${OUT:-bench/results/table-size-$(date -u +%F).jsonl} ;;
   held) out=${OUT:-bench/results/table-size-held-$(date -u +%F).jsonl} ;;
@@ -90,7 +100,7 @@ for ((r = 1; r <= rounds; r++)); do
   n=${#sizes[@]}
   for ((i = 0; i < n; i++)); do
     v=${sizes[$(((i + r) % n))]}
-    [ "$mode" = held ] && sparse_args=(--prefill --hot-ids "$((hot < v ? hot : v))"
+    [ "$mode" = held ] && sparse_args=("$prefill" --hot-ids "$((hot < v ? hot : v))"
       --fresh-share "$fresh" --max-rows "$(((v + 1) / 2))" --max-table-bytes "$table_bytes")
     load=$(load1)
     j=$("$build/bench/sparsebench" --shards 2 --workers 2 --dim "$dim" --batch "$batch" \

@@ -8,7 +8,7 @@
  * Memory. Every row made, and every accumulator row, is first checked against the shard's
  * budget (server.max_table_bytes, ts_stable_budget_t) with what the insert would allocate
  * (ts_table_insert_cost: a new slab, a larger index), so the tables never hold more than
- * it. A table at its budget or at max_rows makes room by evicting its least recently used
+ * it; a large table's next index, made ahead of its grow, is counted from its start. A table at its budget or at max_rows makes room by evicting its least recently used
  * row (ts_admit_evict_lru, sampled); the freed slot takes the new row, so a table that
  * reached the budget streams keys through without growing. A table whose rows cannot make
  * room (it holds none) serves a pull the initialiser's row without storing it, and drops a
@@ -357,6 +357,12 @@ static uint32_t new_row(ts_stable_t *t, ts_stable_budget_t *b, ts_table_t *tab, 
   bool created;
   int err;
   uint32_t id = ts_table_insert(tab, key, &created, &err);
+  /* A large rows table's next index is made ahead when the budget has room for it and for
+   * the rows before the grow as well: the grow then only moves the entries
+   * (ts_table_prepare_grow), and a table near its budget holds as many rows as without. */
+  uint64_t room = tab == &t->rows ? ts_table_prepare_room(tab) : 0;
+  if (room && b->bytes + (ts_table_bytes(tab) - before) + room <= b->max_bytes)
+    ts_table_prepare_grow(tab);
   b->bytes += ts_table_bytes(tab) - before;
   return id;
 }

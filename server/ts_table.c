@@ -71,6 +71,7 @@ static void free_slabs(ts_table_t *t) {
 }
 
 void ts_table_free(ts_table_t *t) {
+  if (t->next_index) ts_prefault_drop(t->next_index);
   free_slabs(t);
   ts_free(t->slabs);
   ts_free(t->metas);
@@ -105,12 +106,20 @@ uint32_t ts_table_find(const ts_table_t *t, uint64_t key) {
   return e == EMPTY ? TS_TABLE_NONE : SLOT_ID(e);
 }
 
-/* Twice the capacity (at least MIN_CAP), every entry placed again by its tag; rows stay. */
+/* Twice the capacity (at least MIN_CAP), every entry placed again by its tag; rows stay.
+ * The new index is the one made ahead when there is one (all EMPTY already). */
 static int grow_index(ts_table_t *t) {
   size_t cap = t->cap ? t->cap * 2 : MIN_CAP;
-  uint64_t *slots = ts_huge_alloc(cap * sizeof *slots);
-  if (!slots) return TS_ENOMEM;
-  memset(slots, 0xff, cap * sizeof *slots);
+  uint64_t *slots = NULL;
+  if (t->next_index) {
+    ts_require(ts_prefault_bytes(t->next_index) == cap * sizeof *slots);
+    slots = ts_prefault_take(t->next_index);
+    t->next_index = NULL;
+  } else {
+    slots = ts_huge_alloc(cap * sizeof *slots);
+    if (!slots) return TS_ENOMEM;
+    memset(slots, 0xff, cap * sizeof *slots);
+  }
   for (size_t i = 0; i < t->cap; i++) {
     uint64_t e = t->slots[i];
     if (e == EMPTY) continue;
@@ -231,15 +240,35 @@ size_t ts_table_keys(const ts_table_t *t, uint64_t *cursor, uint64_t *out, size_
   return n;
 }
 
+uint64_t ts_table_prepare_cost(const ts_table_t *t) {
+  if (t->next_index || t->cap < TS_TABLE_PREPARE_MIN || t->size * 8 < t->cap * 3 ||
+      t->max_rows * 2 <= t->cap)
+    return 0;
+  return (uint64_t)t->cap * 2 * sizeof(uint64_t);
+}
+
+uint64_t ts_table_prepare_room(const ts_table_t *t) {
+  uint64_t cost = ts_table_prepare_cost(t);
+  if (!cost) return 0;
+  uint64_t to_grow = t->cap / 2 > t->size ? t->cap / 2 - t->size : 0;
+  return cost + to_grow * (t->stride * sizeof(float) + sizeof(ts_table_meta_t)) + HUGE_BYTES;
+}
+
+void ts_table_prepare_grow(ts_table_t *t) {
+  uint64_t cost = ts_table_prepare_cost(t);
+  if (cost) t->next_index = ts_prefault_start(cost, 0xff);
+}
+
 uint64_t ts_table_bytes(const ts_table_t *t) {
   return held_for(t->nslabs, slab_bytes(t)) + held_for(t->nslabs, META_BYTES) +
          (uint64_t)t->cap * sizeof(uint64_t) +
+         (t->next_index ? ts_prefault_bytes(t->next_index) : 0) +
          (uint64_t)t->slabs_cap * (sizeof(float *) + sizeof(ts_table_meta_t *));
 }
 
 uint64_t ts_table_insert_cost(const ts_table_t *t) {
   uint64_t c = 0;
-  if ((t->size + 1) * 2 > t->cap)
+  if ((t->size + 1) * 2 > t->cap && !t->next_index)
     c += (uint64_t)(t->cap ? t->cap * 2 : MIN_CAP) * sizeof(uint64_t);
   if (t->free_head == TS_TABLE_NONE && (size_t)(t->next_row >> TS_TABLE_SLAB_SHIFT) == t->nslabs) {
     c += alloc_for(t->nslabs, slab_bytes(t)) + alloc_for(t->nslabs, META_BYTES);

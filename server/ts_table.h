@@ -11,7 +11,8 @@
  * An erased row's slot goes on a free list and is reused. The index is open addressing
  * with linear probing at a load factor of at most 1/2, deletion by backward shift (no
  * tombstones, so probes stay short however many keys come and go); growing it rehashes
- * the index only, never the rows. An index slot is 8 bytes: the low 32 bits of the key's
+ * the index only, never the rows; a large table's next index is made ahead, off the loop
+ * thread (ts_table_prepare_grow), so growing it only moves the entries. An index slot is 8 bytes: the low 32 bits of the key's
  * hash (its tag, which also gives its home slot) and the row id; the key itself is only
  * in the row's metadata, read when a tag matches (a false match is 1 in 2^32). So a row
  * costs its floats, 32 bytes of metadata and 16 to 32 bytes of index.
@@ -29,6 +30,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "ts_prefault.h"
 
 #define TS_TABLE_SLAB_SHIFT 12
 #define TS_TABLE_SLAB_ROWS (1u << TS_TABLE_SLAB_SHIFT)
@@ -57,7 +60,8 @@ typedef struct {
    * is an empty slot */
   uint64_t *slots;
   size_t cap;
-  size_t size; /* live rows */
+  size_t size;              /* live rows */
+  ts_prefault_t *next_index; /* the index of 2 cap slots being made, or NULL */
   /* rows */
   float **slabs;
   ts_table_meta_t **metas;
@@ -122,11 +126,32 @@ uint32_t ts_table_next(const ts_table_t *t, uint32_t *cursor);
 size_t ts_table_keys(const ts_table_t *t, uint64_t *cursor, uint64_t *out, size_t max,
                      uint64_t max_slots);
 
-/* Bytes the table holds (slabs, their metadata, the index): for budgets and status. */
+/* A table's next index is made ahead once its index has TS_TABLE_PREPARE_MIN slots (8 MiB):
+ * filling a fresh gigabyte takes seconds on some hosts (ts_prefault.h), a few MiB do not. */
+#define TS_TABLE_PREPARE_MIN ((size_t)1 << 20)
+
+/* Bytes that making the next index ahead would allocate now: nonzero once the table holds
+ * 3/8 of its index's slots (the index doubles at 1/2) when it may grow that far (max_rows)
+ * and the index is that large, and nothing is under way. */
+uint64_t ts_table_prepare_cost(const ts_table_t *t);
+
+/* What the budget must have room for to make the next index ahead without holding fewer
+ * rows than it would without: ts_table_prepare_cost, plus the rows still to come before
+ * the grow (their floats and metadata). 0 when the cost is. */
+uint64_t ts_table_prepare_room(const ts_table_t *t);
+
+/* Start making the next index (ts_table_prepare_cost bytes) on a thread of its own; the
+ * insert that grows the index takes it, waiting for the rest of its fill if needed. Does
+ * nothing when the cost is 0; when no memory or thread is to be had the grow allocates as
+ * it would without. */
+void ts_table_prepare_grow(ts_table_t *t);
+
+/* Bytes the table holds (slabs, their metadata, the index, a next index being made): for
+ * budgets and status. */
 uint64_t ts_table_bytes(const ts_table_t *t);
 
 /* Bytes the next ts_table_insert of a new key would allocate (a new slab and its metadata,
- * a larger index counted whole, the slab list grown): 0 when a free row and index room are
+ * a larger index counted whole unless it was made ahead, the slab list grown): 0 when a free row and index room are
  * there. For a budget that must hold before anything is allocated. */
 uint64_t ts_table_insert_cost(const ts_table_t *t);
 

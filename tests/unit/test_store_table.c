@@ -2,7 +2,8 @@
  * The store's embedding tables (server/ts_store_table.h) without a network: declaring
  * (names twice, momentum without a row optimizer, a redeclare's differences), key checks,
  * rows made as ts_key_row_init makes them, admission by count, a sync step's sum applied
- * once with 1/count, max_rows, and the byte budget (ts_table_insert_cost) never exceeded.
+ * once with 1/count, max_rows, and the byte budget (ts_table_insert_cost) never exceeded,
+ * a large table's next index made ahead included.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -241,6 +242,53 @@ static void test_capacity_and_budget(void **state) {
   ts_stables_free(t, 1);
 }
 
+/* Pull keys [from, to) of t in requests of 10,000; the budget holds after each. */
+static void pull_range(ts_stable_t *t, ts_stable_budget_t *b, uint64_t from, uint64_t to) {
+  static uint64_t keys[10000];
+  static float rows[10000];
+  for (uint64_t k = from; k < to;) {
+    size_t n = to - k < 10000 ? (size_t)(to - k) : 10000;
+    for (size_t i = 0; i < n; i++) keys[i] = k + i;
+    ts_stable_pull(t, b, keys, n, rows);
+    assert_true(b->bytes <= b->max_bytes);
+    k += n;
+  }
+}
+
+/* A large table's next index, made ahead from 3/8 of its index on (ts_table_prepare_grow),
+ * is in the budget's count from its start; a budget that holds the rows and the grow holds
+ * them with it too (the index is made ahead only when the rows before the grow fit). */
+static void test_index_made_ahead_in_budget(void **state) {
+  (void)state;
+  const uint64_t rows = 530000; /* index of 2^20 slots, 3/8 = 393,216, then 2^21 */
+  Tessera__TableDecl d = decl("ahead", 1);
+  ts_stable_t *t = one_table(&d, false, 1);
+  ts_stable_budget_t b = {.max_bytes = UINT64_MAX, .rng = 1};
+  b.bytes = ts_stable_bytes(t);
+  uint64_t base = b.bytes;
+  pull_range(t, &b, 0, 390000);
+  uint64_t before_next = b.bytes;
+  pull_range(t, &b, 390000, 400000); /* past 3/8: the next index is being made */
+  assert_int_equal(b.bytes, ts_stable_bytes(t));
+  assert_true(b.bytes - before_next >= (uint64_t)16 << 20); /* 2^21 slots of 8 bytes */
+  pull_range(t, &b, 400000, rows); /* grown */
+  assert_int_equal(b.bytes, ts_stable_bytes(t));
+  uint64_t full = b.bytes - base;
+  ts_stables_free(t, 1);
+  /* The same rows under a budget of what they take and the old index during the grow
+   * (which a table grown without the early index needs too): every row is made. */
+  t = one_table(&d, false, 1);
+  b = (ts_stable_budget_t){.max_bytes = base + full + ((uint64_t)8 << 20), .rng = 1};
+  b.bytes = ts_stable_bytes(t);
+  pull_range(t, &b, 0, rows);
+  ts_stable_info_t info;
+  ts_stable_info(t, &info);
+  assert_int_equal(info.rows, rows);
+  assert_int_equal(info.evicted, 0);
+  assert_int_equal(b.bytes, ts_stable_bytes(t));
+  ts_stables_free(t, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_declare),
@@ -248,6 +296,7 @@ int main(void) {
       cmocka_unit_test(test_pull_and_admission),
       cmocka_unit_test(test_sync_step),
       cmocka_unit_test(test_capacity_and_budget),
+      cmocka_unit_test(test_index_made_ahead_in_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * A shard's row table (server/ts_table.h): a million random inserts, finds and erases
  * against a reference; rows never move while the index grows; max_rows; the walk over live
  * rows; allocation failures leave the table as it was; memory per row against the raw
- * value + state bytes; a key listing in pages (ts_table_keys) across growth and erasures.
+ * value + state bytes; a key listing in pages (ts_table_keys) across growth and erasures;
+ * a large table's next index made ahead on a thread and taken by the grow.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -210,11 +211,71 @@ static void test_bytes_per_row(void **state) {
   ts_table_free(&t);
 }
 
+/* Insert keys [from, to) of table t, each new. */
+static void insert_range(ts_table_t *t, uint64_t from, uint64_t to) {
+  bool created;
+  int err;
+  for (uint64_t k = from; k < to; k++) {
+    assert_true(ts_table_insert(t, ts_key_hash(k), &created, &err) != TS_TABLE_NONE);
+    assert_true(created);
+  }
+}
+
+/* The next index is made ahead once the index has TS_TABLE_PREPARE_MIN slots and 3/8 of
+ * them hold rows: counted in the table's bytes from then on, not again by the insert that
+ * grows the index, which takes it; the table ends as one grown without it. */
+static void test_index_made_ahead(void **state) {
+  (void)state;
+  ts_table_t t, plain;
+  assert_int_equal(ts_table_init(&t, 1, 0, 0), 0);
+  assert_int_equal(ts_table_init(&plain, 1, 0, 0), 0);
+  const size_t cap = TS_TABLE_PREPARE_MIN, at = cap / 8 * 3;
+  insert_range(&t, 0, at - 1);
+  assert_int_equal(t.cap, cap);
+  assert_int_equal(ts_table_prepare_cost(&t), 0); /* under 3/8 */
+  insert_range(&t, at - 1, at);
+  assert_int_equal(ts_table_prepare_cost(&t), cap * 2 * sizeof(uint64_t));
+  /* and room for the rows before the grow, (cap / 2 - at) of 4 + 32 bytes */
+  assert_true(ts_table_prepare_room(&t) >= cap * 2 * sizeof(uint64_t) + (cap / 2 - at) * 36);
+  uint64_t before = ts_table_bytes(&t);
+  ts_table_prepare_grow(&t);
+  assert_non_null(t.next_index);
+  assert_int_equal(ts_table_bytes(&t), before + cap * 2 * sizeof(uint64_t));
+  assert_int_equal(ts_table_prepare_cost(&t), 0); /* one at a time */
+  insert_range(&t, at, cap / 2);
+  assert_true(ts_table_insert_cost(&t) < cap * 2 * sizeof(uint64_t)); /* its index paid for */
+  insert_range(&t, cap / 2, cap / 2 + 1000);
+  assert_int_equal(t.cap, cap * 2);
+  assert_null(t.next_index);
+  insert_range(&plain, 0, cap / 2 + 1000);
+  assert_int_equal(ts_table_bytes(&t), ts_table_bytes(&plain));
+  for (uint64_t k = 0; k < cap / 2 + 1000; k++)
+    assert_int_equal(ts_table_find(&t, ts_key_hash(k)), ts_table_find(&plain, ts_key_hash(k)));
+  assert_int_equal(ts_table_find(&t, ts_key_hash(cap)), TS_TABLE_NONE);
+  ts_table_free(&plain);
+  /* A table freed while its next index is being made (the thread frees it when done). */
+  insert_range(&t, cap / 2 + 1000, cap / 8 * 6 + 1);
+  ts_table_prepare_grow(&t);
+  assert_non_null(t.next_index);
+  ts_table_free(&t);
+  assert_null(t.next_index);
+  /* None where the table may not grow that far, nor for a small index. */
+  assert_int_equal(ts_table_init(&t, 1, 0, cap / 2), 0);
+  insert_range(&t, 0, at);
+  assert_int_equal(ts_table_prepare_cost(&t), 0);
+  ts_table_free(&t);
+  assert_int_equal(ts_table_init(&t, 1, 0, 0), 0);
+  insert_range(&t, 0, 1000);
+  assert_int_equal(ts_table_prepare_cost(&t), 0);
+  ts_table_free(&t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_random_operations), cmocka_unit_test(test_rows_do_not_move),
       cmocka_unit_test(test_max_rows),          cmocka_unit_test(test_allocation_failures),
       cmocka_unit_test(test_bytes_per_row),     cmocka_unit_test(test_keys_in_pages),
+      cmocka_unit_test(test_index_made_ahead),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -93,11 +93,15 @@ static void pool_add(ts_admit_pool_t *pool, uint32_t id, uint64_t key, uint64_t 
  * cost a memory latency apiece), and put the live ones to the pool. */
 static void pool_sample(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *rng,
                         uint32_t round) {
-  uint32_t ids[TS_ADMIT_POOL];
+  uint32_t ids[TS_ADMIT_POOL], n = 0;
   if (round > TS_ADMIT_POOL) round = TS_ADMIT_POOL;
-  for (uint32_t i = 0; i < round; i++) {
-    ids[i] = (uint32_t)(xorshift(rng) % t->next_row);
-    __builtin_prefetch(ts_table_meta(t, ids[i]), 0, 1);
+  /* The draws made ahead (still in the table: it may have been emptied since) first. */
+  for (uint32_t i = 0; i < pool->nahead && n < round; i++)
+    if (pool->ahead[i] < t->next_row) ids[n++] = pool->ahead[i];
+  pool->nahead = 0;
+  for (; n < round; n++) {
+    ids[n] = (uint32_t)(xorshift(rng) % t->next_row);
+    __builtin_prefetch(ts_table_meta(t, ids[n]), 0, 1);
   }
   for (uint32_t i = 0; i < round; i++) {
     const ts_table_meta_t *m = ts_table_meta(t, ids[i]);
@@ -116,6 +120,23 @@ static uint32_t pool_take(ts_admit_pool_t *pool, const ts_table_t *t) {
     if (ts_table_live(m) && m->key == c.key && m->last_step == c.last_step) return c.id;
   }
   return TS_TABLE_NONE;
+}
+
+/* The next eviction's reads started now: its draws, and the pool's oldest candidate (the
+ * likely victim): its metadata, which pool_take checks, and its index slot, which the
+ * erase probes. */
+static void prepare_next(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *rng,
+                         uint32_t want) {
+  if (t->next_row == 0) return;
+  for (uint32_t i = 0; i < want; i++) {
+    pool->ahead[i] = (uint32_t)(xorshift(rng) % t->next_row);
+    __builtin_prefetch(ts_table_meta(t, pool->ahead[i]), 0, 1);
+  }
+  pool->nahead = want;
+  if (pool->n > 0 && pool->c[0].id < t->next_row) {
+    __builtin_prefetch(ts_table_meta(t, pool->c[0].id), 0, 1);
+    ts_table_prefetch_slot(t, ts_key_hash(pool->c[0].key));
+  }
 }
 
 bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, ts_admit_pool_t *pool,
@@ -144,5 +165,6 @@ bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, ts_admit_pool
   __builtin_prefetch(ts_table_row(t, victim), 1, 1);
   *key = ts_table_meta(t, victim)->key;
   ts_table_erase(t, *key);
+  prepare_next(pool, t, rng, want);
   return true;
 }

@@ -74,12 +74,19 @@ typedef struct {
 typedef struct {
   ts_admit_cand_t c[TS_ADMIT_POOL]; /* oldest first */
   uint32_t n;
+  /* The next eviction's draws, made (and their metadata prefetched) at the end of the one
+   * before, so their loads overlap the work between two evictions. */
+  uint32_t ahead[TS_ADMIT_POOL];
+  uint32_t nahead;
 } ts_admit_pool_t;
 
 /* Make room in a full table: sample p->sample row ids (at most TS_ADMIT_POOL) with the
  * random state *rng (xorshift64, any non-zero start) into t's pool, and evict the least
  * recently used (lowest last_step) candidate of the pool that is still as sampled. Returns
- * true with *key the key evicted, or false when the table is empty. */
+ * true with *key the key evicted, or false when the table is empty. Before returning it
+ * draws the next eviction's samples and prefetches what that one will read (their
+ * metadata, the pool's oldest candidate's metadata and index slot): in a table of
+ * gigabytes each is a cache miss that would otherwise stall the eviction. */
 bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, ts_admit_pool_t *pool,
                         uint64_t *rng, uint64_t *key);
 

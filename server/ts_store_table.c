@@ -346,6 +346,12 @@ static uint32_t new_row(ts_stable_t *t, ts_stable_budget_t *b, ts_table_t *tab, 
     bool full = tab->size >= tab->max_rows;
     uint64_t cost = ts_table_insert_cost(tab);
     if (!full && b->bytes + cost <= b->max_bytes) break;
+    /* The rows table's next index, made ahead while there was room, gives way first: the
+     * budget is for rows (and a step's gradients), the index is only early. */
+    if (!full && t->rows.next_index) {
+      b->bytes -= ts_table_drop_next(&t->rows);
+      continue;
+    }
     uint64_t victim;
     if (tab != &t->rows || tries >= MAX_EVICT_TRIES ||
         !ts_admit_evict_lru(&t->policy, &t->rows, &t->pool, &b->rng, &victim))

@@ -71,7 +71,8 @@ static void free_slabs(ts_table_t *t) {
 }
 
 void ts_table_free(ts_table_t *t) {
-  if (t->next_index) ts_prefault_drop(t->next_index);
+  /* A next index still being filled outlives the budget's count by the rest of its fill. */
+  ts_table_drop_next(t);
   free_slabs(t);
   ts_free(t->slabs);
   ts_free(t->metas);
@@ -251,7 +252,17 @@ uint64_t ts_table_prepare_room(const ts_table_t *t) {
   uint64_t cost = ts_table_prepare_cost(t);
   if (!cost) return 0;
   uint64_t to_grow = t->cap / 2 > t->size ? t->cap / 2 - t->size : 0;
-  return cost + to_grow * (t->stride * sizeof(float) + sizeof(ts_table_meta_t)) + HUGE_BYTES;
+  /* and a whole slab and metadata group past them: what the last of those rows may take */
+  return cost + to_grow * (t->stride * sizeof(float) + sizeof(ts_table_meta_t)) +
+         group_of(slab_bytes(t)) * slab_bytes(t) + group_of(META_BYTES) * META_BYTES;
+}
+
+uint64_t ts_table_drop_next(ts_table_t *t) {
+  if (!t->next_index) return 0;
+  uint64_t n = ts_prefault_bytes(t->next_index);
+  ts_prefault_drop(t->next_index);
+  t->next_index = NULL;
+  return n;
 }
 
 void ts_table_prepare_grow(ts_table_t *t) {

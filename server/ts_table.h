@@ -146,6 +146,10 @@ uint64_t ts_table_prepare_room(const ts_table_t *t);
  * it would without. */
 void ts_table_prepare_grow(ts_table_t *t);
 
+/* Give up the next index being made (its memory is freed now, or by its thread once
+ * filled): for a budget that needs the room. Returns the bytes it was counted for (0: none). */
+uint64_t ts_table_drop_next(ts_table_t *t);
+
 /* Bytes the table holds (slabs, their metadata, the index, a next index being made): for
  * budgets and status. */
 uint64_t ts_table_bytes(const ts_table_t *t);

@@ -256,8 +256,9 @@ static void pull_range(ts_stable_t *t, ts_stable_budget_t *b, uint64_t from, uin
 }
 
 /* A large table's next index, made ahead from 3/8 of its index on (ts_table_prepare_grow),
- * is in the budget's count from its start; a budget that holds the rows and the grow holds
- * them with it too (the index is made ahead only when the rows before the grow fit). */
+ * is in the budget's count from its start and gives way to rows when the budget is short;
+ * a budget that holds the rows and the grow holds them with it too (the index is made
+ * ahead only when the rows before the grow fit). */
 static void test_index_made_ahead_in_budget(void **state) {
   (void)state;
   const uint64_t rows = 530000; /* index of 2^20 slots, 3/8 = 393,216, then 2^21 */
@@ -271,7 +272,22 @@ static void test_index_made_ahead_in_budget(void **state) {
   pull_range(t, &b, 390000, 400000); /* past 3/8: the next index is being made */
   assert_int_equal(b.bytes, ts_stable_bytes(t));
   assert_true(b.bytes - before_next >= (uint64_t)16 << 20); /* 2^21 slots of 8 bytes */
-  pull_range(t, &b, 400000, rows); /* grown */
+  /* The budget taken (by another table, say) down to what is held: the next index gives
+   * way to the next row, no row is evicted, and it is made again once there is room. */
+  uint64_t with_next = b.bytes;
+  b.max_bytes = b.bytes;
+  pull_range(t, &b, 400000, 460000); /* past 458,752: a new metadata group of 2 MiB */
+  assert_int_equal(b.bytes, ts_stable_bytes(t));
+  assert_true(with_next - b.bytes >= (uint64_t)13 << 20); /* 16 MiB, less the new rows */
+  ts_stable_info_t held;
+  ts_stable_info(t, &held);
+  assert_int_equal(held.rows, 460000);
+  assert_int_equal(held.evicted, 0);
+  uint64_t without = b.bytes;
+  b.max_bytes = UINT64_MAX;
+  pull_range(t, &b, 460000, 460001);
+  assert_true(b.bytes - without >= (uint64_t)16 << 20); /* made again */
+  pull_range(t, &b, 460001, rows); /* grown */
   assert_int_equal(b.bytes, ts_stable_bytes(t));
   uint64_t full = b.bytes - base;
   ts_stables_free(t, 1);

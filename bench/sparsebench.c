@@ -502,8 +502,8 @@ int main(int argc, char **argv) {
     printf(", \"rows_held\": %" PRIu64 ", \"rows_created\": %" PRIu64 ", \"rows_evicted\": %" PRIu64
            ", \"shard_rss_kib\": %ld, \"prefill\": %s, \"prefill_stream\": %s, \"hot_ids\": %" PRIu64
            ", \"max_rows\": %" PRIu64,
-           rows_held, created, evicted, rss_max, opt.prefill ? "true" : "false", opt.prefill_stream ? "true" : "false", opt.hot_ids,
-           opt.max_rows);
+           rows_held, created, evicted, rss_max, opt.prefill ? "true" : "false",
+           opt.prefill_stream ? "true" : "false", opt.hot_ids, opt.max_rows);
     json_num("fresh_share", 3, opt.fresh_share);
     json_num("prefill_s", 1, prefill_s);
     json_num("rss_bytes_per_row", 1, rows_held ? rss_growth / (double)rows_held : (double)NAN);

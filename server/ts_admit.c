@@ -88,6 +88,14 @@ static void pool_add(ts_admit_pool_t *pool, uint32_t id, uint64_t key, uint64_t 
   pool->n = n + 1;
 }
 
+/* Draw n row ids of t and start loading their metadata. */
+static void draw_ids(uint32_t *ids, uint32_t n, const ts_table_t *t, uint64_t *rng) {
+  for (uint32_t i = 0; i < n; i++) {
+    ids[i] = (uint32_t)(xorshift(rng) % t->next_row);
+    __builtin_prefetch(ts_table_meta(t, ids[i]), 0, 1);
+  }
+}
+
 /* Draw up to `round` row ids, their metadata prefetched before any is read (in a table of
  * gigabytes each is a cache miss, and read one after the other, a branch on each, they
  * cost a memory latency apiece), and put the live ones to the pool. */
@@ -99,10 +107,7 @@ static void pool_sample(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *rn
   for (uint32_t i = 0; i < pool->nahead && n < round; i++)
     if (pool->ahead[i] < t->next_row) ids[n++] = pool->ahead[i];
   pool->nahead = 0;
-  for (; n < round; n++) {
-    ids[n] = (uint32_t)(xorshift(rng) % t->next_row);
-    __builtin_prefetch(ts_table_meta(t, ids[n]), 0, 1);
-  }
+  draw_ids(ids + n, round - n, t, rng);
   for (uint32_t i = 0; i < round; i++) {
     const ts_table_meta_t *m = ts_table_meta(t, ids[i]);
     if (ts_table_live(m)) pool_add(pool, ids[i], m->key, m->last_step);
@@ -128,10 +133,7 @@ static uint32_t pool_take(ts_admit_pool_t *pool, const ts_table_t *t) {
 static void prepare_next(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *rng,
                          uint32_t want) {
   if (t->next_row == 0) return;
-  for (uint32_t i = 0; i < want; i++) {
-    pool->ahead[i] = (uint32_t)(xorshift(rng) % t->next_row);
-    __builtin_prefetch(ts_table_meta(t, pool->ahead[i]), 0, 1);
-  }
+  draw_ids(pool->ahead, want, t, rng);
   pool->nahead = want;
   if (pool->n > 0 && pool->c[0].id < t->next_row) {
     __builtin_prefetch(ts_table_meta(t, pool->c[0].id), 0, 1);

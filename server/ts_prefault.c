@@ -69,13 +69,6 @@ ts_prefault_t *ts_prefault_start(size_t n, int fill) {
   return p;
 }
 
-bool ts_prefault_ready(ts_prefault_t *p) {
-  pthread_mutex_lock(&p->mu);
-  bool done = p->done;
-  pthread_mutex_unlock(&p->mu);
-  return done;
-}
-
 void *ts_prefault_take(ts_prefault_t *p) {
   /* The wait is the rest of a fill already under way: less than the whole of it, which
    * the caller would spend itself otherwise. */

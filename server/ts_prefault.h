@@ -27,9 +27,6 @@ void *ts_prefault_take(ts_prefault_t *p);
 /* Give it up without waiting: the buffer is freed now, or by its thread once filled. */
 void ts_prefault_drop(ts_prefault_t *p);
 
-/* Whether the buffer is filled (ts_prefault_take would not wait). */
-bool ts_prefault_ready(ts_prefault_t *p);
-
 /* The buffer's size. */
 size_t ts_prefault_bytes(const ts_prefault_t *p);
 

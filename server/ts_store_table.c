@@ -8,7 +8,8 @@
  * Memory. Every row made, and every accumulator row, is first checked against the shard's
  * budget (server.max_table_bytes, ts_stable_budget_t) with what the insert would allocate
  * (ts_table_insert_cost: a new slab, a larger index), so the tables never hold more than
- * it; a large table's next index, made ahead of its grow, is counted from its start. A table at its budget or at max_rows makes room by evicting its least recently used
+ * it; a large table's next index, made ahead of its grow, is counted from its start. A
+ * table at its budget or at max_rows makes room by evicting its least recently used
  * row (ts_admit_evict_lru, sampled); the freed slot takes the new row, so a table that
  * reached the budget streams keys through without growing. A table whose rows cannot make
  * room (it holds none) serves a pull the initialiser's row without storing it, and drops a

@@ -55,7 +55,8 @@ size_t ts_admit_expire(const ts_admit_policy_t *p, ts_table_t *t, uint64_t now, 
     if (*cursor >= t->next_row) *cursor = 0;
     uint32_t id = (*cursor)++;
     ts_table_meta_t *m = ts_table_meta(t, id);
-    if (!ts_table_live(m) || now <= m->last_step || now - m->last_step <= p->steps_to_live) continue;
+    if (!ts_table_live(m) || now <= m->last_step || now - m->last_step <= p->steps_to_live)
+      continue;
     uint64_t key = m->key;
     ts_table_erase(t, key);
     if (evicted) evicted[gone] = key;
@@ -98,10 +99,12 @@ static void draw_ids(uint32_t *ids, uint32_t n, const ts_table_t *t, uint64_t *r
 
 /* Draw up to `round` row ids, their metadata prefetched before any is read (in a table of
  * gigabytes each is a cache miss, and read one after the other, a branch on each, they
- * cost a memory latency apiece), and put the live ones to the pool. */
-static void pool_sample(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *rng,
-                        uint32_t round) {
+ * cost a memory latency apiece), and put the live ones to the pool. Returns the lowest
+ * last_step of the live ones drawn (UINT64_MAX: none). */
+static uint64_t pool_sample(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *rng,
+                            uint32_t round) {
   uint32_t ids[TS_ADMIT_POOL], n = 0;
+  uint64_t oldest = UINT64_MAX;
   if (round > TS_ADMIT_POOL) round = TS_ADMIT_POOL;
   /* The draws made ahead (still in the table: it may have been emptied since) first. */
   for (uint32_t i = 0; i < pool->nahead && n < round; i++)
@@ -110,8 +113,11 @@ static void pool_sample(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *rn
   draw_ids(ids + n, round - n, t, rng);
   for (uint32_t i = 0; i < round; i++) {
     const ts_table_meta_t *m = ts_table_meta(t, ids[i]);
-    if (ts_table_live(m)) pool_add(pool, ids[i], m->key, m->last_step);
+    if (!ts_table_live(m)) continue;
+    pool_add(pool, ids[i], m->key, m->last_step);
+    if (m->last_step < oldest) oldest = m->last_step;
   }
+  return oldest;
 }
 
 /* The pool's oldest candidate that is still what it was when sampled (the same key, live,
@@ -127,12 +133,44 @@ static uint32_t pool_take(ts_admit_pool_t *pool, const ts_table_t *t) {
   return TS_TABLE_NONE;
 }
 
-/* The next eviction's reads started now: its draws, and the pool's oldest candidate (the
- * likely victim): its metadata, which pool_take checks, and its index slot, which the
- * erase probes. */
-static void prepare_next(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *rng,
-                         uint32_t want) {
+/* Whether row id may go by the hand's rule: live, used no more recently than the bar, and
+ * not at step `now` (a row made or touched by the request being served). */
+static bool hand_may_take(const ts_admit_pool_t *pool, const ts_table_t *t, uint32_t id,
+                          uint64_t now) {
+  const ts_table_meta_t *m = ts_table_meta(t, id);
+  return ts_table_live(m) && m->last_step <= pool->bar && m->last_step < now;
+}
+
+/* The hand's next row that may go, looking at TS_ADMIT_HAND_SCAN row slots at most from
+ * where it is (it wraps at the table's end); TS_TABLE_NONE when none does. The hand moves
+ * past the row it returns. Its reads are in row order, so the metadata a few lines ahead
+ * is prefetched as it goes. */
+static uint32_t hand_find(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t now) {
+  for (uint32_t n = 0; n < TS_ADMIT_HAND_SCAN; n++) {
+    if (pool->hand >= t->next_row) pool->hand = 0;
+    uint32_t id = pool->hand++;
+    if (id + 8 < t->next_row) __builtin_prefetch(ts_table_meta(t, id + 8), 0, 1);
+    if (hand_may_take(pool, t, id, now)) return id;
+  }
+  return TS_TABLE_NONE;
+}
+
+/* The next eviction chosen and its reads started now. By the hand while it has a bar and
+ * has taken fewer than TS_ADMIT_HAND_RUN rows since the samples set it: its next victim's
+ * index slot, which the erase probes, and row, which the new row will overwrite. Else (no
+ * such row within the hand's stretch, or the bar due again) by the samples: their draws,
+ * and the pool's oldest candidate (the likely victim): its metadata, which pool_take
+ * checks, and its index slot. */
+static void prepare_next(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *rng, uint32_t want,
+                         uint64_t now) {
   if (t->next_row == 0) return;
+  if (pool->have_bar && pool->run < TS_ADMIT_HAND_RUN &&
+      (pool->next = hand_find(pool, t, now)) != TS_TABLE_NONE) {
+    ts_table_prefetch_slot(t, ts_key_hash(ts_table_meta(t, pool->next)->key));
+    __builtin_prefetch(ts_table_row(t, pool->next), 1, 1);
+    return;
+  }
+  pool->sample_next = true;
   draw_ids(pool->ahead, want, t, rng);
   pool->nahead = want;
   if (pool->n > 0 && pool->c[0].id < t->next_row) {
@@ -141,32 +179,63 @@ static void prepare_next(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *r
   }
 }
 
-bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, ts_admit_pool_t *pool,
-                        uint64_t *rng, uint64_t *key) {
-  if (t->size == 0) return false;
-  uint32_t want = p->sample ? p->sample : 5, victim = TS_TABLE_NONE;
-  if (want > TS_ADMIT_POOL) want = TS_ADMIT_POOL;
-  /* Fresh samples, then the oldest valid candidate; where most ids are free (after a mass
-   * eviction) the draws run out and a walk from a random id takes the next live row, so
-   * this always finds one. */
+/* A victim chosen by the samples: the oldest valid candidate after fresh samples, and *bar
+ * the oldest of the last fresh samples (UINT64_MAX: none of them live); where most ids are
+ * free (after a mass eviction) the draws run out and a walk from a random id takes the next
+ * live row, so this always finds one when the table has a row. */
+static uint32_t sampled_victim(ts_admit_pool_t *pool, const ts_table_t *t, uint64_t *rng,
+                               uint32_t want, uint64_t *bar) {
+  uint32_t victim = TS_TABLE_NONE;
   for (uint32_t tries = 0; victim == TS_TABLE_NONE && tries < 8; tries++) {
-    pool_sample(pool, t, rng, want);
+    *bar = pool_sample(pool, t, rng, want);
     victim = pool_take(pool, t);
   }
   if (victim == TS_TABLE_NONE) {
-    uint32_t cursor = (uint32_t)(xorshift(rng) % t->next_row), id;
-    if ((id = ts_table_next(t, &cursor)) == TS_TABLE_NONE) {
+    uint32_t cursor = (uint32_t)(xorshift(rng) % t->next_row);
+    if ((victim = ts_table_next(t, &cursor)) == TS_TABLE_NONE) {
       cursor = 0;
-      id = ts_table_next(t, &cursor);
+      victim = ts_table_next(t, &cursor);
     }
-    victim = id;
   }
-  ts_require(victim != TS_TABLE_NONE); /* size > 0: a live row exists */
+  return victim;
+}
+
+bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, ts_admit_pool_t *pool,
+                        uint64_t *rng, uint64_t now, uint64_t *key) {
+  if (t->size == 0) return false;
+  uint32_t want = p->sample ? p->sample : 5, victim = TS_TABLE_NONE;
+  if (want > TS_ADMIT_POOL) want = TS_ADMIT_POOL;
+  /* The hand's choice made by the eviction before, if it still may go (not used or
+   * erased since), else the hand's next; the samples' when the eviction before found
+   * the hand's turn over, or the hand finds none. */
+  if (pool->have_bar && !pool->sample_next) {
+    if (pool->next < t->next_row && hand_may_take(pool, t, pool->next, now))
+      victim = pool->next;
+    else
+      victim = hand_find(pool, t, now);
+  }
+  pool->next = TS_TABLE_NONE;
+  pool->sample_next = false;
+  if (victim != TS_TABLE_NONE) {
+    pool->run++;
+  } else {
+    uint64_t bar;
+    victim = sampled_victim(pool, t, rng, want, &bar);
+    ts_require(victim != TS_TABLE_NONE); /* size > 0: a live row exists */
+    /* The bar: as old as the oldest of want fresh samples, which is what the samples
+     * without their pool would take (mean rank 1/(want + 1)); the pool's own victim is
+     * older still, and a bar that tight would leave the hand almost nothing to take. */
+    if (bar != UINT64_MAX) {
+      pool->bar = bar;
+      pool->have_bar = true;
+      pool->run = 0;
+    }
+  }
   /* Its row is where the insert that wanted room puts the new one (the free list is last
    * in, first out): loading it overlaps the erase's index miss. */
   __builtin_prefetch(ts_table_row(t, victim), 1, 1);
   *key = ts_table_meta(t, victim)->key;
   ts_table_erase(t, *key);
-  prepare_next(pool, t, rng, want);
+  prepare_next(pool, t, rng, want, now);
   return true;
 }

@@ -13,7 +13,15 @@
  * tick). By capacity: a table at max_rows makes room for a new row by evicting the least
  * recently used of the oldest rows its random samples found (Redis's approximated LRU with
  * its eviction pool: the rows it takes are among the oldest without any per-access list
- * to keep, and each eviction reads only a few rows).
+ * to keep, and each eviction reads only a few rows). Those few rows are random, so in a
+ * table of gigabytes each is a cache and TLB miss; a hand sweeping the rows in order (as
+ * a CLOCK does) takes most victims instead: the next row it passes that was last used no
+ * later than the oldest of the samples' last fresh draws (the bar: as old as the row the
+ * samples would take without their pool), and not in the request being served. It reads
+ * the rows in order, a cache line for two. The samples choose again, and set a new bar,
+ * after the hand took TS_ADMIT_HAND_RUN rows (so one lucky or unlucky sample does not set
+ * the rule for long) or where the hand finds no row within TS_ADMIT_HAND_SCAN slots (rows
+ * in use, as the hot rows a stream made first).
  *
  * Pure over a ts_table_t and the sketch: no I/O, the step is an argument.
  */
@@ -78,16 +86,30 @@ typedef struct {
    * before, so their loads overlap the work between two evictions. */
   uint32_t ahead[TS_ADMIT_POOL];
   uint32_t nahead;
+  /* The hand: the next row id it looks at; the row it chose for the next eviction (a
+   * hint, checked against the rule again then); sample_next: the next eviction is the
+   * samples'; the bar: the lowest last_step of the samples' last fresh draws (have_bar
+   * false: none yet); run: the rows the hand took since. */
+  uint32_t hand, next, run;
+  bool have_bar, sample_next;
+  uint64_t bar;
 } ts_admit_pool_t;
 
-/* Make room in a full table: sample p->sample row ids (at most TS_ADMIT_POOL) with the
- * random state *rng (xorshift64, any non-zero start) into t's pool, and evict the least
- * recently used (lowest last_step) candidate of the pool that is still as sampled. Returns
- * true with *key the key evicted, or false when the table is empty. Before returning it
- * draws the next eviction's samples and prefetches what that one will read (their
- * metadata, the pool's oldest candidate's metadata and index slot): in a table of
- * gigabytes each is a cache miss that would otherwise stall the eviction. */
+/* Make room in a full table at step `now` (a row last used at it is not the hand's to
+ * take). By the hand: its next live row within TS_ADMIT_HAND_SCAN slots last used no
+ * later than the bar, while it has taken fewer than TS_ADMIT_HAND_RUN rows since the bar
+ * was set. Else by the samples: p->sample row ids (at most TS_ADMIT_POOL) drawn with the
+ * random state *rng (xorshift64, any non-zero start) into t's pool (zeroed at first), the
+ * least recently used (lowest last_step) candidate of the pool that is still as sampled
+ * evicted, and the lowest last_step of those draws made the bar. Returns true with *key
+ * the key evicted, or false when the table is empty. Before returning it chooses how the
+ * next eviction goes and prefetches what that one will read (the hand's victim's index
+ * slot and row; or the samples' metadata and the pool's oldest candidate's metadata and
+ * index slot): in a table of gigabytes each is a cache miss that would otherwise stall
+ * the eviction. */
+#define TS_ADMIT_HAND_SCAN 32
+#define TS_ADMIT_HAND_RUN 256
 bool ts_admit_evict_lru(const ts_admit_policy_t *p, ts_table_t *t, ts_admit_pool_t *pool,
-                        uint64_t *rng, uint64_t *key);
+                        uint64_t *rng, uint64_t now, uint64_t *key);
 
 #endif

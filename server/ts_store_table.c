@@ -9,11 +9,12 @@
  * budget (server.max_table_bytes, ts_stable_budget_t) with what the insert would allocate
  * (ts_table_insert_cost: a new slab, a larger index), so the tables never hold more than
  * it; a large table's next index, made ahead of its grow, is counted from its start. A
- * table at its budget or at max_rows makes room by evicting its least recently used
- * row (ts_admit_evict_lru, sampled); the freed slot takes the new row, so a table that
- * reached the budget streams keys through without growing. A table whose rows cannot make
- * room (it holds none) serves a pull the initialiser's row without storing it, and drops a
- * gradient (counted filtered), as for a key not admitted.
+ * table at its budget or at max_rows makes room by evicting an approximately least
+ * recently used row (ts_admit_evict_lru: a hand sweeping the rows, and random samples);
+ * the freed slot takes the new row, so a table that reached the budget streams keys
+ * through without growing. A table whose rows cannot make room (it holds none) serves a
+ * pull the initialiser's row without storing it, and drops a gradient (counted filtered),
+ * as for a key not admitted.
  *
  * Recency is the table's version: a row's last_step is the version when it was last pulled
  * or updated, which is what the LRU sample compares and steps_to_live counts in.
@@ -355,7 +356,7 @@ static uint32_t new_row(ts_stable_t *t, ts_stable_budget_t *b, ts_table_t *tab, 
     }
     uint64_t victim;
     if (tab != &t->rows || tries >= MAX_EVICT_TRIES ||
-        !ts_admit_evict_lru(&t->policy, &t->rows, &t->pool, &b->rng, &victim))
+        !ts_admit_evict_lru(&t->policy, &t->rows, &t->pool, &b->rng, t->version, &victim))
       return TS_TABLE_NONE;
     tomb_add(t, b, victim);
     t->evicted++;

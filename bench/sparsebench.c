@@ -184,32 +184,9 @@ static int parse_args(int argc, char **argv) {
   return 0;
 }
 
-static int one_request(worker_t *w, uint64_t n) {
-  int64_t *keys = w->keys + (n % opt.nbatches) * opt.batch;
-  /* The first keys of the batch (its draws are independent) become ids never used before:
-   * vocab and up, each worker its own stride of them. */
-  size_t fresh = (size_t)(opt.fresh_share * (double)opt.batch);
-  for (size_t i = 0; i < fresh; i++) {
-    keys[i] = (int64_t)(opt.vocab + w->next_fresh * (uint64_t)opt.workers + (uint64_t)w->task);
-    w->next_fresh++;
-  }
-  ts_client_req_t q;
-  ts_client_req_init(&q, TS_CLIENT_SPARSE_PUSH_PULL);
-  q.table = 0;
-  q.keys = keys;
-  q.num_keys = opt.batch;
-  q.rows_grad = w->grad;
-  q.rows_dst = w->dst;
-  q.step = n;          /* async: the worker's clock */
-  q.clock = n;
-  int rc = ts_client_run(w->cl, &q);
-  if (rc < 0) snprintf(w->errmsg, sizeof w->errmsg, "%s", q.errmsg);
-  return rc;
-}
-
 /* One TS_CLIENT_SPARSE_PUSH_PULL or (grad NULL) TS_CLIENT_SPARSE_PULL of n keys. */
-static int prefill_request(ts_client_t *cl, const int64_t *keys, size_t n, const float *grad,
-                           float *dst, uint64_t step, char *err, size_t errlen) {
+static int sparse_request(ts_client_t *cl, const int64_t *keys, size_t n, const float *grad,
+                          float *dst, uint64_t step, char *err, size_t errlen) {
   ts_client_req_t q;
   ts_client_req_init(&q, grad ? TS_CLIENT_SPARSE_PUSH_PULL : TS_CLIENT_SPARSE_PULL);
   q.table = 0;
@@ -219,8 +196,21 @@ static int prefill_request(ts_client_t *cl, const int64_t *keys, size_t n, const
   q.rows_dst = dst;
   q.step = q.clock = step;
   int rc = ts_client_run(cl, &q);
-  if (rc < 0) snprintf(err, errlen, "prefill: %s", q.errmsg);
+  if (rc < 0) snprintf(err, errlen, "%s", q.errmsg);
   return rc;
+}
+
+static int one_request(worker_t *w, uint64_t n) {
+  int64_t *keys = w->keys + (n % opt.nbatches) * opt.batch;
+  /* The first keys of the batch (its draws are independent) become ids never used before:
+   * vocab and up, each worker its own stride of them. */
+  size_t fresh = (size_t)(opt.fresh_share * (double)opt.batch);
+  for (size_t i = 0; i < fresh; i++) {
+    keys[i] = (int64_t)(opt.vocab + w->next_fresh * (uint64_t)opt.workers + (uint64_t)w->task);
+    w->next_fresh++;
+  }
+  /* async: the step is the worker's clock */
+  return sparse_request(w->cl, keys, opt.batch, w->grad, w->dst, n, w->errmsg, sizeof w->errmsg);
 }
 
 /* Make a row of every id of [0, vocab) (--prefill): pulls of --prefill-keys keys (default
@@ -239,15 +229,15 @@ static int prefill(ts_client_t *cl, char *err, size_t errlen) {
   float *dst = malloc(big * opt.dim * sizeof *dst);
   float *zero = calloc(nhot ? nhot * opt.dim : 1, sizeof *zero);
   int rc = keys && hot && dst && zero ? 0 : -1;
-  if (rc < 0) snprintf(err, errlen, "out of memory for the prefill");
+  if (rc < 0) snprintf(err, errlen, "out of memory");
   uint64_t step = 0;
   for (size_t r = 0; r < nhot; r++) hot[r] = (int64_t)(sb_mix64((uint64_t)r) % opt.vocab);
-  if (rc == 0 && nhot) rc = prefill_request(cl, hot, nhot, zero, dst, step++, err, errlen);
+  if (rc == 0 && nhot) rc = sparse_request(cl, hot, nhot, zero, dst, step++, err, errlen);
   for (uint64_t at = 0; rc == 0 && at < opt.vocab; at += chunk) {
     size_t n = opt.vocab - at < chunk ? (size_t)(opt.vocab - at) : chunk;
     for (size_t i = 0; i < n; i++) keys[i] = (int64_t)(at + i);
-    rc = prefill_request(cl, keys, n, NULL, dst, 0, err, errlen);
-    if (rc == 0 && nhot) rc = prefill_request(cl, hot, nhot, zero, dst, step++, err, errlen);
+    rc = sparse_request(cl, keys, n, NULL, dst, 0, err, errlen);
+    if (rc == 0 && nhot) rc = sparse_request(cl, hot, nhot, zero, dst, step++, err, errlen);
   }
   free(keys);
   free(hot);
@@ -387,7 +377,7 @@ int main(int argc, char **argv) {
   if (!failed && opt.prefill) {
     double p0 = sb_now_s();
     if (prefill(w[0].cl, w[0].errmsg, sizeof w[0].errmsg) < 0) {
-      fprintf(stderr, "sparsebench: %s\n", w[0].errmsg);
+      fprintf(stderr, "sparsebench: prefill: %s\n", w[0].errmsg);
       failed = 1;
     }
     prefill_s = sb_now_s() - p0;

@@ -34,6 +34,7 @@
 #include "ts_err.h"
 #include "ts_key.h"
 #include "ts_msg.h"
+#include "ts_sort.h"
 
 /* Most keys one request may list (client.h). */
 #define MAX_CALLER_KEYS (UINT64_C(1) << 26)
@@ -101,57 +102,13 @@ void ts_cl_sparse_free(ts_cl_sparse_t *sp) {
   ts_free(sp);
 }
 
-typedef struct {
-  uint64_t key;
-  uint32_t idx; /* the caller's index */
-} key_idx_t;
-
-static int cmp_key_idx(const void *a, const void *b) {
-  const key_idx_t *x = a, *y = b;
-  if (x->key != y->key) return x->key < y->key ? -1 : 1;
-  return x->idx < y->idx ? -1 : x->idx > y->idx;
-}
-
-/* Below this many keys qsort is as fast; above, the radix sort is 5-8 x faster (65,536
- * Zipf keys: 2 ms against 10-18 ms on the VM of bench/RESULTS.md). */
-#define RADIX_MIN 512
-
-/* Sort a[0..n) by key, keeping the caller's order among equal keys: an LSD radix sort over
- * the key's 8 bytes (a byte every key shares, as the high bytes of small ids, costs no
- * pass), through tmp (n entries). Stable, so equal keys stay in idx order, as qsort with
- * cmp_key_idx leaves them. */
-static void sort_keys(key_idx_t *a, key_idx_t *tmp, size_t n) {
-  if (n < RADIX_MIN) {
-    qsort(a, n, sizeof *a, cmp_key_idx);
-    return;
-  }
-  static_assert(sizeof(size_t) >= 4, "counts of up to 2^26 keys");
-  size_t count[8][256];
-  memset(count, 0, sizeof count);
-  for (size_t i = 0; i < n; i++)
-    for (int b = 0; b < 8; b++) count[b][(a[i].key >> (8 * b)) & 255]++;
-  key_idx_t *src = a, *dst = tmp;
-  for (int b = 0; b < 8; b++) {
-    if (count[b][(src[0].key >> (8 * b)) & 255] == n) continue; /* one digit: nothing moves */
-    size_t off = 0;
-    for (int d = 0; d < 256; d++) {
-      size_t c = count[b][d];
-      count[b][d] = off;
-      off += c;
-    }
-    for (size_t i = 0; i < n; i++) dst[count[b][(src[i].key >> (8 * b)) & 255]++] = src[i];
-    key_idx_t *t = src;
-    src = dst;
-    dst = t;
-  }
-  if (src != a) memcpy(a, src, n * sizeof *a);
-}
-
 /* prepare's temporaries, carved from the arena after the request's own arrays */
 typedef struct {
-  key_idx_t *pairs, *tmp; /* tmp: the radix sort's (from RADIX_MIN keys) */
+  uint64_t *skey;   /* the caller's keys sorted, */
+  uint32_t *sidx;   /* and each one's index in the caller's order */
+  void *sort;       /* ts_sort_keys's scratch */
   uint64_t *sorted;
-  uint32_t *shard_of, *place, *run; /* run: where each distinct key's pairs start */
+  uint32_t *shard_of, *place, *run; /* run: where each distinct key's run in skey starts */
   size_t *fill;
 } scratch_t;
 
@@ -173,8 +130,9 @@ static size_t carve(ts_cl_sparse_t *sp, char *arena, uint32_t nshards, bool pull
   TAKE(sp->answered, nshards);
   if (pull) TAKE(sp->rows, n * sp->dim * sizeof(float));
   if (push) TAKE(sp->records, n * (size_t)ts_msg_sparse_record_bytes(sp->dim));
-  TAKE(t->pairs, n * sizeof *t->pairs);
-  if (n >= RADIX_MIN) TAKE(t->tmp, n * sizeof *t->tmp);
+  TAKE(t->skey, n * sizeof *t->skey);
+  TAKE(t->sidx, n * sizeof *t->sidx);
+  TAKE(t->sort, ts_sort_scratch_bytes(n));
   TAKE(t->sorted, n * sizeof *t->sorted);
   TAKE(t->shard_of, n * sizeof *t->shard_of);
   TAKE(t->place, n * sizeof *t->place);
@@ -189,14 +147,13 @@ static size_t carve(ts_cl_sparse_t *sp, char *arena, uint32_t nshards, bool pull
 static void group_keys(ts_cl_sparse_t *sp, const int64_t *keys, uint32_t nshards,
                        const scratch_t *t) {
   size_t n = sp->nkeys;
-  key_idx_t *pairs = t->pairs;
-  for (size_t i = 0; i < n; i++) pairs[i] = (key_idx_t){(uint64_t)keys[i], (uint32_t)i};
-  sort_keys(pairs, t->tmp, n);
-  /* Distinct keys in ascending order, each with the start of its pairs. */
+  const uint64_t *skey = t->skey;
+  ts_sort_keys((const uint64_t *)(const void *)keys, n, t->sort, t->skey, t->sidx);
+  /* Distinct keys in ascending order, each with the start of its run in skey. */
   size_t u = 0;
   for (size_t i = 0; i < n; i++) {
-    if (i == 0 || pairs[i].key != pairs[i - 1].key) {
-      t->sorted[u] = pairs[i].key;
+    if (i == 0 || skey[i] != skey[i - 1]) {
+      t->sorted[u] = skey[i];
       t->run[u++] = (uint32_t)i;
     }
   }
@@ -220,7 +177,7 @@ static void group_keys(ts_cl_sparse_t *sp, const int64_t *keys, uint32_t nshards
   for (size_t p = 0; p < u; p++) sp->at[p + 1] += sp->at[p];
   for (size_t k = 0; k < u; k++) {
     uint32_t *dst = sp->pos + sp->at[t->place[k]];
-    for (uint32_t i = t->run[k]; i < t->run[k + 1]; i++) *dst++ = pairs[i].idx;
+    for (uint32_t i = t->run[k]; i < t->run[k + 1]; i++) *dst++ = t->sidx[i];
   }
 }
 

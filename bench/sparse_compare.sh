@@ -16,13 +16,16 @@
 #                    ps-lite process (compare.sh's tuning)
 #
 # Both draw the same batches (bench/sparse_common.h); rows/s counts the caller's keys
-# (duplicates included), GB/s = 2 x rows/s x dim x 4. Each run: WARMUP s of requests, then
-# SECS s timed. Before every round the script waits (LOAD_WAIT_S in all, default 900) for the
-# 1-minute load average to fall below LOAD_MAX (1.0) and records the load it saw; the order
-# of the systems rotates with the round.
+# (duplicates included), GB/s = 2 x rows/s x dim x 4. Each run: WARMUP s of requests, and
+# at least WARMUP_REQUESTS (8: a pass over each worker's 8 batches, so every row the timed
+# requests touch is made before them), then SECS s timed. Before every round the script
+# waits (LOAD_WAIT_S in all, default 900) for the 1-minute load average to fall below
+# LOAD_MAX (1.0) and records the load it saw; the order of the systems rotates with the
+# round.
 #
 # usage: PSLITE_DIR=/path/to/ps-lite bench/sparse_compare.sh [BUILD_DIR]   (default build)
-#   env: ROUNDS (5), SECS (1.5), WARMUP (0.5), GRID ("D:B:S:N ..." to replace the grid),
+#   env: ROUNDS (5), SECS (1.5), WARMUP (0.5), WARMUP_REQUESTS (8),
+#        GRID ("D:B:S:N ..." to replace the grid),
 #        SYSTEMS ("tessera pslite-stock pslite-jemalloc"), JEMALLOC (libjemalloc.so.2),
 #        JEMALLOC_CONF, LOAD_MAX, LOAD_WAIT_S, SETTLE (1 s after each run),
 #        OUT (bench/results/sparse-compare-DATE.jsonl)
@@ -38,6 +41,7 @@ build=${1:-build}
 rounds=${ROUNDS:-5}
 secs=${SECS:-1.5}
 warmup=${WARMUP:-0.5}
+warmup_requests=${WARMUP_REQUESTS:-8}
 grid=${GRID:-"64:65536:1.0:1 16:65536:1.0:1 128:65536:1.0:1 64:4096:1.0:1 64:16384:1.0:1 64:262144:1.0:1 64:65536:0.8:1 64:65536:1.2:1 64:65536:1.0:2"}
 jemalloc=${JEMALLOC:-libjemalloc.so.2}
 jemalloc_conf=${JEMALLOC_CONF:-oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1}
@@ -71,13 +75,14 @@ wait_quiet() {   # sets load_seen: the load when the round starts
   load_seen=$(load)
 }
 mkdir -p "$(dirname "$out")"
-echo "# $(date -u +%FT%TZ) nproc=$(nproc) cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')\" kernel=$(uname -r) gcc=$(gcc -dumpfullversion) rounds=$rounds secs=$secs warmup=$warmup out=$out" >&2
+echo "# $(date -u +%FT%TZ) nproc=$(nproc) cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')\" kernel=$(uname -r) gcc=$(gcc -dumpfullversion) rounds=$rounds secs=$secs warmup=$warmup warmup_requests=$warmup_requests out=$out" >&2
 
 # The runners run in this shell (never in $(...)), so every process they start is in $pids,
 # which the EXIT trap stops; each leaves one JSON object in $dir/run.json or returns 1.
 tessera() {   # dim batch zipf n
   timeout 120 "$build/bench/sparsebench" --dim "$1" --batch "$2" --zipf "$3" --shards "$4" \
-    --workers "$4" --seconds "$secs" --warmup-seconds "$warmup" --output json \
+    --workers "$4" --seconds "$secs" --warmup-seconds "$warmup" \
+    --warmup-requests "$warmup_requests" --output json \
     >"$dir/run.json" 2>"$dir/tessera.log" </dev/null &
   pids+=($!)
   wait $! || { tail -3 "$dir/tessera.log" >&2; stop_all; return 1; }
@@ -92,7 +97,8 @@ pslite() {   # variant dim batch zipf n
   free_port sport
   local common=(env "${env[@]}" DMLC_NUM_SERVER="$n" DMLC_NUM_WORKER="$n" DMLC_PS_ROOT_URI=127.0.0.1
                 DMLC_PS_ROOT_PORT="$sport" DMLC_NODE_HOST=127.0.0.1)
-  local args=(--dim "$2" --batch "$3" --zipf "$4" --seconds "$secs" --warmup-seconds "$warmup")
+  local args=(--dim "$2" --batch "$3" --zipf "$4" --seconds "$secs" --warmup-seconds "$warmup"
+    --warmup-requests "$warmup_requests")
   rm -f "$dir"/pl-*
   "${common[@]}" DMLC_ROLE=scheduler timeout 120 "$pslite_bin" "${args[@]}" >/dev/null 2>"$dir/pl-sched.log" </dev/null &
   pids+=($!)

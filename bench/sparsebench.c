@@ -9,8 +9,9 @@
  * pushed and the same keys' rows pulled back, in one round trip. The keys are drawn
  * Zipf(--zipf) over --vocab ids (bench/sparse_common.h; ids repeat within a batch, and the
  * client sorts, dedupes and sums them, as a user's would be); --batches batches per worker
- * are precomputed, so drawing keys is not timed. After --warmup-seconds of the same requests
- * (rows made, buffers grown) one run of --seconds is timed.
+ * are precomputed, so drawing keys is not timed. After --warmup-seconds (and at least
+ * --warmup-requests) of the same requests (rows made, buffers grown) one run of --seconds is
+ * timed.
  *
  *   rows_per_s = sum over workers of batch x requests / wall time   (the caller's keys)
  *   gbps       = 2 x rows_per_s x dim x 4 / 1e9                   (rows pushed + pulled)
@@ -56,7 +57,7 @@
 static struct {
   int shards, workers;
   uint32_t dim;
-  size_t batch, nbatches;
+  size_t batch, nbatches, warmup_requests;
   double zipf;
   uint64_t vocab;
   double seconds, warmup_seconds, lr;
@@ -66,7 +67,7 @@ static struct {
   double fresh_share;
   bool prefill, prefill_stream, json, verbose;
 } opt = {.shards = 1, .workers = 1, .dim = 64, .batch = 65536, .nbatches = 8, .zipf = 1.0,
-         .vocab = 1000000, .seconds = 1.5, .warmup_seconds = 0.5, .lr = 0.01,
+         .vocab = 1000000, .seconds = 1.5, .warmup_seconds = 0.5, .warmup_requests = 1, .lr = 0.01,
          .memcpy_mib = 256};
 
 typedef struct {
@@ -98,7 +99,9 @@ static void usage(FILE *f) {
           "  --batches N         precomputed batches per worker, used in turn (default 8;\n"
           "                      at most 2^27 keys per worker in all)\n"
           "  --seconds T         the timed run (default 1.5)\n"
-          "  --warmup-seconds T  untimed requests before it (default 0.5; at least one)\n"
+          "  --warmup-seconds T  untimed requests before it (default 0.5)\n"
+          "  --warmup-requests N and at least N of them per worker (default 1; --batches:\n"
+          "                      every row the timed run touches is made before it)\n"
           "  --lr X              the table's SGD learning rate (default 0.01)\n"
           "  --memcpy-mib N      buffer of the memcpy measurement; 0 = skip (default 256)\n"
           "  --prefill           make a row of every id of [0, V) before the warm-up\n"
@@ -149,6 +152,7 @@ static int parse_args(int argc, char **argv) {
     else if (!strcmp(a, "--batches")) opt.nbatches = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--seconds")) opt.seconds = atof(v);
     else if (!strcmp(a, "--warmup-seconds")) opt.warmup_seconds = atof(v);
+    else if (!strcmp(a, "--warmup-requests")) opt.warmup_requests = strtoul(v, NULL, 10);
     else if (!strcmp(a, "--lr")) opt.lr = atof(v);
     else if (!strcmp(a, "--memcpy-mib")) opt.memcpy_mib = atol(v);
     else if (!strcmp(a, "--hot-ids")) opt.hot_ids = strtoull(v, NULL, 10);
@@ -177,7 +181,7 @@ static int parse_args(int argc, char **argv) {
       !(opt.warmup_seconds >= 0 && opt.warmup_seconds <= 600) || !(opt.lr > 0) ||
       opt.memcpy_mib < 0 || opt.memcpy_mib > 16384 || opt.hot_ids > opt.vocab ||
       !(opt.fresh_share >= 0 && opt.fresh_share <= 1) || opt.vocab > ((uint64_t)1 << 60) ||
-      opt.prefill_keys > ((size_t)1 << 26)) {
+      opt.prefill_keys > ((size_t)1 << 26) || opt.warmup_requests > 65536) {
     fprintf(stderr, "sparsebench: an option is out of range (see --help)\n");
     return -1;
   }
@@ -249,8 +253,9 @@ static int prefill(ts_client_t *cl, char *err, size_t errlen) {
 static void *worker_main(void *arg) {
   worker_t *w = arg;
   uint64_t n = 0;
-  /* Warm-up: at least one request, then until warm_deadline. */
-  while (!w->err && (n == 0 || sb_now_s() < warm_deadline)) w->err = one_request(w, n++);
+  /* Warm-up: at least warmup_requests requests (and one), then until warm_deadline. */
+  while (!w->err && (n == 0 || n < opt.warmup_requests || sb_now_s() < warm_deadline))
+    w->err = one_request(w, n++);
   pthread_barrier_wait(w->barrier); /* main sets run_deadline */
   pthread_barrier_wait(w->barrier);
   while (!w->err && sb_now_s() < run_deadline) {

@@ -15,8 +15,8 @@
  * ZPushPull (the gradients pushed and the rows pulled in one message per server: one round
  * trip, as Tessera's TS_CLIENT_SPARSE_PUSH_PULL), waits, and copies each pulled row to every
  * position of the caller's batch that named its key. --op push-pull sends ZPush, waits, then
- * ZPull, waits, instead. After --warmup-seconds of requests and a barrier of every worker it
- * iterates for --seconds and prints one JSON object:
+ * ZPull, waits, instead. After --warmup-seconds (and at least --warmup-requests) of requests
+ * and a barrier of every worker it iterates for --seconds and prints one JSON object:
  *
  *   {"role": "worker", "rank": R, "requests": N, "t0": T0, "t1": T1, "p50_us": ..,
  *    "p99_us": .., "unique_per_request": .., "memcpy_gbps": .. (rank 0 only), ...}
@@ -56,7 +56,7 @@ namespace {
 
 struct Options {
   uint32_t dim = 64;
-  size_t batch = 65536, nbatches = 8;
+  size_t batch = 65536, nbatches = 8, warmup_requests = 1;
   double zipf = 1.0;
   uint64_t vocab = 1000000;
   double seconds = 1.5, warmup_seconds = 0.5, lr = 0.01;
@@ -88,7 +88,8 @@ int ParseArgs(int argc, char **argv, Options *o) {
     const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (a == "--help" || a == "-h") {
       printf("usage: pslite_sparse [--dim D] [--batch B] [--zipf S] [--vocab V] [--batches N]\n"
-             "         [--seconds T] [--warmup-seconds T] [--lr X] [--memcpy-mib N]\n"
+             "         [--seconds T] [--warmup-seconds T] [--warmup-requests N] [--lr X]\n"
+             "         [--memcpy-mib N]\n"
              "         [--op pushpull|push-pull]   (sparsebench's meanings; see the header)\n");
       exit(0);
     }
@@ -104,6 +105,7 @@ int ParseArgs(int argc, char **argv, Options *o) {
     else if (a == "--batches") o->nbatches = strtoull(v, nullptr, 10);
     else if (a == "--seconds") o->seconds = atof(v);
     else if (a == "--warmup-seconds") o->warmup_seconds = atof(v);
+    else if (a == "--warmup-requests") o->warmup_requests = strtoull(v, nullptr, 10);
     else if (a == "--lr") o->lr = atof(v);
     else if (a == "--memcpy-mib") o->memcpy_mib = atol(v);
     else if (a == "--op") {
@@ -120,7 +122,7 @@ int ParseArgs(int argc, char **argv, Options *o) {
   }
   if (o->dim < 1 || o->dim > 4096 || o->batch < 1 || o->nbatches < 1 || o->vocab < 1 ||
       !(o->zipf > 0) || !(o->seconds > 0) || !(o->warmup_seconds >= 0) || !(o->lr > 0) ||
-      o->memcpy_mib < 0) {
+      o->memcpy_mib < 0 || o->warmup_requests > 65536) {
     fprintf(stderr, "pslite_sparse: an option is out of range\n");
     return -1;
   }
@@ -257,7 +259,7 @@ int RunWorker(const Options &o) {
 
   uint64_t n = 0;
   double warm_end = sb_now_s() + o.warmup_seconds;
-  do request(n++); while (sb_now_s() < warm_end);
+  do request(n++); while (n < o.warmup_requests || sb_now_s() < warm_end);
   ps::Postoffice::Get()->Barrier(0, ps::kWorkerGroup);
   mark(kCmdStart);
   unique_sum = 0;

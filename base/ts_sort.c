@@ -34,10 +34,13 @@ static int cmp_pair(const void *a, const void *b) {
 
 size_t ts_sort_scratch_bytes(size_t n) {
   /* two arrays of pairs (two packed arrays need half), then the counters */
-  return 2 * sizeof(pair_t) * (n ? n : 1) + sizeof(uint32_t) * PASSES_MAX * ((size_t)1 << DIGIT_MAX);
+  return 2 * sizeof(pair_t) * (n ? n : 1) +
+         sizeof(uint32_t) * PASSES_MAX * ((size_t)1 << DIGIT_MAX);
 }
 
-static unsigned bits_of(uint64_t v) { return v ? 64u - (unsigned)__builtin_clzll(v) : 0; }
+static unsigned bits_of(uint64_t v) {
+  return v ? 64u - (unsigned)__builtin_clzll(v) : 0;
+}
 
 /* The passes' counters into starting offsets; false for a pass whose digit every key shares
  * (nothing moves). */
@@ -56,8 +59,8 @@ static void offsets(uint32_t *cnt, unsigned passes, size_t digits, size_t n, boo
 
 /* The keys' varying bits (width of them from bit lo) and the index in one word each. */
 static void sort_packed(const uint64_t *keys, size_t n, uint64_t *a, uint64_t *b, uint32_t *cnt,
-                        uint64_t base, unsigned lo, unsigned width, unsigned passes,
-                        unsigned digit, unsigned ibits, uint64_t *skey, uint32_t *sidx) {
+                        uint64_t base, unsigned lo, unsigned width, unsigned passes, unsigned digit,
+                        unsigned ibits, uint64_t *skey, uint32_t *sidx) {
   size_t digits = (size_t)1 << digit;
   uint64_t dmask = digits - 1, vmask = (UINT64_C(1) << width) - 1;
   uint64_t imask = (UINT64_C(1) << ibits) - 1;

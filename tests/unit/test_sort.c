@@ -52,8 +52,7 @@ static void check(const uint64_t *keys, size_t n) {
 
 /* n keys: (draw & mask) << shift | high, where draw is uniform 64-bit or, with zipf, an id
  * whose small values recur (duplicates). */
-static void run(size_t n, uint64_t mask, unsigned shift, uint64_t high, int zipf,
-                uint64_t *rng) {
+static void run(size_t n, uint64_t mask, unsigned shift, uint64_t high, int zipf, uint64_t *rng) {
   uint64_t *keys = malloc((n ? n : 1) * sizeof *keys);
   assert_non_null(keys);
   for (size_t i = 0; i < n; i++) {

@@ -27,7 +27,9 @@
 #   env: ROUNDS (5), SECS (1.5), WARMUP (0.5), WARMUP_REQUESTS (8),
 #        GRID ("D:B:S:N ..." to replace the grid),
 #        SYSTEMS ("tessera pslite-stock pslite-jemalloc"), JEMALLOC (libjemalloc.so.2),
-#        JEMALLOC_CONF, LOAD_MAX, LOAD_WAIT_S, SETTLE (1 s after each run),
+#        JEMALLOC_CONF, PSLITE_ENV (more VAR=VALUE words for every ps-lite process, e.g.
+#        DMLC_LOCAL=1 for ps-lite's same-host ipc:// transport; kept in each run's JSON),
+#        LOAD_MAX, LOAD_WAIT_S, SETTLE (1 s after each run),
 #        OUT (bench/results/sparse-compare-DATE.jsonl)
 # Output: one JSON object per run appended to OUT (sparsebench's fields, the same for the
 # ps-lite runs, plus system, round, load_before), then a Markdown summary on stdout: per grid
@@ -50,6 +52,7 @@ load_wait=${LOAD_WAIT_S:-900}
 settle=${SETTLE:-1}
 out=${OUT:-bench/results/sparse-compare-$(date -u +%F).jsonl}
 read -ra systems <<<"${SYSTEMS:-tessera pslite-stock pslite-jemalloc}"
+read -ra pslite_env <<<"${PSLITE_ENV:-}"
 
 for b in bench/sparsebench server/ps-server; do
   [ -x "$build/$b" ] || { echo "sparse_compare.sh: $build/$b is not built (meson compile -C $build)" >&2; exit 1; }
@@ -90,8 +93,8 @@ tessera() {   # dim batch zipf n
 }
 
 pslite() {   # variant dim batch zipf n
-  local variant=$1 n=$5 sport i env=() wp=() fail=0
-  [ "$variant" = jemalloc ] && env=(LD_PRELOAD="$jemalloc" MALLOC_CONF="$jemalloc_conf")
+  local variant=$1 n=$5 sport i env=("${pslite_env[@]}") wp=() fail=0
+  [ "$variant" = jemalloc ] && env+=(LD_PRELOAD="$jemalloc" MALLOC_CONF="$jemalloc_conf")
   # shellcheck disable=SC2034 # read by free_port: every port is free again after a run
   taken=" "
   free_port sport
@@ -140,7 +143,8 @@ r = {"shards": n, "workers": n, "dim": dim, "batch": batch, "zipf": zipf, "vocab
      "raw_bytes_per_row": dim * 4,
      "unique_per_request": round(sum(w['unique_per_request'] for w in wrk) / n, 1),
      "memcpy_gbps": next((w['memcpy_gbps'] for w in wrk if 'memcpy_gbps' in w), None),
-     "loadavg": float(open('/proc/loadavg').read().split()[0])}
+     "loadavg": float(open('/proc/loadavg').read().split()[0]),
+     "pslite_env": os.environ.get('PSLITE_ENV', '')}
 print(json.dumps(r))
 PY
   if [ $fail = 1 ]; then tail -n 3 "$dir"/pl-*.log "$dir"/pl-*.out >&2; return 1; fi

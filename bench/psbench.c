@@ -56,11 +56,11 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench_config.h"
 #include "bench_stats.h"
 #include "bench_size.h"
 #include "harness.h"
 #include "tessera/client.h"
-#include "ts_config.h"
 #include "ts_log.h"
 
 #define MAX_WORKERS 8
@@ -469,14 +469,9 @@ int main(int argc, char **argv) {
     if (opt.verbose) fprintf(stderr, "psbench: iperf3 %.3f GB/s\n", g);
   }
 
-  if (opt.busy_poll_us < 0) {
-    ts_config_t defaults;
-    if (ts_config_defaults(&defaults) < 0) {
-      fprintf(stderr, "psbench: out of memory\n");
-      return 1;
-    }
-    opt.busy_poll_us = defaults.busy_poll_us;
-    ts_config_free(&defaults);
+  if (opt.busy_poll_us < 0 && (opt.busy_poll_us = bench_default_busy_poll_us()) < 0) {
+    fprintf(stderr, "psbench: out of memory\n");
+    return 1;
   }
   char extra[4096];
   snprintf(extra, sizeof extra,

@@ -29,7 +29,8 @@
 #        SYSTEMS ("tessera pslite-stock pslite-jemalloc"), JEMALLOC (libjemalloc.so.2),
 #        JEMALLOC_CONF, PSLITE_ENV (more VAR=VALUE words for every ps-lite process, e.g.
 #        DMLC_LOCAL=1 for ps-lite's same-host ipc:// transport; kept in each run's JSON),
-#        LOAD_MAX, LOAD_WAIT_S, SETTLE (1 s after each run),
+#        BUSY_POLL_US (Tessera's job.busy_poll_us, clients and shards; default the
+#        configuration's, 50), LOAD_MAX, LOAD_WAIT_S, SETTLE (1 s after each run),
 #        OUT (bench/results/sparse-compare-DATE.jsonl)
 # Output: one JSON object per run appended to OUT (sparsebench's fields, the same for the
 # ps-lite runs, plus system, round, load_before), then a Markdown summary on stdout: per grid
@@ -53,6 +54,8 @@ settle=${SETTLE:-1}
 out=${OUT:-bench/results/sparse-compare-$(date -u +%F).jsonl}
 read -ra systems <<<"${SYSTEMS:-tessera pslite-stock pslite-jemalloc}"
 read -ra pslite_env <<<"${PSLITE_ENV:-}"
+busy_poll=()
+[ -n "${BUSY_POLL_US:-}" ] && busy_poll=(--busy-poll-us "$BUSY_POLL_US")
 
 for b in bench/sparsebench server/ps-server; do
   [ -x "$build/$b" ] || { echo "sparse_compare.sh: $build/$b is not built (meson compile -C $build)" >&2; exit 1; }
@@ -85,7 +88,7 @@ echo "# $(date -u +%FT%TZ) nproc=$(nproc) cpu=\"$(grep -m1 'model name' /proc/cp
 tessera() {   # dim batch zipf n
   timeout 120 "$build/bench/sparsebench" --dim "$1" --batch "$2" --zipf "$3" --shards "$4" \
     --workers "$4" --seconds "$secs" --warmup-seconds "$warmup" \
-    --warmup-requests "$warmup_requests" --output json \
+    --warmup-requests "$warmup_requests" "${busy_poll[@]}" --output json \
     >"$dir/run.json" 2>"$dir/tessera.log" </dev/null &
   pids+=($!)
   wait $! || { tail -3 "$dir/tessera.log" >&2; stop_all; return 1; }

@@ -33,6 +33,10 @@
  * --prefill-stream makes the prefill's table as a stream where the hot ids recur would: their
  * rows first, kept by eviction (the plain prefill leaves them anywhere in the table).
  *
+ * The clients, and the job file the shards read, poll for replies for --busy-poll-us
+ * (job.busy_poll_us; default its configuration default), as ps-worker's clients and the
+ * shards do in a job.
+ *
  * Everything stops by itself: one bounded run, client deadlines, the shards stopped (SIGTERM
  * then SIGKILL) and their directory removed.
  */
@@ -46,6 +50,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "bench_config.h"
 #include "bench_stats.h"
 #include "harness.h"
 #include "sparse_common.h"
@@ -62,13 +67,14 @@ static struct {
   uint64_t vocab;
   double seconds, warmup_seconds, lr;
   long memcpy_mib;
+  long busy_poll_us; /* -1 = job.busy_poll_us's default */
   uint64_t hot_ids, max_rows, max_table_bytes;
   size_t prefill_keys;
   double fresh_share;
   bool prefill, prefill_stream, json, verbose;
 } opt = {.shards = 1, .workers = 1, .dim = 64, .batch = 65536, .nbatches = 8, .zipf = 1.0,
          .vocab = 1000000, .seconds = 1.5, .warmup_seconds = 0.5, .warmup_requests = 1, .lr = 0.01,
-         .memcpy_mib = 256};
+         .memcpy_mib = 256, .busy_poll_us = -1};
 
 typedef struct {
   int task;
@@ -104,6 +110,8 @@ static void usage(FILE *f) {
           "                      every row the timed run touches is made before it)\n"
           "  --lr X              the table's SGD learning rate (default 0.01)\n"
           "  --memcpy-mib N      buffer of the memcpy measurement; 0 = skip (default 256)\n"
+          "  --busy-poll-us N    job.busy_poll_us of the clients and the shards; 0 = sleep\n"
+          "                      at once (default: its configuration default)\n"
           "  --prefill           make a row of every id of [0, V) before the warm-up\n"
           "  --prefill-keys N    keys per pull of the prefill (default: 8 MiB of rows)\n"
           "  --prefill-stream    --prefill as a stream where the hot ids recur makes the\n"
@@ -155,6 +163,7 @@ static int parse_args(int argc, char **argv) {
     else if (!strcmp(a, "--warmup-requests")) opt.warmup_requests = strtoul(v, NULL, 10);
     else if (!strcmp(a, "--lr")) opt.lr = atof(v);
     else if (!strcmp(a, "--memcpy-mib")) opt.memcpy_mib = atol(v);
+    else if (!strcmp(a, "--busy-poll-us")) opt.busy_poll_us = atol(v);
     else if (!strcmp(a, "--hot-ids")) opt.hot_ids = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--fresh-share")) opt.fresh_share = atof(v);
     else if (!strcmp(a, "--max-rows")) opt.max_rows = strtoull(v, NULL, 10);
@@ -179,7 +188,8 @@ static int parse_args(int argc, char **argv) {
       opt.nbatches > 65536 || opt.nbatches * opt.batch > ((size_t)1 << 27) ||
       !(opt.seconds > 0 && opt.seconds <= 600) ||
       !(opt.warmup_seconds >= 0 && opt.warmup_seconds <= 600) || !(opt.lr > 0) ||
-      opt.memcpy_mib < 0 || opt.memcpy_mib > 16384 || opt.hot_ids > opt.vocab ||
+      opt.memcpy_mib < 0 || opt.memcpy_mib > 16384 || opt.busy_poll_us < -1 ||
+      opt.busy_poll_us > 1000000 || opt.hot_ids > opt.vocab ||
       !(opt.fresh_share >= 0 && opt.fresh_share <= 1) || opt.vocab > ((uint64_t)1 << 60) ||
       opt.prefill_keys > ((size_t)1 << 26) || opt.warmup_requests > 65536) {
     fprintf(stderr, "sparsebench: an option is out of range (see --help)\n");
@@ -333,14 +343,19 @@ int main(int argc, char **argv) {
     memset(w[i].dst, 0, opt.batch * rowbytes);
   }
 
+  if (opt.busy_poll_us < 0 && (opt.busy_poll_us = bench_default_busy_poll_us()) < 0) {
+    fprintf(stderr, "sparsebench: out of memory\n");
+    return 1;
+  }
   char extra[512], budget[96] = "";
   if (opt.max_table_bytes)
     snprintf(budget, sizeof budget, " max_table_bytes = %" PRIu64 ";", opt.max_table_bytes);
   snprintf(extra, sizeof extra,
-           "job = { mode = \"async\"; sync_timeout_s = 60.0; heartbeat_timeout_s = 60.0; };\n"
+           "job = { mode = \"async\"; sync_timeout_s = 60.0; heartbeat_timeout_s = 60.0; "
+           "busy_poll_us = %ld; };\n"
            "optimizer = { name = \"sgd\"; learning_rate = %g; };\n"
            "server = { max_message_bytes = 4294967296;%s };\n",
-           opt.lr, budget);
+           opt.busy_poll_us, opt.lr, budget);
   ts_cluster_t cluster;
   if (ts_cluster_start(&cluster, opt.shards, opt.workers, extra) < 0) {
     fprintf(stderr, "sparsebench: could not start the shards\n");
@@ -364,6 +379,7 @@ int main(int argc, char **argv) {
     o.request_timeout_s = 60;
     o.heartbeat_interval_s = 1.0;
     o.require_all = true;
+    o.busy_poll_us = (uint32_t)opt.busy_poll_us;
     o.log = ts_log_forward;
     o.log_level = TS_CLIENT_LOG_DEBUG;
     ts_client_declare_opts_t d;
@@ -496,9 +512,9 @@ int main(int argc, char **argv) {
     json_num("client_sys_s_per_mrows", 4, (cc1.sys - cc0.sys) / mrows);
     printf(", \"rows_held\": %" PRIu64 ", \"rows_created\": %" PRIu64 ", \"rows_evicted\": %" PRIu64
            ", \"shard_rss_kib\": %ld, \"prefill\": %s, \"prefill_stream\": %s, \"hot_ids\": %" PRIu64
-           ", \"max_rows\": %" PRIu64,
+           ", \"max_rows\": %" PRIu64 ", \"busy_poll_us\": %ld",
            rows_held, created, evicted, rss_max, opt.prefill ? "true" : "false",
-           opt.prefill_stream ? "true" : "false", opt.hot_ids, opt.max_rows);
+           opt.prefill_stream ? "true" : "false", opt.hot_ids, opt.max_rows, opt.busy_poll_us);
     json_num("fresh_share", 3, opt.fresh_share);
     json_num("prefill_s", 1, prefill_s);
     json_num("rss_bytes_per_row", 1, rows_held ? rss_growth / (double)rows_held : (double)NAN);

@@ -22,9 +22,9 @@ Each worker ends with a line like ps-worker's:
 
     done: task=0 steps=1500 examples=384000 loss=0.55 auc=0.80 best_auc=0.84 rows=1500 ...
 
-(loss: log loss on held-out examples; auc: their AUC with the shards' final rows; rows:
-the rows the tables hold over all shards.) The shards must not hold another model: use
-fresh ones.
+(loss: log loss on held-out examples; auc: their AUC with the shards' final rows, once every
+worker finished; rows: the rows the tables hold over all shards.) The shards must not hold
+another model: use fresh ones.
 """
 from __future__ import annotations
 
@@ -69,6 +69,18 @@ def make_data(seed: int, users: int, items: int, rank: int, examples: int):
     uid = (u.astype(np.int64) * 1_000_003 - 500_000_000_000).astype(np.int64)
     iid = (v.astype(np.int64) * 7_919_137 + 12_345).astype(np.int64)
     return uid, iid, y, p
+
+
+def wait_for_workers(c: tessera.Client, workers: int, timeout: float) -> bool:
+    """Whether every one of the job's workers said it is done (shard 0's view, polled)
+    within timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if sum(w.done for w in c.status(0).workers) >= workers:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def main(argv=None) -> int:
@@ -128,8 +140,13 @@ def main(argv=None) -> int:
                 c.set_progress(k, float(np.mean(np.logaddexp(0, logit) - yb * logit)))
         elapsed = time.monotonic() - t0
         c.set_progress(steps, 0.0, done=True)
-        # Held-out evaluation with the shards' final rows (sync: after every worker's last
-        # step; async: whatever the shards hold now).
+        c.heartbeat()
+        # Held-out evaluation with the shards' final rows: once every worker said it is done
+        # (in async mode a worker that finished first would otherwise score rows the others
+        # are still updating).
+        if not wait_for_workers(c, workers, args.timeout):
+            print(f"numpy_factorization: not every worker finished within {args.timeout} s; "
+                  "scoring the rows as they are", file=sys.stderr)
         ue = c.pull_rows("users", uid[te], min_version=0)
         ve = c.pull_rows("items", iid[te], min_version=0)
         logit = np.einsum("ij,ij->i", ue, ve).astype(np.float64)

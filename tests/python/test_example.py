@@ -45,9 +45,12 @@ def test_numpy_linear_bad_config(tmp_path):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_numpy_factorization_learns(cluster, mode):
     """Two tables (users, items) of Adagrad rows, 2 shards and 2 workers: on held-out
-    examples the AUC comes within 0.06 of the hidden model's (0.84); the same model in one
-    numpy process with the global batch reaches 0.795 (tessera 0.808 sync, 0.789 async when
-    this test was written); learning nothing gives 0.5 and log loss ln 2."""
+    examples the AUC comes within 0.06 (sync) or 0.08 (async) of the hidden model's (0.84);
+    the same model in one numpy process with the global batch reaches 0.795; learning nothing
+    gives 0.5 and log loss ln 2. Measured (2026-12-04, 2 vCPUs): sync 0.808 in every run;
+    async 0.779-0.809 over 20 runs, as the workers' updates interleave (the 1,500 steps take
+    about 1.5 s, so even their start times matter): 0.06 below the best was 0.781, and one
+    CI run failed at 0.7807."""
     cl = cluster(2, 2, f'job = {{ mode = "{mode}"; }};\nmodel = {{ seed = 42; }};\n')
     procs = [subprocess.Popen([sys.executable, str(FACTORIZATION), "-c", str(cl.config),
                                "--task", str(t)], stdout=subprocess.PIPE,
@@ -62,5 +65,6 @@ def test_numpy_factorization_learns(cluster, mode):
         assert int(m.group(1)) == t and int(m.group(2)) == 1500
         auc, best = float(m.group(5)), float(m.group(6))
         assert 0.83 < best < 0.85, out
-        assert auc > best - 0.06 and float(m.group(4)) < 0.6, out
+        margin = 0.06 if mode == "sync" else 0.08
+        assert auc > best - margin and float(m.group(4)) < 0.6, out
         assert int(m.group(7)) == 1500, out   # 1000 users + 500 items, each row made once

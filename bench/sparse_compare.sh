@@ -33,8 +33,10 @@
 #        configuration's, 50), LOAD_MAX, LOAD_WAIT_S, SETTLE (1 s after each run),
 #        OUT (bench/results/sparse-compare-DATE.jsonl)
 # Output: one JSON object per run appended to OUT (sparsebench's fields, the same for the
-# ps-lite runs, plus system, round, load_before), then a Markdown summary on stdout: per grid
-# row and system the median (min-max) of rows/s and GB/s, the ratios, CPU and RSS per row.
+# ps-lite runs, plus system, round, load_before; client_cpu_s_per_mrows is sparsebench's
+# process and the ps-lite workers' processes over the timed window), then a Markdown summary
+# on stdout: per grid row and system the median (min-max) of rows/s and GB/s, the ratios,
+# the shards' and the workers' CPU per row, the CPUs they kept busy, RSS per row.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.." || exit 1
@@ -141,6 +143,7 @@ r = {"shards": n, "workers": n, "dim": dim, "batch": batch, "zipf": zipf, "vocab
      "shard_cpu_s_per_mrows": round(sum(s['cpu_user_s'] + s['cpu_sys_s'] for s in srv) / mrows, 4),
      "shard_user_s_per_mrows": round(sum(s['cpu_user_s'] for s in srv) / mrows, 4),
      "shard_sys_s_per_mrows": round(sum(s['cpu_sys_s'] for s in srv) / mrows, 4),
+     "client_cpu_s_per_mrows": round(sum(w['cpu_user_s'] + w['cpu_sys_s'] for w in wrk) / mrows, 4),
      "rows_held": held, "shard_rss_kib": max(s['rss_kib'] for s in srv),
      "rss_bytes_per_row": round(sum(s['rss_kib'] - s['rss0_kib'] for s in srv) * 1024 / held, 1),
      "raw_bytes_per_row": dim * 4,

@@ -19,7 +19,9 @@
  * and a barrier of every worker it iterates for --seconds and prints one JSON object:
  *
  *   {"role": "worker", "rank": R, "requests": N, "t0": T0, "t1": T1, "p50_us": ..,
- *    "p99_us": .., "unique_per_request": .., "memcpy_gbps": .. (rank 0 only), ...}
+ *    "p99_us": .., "unique_per_request": .., "cpu_user_s": .., "cpu_sys_s": .. (getrusage of
+ *    the worker process, ZeroMQ's threads included, over [T0, T1]),
+ *    "memcpy_gbps": .. (rank 0 only), ...}
  *
  * with CLOCK_MONOTONIC seconds, so the caller computes rows/s = workers' requests x batch /
  * (max t1 - min t0). Around the timed run each worker sends a mark (a push with cmd 1, then
@@ -265,6 +267,8 @@ int RunWorker(const Options &o) {
   unique_sum = 0;
   std::vector<double> lat;
   lat.reserve(1 << 16);
+  double user0, sys0, user1, sys1;
+  CpuNow(&user0, &sys0);
   double t0 = sb_now_s(), deadline = t0 + o.seconds, t1;
   long requests = 0;
   while ((t1 = sb_now_s()) < deadline) {
@@ -273,6 +277,7 @@ int RunWorker(const Options &o) {
     requests++;
   }
   t1 = sb_now_s();
+  CpuNow(&user1, &sys1);
   mark(kCmdEnd);
   /* The pulled rows: SGD from zeros with positive gradients leaves every touched row <= 0,
    * the hottest id's strictly below. */
@@ -286,10 +291,11 @@ int RunWorker(const Options &o) {
   };
   printf("{\"role\": \"worker\", \"rank\": %d, \"requests\": %ld, \"t0\": %.6f, \"t1\": %.6f, "
          "\"batch\": %zu, \"dim\": %zu, \"p50_us\": %.1f, \"p99_us\": %.1f, "
-         "\"unique_per_request\": %.1f, \"check\": \"%s\"",
+         "\"unique_per_request\": %.1f, \"cpu_user_s\": %.4f, \"cpu_sys_s\": %.4f, "
+         "\"check\": \"%s\"",
          rank, requests, t0, t1, B, D, q(0.5), q(0.99),
          requests ? static_cast<double>(unique_sum) / static_cast<double>(requests) : 0.0,
-         ok ? "ok" : "wrong-sign");
+         user1 - user0, sys1 - sys0, ok ? "ok" : "wrong-sign");
   free(ids);
   return ok ? 0 : 1;
 }

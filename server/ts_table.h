@@ -101,9 +101,10 @@ static inline ts_table_meta_t *ts_table_meta(const ts_table_t *t, uint32_t id) {
  * of millions of rows): ts_table_prefetch_slot starts loading key's home index slot, and
  * ts_table_prefetch_row, called later for the same key (the slot loaded by then), its row's
  * metadata and floats when the home slot holds a row with key's tag. Hints only: they
- * change nothing and are always safe. Into every cache level (locality 3, prefetcht0): with
- * locality 1 (prefetcht2) an AMD EPYC VM still missed on nearly every slot, and the shards
- * spent half again the CPU per row (bench/RESULTS.md 17.9). */
+ * change nothing and are always safe. The slot into every cache level (locality 3,
+ * prefetcht0): with locality 1 (prefetcht2) an AMD EPYC VM still missed on nearly every
+ * slot, and the shards spent half again the CPU per row; the row and its metadata stay at
+ * locality 1, which measured as well or better there (bench/RESULTS.md 17.10). */
 static inline void ts_table_prefetch_slot(const ts_table_t *t, uint64_t hash) {
   if (t->cap) __builtin_prefetch(&t->slots[(uint32_t)hash & (t->cap - 1)], 0, 3);
 }
@@ -112,8 +113,8 @@ static inline void ts_table_prefetch_row(const ts_table_t *t, uint64_t hash) {
   uint64_t e = t->slots[(uint32_t)hash & (t->cap - 1)];
   if (e == UINT64_MAX || (uint32_t)(e >> 32) != (uint32_t)hash) return;
   uint32_t id = (uint32_t)e;
-  __builtin_prefetch(ts_table_meta(t, id), 1, 3);
-  __builtin_prefetch(ts_table_row(t, id), 1, 3);
+  __builtin_prefetch(ts_table_meta(t, id), 1, 1);
+  __builtin_prefetch(ts_table_row(t, id), 1, 1);
 }
 
 /* Iterate the live rows: *cursor starts at 0; returns the next live row id, or

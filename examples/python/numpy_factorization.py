@@ -72,11 +72,12 @@ def make_data(seed: int, users: int, items: int, rank: int, examples: int):
 
 
 def wait_for_workers(c: tessera.Client, workers: int, timeout: float) -> bool:
-    """Whether every one of the job's workers said it is done (shard 0's view, polled)
-    within timeout seconds."""
+    """Whether every one of the job's workers finished within timeout seconds, as shard 0
+    sees them (polled): said it is done ("stopped"), or went silent past the job's heartbeat
+    timeout ("dead")."""
     deadline = time.monotonic() + timeout
     while True:
-        if sum(w.done for w in c.status(0).workers) >= workers:
+        if sum(w.state != "alive" for w in c.status(0).workers) >= workers:
             return True
         if time.monotonic() >= deadline:
             return False

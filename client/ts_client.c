@@ -265,7 +265,7 @@ static int wait_connected(ts_client_t *c, char *errmsg, size_t errlen) {
       ts_cl_shard_t *sh = &c->shards[s];
       if (sh->state == SH_READY) continue;
       len += (size_t)snprintf(errmsg + len, errlen - len, " shard %u (%s): %s;", s, sh->addr,
-                              sh->why[0] ? sh->why : "no answer");
+                              ts_cl_why(sh));
     }
     if (len > 0 && len < errlen && errmsg[len - 1] == ';') errmsg[len - 1] = 0;
   }
@@ -421,7 +421,7 @@ bool ts_client_shard_up(ts_client_t *c, uint32_t shard, char *why, size_t whylen
   }
   uv_mutex_lock(&c->mu);
   bool up = c->shards[shard].state == SH_READY;
-  if (!up) ts_errmsg_printf(why, whylen, "%s", c->shards[shard].why[0] ? c->shards[shard].why : "no answer");
+  if (!up) ts_errmsg_printf(why, whylen, "%s", ts_cl_why(&c->shards[shard]));
   uv_mutex_unlock(&c->mu);
   return up;
 }

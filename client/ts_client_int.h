@@ -320,6 +320,9 @@ void ts_cl_check_links(ts_client_t *c, uint64_t now);
 void ts_cl_log_waiting(ts_client_t *c, uint64_t now);
 void ts_cl_set_state(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_sh_state_t st);
 void ts_cl_note_why(ts_cl_shard_t *sh, const char *prefix, const char *detail);
+/* Why shard sh is not ready: its last failure, or else what its connection is doing
+ * ("connected, no hello yet"); the caller holds mu or is the loop thread. */
+const char *ts_cl_why(const ts_cl_shard_t *sh);
 
 /* ts_client_ops.c */
 /* Queue or send a wire request to shard sh for op (NULL for internal requests); takes

@@ -50,6 +50,19 @@ void ts_cl_note_why(ts_cl_shard_t *sh, const char *prefix, const char *detail) {
   uv_mutex_unlock(&sh->cl->mu);
 }
 
+const char *ts_cl_why(const ts_cl_shard_t *sh) {
+  if (sh->why[0]) return sh->why;
+  switch (sh->state) {
+    case SH_DOWN: return "reconnecting";
+    case SH_CONNECTING: return "connecting";
+    case SH_HELLO: return "connected, no hello from it yet";
+    case SH_HANDSHAKE: return "connected, in its handshake";
+    case SH_DECLARING: return "connected, declaring the model";
+    case SH_READY: break;
+  }
+  return "no answer";
+}
+
 static void clear_why(ts_cl_shard_t *sh) {
   uv_mutex_lock(&sh->cl->mu);
   sh->why[0] = 0;

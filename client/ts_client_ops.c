@@ -602,11 +602,18 @@ void ts_cl_expire_ops(ts_client_t *c, uint64_t now) {
   while (op) {
     ts_cl_op_t *next = op->next;
     if (now >= op->deadline_ms) {
-      char shards[96] = "", msg[sizeof op->err];
+      /* Each shard with its address, and why it is not connected when it is not (a request
+       * waits for a shard that is reconnecting). */
+      char shards[sizeof op->err] = "", msg[sizeof op->err];
       size_t len = 0;
-      for (ts_cl_wreq_t *r = op->reqs; r && len < sizeof shards - 8; r = r->op_next)
-        len += (size_t)snprintf(shards + len, sizeof shards - len, "%s%u", len ? "," : "",
-                                r->sh->index);
+      for (ts_cl_wreq_t *r = op->reqs; r && len < sizeof shards - 8; r = r->op_next) {
+        const ts_cl_shard_t *sh = r->sh;
+        bool up = sh->state == SH_READY;
+        len += (size_t)snprintf(shards + len, sizeof shards - len, "%s%u (%s%s%s)",
+                                len ? ", " : "", sh->index, sh->addr,
+                                up ? "" : ", not connected: ",
+                                up ? "" : ts_cl_why(sh));
+      }
       snprintf(msg, sizeof msg, "no answer within %.1f s from shard(s) %s", op->timeout_s, shards);
       abort_op(c, op, TS_ETIMEDOUT, msg);
     }

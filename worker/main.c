@@ -315,6 +315,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   signal_client = client;
+  ts_observe_set_client(obs, client);
   ts_client_set_device(client, device);
   if (stop_requested) ts_client_interrupt(client);
   if (ctr) {
@@ -384,6 +385,7 @@ int main(int argc, char **argv) {
   }
 out:
   signal_client = NULL;
+  ts_observe_set_client(obs, NULL);
   ts_client_close(client);
   ts_observe_stop(obs);
   ts_towers_destroy(&towers);

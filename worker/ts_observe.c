@@ -5,6 +5,7 @@
  */
 #include "ts_observe.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,7 @@ typedef struct {
 typedef struct {
   const ts_config_t *cfg;
   int task;
+  ts_observe_t *obs; /* for its client (ts_observe_set_client) */
 } observe_ctx_t;
 
 struct ts_observe {
@@ -59,6 +61,9 @@ struct ts_observe {
   double next_watchdog;  /* CLOCK_MONOTONIC seconds */
 
   snapshot_t snap; /* the training thread's; published after every change */
+
+  pthread_mutex_t client_mu; /* guards client, which the HTTP thread reads */
+  ts_client_t *client;
 };
 
 static double mono_s(void) {
@@ -189,8 +194,20 @@ static int livez(const ts_admin_view_t *v, ts_buf_t *text) {
   double age = mono_s() - s->progress_at, limit = ts_config_stall_timeout_s(o->cfg);
   if (!s->ready || s->trained || age <= limit) return 0;
   ts_buf_printf(text,
-                "training loop stuck: no progress for %.1f s (train.stall_timeout_s %g): %s%s%s\n",
+                "training loop stuck: no progress for %.1f s (train.stall_timeout_s %g): %s%s%s",
                 age, limit, s->doing, s->retry[0] ? "; since then: " : "", s->retry);
+  pthread_mutex_lock(&o->obs->client_mu);
+  const char *sep = "; not connected: ";
+  uint32_t n = ts_client_num_shards(o->obs->client);
+  for (uint32_t i = 0; i < n; i++) {
+    char why[256];
+    if (ts_client_shard_up(o->obs->client, i, why, sizeof why)) continue;
+    ts_buf_printf(text, "%sshard %u (%s): %s", sep, i, i < o->cfg->num_ps ? o->cfg->ps[i] : "?",
+                  why);
+    sep = ", ";
+  }
+  pthread_mutex_unlock(&o->obs->client_mu);
+  ts_buf_printf(text, "\n");
   return 503;
 }
 
@@ -208,6 +225,7 @@ int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char 
   *out = NULL;
   ts_observe_t *o = ts_calloc(1, sizeof *o);
   if (!o) return TS_ENOMEM;
+  pthread_mutex_init(&o->client_mu, NULL);
   o->cfg = cfg;
   o->task = task;
   for (int i = 0; i < 3; i++)
@@ -240,7 +258,7 @@ int ts_observe_start(ts_observe_t **out, const ts_config_t *cfg, int task, char 
       goto fail;
     }
   }
-  observe_ctx_t ctx = {.cfg = cfg, .task = task};
+  observe_ctx_t ctx = {.cfg = cfg, .task = task, .obs = o};
   if ((rc = ts_admin_new(&o->admin, &worker_role, &ctx, sizeof ctx)) < 0) {
     snprintf(errmsg, errlen, "admin endpoint: %s", ts_strerror(rc));
     goto fail;
@@ -395,6 +413,13 @@ void ts_observe_activity(void *arg, bool progress, const char *what) {
   publish(o);
 }
 
+void ts_observe_set_client(ts_observe_t *o, ts_client_t *client) {
+  if (!o) return;
+  pthread_mutex_lock(&o->client_mu);
+  o->client = client;
+  pthread_mutex_unlock(&o->client_mu);
+}
+
 void ts_observe_live(void *arg, const ts_progress_t *p) {
   ts_observe_t *o = arg;
   ts_progress_line_step(o->line, p);
@@ -419,6 +444,7 @@ void ts_observe_final_accuracy(ts_observe_t *o, uint64_t step, double accuracy) 
 void ts_observe_stop(ts_observe_t *o) {
   if (!o) return;
   ts_admin_stop(o->admin);
+  pthread_mutex_destroy(&o->client_mu);
   ts_progress_line_free(o->line);
   ts_events_close(o->train_ev);
   ts_events_close(o->val_ev);

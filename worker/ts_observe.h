@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tessera/client.h"
 #include "ts_config.h"
 #include "ts_trainer.h"
 
@@ -60,6 +61,12 @@ void ts_observe_step(void *arg, uint64_t step, const double phase_s[3]);
  * shard is stopped is called stuck, with that shard named; a sync pull held by a barrier
  * is bounded by job.sync_timeout_s, below the threshold. */
 void ts_observe_activity(void *arg, bool progress, const char *what);
+
+/* The client whose shards /livez's 503 names when they are not connected ("; not connected:
+ * shard 1 (HOST:PORT): WHY"): a request waiting for a shard to come back blocks the loop
+ * without a retry to report. The HTTP thread asks the client (which has its own lock),
+ * never the trainer. NULL detaches it, and must come before the client closes. */
+void ts_observe_set_client(ts_observe_t *o, ts_client_t *client);
 
 /* Trainer callback (on_live): after every step; draws the live progress line when stderr
  * is a terminal (ts_progress_line.h), else does nothing. */

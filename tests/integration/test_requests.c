@@ -334,6 +334,7 @@ static void test_invalid_arguments(void **state) {
   assert_int_equal(ts_client_run(cl, &wait_far), TS_CLIENT_EBUSY);
   assert_int_equal(ts_client_wait(cl, &wait_far), TS_CLIENT_ETIMEDOUT);
   assert_non_null(strstr(wait_far.errmsg, "no answer within 0.5 s"));
+  assert_non_null(strstr(wait_far.errmsg, c.addr[0])); /* the shard, by address too */
   /* With a callback: not waitable; close fails it and runs the callback first. */
   cb_state_t cbs = {.cl = cl};
   ts_client_req_t with_cb;

@@ -2,7 +2,8 @@
  * System tests of what a person or a probe sees of a worker while it trains:
  *  - /livez calls a worker stuck when its training loop cannot advance, for a real reason:
  *    its shard is stopped (SIGSTOP), so its requests go unanswered; the answer names what
- *    the loop waits on, and it is 200 again once the shard continues. A sync worker whose
+ *    the loop waits on and the shard its client is not connected to, and it is 200 again
+ *    once the shard continues. A sync worker whose
  *    peer stalls waits on a barrier that closes within job.sync_timeout_s, and is not
  *    called stuck.
  *  - On a terminal (util-linux script(1) gives it a pseudo-terminal) ps-worker redraws a
@@ -99,6 +100,12 @@ static void test_livez_stopped_shard(void **state) {
   /* What it waits on: the step's phase, and the shard its last retry failed on. */
   assert_non_null(strstr(body, "step "));
   assert_non_null(strstr(body, c.addr[1]));
+  /* And the client's view of it, whatever the loop waits in: a request made while the
+   * shard reconnects waits without a retry to report (it once failed only at its 30 s
+   * deadline). */
+  char down[64];
+  snprintf(down, sizeof down, "not connected: shard 1 (%s): ", c.addr[1]);
+  assert_non_null(strstr(body, down));
   assert_true(age > 3.0);
 
   /* The shard continues: the worker reconnects, trains on, and is live again. */

@@ -27,7 +27,8 @@
 #   env: ROUNDS (5), SECS (1.5), WARMUP (0.5), WARMUP_REQUESTS (8),
 #        GRID ("D:B:S:N ..." to replace the grid),
 #        SYSTEMS ("tessera pslite-stock pslite-jemalloc"), JEMALLOC (libjemalloc.so.2),
-#        JEMALLOC_CONF, PSLITE_ENV (more VAR=VALUE words for every ps-lite process, e.g.
+#        JEMALLOC_CONF, PSLITE_BIN (a pslite_sparse built elsewhere, instead of building
+#        it from PSLITE_DIR: a machine without build tools), PSLITE_ENV (more VAR=VALUE words for every ps-lite process, e.g.
 #        DMLC_LOCAL=1 for ps-lite's same-host ipc:// transport; kept in each run's JSON),
 #        BUSY_POLL_US (Tessera's job.busy_poll_us, clients and shards; default the
 #        configuration's, 50), LOAD_MAX, LOAD_WAIT_S, SETTLE (1 s after each run),
@@ -68,8 +69,12 @@ if [ $need_pslite = 1 ]; then
   if ! ldconfig -p | grep "${jemalloc##*/}" >/dev/null; then
     [ -f "$jemalloc" ] || { echo "sparse_compare.sh: $jemalloc not found (apt-get install libjemalloc2)" >&2; exit 1; }
   fi
-  bench/peers/pslite/build.sh "$build/bench/peers/pslite" >/dev/null || exit 1
-  pslite_bin=$build/bench/peers/pslite/pslite_sparse
+  if [ -n "${PSLITE_BIN:-}" ]; then
+    pslite_bin=$PSLITE_BIN
+  else
+    bench/peers/pslite/build.sh "$build/bench/peers/pslite" >/dev/null || exit 1
+    pslite_bin=$build/bench/peers/pslite/pslite_sparse
+  fi
 fi
 
 bench_start sparse

@@ -23,7 +23,9 @@
 # (f) was added; (f) is estimated at one to two minutes more, not yet measured.
 #
 # Environment: OUT (a folder for the logs: build.log, kernels.log, training.log, summary.txt;
-# default build-gpu/logs), BUILD_DIR (default build-gpu), CUDA_VISIBLE_DEVICES as usual.
+# default build-gpu/logs), BUILD_DIR (default build-gpu), CUDA_VISIBLE_DEVICES as usual,
+# PACK (a tarball of tests/gpu/pack.sh, for a machine without a network or build tools: no
+# packages installed, nothing built; its programs and libraries are used instead).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 t0=$(date +%s)
@@ -36,6 +38,35 @@ failed=()
 say() { echo "$*" | tee -a "$summary"; }
 elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
 
+# PACK: put the packed build back at the path it was built at (the tests start the daemons
+# by it), the source tree's path too (a link to this checkout) where it is missing, the data
+# where the tests read it, and the packed libraries and the machine's CUDA ones (the CUDA
+# toolkit's, or the nvidia-* Python wheels') on LD_LIBRARY_PATH.
+unpack_pack() {
+  local dir lib dirs="" name found missing
+  dir=$(mktemp -d) && tar -C "$dir" -xzf "$PACK" || { say "gpu: FAILED (cannot unpack $PACK)"; return 1; }
+  build=$(sed -n 's/^build=//p' "$dir/paths")
+  local src; src=$(sed -n 's/^source=//p' "$dir/paths")
+  mkdir -p "$build" && cp -a "$dir/build/." "$build/"
+  if [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
+  local data=/usr/share/datasets/fashion-mnist
+  [ -f "$data/train-images-idx3-ubyte.gz" ] || { mkdir -p "$data" && cp "$dir"/data/* "$data/"; }
+  for name in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2; do
+    found=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib /opt \
+              $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+              -name "$name" 2>/dev/null | head -1)
+    [ -n "$found" ] && dirs="$dirs:$(dirname "$found")"
+  done
+  export LD_LIBRARY_PATH="$dir/lib$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  say "gpu: unpacked $PACK (commit $(sed -n 's/^commit=//p' "$dir/paths")) into $build"
+  missing=$(for lib in "$build"/*/* "$build"/tests/gpu/*; do [ -x "$lib" ] && [ -f "$lib" ] && ldd "$lib"; done |
+    grep "not found" | sort -u | tr -s ' \t' ' ')
+  if [ -n "$missing" ]; then
+    say "gpu: FAILED (libraries not found:$missing)"
+    return 1
+  fi
+}
+
 say "gpu: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total,driver_version --format=csv,noheader \
@@ -44,28 +75,33 @@ else
   say "gpu: nvidia-smi not found (is the NVIDIA driver installed?)"
 fi
 
+# A machine without a network: what tests/gpu/pack.sh built and packed elsewhere.
+if [ -n "${PACK:-}" ]; then
+  unpack_pack || exit 1
 # Dependencies: the Debian packages, and nvcc from a CUDA toolkit (/usr/local/cuda).
-if ! bash deploy/install-deps.sh >"$out/build.log" 2>&1; then
+elif ! bash deploy/install-deps.sh >"$out/build.log" 2>&1; then
   say "gpu: FAILED (deploy/install-deps.sh; see build.log)"
   tail -20 "$out/build.log"
   exit 1
 fi
 export PATH="$PATH:/usr/local/cuda/bin"
-if ! command -v nvcc >/dev/null; then
+if [ -z "${PACK:-}" ] && ! command -v nvcc >/dev/null; then
   say "gpu: FAILED (no nvcc: install the CUDA toolkit, e.g. to /usr/local/cuda)"
   exit 1
 fi
 
-say "gpu: building in $build with -Dcuda=enabled -Dcudnn=enabled ($(nvcc --version | tail -1))"
-setup=(meson setup "$build" -Dcuda=enabled -Dcudnn=enabled -Dbuildtype=debugoptimized)
-[ -f "$build/build.ninja" ] && setup+=(--reconfigure)
-if ! "${setup[@]}" >>"$out/build.log" 2>&1 || ! meson compile -C "$build" >>"$out/build.log" 2>&1; then
-  say "gpu: FAILED (build; see build.log; cuDNN is expected beside CUDA in /usr/local/cuda)"
-  tail -30 "$out/build.log"
-  exit 1
+if [ -z "${PACK:-}" ]; then
+  say "gpu: building in $build with -Dcuda=enabled -Dcudnn=enabled ($(nvcc --version | tail -1))"
+  setup=(meson setup "$build" -Dcuda=enabled -Dcudnn=enabled -Dbuildtype=debugoptimized)
+  [ -f "$build/build.ninja" ] && setup+=(--reconfigure)
+  if ! "${setup[@]}" >>"$out/build.log" 2>&1 || ! meson compile -C "$build" >>"$out/build.log" 2>&1; then
+    say "gpu: FAILED (build; see build.log; cuDNN is expected beside CUDA in /usr/local/cuda)"
+    tail -30 "$out/build.log"
+    exit 1
+  fi
+  grep -E "CUDA back end|NCCL  |cuDNN  " "$out/build.log" | tail -3 | sed 's/^/gpu: /' | tee -a "$summary"
+  say "gpu: built ($(elapsed))"
 fi
-grep -E "CUDA back end|NCCL  |cuDNN  " "$out/build.log" | tail -3 | sed 's/^/gpu: /' | tee -a "$summary"
-say "gpu: built ($(elapsed))"
 
 # (a) kernels, then their timings.
 "$build/tests/gpu/test_kernels_cuda" --bench >"$out/kernels.log" 2>&1

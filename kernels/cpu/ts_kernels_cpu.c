@@ -202,11 +202,14 @@ static int cpu_softmax_xent(const ts_kernels_t *k, size_t rows, size_t cols,
     float *restrict p = probs + i * cols;
     float max = z[0];
     for (size_t j = 1; j < cols; j++) max = z[j] > max ? z[j] : max;
-    float sum = 0.0f;
+    /* In double: a float sum of tens of thousands of classes drifts by 1e-5 and more (the
+     * probabilities 4e-5 off the GPU's warp-split sum at 40000 classes). */
+    double dsum = 0.0;
     for (size_t j = 0; j < cols; j++) {
       p[j] = expf(z[j] - max);
-      sum += p[j];
+      dsum += (double)p[j];
     }
+    float sum = (float)dsum;
     float inv = 1.0f / sum; /* sum >= 1: the maximum contributes exp(0) */
     for (size_t j = 0; j < cols; j++) p[j] *= inv;
     /* -log softmax = log(sum) - (z_label - max), exact even where p rounds to 0 */

@@ -359,9 +359,11 @@ static void test_missing_gpu_placement(void **state) {
   assert_true(ts_file_has(w.err,
                           "Could not satisfy explicit device specification '/device:GPU:3' because "
                           "no devices matching that specification are registered in this process"));
-  /* No device.placement: TensorFlow's default puts the model on /gpu:0, silently. */
+  /* No device.placement: TensorFlow's default puts the model on /gpu:0, silently. The job is
+   * at global step 5 (the first worker's): 2 more steps (a lower train.max_steps leaves
+   * nothing to train, exit 3). */
   const char *dflt[] = {"--set", "device.log_device_placement=true", "--set", "device.towers=1",
-                        "--set", "train.max_steps=2", NULL};
+                        "--set", "train.max_steps=7", NULL};
   assert_int_equal(ts_worker_start(&c, 0, dflt, &w), 0);
   rc = ts_proc_wait(&w, 60);
   show_line(&w, "fc1/matmul: ");

@@ -604,17 +604,17 @@ void ts_cl_expire_ops(ts_client_t *c, uint64_t now) {
     if (now >= op->deadline_ms) {
       /* Each shard with its address, and why it is not connected when it is not (a request
        * waits for a shard that is reconnecting). */
-      char shards[sizeof op->err] = "", msg[sizeof op->err];
-      size_t len = 0;
-      for (ts_cl_wreq_t *r = op->reqs; r && len < sizeof shards - 8; r = r->op_next) {
+      char msg[sizeof op->err];
+      size_t len = (size_t)snprintf(msg, sizeof msg, "no answer within %.1f s from shard(s) ",
+                                    op->timeout_s);
+      const char *sep = "";
+      for (ts_cl_wreq_t *r = op->reqs; r && len < sizeof msg - 8; r = r->op_next) {
         const ts_cl_shard_t *sh = r->sh;
         bool up = sh->state == SH_READY;
-        len += (size_t)snprintf(shards + len, sizeof shards - len, "%s%u (%s%s%s)",
-                                len ? ", " : "", sh->index, sh->addr,
-                                up ? "" : ", not connected: ",
-                                up ? "" : ts_cl_why(sh));
+        len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%u (%s%s%s)", sep, sh->index,
+                                sh->addr, up ? "" : ", not connected: ", up ? "" : ts_cl_why(sh));
+        sep = ", ";
       }
-      snprintf(msg, sizeof msg, "no answer within %.1f s from shard(s) %s", op->timeout_s, shards);
       abort_op(c, op, TS_ETIMEDOUT, msg);
     }
     op = next;

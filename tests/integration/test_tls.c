@@ -164,7 +164,10 @@ static void test_refusals(void **state) {
   /* A plaintext client on a TLS port: the shard's Error frame, readable, says why. */
   assert_true(open_tls(&c, NULL, NULL, NULL, err, sizeof err) < 0);
   assert_non_null(strstr(err, "this shard requires TLS"));
-  assert_true(ts_cluster_log_has(&c, 0, "no handshake within 1.00 s"));
+  /* The shard that said so logged it first; the client gave up then, and may have closed
+   * the other's connection before its timeout (seen in the sanitizer build). */
+  assert_true(ts_cluster_log_has(&c, 0, "no handshake within 1.00 s") ||
+              ts_cluster_log_has(&c, 1, "no handshake within 1.00 s"));
   /* The shard is fine: a good client still gets exact values. */
   exact_round_trip(&c, 1000);
   assert_int_equal(ts_cluster_stop(&c), 0);

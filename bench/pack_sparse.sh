@@ -28,11 +28,8 @@ mkdir -p "$stage/build/bench" "$stage/build/server" "$stage/lib"
 cp "$build/bench/sparsebench" "$stage/build/bench/"
 cp "$build/server/ps-server" "$stage/build/server/"
 cp "$peer" "$stage/pslite_sparse"
-skip='/(ld-linux[^/]*|lib(c|m|dl|pthread|rt|util|resolv|gcc_s|stdc\+\+)\.so[^/]*)$'
-for p in "$stage/build/bench/sparsebench" "$stage/build/server/ps-server" "$stage/pslite_sparse"; do
-  ldd "$p"
-done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | grep -v -E "$skip" |
-  while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+tests/lib/copy_libs.sh "$stage/lib" "$stage/build/bench/sparsebench" \
+  "$stage/build/server/ps-server" "$stage/pslite_sparse"
 cp -L "$jemalloc" "$stage/lib/"
 printf 'build=%s\ncommit=%s\n' "$(cd "$build" && pwd)" \
   "$(git describe --always --dirty 2>/dev/null || echo unknown)" >"$stage/paths"

@@ -29,8 +29,9 @@
 #        SYSTEMS ("tessera pslite-stock pslite-jemalloc"), JEMALLOC (libjemalloc.so.2),
 #        JEMALLOC_CONF, PSLITE_BIN (a pslite_sparse built elsewhere, instead of building
 #        it from PSLITE_DIR: a machine without build tools; bench/pack_sparse.sh packs
-#        everything such a machine needs), PSLITE_ENV (more VAR=VALUE words for every ps-lite process, e.g.
-#        DMLC_LOCAL=1 for ps-lite's same-host ipc:// transport; kept in each run's JSON),
+#        everything such a machine needs), PSLITE_ENV (more VAR=VALUE words for every
+#        ps-lite process, e.g. DMLC_LOCAL=1 for ps-lite's same-host ipc:// transport;
+#        kept in each run's JSON),
 #        BUSY_POLL_US (Tessera's job.busy_poll_us, clients and shards; default the
 #        configuration's, 50), LOAD_MAX, LOAD_WAIT_S, SETTLE (1 s after each run),
 #        OUT (bench/results/sparse-compare-DATE.jsonl)

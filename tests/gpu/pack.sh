@@ -40,10 +40,7 @@ for p in "${progs[@]}"; do
   mkdir -p "$stage/build/$(dirname "$p")"
   cp "$build/$p" "$stage/build/$p"
 done
-# The libraries ldd resolves, less the C runtime and CUDA's and NVIDIA's.
-skip='/(ld-linux[^/]*|lib(c|m|dl|pthread|rt|util|resolv|gcc_s|stdc\+\+)\.so[^/]*|libcud[^/]*|libcublas[^/]*|libnccl[^/]*|libnv[^/]*)$'
-for p in "${progs[@]}"; do ldd "$build/$p"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
-  sort -u | grep -v -E "$skip" | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+tests/lib/copy_libs.sh "$stage/lib" "${progs[@]/#/$build/}"
 cp "$data"/*-ubyte.gz "$stage/data/"
 printf 'build=%s\nsource=%s\ncommit=%s\n' "$(cd "$build" && pwd)" "$root" \
   "$(git describe --always --dirty 2>/dev/null || echo unknown)" >"$stage/paths"

@@ -9,7 +9,9 @@
  *   - sync exactness: 2 workers with batch B against 1 worker with batch 2B, Zipf keys with
  *     duplicates, for each row optimizer (SGD, Adagrad, Adam, FTRL), 12 steps: the tables
  *     equal within a relative 1e-6;
- *   - the request's own errors: an unknown table, no buffers, overlapping buffers.
+ *   - the request's own errors: an unknown table, no buffers, overlapping buffers;
+ *   - rows put in place while threads wait: for another request, on two threads, beside a
+ *     request with a callback (client/ts_client_help.c).
  */
 #include <math.h>
 #include <pthread.h>
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -433,6 +436,108 @@ static void test_sync_exactness(void **state) {
   free(vocab);
 }
 
+/* --- rows put in place by any thread that waits (client/ts_client_help.c) --- */
+
+enum { WN = 30000, WDIM = 4 };
+
+typedef struct {
+  ts_client_t *cl;
+  ts_client_req_t *req;
+  int rc;
+} waiter_arg_t;
+
+static void *wait_on(void *arg) {
+  waiter_arg_t *a = arg;
+  a->rc = ts_client_wait(a->cl, a->req);
+  return NULL;
+}
+
+static void on_done_flag(ts_client_req_t *req, void *arg) {
+  (void)req;
+  __atomic_store_n((int *)arg, 1, __ATOMIC_RELEASE);
+}
+
+static void table_req(ts_client_req_t *q, ts_client_req_kind_t kind, const int64_t *keys,
+                      const float *grad, float *dst) {
+  ts_client_req_init(q, kind);
+  q->keys = keys;
+  q->num_keys = WN;
+  q->rows_grad = kind == TS_CLIENT_SPARSE_PULL ? NULL : grad;
+  q->rows_dst = dst;
+}
+
+static void check_first_rows(const int64_t *keys, const float *rows, const char *which) {
+  uint64_t tkey = ts_init_key(SEED, "emb/w");
+  for (size_t i = 0; i < WN; i++) {
+    float want[WDIM];
+    ts_key_row_init(want, WDIM, TS_KEY_INIT_UNIFORM, 0.05, tkey, (uint64_t)keys[i]);
+    if (memcmp(rows + i * WDIM, want, sizeof want) != 0)
+      fail_msg("%s: the row of key %lld (place %zu) is not its value", which,
+               (long long)keys[i], i);
+  }
+}
+
+/* Rows land while threads wait, as ps-worker waits: for one request while another's rows
+ * land (a waiting thread puts any request's rows in place), on two threads at once, and a
+ * request with a callback beside them (nobody waits for it: the client thread puts its rows
+ * in place). Pushes of zero gradients (SGD) leave every row its first value, so each row
+ * is known; 30,000 keys on 2 shards: each push+pull in 4 frames a shard. */
+static void test_rows_put_in_place_by_waiters(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 2, 1, "job = { mode = \"async\"; };"), 0);
+  const ts_client_table_t table = {.name = "emb/w", .dim = WDIM, .init = TS_CLIENT_ROW_UNIFORM,
+                                   .init_param = 0.05, .optimizer = TS_CLIENT_ROWOPT_SGD};
+  ts_client_t *cl = open_tables(&c, &table, 1, 0);
+  int64_t *keys = malloc(WN * sizeof *keys), *back = malloc(WN * sizeof *back);
+  float *grad = calloc((size_t)WN * WDIM, sizeof *grad);
+  float *rows[4];
+  for (int i = 0; i < 4; i++) rows[i] = malloc((size_t)WN * WDIM * sizeof(float));
+  uint64_t rng = 99;
+  for (size_t i = 0; i < WN; i++) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    keys[i] = (int64_t)((rng % 20000) * 0x9E3779B97F4A7C15ull);
+  }
+  for (size_t i = 0; i < WN; i++) back[i] = keys[WN - 1 - i];
+  for (int round = 0; round < 10; round++) {
+    for (int i = 0; i < 4; i++) memset(rows[i], 0xff, (size_t)WN * WDIM * sizeof(float));
+    ts_client_req_t a, b, d, e;
+    table_req(&a, TS_CLIENT_SPARSE_PUSH_PULL, keys, grad, rows[0]);
+    table_req(&b, TS_CLIENT_SPARSE_PULL, back, NULL, rows[1]);
+    table_req(&d, TS_CLIENT_SPARSE_PUSH_PULL, back, grad, rows[2]);
+    table_req(&e, TS_CLIENT_SPARSE_PULL, keys, NULL, rows[3]);
+    int e_done = 0;
+    assert_int_equal(ts_client_submit(cl, &a, NULL, NULL), 0);
+    assert_int_equal(ts_client_submit(cl, &b, NULL, NULL), 0);
+    assert_int_equal(ts_client_submit(cl, &d, NULL, NULL), 0);
+    assert_int_equal(ts_client_submit(cl, &e, on_done_flag, &e_done), 0);
+    /* Another thread waits for d while this one waits for b, then a (done by then). */
+    waiter_arg_t w = {cl, &d, -1};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, wait_on, &w), 0);
+    assert_int_equal(ts_client_wait(cl, &b), 0);
+    assert_int_equal(ts_client_wait(cl, &a), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(w.rc, 0);
+    for (int i = 0; i < 20000 && !__atomic_load_n(&e_done, __ATOMIC_ACQUIRE); i++)
+      usleep(1000);
+    assert_true(__atomic_load_n(&e_done, __ATOMIC_ACQUIRE));
+    assert_int_equal(e.rc, 0);
+    check_first_rows(keys, rows[0], "push+pull waited for second");
+    check_first_rows(back, rows[1], "pull waited for first");
+    check_first_rows(back, rows[2], "push+pull waited for on another thread");
+    check_first_rows(keys, rows[3], "pull with a callback");
+  }
+  for (int i = 0; i < 4; i++) free(rows[i]);
+  free(keys);
+  free(back);
+  free(grad);
+  ts_client_close(cl);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 /* The request's own mistakes are refused at submit, nothing sent. */
 static void test_refused_requests(void **state) {
   (void)state;
@@ -486,6 +591,7 @@ int main(void) {
       cmocka_unit_test(test_ssp_bound),
       cmocka_unit_test(test_sync_exactness),
       cmocka_unit_test(test_refused_requests),
+      cmocka_unit_test(test_rows_put_in_place_by_waiters),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

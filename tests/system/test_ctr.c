@@ -255,10 +255,14 @@ static double ctr_job(const char *train, const char *test, bool kill_one, long l
   ts_proc_t w[2];
   for (int i = 0; i < 2; i++) assert_int_equal(ts_worker_start(&c, i, NULL, &w[i]), 0);
   if (kill_one) {
+    /* Worker 0 past 2 steps: its step 1 began with a pull past step 0's barrier, so both
+     * workers pushed step 0 and the job is at step 1 or later (a worker's step counts once
+     * its push is in, before the barrier: at 1 the job may still be at step 0, and the
+     * worker started again would begin the job, not join it). */
     double step = -1;
-    for (double t0 = ts_now_s(); ts_now_s() - t0 < 200 && !(step >= 1);)
-      step = ts_metric_wait(c.worker_port[0], "tessera_worker_step", 1, 1e12);
-    assert_true(step >= 1);
+    for (double t0 = ts_now_s(); ts_now_s() - t0 < 200 && !(step >= 2);)
+      step = ts_metric_wait(c.worker_port[0], "tessera_worker_step", 2, 1e12);
+    assert_true(step >= 2);
     /* The shards held (SIGSTOP) while it starts again, so that a fast host does not end
      * the job first; worker 0 waits at the step's barrier meanwhile. */
     kill(w[1].pid, SIGKILL);

@@ -11,8 +11,6 @@
  *   ts_client.c       the public API: open/close, declare, submit/wait/run, admin, status.
  *   ts_client_sparse.c  requests of embedding tables: keys sorted, deduplicated and split
  *                     per shard, rows gathered back in the caller's order.
- *   ts_client_help.c  threads waiting in ts_client_wait take a share of the client
- *                     thread's work: a table reply's rows put in the caller's order.
  *
  * Threads: everything in an op, a shard and a wire request belongs to the client thread
  * once the op is handed over; fields marked "mu" are shared with callers under c->mu.
@@ -84,9 +82,6 @@ typedef struct {
    * (each shard knows every worker's clock for its staleness bound) */
   bool push_every_shard, pull_every_shard;
   bool async;               /* the job's mode is async: a push+pull may go in one frame */
-  /* mu: replies of this request whose rows wait in c->help for a waiting thread, and
-   * those a waiting thread is putting in place now (ts_client_help.c) */
-  uint32_t help_queued, help_busy;
 } ts_cl_sparse_t;
 
 typedef enum {
@@ -96,14 +91,6 @@ typedef enum {
 
 typedef struct ts_cl_wreq ts_cl_wreq_t;
 typedef struct ts_cl_shard ts_cl_shard_t;
-
-/* A table reply's rows [off, off + n) of sp, to be put in the caller's places by a thread
- * waiting in ts_client_wait (ts_client_help.c). */
-typedef struct {
-  ts_cl_sparse_t *sp;
-  size_t off, n;
-} ts_cl_help_t;
-#define TS_CL_HELP_MAX 64
 
 /* What a push_pull's pull part took from one shard, made the shard's pulled_version only
  * when the whole request succeeds. */
@@ -305,12 +292,6 @@ struct ts_client {
   void *arena[2];
   size_t arena_cap[2];
 
-  /* mu: threads in ts_client_wait, and the work they may take (ts_client_help.c);
-   * n_help is also read without mu by a polling waiter */
-  int helpers;
-  ts_cl_help_t help[TS_CL_HELP_MAX];
-  atomic_uint n_help;
-
   /* The worker's job settings sent in every handshake (opts.job, copied; owned). */
   Tessera__JobSetting *job_s;
   Tessera__JobSetting **job_p;
@@ -394,9 +375,6 @@ void ts_cl_sparse_on_reply(ts_cl_shard_t *sh, uint16_t type, const ProtobufCMess
 /* The op succeeded or failed: its rows to the caller's order, its results into q. */
 void ts_cl_sparse_publish(ts_client_t *c, ts_cl_op_t *op, ts_client_req_t *q);
 void ts_cl_sparse_free(ts_cl_sparse_t *sp);
-/* Rows [off, off + n) of sp's replies into the caller's places (any thread: the ranges of
- * different replies are disjoint, in sp->rows and in the caller's rows). */
-void ts_cl_sparse_scatter(const ts_cl_sparse_t *sp, size_t off, size_t n);
 /* Free the arenas the client keeps (ts_client_close). */
 void ts_cl_sparse_cache_free(ts_client_t *c);
 
@@ -410,17 +388,6 @@ bool ts_cl_on_client_thread(ts_client_t *c);
  * makes true under c->mu with a broadcast of c->cv. */
 void ts_cl_wait_flag(ts_client_t *c, bool (*done)(void *), void *arg);
 void ts_cl_thread_main(void *arg);
-
-/* ts_client_help.c */
-/* The client thread: leave the rows [off, off + n) of sp's replies to a thread waiting in
- * ts_client_wait. False when none waits (or too much is left already): scatter them now. */
-bool ts_cl_help_post(ts_client_t *c, ts_cl_sparse_t *sp, size_t off, size_t n);
-/* The client thread, before sp's request is published or freed: the rows still left to
- * waiters are put in place here (or dropped: run false), and the ones a waiter is putting
- * in place are waited for. Afterwards no other thread touches sp. */
-void ts_cl_help_settle(ts_client_t *c, ts_cl_sparse_t *sp, bool run);
-/* ts_client_wait's wait: until done(arg), taking the work left to waiters meanwhile. */
-void ts_cl_wait_helping(ts_client_t *c, bool (*done)(void *), void *arg);
 void ts_cl_on_wake(uv_async_t *a);
 void ts_cl_on_tick(uv_timer_t *t);
 void ts_cl_on_heartbeat(uv_timer_t *t);

@@ -99,8 +99,6 @@ void ts_cl_free_failed_pushes(ts_client_t *c) {
 /* Hand op back to its caller. Nothing may touch op after the store of done: the caller may
  * have seen it while polling and returned. */
 static void publish_op(ts_client_t *c, ts_cl_op_t *op) {
-  /* A table pull's rows are all in the caller's places before it is done. */
-  if (op->sp) ts_cl_help_settle(c, op->sp, op->rc == 0);
   if (op->stage && op->rc == 0 && !op->sp) {
     /* The push_pull succeeded: what its pull took is now what was last pulled. */
     for (uint32_t s = 0; s < c->n; s++) {

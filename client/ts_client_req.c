@@ -282,7 +282,7 @@ int ts_client_wait(ts_client_t *c, ts_client_req_t *req) {
   if (state == TS_CL_REQ_DONE) return req->rc;
   if (state != TS_CL_REQ_INFLIGHT) return TS_EINVAL; /* never submitted, or has a callback */
   if (ts_cl_on_client_thread(c)) return TS_EINVAL;
-  ts_cl_wait_helping(c, req_done, req);
+  ts_cl_wait_flag(c, req_done, req);
   return req->rc;
 }
 

@@ -14,8 +14,7 @@
  * TS_MSG_MAX_SPARSE_REPLY. A push's records are made as each frame is sent: a distinct key
  * and its gradient rows summed in the caller's order, so the sums do not depend on timing.
  * Each reply lands in one buffer in the distinct keys' order and its rows go to the
- * caller's places at once (ts_cl_sparse_scatter), a key listed twice its row twice: by a
- * thread waiting for a request of this client where there is one (ts_client_help.c).
+ * caller's places at once (scatter_rows), a key listed twice its row twice.
  *
  * Versions. A table has a version per shard; what was last pulled of it from each shard
  * (c->table_pulled) tags a push made with TS_CLIENT_STEP_PULLED and makes the next
@@ -104,7 +103,6 @@ void ts_cl_sparse_cache_free(ts_client_t *c) {
 
 void ts_cl_sparse_free(ts_cl_sparse_t *sp) {
   if (!sp) return;
-  if (sp->c) ts_cl_help_settle(sp->c, sp, false); /* no waiter still on its rows */
   arena_give(sp->c, sp->arena, sp->arena_cap);
   ts_free(sp);
 }
@@ -230,7 +228,8 @@ static void make_records(ts_cl_sparse_t *sp, size_t off, size_t count) {
   }
 }
 
-void ts_cl_sparse_scatter(const ts_cl_sparse_t *sp, size_t off, size_t n) {
+/* The pulled rows of distinct keys [off, off + n) into the caller's places. */
+static void scatter_rows(const ts_cl_sparse_t *sp, size_t off, size_t n) {
   size_t row = sp->dim * sizeof(float);
   uint32_t end = sp->at[off + n];
   for (size_t p = off; p < off + n; p++) {
@@ -579,10 +578,8 @@ void ts_cl_sparse_on_reply(ts_cl_shard_t *sh, uint16_t type, const ProtobufCMess
     *pulled(c, sh->index, op->sp->table) = v;
   if (m->version < op->version_min) op->version_min = m->version;
   /* Each reply's rows go to the caller's places as it lands, while the shards still work
-   * on the request's other pieces: by a thread waiting in ts_client_wait where there is
-   * one, while this thread goes on with the next reply (ts_client_help.c). */
-  if (op->sp->dst && !ts_cl_help_post(c, op->sp, r->sp_off, r->sp_n))
-    ts_cl_sparse_scatter(op->sp, r->sp_off, r->sp_n);
+   * on the request's other pieces. */
+  if (op->sp->dst) scatter_rows(op->sp, r->sp_off, r->sp_n);
   ts_cl_complete_req(r, 0, NULL);
 }
 

@@ -637,9 +637,7 @@ TS_CLIENT_API int ts_client_submit(ts_client_t *c, ts_client_req_t *req, ts_clie
  * at once for a request already done. TS_CLIENT_EINVAL (and req untouched) when c or req is
  * NULL, req was never submitted (or its submit failed), req is in flight with a callback
  * (the callback is its completion: it may free req), or when called on the client thread.
- * Any number of threads may wait for the same request. While it waits, the thread takes a
- * share of the client thread's work for any request of c (a table's reply rows put in
- * their places in rows_dst), so a wait may use CPU time and return that much later. */
+ * Any number of threads may wait for the same request. */
 TS_CLIENT_API int ts_client_wait(ts_client_t *c, ts_client_req_t *req);
 
 /* ts_client_submit then ts_client_wait: returns req->rc (the submit's error when it failed).

@@ -10,8 +10,8 @@
  *     duplicates, for each row optimizer (SGD, Adagrad, Adam, FTRL), 12 steps: the tables
  *     equal within a relative 1e-6;
  *   - the request's own errors: an unknown table, no buffers, overlapping buffers;
- *   - rows put in place while threads wait: for another request, on two threads, beside a
- *     request with a callback (client/ts_client_help.c).
+ *   - requests in flight together, waited for out of order, on two threads, beside a request
+ *     with a callback: each one's rows in its caller's places.
  */
 #include <math.h>
 #include <pthread.h>
@@ -436,7 +436,7 @@ static void test_sync_exactness(void **state) {
   free(vocab);
 }
 
-/* --- rows put in place by any thread that waits (client/ts_client_help.c) --- */
+/* --- requests in flight together, waited for in any order and on several threads --- */
 
 enum { WN = 30000, WDIM = 4 };
 
@@ -478,11 +478,9 @@ static void check_first_rows(const int64_t *keys, const float *rows, const char 
 }
 
 /* Rows land while threads wait, as ps-worker waits: for one request while another's rows
- * land (a waiting thread puts any request's rows in place), on two threads at once, and a
- * request with a callback beside them (nobody waits for it: the client thread puts its rows
- * in place). Pushes of zero gradients (SGD) leave every row its first value, so each row
+ * land, on two threads at once, and a request with a callback beside them. Pushes of zero gradients (SGD) leave every row its first value, so each row
  * is known; 30,000 keys on 2 shards: each push+pull in 4 frames a shard. */
-static void test_rows_put_in_place_by_waiters(void **state) {
+static void test_requests_waited_in_any_order(void **state) {
   (void)state;
   ts_cluster_t c;
   assert_int_equal(ts_cluster_start(&c, 2, 1, "job = { mode = \"async\"; };"), 0);
@@ -591,7 +589,7 @@ int main(void) {
       cmocka_unit_test(test_ssp_bound),
       cmocka_unit_test(test_sync_exactness),
       cmocka_unit_test(test_refused_requests),
-      cmocka_unit_test(test_rows_put_in_place_by_waiters),
+      cmocka_unit_test(test_requests_waited_in_any_order),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -478,8 +478,9 @@ static void check_first_rows(const int64_t *keys, const float *rows, const char 
 }
 
 /* Rows land while threads wait, as ps-worker waits: for one request while another's rows
- * land, on two threads at once, and a request with a callback beside them. Pushes of zero gradients (SGD) leave every row its first value, so each row
- * is known; 30,000 keys on 2 shards: each push+pull in 4 frames a shard. */
+ * land, on two threads at once, and a request with a callback beside them. Pushes of zero
+ * gradients (SGD) leave every row its first value, so each row is known; 30,000 keys on
+ * 2 shards: each push+pull in 4 frames a shard. */
 static void test_requests_waited_in_any_order(void **state) {
   (void)state;
   ts_cluster_t c;

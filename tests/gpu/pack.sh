@@ -21,15 +21,13 @@ cd "$(dirname "$0")/../.." || exit 1
 root=$(pwd)
 build=${BUILD_DIR:-build-gpu}
 file=${1:-$build/tessera-gpu-pack.tar.gz}
-export PATH="$PATH:/usr/local/cuda/bin"
-command -v nvcc >/dev/null || { echo "pack.sh: no nvcc (install the CUDA toolkit in /usr/local/cuda)" >&2; exit 1; }
 data=/usr/share/datasets/fashion-mnist
 [ -f "$data/train-images-idx3-ubyte.gz" ] || { echo "pack.sh: no $data (apt-get install dataset-fashion-mnist)" >&2; exit 1; }
 
-setup=(meson setup "$build" -Dcuda=enabled -Dcudnn=enabled -Dbuildtype=debugoptimized)
-[ -f "$build/build.ninja" ] && setup+=(--reconfigure)
-"${setup[@]}" >/dev/null
-meson compile -C "$build" >/dev/null
+rc=0
+tests/gpu/build.sh "$build" /dev/null || rc=$?
+[ $rc -ne 2 ] || { echo "pack.sh: no nvcc (install the CUDA toolkit in /usr/local/cuda)" >&2; exit 1; }
+[ $rc -eq 0 ] || { echo "pack.sh: the build of $build failed (meson compile -C $build)" >&2; exit 1; }
 progs=(server/ps-server worker/ps-worker psctl/psctl tests/gpu/test_kernels_cuda
        tests/gpu/test_training_gpu)
 

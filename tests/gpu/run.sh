@@ -78,23 +78,20 @@ fi
 # A machine without a network: what tests/gpu/pack.sh built and packed elsewhere.
 if [ -n "${PACK:-}" ]; then
   unpack_pack || exit 1
-# Dependencies: the Debian packages, and nvcc from a CUDA toolkit (/usr/local/cuda).
-elif ! bash deploy/install-deps.sh >"$out/build.log" 2>&1; then
-  say "gpu: FAILED (deploy/install-deps.sh; see build.log)"
-  tail -20 "$out/build.log"
-  exit 1
-fi
-export PATH="$PATH:/usr/local/cuda/bin"
-if [ -z "${PACK:-}" ] && ! command -v nvcc >/dev/null; then
-  say "gpu: FAILED (no nvcc: install the CUDA toolkit, e.g. to /usr/local/cuda)"
-  exit 1
-fi
-
-if [ -z "${PACK:-}" ]; then
+else
+  # Dependencies: the Debian packages, and nvcc from a CUDA toolkit (/usr/local/cuda).
+  if ! bash deploy/install-deps.sh >"$out/build.log" 2>&1; then
+    say "gpu: FAILED (deploy/install-deps.sh; see build.log)"
+    tail -20 "$out/build.log"
+    exit 1
+  fi
+  export PATH="$PATH:/usr/local/cuda/bin"
+  if ! command -v nvcc >/dev/null; then
+    say "gpu: FAILED (no nvcc: install the CUDA toolkit, e.g. to /usr/local/cuda)"
+    exit 1
+  fi
   say "gpu: building in $build with -Dcuda=enabled -Dcudnn=enabled ($(nvcc --version | tail -1))"
-  setup=(meson setup "$build" -Dcuda=enabled -Dcudnn=enabled -Dbuildtype=debugoptimized)
-  [ -f "$build/build.ninja" ] && setup+=(--reconfigure)
-  if ! "${setup[@]}" >>"$out/build.log" 2>&1 || ! meson compile -C "$build" >>"$out/build.log" 2>&1; then
+  if ! tests/gpu/build.sh "$build" "$out/build.log"; then
     say "gpu: FAILED (build; see build.log; cuDNN is expected beside CUDA in /usr/local/cuda)"
     tail -30 "$out/build.log"
     exit 1

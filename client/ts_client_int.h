@@ -216,6 +216,7 @@ struct ts_cl_shard {
   bool tried;               /* mu: at least one attempt finished (for ts_client_open) */
   uint64_t incarnation;     /* from the shard's Hello; a change means it restarted */
   uint32_t features;        /* from the shard's Hello (TS_FEATURE_*) */
+  uint64_t max_reply_rows;  /* and the most bytes of rows one reply carries (0: not said) */
   uint64_t pulled_version;  /* lowest version of the last pull from this shard */
   bool have_version;        /* pulled_version is valid for the shard's current incarnation */
   uint64_t state_ms;        /* loop time of the last state change (handshake timeout) */

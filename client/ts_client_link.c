@@ -283,6 +283,7 @@ static void handle_hello(ts_cl_shard_t *sh, const Tessera__Hello *m) {
   }
   sh->incarnation = m->incarnation;
   sh->features = m->features;
+  sh->max_reply_rows = m->max_reply_rows;
   Tessera__Handshake hs = TESSERA__HANDSHAKE__INIT;
   uint8_t mac[TS_AUTH_MAC_LEN];
   sh->hs_id = ++c->next_id;

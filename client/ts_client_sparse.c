@@ -11,7 +11,7 @@
  * requires, with each distinct key's list of the caller's places. On the client thread
  * each shard gets its push (in async mode up to TS_MSG_MAX_PUSH_PIECES frames: SparsePush's
  * piece) and its pulls, a pull cut into requests whose replies stay under
- * TS_MSG_MAX_SPARSE_REPLY. A push's records are made as each frame is sent: a distinct key
+ * TS_MSG_SPARSE_PULL_CUT. A push's records are made as each frame is sent: a distinct key
  * and its gradient rows summed in the caller's order, so the sums do not depend on timing.
  * Each reply lands in one buffer in the distinct keys' order and its rows go to the
  * caller's places at once (scatter_rows), a key listed twice its row twice.
@@ -309,10 +309,18 @@ int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t 
   return 0;
 }
 
-/* Keys a pull request may list: at most TS_MSG_MAX_KEYS, with a reply under
- * TS_MSG_MAX_SPARSE_REPLY. */
-static size_t pull_chunk(uint32_t dim) {
-  uint64_t k = TS_MSG_MAX_SPARSE_REPLY / ((uint64_t)dim * sizeof(float));
+/* The most bytes of rows one reply of sh carries: TS_MSG_SPARSE_PULL_CUT (what a shard's
+ * reply budget holds four of by default), or less where the shard says so. */
+static uint64_t reply_rows_max(const ts_cl_shard_t *sh) {
+  uint64_t most = TS_MSG_SPARSE_PULL_CUT;
+  return sh->max_reply_rows && sh->max_reply_rows < most ? sh->max_reply_rows : most;
+}
+
+/* Keys a pull request to sh may list: at most TS_MSG_MAX_KEYS, with a reply within
+ * reply_rows_max (one at least: a row too wide for the shard is refused there). */
+static size_t pull_chunk(const ts_cl_shard_t *sh, uint32_t dim) {
+  uint64_t k = reply_rows_max(sh) / ((uint64_t)dim * sizeof(float));
+  if (k == 0) k = 1;
   return (size_t)(k < TS_MSG_MAX_KEYS ? k : TS_MSG_MAX_KEYS);
 }
 
@@ -431,7 +439,7 @@ int ts_cl_sparse_start(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op) {
   bool any_version = op->min_version == TS_CLIENT_VERSION_NEXT || op->min_version == 0;
 #define PIECE_KEYS(i) ((i) + 1 < pieces ? each : n - (i) * each) /* the last: the rest */
   if (op->kind == OP_PUSH_PULL && !had && !op->retry && sp->async && any_version && n > 0 &&
-      (uint64_t)each * sp->dim * sizeof(float) <= TS_MSG_MAX_FUSED_ROWS &&
+      (uint64_t)each * sp->dim * sizeof(float) <= reply_rows_max(sh) &&
       (sh->features & TS_FEATURE_SPARSE_PUSH_PULL)) {
     for (size_t i = 0; rc == 0 && i < pieces; i++)
       rc = submit_fused(c, sh, op, off + i * each, PIECE_KEYS(i), (unsigned)i);
@@ -444,7 +452,7 @@ int ts_cl_sparse_start(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op) {
   if (op->kind == OP_PUSH || (n == 0 && !sp->pull_every_shard)) return rc;
   /* The pull, back to back with the push on one connection: the shard handles them in
    * order, so the pull sees the push applied (sync: waits for its step). */
-  size_t chunk = pull_chunk(sp->dim);
+  size_t chunk = pull_chunk(sh, sp->dim);
   for (size_t k = 0; rc == 0 && (k < n || (n == 0 && k == 0)); k += chunk)
     rc = submit(c, sh, op, TS_MSG_SPARSE_PULL, off + k, n - k < chunk ? n - k : chunk, 0);
   return rc;

@@ -28,6 +28,10 @@
 #define TS_MSG_MAX_DIM 4096
 #define TS_MSG_MAX_KEYS (UINT64_C(1) << 20)
 #define TS_MSG_MAX_SPARSE_REPLY (UINT64_C(64) << 20)
+/* The rows libtessera-client asks one reply for (a larger pull goes in several requests):
+ * a quarter of server.max_reply_bytes' default, so four of them queued at once fit what a
+ * shard lets replies hold. */
+#define TS_MSG_SPARSE_PULL_CUT (UINT64_C(16) << 20)
 /* Hello.features: what a server does beyond protocol 1's messages. */
 #define TS_FEATURE_SPARSE_PUSH_PULL 1u   /* SparsePush.pull_request_id */
 #define TS_FEATURE_SPARSE_PUSH_PIECES 2u /* SparsePush.piece */

@@ -27,6 +27,7 @@ static void forget(ts_pushid_t *t, ts_pushid_slot_t *s) {
   s->used = false;
   s->client = 0;
   s->last_use = 0;
+  memset(&s->part, 0, sizeof s->part);
 }
 
 void ts_pushid_reset(ts_pushid_t *t) {
@@ -40,7 +41,7 @@ void ts_pushid_free(ts_pushid_t *t) {
   memset(t, 0, sizeof *t);
 }
 
-ts_pushid_window_t *ts_pushid_lookup(ts_pushid_t *t, int task, uint64_t client, size_t num_parts,
+static ts_pushid_slot_t *slot_lookup(ts_pushid_t *t, int task, uint64_t client, size_t num_parts,
                                      bool *evicted) {
   if (evicted) *evicted = false;
   if (!t->slots || task < 0 || (uint32_t)task >= t->num_workers || num_parts == 0) return NULL;
@@ -72,7 +73,19 @@ ts_pushid_window_t *ts_pushid_lookup(ts_pushid_t *t, int task, uint64_t client, 
     s->client = client;
   }
   s->last_use = ++t->clock;
-  return s->wins;
+  return s;
+}
+
+ts_pushid_window_t *ts_pushid_lookup(ts_pushid_t *t, int task, uint64_t client, size_t num_parts,
+                                     bool *evicted) {
+  ts_pushid_slot_t *s = slot_lookup(t, task, client, num_parts, evicted);
+  return s ? s->wins : NULL;
+}
+
+ts_pushid_part_t *ts_pushid_lookup_part(ts_pushid_t *t, int task, uint64_t client,
+                                        size_t num_parts) {
+  ts_pushid_slot_t *s = slot_lookup(t, task, client, num_parts, NULL);
+  return s ? &s->part : NULL;
 }
 
 bool ts_pushid_seen(const ts_pushid_window_t *w, uint64_t id) {

@@ -38,9 +38,19 @@ typedef struct {
   uint64_t bits; /* bit k set: id top - 1 - k was applied */
 } ts_pushid_window_t;
 
+/* A push whose frame was cut off (its connection lost) after some of its records were
+ * applied: a table's push, its records in strictly ascending key order, so "every record up
+ * to key `key`" says what went in. Its retry applies only the records after it. */
+typedef struct {
+  uint64_t id;   /* the push id (0: none) */
+  size_t unit;   /* the window it belongs to (ts_store_pushid_unit) */
+  uint64_t key;  /* the last key applied */
+} ts_pushid_part_t;
+
 typedef struct {
   bool used;
   uint64_t client;          /* its incarnation */
+  ts_pushid_part_t part;    /* its push applied in part, the latest one */
   uint64_t last_use;        /* ts_pushid_t.clock at its last lookup (least recently used) */
   ts_pushid_window_t *wins; /* num_parts windows (owned), NULL until first used */
 } ts_pushid_slot_t;
@@ -74,6 +84,12 @@ void ts_pushid_reset(ts_pushid_t *t);
  * valid until the next call of any ts_pushid_* function on t. */
 ts_pushid_window_t *ts_pushid_lookup(ts_pushid_t *t, int task, uint64_t client, size_t num_parts,
                                      bool *evicted);
+
+/* The record of client `client`'s push applied in part, looked up (and its slot taken) as
+ * ts_pushid_lookup does; NULL where that returns NULL. A client is one connection to the
+ * shard at a time, so one frame at most is cut off before its retry: one record a client. */
+ts_pushid_part_t *ts_pushid_lookup_part(ts_pushid_t *t, int task, uint64_t client,
+                                        size_t num_parts);
 
 /* Whether push id `id` was applied to the window's partition (or is below the window: taken
  * as applied). False for id 0. */

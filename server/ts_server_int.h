@@ -169,6 +169,15 @@ typedef struct {
   uint64_t sp_reply_bytes;        /* these bytes of srv->fused_rows_bytes */
   uint64_t sp_version0;           /* the table's version when its first piece was applied */
   uint64_t sp_t0;                 /* and when (uv_hrtime) */
+  /* Its push id, client and piece (for ts_sparse_push_abort: the meta is gone by then); a
+   * retry of a push cut off after some records (ts_pushid_part_t) skips the records up to
+   * sp_resume_key; the last key applied. */
+  uint64_t sp_push_id, sp_client;
+  uint32_t sp_piece;
+  bool sp_resumed, sp_skipping;
+  uint64_t sp_resume_key;
+  bool sp_applied_any;
+  uint64_t sp_last_key;
   char refuse_msg[256];
 } ts_push_rx_t;
 
@@ -409,6 +418,10 @@ int ts_sparse_push_on_piece(ts_session_t *s, unsigned i);
 void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discarded);
 /* The session closes: drop a push+pull's rows being filled. */
 void ts_sparse_push_close(ts_session_t *s);
+/* The connection closed: a push cut off after some of its records were applied is
+ * remembered (ts_pushid_part_t) so its retry applies the rest only; async, the table's
+ * version moves. Before ts_push_rx_close. */
+void ts_sparse_push_abort(ts_session_t *s);
 
 /* --- ts_sparse_pull.c ------------------------------------------------------------------ */
 
@@ -428,6 +441,12 @@ typedef struct ts_rows_reply {
 } ts_rows_reply_t;
 /* Room for nfloats (a cached buffer when one fits), or NULL (out of memory). */
 ts_rows_reply_t *ts_rows_reply_new(ts_server_t *srv, size_t nfloats);
+/* Whether a reply of nfloats rows, charged to its connection while it is written, stays
+ * within server.max_reply_bytes (past it the shard would close the connection). */
+bool ts_rows_reply_fits(const ts_server_t *srv, size_t nfloats);
+/* The most bytes of rows a reply fits (Hello.max_reply_rows): each reply of at most this
+ * many passes ts_rows_reply_fits. */
+uint64_t ts_rows_reply_max(const ts_server_t *srv);
 /* Done with rb: kept for a later reply while the cache has room, else freed. */
 void ts_rows_reply_free(ts_server_t *srv, ts_rows_reply_t *rb);
 /* Free the cached buffers (the server's end). */

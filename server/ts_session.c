@@ -492,7 +492,8 @@ static void on_session_close(ts_conn_t *c, int err) {
   } else if (err != TS_ECLOSED && err != 0) {
     ts_log_debug("%s: connection closed: %s", c->peer, ts_strerror(err));
   }
-  ts_sparse_push_close(s); /* before ts_push_rx_close clears the rx */
+  ts_sparse_push_abort(s); /* before ts_push_rx_close clears the rx */
+  ts_sparse_push_close(s);
   ts_push_rx_close(s);
   ts_sparse_pull_close(s);
   ts_pull_close(s);
@@ -568,5 +569,6 @@ void ts_session_accept(uv_stream_t *listener, int status) {
   hello.server_id = id;
   hello.incarnation = srv->incarnation;
   hello.features = TS_FEATURE_SPARSE_PUSH_PULL | TS_FEATURE_SPARSE_PUSH_PIECES;
+  hello.max_reply_rows = ts_rows_reply_max(srv);
   ts_session_reply(s, TS_MSG_HELLO, &hello.base);
 }

@@ -29,6 +29,10 @@
  * largest size). */
 #define SPARSE_KEY_BUDGET ((uint64_t)64 << 20)
 
+/* What a reply needs of server.max_reply_bytes beside its rows: its frame, write request
+ * and the small replies queued with it. */
+#define MIN_REPLY_ROOM ((size_t)4 << 10)
+
 void ts_pull_req_free(ts_server_t *srv, ts_pull_req_t *q) {
   if (!q) return;
   ts_require(srv->sparse_key_bytes >= q->key_bytes);
@@ -68,6 +72,16 @@ int ts_sparse_pull_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
                      (unsigned long long)m->num_keys, ts_stable_name(t), ts_stable_dim(t),
                      (double)reply / (1024.0 * 1024.0),
                      (unsigned long long)(TS_MSG_MAX_SPARSE_REPLY >> 20));
+    return refuse(s, TS_ETOOBIG, err);
+  }
+  if (!ts_rows_reply_fits(srv, (size_t)(m->num_keys * ts_stable_dim(t)))) {
+    ts_errmsg_printf(err, sizeof err,
+                     "%llu rows of table '%s' (width %u) make a %.1f MiB reply, more than this "
+                     "shard lets replies hold (server.max_reply_bytes, %.1f MiB): pull fewer "
+                     "keys at once",
+                     (unsigned long long)m->num_keys, ts_stable_name(t), ts_stable_dim(t),
+                     (double)reply / (1024.0 * 1024.0),
+                     (double)srv->cfg->max_reply_bytes / (1024.0 * 1024.0));
     return refuse(s, TS_ETOOBIG, err);
   }
   if (s->parked >= (uint32_t)srv->cfg->max_parked_pulls) {
@@ -131,6 +145,16 @@ bool ts_sparse_pull_ready(ts_server_t *srv, const ts_pull_req_t *q) {
  * connection for the rows it carries, not the buffer's room. */
 
 static size_t reply_bytes(size_t nfloats) { return sizeof(ts_rows_reply_t) + nfloats * sizeof(float); }
+
+uint64_t ts_rows_reply_max(const ts_server_t *srv) {
+  uint64_t budget = (uint64_t)srv->cfg->max_reply_bytes, room = 2 * MIN_REPLY_ROOM;
+  uint64_t most = budget > room ? (budget - room) & ~(uint64_t)3 : 0;
+  return most < TS_MSG_MAX_SPARSE_REPLY ? most : TS_MSG_MAX_SPARSE_REPLY;
+}
+
+bool ts_rows_reply_fits(const ts_server_t *srv, size_t nfloats) {
+  return ts_alloc_cost(reply_bytes(nfloats)) + MIN_REPLY_ROOM <= (size_t)srv->cfg->max_reply_bytes;
+}
 
 ts_rows_reply_t *ts_rows_reply_new(ts_server_t *srv, size_t nfloats) {
   int best = -1;

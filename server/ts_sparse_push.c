@@ -24,6 +24,10 @@
  * client then sends the pull on its own: EBUSY means that and nothing else). A refused push
  * refuses its pull with its own error.
  *
+ * A push whose connection is lost after some of its pieces were applied is remembered
+ * (ts_sparse_push_abort: its id, piece and last key, ts_pushid_part_t); its retry, the same
+ * records, skips those up to that key, so each record goes in once.
+ *
  * async/ssp: rows are updated as each piece lands; the version moves once per push. sync:
  * rows are summed into the table's accumulator, and the task counts for the step when the
  * whole push is in (also when a piece was refused: it was heard from, as for dense
@@ -59,6 +63,13 @@ static ts_pushid_window_t *pushid_window(ts_session_t *s, const Tessera__SparseP
   return wins ? &wins[ts_store_pushid_unit(&srv->store, m->table, m->piece)] : NULL;
 }
 
+/* The record of the push this client had cut off after some records, or NULL. */
+static ts_pushid_part_t *pushid_part(ts_session_t *s, uint64_t push_id, uint64_t client) {
+  ts_server_t *srv = s->srv;
+  if (!push_id) return NULL;
+  return ts_pushid_lookup_part(&srv->pushids, s->task, client, ts_store_pushid_units(&srv->store));
+}
+
 int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tessera__SparsePush *m,
                         const uv_buf_t **iov, unsigned *niov) {
   ts_server_t *srv = s->srv;
@@ -77,6 +88,10 @@ int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
   rx->sp_bad_code = 0;
   rx->sp_have_prev = false;
   rx->sp_pull_id = m->pull_request_id;
+  rx->sp_push_id = m->push_id;
+  rx->sp_client = m->client_incarnation;
+  rx->sp_piece = m->piece;
+  rx->sp_resumed = rx->sp_skipping = rx->sp_applied_any = false;
   ts_sparse_push_close(s); /* no rows of an earlier push+pull left */
   rx->npieces = rx->nchunks = 0;
   if (s->role != TESSERA__ROLE__ROLE_WORKER)
@@ -142,10 +157,21 @@ int ts_sparse_push_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
   }
   ts_pushid_window_t *w = pushid_window(s, m);
   if (w && ts_pushid_seen(w, m->push_id)) rx->sp_result = TESSERA__PUSH_RESULT__PUSH_DUPLICATE;
+  if (rx->sp_result == TESSERA__PUSH_RESULT__PUSH_APPLIED ||
+      rx->sp_result == TESSERA__PUSH_RESULT__PUSH_ACCUMULATED) {
+    ts_pushid_part_t *part = pushid_part(s, m->push_id, m->client_incarnation);
+    if (part && part->id == m->push_id &&
+        part->unit == ts_store_pushid_unit(st, m->table, m->piece)) {
+      /* A retry of a push cut off after its records up to this key: they are in. */
+      rx->sp_resumed = rx->sp_skipping = true;
+      rx->sp_resume_key = part->key;
+    }
+  }
   /* Past the budget (or out of memory) the push goes on alone and its pull is answered
    * EBUSY: the client pulls on its own. */
   if (m->pull_request_id && rx->sp_result == TESSERA__PUSH_RESULT__PUSH_APPLIED &&
-      srv->fused_rows_bytes + fused_bytes <= FUSED_ROWS_BUDGET &&
+      !rx->sp_resumed && srv->fused_rows_bytes + fused_bytes <= FUSED_ROWS_BUDGET &&
+      ts_rows_reply_fits(srv, (size_t)(m->num_keys * m->dim)) &&
       (rx->sp_reply = ts_rows_reply_new(srv, m->num_keys * m->dim)) != NULL) {
     rx->sp_reply_bytes = fused_bytes;
     srv->fused_rows_bytes += fused_bytes;
@@ -199,6 +225,23 @@ static int check_piece(ts_session_t *s, ts_stable_t *t, size_t i) {
   return 0;
 }
 
+/* The piece's records in rx->buf past those a cut-off push applied before its retry (keys up
+ * to sp_resume_key: the records ascend); *n is cut to match. */
+static const float *skip_applied(ts_push_rx_t *rx, size_t *n) {
+  const float *recs = rx->buf;
+  while (rx->sp_skipping && *n) {
+    uint64_t key;
+    memcpy(&key, recs, sizeof key);
+    if (key > rx->sp_resume_key) {
+      rx->sp_skipping = false;
+      break;
+    }
+    recs += rx->rec_floats;
+    (*n)--;
+  }
+  return recs;
+}
+
 int ts_sparse_push_on_piece(ts_session_t *s, unsigned i) {
   ts_server_t *srv = s->srv;
   ts_store_t *st = &srv->store;
@@ -217,15 +260,21 @@ int ts_sparse_push_on_piece(ts_session_t *s, unsigned i) {
       rx->sp_result = TESSERA__PUSH_RESULT__PUSH_STALE;
     } else {
       size_t n = rx->first[i + 1] - rx->first[i];
+      const float *recs = skip_applied(rx, &n);
       if (rx->sp_pieces_applied == 0) {
         rx->sp_version0 = ts_stable_version(t);
         rx->sp_t0 = uv_hrtime();
       }
       if (st->mode == TS_MODE_SYNC) {
-        ts_stable_accumulate(t, &st->table_budget, rx->buf, n, &rx->sp_rows, &rx->sp_filtered);
+        ts_stable_accumulate(t, &st->table_budget, s->task, recs, n, &rx->sp_rows,
+                             &rx->sp_filtered);
       } else {
         float *out = rx->sp_reply ? rx->sp_reply->rows + rx->first[i] * (rx->rec_floats - 2) : NULL;
-        ts_stable_apply_pull(t, &st->table_budget, rx->buf, n, &rx->sp_rows, &rx->sp_filtered, out);
+        ts_stable_apply_pull(t, &st->table_budget, recs, n, &rx->sp_rows, &rx->sp_filtered, out);
+      }
+      if (n) {
+        memcpy(&rx->sp_last_key, recs + (n - 1) * rx->rec_floats, sizeof rx->sp_last_key);
+        rx->sp_applied_any = true;
       }
       rx->sp_pieces_applied++;
     }
@@ -247,6 +296,31 @@ static ts_rows_reply_t *take_reply(ts_session_t *s) {
 
 void ts_sparse_push_close(ts_session_t *s) { ts_rows_reply_free(s->srv, take_reply(s)); }
 
+void ts_sparse_push_abort(ts_session_t *s) {
+  ts_server_t *srv = s->srv;
+  ts_store_t *st = &srv->store;
+  ts_push_rx_t *rx = &s->rx;
+  if (!rx->sparse || !rx->active || !rx->sp_applied_any) return;
+  ts_stable_t *t = ts_store_table(st, rx->table);
+  ts_require(t != NULL);
+  bool sync = st->mode == TS_MODE_SYNC;
+  if (!sync && rx->sp_piece == 0) ts_stable_bump(t); /* its rows moved (its retry's do not bump) */
+  ts_pushid_part_t *part = pushid_part(s, rx->sp_push_id, rx->sp_client);
+  if (part) {
+    part->id = rx->sp_push_id;
+    part->unit = ts_store_pushid_unit(st, rx->table, rx->sp_piece);
+    part->key = rx->sp_last_key;
+  }
+  ts_session_log(s, TS_LOG_INFO,
+                 "%s: task %d's sparse push %llu to table '%s' was cut off after its records up "
+                 "to key %llu were %s: %s",
+                 s->conn.peer, s->task, (unsigned long long)rx->sp_push_id, ts_stable_name(t),
+                 (unsigned long long)rx->sp_last_key, sync ? "accumulated" : "applied",
+                 part ? "a retry applies the rest only"
+                      : "without its push id remembered (none, or server.push_dedup_clients "
+                        "0) a retry applies them again");
+}
+
 /* The pull of a push+pull in one frame, after its push's reply: its rows (code 0, the push
  * applied whole), or the error `code` saying why. */
 static void answer_pull(ts_session_t *s, const Tessera__SparsePush *m, int code, const char *why) {
@@ -259,6 +333,11 @@ static void answer_pull(ts_session_t *s, const Tessera__SparsePush *m, int code,
       ts_errmsg_printf(msg, sizeof msg,
                        "the push of this push+pull was a duplicate (a retry), so its rows were "
                        "not read: pull them on their own");
+    else if (rx->sp_resumed)
+      ts_errmsg_printf(msg, sizeof msg,
+                       "the push of this push+pull was the retry of one cut off, applied from "
+                       "where that one stopped, so its rows were not all read: pull them on "
+                       "their own");
     else
       ts_errmsg_printf(msg, sizeof msg,
                        "no room for the rows of a push+pull (%.1f MiB of them are being read, "
@@ -326,8 +405,9 @@ void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discard
       ts_stable_contribute(t, s->task, ts_server_now_ms(srv));
     else
       result = TESSERA__PUSH_RESULT__PUSH_STALE;
-  } else if (applying && (rx->sp_pieces_applied > 0 || m->num_keys == 0) && m->piece == 0) {
-    ts_stable_bump(t); /* once a push: with its first piece */
+  } else if (applying && (rx->sp_pieces_applied > 0 || m->num_keys == 0) && m->piece == 0 &&
+             !rx->sp_resumed) {
+    ts_stable_bump(t); /* once a push: with its first piece (a cut-off one when it was cut) */
   }
   if (result == TESSERA__PUSH_RESULT__PUSH_STALE) {
     st->stale_dropped++;
@@ -343,11 +423,15 @@ void ts_sparse_push_handle(ts_session_t *s, Tessera__SparsePush *m, bool discard
   if (result == TESSERA__PUSH_RESULT__PUSH_APPLIED || result == TESSERA__PUSH_RESULT__PUSH_ACCUMULATED) {
     ts_pushid_window_t *w = pushid_window(s, m);
     if (w && rx->sp_bad_code == 0) ts_pushid_record(w, m->push_id);
+    ts_pushid_part_t *part = pushid_part(s, m->push_id, m->client_incarnation);
+    if (part && part->id == m->push_id) memset(part, 0, sizeof *part);
   }
   if ((unsigned)result < 4) srv->metrics.push_parts[result]++;
+  /* A push in pieces counts once; async, a push refused before any record went in does
+   * not count (its clock does not move); sync, it was heard from for the step. */
   if ((result == TESSERA__PUSH_RESULT__PUSH_APPLIED ||
        result == TESSERA__PUSH_RESULT__PUSH_ACCUMULATED) &&
-      m->piece == 0) /* a push in pieces counts once */
+      m->piece == 0 && (sync || !rx->sp_bad_code || rx->sp_pieces_applied > 0))
     count_push(s, m->step);
   if (rx->sp_bad_code) {
     char detail[512];

@@ -27,6 +27,9 @@ void ts_store_init(ts_store_t *s, const ts_config_t *cfg, uint32_t shard) {
   s->table_budget.max_bytes =
       cfg->max_table_bytes > 0 ? (uint64_t)cfg->max_table_bytes : UINT64_MAX;
   s->table_budget.rng = 0x9e3779b97f4a7c15ULL ^ shard;
+  s->table_budget.accum_room = cfg->mode == TS_MODE_SYNC && cfg->max_table_bytes > 0
+                                   ? (uint64_t)cfg->max_table_bytes / TS_STABLE_ACCUM_SHARE
+                                   : 0;
   s->table_budget.track =
       cfg->checkpoint_dir && cfg->checkpoint_dir[0] && cfg->checkpoint_full_every > 1;
   ts_optim_from_config(&s->optim, cfg);
@@ -64,7 +67,7 @@ static void free_parts(ts_store_t *s) {
   ts_store_model_free(&m);
   s->tables = NULL;
   s->num_tables = 0;
-  s->table_budget.bytes = 0;
+  s->table_budget.bytes = s->table_budget.accum_bytes = 0;
   s->tensors = NULL;
   s->num_tensors = 0;
   memset(&s->plan, 0, sizeof s->plan);
@@ -368,7 +371,7 @@ void ts_store_install(ts_store_t *s, ts_store_model_t *m) {
   for (size_t i = 0; i < s->num_parts; i++) s->awaiting += s->parts[i].unset;
   s->tables = m->tables;
   s->num_tables = m->num_tables;
-  s->table_budget.bytes = 0;
+  s->table_budget.bytes = s->table_budget.accum_bytes = 0; /* no step open yet */
   for (uint32_t i = 0; i < s->num_tables; i++)
     s->table_budget.bytes += ts_stable_bytes(ts_stables_at(s->tables, i));
   s->declared = true;

@@ -69,6 +69,11 @@ struct ts_stable {
   ts_table_t accum;
   uint8_t *contributed;
   uint32_t have;
+  /* tasks whose push for the step is in part only (its frame still being read, or its
+   * connection lost): their records are each a key's whole gradient, so if the step closes
+   * before the rest comes they count as having pushed those keys (ts_stable_sync_complete) */
+  uint8_t *partial;
+  uint32_t npartial;
   uint64_t opened_ms;
 };
 
@@ -142,6 +147,7 @@ static void stable_free(ts_stable_t *t) {
   ts_table_free(&t->accum);
   if (t->has_sketch) ts_admit_sketch_free(&t->sketch);
   ts_free(t->contributed);
+  ts_free(t->partial);
   ts_free(t->tomb);
   ts_free(t->name);
 }
@@ -181,7 +187,9 @@ static int stable_make(ts_stable_t *t, const Tessera__TableDecl *d, uint64_t see
   }
   t->sync = sync;
   t->num_workers = num_workers ? num_workers : 1;
-  if (sync && !(t->contributed = ts_calloc(t->num_workers, 1))) goto nomem;
+  if (sync && (!(t->contributed = ts_calloc(t->num_workers, 1)) ||
+               !(t->partial = ts_calloc(t->num_workers, 1))))
+    goto nomem;
   return 0;
 nomem:
   ts_errmsg_printf(errmsg, errlen, "out of memory for table '%s'", d->name);
@@ -266,7 +274,7 @@ const char *ts_stable_name(const ts_stable_t *t) { return t->name; }
 uint64_t ts_stable_bytes(const ts_stable_t *t) {
   uint64_t b = ts_table_bytes(&t->rows) + ts_table_bytes(&t->accum);
   if (t->has_sketch) b += (uint64_t)TS_ADMIT_SKETCH_DEPTH * t->sketch.width * sizeof(uint16_t);
-  return b + (t->contributed ? t->num_workers : 0);
+  return b + (t->contributed ? 2 * (uint64_t)t->num_workers : 0);
 }
 
 void ts_stable_info(const ts_stable_t *t, ts_stable_info_t *info) {
@@ -340,6 +348,15 @@ static void tomb_add(ts_stable_t *t, const ts_stable_budget_t *b, uint64_t key) 
   t->tomb[t->ntomb++] = key;
 }
 
+/* Whether cost more bytes of tab fit the budget: the accumulator's anywhere in it, rows
+ * only where they leave the steps' gradient sums their room (b->accum_room). */
+static bool fits(const ts_stable_t *t, const ts_stable_budget_t *b, const ts_table_t *tab,
+                 uint64_t cost) {
+  if (b->bytes + cost > b->max_bytes) return false;
+  if (tab == &t->accum || b->accum_room == 0) return true;
+  return b->bytes - b->accum_bytes + cost + b->accum_room <= b->max_bytes;
+}
+
 /* The row of key in tab (t's rows or its accumulator), made within the budget: the rows
  * table makes room by evicting its least recently used rows; the accumulator does not
  * (its rows are the step's gradients). TS_TABLE_NONE when there is no room. */
@@ -347,7 +364,7 @@ static uint32_t new_row(ts_stable_t *t, ts_stable_budget_t *b, ts_table_t *tab, 
   for (int tries = 0;; tries++) {
     bool full = tab->size >= tab->max_rows;
     uint64_t cost = ts_table_insert_cost(tab);
-    if (!full && b->bytes + cost <= b->max_bytes) break;
+    if (!full && fits(t, b, tab, cost)) break;
     /* The rows table's next index, made ahead while there was room, gives way first: the
      * budget is for rows (and a step's gradients), the index is only early. */
     if (!full && t->rows.next_index) {
@@ -369,9 +386,9 @@ static uint32_t new_row(ts_stable_t *t, ts_stable_budget_t *b, ts_table_t *tab, 
    * the rows before the grow as well: the grow then only moves the entries
    * (ts_table_prepare_grow), and a table near its budget holds as many rows as without. */
   uint64_t room = tab == &t->rows ? ts_table_prepare_room(tab) : 0;
-  if (room && b->bytes + (ts_table_bytes(tab) - before) + room <= b->max_bytes)
-    ts_table_prepare_grow(tab);
+  if (room && fits(t, b, tab, (ts_table_bytes(tab) - before) + room)) ts_table_prepare_grow(tab);
   b->bytes += ts_table_bytes(tab) - before;
+  if (tab == &t->accum) b->accum_bytes += ts_table_bytes(tab) - before;
   return id;
 }
 
@@ -505,14 +522,20 @@ int ts_stable_sync_state(const ts_stable_t *t, int task, uint64_t step) {
   return TESSERA__PUSH_RESULT__PUSH_ACCUMULATED;
 }
 
-void ts_stable_accumulate(ts_stable_t *t, ts_stable_budget_t *b, const float *records, size_t n,
-                          uint64_t *rows, uint64_t *filtered) {
+void ts_stable_accumulate(ts_stable_t *t, ts_stable_budget_t *b, int task, const float *records,
+                          size_t n, uint64_t *rows, uint64_t *filtered) {
   size_t dim = t->rows.dim, rec = 2 + dim;
+  if (n && task >= 0 && (uint32_t)task < t->num_workers && !t->contributed[task] &&
+      !t->partial[task]) {
+    t->partial[task] = 1;
+    t->npartial++;
+  }
   for (size_t i = 0; i < n; i++, records += rec) {
     uint64_t k = load_key(records);
-    uint32_t id = TS_TABLE_NONE;
-    if (ts_table_find(&t->rows, k) != TS_TABLE_NONE ||
-        (t->policy.admit_count <= 1 && ts_admit_key(&t->policy, NULL, k)))
+    /* a key summed already needs no room (a new slab's cost must not drop it) */
+    uint32_t id = ts_table_find(&t->accum, k);
+    if (id == TS_TABLE_NONE && (ts_table_find(&t->rows, k) != TS_TABLE_NONE ||
+                                (t->policy.admit_count <= 1 && ts_admit_key(&t->policy, NULL, k))))
       id = new_row(t, b, &t->accum, k);
     if (id == TS_TABLE_NONE) {
       t->filtered++;
@@ -531,15 +554,20 @@ void ts_stable_contribute(ts_stable_t *t, int task, uint64_t now_ms) {
   if (t->have == 0) t->opened_ms = now_ms;
   t->contributed[task] = 1;
   t->have++;
+  if (t->partial[task]) {
+    t->partial[task] = 0;
+    t->npartial--;
+  }
 }
 
 uint32_t ts_stable_sync_count(const ts_stable_t *t) { return t->have; }
+uint32_t ts_stable_sync_partial(const ts_stable_t *t) { return t->npartial; }
 const uint8_t *ts_stable_contributed(const ts_stable_t *t) { return t->contributed; }
 uint64_t ts_stable_opened_ms(const ts_stable_t *t) { return t->opened_ms; }
 
 void ts_stable_sync_complete(ts_stable_t *t, ts_stable_budget_t *b) {
   ts_require(t->have > 0);
-  float scale = 1.0f / (float)t->have;
+  float scale = 1.0f / (float)(t->have + t->npartial);
   uint32_t cursor = 0;
   for (uint32_t a; (a = ts_table_next(&t->accum, &cursor)) != TS_TABLE_NONE;) {
     uint64_t k = ts_table_meta(&t->accum, a)->key;
@@ -554,8 +582,10 @@ void ts_stable_sync_complete(ts_stable_t *t, ts_stable_budget_t *b) {
   uint64_t before = ts_table_bytes(&t->accum);
   ts_table_free(&t->accum); /* keeps its shape: the next step's */
   b->bytes -= before - ts_table_bytes(&t->accum);
+  b->accum_bytes -= before - ts_table_bytes(&t->accum);
   memset(t->contributed, 0, t->num_workers);
-  t->have = 0;
+  memset(t->partial, 0, t->num_workers);
+  t->have = t->npartial = 0;
   t->version++;
 }
 

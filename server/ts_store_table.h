@@ -80,9 +80,18 @@ int ts_stable_check_keys(const void *keys, size_t stride, size_t n, uint64_t *pr
 typedef struct {
   uint64_t max_bytes;
   uint64_t bytes;
+  /* Sync mode: of bytes, the steps' gradient sums (the tables' accumulators), and the room
+   * rows leave them (TS_STABLE_ACCUM_SHARE of max_bytes): a table's slabs never shrink, so
+   * rows that took the whole budget would leave a step no room for its gradients. */
+  uint64_t accum_bytes;
+  uint64_t accum_room;
   uint64_t rng; /* the LRU sample's random state */
   bool track;   /* incremental checkpoints: mark changed rows, keep erased keys */
 } ts_stable_budget_t;
+
+/* Sync mode: the share of server.max_table_bytes that rows leave for a step's gradient sums
+ * (1 / TS_STABLE_ACCUM_SHARE); the sums may take any room left besides. */
+#define TS_STABLE_ACCUM_SHARE 8
 
 /* Answer a read-only pull (SparsePull.read_only): as ts_stable_pull, but a key with no row
  * gets the initialiser's row and nothing changes: no row made, no sighting, no recency. */
@@ -113,18 +122,21 @@ void ts_stable_bump(ts_stable_t *t);
  * may push for `step` now, ..._STALE (step < version), ..._DUPLICATE (task pushed for it
  * already); a step ahead of the version returns TS_EFUTURE (the caller refuses the push). */
 int ts_stable_sync_state(const ts_stable_t *t, int task, uint64_t step);
-/* Sync: sum n records (checked) into the step's accumulator (keys not admissible are
- * dropped: *filtered). */
-void ts_stable_accumulate(ts_stable_t *t, ts_stable_budget_t *b, const float *records, size_t n,
-                          uint64_t *rows, uint64_t *filtered);
+/* Sync: sum n records (checked) of worker `task`'s push into the step's accumulator (keys
+ * not admissible are dropped: *filtered); the task is in part until ts_stable_contribute. */
+void ts_stable_accumulate(ts_stable_t *t, ts_stable_budget_t *b, int task, const float *records,
+                          size_t n, uint64_t *rows, uint64_t *filtered);
 /* Sync: task's push for the open step is in (its records, maybe none, were accumulated). */
 void ts_stable_contribute(ts_stable_t *t, int task, uint64_t now_ms);
 /* Sync: the open step's count, its contributors (num_workers bytes) and when it opened. */
 uint32_t ts_stable_sync_count(const ts_stable_t *t);
+/* Sync: the tasks of the open step whose push is in part only (accumulated, not complete). */
+uint32_t ts_stable_sync_partial(const ts_stable_t *t);
 const uint8_t *ts_stable_contributed(const ts_stable_t *t);
 uint64_t ts_stable_opened_ms(const ts_stable_t *t);
-/* Sync: close the open step: every accumulated row applied once with 1/count, the version
- * moves to step + 1. */
+/* Sync: close the open step: every accumulated row applied once with 1 / (count + the tasks
+ * in part: each of their records is one key's whole gradient, so they count as pushes of
+ * the keys that came), the version moves to step + 1. */
 void ts_stable_sync_complete(ts_stable_t *t, ts_stable_budget_t *b);
 
 /* Checkpoints (server/ts_ckpt_tables.c). The table as declared, its rows (read only: a

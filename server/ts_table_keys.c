@@ -81,7 +81,12 @@ static void handle(ts_session_t *s, const Tessera__TableKeys *m) {
   uint64_t cursor = m->cursor;
   uint64_t slots =
       m->max_keys * SLOTS_PER_KEY > MIN_SLOTS ? m->max_keys * SLOTS_PER_KEY : MIN_SLOTS;
-  size_t n = ts_table_keys(rows, &cursor, kb->keys, (size_t)max, slots);
+  /* A table whose rows were all erased still has their slots: nothing left to list. */
+  size_t n = 0;
+  if (rows->size == 0)
+    cursor = rows->next_row;
+  else
+    n = ts_table_keys(rows, &cursor, kb->keys, (size_t)max, slots);
   bytes = n * sizeof(uint64_t);
   kb->charged = ts_alloc_cost(sizeof *kb + (size_t)max * sizeof(uint64_t));
   Tessera__TableKeysReply r = TESSERA__TABLE_KEYS_REPLY__INIT;

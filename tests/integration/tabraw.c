@@ -146,9 +146,9 @@ void tt_send_push_pull(int fd, uint32_t table, uint32_t dim, uint64_t step, uint
   tt_send_push_piece(fd, table, dim, step, push_id, pull_id, 0, keys, grads, n);
 }
 
-void tt_send_push_piece(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
-                        uint64_t pull_id, uint32_t piece, const uint64_t *keys, const float *grads,
-                        size_t n) {
+static void send_push(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
+                      uint64_t pull_id, uint32_t piece, const uint64_t *keys, const float *grads,
+                      size_t n, size_t sent) {
   Tessera__SparsePush p = TESSERA__SPARSE_PUSH__INIT;
   p.request_id = TT_PUSH_ID;
   p.pull_request_id = pull_id;
@@ -166,8 +166,19 @@ void tt_send_push_piece(int fd, uint32_t table, uint32_t dim, uint64_t step, uin
     memcpy(buf + i * rec + 8, grads + i * dim, 4 * (size_t)dim);
   }
   ts_raw_send_msg(fd, TS_MSG_SPARSE_PUSH, &p.base, n * rec);
-  ts_raw_send_all(fd, buf, n * rec);
+  ts_raw_send_all(fd, buf, sent * rec);
   free(buf);
+}
+
+void tt_send_push_piece(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
+                        uint64_t pull_id, uint32_t piece, const uint64_t *keys, const float *grads,
+                        size_t n) {
+  send_push(fd, table, dim, step, push_id, pull_id, piece, keys, grads, n, n);
+}
+
+void tt_send_push_cut(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
+                      const uint64_t *keys, const float *grads, size_t n, size_t sent) {
+  send_push(fd, table, dim, step, push_id, 0, 0, keys, grads, n, sent);
 }
 
 int tt_read_push(int fd, tt_push_reply_t *out, char *detail, size_t dn) {
@@ -189,6 +200,20 @@ int tt_push(int fd, uint32_t table, uint32_t dim, uint64_t step, const uint64_t 
             const float *grads, size_t n, tt_push_reply_t *out, char *detail, size_t dn) {
   tt_send_push(fd, table, dim, step, 0, keys, grads, n);
   return tt_read_push(fd, out, detail, dn);
+}
+
+Tessera__TableKeysReply *tt_keys_page(int fd, uint64_t max_keys, uint64_t *data_len) {
+  Tessera__TableKeys m = TESSERA__TABLE_KEYS__INIT;
+  m.request_id = 200;
+  m.max_keys = max_keys;
+  ts_raw_send_msg(fd, TS_MSG_TABLE_KEYS, &m.base, 0);
+  tt_frame_t f;
+  assert_int_equal(tt_read_frame(fd, &f), TS_MSG_TABLE_KEYS_REPLY);
+  free(f.data);
+  *data_len = f.data_len;
+  Tessera__TableKeysReply *r = tessera__table_keys_reply__unpack(NULL, f.meta_len, f.meta);
+  assert_non_null(r);
+  return r;
 }
 
 Tessera__ShardStatus *tt_status(int fd) {

@@ -71,12 +71,21 @@ void tt_send_push_piece(int fd, uint32_t table, uint32_t dim, uint64_t step, uin
                         uint64_t pull_id, uint32_t piece, const uint64_t *keys, const float *grads,
                         size_t n);
 
+/* A SparsePush of n rows of which only the first `sent` records are sent (the caller then
+ * closes the connection: a push cut off mid-frame). */
+void tt_send_push_cut(int fd, uint32_t table, uint32_t dim, uint64_t step, uint64_t push_id,
+                      const uint64_t *keys, const float *grads, size_t n, size_t sent);
+
 /* The reply to a push: 0 with *out (may be NULL), or the error's code. */
 int tt_read_push(int fd, tt_push_reply_t *out, char *detail, size_t dn);
 
 /* Both. */
 int tt_push(int fd, uint32_t table, uint32_t dim, uint64_t step, const uint64_t *keys,
             const float *grads, size_t n, tt_push_reply_t *out, char *detail, size_t dn);
+
+/* A page of table 0's keys from row slot 0 (TableKeys, max_keys): the reply (free with
+ * tessera__table_keys_reply__free_unpacked), its payload's length into *data_len. */
+Tessera__TableKeysReply *tt_keys_page(int fd, uint64_t max_keys, uint64_t *data_len);
 
 /* The shard's status (free with tessera__shard_status__free_unpacked). */
 Tessera__ShardStatus *tt_status(int fd);

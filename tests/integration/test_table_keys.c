@@ -256,19 +256,12 @@ static void test_list_page_grow(void **state) {
     free(f.data);
   }
   /* the same connection, asked rightly, gets all of shard 0's keys in one page */
-  Tessera__TableKeys m = TESSERA__TABLE_KEYS__INIT;
-  m.request_id = 200;
-  m.max_keys = UINT64_C(1) << 20;
-  ts_raw_send_msg(fd, TS_MSG_TABLE_KEYS, &m.base, 0);
-  tt_frame_t f;
-  assert_int_equal(tt_read_frame(fd, &f), TS_MSG_TABLE_KEYS_REPLY);
-  Tessera__TableKeysReply *r = tessera__table_keys_reply__unpack(NULL, f.meta_len, f.meta);
-  assert_non_null(r);
+  uint64_t data_len;
+  Tessera__TableKeysReply *r = tt_keys_page(fd, UINT64_C(1) << 20, &data_len);
   assert_true(r->done);
   assert_int_equal(r->num_keys, len);
-  assert_int_equal(f.data_len, len * 8);
+  assert_int_equal(data_len, len * 8);
   tessera__table_keys_reply__free_unpacked(r, NULL);
-  free(f.data);
   close(fd);
 
   /* the well-behaved worker beside it lists the same keys as before the growth, and more */

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -173,12 +174,14 @@ static void test_sync_step(void **state) {
   float rec[4], g0[2] = {0.25f, -1}, g1[2] = {0.75f, 3};
   uint64_t n = 0, f = 0;
   records(rec, &k, g0, 1, 2);
-  ts_stable_accumulate(t, &b, rec, 1, &n, &f);
+  ts_stable_accumulate(t, &b, 0, rec, 1, &n, &f);
   ts_stable_contribute(t, 0, 100);
   assert_int_equal(ts_stable_sync_state(t, 0, 0), TESSERA__PUSH_RESULT__PUSH_DUPLICATE);
   records(rec, &k, g1, 1, 2);
-  ts_stable_accumulate(t, &b, rec, 1, &n, &f);
+  ts_stable_accumulate(t, &b, 1, rec, 1, &n, &f);
+  assert_int_equal(ts_stable_sync_partial(t), 1);
   ts_stable_contribute(t, 1, 120);
+  assert_int_equal(ts_stable_sync_partial(t), 0);
   assert_int_equal(ts_stable_sync_count(t), 2);
   assert_int_equal(ts_stable_opened_ms(t), 100);
   ts_stable_sync_complete(t, &b);
@@ -187,6 +190,82 @@ static void test_sync_step(void **state) {
   ts_stable_pull(t, &b, &k, 1, rows);
   assert_true(rows[0] == w[0] - 0.5f * (0.5f * (0.25f + 0.75f)));
   assert_true(rows[1] == w[1] - 0.5f * (0.5f * (-1.0f + 3.0f)));
+  ts_stables_free(t, 1);
+}
+
+/* A push cut off in part (its worker lost mid-frame) when the step closes: its records are
+ * each one key's whole gradient, so it counts as a push of those keys. */
+static void test_sync_step_partial(void **state) {
+  (void)state;
+  Tessera__TableDecl d = decl("emb", 2);
+  ts_stable_t *t = one_table(&d, true, 3);
+  ts_stable_budget_t b = {.max_bytes = UINT64_MAX, .rng = 1};
+  uint64_t k[2] = {4, 9};
+  float w[4], rows[4], rec[8], g0[4] = {0.25f, -1, 2, 4}, g1[2] = {0.75f, 3};
+  uint64_t n = 0, f = 0;
+  ts_stable_pull(t, &b, k, 2, w);
+  records(rec, k, g0, 2, 2); /* task 0: both keys, whole */
+  ts_stable_accumulate(t, &b, 0, rec, 2, &n, &f);
+  ts_stable_contribute(t, 0, 100);
+  records(rec, k, g1, 1, 2); /* task 1: key 4 only, then its connection was lost */
+  ts_stable_accumulate(t, &b, 1, rec, 1, &n, &f);
+  assert_int_equal(ts_stable_sync_count(t), 1);
+  assert_int_equal(ts_stable_sync_partial(t), 1);
+  assert_int_equal(ts_stable_sync_state(t, 1, 0), TESSERA__PUSH_RESULT__PUSH_ACCUMULATED);
+  ts_stable_sync_complete(t, &b); /* the barrier gave up on task 1 (and task 2) */
+  assert_int_equal(ts_stable_sync_partial(t), 0);
+  ts_stable_pull(t, &b, k, 2, rows);
+  assert_true(rows[0] == w[0] - 0.5f * (0.5f * (0.25f + 0.75f)));
+  assert_true(rows[1] == w[1] - 0.5f * (0.5f * (-1.0f + 3.0f)));
+  assert_true(rows[2] == w[2] - 0.5f * (0.5f * 2.0f));
+  assert_true(rows[3] == w[3] - 0.5f * (0.5f * 4.0f));
+  ts_stables_free(t, 1);
+}
+
+/* Sync at the byte budget: rows pulled until the budget is full (evicting) leave a step's
+ * gradient sums their room, so the step's gradients are all summed, keys summed twice
+ * included, and the rows never take the room back. */
+static void test_sync_at_budget(void **state) {
+  (void)state;
+  Tessera__TableDecl d = decl("emb", 4);
+  ts_stable_t *t = one_table(&d, true, 1);
+  ts_stable_budget_t b = {.max_bytes = 4u << 20, .accum_room = 512u << 10, .rng = 1};
+  enum { FLOOD = 200000, STEP = 3000 };
+  uint64_t *keys = malloc(FLOOD * sizeof *keys);
+  float *rows = malloc((size_t)FLOOD * 4 * sizeof *rows), *rec = malloc(STEP * 6 * sizeof *rec);
+  float *g = malloc(STEP * 4 * sizeof *g);
+  assert_non_null(keys);
+  assert_non_null(rows);
+  assert_non_null(rec);
+  assert_non_null(g);
+  for (size_t i = 0; i < FLOOD; i++) keys[i] = i + 1;
+  for (size_t at = 0; at < FLOOD; at += 10000) ts_stable_pull(t, &b, keys + at, 10000, rows);
+  ts_stable_info_t info;
+  ts_stable_info(t, &info);
+  assert_true(info.evicted > 0);
+  assert_true(b.bytes + b.accum_room <= b.max_bytes);
+  for (int step = 0; step < 3; step++) {
+    uint64_t *k = keys + FLOOD - STEP; /* the last rows pulled: they are there */
+    for (size_t i = 0; i < STEP * 4; i++) g[i] = 0.5f;
+    records(rec, k, g, STEP, 4);
+    uint64_t n = 0, f = 0;
+    ts_stable_accumulate(t, &b, 0, rec, STEP, &n, &f);
+    ts_stable_accumulate(t, &b, 0, rec, STEP, &n, &f); /* each key summed twice */
+    assert_int_equal(f, 0);
+    assert_int_equal(n, 2 * STEP);
+    assert_true(b.bytes <= b.max_bytes);
+    ts_stable_contribute(t, 0, 100);
+    ts_stable_sync_complete(t, &b);
+    assert_int_equal(b.accum_bytes, 0);
+    /* more rows pulled between steps take no room from the next step's sums */
+    for (size_t i = 0; i < 10000; i++) keys[i] = FLOOD + (size_t)step * 10000 + i + 1;
+    ts_stable_pull(t, &b, keys, 10000, rows);
+    assert_true(b.bytes + b.accum_room <= b.max_bytes);
+  }
+  free(keys);
+  free(rows);
+  free(rec);
+  free(g);
   ts_stables_free(t, 1);
 }
 
@@ -311,6 +390,8 @@ int main(void) {
       cmocka_unit_test(test_check_keys),
       cmocka_unit_test(test_pull_and_admission),
       cmocka_unit_test(test_sync_step),
+      cmocka_unit_test(test_sync_step_partial),
+      cmocka_unit_test(test_sync_at_budget),
       cmocka_unit_test(test_capacity_and_budget),
       cmocka_unit_test(test_index_made_ahead_in_budget),
   };

@@ -291,6 +291,7 @@ int ts_client_open(ts_client_t **out, const ts_client_opts_t *opts, char *errmsg
   c->opts.addrs = NULL; /* the caller's: shards keep their own copies */
   c->n = (uint32_t)o.num_shards;
   c->timeout_s = o.request_timeout_s > 0 ? o.request_timeout_s : 60.0;
+  if (c->timeout_s > TS_CL_MAX_TIMEOUT_S) c->timeout_s = TS_CL_MAX_TIMEOUT_S;
   c->identity = ts_strdup(o.identity ? o.identity : "");
   /* Shards keep 127 bytes of it, and refuse a handshake over server.max_handshake_bytes
    * (256 at the least): cut it at a character boundary below that. */
@@ -409,7 +410,8 @@ void ts_client_close(ts_client_t *c) {
 }
 
 void ts_client_set_timeout(ts_client_t *c, double seconds) {
-  if (c && seconds > 0) c->timeout_s = seconds;
+  if (c && seconds > 0)
+    c->timeout_s = seconds < TS_CL_MAX_TIMEOUT_S ? seconds : TS_CL_MAX_TIMEOUT_S;
 }
 
 uint32_t ts_client_num_shards(const ts_client_t *c) { return c ? c->n : 0; }

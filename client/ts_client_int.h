@@ -35,6 +35,9 @@
 #define TS_CL_BACKOFF_MAX_MS 5000
 /* A reply may carry every partition a shard holds; the largest frame a client accepts. */
 #define TS_CL_MAX_DATA (UINT64_C(1) << 40)
+/* The longest deadline a request takes (longer ones, an infinite one too, are cut to it):
+ * 40 days, in milliseconds within a u32. */
+#define TS_CL_MAX_TIMEOUT_S 3456000.0
 /* Failed pushes whose shards that answered are remembered, so a retry skips them. */
 #define TS_CL_FAILED_PUSHES 16
 
@@ -42,6 +45,11 @@
 typedef struct {
   uint64_t push_id; /* 0: a free entry */
   uint8_t *acked;   /* one per shard (owned) */
+  /* what the push was: a retry_of that names it for another kind, table or key count
+   * does not repeat it, and its acks (a table push's piece cut) are not used */
+  bool sparse;
+  uint32_t table;
+  size_t nkeys;
 } ts_cl_failed_push_t;
 
 /* ts_client_req_t.priv_state */
@@ -185,6 +193,8 @@ struct ts_cl_wreq {
   uint64_t pull_id;         /* a table's push+pull in one frame: the push names its pull */
   bool rides;               /* ... and the pull, answered without a frame of its own */
   uint8_t piece;            /* a table's push: SparsePush.piece */
+  uint64_t sent_end;        /* its link's bytes_out once its frame was queued: a reply
+                               before ts_conn_released reaches it is refused (EPROTO) */
 };
 
 typedef enum { SH_DOWN, SH_CONNECTING, SH_HELLO, SH_HANDSHAKE, SH_DECLARING, SH_READY } ts_cl_sh_state_t;
@@ -336,8 +346,13 @@ int ts_cl_enqueue_wire(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op, ts_cl_
 void ts_cl_flush_queued(ts_cl_shard_t *sh);
 /* A wire request is answered (rc 0) or failed; frees it. */
 void ts_cl_complete_req(ts_cl_wreq_t *r, int rc, const char *detail);
-ts_cl_wreq_t *ts_cl_take_pending(ts_cl_shard_t *sh, uint64_t id);
-ts_cl_wreq_t *ts_cl_find_pending(ts_cl_shard_t *sh, uint64_t id);
+/* The pending wire request of sh with id `id` that a frame of type `reply` answers (its
+ * request type + 1; TS_MSG_ERROR answers any; 0: any, not a reply but the client's own
+ * bookkeeping), unlinked (take) or left (find); NULL
+ * when there is none: a reply to a request of another type is dropped as a reply to no
+ * request is, and the request fails by its deadline rather than succeed with nothing. */
+ts_cl_wreq_t *ts_cl_take_pending(ts_cl_shard_t *sh, uint64_t id, uint16_t reply);
+ts_cl_wreq_t *ts_cl_find_pending(ts_cl_shard_t *sh, uint64_t id, uint16_t reply);
 void ts_cl_free_wreq(ts_cl_wreq_t *r);
 void ts_cl_free_op(ts_cl_op_t *op);
 /* Forget the failed pushes remembered for retries (closing the client). */

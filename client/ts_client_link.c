@@ -220,7 +220,7 @@ static int on_meta(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessage
   }
   if (h->type == TS_MSG_TABLE_KEYS_REPLY && l->sh) {
     const Tessera__TableKeysReply *m = (const Tessera__TableKeysReply *)msg;
-    ts_cl_wreq_t *r = ts_cl_find_pending(l->sh, m->request_id);
+    ts_cl_wreq_t *r = ts_cl_find_pending(l->sh, m->request_id, h->type);
     if (!r || !r->op) return 0; /* nobody waits for it: read and drop */
     if (r->type != TS_MSG_TABLE_KEYS || m->table != r->op->keys_table ||
         m->num_keys > r->op->keys_max) {
@@ -237,7 +237,7 @@ static int on_meta(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessage
   }
   if (h->type != TS_MSG_PULL_REPLY || !l->sh) return 0;
   const Tessera__PullReply *m = (const Tessera__PullReply *)msg;
-  ts_cl_wreq_t *r = ts_cl_find_pending(l->sh, m->request_id);
+  ts_cl_wreq_t *r = ts_cl_find_pending(l->sh, m->request_id, h->type);
   if (!r || !r->op) return 0; /* nobody waits for it: read and drop */
   const ts_plan_t *plan = &l->sh->cl->plan;
   if (m->n_parts != r->n) goto mismatch;
@@ -426,7 +426,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
         }
         break; /* the server closes the connection */
       }
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, e->request_id);
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, e->request_id, TS_MSG_ERROR);
       if (r && r->internal && r->type == TS_MSG_DECLARE) {
         ts_log_err("shard %u (%s) refused the model: %s", sh->index, sh->addr, e->detail);
         ts_cl_note_why(sh, "model refused: ", e->detail);
@@ -444,7 +444,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     }
     case TS_MSG_DECLARE_REPLY: {
       const Tessera__DeclareReply *m = (const Tessera__DeclareReply *)msg;
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id, h->type);
       if (!r) break;
       if (r->op && m->awaiting_values) r->op->awaiting = true;
       bool internal = r->internal;
@@ -454,7 +454,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     }
     case TS_MSG_PULL_REPLY: {
       const Tessera__PullReply *m = (const Tessera__PullReply *)msg;
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id, h->type);
       if (!r) break;
       if (!discarded && m->n_parts > 0) {
         uint64_t v = UINT64_MAX;
@@ -478,7 +478,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     }
     case TS_MSG_PUSH_REPLY: {
       const Tessera__PushReply *m = (const Tessera__PushReply *)msg;
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id, h->type);
       if (!r) break;
       if (r->op) {
         if (r->op->acked) r->op->acked[sh->index] = 1;
@@ -510,7 +510,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
       break;
     case TS_MSG_CHECKPOINT_REPLY: {
       const Tessera__CheckpointReply *m = (const Tessera__CheckpointReply *)msg;
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id, h->type);
       if (!r) break;
       if (r->op) {
         ts_text_clean(m->path, r->op->path, sizeof r->op->path);
@@ -521,7 +521,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     }
     case TS_MSG_SHUTDOWN_REPLY: {
       const Tessera__ShutdownReply *m = (const Tessera__ShutdownReply *)msg;
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id, h->type);
       if (!r) break;
       if (r->op) ts_text_clean(m->checkpoint_path, r->op->path, sizeof r->op->path);
       ts_cl_complete_req(r, 0, NULL);
@@ -529,7 +529,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     }
     case TS_MSG_MODEL_RESET_REPLY: {
       const Tessera__ModelResetReply *m = (const Tessera__ModelResetReply *)msg;
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id, h->type);
       if (!r) break;
       if (r->op) {
         r->op->dropped = m->dropped;
@@ -541,7 +541,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     }
     case TS_MSG_TABLE_KEYS_REPLY: {
       const Tessera__TableKeysReply *m = (const Tessera__TableKeysReply *)msg;
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id, h->type);
       if (!r) break;
       if (r->op && discarded && m->num_keys) {
         ts_cl_complete_req(r, TS_EPROTO, "the keys of a table keys reply were lost");
@@ -560,7 +560,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     }
     case TS_MSG_HEARTBEAT_REPLY: {
       const Tessera__HeartbeatReply *m = (const Tessera__HeartbeatReply *)msg;
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id, h->type);
       if (r && r->op && sh->index == 0) {
         r->op->hb0 = true;
         r->op->job_end = (ts_client_job_end_t){.workers_finished = m->workers_finished,
@@ -573,7 +573,7 @@ static void on_frame(ts_conn_t *conn, const ts_frame_header_t *h, ProtobufCMessa
     }
     case TS_MSG_STATUS_REPLY: {
       Tessera__ShardStatus *m = (Tessera__ShardStatus *)msg;
-      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+      ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id, h->type);
       if (!r) break;
       if (r->op && !r->op->status) {
         r->op->status = m;

@@ -10,6 +10,7 @@
 
 #include "ts_alloc.h"
 #include "ts_err.h"
+#include "ts_log.h"
 #include "ts_msg.h"
 
 static uint64_t loop_now(ts_client_t *c) { return uv_now(&c->loop); }
@@ -75,7 +76,7 @@ static void remember_acks(ts_client_t *c, ts_cl_op_t *op) {
   if (push_rc == 0) {
     if (f) {
       ts_free(f->acked);
-      *f = (ts_cl_failed_push_t){0, NULL};
+      *f = (ts_cl_failed_push_t){.push_id = 0};
     }
     return;
   }
@@ -84,15 +85,25 @@ static void remember_acks(ts_client_t *c, ts_cl_op_t *op) {
     c->failed_next = (c->failed_next + 1) % TS_CL_FAILED_PUSHES;
   }
   ts_free(f->acked);
-  f->push_id = op->push_id;
-  f->acked = op->acked;
+  *f = (ts_cl_failed_push_t){.push_id = op->push_id,
+                             .acked = op->acked,
+                             .sparse = op->sp != NULL,
+                             .table = op->sp ? op->sp->table : 0,
+                             .nkeys = op->sp ? op->sp->nkeys : 0};
   op->acked = NULL;
+}
+
+/* Whether op repeats the failed push f: the same kind and, for a table, the same table
+ * and key count (a retry must send the same keys and gradients). */
+static bool repeats(const ts_cl_op_t *op, const ts_cl_failed_push_t *f) {
+  if (f->sparse != (op->sp != NULL)) return false;
+  return !op->sp || (f->table == op->sp->table && f->nkeys == op->sp->nkeys);
 }
 
 void ts_cl_free_failed_pushes(ts_client_t *c) {
   for (unsigned i = 0; i < TS_CL_FAILED_PUSHES; i++) {
     ts_free(c->failed[i].acked);
-    c->failed[i] = (ts_cl_failed_push_t){0, NULL};
+    c->failed[i] = (ts_cl_failed_push_t){.push_id = 0};
   }
 }
 
@@ -239,9 +250,27 @@ void ts_cl_complete_req(ts_cl_wreq_t *r, int rc, const char *detail) {
   ts_cl_free_wreq(r);
 }
 
-ts_cl_wreq_t *ts_cl_take_pending(ts_cl_shard_t *sh, uint64_t id) {
+/* Whether a frame of type `reply` answers r. A reply that comes before r's own frame was
+ * out of the caller's memory (the shard did not read the request) answers nothing: its
+ * link is closed (EPROTO), which fails r once libuv has let go of that memory. */
+static bool answers(const ts_cl_wreq_t *r, uint16_t reply) {
+  if (reply == 0) return true;
+  if (reply != TS_MSG_ERROR && (uint32_t)r->type + 1 != reply) return false;
+  ts_cl_link_t *l = r->sh->link;
+  if (l && ts_conn_released(&l->conn) < r->sent_end) {
+    ts_log_warn("shard %u (%s) answered request %llu before it was sent whole: closing its "
+                "connection",
+                r->sh->index, r->sh->addr, (unsigned long long)r->id);
+    ts_conn_close(&l->conn, TS_EPROTO);
+    return false;
+  }
+  return true;
+}
+
+ts_cl_wreq_t *ts_cl_take_pending(ts_cl_shard_t *sh, uint64_t id, uint16_t reply) {
   for (ts_cl_wreq_t **pp = &sh->pending; *pp; pp = &(*pp)->next) {
     if ((*pp)->id == id) {
+      if (!answers(*pp, reply)) return NULL;
       ts_cl_wreq_t *r = *pp;
       *pp = r->next;
       r->next = NULL;
@@ -251,9 +280,9 @@ ts_cl_wreq_t *ts_cl_take_pending(ts_cl_shard_t *sh, uint64_t id) {
   return NULL;
 }
 
-ts_cl_wreq_t *ts_cl_find_pending(ts_cl_shard_t *sh, uint64_t id) {
+ts_cl_wreq_t *ts_cl_find_pending(ts_cl_shard_t *sh, uint64_t id, uint16_t reply) {
   for (ts_cl_wreq_t *r = sh->pending; r; r = r->next)
-    if (r->id == id) return r;
+    if (r->id == id) return answers(r, reply) ? r : NULL;
   return NULL;
 }
 
@@ -415,6 +444,7 @@ static void send_req(ts_cl_wreq_t *r) {
     default:
       rc = TS_EINTERNAL;
   }
+  if (rc == 0) r->sent_end = conn->bytes_out;
 out:
   ts_free(slices);
   ts_free(sp);
@@ -508,7 +538,7 @@ void ts_cl_start_op(ts_client_t *c, ts_cl_op_t *op) {
    * every shard is sent it, which is as correct. */
   if (op->push_id && (op->acked = ts_calloc(c->n, 1)) != NULL && retry) {
     ts_cl_failed_push_t *f = failed_push(c, op->push_id);
-    if (f) memcpy(op->acked, f->acked, c->n);
+    if (f && repeats(op, f)) memcpy(op->acked, f->acked, c->n);
   }
   op->deadline_ms = loop_now(c) + (uint64_t)(op->timeout_s * 1000.0);
   op->version_min = UINT64_MAX;

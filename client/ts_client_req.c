@@ -242,6 +242,8 @@ static int hand_over(ts_client_t *c, ts_client_req_t *req, ts_cl_op_t *op, ts_cl
   bool push = op->kind != OP_PULL;
   op->wait_ready = true;
   op->timeout_s = req->timeout_s > 0 ? req->timeout_s : c->timeout_s;
+  /* a deadline in ms fits the wire's u32 (SparsePull.timeout_ms) and the clock's u64 */
+  if (!(op->timeout_s <= TS_CL_MAX_TIMEOUT_S)) op->timeout_s = TS_CL_MAX_TIMEOUT_S;
   op->req = req;
   op->cb = cb;
   op->cb_arg = arg;

@@ -309,11 +309,17 @@ int ts_cl_sparse_prepare(ts_client_t *c, const ts_client_req_t *req, ts_cl_op_t 
   return 0;
 }
 
+/* The least bytes of rows a pull request is cut to, whatever a shard says. */
+#define REPLY_ROWS_FLOOR ((uint64_t)32 << 10)
+
 /* The most bytes of rows one reply of sh carries: TS_MSG_SPARSE_PULL_CUT (what a shard's
  * reply budget holds four of by default), or less where the shard says so. */
 static uint64_t reply_rows_max(const ts_cl_shard_t *sh) {
-  uint64_t most = TS_MSG_SPARSE_PULL_CUT;
-  return sh->max_reply_rows && sh->max_reply_rows < most ? sh->max_reply_rows : most;
+  uint64_t most = TS_MSG_SPARSE_PULL_CUT, said = sh->max_reply_rows;
+  if (said == 0 || said >= most) return most;
+  /* a shard never says less than its smallest budget leaves (64 KiB less a reply's
+   * overhead): one saying less gets requests of this floor and refuses them */
+  return said < REPLY_ROWS_FLOOR ? REPLY_ROWS_FLOOR : said;
 }
 
 /* Keys a pull request to sh may list: at most TS_MSG_MAX_KEYS, with a reply within
@@ -426,6 +432,9 @@ int ts_cl_sparse_start(ts_client_t *c, ts_cl_shard_t *sh, ts_cl_op_t *op) {
   size_t off = sp->shard_off[sh->index], n = sp->shard_off[sh->index + 1] - off;
   int rc = 0;
   size_t pieces = push_pieces(op, sh, n), each = pieces > 1 ? (n + pieces - 1) / pieces : n;
+  /* A retry's remembered cut that its keys here cannot fill (they differ from the failed
+   * push's): not the same push, so not sent as its pieces. */
+  if (pieces > 1 && (pieces - 1) * each >= n) return TS_EINVAL;
   /* A retry: the pieces this shard answered in earlier attempts are not sent again. */
   unsigned all = (1u << pieces) - 1, had = op->acked ? op->acked[sh->index] & all : 0;
   if (op->acked)
@@ -488,7 +497,7 @@ int ts_cl_sparse_send(ts_client_t *c, ts_cl_wreq_t *r, ts_conn_t *conn) {
     if (r->piece && !(sh->features & TS_FEATURE_SPARSE_PUSH_PIECES)) {
       /* A retry of a push sent in pieces, to a shard that no longer takes them: in one
        * frame it would be applied twice or not at all where the first attempt had part. */
-      ts_cl_wreq_t *riding = r->pull_id ? ts_cl_take_pending(sh, r->pull_id) : NULL;
+      ts_cl_wreq_t *riding = r->pull_id ? ts_cl_take_pending(sh, r->pull_id, 0) : NULL;
       if (riding) ts_cl_complete_req(riding, TS_EPROTO, "the shard no longer takes a push in pieces");
       return TS_EPROTO;
     }
@@ -496,7 +505,7 @@ int ts_cl_sparse_send(ts_client_t *c, ts_cl_wreq_t *r, ts_conn_t *conn) {
     m.pull_request_id = r->pull_id;
     if (r->sp_n) make_records(sp, r->sp_off, r->sp_n);
     int rc = ts_conn_send(conn, TS_MSG_SPARSE_PUSH, &m.base, r->iov, r->sp_n ? 1 : 0, NULL, NULL);
-    ts_cl_wreq_t *riding = rc < 0 && r->pull_id ? ts_cl_take_pending(sh, r->pull_id) : NULL;
+    ts_cl_wreq_t *riding = rc < 0 && r->pull_id ? ts_cl_take_pending(sh, r->pull_id, 0) : NULL;
     if (riding) ts_cl_complete_req(riding, rc, "the push carrying this pull could not be sent");
     return rc;
   }
@@ -514,7 +523,7 @@ int ts_cl_sparse_send(ts_client_t *c, ts_cl_wreq_t *r, ts_conn_t *conn) {
 
 int ts_cl_sparse_reply_meta(ts_cl_shard_t *sh, const Tessera__SparsePullReply *m,
                             const uv_buf_t **iov, unsigned *niov) {
-  ts_cl_wreq_t *r = ts_cl_find_pending(sh, m->request_id);
+  ts_cl_wreq_t *r = ts_cl_find_pending(sh, m->request_id, TS_MSG_SPARSE_PULL_REPLY);
   if (!r || !r->op) return 0; /* nobody waits for it: read and drop */
   if (r->type != TS_MSG_SPARSE_PULL || !r->op->sp || m->num_keys != r->sp_n ||
       m->dim != r->op->sp->dim || m->table != r->op->sp->table)
@@ -553,7 +562,7 @@ void ts_cl_sparse_on_reply(ts_cl_shard_t *sh, uint16_t type, const ProtobufCMess
   ts_client_t *c = sh->cl;
   if (type == TS_MSG_SPARSE_PUSH_REPLY) {
     const Tessera__SparsePushReply *m = (const Tessera__SparsePushReply *)msg;
-    ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+    ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id, TS_MSG_SPARSE_PUSH_REPLY);
     if (!r) return;
     if (r->op && r->op->sp) {
       ts_cl_op_t *op = r->op;
@@ -572,7 +581,7 @@ void ts_cl_sparse_on_reply(ts_cl_shard_t *sh, uint16_t type, const ProtobufCMess
     return;
   }
   const Tessera__SparsePullReply *m = (const Tessera__SparsePullReply *)msg;
-  ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id);
+  ts_cl_wreq_t *r = ts_cl_take_pending(sh, m->request_id, TS_MSG_SPARSE_PULL_REPLY);
   if (!r) return;
   if (!r->op || discarded || !r->op->sp) {
     ts_cl_complete_req(r, TS_ENOMEM, "pull reply dropped");

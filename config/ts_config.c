@@ -242,7 +242,10 @@ const ts_config_def_t ts_config_defs[] = {
     INT64("server.max_reply_bytes", max_reply_bytes, 65536, 64 * GIB, "67108864",
           "Memory the replies queued to all connections together may take; over it the "
           "connection with the most queued is closed first. 64 MiB: what all peers together "
-          "can make a shard hold in replies they do not read. At least 64 KiB, at most 64 GiB."),
+          "can make a shard hold in replies they do not read. A table pull whose reply would "
+          "not fit it is refused (ETOOBIG), and the shard tells clients how many bytes of rows "
+          "a reply may carry (libtessera-client cuts its pulls to 16 MiB of rows, or to that "
+          "when less). At least 64 KiB, at most 64 GiB."),
     INT64("server.max_status_reply_bytes", max_status_reply_bytes, 65536, 64 * GIB, "4194304",
           "Of those, the memory queued Status replies may take (psctl status, the client "
           "library's ts_client_status), so that peers asking for status faster than they "
@@ -277,7 +280,8 @@ const ts_config_def_t ts_config_defs[] = {
           "all tables together: rows, their optimizer state, indexes, admission sketches and "
           "sync accumulators. Checked before every row is made: a table at the budget makes "
           "room by evicting its least recently used rows, and a key that finds no room is "
-          "served the initialiser's row without being stored. At least 1 MiB, at most 4 TiB."),
+          "served the initialiser's row without being stored. In sync mode rows leave 1/8 of "
+          "it to each step's gradient sums. At least 1 MiB, at most 4 TiB."),
 
     INT("http.max_connections", http_max_connections, 4, 4096, "256",
         "Connections an admin HTTP endpoint (/metrics, /livez, /readyz, /status of shards and "

@@ -107,6 +107,13 @@ size_t ts_conn_write_queue(const ts_conn_t *c) {
          (c->tls && c->tls->ready ? c->tls->pending : 0);
 }
 
+uint64_t ts_conn_released(const ts_conn_t *c) {
+  uint64_t held = c->cork_len + (c->tls ? c->tls->pending
+                                        : uv_stream_get_write_queue_size(
+                                              (const uv_stream_t *)&c->handle));
+  return c->bytes_out - held;
+}
+
 void ts_conn_close(ts_conn_t *c, int err) {
   if (c->closing) return;
   c->closing = true;

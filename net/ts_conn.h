@@ -188,6 +188,11 @@ int ts_conn_send_parts(ts_conn_t *c, uint16_t type, const ProtobufCMessage *msg,
  * on_piece and on_frame callbacks of this connection before it returns. */
 void ts_conn_resume(ts_conn_t *c);
 
+/* Bytes of the frames queued so far (bytes_out counts them) whose buffers the connection no
+ * longer reads: handed to the kernel, or with TLS encrypted. A request's payload sent from
+ * the caller's memory is out of it once this reaches bytes_out as it was after the send. */
+uint64_t ts_conn_released(const ts_conn_t *c);
+
 /* How long bytes have been waiting to be written without any of them being written (ms; 0
  * when nothing waits): a peer that stopped reading shows a growing stall, one that reads
  * slowly does not. Bytes are seen moving when this is called, so call it regularly (a

@@ -34,23 +34,8 @@ typedef struct {
 
 static void fake_start(fake_t *fp, bool handshake_error) {
   fake_t f = {0};
-  int po[2];
-  assert_int_equal(pipe(po), 0);
-  f.pid = fork();
-  if (f.pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(po[1], 1);
-    close(po[0]);
-    execl(ts_fake_shard_path, "fake-shard", handshake_error ? "--handshake-error" : NULL,
-          (char *)NULL);
-    _exit(127);
-  }
-  close(po[1]);
-  char buf[32] = {0};
-  ssize_t n = read(po[0], buf, sizeof buf - 1);
-  close(po[0]);
-  assert_true(n > 0);
-  f.port = atoi(buf);
+  f.pid = ts_fake_shard_start(handshake_error ? "--handshake-error" : NULL, &f.port);
+  assert_true(f.pid > 0);
   snprintf(f.addr, sizeof f.addr, "127.0.0.1:%d", f.port);
   snprintf(f.dir, sizeof f.dir, "/tmp/ts-peertext-XXXXXX");
   assert_non_null(mkdtemp(f.dir));
@@ -64,8 +49,7 @@ static void fake_start(fake_t *fp, bool handshake_error) {
 }
 
 static void fake_stop(fake_t *f) {
-  kill(f->pid, SIGKILL);
-  waitpid(f->pid, NULL, 0);
+  ts_fake_shard_stop(f->pid);
   unlink(f->config);
   rmdir(f->dir);
 }

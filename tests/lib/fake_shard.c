@@ -9,7 +9,13 @@
  * the handshake itself is answered with that Error. No token: what it tests comes before
  * any proof of the token (a shard that proves it is the mutual-authentication work's).
  *
- *   fake-shard [--handshake-error]     prints its port on stdout, serves until killed
+ * With --misbehave it takes the handshake and a Declare, then answers a SparsePull with a
+ * SparsePushReply of the pull's id (a reply of another type), and a SparsePush as soon as
+ * its meta is in, before reading its payload (an answer to a request it did not read; a
+ * payload over 8 MiB is left unread for a second, so the client is still sending it).
+ *
+ *   fake-shard [--handshake-error | --misbehave]   prints its port on stdout, serves until
+ *                                                   killed
  *
  * Each connection is served by a child process that dies with its parent.
  */
@@ -77,16 +83,30 @@ static void send_status(int fd, uint64_t request_id) {
   ts_raw_send_msg(fd, TS_MSG_STATUS_REPLY, &s.base, 0);
 }
 
-static void serve(int fd, bool handshake_error) {
+static void send_hello(int fd, const char *server_id) {
   uint8_t nonce[32] = {0};
   Tessera__Hello h = TESSERA__HELLO__INIT;
   h.protocol = TS_PROTOCOL_VERSION;
   h.num_shards = 1;
   h.nonce.data = nonce;
   h.nonce.len = sizeof nonce;
-  h.server_id = "fake-shard" EVIL;
+  h.server_id = (char *)server_id;
   h.incarnation = 1;
   ts_raw_send_msg(fd, TS_MSG_HELLO, &h.base, 0);
+}
+
+static void send_handshake_reply(int fd, uint64_t request_id) {
+  Tessera__HandshakeReply r = TESSERA__HANDSHAKE_REPLY__INIT;
+  r.request_id = request_id;
+  r.num_shards = 1;
+  r.mode = TESSERA__MODE__MODE_ASYNC;
+  r.partition_bytes = 4 << 20;
+  r.num_workers = 1;
+  ts_raw_send_msg(fd, TS_MSG_HANDSHAKE_REPLY, &r.base, 0);
+}
+
+static void serve(int fd, bool handshake_error) {
+  send_hello(fd, "fake-shard" EVIL);
   uint8_t meta[4096];
   uint32_t len;
   int type;
@@ -95,13 +115,7 @@ static void serve(int fd, bool handshake_error) {
     if (type < 0) continue;
     uint64_t id = request_id_of((uint16_t)type, meta, len);
     if (type == TS_MSG_HANDSHAKE && !handshake_error) {
-      Tessera__HandshakeReply r = TESSERA__HANDSHAKE_REPLY__INIT;
-      r.request_id = id;
-      r.num_shards = 1;
-      r.mode = TESSERA__MODE__MODE_ASYNC;
-      r.partition_bytes = 4 << 20;
-      r.num_workers = 1;
-      ts_raw_send_msg(fd, TS_MSG_HANDSHAKE_REPLY, &r.base, 0);
+      send_handshake_reply(fd, id);
       send_error(fd, 0); /* and an error no request asked for, which clients log */
     } else if (type == TS_MSG_STATUS) {
       send_status(fd, id);
@@ -112,8 +126,60 @@ static void serve(int fd, bool handshake_error) {
   }
 }
 
+static void reply_push(int fd, uint64_t id) {
+  Tessera__SparsePushReply r = TESSERA__SPARSE_PUSH_REPLY__INIT;
+  r.request_id = id;
+  r.result = TESSERA__PUSH_RESULT__PUSH_APPLIED;
+  ts_raw_send_msg(fd, TS_MSG_SPARSE_PUSH_REPLY, &r.base, 0);
+}
+
+/* Read and drop n payload bytes; false when the peer left. */
+static bool skip(int fd, uint64_t n) {
+  static uint8_t buf[1 << 16];
+  for (; n; ) {
+    size_t k = n < sizeof buf ? (size_t)n : sizeof buf;
+    if (ts_raw_read_full(fd, buf, k, 5000) < 0) return false;
+    n -= k;
+  }
+  return true;
+}
+
+static void serve_misbehaving(int fd) {
+  send_hello(fd, "fake-shard");
+  static uint8_t meta[1 << 20];
+  for (;;) {
+    uint8_t hdr[TS_FRAME_HEADER_SIZE];
+    ts_frame_header_t fh;
+    if (ts_raw_read_full(fd, hdr, sizeof hdr, 5000) < 0) {
+      if (ts_raw_closed_by_peer(fd, 0)) return;
+      continue;
+    }
+    if (ts_frame_decode_header(hdr, sizeof hdr, UINT64_C(1) << 40, &fh, NULL) !=
+            TS_FRAME_HEADER_SIZE ||
+        fh.meta_len > sizeof meta ||
+        ts_raw_read_full(fd, meta, fh.meta_len, 5000) < 0)
+      return;
+    uint64_t id = request_id_of(fh.type, meta, fh.meta_len);
+    if (fh.type == TS_MSG_HANDSHAKE) {
+      send_handshake_reply(fd, id);
+    } else if (fh.type == TS_MSG_DECLARE) {
+      Tessera__DeclareReply r = TESSERA__DECLARE_REPLY__INIT;
+      r.request_id = id;
+      r.created = true;
+      ts_raw_send_msg(fd, TS_MSG_DECLARE_REPLY, &r.base, 0);
+    } else if (fh.type == TS_MSG_SPARSE_PULL || fh.type == TS_MSG_SPARSE_PUSH) {
+      reply_push(fd, id); /* a pull answered as a push; a push before it is read */
+      if (fh.type == TS_MSG_SPARSE_PUSH && fh.data_len > (8u << 20)) sleep(1); /* unread */
+    } else if (fh.type != TS_MSG_HEARTBEAT) {
+      send_error(fd, id);
+    }
+    if (!skip(fd, fh.data_len)) return;
+  }
+}
+
 int main(int argc, char **argv) {
   bool handshake_error = argc > 1 && strcmp(argv[1], "--handshake-error") == 0;
+  bool misbehave = argc > 1 && strcmp(argv[1], "--misbehave") == 0;
   signal(SIGCHLD, SIG_IGN); /* children are reaped by the kernel */
   int ls = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -134,7 +200,10 @@ int main(int argc, char **argv) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(0);
       close(ls);
-      serve(fd, handshake_error);
+      if (misbehave)
+        serve_misbehaving(fd);
+      else
+        serve(fd, handshake_error);
       _exit(0);
     }
     close(fd);

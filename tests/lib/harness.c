@@ -570,3 +570,31 @@ void ts_tls_certs_rm(const char *dir) {
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) fprintf(stderr, "harness: could not remove %s\n", dir);
 }
+
+pid_t ts_fake_shard_start(const char *mode, int *port) {
+  int po[2];
+  if (pipe(po) < 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(po[1], 1);
+    close(po[0]);
+    execl(ts_fake_shard_path, "fake-shard", mode, (char *)NULL);
+    _exit(127);
+  }
+  close(po[1]);
+  char buf[32] = {0};
+  ssize_t n = pid > 0 ? read(po[0], buf, sizeof buf - 1) : -1;
+  close(po[0]);
+  if (n <= 0) {
+    if (pid > 0) ts_fake_shard_stop(pid);
+    return -1;
+  }
+  *port = atoi(buf);
+  return pid;
+}
+
+void ts_fake_shard_stop(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+}

@@ -180,4 +180,9 @@ extern const char *ts_ps_worker_path;
 /* tests/lib/fake_shard.c: a hostile peer on a shard's address (its header comment). */
 extern const char *ts_fake_shard_path;
 
+/* Start fake-shard with its option `mode` (NULL: none); its pid, its port into *port, or -1.
+ * It dies with the calling process; kill and reap it with ts_fake_shard_stop. */
+pid_t ts_fake_shard_start(const char *mode, int *port);
+void ts_fake_shard_stop(pid_t pid);
+
 #endif

@@ -97,6 +97,7 @@ typedef struct ts_pull_req {
   uint64_t *keys;
   size_t nkeys;
   uint64_t key_bytes;
+  int key_task; /* whose share they are: a worker task, or -1 (the others' pool) */
   size_t n;
   ts_pull_slice_t slices[];
 } ts_pull_req_t;
@@ -121,6 +122,7 @@ typedef struct {
   bool has_auc, has_test_auc; /* a CTR model's AUC (Heartbeat.auc, .test_auc) */
   double auc, test_auc, test_logloss;
   ts_session_t *holder; /* the connection that speaks for the task (ts_identity.h), or NULL */
+  uint64_t sparse_key_bytes; /* keys its SparsePulls hold being read or parked (its share) */
 } ts_worker_info_t;
 
 /* A push is received piece by piece (docs/architecture.md, "Pushes"): its
@@ -239,6 +241,7 @@ struct ts_server {
   size_t num_parked;        /* pulls in waiting */
   size_t pull_writes;       /* pull replies being written (ts_pull_write_t) */
   uint64_t sparse_key_bytes; /* keys held by SparsePulls being read or parked */
+  uint64_t sparse_key_others; /* of them, those of connections that are no worker task's */
   uint64_t fused_rows_bytes; /* rows held by push+pulls in one frame being read */
   /* Sparse pull replies' buffers kept for the next ones (ts_sparse_pull.c): fresh pages
    * cost a page fault each */

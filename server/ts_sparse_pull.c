@@ -3,10 +3,11 @@
  *
  * The keys are read into the request's own buffer, which is budgeted: a pull of more keys
  * than the shard's reply limit is refused at its meta (ETOOBIG; the codec already refused
- * over 2^20 keys), and the keys every SparsePull being read or parked holds together stay
- * under SPARSE_KEY_BUDGET (a pull past it is answered EBUSY and its keys are read and
- * dropped), so many connections each announcing a million keys cannot make the shard hold
- * more. A connection reads one frame at a time, parks at most server.max_parked_pulls, and
+ * over 2^20 keys), and the keys a worker task's SparsePulls being read or parked hold stay
+ * under SPARSE_KEY_TASK, those of all other connections (admin and read-only clients)
+ * together under SPARSE_KEY_OTHERS (a pull past its share is answered EBUSY and its keys
+ * are read and dropped). So no peer, parking pulls or sending keys slowly, takes the room
+ * of another task's pulls, and the shard holds at most (workers + 1) shares of keys. A connection reads one frame at a time, parks at most server.max_parked_pulls, and
  * a peer that stops sending half way through its keys is closed by the stalled-frame rules
  * (server.frame_grace_s, server.min_recv_bytes_per_s) as for any frame.
  *
@@ -19,24 +20,36 @@
  */
 #include "ts_server_int.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "ts_alloc.h"
 #include "ts_err.h"
 #include "ts_log.h"
 
-/* Bytes of keys all SparsePulls being read or parked may hold together (8 pulls of the
- * largest size). */
-#define SPARSE_KEY_BUDGET ((uint64_t)64 << 20)
+/* Bytes of keys the SparsePulls of one worker task (being read or parked) may hold: two
+ * pulls of the largest size; and those of all connections that are no task's together. */
+#define SPARSE_KEY_TASK ((uint64_t)16 << 20)
+#define SPARSE_KEY_OTHERS ((uint64_t)64 << 20)
 
 /* What a reply needs of server.max_reply_bytes beside its rows: its frame, write request
  * and the small replies queued with it. */
 #define MIN_REPLY_ROOM ((size_t)4 << 10)
 
+/* The share of keys a pull of task `task` counts against. */
+static uint64_t *key_share(ts_server_t *srv, int task) {
+  return task >= 0 ? &srv->workers[task].sparse_key_bytes : &srv->sparse_key_others;
+}
+
 void ts_pull_req_free(ts_server_t *srv, ts_pull_req_t *q) {
   if (!q) return;
   ts_require(srv->sparse_key_bytes >= q->key_bytes);
   srv->sparse_key_bytes -= q->key_bytes;
+  if (q->sparse) {
+    uint64_t *share = key_share(srv, q->key_task);
+    ts_require(*share >= q->key_bytes);
+    *share -= q->key_bytes;
+  }
   ts_free(q);
 }
 
@@ -93,12 +106,21 @@ int ts_sparse_pull_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
     return refuse(s, TS_EBUSY, err);
   }
   uint64_t key_bytes = m->num_keys * sizeof(uint64_t);
-  if (srv->sparse_key_bytes + key_bytes > SPARSE_KEY_BUDGET) {
+  int task = s->role == TESSERA__ROLE__ROLE_WORKER && s->task >= 0 &&
+                     (uint32_t)s->task < srv->num_workers
+                 ? s->task
+                 : -1;
+  uint64_t *share = key_share(srv, task), most = task >= 0 ? SPARSE_KEY_TASK : SPARSE_KEY_OTHERS;
+  if (*share + key_bytes > most) {
+    char who[32];
+    if (task >= 0)
+      snprintf(who, sizeof who, "task %d", task);
+    else
+      snprintf(who, sizeof who, "clients that are no task");
     ts_errmsg_printf(err, sizeof err,
-                     "the shard holds %.1f MiB of sparse pull keys already (%llu MiB at most): "
-                     "try again",
-                     (double)srv->sparse_key_bytes / (1024.0 * 1024.0),
-                     (unsigned long long)(SPARSE_KEY_BUDGET >> 20));
+                     "the sparse pulls of %s being read or waiting hold %.1f MiB of keys on this "
+                     "shard already (%llu MiB at most): try again once they are answered",
+                     who, (double)*share / (1024.0 * 1024.0), (unsigned long long)(most >> 20));
     ts_session_log(s, TS_LOG_WARN, "%s: sparse pull %llu refused: %s", s->conn.peer,
                    (unsigned long long)m->request_id, err);
     return refuse(s, TS_EBUSY, err);
@@ -116,7 +138,9 @@ int ts_sparse_pull_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
   q->keys = (uint64_t *)(void *)(q + 1); /* sizeof *q keeps 8-byte alignment */
   q->nkeys = (size_t)m->num_keys;
   q->key_bytes = key_bytes;
+  q->key_task = task;
   srv->sparse_key_bytes += key_bytes;
+  *share += key_bytes;
   s->spull = q;
   if (key_bytes) {
     s->spull_iov = uv_buf_init((char *)q->keys, (unsigned)key_bytes);

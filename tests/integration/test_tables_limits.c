@@ -8,6 +8,8 @@
  *     every row comes back in its place;
  *   - an async push refused whole (a NaN) does not count as the worker's push: the shard's
  *     push count and the worker's step stay;
+ *   - a worker task parking table pulls that never come due holds its own share of keys
+ *     (two of the largest pulls): its next are refused (EBUSY), another task's served;
  *   - a table whose rows have all expired (steps_to_live) lists no keys and says so (done),
  *     so ts_client_table_keys_all returns.
  */
@@ -156,6 +158,37 @@ static void test_refused_push_not_counted(void **state) {
   assert_int_equal(ts_cluster_stop(&c), 0);
 }
 
+/* A worker task parking pulls that never come due holds its own share of keys only: past
+ * two of the largest its pulls are refused (EBUSY), and another task's pulls go on. */
+static void test_parked_pulls_hold_their_task_share(void **state) {
+  (void)state;
+  ts_cluster_t c;
+  assert_int_equal(ts_cluster_start(&c, 1, 2, "job = { mode = \"async\"; };"), 0);
+  int bad = tt_worker(&c, 0, 1), good = tt_worker(&c, 0, 0);
+  Tessera__TableDecl t = tt_table_decl("emb", 4, TESSERA__ROW_OPTIMIZER__ROW_OPT_SGD, 1.0);
+  char detail[256];
+  assert_int_equal(tt_declare(good, &t, 1, detail, sizeof detail), 0);
+  const size_t n = (size_t)1 << 20; /* 8 MiB of keys a pull */
+  uint64_t *keys = malloc(n * sizeof *keys);
+  float *rows = malloc(1000 * 4 * sizeof *rows);
+  assert_non_null(keys);
+  assert_non_null(rows);
+  tt_shard_keys(keys, n, 0, 1, 1);
+  for (uint64_t id = 1; id <= 8; id++) tt_send_pull(bad, id, 0, keys, n, UINT64_MAX);
+  for (uint64_t id = 3; id <= 8; id++) {
+    assert_int_equal(tt_read_pull_of(bad, id, NULL, n, 4, NULL, detail, sizeof detail), TS_EBUSY);
+    if (id == 3) fprintf(stderr, "task 1's third parked pull: %s\n", detail);
+  }
+  assert_non_null(strstr(detail, "task 1"));
+  /* task 0's pulls are served meanwhile */
+  assert_int_equal(tt_pull(good, 0, keys, 1000, 4, rows, NULL, detail, sizeof detail), 0);
+  close(bad);
+  close(good);
+  free(keys);
+  free(rows);
+  assert_int_equal(ts_cluster_stop(&c), 0);
+}
+
 static void test_keys_of_a_table_all_expired(void **state) {
   (void)state;
   ts_cluster_t c;
@@ -208,6 +241,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pull_past_the_reply_budget),
       cmocka_unit_test(test_refused_push_not_counted),
+      cmocka_unit_test(test_parked_pulls_hold_their_task_share),
       cmocka_unit_test(test_keys_of_a_table_all_expired),
   };
   return ts_skip_exit(cmocka_run_group_tests(tests, NULL, NULL));

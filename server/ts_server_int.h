@@ -90,7 +90,8 @@ typedef struct ts_pull_req {
   uint64_t deadline_ms;
   uint64_t start_ns; /* when the request arrived, for the latency histogram */
   /* A SparsePull (ts_sparse_pull.c): table `table`, nkeys keys (checked) in the same
-   * allocation, after the slices; key_bytes of srv->sparse_key_bytes are its to give back. */
+   * allocation, after the slices; key_bytes of key_task's share of keys are its to give
+   * back. */
   bool sparse;
   bool read_only; /* SparsePull.read_only: nothing made or refreshed */
   uint32_t table;
@@ -240,8 +241,8 @@ struct ts_server {
   ts_pull_req_t *waiting;
   size_t num_parked;        /* pulls in waiting */
   size_t pull_writes;       /* pull replies being written (ts_pull_write_t) */
-  uint64_t sparse_key_bytes; /* keys held by SparsePulls being read or parked */
-  uint64_t sparse_key_others; /* of them, those of connections that are no worker task's */
+  uint64_t sparse_key_others; /* keys held by SparsePulls being read or parked of connections
+                                 that are no worker task's (a task's: ts_worker_info_t) */
   uint64_t fused_rows_bytes; /* rows held by push+pulls in one frame being read */
   /* Sparse pull replies' buffers kept for the next ones (ts_sparse_pull.c): fresh pages
    * cost a page fault each */
@@ -444,12 +445,12 @@ typedef struct ts_rows_reply {
 } ts_rows_reply_t;
 /* Room for nfloats (a cached buffer when one fits), or NULL (out of memory). */
 ts_rows_reply_t *ts_rows_reply_new(ts_server_t *srv, size_t nfloats);
-/* Whether a reply of nfloats rows, charged to its connection while it is written, stays
- * within server.max_reply_bytes (past it the shard would close the connection). */
-bool ts_rows_reply_fits(const ts_server_t *srv, size_t nfloats);
-/* The most bytes of rows a reply fits (Hello.max_reply_rows): each reply of at most this
- * many passes ts_rows_reply_fits. */
+/* The most bytes of rows one reply may carry (Hello.max_reply_rows): what
+ * server.max_reply_bytes leaves of a reply charged to its connection while it is written
+ * (past it the shard would close the connection), at most TS_MSG_MAX_SPARSE_REPLY. */
 uint64_t ts_rows_reply_max(const ts_server_t *srv);
+/* Whether a reply of nfloats rows is within ts_rows_reply_max. */
+bool ts_rows_reply_fits(const ts_server_t *srv, size_t nfloats);
 /* Done with rb: kept for a later reply while the cache has room, else freed. */
 void ts_rows_reply_free(ts_server_t *srv, ts_rows_reply_t *rb);
 /* Free the cached buffers (the server's end). */

@@ -7,8 +7,9 @@
  * under SPARSE_KEY_TASK, those of all other connections (admin and read-only clients)
  * together under SPARSE_KEY_OTHERS (a pull past its share is answered EBUSY and its keys
  * are read and dropped). So no peer, parking pulls or sending keys slowly, takes the room
- * of another task's pulls, and the shard holds at most (workers + 1) shares of keys. A connection reads one frame at a time, parks at most server.max_parked_pulls, and
- * a peer that stops sending half way through its keys is closed by the stalled-frame rules
+ * of another task's pulls, and the shard holds at most (workers + 1) shares of keys. A
+ * connection reads one frame at a time, parks at most server.max_parked_pulls, and a peer
+ * that stops sending half way through its keys is closed by the stalled-frame rules
  * (server.frame_grace_s, server.min_recv_bytes_per_s) as for any frame.
  *
  * The reply is built on the loop, synchronously, into a buffer of its own (rows copied out
@@ -32,9 +33,9 @@
 #define SPARSE_KEY_TASK ((uint64_t)16 << 20)
 #define SPARSE_KEY_OTHERS ((uint64_t)64 << 20)
 
-/* What a reply needs of server.max_reply_bytes beside its rows: its frame, write request
- * and the small replies queued with it. */
-#define MIN_REPLY_ROOM ((size_t)4 << 10)
+/* What a reply needs of server.max_reply_bytes beside its rows: its frame, write request,
+ * allocator overhead and the small replies queued with it. */
+#define REPLY_ROOM ((uint64_t)8 << 10)
 
 /* The share of keys a pull of task `task` counts against. */
 static uint64_t *key_share(ts_server_t *srv, int task) {
@@ -43,8 +44,6 @@ static uint64_t *key_share(ts_server_t *srv, int task) {
 
 void ts_pull_req_free(ts_server_t *srv, ts_pull_req_t *q) {
   if (!q) return;
-  ts_require(srv->sparse_key_bytes >= q->key_bytes);
-  srv->sparse_key_bytes -= q->key_bytes;
   if (q->sparse) {
     uint64_t *share = key_share(srv, q->key_task);
     ts_require(*share >= q->key_bytes);
@@ -112,11 +111,8 @@ int ts_sparse_pull_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
                  : -1;
   uint64_t *share = key_share(srv, task), most = task >= 0 ? SPARSE_KEY_TASK : SPARSE_KEY_OTHERS;
   if (*share + key_bytes > most) {
-    char who[32];
-    if (task >= 0)
-      snprintf(who, sizeof who, "task %d", task);
-    else
-      snprintf(who, sizeof who, "clients that are no task");
+    char who[32] = "clients that are no task";
+    if (task >= 0) snprintf(who, sizeof who, "task %d", task);
     ts_errmsg_printf(err, sizeof err,
                      "the sparse pulls of %s being read or waiting hold %.1f MiB of keys on this "
                      "shard already (%llu MiB at most): try again once they are answered",
@@ -139,7 +135,6 @@ int ts_sparse_pull_meta(ts_session_t *s, const ts_frame_header_t *h, const Tesse
   q->nkeys = (size_t)m->num_keys;
   q->key_bytes = key_bytes;
   q->key_task = task;
-  srv->sparse_key_bytes += key_bytes;
   *share += key_bytes;
   s->spull = q;
   if (key_bytes) {
@@ -171,13 +166,13 @@ bool ts_sparse_pull_ready(ts_server_t *srv, const ts_pull_req_t *q) {
 static size_t reply_bytes(size_t nfloats) { return sizeof(ts_rows_reply_t) + nfloats * sizeof(float); }
 
 uint64_t ts_rows_reply_max(const ts_server_t *srv) {
-  uint64_t budget = (uint64_t)srv->cfg->max_reply_bytes, room = 2 * MIN_REPLY_ROOM;
-  uint64_t most = budget > room ? (budget - room) & ~(uint64_t)3 : 0;
+  uint64_t budget = (uint64_t)srv->cfg->max_reply_bytes;
+  uint64_t most = budget > REPLY_ROOM ? (budget - REPLY_ROOM) & ~(uint64_t)3 : 0;
   return most < TS_MSG_MAX_SPARSE_REPLY ? most : TS_MSG_MAX_SPARSE_REPLY;
 }
 
 bool ts_rows_reply_fits(const ts_server_t *srv, size_t nfloats) {
-  return ts_alloc_cost(reply_bytes(nfloats)) + MIN_REPLY_ROOM <= (size_t)srv->cfg->max_reply_bytes;
+  return (uint64_t)nfloats * sizeof(float) <= ts_rows_reply_max(srv);
 }
 
 ts_rows_reply_t *ts_rows_reply_new(ts_server_t *srv, size_t nfloats) {
